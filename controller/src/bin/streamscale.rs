@@ -1,0 +1,2 @@
+//! `streamscale`: the controller's command line.
+fn main() {}

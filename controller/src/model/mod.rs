@@ -1,0 +1,1 @@
+//! The pure model and planner (no I/O): metric windows in, parallelism decisions out.

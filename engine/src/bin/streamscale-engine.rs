@@ -1,0 +1,2 @@
+//! `streamscale-engine`: runs one job.
+fn main() {}

@@ -1,0 +1,3 @@
+//! streamscale's bundled streaming engine.
+
+pub mod spec;

@@ -1,0 +1,666 @@
+//! Job specification: the YAML a user writes to describe a streaming job.
+//!
+//! A job is a directed acyclic graph of named operators joined by edges. The same
+//! schema is read by the engine (which runs it), the controller (which scales it)
+//! and the simulator (which replays traces through a model of it).
+//!
+//! ```yaml
+//! name: tweets
+//! maxParallelism: 128
+//! operators:
+//!   - { name: source, kind: source, rate: { constant: 100 } }
+//!   - { name: parse,  kind: map, cpu: 200 }
+//!   - { name: counts, kind: window, sizeMs: 1000, io: 500 }
+//!   - { name: sink,   kind: sink }
+//! edges:
+//!   - { from: source, to: parse }
+//!   - { from: parse, to: counts }
+//!   - { from: counts, to: sink }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Default number of key groups (Flink's default lower bound for max parallelism).
+pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
+/// Largest number of key groups a job may declare (Flink's upper bound, 2^15).
+pub const MAX_KEY_GROUPS: u32 = 32_768;
+
+/// A whole job: operators, edges and job-wide settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobSpec {
+    /// Job name; also names savepoint directories. Letters, digits, `-` and `_`.
+    pub name: String,
+    /// Number of key groups (the largest parallelism any keyed operator can reach). Default 128.
+    #[serde(default = "default_max_parallelism")]
+    pub max_parallelism: u32,
+    /// Capacity of each channel between operators, in records. A full channel blocks the
+    /// sender (backpressure). Default 1024.
+    #[serde(default = "default_channel_capacity")]
+    pub channel_capacity: usize,
+    /// The operators, in any order.
+    pub operators: Vec<OperatorSpec>,
+    /// Directed edges `from -> to` between operator names.
+    pub edges: Vec<EdgeSpec>,
+    /// Autoscaler settings. The engine ignores them; the controller reads them.
+    #[serde(default)]
+    pub autoscaler: AutoscalerSpec,
+}
+
+/// One operator of the job graph.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorSpec {
+    /// Unique operator name; used as the `operator` label of every metric.
+    pub name: String,
+    /// Number of subtasks (parallel instances). At least 1, at most `maxParallelism`. Default 1.
+    #[serde(default = "one")]
+    pub parallelism: u32,
+    /// Real computation per record, in microseconds of CPU time (non-source operators only).
+    #[serde(default)]
+    pub cpu: f64,
+    /// Blocking wait per record, in microseconds, standing for an external call such as a
+    /// database lookup (non-source operators only). It costs no CPU, so more subtasks add
+    /// capacity even on a small machine.
+    #[serde(default)]
+    pub io: f64,
+    /// Bounds on the parallelism the autoscaler may choose for this operator.
+    #[serde(default)]
+    pub scaling: ScalingBounds,
+    /// What the operator does.
+    #[serde(flatten)]
+    pub kind: OperatorKind,
+}
+
+/// Operator kinds, selected by the `kind` field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
+pub enum OperatorKind {
+    /// Emits synthetic keyed events at a rate given by `rate`.
+    #[serde(rename_all = "camelCase")]
+    Source {
+        /// Emission rate over time.
+        rate: RateSpec,
+        /// Number of distinct keys; key of the n-th record is a hash of n modulo `keys`. Default 1000.
+        #[serde(default = "default_keys")]
+        keys: u64,
+        /// Stop after this many records in total (across restores). Unbounded when absent.
+        #[serde(default)]
+        count: Option<u64>,
+    },
+    /// Passes each record on unchanged after spending its cost.
+    Map,
+    /// Keeps a deterministic share `keep` (0..=1) of records, chosen by a hash of the record's sequence number.
+    Filter {
+        /// Fraction of records kept, between 0 and 1.
+        keep: f64,
+    },
+    /// Keyed tumbling processing-time window: per key, the count and sum of values in each
+    /// window of `sizeMs` milliseconds, emitted when the window closes. Its input is
+    /// partitioned by key group. It also keeps the running total count and sum per key.
+    #[serde(rename_all = "camelCase")]
+    Window {
+        /// Window length in milliseconds.
+        size_ms: u64,
+    },
+    /// Consumes records: discards them, or appends one line per record to `output`.
+    Sink {
+        /// File to append records to (`key,count,sum` per line). Discards when absent.
+        #[serde(default)]
+        output: Option<PathBuf>,
+    },
+}
+
+/// Short name of an operator kind, as written in YAML.
+impl OperatorKind {
+    /// The `kind` string: `source`, `map`, `filter`, `window` or `sink`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OperatorKind::Source { .. } => "source",
+            OperatorKind::Map => "map",
+            OperatorKind::Filter { .. } => "filter",
+            OperatorKind::Window { .. } => "window",
+            OperatorKind::Sink { .. } => "sink",
+        }
+    }
+
+    /// Whether the operator's input is partitioned by key group (each subtask has its own queue).
+    /// Other operators share one input queue among their subtasks (rebalance).
+    pub fn is_keyed(&self) -> bool {
+        matches!(self, OperatorKind::Window { .. })
+    }
+}
+
+/// How a source's emission rate (records/s of wall-clock time) varies over time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum RateSpec {
+    /// A constant rate in records/s.
+    Constant(f64),
+    /// Piecewise-constant rate: each step holds from `atSeconds` (wall-clock seconds since job
+    /// start) until the next step.
+    Steps(Vec<RateStep>),
+    /// A rate trace file (`t_seconds,rate`, the shared trace format).
+    Trace(TraceRate),
+}
+
+/// One step of a stepped rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RateStep {
+    /// Wall-clock seconds since the job started at which this rate begins.
+    pub at_seconds: f64,
+    /// Rate in records/s.
+    pub records_per_second: f64,
+}
+
+/// A source rate that follows a recorded workload trace.
+///
+/// Trace time advances `speedup` trace-seconds per wall-clock second from `startSeconds`;
+/// the emitted rate in records/s is the trace's rate at that trace time times `scale`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TraceRate {
+    /// Path of the CSV trace, relative to the job file's directory.
+    pub file: PathBuf,
+    /// Trace-seconds per wall-clock second (time compression). Must be > 0. Default 1.
+    #[serde(default = "one_f64")]
+    pub speedup: f64,
+    /// Factor applied to every rate of the trace. Must be > 0. Default 1.
+    #[serde(default = "one_f64")]
+    pub scale: f64,
+    /// Trace time (seconds) at which replay starts. Default 0.
+    #[serde(default)]
+    pub start_seconds: f64,
+    /// Trace time (seconds) at which replay ends; the rate is 0 afterwards. Default: end of trace.
+    #[serde(default)]
+    pub end_seconds: Option<f64>,
+    /// What a gap in the trace (a missing row) means: `hold` the last rate (default) or `zero`.
+    #[serde(default)]
+    pub gaps: GapPolicy,
+}
+
+/// Interpretation of missing rows in a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GapPolicy {
+    /// The last rate before the gap holds through it.
+    #[default]
+    Hold,
+    /// The rate is zero during the gap.
+    Zero,
+}
+
+/// A directed edge between two operators.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EdgeSpec {
+    /// Upstream operator name.
+    pub from: String,
+    /// Downstream operator name.
+    pub to: String,
+}
+
+/// Parallelism bounds for the autoscaler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScalingBounds {
+    /// Smallest parallelism the autoscaler may choose. Default 1.
+    #[serde(default)]
+    pub min: Option<u32>,
+    /// Largest parallelism the autoscaler may choose. Default: the job's `maxParallelism`.
+    #[serde(default)]
+    pub max: Option<u32>,
+}
+
+/// Autoscaler settings carried in the job file (read by the controller, ignored by the engine).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoscalerSpec {
+    /// Utilization ρ = λ / (p μ) every operator must stay at or under. Default 0.7.
+    #[serde(default = "default_target_utilization")]
+    pub target_utilization: f64,
+    /// End-to-end latency SLO in seconds (mean sojourn along the worst path). Default 1.0.
+    #[serde(default = "default_latency_slo")]
+    pub latency_slo_seconds: f64,
+    /// Time within which a backlog must be drained, in seconds. Default 30.
+    #[serde(default = "default_catch_up")]
+    pub catch_up_seconds: f64,
+}
+
+impl Default for AutoscalerSpec {
+    fn default() -> Self {
+        AutoscalerSpec {
+            target_utilization: default_target_utilization(),
+            latency_slo_seconds: default_latency_slo(),
+            catch_up_seconds: default_catch_up(),
+        }
+    }
+}
+
+fn default_max_parallelism() -> u32 {
+    DEFAULT_MAX_PARALLELISM
+}
+fn default_channel_capacity() -> usize {
+    1024
+}
+fn default_keys() -> u64 {
+    1000
+}
+fn default_target_utilization() -> f64 {
+    0.7
+}
+fn default_latency_slo() -> f64 {
+    1.0
+}
+fn default_catch_up() -> f64 {
+    30.0
+}
+fn one() -> u32 {
+    1
+}
+fn one_f64() -> f64 {
+    1.0
+}
+
+/// Errors from reading or validating a job file.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The file could not be read.
+    #[error("{path}: cannot read job file: {source}")]
+    Read {
+        /// The job file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML does not match the schema.
+    #[error("{path}: invalid job file: {message}")]
+    Parse {
+        /// The job file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// The YAML parsed but describes an invalid job.
+    #[error("{path}: {problem}")]
+    Invalid {
+        /// The job file.
+        path: PathBuf,
+        /// What is wrong, naming the field.
+        problem: String,
+    },
+}
+
+impl JobSpec {
+    /// Reads, parses and validates a job file. Relative trace paths are resolved against the
+    /// job file's directory.
+    ///
+    /// # Errors
+    /// [`SpecError::Read`] if the file is unreadable, [`SpecError::Parse`] if it is not a job
+    /// spec, [`SpecError::Invalid`] if the graph or a setting is invalid.
+    pub fn from_file(path: &Path) -> Result<JobSpec, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut spec = JobSpec::from_yaml(&text).map_err(|message| SpecError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for op in &mut spec.operators {
+            if let OperatorKind::Source {
+                rate: RateSpec::Trace(trace),
+                ..
+            } = &mut op.kind
+                && trace.file.is_relative()
+            {
+                trace.file = base.join(&trace.file);
+            }
+        }
+        spec.validate().map_err(|problem| SpecError::Invalid {
+            path: path.to_path_buf(),
+            problem,
+        })?;
+        Ok(spec)
+    }
+
+    /// Parses YAML without validating the graph.
+    ///
+    /// # Errors
+    /// The parser's message when the text is not a job spec.
+    pub fn from_yaml(text: &str) -> Result<JobSpec, String> {
+        serde_saphyr::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Serializes the spec back to YAML.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# cannot serialize: {e}"))
+    }
+
+    /// Looks an operator up by name.
+    pub fn operator(&self, name: &str) -> Option<&OperatorSpec> {
+        self.operators.iter().find(|o| o.name == name)
+    }
+
+    /// Names of the operators feeding `name`.
+    pub fn inputs_of(&self, name: &str) -> Vec<&str> {
+        self.edges
+            .iter()
+            .filter(|e| e.to == name)
+            .map(|e| e.from.as_str())
+            .collect()
+    }
+
+    /// Names of the operators `name` feeds.
+    pub fn outputs_of(&self, name: &str) -> Vec<&str> {
+        self.edges
+            .iter()
+            .filter(|e| e.from == name)
+            .map(|e| e.to.as_str())
+            .collect()
+    }
+
+    /// Current parallelism per operator name.
+    pub fn parallelism(&self) -> BTreeMap<String, u32> {
+        self.operators
+            .iter()
+            .map(|o| (o.name.clone(), o.parallelism))
+            .collect()
+    }
+
+    /// A copy of this spec with the given parallelism per operator (others unchanged).
+    pub fn with_parallelism(&self, parallelism: &BTreeMap<String, u32>) -> JobSpec {
+        let mut spec = self.clone();
+        for op in &mut spec.operators {
+            if let Some(p) = parallelism.get(&op.name) {
+                op.parallelism = *p;
+            }
+        }
+        spec
+    }
+
+    /// Operator names in a topological order (every edge goes from earlier to later).
+    ///
+    /// # Errors
+    /// A message naming the operators on a cycle.
+    pub fn topological_order(&self) -> Result<Vec<String>, String> {
+        let mut indegree: BTreeMap<&str, usize> =
+            self.operators.iter().map(|o| (o.name.as_str(), 0)).collect();
+        for e in &self.edges {
+            if let Some(d) = indegree.get_mut(e.to.as_str()) {
+                *d += 1;
+            }
+        }
+        let mut ready: Vec<&str> = indegree
+            .iter()
+            .filter(|(_, d)| **d == 0)
+            .map(|(n, _)| *n)
+            .collect();
+        let mut order = Vec::with_capacity(self.operators.len());
+        while let Some(n) = ready.pop() {
+            order.push(n.to_string());
+            for e in self.edges.iter().filter(|e| e.from == n) {
+                if let Some(d) = indegree.get_mut(e.to.as_str()) {
+                    *d -= 1;
+                    if *d == 0 {
+                        ready.push(e.to.as_str());
+                    }
+                }
+            }
+        }
+        if order.len() < self.operators.len() {
+            let on_cycle: Vec<&str> = indegree
+                .iter()
+                .filter(|(_, d)| **d > 0)
+                .map(|(n, _)| *n)
+                .collect();
+            return Err(format!(
+                "edges: the graph has a cycle through operators {}; job graphs must be acyclic",
+                on_cycle.join(", ")
+            ));
+        }
+        Ok(order)
+    }
+
+    /// A fingerprint of the job's structure (operator names, kinds and edges; not parallelism,
+    /// costs or rates), used to check that a savepoint belongs to this job. 64 hex characters (SHA-256).
+    pub fn fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(self.name.as_bytes());
+        h.update(self.max_parallelism.to_le_bytes());
+        let mut ops: Vec<(&str, &str)> = self
+            .operators
+            .iter()
+            .map(|o| (o.name.as_str(), o.kind.name()))
+            .collect();
+        ops.sort();
+        for (n, k) in ops {
+            h.update(b"\0op\0");
+            h.update(n.as_bytes());
+            h.update(b"\0");
+            h.update(k.as_bytes());
+        }
+        let mut edges: Vec<(&str, &str)> = self
+            .edges
+            .iter()
+            .map(|e| (e.from.as_str(), e.to.as_str()))
+            .collect();
+        edges.sort();
+        for (f, t) in edges {
+            h.update(b"\0edge\0");
+            h.update(f.as_bytes());
+            h.update(b"\0");
+            h.update(t.as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Checks the graph and every setting.
+    ///
+    /// # Errors
+    /// The first problem found, naming the field (e.g. `operators[2] (enrich).parallelism`).
+    pub fn validate(&self) -> Result<(), String> {
+        let valid_name =
+            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !valid_name(&self.name) {
+            return Err(format!(
+                "name: `{}` is not a valid job name (use letters, digits, `-` and `_`)",
+                self.name
+            ));
+        }
+        if self.max_parallelism == 0 || self.max_parallelism > MAX_KEY_GROUPS {
+            return Err(format!(
+                "maxParallelism: {} is out of range 1..={MAX_KEY_GROUPS}",
+                self.max_parallelism
+            ));
+        }
+        if self.channel_capacity == 0 {
+            return Err("channelCapacity: must be at least 1".into());
+        }
+        if self.operators.is_empty() {
+            return Err("operators: the job has no operators".into());
+        }
+        let a = &self.autoscaler;
+        if !(a.target_utilization > 0.0 && a.target_utilization <= 1.0) {
+            return Err(format!(
+                "autoscaler.targetUtilization: {} is not in (0, 1]",
+                a.target_utilization
+            ));
+        }
+        if !(a.latency_slo_seconds > 0.0 && a.latency_slo_seconds.is_finite()) {
+            return Err(format!(
+                "autoscaler.latencySloSeconds: {} must be a positive number of seconds",
+                a.latency_slo_seconds
+            ));
+        }
+        if !(a.catch_up_seconds > 0.0 && a.catch_up_seconds.is_finite()) {
+            return Err(format!(
+                "autoscaler.catchUpSeconds: {} must be a positive number of seconds",
+                a.catch_up_seconds
+            ));
+        }
+        let mut names = BTreeSet::new();
+        for (i, op) in self.operators.iter().enumerate() {
+            let at = format!("operators[{i}] ({})", op.name);
+            if !valid_name(&op.name) {
+                return Err(format!(
+                    "operators[{i}].name: `{}` is not a valid operator name (use letters, digits, `-` and `_`)",
+                    op.name
+                ));
+            }
+            if !names.insert(op.name.as_str()) {
+                return Err(format!("{at}.name: duplicate operator name `{}`", op.name));
+            }
+            if op.parallelism == 0 {
+                return Err(format!("{at}.parallelism: must be at least 1"));
+            }
+            if op.parallelism > self.max_parallelism {
+                return Err(format!(
+                    "{at}.parallelism: {} exceeds maxParallelism {}",
+                    op.parallelism, self.max_parallelism
+                ));
+            }
+            for (field, v) in [("cpu", op.cpu), ("io", op.io)] {
+                if !(v >= 0.0 && v.is_finite()) {
+                    return Err(format!(
+                        "{at}.{field}: {v} must be a non-negative number of microseconds"
+                    ));
+                }
+            }
+            let min = op.scaling.min.unwrap_or(1);
+            let max = op.scaling.max.unwrap_or(self.max_parallelism);
+            if min == 0 || min > max || max > self.max_parallelism {
+                return Err(format!(
+                    "{at}.scaling: need 1 <= min ({min}) <= max ({max}) <= maxParallelism ({})",
+                    self.max_parallelism
+                ));
+            }
+            match &op.kind {
+                OperatorKind::Source { rate, keys, .. } => {
+                    if op.cpu != 0.0 || op.io != 0.0 {
+                        return Err(format!(
+                            "{at}: sources have no per-record cost; remove `cpu`/`io`"
+                        ));
+                    }
+                    if *keys == 0 {
+                        return Err(format!("{at}.keys: must be at least 1"));
+                    }
+                    validate_rate(&at, rate)?;
+                }
+                OperatorKind::Filter { keep } => {
+                    if !(0.0..=1.0).contains(keep) {
+                        return Err(format!("{at}.keep: {keep} is not between 0 and 1"));
+                    }
+                }
+                OperatorKind::Window { size_ms } => {
+                    if *size_ms == 0 {
+                        return Err(format!("{at}.sizeMs: must be at least 1 millisecond"));
+                    }
+                }
+                OperatorKind::Map | OperatorKind::Sink { .. } => {}
+            }
+        }
+        for (i, e) in self.edges.iter().enumerate() {
+            for (field, end) in [("from", &e.from), ("to", &e.to)] {
+                if !names.contains(end.as_str()) {
+                    return Err(format!(
+                        "edges[{i}].{field}: no operator named `{end}` ({} -> {})",
+                        e.from, e.to
+                    ));
+                }
+            }
+            if self.edges[..i].contains(e) {
+                return Err(format!("edges[{i}]: duplicate edge {} -> {}", e.from, e.to));
+            }
+        }
+        for op in &self.operators {
+            let ins = self.inputs_of(&op.name).len();
+            let outs = self.outputs_of(&op.name).len();
+            match op.kind {
+                OperatorKind::Source { .. } if ins > 0 => {
+                    return Err(format!("edges: source `{}` cannot have inputs", op.name));
+                }
+                OperatorKind::Sink { .. } if outs > 0 => {
+                    return Err(format!("edges: sink `{}` cannot have outputs", op.name));
+                }
+                OperatorKind::Source { .. } => {}
+                _ if ins == 0 => {
+                    return Err(format!(
+                        "edges: operator `{}` has no input; only sources may have none",
+                        op.name
+                    ));
+                }
+                _ => {}
+            }
+        }
+        self.topological_order()?;
+        Ok(())
+    }
+}
+
+fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
+    let ok_rate = |r: f64| r >= 0.0 && r.is_finite();
+    match rate {
+        RateSpec::Constant(r) if !ok_rate(*r) => Err(format!(
+            "{at}.rate.constant: {r} must be a non-negative number of records/s"
+        )),
+        RateSpec::Steps(steps) => {
+            if steps.is_empty() {
+                return Err(format!("{at}.rate.steps: needs at least one step"));
+            }
+            let mut last = f64::NEG_INFINITY;
+            for (j, s) in steps.iter().enumerate() {
+                if !ok_rate(s.records_per_second) {
+                    return Err(format!(
+                        "{at}.rate.steps[{j}].recordsPerSecond: {} must be non-negative",
+                        s.records_per_second
+                    ));
+                }
+                if !(s.at_seconds.is_finite() && s.at_seconds >= 0.0 && s.at_seconds > last) {
+                    return Err(format!(
+                        "{at}.rate.steps[{j}].atSeconds: {} must be >= 0 and increasing",
+                        s.at_seconds
+                    ));
+                }
+                last = s.at_seconds;
+            }
+            Ok(())
+        }
+        RateSpec::Trace(t) => {
+            if !(t.scale > 0.0 && t.scale.is_finite()) {
+                return Err(format!(
+                    "{at}.rate.trace.scale: {} must be a positive number",
+                    t.scale
+                ));
+            }
+            if !(t.speedup > 0.0 && t.speedup.is_finite()) {
+                return Err(format!(
+                    "{at}.rate.trace.speedup: {} must be a positive number",
+                    t.speedup
+                ));
+            }
+            if let Some(end) = t.end_seconds
+                && end <= t.start_seconds
+            {
+                return Err(format!(
+                    "{at}.rate.trace.endSeconds: {end} must be after startSeconds {}",
+                    t.start_seconds
+                ));
+            }
+            if !t.file.is_file() {
+                return Err(format!(
+                    "{at}.rate.trace.file: trace file {} does not exist",
+                    t.file.display()
+                ));
+            }
+            Ok(())
+        }
+        RateSpec::Constant(_) => Ok(()),
+    }
+}
