@@ -1,5 +1,21 @@
 //! streamscale's controller: scrapes an engine's metrics, models the job as an open Jackson
 //! network of queues, plans every operator's parallelism at once and applies the plan by
 //! stop-with-savepoint and restore.
+//!
+//! * [`model`]: the pure model and planner (metric windows in, decisions out).
+//! * [`scrape`]: Prometheus text → [`model::MetricSample`] plus latency histogram and totals.
+//! * [`api`]: the engine's REST API (job status, savepoints).
+//! * [`runtime`]: where engines run ([`runtime::EngineRuntime`], [`runtime::LocalRuntime`]).
+//! * [`executor`]: rescale by stop-with-savepoint and restore, with fallbacks.
+//! * [`stats`], [`progress`], [`report`], [`plot`]: per-interval statistics, live lines, the
+//!   run report and its chart.
 
+pub mod api;
+pub mod executor;
 pub mod model;
+pub mod plot;
+pub mod progress;
+pub mod report;
+pub mod runtime;
+pub mod scrape;
+pub mod stats;

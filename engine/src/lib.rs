@@ -1,3 +1,16 @@
 //! streamscale's bundled streaming engine.
+//!
+//! A job ([`spec::JobSpec`]) runs as one thread per subtask joined by bounded channels
+//! ([`runtime`]); keyed state lives in key groups ([`keygroup`], [`state`]); a
+//! stop-with-savepoint drains the graph and writes a checksummed savepoint ([`savepoint`])
+//! from which the job restores at any parallelism; per-subtask rates are served in Prometheus
+//! format ([`metrics`]) beside a small REST API ([`server`]).
 
+pub mod keygroup;
+pub mod metrics;
+pub mod runtime;
+pub mod savepoint;
+pub mod server;
 pub mod spec;
+pub mod state;
+pub mod trace;

@@ -1,0 +1,296 @@
+//! Rate estimation from a metric window, after DS2 (Kalavri et al., OSDI 2018, §3).
+//!
+//! DS2 measures each operator's *useful time* (time spent processing, excluding time waiting
+//! for input or for output buffers) and derives its *true processing rate*: records processed
+//! per second of useful time, i.e. the rate one subtask would sustain if it were never idle and
+//! never backpressured. Every rate here is a counter delta between the first and the last sample
+//! of the window divided by the measured elapsed time, so irregular scrape intervals do not
+//! bias it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use streamscale_engine::spec::JobSpec;
+
+use super::ModelError;
+use super::network::Topology;
+use super::sample::{MetricSample, SubtaskSample};
+
+/// Smallest busy time (seconds, summed over an operator's subtasks, over the window) from which
+/// a true processing rate is estimated. Below it the rate is unknown (too little data).
+pub const MIN_BUSY_SECONDS: f64 = 1e-6;
+
+/// What the window says about one operator. Rates are operator totals (all subtasks) unless
+/// named "per subtask".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperatorEstimate {
+    /// Subtasks reporting in the window (the running parallelism).
+    pub parallelism: u32,
+    /// Observed input rate λ, records/s: Δrecords_in / Δt.
+    pub input_rate: f64,
+    /// Observed output rate, records/s: Δrecords_out / Δt.
+    pub output_rate: f64,
+    /// True processing rate μ per subtask, records/s of useful time (DS2 §3):
+    /// Σ Δrecords_in / Σ Δbusy_seconds over the subtasks. `None` when the operator saw no
+    /// input or its busy time is below [`MIN_BUSY_SECONDS`] (too little data); sources: `None`.
+    pub true_processing_rate: Option<f64>,
+    /// Selectivity (records out per record in): Δrecords_out / Δrecords_in. Sources: 1 (a
+    /// source emits what arrives). 1.0 as a prior when the operator saw no input.
+    pub selectivity: f64,
+    /// True when `selectivity` is the prior 1.0 because Δrecords_in was 0.
+    pub selectivity_is_prior: bool,
+    /// Mean utilization of a subtask over the window: Σ Δbusy_seconds / (p · Δt), in 0..=1.
+    pub utilization: f64,
+    /// Mean share of time a subtask was blocked on a full output channel:
+    /// Σ Δbackpressured_seconds / (p · Δt).
+    pub backpressured_share: f64,
+    /// Records waiting in the input queue(s) at the last sample (sum over subtasks).
+    pub queue_length: f64,
+    /// Source-only figures (`None` for other operators).
+    pub source: Option<SourceEstimate>,
+}
+
+/// What the window says about one source.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SourceEstimate {
+    /// External arrival rate γ, records/s: Δsource_arrivals / Δt (summed over subtasks). It is
+    /// the rate records *should* have been emitted, so it is unbiased by backpressure.
+    pub arrival_rate: f64,
+    /// Records that should have been emitted but were not, at the last sample (sum over subtasks).
+    pub backlog_records: f64,
+}
+
+/// Estimates for every operator of a job over one window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Estimates {
+    /// Seconds between the first and the last sample.
+    pub elapsed_seconds: f64,
+    /// Per operator name.
+    pub operators: BTreeMap<String, OperatorEstimate>,
+}
+
+/// Estimates rates, true processing rates (DS2 §3 useful time), selectivities and utilizations
+/// of every operator of `spec` from a window of samples (oldest first). Only the first and last
+/// samples enter the rates; every sample is checked for resets and missing operators.
+///
+/// # Errors
+/// [`ModelError::TooFewSamples`], [`ModelError::ZeroElapsed`], [`ModelError::InvalidTimestamp`],
+/// [`ModelError::MissingOperator`], [`ModelError::NoSubtasks`],
+/// [`ModelError::ParallelismChanged`], [`ModelError::CounterReset`],
+/// [`ModelError::InvalidValue`], [`ModelError::SourceWithoutBacklog`], [`ModelError::Cycle`].
+pub fn estimate(spec: &JobSpec, window: &[MetricSample]) -> Result<Estimates, ModelError> {
+    let topo = Topology::from_spec(spec)?;
+    let (elapsed, ests) = estimate_indexed(&topo, window)?;
+    Ok(Estimates {
+        elapsed_seconds: elapsed,
+        operators: topo.names.iter().cloned().zip(ests).collect(),
+    })
+}
+
+/// Checks the window's timestamps; returns the elapsed seconds between first and last sample.
+pub(crate) fn window_elapsed(window: &[MetricSample]) -> Result<f64, ModelError> {
+    if window.len() < 2 {
+        return Err(ModelError::TooFewSamples { got: window.len() });
+    }
+    for (i, s) in window.iter().enumerate() {
+        if !s.at_seconds.is_finite() {
+            return Err(ModelError::InvalidTimestamp {
+                sample: i,
+                value: s.at_seconds,
+            });
+        }
+    }
+    let (first, last) = (&window[0], &window[window.len() - 1]);
+    let elapsed = last.at_seconds - first.at_seconds;
+    if !(elapsed > 0.0) {
+        return Err(ModelError::ZeroElapsed { seconds: elapsed });
+    }
+    Ok(elapsed)
+}
+
+/// [`estimate`] indexed like `topo.names` (topological order).
+pub(crate) fn estimate_indexed(
+    topo: &Topology,
+    window: &[MetricSample],
+) -> Result<(f64, Vec<OperatorEstimate>), ModelError> {
+    let elapsed = window_elapsed(window)?;
+    let ests = topo
+        .names
+        .iter()
+        .zip(&topo.is_source)
+        .map(|(name, &is_source)| estimate_operator(name, is_source, window, elapsed))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((elapsed, ests))
+}
+
+fn subtasks<'a>(
+    window: &'a [MetricSample],
+    sample: usize,
+    name: &str,
+) -> Result<&'a [SubtaskSample], ModelError> {
+    window[sample]
+        .operators
+        .get(name)
+        .map(Vec::as_slice)
+        .ok_or_else(|| ModelError::MissingOperator {
+            operator: name.to_string(),
+            sample,
+        })
+}
+
+fn check_value(
+    name: &str,
+    subtask: usize,
+    sample: usize,
+    field: &'static str,
+    value: f64,
+) -> Result<(), ModelError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(ModelError::InvalidValue {
+            operator: name.to_string(),
+            subtask,
+            field,
+            sample,
+            value,
+        })
+    }
+}
+
+fn source_fields(
+    name: &str,
+    subtask: usize,
+    sample: usize,
+    s: &SubtaskSample,
+) -> Result<(f64, f64), ModelError> {
+    let missing = |missing| ModelError::SourceWithoutBacklog {
+        operator: name.to_string(),
+        subtask,
+        missing,
+        sample,
+    };
+    let backlog = s.source_backlog.ok_or_else(|| missing("source_backlog"))?;
+    let arrivals = s.source_arrivals.ok_or_else(|| missing("source_arrivals"))?;
+    check_value(name, subtask, sample, "source_backlog", backlog)?;
+    check_value(name, subtask, sample, "source_arrivals", arrivals)?;
+    Ok((backlog, arrivals))
+}
+
+fn counters(s: &SubtaskSample) -> [(&'static str, f64); 5] {
+    [
+        ("records_in", s.records_in),
+        ("records_out", s.records_out),
+        ("busy_seconds", s.busy_seconds),
+        ("idle_seconds", s.idle_seconds),
+        ("backpressured_seconds", s.backpressured_seconds),
+    ]
+}
+
+fn estimate_operator(
+    name: &str,
+    is_source: bool,
+    window: &[MetricSample],
+    elapsed: f64,
+) -> Result<OperatorEstimate, ModelError> {
+    let first = subtasks(window, 0, name)?;
+    let p = first.len();
+    if p == 0 {
+        return Err(ModelError::NoSubtasks {
+            operator: name.to_string(),
+            sample: 0,
+        });
+    }
+    // Validate every sample: presence, subtask count, finite values, monotone counters.
+    let mut prev = first;
+    for (k, s) in first.iter().enumerate() {
+        for (field, v) in counters(s) {
+            check_value(name, k, 0, field, v)?;
+        }
+        check_value(name, k, 0, "queue_length", s.queue_length)?;
+        if is_source {
+            source_fields(name, k, 0, s)?;
+        }
+    }
+    for i in 1..window.len() {
+        let cur = subtasks(window, i, name)?;
+        if cur.len() != p {
+            return Err(ModelError::ParallelismChanged {
+                operator: name.to_string(),
+                first: p,
+                other: cur.len(),
+                sample: i,
+            });
+        }
+        for (k, (a, b)) in prev.iter().zip(cur).enumerate() {
+            let mut pairs: Vec<(&'static str, f64, f64)> = counters(a)
+                .into_iter()
+                .zip(counters(b))
+                .map(|((f, x), (_, y))| (f, x, y))
+                .collect();
+            check_value(name, k, i, "queue_length", b.queue_length)?;
+            if is_source {
+                let (_, arr_a) = source_fields(name, k, i - 1, a)?;
+                let (_, arr_b) = source_fields(name, k, i, b)?;
+                pairs.push(("source_arrivals", arr_a, arr_b));
+            }
+            for (field, x, y) in pairs {
+                check_value(name, k, i, field, y)?;
+                if y < x {
+                    return Err(ModelError::CounterReset {
+                        operator: name.to_string(),
+                        subtask: k,
+                        counter: field,
+                        sample: i,
+                        from: x,
+                        to: y,
+                    });
+                }
+            }
+        }
+        prev = cur;
+    }
+    let last = prev;
+    let delta = |f: fn(&SubtaskSample) -> f64| -> f64 {
+        first.iter().zip(last).map(|(a, b)| f(b) - f(a)).sum()
+    };
+    let d_in = delta(|s| s.records_in);
+    let d_out = delta(|s| s.records_out);
+    let d_busy = delta(|s| s.busy_seconds);
+    let d_bp = delta(|s| s.backpressured_seconds);
+    let pf = p as f64;
+    let source = if is_source {
+        let d_arr = delta(|s| s.source_arrivals.unwrap_or(0.0));
+        let backlog = last.iter().map(|s| s.source_backlog.unwrap_or(0.0)).sum();
+        Some(SourceEstimate {
+            arrival_rate: d_arr / elapsed,
+            backlog_records: backlog,
+        })
+    } else {
+        None
+    };
+    let true_processing_rate = if !is_source && d_in > 0.0 && d_busy > MIN_BUSY_SECONDS {
+        Some(d_in / d_busy)
+    } else {
+        None
+    };
+    let (selectivity, selectivity_is_prior) = if is_source {
+        (1.0, false)
+    } else if d_in > 0.0 {
+        (d_out / d_in, false)
+    } else {
+        (1.0, true)
+    };
+    Ok(OperatorEstimate {
+        parallelism: u32::try_from(p).unwrap_or(u32::MAX),
+        input_rate: d_in / elapsed,
+        output_rate: d_out / elapsed,
+        true_processing_rate,
+        selectivity,
+        selectivity_is_prior,
+        utilization: (d_busy / (pf * elapsed)).clamp(0.0, 1.0),
+        backpressured_share: (d_bp / (pf * elapsed)).clamp(0.0, 1.0),
+        queue_length: last.iter().map(|s| s.queue_length).sum(),
+        source,
+    })
+}

@@ -1,0 +1,270 @@
+//! Guards: a pure policy wrapper around [`plan`](super::planner::plan) that decides *when* a
+//! plan may be applied.
+//!
+//! Guards, in order: enough samples and history; a stabilization period after every (re)start
+//! (warm-up metrics are not representative, as DS2 and the Flink autoscaler note); no
+//! scale-down while sources have a backlog (the Flink autoscaler's backlog mode); ignore
+//! insignificant changes (HPA-style tolerance); delay scale-downs and then apply the highest
+//! recommendation seen over the delay (Flink autoscaler / HPA scale-down stabilization);
+//! scale-ups apply immediately. Time comes in only as `now_s` arguments (seconds on any
+//! monotonic clock, the same clock for every call).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use streamscale_engine::spec::JobSpec;
+
+use super::planner::{Decision, Model, PlannerSettings};
+use super::sample::MetricSample;
+
+/// Guard settings. Times in seconds, backlogs in records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GuardSettings {
+    /// Fewest samples in a window before any decision. Default 3.
+    pub min_samples: usize,
+    /// Least history (seconds from the first to the last sample of the window) before any
+    /// decision. Default 15 s.
+    pub window_seconds: f64,
+    /// No decision within this many seconds after a (re)start reported by
+    /// [`Autoscaler::restarted`]. Default 10 s.
+    pub stabilization_seconds: f64,
+    /// Backlog (records, per source) above which scale-downs are forbidden. `None` (default) =
+    /// one second of that source's arrival rate γ.
+    pub backlog_threshold_records: Option<f64>,
+    /// Smallest change in subtasks that counts (scale-up or scale-down). Default 1: any change.
+    pub min_change_subtasks: u32,
+    /// Smallest relative scale-down (Δp / p) that counts. Default 0.1 (10%).
+    pub min_scale_down_fraction: f64,
+    /// Seconds a scale-down must be wanted continuously before it applies. Default 30 s.
+    pub scale_down_delay_seconds: f64,
+    /// Settings passed to the planner.
+    pub planner: PlannerSettings,
+}
+
+impl Default for GuardSettings {
+    fn default() -> Self {
+        GuardSettings {
+            min_samples: 3,
+            window_seconds: 15.0,
+            stabilization_seconds: 10.0,
+            backlog_threshold_records: None,
+            min_change_subtasks: 1,
+            min_scale_down_fraction: 0.1,
+            scale_down_delay_seconds: 30.0,
+            planner: PlannerSettings::default(),
+        }
+    }
+}
+
+/// A scale-down the planner keeps wanting for one operator.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingScaleDown {
+    /// When the planner first wanted it (seconds, the `now_s` clock).
+    pub since_s: f64,
+    /// Highest parallelism recommended since then.
+    pub highest: u32,
+}
+
+/// Memory of the guards between calls.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuardState {
+    /// Time of the last (re)start reported (seconds, the `now_s` clock).
+    pub last_restart_s: Option<f64>,
+    /// Scale-downs waiting out their delay, per operator.
+    pub pending_scale_downs: BTreeMap<String, PendingScaleDown>,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Verdict {
+    /// Rescale the job to `parallelism` of the decision (guards already applied).
+    Rescale(Decision),
+    /// Keep the current parallelism.
+    Hold {
+        /// Why, in words.
+        reason: String,
+        /// The planner's unguarded decision, when one was computed.
+        recommendation: Option<Decision>,
+    },
+}
+
+/// The guarded autoscaling policy: [`plan`](super::planner::plan) plus the guards in the
+/// module docs. Pure: state changes only through its methods, time only through arguments.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Autoscaler {
+    settings: GuardSettings,
+    state: GuardState,
+}
+
+fn hold(reason: String) -> Verdict {
+    Verdict::Hold {
+        reason,
+        recommendation: None,
+    }
+}
+
+impl Autoscaler {
+    /// A policy with these settings and a fresh state (no restart reported yet: no
+    /// stabilization wait until [`Autoscaler::restarted`] is called).
+    pub fn new(settings: GuardSettings) -> Autoscaler {
+        Autoscaler {
+            settings,
+            state: GuardState::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &GuardSettings {
+        &self.settings
+    }
+
+    /// The guards' memory.
+    pub fn state(&self) -> &GuardState {
+        &self.state
+    }
+
+    /// Reports that the job (re)started at `now_s` (seconds): starts the stabilization period
+    /// and forgets pending scale-downs (they were measured on the old deployment).
+    pub fn restarted(&mut self, now_s: f64) {
+        self.state.last_restart_s = Some(now_s);
+        self.state.pending_scale_downs.clear();
+    }
+
+    /// Decides at `now_s` (seconds) from a metric window (oldest first) of the job `spec`.
+    /// Never fails: every problem (too little data, a planning error) is a
+    /// [`Verdict::Hold`] with the reason.
+    pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
+        let g = &self.settings;
+        if window.len() < g.min_samples.max(2) {
+            return hold(format!(
+                "waiting for data: {} metric samples, need {}",
+                window.len(),
+                g.min_samples.max(2)
+            ));
+        }
+        let span = window[window.len() - 1].at_seconds - window[0].at_seconds;
+        if !(span >= g.window_seconds) {
+            return hold(format!(
+                "waiting for data: the window spans {span:.1} s, need {} s",
+                g.window_seconds
+            ));
+        }
+        if let Some(t) = self.state.last_restart_s {
+            let since = now_s - t;
+            if since < g.stabilization_seconds {
+                return hold(format!(
+                    "stabilizing: {since:.1} s since the last (re)start, need {} s",
+                    g.stabilization_seconds
+                ));
+            }
+        }
+        let model = match Model::new(spec, window, &g.planner) {
+            Ok(m) => m,
+            Err(e) => return hold(format!("cannot plan: {e}")),
+        };
+        let planned = model.plan();
+        let mut d = planned.clone();
+
+        let backlogged: Vec<String> = d
+            .sources
+            .iter()
+            .filter(|(_, s)| {
+                s.backlog_records > g.backlog_threshold_records.unwrap_or(s.arrival_rate)
+            })
+            .map(|(n, s)| format!("{n} ({:.0} records)", s.backlog_records))
+            .collect();
+
+        let mut notes = Vec::new();
+        let names: Vec<String> = d.parallelism.keys().cloned().collect();
+        self.state
+            .pending_scale_downs
+            .retain(|k, _| d.parallelism.contains_key(k));
+        for name in names {
+            let Some(&cur) = d.current.get(&name) else {
+                continue;
+            };
+            let Some(new) = d.parallelism.get_mut(&name) else {
+                continue;
+            };
+            if *new >= cur {
+                self.state.pending_scale_downs.remove(&name);
+                if *new - cur > 0 && *new - cur < g.min_change_subtasks {
+                    notes.push(format!(
+                        "{name}: scale-up {cur}→{new} below the change threshold, ignored"
+                    ));
+                    *new = cur;
+                }
+                continue;
+            }
+            let drop = cur - *new;
+            if drop < g.min_change_subtasks
+                || f64::from(drop) / f64::from(cur) < g.min_scale_down_fraction
+            {
+                self.state.pending_scale_downs.remove(&name);
+                notes.push(format!(
+                    "{name}: scale-down {cur}→{new} below the change threshold, ignored"
+                ));
+                *new = cur;
+                continue;
+            }
+            if !backlogged.is_empty() {
+                self.state.pending_scale_downs.remove(&name);
+                notes.push(format!(
+                    "{name}: no scale-down {cur}→{new} while sources have a backlog: {}",
+                    backlogged.join(", ")
+                ));
+                *new = cur;
+                continue;
+            }
+            let pending = self
+                .state
+                .pending_scale_downs
+                .entry(name.clone())
+                .or_insert(PendingScaleDown {
+                    since_s: now_s,
+                    highest: *new,
+                });
+            pending.highest = pending.highest.max(*new);
+            let waited = now_s - pending.since_s;
+            if waited >= g.scale_down_delay_seconds {
+                notes.push(format!(
+                    "{name}: scale-down wanted for {waited:.1} s; applying the highest recommendation over the delay, {}",
+                    pending.highest
+                ));
+                *new = pending.highest;
+                self.state.pending_scale_downs.remove(&name);
+            } else {
+                notes.push(format!(
+                    "{name}: scale-down {cur}→{new} delayed ({waited:.1} of {} s)",
+                    g.scale_down_delay_seconds
+                ));
+                *new = cur;
+            }
+        }
+        for note in &notes {
+            let op = note.split(':').next().unwrap_or_default();
+            if let Some(plan) = d.operators.get_mut(op) {
+                plan.reason.push_str("; guard: ");
+                plan.reason.push_str(note[op.len() + 1..].trim());
+            }
+        }
+        model.refresh(&mut d);
+        d.reasons.extend(notes.iter().cloned());
+        if d.changed() {
+            Verdict::Rescale(d)
+        } else {
+            Verdict::Hold {
+                reason: if notes.is_empty() {
+                    "the plan keeps the current parallelism".to_string()
+                } else {
+                    format!("no change after guards: {}", notes.join("; "))
+                },
+                recommendation: Some(planned),
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Closed-form queueing results used to predict each operator's sojourn time.
+//!
+//! Notation: λ arrival rate (records/s), μ true processing rate of one subtask (records/s),
+//! c servers (subtasks), a = λ/μ offered load (Erlangs), ρ = a/c utilization, ca and cs the
+//! coefficients of variation of inter-arrival and service times. All times are seconds.
+//!
+//! Every function returns `f64::INFINITY` for an unstable queue (ρ ≥ 1) or a non-positive /
+//! non-finite μ: the mean waiting time of such a queue grows without bound.
+
+use serde::{Deserialize, Serialize};
+
+/// Erlang B blocking probability of an M/M/c/c loss system with `servers` servers and offered
+/// load `offered_load` = λ/μ (Erlangs), by the numerically stable recursion (no factorials):
+/// B₀ = 1, B_k = a·B_{k−1} / (k + a·B_{k−1}). Dimensionless, in 0..=1.
+///
+/// A non-positive or NaN load gives 0 for `servers ≥ 1`; `servers = 0` gives 1.
+pub fn erlang_b(servers: u32, offered_load: f64) -> f64 {
+    if servers == 0 {
+        return 1.0;
+    }
+    if !(offered_load > 0.0) {
+        return 0.0;
+    }
+    if offered_load.is_infinite() {
+        return 1.0;
+    }
+    let a = offered_load;
+    let mut b = 1.0;
+    for k in 1..=servers {
+        b = a * b / (f64::from(k) + a * b);
+        if b == 0.0 {
+            break; // underflow: stays 0 for every larger k
+        }
+    }
+    b
+}
+
+/// Erlang C: probability that an arrival to an M/M/c queue must wait, from Erlang B:
+/// C = B_c / (1 − ρ(1 − B_c)) with ρ = a/c. Dimensionless. Returns 1 when ρ ≥ 1 (unstable:
+/// every arrival waits) or `servers = 0`.
+pub fn erlang_c(servers: u32, offered_load: f64) -> f64 {
+    if servers == 0 {
+        return 1.0;
+    }
+    let rho = offered_load / f64::from(servers);
+    if rho.is_nan() || rho >= 1.0 {
+        return 1.0;
+    }
+    let b = erlang_b(servers, offered_load);
+    b / (1.0 - rho * (1.0 - b))
+}
+
+fn unstable(lambda: f64, mu: f64, servers: u32) -> bool {
+    !(mu > 0.0 && mu.is_finite())
+        || !(lambda.is_finite())
+        || servers == 0
+        || lambda >= f64::from(servers) * mu
+}
+
+/// M/M/1 mean waiting time in queue (seconds): Wq = ρ/(μ − λ), ρ = λ/μ.
+/// `f64::INFINITY` when λ ≥ μ. λ ≤ 0 gives 0.
+pub fn mm1_waiting_time(lambda: f64, mu: f64) -> f64 {
+    mmc_waiting_time(lambda, mu, 1)
+}
+
+/// M/M/1 mean sojourn time (seconds): W = 1/(μ − λ). `f64::INFINITY` when λ ≥ μ.
+pub fn mm1_sojourn_time(lambda: f64, mu: f64) -> f64 {
+    mmc_sojourn_time(lambda, mu, 1)
+}
+
+/// M/M/c mean waiting time in queue (seconds): Wq = C(c, a) / (cμ − λ), with C the Erlang C
+/// probability of waiting and a = λ/μ. `f64::INFINITY` when λ ≥ cμ; 0 when λ ≤ 0.
+pub fn mmc_waiting_time(lambda: f64, mu: f64, servers: u32) -> f64 {
+    if unstable(lambda, mu, servers) {
+        return f64::INFINITY;
+    }
+    if lambda <= 0.0 {
+        return 0.0;
+    }
+    let c = f64::from(servers);
+    erlang_c(servers, lambda / mu) / (c * mu - lambda)
+}
+
+/// M/M/c mean sojourn time (seconds): W = Wq + 1/μ. `f64::INFINITY` when λ ≥ cμ.
+pub fn mmc_sojourn_time(lambda: f64, mu: f64, servers: u32) -> f64 {
+    mmc_waiting_time(lambda, mu, servers) + 1.0 / mu
+}
+
+/// Allen-Cunneen approximation of the G/G/c mean waiting time in queue (seconds):
+/// Wq ≈ Wq(M/M/c) · (ca² + cs²)/2. Exact for M/M/c (ca = cs = 1). `f64::INFINITY` when λ ≥ cμ.
+pub fn allen_cunneen_waiting_time(
+    lambda: f64,
+    mu: f64,
+    servers: u32,
+    arrival_cv: f64,
+    service_cv: f64,
+) -> f64 {
+    let w = mmc_waiting_time(lambda, mu, servers);
+    if w == 0.0 || w.is_infinite() {
+        return w;
+    }
+    w * variability(arrival_cv, service_cv)
+}
+
+/// Kingman's approximation of the G/G/1 mean waiting time in queue (seconds):
+/// Wq ≈ ρ/(1 − ρ) · (ca² + cs²)/2 · 1/μ. Equals the M/M/1 Wq at ca = cs = 1.
+/// `f64::INFINITY` when λ ≥ μ.
+pub fn kingman_waiting_time(lambda: f64, mu: f64, arrival_cv: f64, service_cv: f64) -> f64 {
+    if unstable(lambda, mu, 1) {
+        return f64::INFINITY;
+    }
+    if lambda <= 0.0 {
+        return 0.0;
+    }
+    let rho = lambda / mu;
+    rho / (1.0 - rho) * variability(arrival_cv, service_cv) / mu
+}
+
+fn variability(arrival_cv: f64, service_cv: f64) -> f64 {
+    (arrival_cv * arrival_cv + service_cv * service_cv) / 2.0
+}
+
+/// How an operator's subtasks share their input (see the engine's channel layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum QueueKind {
+    /// Keyed (partitioned by key group): p separate single-server queues, each fed λ/p
+    /// (no skew assumed).
+    Keyed,
+    /// One shared input queue pulled by all p subtasks: a true c-server queue with c = p.
+    Shared,
+}
+
+/// Mean sojourn time (seconds: waiting plus service) of a record at an operator with
+/// `parallelism` subtasks, total arrival rate `lambda` (records/s) and true processing rate
+/// `mu` per subtask (records/s).
+///
+/// * [`QueueKind::Keyed`]: one of p G/G/1 queues at λ/p, Kingman's approximation
+///   (the M/M/1 sojourn 1/(μ − λ/p) at ca = cs = 1).
+/// * [`QueueKind::Shared`]: a G/G/c queue with c = p, Allen-Cunneen's approximation
+///   (the M/M/c sojourn at ca = cs = 1).
+///
+/// `f64::INFINITY` when unstable (λ ≥ pμ) or μ is not a positive finite number.
+pub fn operator_sojourn_time(
+    kind: QueueKind,
+    lambda: f64,
+    mu: f64,
+    parallelism: u32,
+    arrival_cv: f64,
+    service_cv: f64,
+) -> f64 {
+    if unstable(lambda, mu, parallelism) {
+        return f64::INFINITY;
+    }
+    let wq = match kind {
+        QueueKind::Keyed => {
+            kingman_waiting_time(lambda / f64::from(parallelism), mu, arrival_cv, service_cv)
+        }
+        QueueKind::Shared => {
+            allen_cunneen_waiting_time(lambda, mu, parallelism, arrival_cv, service_cv)
+        }
+    };
+    wq + 1.0 / mu
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn erlang_b_known_values() {
+        // a = 2, c = 3: B1 = 2/(1+2) = 2/3; B2 = (4/3)/(2+4/3) = 2/5; B3 = (4/5)/(3+4/5) = 4/19.
+        assert!(close(erlang_b(3, 2.0), 4.0 / 19.0));
+        // a = 1, c = 2: B1 = 1/2; B2 = (1/2)/(2+1/2) = 1/5.
+        assert!(close(erlang_b(2, 1.0), 0.2));
+        assert_eq!(erlang_b(0, 5.0), 1.0);
+        assert_eq!(erlang_b(4, 0.0), 0.0);
+    }
+
+    #[test]
+    fn erlang_c_known_values() {
+        // a = 2, c = 3: ρ = 2/3, B3 = 4/19; C = (4/19)/(1 − (2/3)(15/19)) = (4/19)/(9/19) = 4/9.
+        assert!(close(erlang_c(3, 2.0), 4.0 / 9.0));
+        // a = 1, c = 1: B1 = 1/2, ρ = 1 → unstable, C = 1 (the formula also gives (1/2)/(1 − 1/2) = 1).
+        assert_eq!(erlang_c(1, 1.0), 1.0);
+        // a = 0.5, c = 1: B1 = 0.5/1.5 = 1/3; C = (1/3)/(1 − 0.5·2/3) = (1/3)/(2/3) = 1/2 = ρ (M/M/1).
+        assert!(close(erlang_c(1, 0.5), 0.5));
+        // a = 1, c = 2: B2 = 1/5, ρ = 1/2; C = 0.2/(1 − 0.5·0.8) = 0.2/0.6 = 1/3.
+        assert!(close(erlang_c(2, 1.0), 1.0 / 3.0));
+        // Over capacity: everyone waits.
+        assert_eq!(erlang_c(2, 3.0), 1.0);
+    }
+
+    #[test]
+    fn erlang_b_is_stable_for_many_servers() {
+        // Factorial formulas overflow at c = 171; the recursion does not.
+        let b = erlang_b(1000, 950.0);
+        assert!(b > 0.0 && b < 0.1, "{b}");
+        let c = erlang_c(1000, 950.0);
+        assert!(c > b && c < 1.0, "{c}");
+    }
+
+    #[test]
+    fn mmc_waiting_and_sojourn() {
+        // λ = 2, μ = 1, c = 3: C = 4/9, Wq = (4/9)/(3 − 2) = 4/9 s, W = 4/9 + 1 = 13/9 s.
+        assert!(close(mmc_waiting_time(2.0, 1.0, 3), 4.0 / 9.0));
+        assert!(close(mmc_sojourn_time(2.0, 1.0, 3), 13.0 / 9.0));
+        // λ = 100, μ = 100, c = 2: a = 1, C = 1/3, Wq = (1/3)/(200 − 100) = 1/300 s.
+        assert!(close(mmc_waiting_time(100.0, 100.0, 2), 1.0 / 300.0));
+        // M/M/1, λ = 50, μ = 100: W = 1/(100 − 50) = 0.02 s, Wq = 0.5/50 = 0.01 s.
+        assert!(close(mm1_sojourn_time(50.0, 100.0), 0.02));
+        assert!(close(mm1_waiting_time(50.0, 100.0), 0.01));
+        // Unstable.
+        assert_eq!(mmc_waiting_time(300.0, 100.0, 3), f64::INFINITY);
+        assert_eq!(mm1_sojourn_time(100.0, 100.0), f64::INFINITY);
+        assert_eq!(mmc_sojourn_time(1.0, 0.0, 3), f64::INFINITY);
+        // No load: only the service time.
+        assert_eq!(mmc_sojourn_time(0.0, 4.0, 3), 0.25);
+    }
+
+    #[test]
+    fn allen_cunneen_and_kingman() {
+        // At ca = cs = 1 Allen-Cunneen is M/M/c and Kingman is M/M/1.
+        for (l, m, c) in [(2.0, 1.0, 3), (90.0, 40.0, 4), (10.0, 11.0, 1)] {
+            assert!(close(
+                allen_cunneen_waiting_time(l, m, c, 1.0, 1.0),
+                mmc_waiting_time(l, m, c)
+            ));
+        }
+        assert!(close(
+            kingman_waiting_time(50.0, 100.0, 1.0, 1.0),
+            mm1_waiting_time(50.0, 100.0)
+        ));
+        // Deterministic service (cs = 0) halves the wait: (1 + 0)/2.
+        assert!(close(
+            allen_cunneen_waiting_time(2.0, 1.0, 3, 1.0, 0.0),
+            2.0 / 9.0
+        ));
+        // Kingman λ = 50, μ = 100, ca = 1, cs = 2: ρ/(1−ρ) = 1, (1+4)/2 = 2.5, E[S] = 0.01 → 0.025 s.
+        assert!(close(kingman_waiting_time(50.0, 100.0, 1.0, 2.0), 0.025));
+    }
+
+    #[test]
+    fn operator_sojourn_by_queue_kind() {
+        // Keyed, λ = 150 over p = 3 → 50 per queue, μ = 100: W = 1/(100 − 50) = 0.02 s.
+        let keyed = operator_sojourn_time(QueueKind::Keyed, 150.0, 100.0, 3, 1.0, 1.0);
+        assert!(close(keyed, 0.02));
+        // Shared, λ = 200, μ = 100, c = 3: a = 2, Wq = (4/9)/100, W = 0.01 + 4/900.
+        let shared = operator_sojourn_time(QueueKind::Shared, 200.0, 100.0, 3, 1.0, 1.0);
+        assert!(close(shared, 0.01 + 4.0 / 900.0));
+        // Pooling: a shared queue beats separate queues at the same load.
+        let k = operator_sojourn_time(QueueKind::Keyed, 200.0, 100.0, 3, 1.0, 1.0);
+        assert!(shared < k);
+        assert_eq!(
+            operator_sojourn_time(QueueKind::Keyed, 300.0, 100.0, 3, 1.0, 1.0),
+            f64::INFINITY
+        );
+    }
+}

@@ -1,0 +1,39 @@
+//! Metric samples: cumulative counters of every subtask at one scrape.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Cumulative counters of one subtask at one scrape (as the engine's Prometheus endpoint
+/// reports them). Counters only grow while the subtask runs; rates are their deltas over a
+/// window divided by the elapsed seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubtaskSample {
+    /// Counter, records taken from the input queue.
+    pub records_in: f64,
+    /// Counter, records emitted.
+    pub records_out: f64,
+    /// Counter, seconds spent processing (excludes waiting for input and blocked output);
+    /// DS2's "useful time".
+    pub busy_seconds: f64,
+    /// Counter, seconds spent waiting for input.
+    pub idle_seconds: f64,
+    /// Counter, seconds blocked on a full output channel (backpressure).
+    pub backpressured_seconds: f64,
+    /// Gauge, records waiting in this subtask's input queue.
+    pub queue_length: f64,
+    /// Gauge, sources only: records that should have been emitted but were not (lag).
+    pub source_backlog: Option<f64>,
+    /// Counter, sources only: records that should have been emitted by now (the external
+    /// arrival count; Δ/Δt is the arrival rate γ even under backpressure).
+    pub source_arrivals: Option<f64>,
+}
+
+/// One scrape of the whole job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetricSample {
+    /// Time of the scrape, seconds on any monotonic clock.
+    pub at_seconds: f64,
+    /// Operator name -> its subtasks' counters, in subtask index order.
+    pub operators: BTreeMap<String, Vec<SubtaskSample>>,
+}

@@ -1,0 +1,183 @@
+//! The live progress lines `streamscale run` prints (pure formatting).
+
+use std::collections::BTreeMap;
+
+use crate::stats::IntervalStats;
+
+/// Utilization from which an operator's ρ is shown next to its parallelism.
+pub const SHOW_UTILIZATION_FROM: f64 = 0.25;
+
+/// Formats a trace time as `+4h12m` (hours may exceed 24); `+0h00m` for times under a minute.
+pub fn format_trace_time(seconds: f64) -> String {
+    let total_minutes = (seconds.max(0.0) / 60.0).floor() as u64;
+    format!("+{}h{:02}m", total_minutes / 60, total_minutes % 60)
+}
+
+/// Formats seconds compactly: `0.083s`, `1.25s`, `12.3s`, `125s`.
+pub fn format_seconds(seconds: f64) -> String {
+    if seconds < 0.1 {
+        format!("{seconds:.3}s")
+    } else if seconds < 10.0 {
+        format!("{seconds:.2}s")
+    } else if seconds < 100.0 {
+        format!("{seconds:.1}s")
+    } else {
+        format!("{seconds:.0}s")
+    }
+}
+
+/// One progress line for an interval, operators in `order` (topological order), e.g.
+/// `t=  42s trace=+4h12m in=812 rec/s | source=1 parse=1 enrich=6(ρ0.71) sink=1 | backlog=120 | p99=0.080s (SLO 1.0s)`.
+/// A `!` after the p99 marks an SLO violation.
+pub fn progress_line(stats: &IntervalStats, order: &[String], slo_s: f64) -> String {
+    let mut line = format!("t={:>4.0}s", stats.t_s);
+    if let Some(tt) = stats.trace_time_s {
+        line.push_str(&format!(" trace={}", format_trace_time(tt)));
+    }
+    line.push_str(&format!(" in={:.0} rec/s", stats.input_rate));
+    if let Some(cap) = stats.capacity {
+        line.push_str(&format!(" cap={cap:.0}"));
+    }
+    line.push_str(" |");
+    for op in order {
+        let Some(p) = stats.parallelism.get(op) else {
+            continue;
+        };
+        line.push_str(&format!(" {op}={p}"));
+        if let Some(rho) = stats.utilization.get(op)
+            && *rho >= SHOW_UTILIZATION_FROM
+        {
+            line.push_str(&format!("(ρ{rho:.2})"));
+        }
+    }
+    line.push_str(&format!(" | backlog={:.0} | p99=", stats.backlog));
+    match stats.p99_s {
+        Some(p99) => {
+            line.push_str(&format_seconds(p99));
+            if p99 > slo_s {
+                line.push('!');
+            }
+        }
+        None => line.push('-'),
+    }
+    line.push_str(&format!(" (SLO {slo_s:.1}s)"));
+    line
+}
+
+/// Describes a parallelism change, listing only operators that change:
+/// `enrich 4→6, counts 2→3`.
+pub fn format_change(from: &BTreeMap<String, u32>, to: &BTreeMap<String, u32>, order: &[String]) -> String {
+    let changes: Vec<String> = order
+        .iter()
+        .filter_map(|op| {
+            let a = from.get(op).copied();
+            let b = to.get(op).copied();
+            match (a, b) {
+                (Some(a), Some(b)) if a != b => Some(format!("{op} {a}→{b}")),
+                (None, Some(b)) => Some(format!("{op} ?→{b}")),
+                _ => None,
+            }
+        })
+        .collect();
+    if changes.is_empty() {
+        "no change".to_string()
+    } else {
+        changes.join(", ")
+    }
+}
+
+/// The line printed when a rescale starts: `t= 120s RESCALE enrich 4→6 | reason`.
+pub fn rescale_started_line(t_s: f64, change: &str, reason: &str) -> String {
+    format!("t={t_s:>4.0}s RESCALE {change} | {reason}")
+}
+
+/// The line printed when a rescale finished: `t= 123s RESCALED enrich 4→6 in 2.31s (downtime)`.
+pub fn rescale_done_line(t_s: f64, change: &str, downtime_s: f64) -> String {
+    format!(
+        "t={t_s:>4.0}s RESCALED {change}: downtime {}",
+        format_seconds(downtime_s)
+    )
+}
+
+/// The line printed when a rescale failed and the job continues at the old parallelism.
+pub fn rescale_failed_line(t_s: f64, change: &str, what: &str, error: &str, downtime_s: f64) -> String {
+    format!(
+        "t={t_s:>4.0}s RESCALE FAILED ({what}) {change}: {error}; continuing at the old parallelism (downtime {})",
+        format_seconds(downtime_s)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order() -> Vec<String> {
+        ["source", "parse", "enrich", "counts", "sink"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn formats_a_progress_line() {
+        let stats = IntervalStats {
+            t_s: 42.2,
+            dt_s: 1.0,
+            trace_time_s: Some(4.0 * 3600.0 + 12.0 * 60.0 + 30.0),
+            input_rate: 812.4,
+            target_rate: 800.0,
+            capacity: None,
+            parallelism: [("source", 1), ("parse", 1), ("enrich", 6), ("counts", 2), ("sink", 1)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            utilization: [("parse", 0.1), ("enrich", 0.712), ("counts", 0.4)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            backlog: 120.0,
+            p99_s: Some(0.08),
+        };
+        assert_eq!(
+            progress_line(&stats, &order(), 1.0),
+            "t=  42s trace=+4h12m in=812 rec/s | source=1 parse=1 enrich=6(ρ0.71) counts=2(ρ0.40) sink=1 | backlog=120 | p99=0.080s (SLO 1.0s)"
+        );
+    }
+
+    #[test]
+    fn marks_slo_violations_and_missing_p99() {
+        let mut stats = IntervalStats {
+            t_s: 5.0,
+            p99_s: Some(1.5),
+            capacity: Some(950.0),
+            ..IntervalStats::default()
+        };
+        let line = progress_line(&stats, &order(), 1.0);
+        assert!(line.contains("p99=1.50s! (SLO 1.0s)"), "{line}");
+        assert!(line.contains("cap=950"), "{line}");
+        assert!(!line.contains("trace="), "{line}");
+        stats.p99_s = None;
+        assert!(progress_line(&stats, &order(), 1.0).contains("p99=- "));
+    }
+
+    #[test]
+    fn formats_changes_and_times() {
+        let from = [("enrich", 4), ("counts", 2), ("sink", 1)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        let to = [("enrich", 6), ("counts", 3), ("sink", 1)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        assert_eq!(format_change(&from, &to, &order()), "enrich 4→6, counts 2→3");
+        assert_eq!(format_change(&from, &from, &order()), "no change");
+        assert_eq!(format_trace_time(59.0), "+0h00m");
+        assert_eq!(format_trace_time(26.0 * 3600.0 + 5.0 * 60.0), "+26h05m");
+        assert_eq!(format_seconds(2.314), "2.31s");
+        assert_eq!(
+            rescale_done_line(123.0, "enrich 4→6", 2.314),
+            "t= 123s RESCALED enrich 4→6: downtime 2.31s"
+        );
+    }
+}

@@ -1,0 +1,363 @@
+//! The run report: `summary.json` and `timeline.csv` (and, via [`crate::plot`], `timeline.png`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::stats::IntervalStats;
+
+/// Errors writing the report.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A report file could not be written.
+    #[error("{path}: cannot write report: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The summary could not be serialized.
+    #[error("cannot serialize the summary: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// One executed rescale.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RescaleRecord {
+    /// When the rescale was decided, seconds since the run started.
+    pub at_s: f64,
+    /// Parallelism per operator before.
+    pub from: BTreeMap<String, u32>,
+    /// Parallelism per operator after (for a failed attempt: the parallelism that was tried).
+    pub to: BTreeMap<String, u32>,
+    /// Why the planner decided it.
+    pub reason: String,
+    /// Seconds from the savepoint request until the new engine was running.
+    pub downtime_s: f64,
+    /// `rescaled`, `savepoint_failed` or `restore_failed`.
+    pub outcome: String,
+    /// What went wrong, for failed attempts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The savepoint taken, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<String>,
+}
+
+/// Time integrals over the intervals of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Accounting {
+    /// Seconds covered by intervals.
+    pub seconds: f64,
+    /// ∫ total parallelism dt, in subtask-seconds.
+    pub parallelism_seconds: f64,
+    /// Seconds of intervals whose p99 latency exceeded the SLO.
+    pub slo_violation_seconds: f64,
+    /// Seconds of intervals in which no record reached a sink.
+    pub no_output_seconds: f64,
+}
+
+impl Accounting {
+    /// Adds one interval of `dt_s` seconds at `total_parallelism` subtasks with interval p99
+    /// `p99_s` (seconds; `None` when no record reached a sink) against an SLO of `slo_s` seconds.
+    pub fn add(&mut self, dt_s: f64, total_parallelism: u32, p99_s: Option<f64>, slo_s: f64) {
+        if !(dt_s > 0.0 && dt_s.is_finite()) {
+            return;
+        }
+        self.seconds += dt_s;
+        self.parallelism_seconds += dt_s * f64::from(total_parallelism);
+        match p99_s {
+            Some(p) if p > slo_s => self.slo_violation_seconds += dt_s,
+            Some(_) => {}
+            None => self.no_output_seconds += dt_s,
+        }
+    }
+
+    /// Adds an [`IntervalStats`].
+    pub fn add_interval(&mut self, stats: &IntervalStats, slo_s: f64) {
+        let total = stats.parallelism.values().sum();
+        self.add(stats.dt_s, total, stats.p99_s, slo_s);
+    }
+
+    /// Mean total parallelism over the covered time (0 when nothing was covered).
+    pub fn mean_parallelism(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.parallelism_seconds / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Record totals of a run, from the engine's `/v1/job` after the final draining stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct RecordTotals {
+    /// Records emitted by all sources.
+    pub records_emitted: u64,
+    /// Source records whose effect reached a sink.
+    pub records_accounted: u64,
+    /// Source records dropped by filters.
+    pub records_filtered: u64,
+}
+
+impl RecordTotals {
+    /// Records neither accounted at a sink nor dropped by a filter (negative: counted twice).
+    pub fn lost(&self) -> i128 {
+        i128::from(self.records_emitted)
+            - i128::from(self.records_accounted)
+            - i128::from(self.records_filtered)
+    }
+}
+
+/// `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Job name.
+    pub job: String,
+    /// The effective job file the engine ran.
+    pub job_file: String,
+    /// Wall-clock seconds the run lasted (first engine running to final savepoint).
+    pub duration_s: f64,
+    /// Scrape interval, seconds.
+    pub interval_s: f64,
+    /// Latency SLO, seconds.
+    pub slo_s: f64,
+    /// Records emitted by all sources (`null` when the final totals could not be read).
+    pub records_emitted: Option<u64>,
+    /// Source records whose effect reached a sink.
+    pub records_accounted: Option<u64>,
+    /// Source records dropped by filters.
+    pub records_filtered: Option<u64>,
+    /// `records_emitted - records_accounted - records_filtered`.
+    pub records_lost: Option<i128>,
+    /// ∫ total parallelism dt, subtask-seconds.
+    pub parallelism_seconds: f64,
+    /// Mean total parallelism.
+    pub mean_parallelism: f64,
+    /// Seconds with interval p99 latency above the SLO.
+    pub slo_violation_seconds: f64,
+    /// Seconds in which no record reached a sink.
+    pub no_output_seconds: f64,
+    /// Parallelism at the start.
+    pub initial_parallelism: BTreeMap<String, u32>,
+    /// Parallelism at the end.
+    pub final_parallelism: BTreeMap<String, u32>,
+    /// Completed rescales.
+    pub rescales: Vec<RescaleRecord>,
+    /// Failed rescale attempts (the job continued at the old parallelism).
+    pub failed_rescales: Vec<RescaleRecord>,
+    /// Total rescale downtime, seconds.
+    pub downtime_s: f64,
+    /// The final (drained) savepoint.
+    pub final_savepoint: Option<String>,
+    /// Why the run failed, if it did.
+    pub failure: Option<String>,
+}
+
+impl Summary {
+    /// Whether the run succeeded: no failure and no lost records.
+    pub fn ok(&self) -> bool {
+        self.failure.is_none() && self.records_lost.is_none_or(|l| l == 0)
+    }
+}
+
+fn write_file(path: &Path, contents: &[u8]) -> Result<(), ReportError> {
+    std::fs::write(path, contents).map_err(|source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Writes `summary.json` (pretty-printed) into `dir`.
+///
+/// # Errors
+/// [`ReportError`] when the file cannot be written.
+pub fn write_summary(dir: &Path, summary: &Summary) -> Result<PathBuf, ReportError> {
+    let path = dir.join("summary.json");
+    let mut text = serde_json::to_string_pretty(summary)?;
+    text.push('\n');
+    write_file(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or(String::new(), |x| format!("{x:.6}"))
+}
+
+/// Renders the timeline CSV: `t_s,trace_time_s,input_rate,target_rate,capacity,p_<op>...,
+/// rho_<op>...,p99_s,backlog`; empty cells for unknown values.
+pub fn timeline_csv(rows: &[IntervalStats], operators: &[String]) -> String {
+    let mut out = String::from("t_s,trace_time_s,input_rate,target_rate,capacity");
+    for op in operators {
+        let _ = write!(out, ",p_{op}");
+    }
+    for op in operators {
+        let _ = write!(out, ",rho_{op}");
+    }
+    out.push_str(",p99_s,backlog\n");
+    for r in rows {
+        let _ = write!(
+            out,
+            "{:.3},{},{:.3},{:.3},{}",
+            r.t_s,
+            opt(r.trace_time_s),
+            r.input_rate,
+            r.target_rate,
+            opt(r.capacity)
+        );
+        for op in operators {
+            match r.parallelism.get(op) {
+                Some(p) => {
+                    let _ = write!(out, ",{p}");
+                }
+                None => out.push(','),
+            }
+        }
+        for op in operators {
+            let _ = write!(out, ",{}", opt(r.utilization.get(op).copied()));
+        }
+        let _ = writeln!(out, ",{},{:.0}", opt(r.p99_s), r.backlog);
+    }
+    out
+}
+
+/// Writes `timeline.csv` into `dir`.
+///
+/// # Errors
+/// [`ReportError`] when the file cannot be written.
+pub fn write_timeline(
+    dir: &Path,
+    rows: &[IntervalStats],
+    operators: &[String],
+) -> Result<PathBuf, ReportError> {
+    let path = dir.join("timeline.csv");
+    write_file(&path, timeline_csv(rows, operators).as_bytes())?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounting_integrates_parallelism_and_violations() {
+        let mut a = Accounting::default();
+        a.add(1.0, 5, Some(0.2), 1.0);
+        a.add(2.0, 8, Some(1.5), 1.0);
+        a.add(0.5, 8, None, 1.0);
+        a.add(0.0, 100, Some(9.0), 1.0);
+        a.add(f64::NAN, 100, Some(9.0), 1.0);
+        assert_eq!(a.seconds, 3.5);
+        assert_eq!(a.parallelism_seconds, 5.0 + 16.0 + 4.0);
+        assert_eq!(a.slo_violation_seconds, 2.0);
+        assert_eq!(a.no_output_seconds, 0.5);
+        assert!((a.mean_parallelism() - 25.0 / 3.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn lost_records_count_filtered_ones_as_accounted_for() {
+        let t = RecordTotals {
+            records_emitted: 100,
+            records_accounted: 90,
+            records_filtered: 10,
+        };
+        assert_eq!(t.lost(), 0);
+        let t = RecordTotals {
+            records_emitted: 100,
+            records_accounted: 95,
+            records_filtered: 0,
+        };
+        assert_eq!(t.lost(), 5);
+    }
+
+    fn summary() -> Summary {
+        Summary {
+            job: "tweets".into(),
+            job_file: "report/job.yaml".into(),
+            duration_s: 60.0,
+            interval_s: 1.0,
+            slo_s: 1.0,
+            records_emitted: Some(10),
+            records_accounted: Some(10),
+            records_filtered: Some(0),
+            records_lost: Some(0),
+            parallelism_seconds: 300.0,
+            mean_parallelism: 5.0,
+            slo_violation_seconds: 2.0,
+            no_output_seconds: 0.0,
+            initial_parallelism: BTreeMap::new(),
+            final_parallelism: BTreeMap::new(),
+            rescales: vec![RescaleRecord {
+                at_s: 30.0,
+                from: [("enrich".to_string(), 2)].into_iter().collect(),
+                to: [("enrich".to_string(), 4)].into_iter().collect(),
+                reason: "enrich ρ 0.92 > 0.70".into(),
+                downtime_s: 1.5,
+                outcome: "rescaled".into(),
+                error: None,
+                savepoint: Some("/tmp/sp".into()),
+            }],
+            failed_rescales: vec![],
+            downtime_s: 1.5,
+            final_savepoint: None,
+            failure: None,
+        }
+    }
+
+    #[test]
+    fn summary_json_has_the_documented_fields() {
+        let s = summary();
+        assert!(s.ok());
+        let v = serde_json::to_value(&s).expect("serializes");
+        for key in [
+            "duration_s",
+            "records_emitted",
+            "records_accounted",
+            "parallelism_seconds",
+            "slo_violation_seconds",
+            "rescales",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        let r = &v["rescales"][0];
+        assert_eq!(r["from"]["enrich"], 2);
+        assert_eq!(r["to"]["enrich"], 4);
+        assert_eq!(r["downtime_s"], 1.5);
+        assert!(r.get("error").is_none());
+        let mut lost = summary();
+        lost.records_lost = Some(3);
+        assert!(!lost.ok());
+    }
+
+    #[test]
+    fn timeline_csv_has_a_column_per_operator() {
+        let ops = vec!["source".to_string(), "enrich".to_string()];
+        let row = IntervalStats {
+            t_s: 1.0,
+            dt_s: 1.0,
+            trace_time_s: Some(300.0),
+            input_rate: 10.0,
+            target_rate: 10.0,
+            capacity: Some(50.0),
+            parallelism: [("source".to_string(), 1), ("enrich".to_string(), 3)]
+                .into_iter()
+                .collect(),
+            utilization: [("enrich".to_string(), 0.5)].into_iter().collect(),
+            backlog: 4.0,
+            p99_s: None,
+        };
+        let csv = timeline_csv(&[row], &ops);
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some("t_s,trace_time_s,input_rate,target_rate,capacity,p_source,p_enrich,rho_source,rho_enrich,p99_s,backlog")
+        );
+        assert_eq!(
+            lines.next(),
+            Some("1.000,300.000000,10.000,10.000,50.000000,1,3,,0.500000,,4")
+        );
+    }
+}

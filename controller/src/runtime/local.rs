@@ -1,0 +1,461 @@
+//! [`LocalRuntime`]: engines as child processes on loopback.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+use super::{EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome, parallelism_arg};
+use crate::api::EngineApi;
+
+/// Environment variable naming the engine binary explicitly.
+pub const ENGINE_BIN_ENV: &str = "STREAMSCALE_ENGINE_BIN";
+/// File name of the engine binary.
+pub const ENGINE_BIN_NAME: &str = "streamscale-engine";
+
+/// Finds the engine binary: `$STREAMSCALE_ENGINE_BIN`, else `streamscale-engine` next to the
+/// current executable (or one directory up, for test binaries in `target/*/deps`), else the bare
+/// name (looked up on `PATH` when started).
+pub fn locate_engine_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os(ENGINE_BIN_ENV).filter(|v| !v.is_empty()) {
+        return PathBuf::from(bin);
+    }
+    let name = format!("{ENGINE_BIN_NAME}{}", std::env::consts::EXE_SUFFIX);
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        for candidate in [Some(dir), dir.parent()].into_iter().flatten() {
+            let path = candidate.join(&name);
+            if path.is_file() {
+                return path;
+            }
+        }
+    }
+    PathBuf::from(name)
+}
+
+/// Timeouts of the local runtime.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalTimeouts {
+    /// How long to wait for the `listening` line after spawning.
+    pub start: Duration,
+    /// How long a stop-with-savepoint may take.
+    pub savepoint: Duration,
+    /// How long to wait for an engine to exit on its own before killing it.
+    pub exit: Duration,
+}
+
+impl Default for LocalTimeouts {
+    fn default() -> Self {
+        LocalTimeouts {
+            start: Duration::from_secs(30),
+            savepoint: Duration::from_secs(60),
+            exit: Duration::from_secs(5),
+        }
+    }
+}
+
+struct LocalEngine {
+    child: Child,
+    last_stderr: Arc<StdMutex<String>>,
+    log_tasks: Vec<JoinHandle<()>>,
+    log_path: PathBuf,
+}
+
+/// Runs each engine as a child process bound to `127.0.0.1:0`, writing savepoints under one
+/// directory and each engine's stderr to `engine-<id>.log` in a log directory. Children are
+/// killed when the runtime is dropped.
+pub struct LocalRuntime {
+    binary: PathBuf,
+    savepoint_dir: PathBuf,
+    log_dir: PathBuf,
+    timeouts: LocalTimeouts,
+    client: reqwest::Client,
+    engines: Mutex<HashMap<u64, LocalEngine>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Deserialize)]
+struct Listening {
+    event: String,
+    address: String,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
+    move |source| RuntimeError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn describe_status(status: std::process::ExitStatus) -> String {
+    match status.code() {
+        Some(code) => format!("exit code {code}"),
+        None => format!("{status}"),
+    }
+}
+
+impl LocalRuntime {
+    /// A runtime launching `binary`, with savepoints under `savepoint_dir` and logs in `log_dir`
+    /// (both created on first start).
+    pub fn new(
+        binary: PathBuf,
+        savepoint_dir: PathBuf,
+        log_dir: PathBuf,
+        client: reqwest::Client,
+    ) -> LocalRuntime {
+        LocalRuntime {
+            binary,
+            savepoint_dir,
+            log_dir,
+            timeouts: LocalTimeouts::default(),
+            client,
+            engines: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Replaces the default timeouts.
+    pub fn with_timeouts(mut self, timeouts: LocalTimeouts) -> LocalRuntime {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// The engine binary this runtime launches.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// Path of the log file of the engine with handle id `id`.
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.log_dir.join(format!("engine-{id}.log"))
+    }
+
+    async fn exit_error(&self, mut engine: LocalEngine, status: Option<String>) -> RuntimeError {
+        let status = match status {
+            Some(s) => s,
+            None => match tokio::time::timeout(self.timeouts.exit, engine.child.wait()).await {
+                Ok(Ok(s)) => describe_status(s),
+                Ok(Err(e)) => format!("unknown status: {e}"),
+                Err(_) => {
+                    let _ = engine.child.kill().await;
+                    "killed after closing stdout".to_string()
+                }
+            },
+        };
+        for task in engine.log_tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+        }
+        let last = engine
+            .last_stderr
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        RuntimeError::Exited {
+            status,
+            last_error: if last.is_empty() {
+                format!("no error output (see {})", engine.log_path.display())
+            } else {
+                last
+            },
+        }
+    }
+}
+
+fn spawn_log_forwarder<R>(
+    reader: R,
+    log: Arc<StdMutex<std::fs::File>>,
+    last: Option<Arc<StdMutex<String>>>,
+) -> JoinHandle<()>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(reader).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(mut f) = log.lock() {
+                let _ = writeln!(f, "{line}");
+            }
+            if let Some(last) = &last
+                && !line.trim().is_empty()
+                && let Ok(mut l) = last.lock()
+            {
+                *l = line;
+            }
+        }
+    })
+}
+
+impl EngineRuntime for LocalRuntime {
+    async fn start(
+        &self,
+        job: &Path,
+        parallelism: &BTreeMap<String, u32>,
+        restore: Option<&Savepoint>,
+    ) -> Result<EngineHandle, RuntimeError> {
+        std::fs::create_dir_all(&self.savepoint_dir).map_err(io_err(&self.savepoint_dir))?;
+        std::fs::create_dir_all(&self.log_dir).map_err(io_err(&self.log_dir))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let log_path = self.log_path(id);
+        let mut log = std::fs::File::create(&log_path).map_err(io_err(&log_path))?;
+
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--job")
+            .arg(job)
+            .arg("--savepoint-dir")
+            .arg(&self.savepoint_dir)
+            .arg("--bind")
+            .arg("127.0.0.1:0");
+        if !parallelism.is_empty() {
+            cmd.arg("--parallelism").arg(parallelism_arg(parallelism));
+        }
+        if let Some(sp) = restore {
+            cmd.arg("--restore").arg(&sp.path);
+        }
+        let _ = writeln!(log, "# {:?}", cmd.as_std());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
+            binary: self.binary.display().to_string(),
+            source,
+        })?;
+
+        let log = Arc::new(StdMutex::new(log));
+        let last_stderr = Arc::new(StdMutex::new(String::new()));
+        let mut log_tasks = Vec::new();
+        if let Some(stderr) = child.stderr.take() {
+            log_tasks.push(spawn_log_forwarder(
+                stderr,
+                Arc::clone(&log),
+                Some(Arc::clone(&last_stderr)),
+            ));
+        }
+        let Some(stdout) = child.stdout.take() else {
+            let engine = LocalEngine {
+                child,
+                last_stderr,
+                log_tasks,
+                log_path,
+            };
+            return Err(self.exit_error(engine, None).await);
+        };
+        let mut stdout = BufReader::new(stdout);
+        let mut first = String::new();
+        let read = tokio::time::timeout(self.timeouts.start, stdout.read_line(&mut first)).await;
+        let mut engine = LocalEngine {
+            child,
+            last_stderr,
+            log_tasks,
+            log_path,
+        };
+        match read {
+            Err(_) => {
+                let _ = engine.child.kill().await;
+                return Err(RuntimeError::StartTimeout {
+                    seconds: self.timeouts.start.as_secs_f64(),
+                });
+            }
+            Ok(Err(_)) | Ok(Ok(0)) => return Err(self.exit_error(engine, None).await),
+            Ok(Ok(_)) => {}
+        }
+        let line = first.trim().to_string();
+        let address = match serde_json::from_str::<Listening>(&line) {
+            Ok(l) if l.event == "listening" => l.address,
+            _ => {
+                let _ = engine.child.kill().await;
+                return Err(RuntimeError::BadListeningLine { line });
+            }
+        };
+        engine
+            .log_tasks
+            .push(spawn_log_forwarder(stdout, Arc::clone(&log), None));
+        let base_url = if address.starts_with("http://") {
+            address
+        } else {
+            format!("http://{address}")
+        };
+        self.engines.lock().await.insert(id, engine);
+        Ok(EngineHandle {
+            id,
+            base_url,
+            parallelism: parallelism.clone(),
+            restored_from: restore.cloned(),
+        })
+    }
+
+    async fn stop_with_savepoint(
+        &self,
+        handle: &EngineHandle,
+        drain: bool,
+    ) -> Result<StopOutcome, RuntimeError> {
+        let api = EngineApi::new(self.client.clone(), &handle.base_url);
+        match api.stop_with_savepoint(drain, self.timeouts.savepoint).await {
+            Ok(outcome) => Ok(StopOutcome {
+                savepoint: Savepoint { path: outcome.path },
+                final_job: outcome.final_job,
+            }),
+            Err(e) => match self.exited(handle).await {
+                Some(exit) => Err(exit),
+                None => Err(e.into()),
+            },
+        }
+    }
+
+    async fn shutdown(&self, handle: &EngineHandle) -> Result<(), RuntimeError> {
+        let Some(mut engine) = self.engines.lock().await.remove(&handle.id) else {
+            return Err(RuntimeError::UnknownHandle { id: handle.id });
+        };
+        if tokio::time::timeout(self.timeouts.exit, engine.child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                id = handle.id,
+                "engine did not exit within {:?}; killing it",
+                self.timeouts.exit
+            );
+            let _ = engine.child.kill().await;
+        }
+        for task in engine.log_tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+        }
+        Ok(())
+    }
+
+    async fn kill(&self, handle: &EngineHandle) -> Result<(), RuntimeError> {
+        let Some(mut engine) = self.engines.lock().await.remove(&handle.id) else {
+            return Err(RuntimeError::UnknownHandle { id: handle.id });
+        };
+        let _ = engine.child.kill().await;
+        for task in engine.log_tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+        }
+        Ok(())
+    }
+
+    async fn exited(&self, handle: &EngineHandle) -> Option<RuntimeError> {
+        let mut engines = self.engines.lock().await;
+        let engine = engines.get_mut(&handle.id)?;
+        let status = match engine.child.try_wait() {
+            Ok(Some(status)) => describe_status(status),
+            Ok(None) => return None,
+            Err(e) => format!("unknown status: {e}"),
+        };
+        let engine = engines.remove(&handle.id)?;
+        drop(engines);
+        Some(self.exit_error(engine, Some(status)).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(binary: &str, dir: &Path) -> LocalRuntime {
+        LocalRuntime::new(
+            PathBuf::from(binary),
+            dir.join("savepoints"),
+            dir.join("logs"),
+            reqwest::Client::new(),
+        )
+        .with_timeouts(LocalTimeouts {
+            start: Duration::from_secs(5),
+            savepoint: Duration::from_secs(5),
+            exit: Duration::from_secs(1),
+        })
+    }
+
+    #[tokio::test]
+    async fn missing_binary_is_a_spawn_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rt = runtime("/nonexistent/streamscale-engine", dir.path());
+        let err = rt
+            .start(Path::new("job.yaml"), &BTreeMap::new(), None)
+            .await
+            .expect_err("no binary");
+        assert!(matches!(err, RuntimeError::Spawn { .. }), "{err}");
+    }
+
+    #[cfg(unix)]
+    fn script(dir: &Path, body: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("fake-engine.sh");
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write script");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path.display().to_string()
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn early_exit_surfaces_the_last_stderr_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = script(
+            dir.path(),
+            "echo 'starting' >&2\necho 'job.yaml: operators[1].cpu: bad' >&2\nexit 2",
+        );
+        let rt = runtime(&bin, dir.path());
+        let err = rt
+            .start(Path::new("job.yaml"), &BTreeMap::new(), None)
+            .await
+            .expect_err("exits");
+        let msg = err.to_string();
+        assert!(msg.contains("exit code 2"), "{msg}");
+        assert!(msg.contains("operators[1].cpu: bad"), "{msg}");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn reads_the_listening_line_and_passes_arguments() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args = dir.path().join("args.txt");
+        let bin = script(
+            dir.path(),
+            &format!(
+                "echo \"$@\" > {}\necho '{{\"event\":\"listening\",\"address\":\"127.0.0.1:4567\"}}'\necho 'log line' >&2\nexit 0",
+                args.display()
+            ),
+        );
+        let rt = runtime(&bin, dir.path());
+        let p: BTreeMap<String, u32> = [("a".to_string(), 2)].into_iter().collect();
+        let sp = Savepoint {
+            path: "/tmp/sp-1".into(),
+        };
+        let h = rt
+            .start(Path::new("job.yaml"), &p, Some(&sp))
+            .await
+            .expect("starts");
+        assert_eq!(h.base_url, "http://127.0.0.1:4567");
+        rt.shutdown(&h).await.expect("shutdown");
+        let seen = std::fs::read_to_string(&args).expect("args written");
+        assert!(seen.contains("--job job.yaml"), "{seen}");
+        assert!(seen.contains("--parallelism a=2"), "{seen}");
+        assert!(seen.contains("--restore /tmp/sp-1"), "{seen}");
+        assert!(seen.contains("--bind 127.0.0.1:0"), "{seen}");
+        let log = std::fs::read_to_string(rt.log_path(h.id)).expect("log");
+        assert!(log.contains("log line"), "{log}");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn garbage_first_line_is_rejected() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = script(dir.path(), "echo hello\nsleep 5");
+        let rt = runtime(&bin, dir.path());
+        let err = rt
+            .start(Path::new("job.yaml"), &BTreeMap::new(), None)
+            .await
+            .expect_err("bad line");
+        assert!(matches!(err, RuntimeError::BadListeningLine { .. }), "{err}");
+    }
+}

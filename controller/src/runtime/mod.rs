@@ -1,0 +1,151 @@
+//! Where engines run: the [`EngineRuntime`] trait and its local implementation.
+//!
+//! A runtime starts an engine for a job file at a given parallelism (optionally restored from
+//! a savepoint), stops it with a savepoint, and tears it down. The trait knows nothing about
+//! processes or pods: an engine is an [`EngineHandle`] with a base URL for its REST API and
+//! metrics, and a savepoint is an opaque [`Savepoint`] location the runtime can restore from.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+
+use crate::api::{ApiError, JobStatus};
+
+pub mod local;
+
+pub use local::LocalRuntime;
+
+/// A running engine, as returned by [`EngineRuntime::start`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineHandle {
+    /// Runtime-specific identifier (unique within one runtime).
+    pub id: u64,
+    /// Base URL of the engine's HTTP API and metrics, e.g. `http://127.0.0.1:40123`.
+    pub base_url: String,
+    /// Parallelism per operator the engine was started with.
+    pub parallelism: BTreeMap<String, u32>,
+    /// The savepoint it was restored from, if any.
+    pub restored_from: Option<Savepoint>,
+}
+
+/// A completed savepoint: a location the runtime can restore an engine from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub struct Savepoint {
+    /// Location as the engine reports it (a directory path for local engines).
+    pub path: String,
+}
+
+/// The result of a stop-with-savepoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopOutcome {
+    /// The completed savepoint.
+    pub savepoint: Savepoint,
+    /// The job's status read right after the savepoint completed (totals such as
+    /// `recordsEmitted`); `None` when the engine had already gone.
+    pub final_job: Option<JobStatus>,
+}
+
+/// Errors from starting, stopping or tearing down engines.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The engine could not be launched at all.
+    #[error("cannot run engine `{binary}`: {source} (build it with `cargo build -p streamscale-engine` or set STREAMSCALE_ENGINE_BIN)")]
+    Spawn {
+        /// The engine binary.
+        binary: String,
+        /// The launch error.
+        source: std::io::Error,
+    },
+    /// The engine exited (during start-up or later); `last_error` is the last line it wrote to stderr.
+    #[error("engine exited ({status}): {last_error}")]
+    Exited {
+        /// Exit status description, e.g. `exit code 2`.
+        status: String,
+        /// Last non-empty stderr line, or a note that there was none.
+        last_error: String,
+    },
+    /// The engine did not announce its address in time.
+    #[error("engine did not report its listening address within {seconds:.0} s")]
+    StartTimeout {
+        /// Seconds waited.
+        seconds: f64,
+    },
+    /// The engine's first stdout line was not the expected `listening` event.
+    #[error("engine printed an unexpected first line: {line}")]
+    BadListeningLine {
+        /// The line.
+        line: String,
+    },
+    /// A REST call to the engine failed.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// A log or savepoint directory could not be created or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The handle does not belong to this runtime (or was already shut down).
+    #[error("unknown engine handle {id}")]
+    UnknownHandle {
+        /// The handle's id.
+        id: u64,
+    },
+}
+
+/// Starts and stops engines. Implementations: [`LocalRuntime`] (child processes on loopback);
+/// a Kubernetes runtime can implement the same operations with pods.
+pub trait EngineRuntime: Send + Sync {
+    /// Starts an engine for the job file `job` with the given parallelism per operator
+    /// (overriding the file's), restored from `restore` if given. Returns once the engine serves
+    /// its API (the job may still be initializing: wait for `running` via the API).
+    fn start(
+        &self,
+        job: &Path,
+        parallelism: &BTreeMap<String, u32>,
+        restore: Option<&Savepoint>,
+    ) -> impl Future<Output = Result<EngineHandle, RuntimeError>> + Send;
+
+    /// Stop-with-savepoint (`drain` also fires all open windows). On success the engine is
+    /// stopping and exits on its own; call [`EngineRuntime::shutdown`] afterwards. On failure
+    /// the engine keeps running (unless it crashed).
+    fn stop_with_savepoint(
+        &self,
+        handle: &EngineHandle,
+        drain: bool,
+    ) -> impl Future<Output = Result<StopOutcome, RuntimeError>> + Send;
+
+    /// Releases the engine: waits a grace period for it to exit on its own, then kills it.
+    fn shutdown(&self, handle: &EngineHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Kills the engine at once (no savepoint).
+    fn kill(&self, handle: &EngineHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// `Some(description)` when the engine has exited (with its status and last error line),
+    /// `None` while it is alive.
+    fn exited(&self, handle: &EngineHandle) -> impl Future<Output = Option<RuntimeError>> + Send;
+}
+
+/// Formats a parallelism map as the engine's `--parallelism` value: `op=N,op=N`.
+pub fn parallelism_arg(parallelism: &BTreeMap<String, u32>) -> String {
+    parallelism
+        .iter()
+        .map(|(op, p)| format!("{op}={p}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallelism_arg_lists_operators_in_order() {
+        let p: BTreeMap<String, u32> = [("sink".to_string(), 1), ("enrich".to_string(), 6)]
+            .into_iter()
+            .collect();
+        assert_eq!(parallelism_arg(&p), "enrich=6,sink=1");
+    }
+}

@@ -1,0 +1,466 @@
+//! Scraping an engine's Prometheus endpoint into the planner's input type.
+//!
+//! [`parse_metrics`] is pure (text in, [`EngineMetrics`] out) and [`scrape`] fetches the text
+//! over HTTP first. Besides the per-subtask [`MetricSample`] the planner reads, a scrape keeps
+//! what the live progress line and the report need: each source's target rate, the sink
+//! latency histogram and the sink's accounted-records counter.
+
+use std::collections::BTreeMap;
+
+use crate::model::{MetricSample, SubtaskSample};
+
+/// Counter: records taken from the subtask's input.
+pub const RECORDS_IN: &str = "streamscale_records_in_total";
+/// Counter: records emitted by the subtask.
+pub const RECORDS_OUT: &str = "streamscale_records_out_total";
+/// Counter: seconds the subtask spent processing records.
+pub const BUSY: &str = "streamscale_busy_time_seconds_total";
+/// Counter: seconds the subtask spent waiting for input.
+pub const IDLE: &str = "streamscale_idle_time_seconds_total";
+/// Counter: seconds the subtask spent blocked on a full output channel.
+pub const BACKPRESSURED: &str = "streamscale_backpressured_time_seconds_total";
+/// Gauge: records waiting in the subtask's input queue.
+pub const QUEUE_LENGTH: &str = "streamscale_input_queue_length";
+/// Gauge (sources): records that should have been emitted but were not yet.
+pub const SOURCE_BACKLOG: &str = "streamscale_source_backlog_records";
+/// Counter (sources): records that should have been emitted by now.
+pub const SOURCE_ARRIVALS: &str = "streamscale_source_arrivals_total";
+/// Gauge (sources): the trace's current target rate, in records/s.
+pub const SOURCE_RATE: &str = "streamscale_source_rate_records_per_second";
+/// Histogram (sinks): end-to-end latency in seconds.
+pub const SINK_LATENCY: &str = "streamscale_sink_latency_seconds";
+/// Counter (sinks): source records whose effect reached the sink.
+pub const SINK_ACCOUNTED: &str = "streamscale_sink_accounted_records_total";
+
+/// Errors from fetching or parsing a metrics page.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// The HTTP request failed (connection refused, timeout, ...).
+    #[error("GET {url}: {source}")]
+    Http {
+        /// The metrics URL.
+        url: String,
+        /// The client's error.
+        source: reqwest::Error,
+    },
+    /// The endpoint answered with a non-success status.
+    #[error("GET {url}: HTTP {status}")]
+    Status {
+        /// The metrics URL.
+        url: String,
+        /// The HTTP status code.
+        status: u16,
+    },
+    /// The page is not Prometheus text, or a per-subtask sample lacks its labels.
+    #[error("{url}: cannot parse metrics: {message}")]
+    Parse {
+        /// The metrics URL (or `<text>` when parsing a string).
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A cumulative latency histogram (all sink subtasks added up).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LatencyHistogram {
+    /// `(upper bound in seconds, cumulative count)` sorted by bound; the last bound may be +∞.
+    pub buckets: Vec<(f64, f64)>,
+    /// Sum of all observed latencies, in seconds.
+    pub sum_seconds: f64,
+    /// Number of observations.
+    pub count: f64,
+}
+
+impl LatencyHistogram {
+    /// The `q` quantile (0..=1), in seconds, of the observations made since `earlier` (a previous
+    /// scrape of the same histogram), or of all observations when `earlier` is `None`.
+    ///
+    /// Interpolates linearly within the bucket holding the quantile (from the previous bound,
+    /// or 0 for the first bucket). When the quantile falls in the +∞ bucket, returns the largest
+    /// finite bound. `None` when no observation was made in the interval. A counter that went
+    /// down (engine restarted without its counters) is treated as a reset: the current counts
+    /// are used alone.
+    pub fn quantile_since(&self, earlier: Option<&LatencyHistogram>, q: f64) -> Option<f64> {
+        let mut deltas: Vec<(f64, f64)> = Vec::with_capacity(self.buckets.len());
+        let mut reset = false;
+        for &(le, count) in &self.buckets {
+            let before = earlier
+                .and_then(|e| e.buckets.iter().find(|(l, _)| same_bound(*l, le)))
+                .map_or(0.0, |(_, c)| *c);
+            if count < before {
+                reset = true;
+            }
+            deltas.push((le, count - before));
+        }
+        if reset {
+            deltas = self.buckets.clone();
+        }
+        let total = deltas.last().map_or(0.0, |(_, c)| *c);
+        if total <= 0.0 || !total.is_finite() {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total;
+        let mut lower_bound = 0.0;
+        let mut lower_count = 0.0;
+        for &(le, cum) in &deltas {
+            if cum >= rank && cum > lower_count {
+                if le.is_infinite() {
+                    return Some(lower_bound);
+                }
+                let fraction = (rank - lower_count) / (cum - lower_count);
+                return Some(lower_bound + (le - lower_bound) * fraction.clamp(0.0, 1.0));
+            }
+            if le.is_finite() {
+                lower_bound = le;
+            }
+            lower_count = cum;
+        }
+        Some(lower_bound)
+    }
+
+    /// Number of observations made since `earlier` (all of them when `None` or after a reset).
+    pub fn count_since(&self, earlier: Option<&LatencyHistogram>) -> f64 {
+        match earlier {
+            Some(e) if e.count <= self.count => self.count - e.count,
+            _ => self.count,
+        }
+    }
+}
+
+fn same_bound(a: f64, b: f64) -> bool {
+    (a.is_infinite() && b.is_infinite()) || (a - b).abs() <= 1e-12 * a.abs().max(1.0)
+}
+
+/// Everything one scrape of an engine yields.
+#[derive(Debug, Clone, Default)]
+pub struct EngineMetrics {
+    /// Per-subtask counters and gauges, the planner's input.
+    pub sample: MetricSample,
+    /// Current target rate of each source operator, in records/s (sum over its subtasks).
+    pub source_rates: BTreeMap<String, f64>,
+    /// End-to-end latency histogram, all sinks added up.
+    pub latency: LatencyHistogram,
+    /// Source records whose effect reached a sink, all sinks added up (cumulative count).
+    pub sink_accounted: f64,
+}
+
+impl EngineMetrics {
+    /// Sum over all source operators of the target rate, in records/s.
+    pub fn total_source_rate(&self) -> f64 {
+        self.source_rates.values().sum()
+    }
+
+    /// Sum over all source subtasks of the backlog gauge, in records.
+    pub fn total_backlog(&self) -> f64 {
+        self.sample
+            .operators
+            .values()
+            .flatten()
+            .filter_map(|s| s.source_backlog)
+            .sum()
+    }
+
+    /// Sum over all source subtasks of the arrivals counter (records that should have been
+    /// emitted by now).
+    pub fn total_arrivals(&self) -> f64 {
+        self.sample
+            .operators
+            .values()
+            .flatten()
+            .filter_map(|s| s.source_arrivals)
+            .sum()
+    }
+
+    /// Number of subtasks seen per operator.
+    pub fn parallelism(&self) -> BTreeMap<String, u32> {
+        self.sample
+            .operators
+            .iter()
+            .map(|(name, subtasks)| (name.clone(), u32::try_from(subtasks.len()).unwrap_or(u32::MAX)))
+            .collect()
+    }
+}
+
+/// Fetches `url` (an engine's `/metrics`) and parses it; `at_seconds` is the controller's clock
+/// (seconds since the run started) stamped on the sample.
+///
+/// # Errors
+/// [`ScrapeError::Http`] / [`ScrapeError::Status`] when the page cannot be fetched,
+/// [`ScrapeError::Parse`] when it is not valid.
+pub async fn scrape(
+    client: &reqwest::Client,
+    url: &str,
+    at_seconds: f64,
+) -> Result<EngineMetrics, ScrapeError> {
+    let http = |source| ScrapeError::Http {
+        url: url.to_string(),
+        source,
+    };
+    let response = client.get(url).send().await.map_err(http)?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(ScrapeError::Status {
+            url: url.to_string(),
+            status: status.as_u16(),
+        });
+    }
+    let text = response.text().await.map_err(http)?;
+    parse_metrics(&text, at_seconds).map_err(|e| match e {
+        ScrapeError::Parse { message, .. } => ScrapeError::Parse {
+            url: url.to_string(),
+            message,
+        },
+        other => other,
+    })
+}
+
+/// Parses Prometheus text exposition into [`EngineMetrics`] stamped `at_seconds`.
+///
+/// Metrics other than streamscale's are ignored. Subtasks are indexed by their `subtask` label;
+/// an operator whose exported subtask indices have holes gets default (zero) samples there.
+///
+/// # Errors
+/// [`ScrapeError::Parse`] when a per-subtask sample lacks `operator`/`subtask` labels or the
+/// subtask index is not a small non-negative integer.
+pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, ScrapeError> {
+    let parse_err = |message: String| ScrapeError::Parse {
+        url: "<text>".into(),
+        message,
+    };
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape =
+        prometheus_parse::Scrape::parse(lines).map_err(|e| parse_err(e.to_string()))?;
+
+    let mut operators: BTreeMap<String, Vec<SubtaskSample>> = BTreeMap::new();
+    let mut source_rates: BTreeMap<String, f64> = BTreeMap::new();
+    let mut latency_buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    let mut latency = LatencyHistogram::default();
+    let mut sink_accounted = 0.0;
+
+    for sample in &scrape.samples {
+        let name = sample.metric.as_str();
+        if name == SINK_LATENCY {
+            if let prometheus_parse::Value::Histogram(buckets) = &sample.value {
+                for b in buckets {
+                    // Key by the bound's bit pattern so equal bounds from several sinks add up.
+                    let entry = latency_buckets
+                        .entry(b.less_than.to_bits())
+                        .or_insert((b.less_than, 0.0));
+                    entry.1 += b.count;
+                }
+            }
+            continue;
+        }
+        let value = match sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => continue,
+        };
+        match name {
+            n if n == format!("{SINK_LATENCY}_sum") => latency.sum_seconds += value,
+            n if n == format!("{SINK_LATENCY}_count") => latency.count += value,
+            SINK_ACCOUNTED => sink_accounted += value,
+            SOURCE_RATE => {
+                let op = sample.labels.get("operator").unwrap_or("source");
+                *source_rates.entry(op.to_string()).or_insert(0.0) += value;
+            }
+            RECORDS_IN | RECORDS_OUT | BUSY | IDLE | BACKPRESSURED | QUEUE_LENGTH
+            | SOURCE_BACKLOG | SOURCE_ARRIVALS => {
+                let op = sample.labels.get("operator").ok_or_else(|| {
+                    parse_err(format!("{name}: sample without an `operator` label"))
+                })?;
+                let subtask = sample.labels.get("subtask").ok_or_else(|| {
+                    parse_err(format!("{name}{{operator=\"{op}\"}}: sample without a `subtask` label"))
+                })?;
+                let index: usize = subtask
+                    .parse()
+                    .ok()
+                    .filter(|i| *i < streamscale_engine::spec::MAX_KEY_GROUPS as usize)
+                    .ok_or_else(|| {
+                        parse_err(format!(
+                            "{name}{{operator=\"{op}\"}}: subtask label `{subtask}` is not an index"
+                        ))
+                    })?;
+                let subtasks = operators.entry(op.to_string()).or_default();
+                if subtasks.len() <= index {
+                    subtasks.resize(index + 1, SubtaskSample::default());
+                }
+                let s = &mut subtasks[index];
+                match name {
+                    RECORDS_IN => s.records_in = value,
+                    RECORDS_OUT => s.records_out = value,
+                    BUSY => s.busy_seconds = value,
+                    IDLE => s.idle_seconds = value,
+                    BACKPRESSURED => s.backpressured_seconds = value,
+                    QUEUE_LENGTH => s.queue_length = value,
+                    SOURCE_BACKLOG => s.source_backlog = Some(value),
+                    _ => s.source_arrivals = Some(value),
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut buckets: Vec<(f64, f64)> = latency_buckets.into_values().collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    latency.buckets = buckets;
+    Ok(EngineMetrics {
+        sample: MetricSample {
+            at_seconds,
+            operators,
+        },
+        source_rates,
+        latency,
+        sink_accounted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIXTURE: &str = r#"# HELP streamscale_records_in_total Records taken from the input.
+# TYPE streamscale_records_in_total counter
+streamscale_records_in_total{operator="enrich",subtask="0"} 1200
+streamscale_records_in_total{operator="enrich",subtask="1"} 1300
+streamscale_records_in_total{operator="sink",subtask="0"} 2400
+streamscale_records_in_total{operator="source",subtask="0"} 0
+# TYPE streamscale_records_out_total counter
+streamscale_records_out_total{operator="enrich",subtask="0"} 1190
+streamscale_records_out_total{operator="enrich",subtask="1"} 1290
+streamscale_records_out_total{operator="source",subtask="0"} 2500
+# TYPE streamscale_busy_time_seconds_total counter
+streamscale_busy_time_seconds_total{operator="enrich",subtask="0"} 7.5
+streamscale_busy_time_seconds_total{operator="enrich",subtask="1"} 8.25
+# TYPE streamscale_idle_time_seconds_total counter
+streamscale_idle_time_seconds_total{operator="enrich",subtask="0"} 2.5
+streamscale_idle_time_seconds_total{operator="enrich",subtask="1"} 1.75
+# TYPE streamscale_backpressured_time_seconds_total counter
+streamscale_backpressured_time_seconds_total{operator="enrich",subtask="0"} 0
+streamscale_backpressured_time_seconds_total{operator="enrich",subtask="1"} 0.5
+# TYPE streamscale_input_queue_length gauge
+streamscale_input_queue_length{operator="enrich",subtask="0"} 17
+streamscale_input_queue_length{operator="enrich",subtask="1"} 17
+# TYPE streamscale_source_backlog_records gauge
+streamscale_source_backlog_records{operator="source",subtask="0"} 120
+# TYPE streamscale_source_arrivals_total counter
+streamscale_source_arrivals_total{operator="source",subtask="0"} 2620
+# TYPE streamscale_source_rate_records_per_second gauge
+streamscale_source_rate_records_per_second{operator="source",subtask="0"} 812.5
+# HELP streamscale_sink_latency_seconds End-to-end latency.
+# TYPE streamscale_sink_latency_seconds histogram
+streamscale_sink_latency_seconds_bucket{operator="sink",subtask="0",le="0.01"} 100
+streamscale_sink_latency_seconds_bucket{operator="sink",subtask="0",le="0.1"} 2000
+streamscale_sink_latency_seconds_bucket{operator="sink",subtask="0",le="1"} 2390
+streamscale_sink_latency_seconds_bucket{operator="sink",subtask="0",le="+Inf"} 2400
+streamscale_sink_latency_seconds_sum{operator="sink",subtask="0"} 150.5
+streamscale_sink_latency_seconds_count{operator="sink",subtask="0"} 2400
+# TYPE streamscale_sink_accounted_records_total counter
+streamscale_sink_accounted_records_total{operator="sink",subtask="0"} 2400
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 3.2
+"#;
+
+    #[test]
+    fn parses_subtasks_sources_and_sinks() {
+        let m = parse_metrics(FIXTURE, 42.0).expect("fixture parses");
+        assert_eq!(m.sample.at_seconds, 42.0);
+        let enrich = &m.sample.operators["enrich"];
+        assert_eq!(enrich.len(), 2);
+        assert_eq!(enrich[1].records_in, 1300.0);
+        assert_eq!(enrich[1].records_out, 1290.0);
+        assert_eq!(enrich[1].busy_seconds, 8.25);
+        assert_eq!(enrich[1].idle_seconds, 1.75);
+        assert_eq!(enrich[1].backpressured_seconds, 0.5);
+        assert_eq!(enrich[0].queue_length, 17.0);
+        assert_eq!(enrich[0].source_backlog, None);
+        let source = &m.sample.operators["source"];
+        assert_eq!(source[0].records_out, 2500.0);
+        assert_eq!(source[0].source_backlog, Some(120.0));
+        assert_eq!(source[0].source_arrivals, Some(2620.0));
+        assert_eq!(m.source_rates["source"], 812.5);
+        assert_eq!(m.total_backlog(), 120.0);
+        assert_eq!(m.total_arrivals(), 2620.0);
+        assert_eq!(m.sink_accounted, 2400.0);
+        assert_eq!(m.latency.count, 2400.0);
+        assert_eq!(m.latency.sum_seconds, 150.5);
+        assert_eq!(m.latency.buckets.len(), 4);
+        assert_eq!(m.latency.buckets[0], (0.01, 100.0));
+        assert!(m.latency.buckets[3].0.is_infinite());
+        assert_eq!(m.parallelism()["enrich"], 2);
+        assert!(!m.sample.operators.contains_key("process"));
+    }
+
+    #[test]
+    fn sample_without_subtask_label_is_an_error() {
+        let text = "# TYPE streamscale_records_in_total counter\nstreamscale_records_in_total{operator=\"a\"} 1\n";
+        let err = parse_metrics(text, 0.0).expect_err("missing label");
+        assert!(err.to_string().contains("subtask"), "{err}");
+        let text = "streamscale_records_in_total{operator=\"a\",subtask=\"x\"} 1\n";
+        assert!(parse_metrics(text, 0.0).is_err());
+    }
+
+    #[test]
+    fn histograms_of_several_sinks_add_up() {
+        let text = "# TYPE streamscale_sink_latency_seconds histogram\n\
+            streamscale_sink_latency_seconds_bucket{operator=\"a\",subtask=\"0\",le=\"0.5\"} 1\n\
+            streamscale_sink_latency_seconds_bucket{operator=\"a\",subtask=\"0\",le=\"+Inf\"} 2\n\
+            streamscale_sink_latency_seconds_bucket{operator=\"b\",subtask=\"0\",le=\"0.5\"} 3\n\
+            streamscale_sink_latency_seconds_bucket{operator=\"b\",subtask=\"0\",le=\"+Inf\"} 4\n";
+        let m = parse_metrics(text, 0.0).expect("parses");
+        assert_eq!(m.latency.buckets.len(), 2);
+        assert_eq!(m.latency.buckets[0], (0.5, 4.0));
+        assert_eq!(m.latency.buckets[1].1, 6.0);
+    }
+
+    fn hist(buckets: &[(f64, f64)]) -> LatencyHistogram {
+        LatencyHistogram {
+            buckets: buckets.to_vec(),
+            sum_seconds: 0.0,
+            count: buckets.last().map_or(0.0, |b| b.1),
+        }
+    }
+
+    #[test]
+    fn p99_interpolates_within_the_bucket_of_the_interval() {
+        let before = hist(&[(0.1, 100.0), (1.0, 100.0), (f64::INFINITY, 100.0)]);
+        // 100 new observations: 50 under 0.1 s, 50 in (0.1, 1]; p99 rank 99 is the 49th of 50
+        // in the second bucket: 0.1 + 0.9 * 49/50.
+        let after = hist(&[(0.1, 150.0), (1.0, 200.0), (f64::INFINITY, 200.0)]);
+        let p99 = after.quantile_since(Some(&before), 0.99).expect("observations");
+        assert!((p99 - (0.1 + 0.9 * 49.0 / 50.0)).abs() < 1e-9, "{p99}");
+        // Median: rank 50 is the last of the first bucket.
+        let p50 = after.quantile_since(Some(&before), 0.5).expect("observations");
+        assert!((p50 - 0.1).abs() < 1e-9, "{p50}");
+        assert_eq!(after.count_since(Some(&before)), 100.0);
+    }
+
+    #[test]
+    fn p99_in_the_first_bucket_starts_from_zero() {
+        let h = hist(&[(0.2, 100.0), (f64::INFINITY, 100.0)]);
+        let p = h.quantile_since(None, 0.5).expect("observations");
+        assert!((p - 0.1).abs() < 1e-9, "{p}");
+    }
+
+    #[test]
+    fn p99_in_the_infinite_bucket_is_the_largest_finite_bound() {
+        let h = hist(&[(0.1, 10.0), (2.5, 50.0), (f64::INFINITY, 100.0)]);
+        assert_eq!(h.quantile_since(None, 0.99), Some(2.5));
+    }
+
+    #[test]
+    fn no_new_observations_means_no_p99() {
+        let h = hist(&[(0.1, 10.0), (f64::INFINITY, 10.0)]);
+        assert_eq!(h.quantile_since(Some(&h), 0.99), None);
+        assert_eq!(LatencyHistogram::default().quantile_since(None, 0.99), None);
+    }
+
+    #[test]
+    fn a_counter_reset_uses_the_current_counts() {
+        let before = hist(&[(0.1, 1000.0), (f64::INFINITY, 1000.0)]);
+        let after = hist(&[(0.1, 0.0), (1.0, 10.0), (f64::INFINITY, 10.0)]);
+        let p = after.quantile_since(Some(&before), 0.5).expect("observations");
+        assert!((p - 0.55).abs() < 1e-9, "{p}");
+    }
+}

@@ -1,0 +1,304 @@
+//! Savepoints: a versioned, checksummed directory holding keyed state per operator (organized
+//! by key group), source positions and counters.
+//!
+//! Layout of a completed savepoint `DIR/`:
+//! - `state-<operator>.bin`: the operator's [`KeyedState`] (postcard), one file per keyed operator;
+//! - `_metadata.json`: [`SavepointMetadata`], written last, listing every file with its size
+//!   and CRC-32.
+//!
+//! Writing is atomic: everything goes to a hidden temporary directory beside the target, each
+//! file is fsynced, then the directory is renamed into place and its parent fsynced. A crash
+//! mid-write leaves only the temporary directory, never a directory that looks complete. An
+//! existing directory is never overwritten.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::JobSpec;
+use crate::state::KeyedState;
+
+/// Version of the savepoint format written by this engine.
+pub const FORMAT_VERSION: u32 = 1;
+/// Name of the metadata file inside a savepoint directory.
+pub const METADATA_FILE: &str = "_metadata.json";
+
+/// Errors reading or writing a savepoint. Each names the file and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum SavepointError {
+    /// An I/O operation failed.
+    #[error("{path}: {action}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The savepoint is incomplete, corrupted or belongs to another job.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The offending file.
+        path: PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// The target directory already exists.
+    #[error("{path}: savepoint directory already exists; refusing to overwrite it")]
+    Exists {
+        /// The existing directory.
+        path: PathBuf,
+    },
+}
+
+/// Source position: how far a source operator has emitted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourcePosition {
+    /// Records emitted in total (the next record's sequence number).
+    pub emitted: u64,
+}
+
+/// Cumulative record counters of one operator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorCounters {
+    /// Records received.
+    pub records_in: u64,
+    /// Records sent downstream.
+    pub records_out: u64,
+    /// Sinks: source records whose effect reached the sink (sum of window counts).
+    pub accounted: u64,
+    /// Filters: records removed on purpose.
+    pub filtered: u64,
+}
+
+/// One data file of a savepoint, with its integrity data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// File name inside the savepoint directory.
+    pub name: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// CRC-32 (IEEE) of the contents.
+    pub crc32: u32,
+}
+
+/// `_metadata.json`: what a savepoint holds and how to check it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavepointMetadata {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub format_version: u32,
+    /// Job name.
+    pub job_name: String,
+    /// [`JobSpec::fingerprint`] of the job that wrote it.
+    pub fingerprint: String,
+    /// Number of key groups.
+    pub max_parallelism: u32,
+    /// Parallelism per operator when the savepoint was taken.
+    pub parallelism: BTreeMap<String, u32>,
+    /// When the job first started (ms since the Unix epoch); sources' rate clocks run from it.
+    pub job_started_unix_ms: u64,
+    /// When the savepoint was written (ms since the Unix epoch).
+    pub created_unix_ms: u64,
+    /// Source operator → position.
+    pub sources: BTreeMap<String, SourcePosition>,
+    /// Operator → cumulative counters.
+    pub counters: BTreeMap<String, OperatorCounters>,
+    /// Data files with sizes and checksums.
+    pub files: Vec<FileEntry>,
+}
+
+/// A savepoint's full contents, as taken from a stopped job or loaded from disk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Savepoint {
+    /// Metadata (files are filled in when written).
+    pub metadata: SavepointMetadata,
+    /// Keyed operator → its whole keyed state (all key groups).
+    pub state: BTreeMap<String, KeyedState>,
+}
+
+fn io<'a>(
+    path: &'a Path,
+    action: &'static str,
+) -> impl FnOnce(std::io::Error) -> SavepointError + 'a {
+    move |source| SavepointError::Io {
+        path: path.to_path_buf(),
+        action,
+        source,
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SavepointError> {
+    let mut f = File::create(path).map_err(io(path, "cannot create file"))?;
+    f.write_all(bytes).map_err(io(path, "cannot write file"))?;
+    f.sync_all().map_err(io(path, "cannot fsync file"))
+}
+
+impl Savepoint {
+    /// Writes the savepoint atomically to `dir` (which must not exist) and returns the
+    /// metadata as written.
+    ///
+    /// # Errors
+    /// [`SavepointError::Exists`] if `dir` exists; [`SavepointError::Io`] when writing fails
+    /// (the temporary directory is removed and nothing else is touched).
+    pub fn write(&self, dir: &Path) -> Result<SavepointMetadata, SavepointError> {
+        if dir.exists() {
+            return Err(SavepointError::Exists {
+                path: dir.to_path_buf(),
+            });
+        }
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(parent).map_err(io(parent, "cannot create savepoint directory"))?;
+        let leaf = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "savepoint".into());
+        let tmp = parent.join(format!(".{leaf}.inprogress-{}", std::process::id()));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(io(&tmp, "cannot remove stale temporary dir"))?;
+        }
+        fs::create_dir(&tmp).map_err(io(&tmp, "cannot create temporary dir"))?;
+        let result = self.write_into(&tmp).and_then(|meta| {
+            fs::rename(&tmp, dir).map_err(io(dir, "cannot move savepoint into place"))?;
+            File::open(parent)
+                .and_then(|d| d.sync_all())
+                .map_err(io(parent, "cannot fsync savepoint parent dir"))?;
+            Ok(meta)
+        });
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        result
+    }
+
+    fn write_into(&self, tmp: &Path) -> Result<SavepointMetadata, SavepointError> {
+        let mut meta = self.metadata.clone();
+        meta.format_version = FORMAT_VERSION;
+        meta.files.clear();
+        for (op, state) in &self.state {
+            let name = format!("state-{op}.bin");
+            let path = tmp.join(&name);
+            let bytes = postcard::to_stdvec(state).map_err(|e| SavepointError::Invalid {
+                path: path.clone(),
+                reason: format!("cannot encode state: {e}"),
+            })?;
+            write_synced(&path, &bytes)?;
+            meta.files.push(FileEntry {
+                name,
+                bytes: bytes.len() as u64,
+                crc32: crc32fast::hash(&bytes),
+            });
+        }
+        let path = tmp.join(METADATA_FILE);
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
+            path: path.clone(),
+            reason: format!("cannot encode metadata: {e}"),
+        })?;
+        write_synced(&path, &json)?;
+        Ok(meta)
+    }
+
+    /// Reads and fully verifies a savepoint for `spec`: metadata present and parsable, known
+    /// format version, same job fingerprint and key-group count, every listed file present
+    /// with the right size and checksum, every keyed operator's state present and decodable.
+    ///
+    /// # Errors
+    /// [`SavepointError`] naming the offending file and the reason. Nothing is partially loaded.
+    pub fn read(dir: &Path, spec: &JobSpec) -> Result<Savepoint, SavepointError> {
+        if !dir.is_dir() {
+            return Err(SavepointError::Invalid {
+                path: dir.to_path_buf(),
+                reason: "savepoint directory does not exist".into(),
+            });
+        }
+        let meta_path = dir.join(METADATA_FILE);
+        let text = fs::read(&meta_path).map_err(|e| SavepointError::Invalid {
+            path: meta_path.clone(),
+            reason: format!("cannot read savepoint metadata ({e}); the savepoint is incomplete"),
+        })?;
+        let metadata: SavepointMetadata =
+            serde_json::from_slice(&text).map_err(|e| SavepointError::Invalid {
+                path: meta_path.clone(),
+                reason: format!("metadata is truncated or malformed: {e}"),
+            })?;
+        let bad = |reason: String| SavepointError::Invalid {
+            path: meta_path.clone(),
+            reason,
+        };
+        if metadata.format_version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "unknown savepoint format version {} (this engine reads {FORMAT_VERSION})",
+                metadata.format_version
+            )));
+        }
+        if metadata.fingerprint != spec.fingerprint() {
+            return Err(bad(format!(
+                "savepoint belongs to another job (job `{}`, fingerprint {}…), not to `{}` ({}…)",
+                metadata.job_name,
+                &metadata.fingerprint.get(..12).unwrap_or(&metadata.fingerprint),
+                spec.name,
+                &spec.fingerprint()[..12]
+            )));
+        }
+        if metadata.max_parallelism != spec.max_parallelism {
+            return Err(bad(format!(
+                "savepoint has {} key groups but the job declares maxParallelism {}",
+                metadata.max_parallelism, spec.max_parallelism
+            )));
+        }
+        let mut state = BTreeMap::new();
+        for entry in &metadata.files {
+            let path = dir.join(&entry.name);
+            let bytes = fs::read(&path).map_err(|e| SavepointError::Invalid {
+                path: path.clone(),
+                reason: format!("cannot read state file listed in the metadata: {e}"),
+            })?;
+            if bytes.len() as u64 != entry.bytes {
+                return Err(SavepointError::Invalid {
+                    path,
+                    reason: format!(
+                        "truncated: {} bytes, metadata says {}",
+                        bytes.len(),
+                        entry.bytes
+                    ),
+                });
+            }
+            let crc = crc32fast::hash(&bytes);
+            if crc != entry.crc32 {
+                return Err(SavepointError::Invalid {
+                    path,
+                    reason: format!(
+                        "checksum mismatch: CRC-32 {crc:08x}, metadata says {:08x}",
+                        entry.crc32
+                    ),
+                });
+            }
+            let op = entry
+                .name
+                .strip_prefix("state-")
+                .and_then(|s| s.strip_suffix(".bin"))
+                .ok_or_else(|| SavepointError::Invalid {
+                    path: path.clone(),
+                    reason: "unexpected file name in savepoint".into(),
+                })?;
+            let keyed: KeyedState =
+                postcard::from_bytes(&bytes).map_err(|e| SavepointError::Invalid {
+                    path: path.clone(),
+                    reason: format!("cannot decode state: {e}"),
+                })?;
+            state.insert(op.to_string(), keyed);
+        }
+        for op in spec.operators.iter().filter(|o| o.kind.is_keyed()) {
+            if !state.contains_key(&op.name) {
+                return Err(bad(format!(
+                    "no state file for keyed operator `{}`",
+                    op.name
+                )));
+            }
+        }
+        Ok(Savepoint { metadata, state })
+    }
+}

@@ -1,0 +1,431 @@
+//! The engine's HTTP endpoints and the coordinator that owns the running job.
+//!
+//! - `GET /metrics`: Prometheus text.
+//! - `GET /v1/job`: graph, parallelism, state, record totals ([`JobInfo`]).
+//! - `POST /v1/savepoints` `{"stop": true, "drain": false}`: stop-with-savepoint; 202 with `{"id"}`.
+//! - `GET /v1/savepoints/{id}`: [`SavepointStatus`].
+//!
+//! After a stop-with-savepoint reaches a terminal status and a client has read it, the engine
+//! asks its process to exit ([`Coordinator::exit_requested`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path as AxPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::EngineMetrics;
+use crate::runtime::{Finished, Job, StopKind};
+use crate::savepoint::{OperatorCounters, Savepoint};
+use crate::spec::{JobSpec, OperatorKind};
+
+/// Lifecycle state of the job, as `GET /v1/job` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Processing records.
+    Running,
+    /// Stop requested; draining.
+    Stopping,
+    /// Stopped by a stop-with-savepoint.
+    Stopped,
+    /// All sources reached their record count and the graph drained.
+    Finished,
+    /// A subtask failed.
+    Failed,
+}
+
+/// Status of one savepoint request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavepointStatus {
+    /// Savepoint id (also its directory name).
+    pub id: String,
+    /// `pending`, `completed` or `failed`.
+    pub status: String,
+    /// Directory of the completed savepoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Body of `POST /v1/savepoints`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavepointRequest {
+    /// Must be true: stop the job after the savepoint (savepoints of a running job need barriers).
+    pub stop: bool,
+    /// Fire all open windows before stopping (Flink's `--drain`).
+    #[serde(default)]
+    pub drain: bool,
+}
+
+/// One operator in `GET /v1/job`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorInfo {
+    /// Operator name.
+    pub name: String,
+    /// Kind (`source`, `map`, ...).
+    pub kind: String,
+    /// Current parallelism.
+    pub parallelism: u32,
+    /// Records received (cumulative across restores).
+    pub records_in: u64,
+    /// Records sent (cumulative across restores).
+    pub records_out: u64,
+}
+
+/// An edge in `GET /v1/job`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EdgeInfo {
+    /// Upstream operator.
+    pub from: String,
+    /// Downstream operator.
+    pub to: String,
+}
+
+/// Body of `GET /v1/job`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobInfo {
+    /// Job name.
+    pub name: String,
+    /// Structural fingerprint.
+    pub fingerprint: String,
+    /// Lifecycle state.
+    pub state: JobState,
+    /// Number of key groups.
+    pub max_parallelism: u32,
+    /// Operators with parallelism and counters.
+    pub operators: Vec<OperatorInfo>,
+    /// Edges.
+    pub edges: Vec<EdgeInfo>,
+    /// Records emitted by all sources.
+    pub records_emitted: u64,
+    /// Source records whose effect reached a sink.
+    pub records_accounted: u64,
+    /// Records removed by filters.
+    pub records_filtered: u64,
+    /// Savepoint this run was restored from.
+    pub restored_from: Option<String>,
+    /// Subtask failures, if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+struct Inner {
+    spec: JobSpec,
+    state: JobState,
+    job: Option<Job>,
+    /// The final state of a job that finished by itself, kept for a later savepoint request.
+    finished: Option<Finished>,
+    counters: BTreeMap<String, OperatorCounters>,
+    savepoints: BTreeMap<String, SavepointStatus>,
+    terminal_read_at: Option<Instant>,
+    errors: Vec<String>,
+}
+
+/// Owns the running job and serves the REST API.
+#[derive(Clone)]
+pub struct Coordinator {
+    inner: Arc<Mutex<Inner>>,
+    metrics: EngineMetrics,
+    savepoint_dir: PathBuf,
+    restored_from: Option<String>,
+}
+
+impl Coordinator {
+    /// Wraps a started job. Savepoints go under `savepoint_dir`.
+    pub fn new(
+        job: Job,
+        metrics: EngineMetrics,
+        savepoint_dir: PathBuf,
+        restored_from: Option<String>,
+    ) -> Coordinator {
+        let spec = job.spec().clone();
+        let counters = job.counters();
+        Coordinator {
+            inner: Arc::new(Mutex::new(Inner {
+                spec,
+                state: JobState::Running,
+                job: Some(job),
+                finished: None,
+                counters,
+                savepoints: BTreeMap::new(),
+                terminal_read_at: None,
+                errors: Vec::new(),
+            })),
+            metrics,
+            savepoint_dir,
+            restored_from,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The axum router with every endpoint.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/metrics", get(metrics_handler))
+            .route("/v1/job", get(job_handler))
+            .route("/v1/savepoints", post(trigger_handler))
+            .route("/v1/savepoints/{id}", get(status_handler))
+            .with_state(self.clone())
+    }
+
+    /// Current `GET /v1/job` view.
+    pub fn job_info(&self) -> JobInfo {
+        let mut inner = self.lock();
+        if let Some(job) = &inner.job {
+            inner.counters = job.counters();
+        }
+        let spec = &inner.spec;
+        let total = |f: fn(&OperatorCounters) -> u64, kind: fn(&OperatorKind) -> bool| {
+            spec.operators
+                .iter()
+                .filter(|o| kind(&o.kind))
+                .filter_map(|o| inner.counters.get(&o.name))
+                .map(f)
+                .sum::<u64>()
+        };
+        JobInfo {
+            name: spec.name.clone(),
+            fingerprint: spec.fingerprint(),
+            state: inner.state,
+            max_parallelism: spec.max_parallelism,
+            operators: spec
+                .operators
+                .iter()
+                .map(|o| {
+                    let c = inner.counters.get(&o.name).copied().unwrap_or_default();
+                    OperatorInfo {
+                        name: o.name.clone(),
+                        kind: o.kind.name().into(),
+                        parallelism: o.parallelism,
+                        records_in: c.records_in,
+                        records_out: c.records_out,
+                    }
+                })
+                .collect(),
+            edges: spec
+                .edges
+                .iter()
+                .map(|e| EdgeInfo {
+                    from: e.from.clone(),
+                    to: e.to.clone(),
+                })
+                .collect(),
+            records_emitted: total(|c| c.records_out, |k| matches!(k, OperatorKind::Source { .. })),
+            records_accounted: total(|c| c.accounted, |k| matches!(k, OperatorKind::Sink { .. })),
+            records_filtered: total(|c| c.filtered, |k| matches!(k, OperatorKind::Filter { .. })),
+            restored_from: self.restored_from.clone(),
+            errors: inner.errors.clone(),
+        }
+    }
+
+    /// Starts a stop-with-savepoint (or, for a finished job, writes its final state).
+    ///
+    /// # Errors
+    /// A message when the job is not running or a savepoint is already in progress.
+    pub fn trigger(&self, drain: bool) -> Result<String, String> {
+        let mut inner = self.lock();
+        let id = format!(
+            "sp-{}-{}",
+            inner.spec.name,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        );
+        match inner.state {
+            JobState::Running => {
+                let Some(job) = inner.job.take() else {
+                    return Err("job is not running".into());
+                };
+                job.request_stop(if drain { StopKind::Drain } else { StopKind::Stop });
+                inner.state = JobState::Stopping;
+                inner.savepoints.insert(id.clone(), pending(&id));
+                let this = self.clone();
+                let sp_id = id.clone();
+                std::thread::spawn(move || {
+                    let finished = job.join();
+                    this.complete(&sp_id, finished, JobState::Stopped);
+                });
+                Ok(id)
+            }
+            JobState::Finished => {
+                let Some(finished) = inner.finished.take() else {
+                    return Err("the finished job's final state was already saved".into());
+                };
+                inner.savepoints.insert(id.clone(), pending(&id));
+                drop(inner);
+                self.complete(&id, finished, JobState::Finished);
+                Ok(id)
+            }
+            other => Err(format!(
+                "job is {}; a savepoint needs a running job",
+                serde_json::to_string(&other).unwrap_or_default()
+            )),
+        }
+    }
+
+    fn complete(&self, id: &str, finished: Finished, end_state: JobState) {
+        let Finished { savepoint, errors } = finished;
+        let dir = self.savepoint_dir.join(id);
+        let status = if errors.is_empty() {
+            match savepoint.write(&dir) {
+                Ok(_) => SavepointStatus {
+                    id: id.into(),
+                    status: "completed".into(),
+                    path: Some(dir.display().to_string()),
+                    reason: None,
+                },
+                Err(e) => failed(id, e.to_string()),
+            }
+        } else {
+            failed(id, format!("job failed while stopping: {}", errors.join("; ")))
+        };
+        tracing::info!(savepoint = id, status = %status.status, reason = ?status.reason, "savepoint finished");
+        let mut inner = self.lock();
+        inner.counters = savepoint.metadata.counters.clone();
+        inner.state = if errors.is_empty() {
+            end_state
+        } else {
+            JobState::Failed
+        };
+        inner.errors.extend(errors);
+        inner.savepoints.insert(id.into(), status);
+    }
+
+    /// Checks whether the job ended by itself (sources finished, or a failure) and records it.
+    pub fn poll_job(&self) {
+        let mut inner = self.lock();
+        if inner.state != JobState::Running {
+            return;
+        }
+        let done = inner
+            .job
+            .as_ref()
+            .is_some_and(|j| j.is_finished() || j.has_failed());
+        if !done {
+            return;
+        }
+        let Some(job) = inner.job.take() else { return };
+        drop(inner);
+        let finished = job.join();
+        let mut inner = self.lock();
+        inner.counters = finished.savepoint.metadata.counters.clone();
+        if finished.errors.is_empty() {
+            inner.state = JobState::Finished;
+            inner.finished = Some(finished);
+            tracing::info!("job finished: every source reached its record count");
+        } else {
+            tracing::error!(errors = ?finished.errors, "job failed");
+            inner.state = JobState::Failed;
+            inner.errors = finished.errors;
+        }
+    }
+
+    /// True once a stop-with-savepoint is terminal and its status has been read (plus a grace
+    /// period), or 60 s after it became terminal without being read.
+    pub fn exit_requested(&self) -> bool {
+        let inner = self.lock();
+        inner
+            .terminal_read_at
+            .is_some_and(|t| t.elapsed() > Duration::from_millis(300))
+    }
+
+    fn status(&self, id: &str) -> Option<SavepointStatus> {
+        let mut inner = self.lock();
+        let st = inner.savepoints.get(id).cloned()?;
+        if st.status != "pending"
+            && matches!(inner.state, JobState::Stopped | JobState::Finished)
+            && inner.terminal_read_at.is_none()
+        {
+            inner.terminal_read_at = Some(Instant::now());
+        }
+        Some(st)
+    }
+}
+
+fn pending(id: &str) -> SavepointStatus {
+    SavepointStatus {
+        id: id.into(),
+        status: "pending".into(),
+        path: None,
+        reason: None,
+    }
+}
+
+fn failed(id: &str, reason: String) -> SavepointStatus {
+    SavepointStatus {
+        id: id.into(),
+        status: "failed".into(),
+        path: None,
+        reason: Some(reason),
+    }
+}
+
+async fn metrics_handler(State(c): State<Coordinator>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        c.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn job_handler(State(c): State<Coordinator>) -> Json<JobInfo> {
+    Json(c.job_info())
+}
+
+fn error(code: StatusCode, message: String) -> Response {
+    (code, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+async fn trigger_handler(
+    State(c): State<Coordinator>,
+    body: Result<Json<SavepointRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(req) = match body {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    if !req.stop {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "stop: only stop-with-savepoint ({\"stop\": true}) is supported; savepoints of a running job need aligned barriers".into(),
+        );
+    }
+    match tokio::task::spawn_blocking(move || c.trigger(req.drain)).await {
+        Ok(Ok(id)) => (StatusCode::ACCEPTED, Json(serde_json::json!({ "id": id }))).into_response(),
+        Ok(Err(e)) => error(StatusCode::CONFLICT, e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn status_handler(State(c): State<Coordinator>, AxPath(id): AxPath<String>) -> Response {
+    match c.status(&id) {
+        Some(st) => Json(st).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no savepoint with id `{id}`")),
+    }
+}
+
+/// Reads a savepoint for restore, verifying it against `spec` before anything starts.
+///
+/// # Errors
+/// The savepoint error, naming the file and reason.
+pub fn load_for_restore(
+    dir: &std::path::Path,
+    spec: &JobSpec,
+) -> Result<Savepoint, crate::savepoint::SavepointError> {
+    Savepoint::read(dir, spec)
+}

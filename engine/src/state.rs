@@ -1,0 +1,77 @@
+//! Keyed state in an in-memory (heap) backend, organized by key group.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+/// State of one key in a keyed window operator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyState {
+    /// Records seen for this key since the job started (across restores).
+    pub total_count: u64,
+    /// Sum of the values of those records.
+    pub total_sum: i64,
+    /// Records in the currently open window pane.
+    pub pane_count: u64,
+    /// Sum of values in the open pane.
+    pub pane_sum: i64,
+    /// Creation time (µs since the Unix epoch) of the newest record in the open pane.
+    pub pane_latest_created_us: u64,
+}
+
+/// The keyed state of one operator subtask (or of a whole operator, when merged): key group →
+/// key → state. Ordered maps so that a dump is deterministic.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedState {
+    /// Key group → (key → state).
+    pub groups: BTreeMap<u32, BTreeMap<u64, KeyState>>,
+}
+
+impl KeyedState {
+    /// State of `key` in `key_group`, created empty on first use.
+    pub fn entry(&mut self, key_group: u32, key: u64) -> &mut KeyState {
+        self.groups
+            .entry(key_group)
+            .or_default()
+            .entry(key)
+            .or_default()
+    }
+
+    /// Moves every key group of `other` into `self` (key groups are disjoint across subtasks).
+    pub fn merge(&mut self, other: KeyedState) {
+        for (kg, keys) in other.groups {
+            self.groups.entry(kg).or_default().extend(keys);
+        }
+    }
+
+    /// The part of this state in the key-group range `range`.
+    pub fn slice(&self, range: Range<u32>) -> KeyedState {
+        KeyedState {
+            groups: self
+                .groups
+                .range(range)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Number of keys held.
+    pub fn len(&self) -> usize {
+        self.groups.values().map(BTreeMap::len).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Running totals per key `(key → (count, sum))`, independent of key-group layout and of
+    /// open panes: what a rescaled run must agree on with an uninterrupted one.
+    pub fn totals(&self) -> BTreeMap<u64, (u64, i64)> {
+        self.groups
+            .values()
+            .flat_map(|keys| keys.iter().map(|(k, s)| (*k, (s.total_count, s.total_sum))))
+            .collect()
+    }
+}
