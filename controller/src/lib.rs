@@ -16,6 +16,7 @@ pub mod model;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod run;
 pub mod runtime;
 pub mod scrape;
 pub mod stats;

@@ -52,7 +52,12 @@ pub fn plot_timeline(
     })
 }
 
-fn draw(path: &Path, rows: &[IntervalStats], operators: &[String], slo_s: f64) -> Result<(), String> {
+fn draw(
+    path: &Path,
+    rows: &[IntervalStats],
+    operators: &[String],
+    slo_s: f64,
+) -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
@@ -79,7 +84,11 @@ fn draw(path: &Path, rows: &[IntervalStats], operators: &[String], slo_s: f64) -
         .y_label_area_size(70)
         .build_cartesian_2d(0.0..t_max, 0.0..y1)
         .map_err(|x| e(&x))?;
-    chart.configure_mesh().x_desc("t (s)").draw().map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("t (s)")
+        .draw()
+        .map_err(|x| e(&x))?;
     chart
         .draw_series(LineSeries::new(
             rows.iter().map(|r| (r.t_s, r.input_rate)),
@@ -117,7 +126,11 @@ fn draw(path: &Path, rows: &[IntervalStats], operators: &[String], slo_s: f64) -
         .y_label_area_size(70)
         .build_cartesian_2d(0.0..t_max, 0.0..(f64::from(p_max) + 1.0))
         .map_err(|x| e(&x))?;
-    chart.configure_mesh().x_desc("t (s)").draw().map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("t (s)")
+        .draw()
+        .map_err(|x| e(&x))?;
     for (i, op) in operators.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         // Offset lines slightly so operators at the same parallelism stay distinguishable.
@@ -158,7 +171,11 @@ fn draw(path: &Path, rows: &[IntervalStats], operators: &[String], slo_s: f64) -
         .y_label_area_size(70)
         .build_cartesian_2d(0.0..t_max, 0.0..lat_max.max(0.001))
         .map_err(|x| e(&x))?;
-    chart.configure_mesh().x_desc("t (s)").draw().map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("t (s)")
+        .draw()
+        .map_err(|x| e(&x))?;
     chart
         .draw_series(LineSeries::new(
             rows.iter().filter_map(|r| r.p99_s.map(|p| (r.t_s, p))),
@@ -201,9 +218,12 @@ mod tests {
                 input_rate: 100.0 + f64::from(i),
                 target_rate: 100.0,
                 capacity: Some(150.0),
-                parallelism: [("source".to_string(), 1), ("enrich".to_string(), if i < 15 { 2 } else { 4 })]
-                    .into_iter()
-                    .collect(),
+                parallelism: [
+                    ("source".to_string(), 1),
+                    ("enrich".to_string(), if i < 15 { 2 } else { 4 }),
+                ]
+                .into_iter()
+                .collect(),
                 p99_s: (i % 7 != 0).then_some(0.1 * f64::from(i % 5)),
                 ..IntervalStats::default()
             })

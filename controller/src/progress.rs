@@ -66,7 +66,11 @@ pub fn progress_line(stats: &IntervalStats, order: &[String], slo_s: f64) -> Str
 
 /// Describes a parallelism change, listing only operators that change:
 /// `enrich 4→6, counts 2→3`.
-pub fn format_change(from: &BTreeMap<String, u32>, to: &BTreeMap<String, u32>, order: &[String]) -> String {
+pub fn format_change(
+    from: &BTreeMap<String, u32>,
+    to: &BTreeMap<String, u32>,
+    order: &[String],
+) -> String {
     let changes: Vec<String> = order
         .iter()
         .filter_map(|op| {
@@ -100,7 +104,13 @@ pub fn rescale_done_line(t_s: f64, change: &str, downtime_s: f64) -> String {
 }
 
 /// The line printed when a rescale failed and the job continues at the old parallelism.
-pub fn rescale_failed_line(t_s: f64, change: &str, what: &str, error: &str, downtime_s: f64) -> String {
+pub fn rescale_failed_line(
+    t_s: f64,
+    change: &str,
+    what: &str,
+    error: &str,
+    downtime_s: f64,
+) -> String {
     format!(
         "t={t_s:>4.0}s RESCALE FAILED ({what}) {change}: {error}; continuing at the old parallelism (downtime {})",
         format_seconds(downtime_s)
@@ -127,10 +137,16 @@ mod tests {
             input_rate: 812.4,
             target_rate: 800.0,
             capacity: None,
-            parallelism: [("source", 1), ("parse", 1), ("enrich", 6), ("counts", 2), ("sink", 1)]
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect(),
+            parallelism: [
+                ("source", 1),
+                ("parse", 1),
+                ("enrich", 6),
+                ("counts", 2),
+                ("sink", 1),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
             utilization: [("parse", 0.1), ("enrich", 0.712), ("counts", 0.4)]
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
@@ -170,7 +186,10 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
             .collect();
-        assert_eq!(format_change(&from, &to, &order()), "enrich 4→6, counts 2→3");
+        assert_eq!(
+            format_change(&from, &to, &order()),
+            "enrich 4→6, counts 2→3"
+        );
         assert_eq!(format_change(&from, &from, &order()), "no change");
         assert_eq!(format_trace_time(59.0), "+0h00m");
         assert_eq!(format_trace_time(26.0 * 3600.0 + 5.0 * 60.0), "+26h05m");

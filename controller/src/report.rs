@@ -353,7 +353,9 @@ mod tests {
         let mut lines = csv.lines();
         assert_eq!(
             lines.next(),
-            Some("t_s,trace_time_s,input_rate,target_rate,capacity,p_source,p_enrich,rho_source,rho_enrich,p99_s,backlog")
+            Some(
+                "t_s,trace_time_s,input_rate,target_rate,capacity,p_source,p_enrich,rho_source,rho_enrich,p99_s,backlog"
+            )
         );
         assert_eq!(
             lines.next(),

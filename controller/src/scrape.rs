@@ -177,7 +177,12 @@ impl EngineMetrics {
         self.sample
             .operators
             .iter()
-            .map(|(name, subtasks)| (name.clone(), u32::try_from(subtasks.len()).unwrap_or(u32::MAX)))
+            .map(|(name, subtasks)| {
+                (
+                    name.clone(),
+                    u32::try_from(subtasks.len()).unwrap_or(u32::MAX),
+                )
+            })
             .collect()
     }
 }
@@ -229,8 +234,7 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
         message,
     };
     let lines = text.lines().map(|l| Ok(l.to_string()));
-    let scrape =
-        prometheus_parse::Scrape::parse(lines).map_err(|e| parse_err(e.to_string()))?;
+    let scrape = prometheus_parse::Scrape::parse(lines).map_err(|e| parse_err(e.to_string()))?;
 
     let mut operators: BTreeMap<String, Vec<SubtaskSample>> = BTreeMap::new();
     let mut source_rates: BTreeMap<String, f64> = BTreeMap::new();
@@ -272,7 +276,9 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                     parse_err(format!("{name}: sample without an `operator` label"))
                 })?;
                 let subtask = sample.labels.get("subtask").ok_or_else(|| {
-                    parse_err(format!("{name}{{operator=\"{op}\"}}: sample without a `subtask` label"))
+                    parse_err(format!(
+                        "{name}{{operator=\"{op}\"}}: sample without a `subtask` label"
+                    ))
                 })?;
                 let index: usize = subtask
                     .parse()
@@ -428,10 +434,14 @@ process_cpu_seconds_total 3.2
         // 100 new observations: 50 under 0.1 s, 50 in (0.1, 1]; p99 rank 99 is the 49th of 50
         // in the second bucket: 0.1 + 0.9 * 49/50.
         let after = hist(&[(0.1, 150.0), (1.0, 200.0), (f64::INFINITY, 200.0)]);
-        let p99 = after.quantile_since(Some(&before), 0.99).expect("observations");
+        let p99 = after
+            .quantile_since(Some(&before), 0.99)
+            .expect("observations");
         assert!((p99 - (0.1 + 0.9 * 49.0 / 50.0)).abs() < 1e-9, "{p99}");
         // Median: rank 50 is the last of the first bucket.
-        let p50 = after.quantile_since(Some(&before), 0.5).expect("observations");
+        let p50 = after
+            .quantile_since(Some(&before), 0.5)
+            .expect("observations");
         assert!((p50 - 0.1).abs() < 1e-9, "{p50}");
         assert_eq!(after.count_since(Some(&before)), 100.0);
     }
@@ -460,7 +470,9 @@ process_cpu_seconds_total 3.2
     fn a_counter_reset_uses_the_current_counts() {
         let before = hist(&[(0.1, 1000.0), (f64::INFINITY, 1000.0)]);
         let after = hist(&[(0.1, 0.0), (1.0, 10.0), (f64::INFINITY, 10.0)]);
-        let p = after.quantile_since(Some(&before), 0.5).expect("observations");
+        let p = after
+            .quantile_since(Some(&before), 0.5)
+            .expect("observations");
         assert!((p - 0.55).abs() < 1e-9, "{p}");
     }
 }

@@ -145,7 +145,13 @@ mod tests {
         }
     }
 
-    fn metrics(at: f64, arrivals: f64, out: f64, enrich: Vec<SubtaskSample>, sink_count: f64) -> EngineMetrics {
+    fn metrics(
+        at: f64,
+        arrivals: f64,
+        out: f64,
+        enrich: Vec<SubtaskSample>,
+        sink_count: f64,
+    ) -> EngineMetrics {
         let mut m = EngineMetrics::default();
         m.sample.at_seconds = at;
         m.sample.operators.insert(
@@ -169,11 +175,25 @@ mod tests {
 
     #[test]
     fn rates_utilization_and_capacity() {
-        let prev = metrics(10.0, 1000.0, 1000.0, vec![sub(500.0, 500.0, 1.0, 9.0), sub(500.0, 500.0, 1.0, 9.0)], 1000.0);
+        let prev = metrics(
+            10.0,
+            1000.0,
+            1000.0,
+            vec![sub(500.0, 500.0, 1.0, 9.0), sub(500.0, 500.0, 1.0, 9.0)],
+            1000.0,
+        );
         // 2 s later: 200 arrivals, 180 emitted; enrich took 180 records in 1.8 busy seconds
         // (μ = 100/s per subtask) out of 4 subtask-seconds.
-        let cur = metrics(12.0, 1200.0, 1180.0, vec![sub(590.0, 590.0, 1.9, 9.9), sub(590.0, 590.0, 1.9, 10.2)], 1180.0);
-        let p: BTreeMap<String, u32> = [("source".to_string(), 1), ("enrich".to_string(), 2)].into_iter().collect();
+        let cur = metrics(
+            12.0,
+            1200.0,
+            1180.0,
+            vec![sub(590.0, 590.0, 1.9, 10.1), sub(590.0, 590.0, 1.9, 10.1)],
+            1180.0,
+        );
+        let p: BTreeMap<String, u32> = [("source".to_string(), 1), ("enrich".to_string(), 2)]
+            .into_iter()
+            .collect();
         let s = IntervalStats::between(&prev, &cur, &["source".to_string()], &p, Some(3600.0));
         assert_eq!(s.dt_s, 2.0);
         assert!((s.input_rate - 100.0).abs() < 1e-9);
@@ -191,7 +211,8 @@ mod tests {
     fn no_traffic_means_no_capacity_and_no_p99() {
         let prev = metrics(0.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 1.0)], 0.0);
         let cur = metrics(1.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 2.0)], 0.0);
-        let s = IntervalStats::between(&prev, &cur, &["source".to_string()], &BTreeMap::new(), None);
+        let s =
+            IntervalStats::between(&prev, &cur, &["source".to_string()], &BTreeMap::new(), None);
         assert_eq!(s.capacity, None);
         assert_eq!(s.p99_s, None);
         assert_eq!(s.utilization["enrich"], 0.0);

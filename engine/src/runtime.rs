@@ -312,9 +312,7 @@ impl Job {
                 OperatorKind::Source { rate, .. } => {
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
                 }
-                OperatorKind::Sink {
-                    output: Some(path),
-                } => {
+                OperatorKind::Sink { output: Some(path) } => {
                     let file = OpenOptions::new()
                         .create(true)
                         .append(true)
@@ -379,16 +377,27 @@ impl Job {
             let restored = restore
                 .and_then(|s| s.metadata.counters.get(name).copied())
                 .unwrap_or_default();
-            live.records_in.store(restored.records_in, Ordering::Relaxed);
-            live.records_out.store(restored.records_out, Ordering::Relaxed);
+            live.records_in
+                .store(restored.records_in, Ordering::Relaxed);
+            live.records_out
+                .store(restored.records_out, Ordering::Relaxed);
             live.accounted.store(restored.accounted, Ordering::Relaxed);
             live.filtered.store(restored.filtered, Ordering::Relaxed);
             if options.metrics_enabled {
                 let l = [name.as_str(), "0"];
-                metrics.records_in.with_label_values(&l).inc_by(restored.records_in);
-                metrics.records_out.with_label_values(&l).inc_by(restored.records_out);
+                metrics
+                    .records_in
+                    .with_label_values(&l)
+                    .inc_by(restored.records_in);
+                metrics
+                    .records_out
+                    .with_label_values(&l)
+                    .inc_by(restored.records_out);
                 if matches!(op.kind, OperatorKind::Sink { .. }) {
-                    metrics.sink_accounted.with_label_values(&l).inc_by(restored.accounted);
+                    metrics
+                        .sink_accounted
+                        .with_label_values(&l)
+                        .inc_by(restored.accounted);
                 }
             }
             counters.insert(name.clone(), live.clone());
@@ -444,7 +453,9 @@ impl Job {
                         let rx = match inputs.get(name) {
                             Some(Inputs::Shared(_, rx)) => rx.clone(),
                             Some(Inputs::Keyed(chs)) => chs[index as usize].1.clone(),
-                            None => return Err(RuntimeError::Graph(format!("no input for {name}"))),
+                            None => {
+                                return Err(RuntimeError::Graph(format!("no input for {name}")));
+                            }
                         };
                         let restored_state = || {
                             let range = key_group_range(index, op.parallelism, k);
@@ -585,7 +596,6 @@ impl Job {
     }
 }
 
-
 struct SubtaskContext {
     operator: String,
     index: u32,
@@ -676,7 +686,10 @@ impl SourceTask {
                     arrivals_reported = share;
                 }
                 let backlog = due.saturating_sub(self.emitted.load(Ordering::Relaxed)) as f64;
-                metrics.source_backlog.with_label_values(&l).set(backlog / p);
+                metrics
+                    .source_backlog
+                    .with_label_values(&l)
+                    .set(backlog / p);
                 metrics
                     .source_rate
                     .with_label_values(&l)
@@ -745,13 +758,12 @@ impl SourceTask {
         }
         ctx.meter.flush(0);
         if ctx.meter.enabled {
-            let backlog = self
-                .rate
-                .cumulative(self.wall())
-                .floor()
-                .min(limit as f64) as u64;
+            let backlog = self.rate.cumulative(self.wall()).floor().min(limit as f64) as u64;
             let backlog = backlog.saturating_sub(self.emitted.load(Ordering::Relaxed)) as f64;
-            metrics.source_backlog.with_label_values(&l).set(backlog / p);
+            metrics
+                .source_backlog
+                .with_label_values(&l)
+                .set(backlog / p);
         }
         ctx.result(None, None)
     }
@@ -853,7 +865,10 @@ impl OperatorTask {
             && let Ok(mut w) = f.lock()
             && let Err(e) = w.flush()
         {
-            error = Some(format!("{}-{}: cannot write sink output: {e}", ctx.operator, ctx.index));
+            error = Some(format!(
+                "{}-{}: cannot write sink output: {e}",
+                ctx.operator, ctx.index
+            ));
         }
         ctx.meter.flush(0);
         let state = match self.behaviour {
@@ -878,7 +893,10 @@ impl OperatorTask {
                 if draw < *keep {
                     ctx.outputs.send(rec, &mut ctx.meter)
                 } else {
-                    ctx.meter.live.filtered.fetch_add(rec.count, Ordering::Relaxed);
+                    ctx.meter
+                        .live
+                        .filtered
+                        .fetch_add(rec.count, Ordering::Relaxed);
                     true
                 }
             }
@@ -905,7 +923,10 @@ impl OperatorTask {
                     latency.observe(lat);
                     accounted.inc_by(rec.count);
                 }
-                ctx.meter.live.accounted.fetch_add(rec.count, Ordering::Relaxed);
+                ctx.meter
+                    .live
+                    .accounted
+                    .fetch_add(rec.count, Ordering::Relaxed);
                 if let Some(f) = file
                     && let Ok(mut w) = f.lock()
                 {

@@ -238,7 +238,10 @@ impl Savepoint {
             return Err(bad(format!(
                 "savepoint belongs to another job (job `{}`, fingerprint {}…), not to `{}` ({}…)",
                 metadata.job_name,
-                &metadata.fingerprint.get(..12).unwrap_or(&metadata.fingerprint),
+                &metadata
+                    .fingerprint
+                    .get(..12)
+                    .unwrap_or(&metadata.fingerprint),
                 spec.name,
                 &spec.fingerprint()[..12]
             )));
@@ -300,5 +303,124 @@ impl Savepoint {
             }
         }
         Ok(Savepoint { metadata, state })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::state::KeyState;
+
+    fn spec(name: &str) -> JobSpec {
+        let yaml = format!(
+            "name: {name}\noperators:\n  - {{ name: src, kind: source, rate: {{ constant: 1 }} }}\n  - {{ name: w, kind: window, sizeMs: 10 }}\nedges:\n  - {{ from: src, to: w }}\n"
+        );
+        let s = JobSpec::from_yaml(&yaml).unwrap();
+        s.validate().unwrap();
+        s
+    }
+
+    fn savepoint(spec: &JobSpec) -> Savepoint {
+        let mut state = KeyedState::default();
+        for key in 0..50u64 {
+            let s = state.entry(crate::keygroup::key_group(key, 128), key);
+            *s = KeyState {
+                total_count: key,
+                total_sum: 2 * key as i64,
+                ..KeyState::default()
+            };
+        }
+        Savepoint {
+            metadata: SavepointMetadata {
+                format_version: FORMAT_VERSION,
+                job_name: spec.name.clone(),
+                fingerprint: spec.fingerprint(),
+                max_parallelism: spec.max_parallelism,
+                parallelism: spec.parallelism(),
+                job_started_unix_ms: 1,
+                created_unix_ms: 2,
+                sources: BTreeMap::from([("src".into(), SourcePosition { emitted: 1225 })]),
+                counters: BTreeMap::new(),
+                files: vec![],
+            },
+            state: BTreeMap::from([("w".into(), state)]),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec("a");
+        let sp = savepoint(&spec);
+        let target = dir.path().join("sp-1");
+        sp.write(&target).unwrap();
+        let back = Savepoint::read(&target, &spec).unwrap();
+        assert_eq!(back.state, sp.state);
+        assert_eq!(back.metadata.sources, sp.metadata.sources);
+        // Never overwrite.
+        let err = sp.write(&target).unwrap_err();
+        assert!(matches!(err, SavepointError::Exists { .. }), "{err}");
+        // Another job.
+        let err = Savepoint::read(&target, &self::spec("b"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("belongs to another job"), "{err}");
+        // Truncated state file.
+        let copy = dir.path().join("sp-2");
+        sp.write(&copy).unwrap();
+        let file = copy.join("state-w.bin");
+        let bytes = std::fs::read(&file).unwrap();
+        std::fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
+        let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();
+        assert!(
+            err.contains("state-w.bin") && err.contains("truncated"),
+            "{err}"
+        );
+        // Missing metadata: incomplete.
+        let copy = dir.path().join("sp-3");
+        sp.write(&copy).unwrap();
+        std::fs::remove_file(copy.join(METADATA_FILE)).unwrap();
+        let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();
+        assert!(
+            err.contains("_metadata.json") && err.contains("incomplete"),
+            "{err}"
+        );
+        // Unknown version.
+        let copy = dir.path().join("sp-4");
+        sp.write(&copy).unwrap();
+        let meta = std::fs::read_to_string(copy.join(METADATA_FILE)).unwrap();
+        std::fs::write(
+            copy.join(METADATA_FILE),
+            meta.replace("\"format_version\": 1", "\"format_version\": 9"),
+        )
+        .unwrap();
+        let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();
+        assert!(err.contains("unknown savepoint format version 9"), "{err}");
+        // No temporary directories left behind.
+        let hidden = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with('.')
+            })
+            .count();
+        assert_eq!(hidden, 0);
+    }
+
+    #[test]
+    fn slices_by_key_group_range_recombine() {
+        let spec = spec("a");
+        let sp = savepoint(&spec);
+        let whole = &sp.state["w"];
+        let mut merged = KeyedState::default();
+        for i in 0..5 {
+            merged.merge(whole.slice(crate::keygroup::key_group_range(i, 5, 128)));
+        }
+        assert_eq!(&merged, whole);
+        assert_eq!(merged.len(), 50);
     }
 }

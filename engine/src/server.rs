@@ -225,7 +225,10 @@ impl Coordinator {
                     to: e.to.clone(),
                 })
                 .collect(),
-            records_emitted: total(|c| c.records_out, |k| matches!(k, OperatorKind::Source { .. })),
+            records_emitted: total(
+                |c| c.records_out,
+                |k| matches!(k, OperatorKind::Source { .. }),
+            ),
             records_accounted: total(|c| c.accounted, |k| matches!(k, OperatorKind::Sink { .. })),
             records_filtered: total(|c| c.filtered, |k| matches!(k, OperatorKind::Filter { .. })),
             restored_from: self.restored_from.clone(),
@@ -251,7 +254,11 @@ impl Coordinator {
                 let Some(job) = inner.job.take() else {
                     return Err("job is not running".into());
                 };
-                job.request_stop(if drain { StopKind::Drain } else { StopKind::Stop });
+                job.request_stop(if drain {
+                    StopKind::Drain
+                } else {
+                    StopKind::Stop
+                });
                 inner.state = JobState::Stopping;
                 inner.savepoints.insert(id.clone(), pending(&id));
                 let this = self.clone();
@@ -292,7 +299,10 @@ impl Coordinator {
                 Err(e) => failed(id, e.to_string()),
             }
         } else {
-            failed(id, format!("job failed while stopping: {}", errors.join("; ")))
+            failed(
+                id,
+                format!("job failed while stopping: {}", errors.join("; ")),
+            )
         };
         tracing::info!(savepoint = id, status = %status.status, reason = ?status.reason, "savepoint finished");
         let mut inner = self.lock();
@@ -415,7 +425,10 @@ async fn trigger_handler(
 async fn status_handler(State(c): State<Coordinator>, AxPath(id): AxPath<String>) -> Response {
     match c.status(&id) {
         Some(st) => Json(st).into_response(),
-        None => error(StatusCode::NOT_FOUND, format!("no savepoint with id `{id}`")),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("no savepoint with id `{id}`"),
+        ),
     }
 }
 

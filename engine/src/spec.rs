@@ -335,7 +335,13 @@ impl JobSpec {
     /// # Errors
     /// The parser's message when the text is not a job spec.
     pub fn from_yaml(text: &str) -> Result<JobSpec, String> {
-        serde_saphyr::from_str(text).map_err(|e| e.to_string())
+        serde_saphyr::from_str(text).map_err(|e| {
+            // The parser's message spans several lines (a source snippet); keep the first,
+            // which names the line, column and reason.
+            let full = e.to_string();
+            let first = full.lines().next().unwrap_or_default();
+            first.strip_prefix("error: ").unwrap_or(first).to_string()
+        })
     }
 
     /// Serializes the spec back to YAML.
@@ -390,8 +396,11 @@ impl JobSpec {
     /// # Errors
     /// A message naming the operators on a cycle.
     pub fn topological_order(&self) -> Result<Vec<String>, String> {
-        let mut indegree: BTreeMap<&str, usize> =
-            self.operators.iter().map(|o| (o.name.as_str(), 0)).collect();
+        let mut indegree: BTreeMap<&str, usize> = self
+            .operators
+            .iter()
+            .map(|o| (o.name.as_str(), 0))
+            .collect();
         for e in &self.edges {
             if let Some(d) = indegree.get_mut(e.to.as_str()) {
                 *d += 1;
@@ -466,8 +475,11 @@ impl JobSpec {
     /// # Errors
     /// The first problem found, naming the field (e.g. `operators[2] (enrich).parallelism`).
     pub fn validate(&self) -> Result<(), String> {
-        let valid_name =
-            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        let valid_name = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
         if !valid_name(&self.name) {
             return Err(format!(
                 "name: `{}` is not a valid job name (use letters, digits, `-` and `_`)",

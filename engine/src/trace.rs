@@ -105,7 +105,10 @@ impl Trace {
                 .parse()
                 .map_err(|_| ParseFailure::Line(line, format!("rate `{r}` is not a number")))?;
             if !t.is_finite() {
-                return Err(ParseFailure::Line(line, format!("t_seconds {t} is not finite")));
+                return Err(ParseFailure::Line(
+                    line,
+                    format!("t_seconds {t} is not finite"),
+                ));
             }
             if !(r.is_finite() && r >= 0.0) {
                 return Err(ParseFailure::Line(
@@ -195,9 +198,11 @@ impl RateFunction {
     pub fn from_spec(spec: &RateSpec) -> Result<RateFunction, TraceError> {
         Ok(match spec {
             RateSpec::Constant(r) => RateFunction::Constant(*r),
-            RateSpec::Steps(s) => {
-                RateFunction::Steps(s.iter().map(|s| (s.at_seconds, s.records_per_second)).collect())
-            }
+            RateSpec::Steps(s) => RateFunction::Steps(
+                s.iter()
+                    .map(|s| (s.at_seconds, s.records_per_second))
+                    .collect(),
+            ),
             RateSpec::Trace(settings) => {
                 let trace = Trace::from_file(&settings.file)?;
                 let mut cumulative = Vec::with_capacity(trace.times.len() + 1);
@@ -326,10 +331,26 @@ mod tests {
     #[test]
     fn rejects_bad_rows_naming_the_line() {
         assert!(parse("time,value\n0,1\n").unwrap_err().contains("line 1"));
-        assert!(parse("t_seconds,rate\n0,1\n300,abc\n").unwrap_err().contains("line 3"));
-        assert!(parse("t_seconds,rate\n0,1\n300,-2\n").unwrap_err().contains("line 3"));
-        assert!(parse("t_seconds,rate\n0,1\n300,NaN\n").unwrap_err().contains("line 3"));
-        assert!(parse("t_seconds,rate\n300,1\n0,1\n").unwrap_err().contains("does not increase"));
+        assert!(
+            parse("t_seconds,rate\n0,1\n300,abc\n")
+                .unwrap_err()
+                .contains("line 3")
+        );
+        assert!(
+            parse("t_seconds,rate\n0,1\n300,-2\n")
+                .unwrap_err()
+                .contains("line 3")
+        );
+        assert!(
+            parse("t_seconds,rate\n0,1\n300,NaN\n")
+                .unwrap_err()
+                .contains("line 3")
+        );
+        assert!(
+            parse("t_seconds,rate\n300,1\n0,1\n")
+                .unwrap_err()
+                .contains("does not increase")
+        );
         assert_eq!(parse("t_seconds,rate\n").unwrap_err(), "empty");
         assert_eq!(parse("").unwrap_err(), "empty");
     }
@@ -348,7 +369,8 @@ mod tests {
     fn cumulative_matches_rate_integral_with_speedup_and_scale() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let file = dir.path().join("t.csv");
-        std::fs::write(&file, "t_seconds,rate\n0,1\n100,3\n200,2\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&file, "t_seconds,rate\n0,1\n100,3\n200,2\n")
+            .unwrap_or_else(|e| panic!("{e}"));
         let spec = RateSpec::Trace(TraceRate {
             file,
             speedup: 10.0,

@@ -1,2 +1,202 @@
 //! `streamscale`: the controller's command line.
-fn main() {}
+//!
+//! * `streamscale run [JOB.yaml]`: run the job on a local engine under the autoscaler and write
+//!   a report.
+//! * `streamscale plan JOB.yaml --metrics-url URL`: scrape a running engine twice and print the
+//!   planner's decision as JSON.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use streamscale_controller::run::{self, RunError, RunOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "streamscale",
+    version,
+    about = "Model-based autoscaler for streaming jobs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a job on a local engine under the autoscaler and write a report.
+    Run {
+        /// Job file (default: examples/jobs/tweets.yaml).
+        job: Option<PathBuf>,
+        /// Trace file (`t_seconds,rate`) for the first source.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Trace-seconds per wall-clock second.
+        #[arg(long)]
+        speedup: Option<f64>,
+        /// Factor applied to the trace's rates.
+        #[arg(long)]
+        scale: Option<f64>,
+        /// Run length: seconds, or with a unit (`90s`, `10m`, `1h`). Default: the trace window.
+        #[arg(long, value_parser = parse_duration)]
+        duration: Option<f64>,
+        /// Report directory.
+        #[arg(long, default_value = "report")]
+        report: PathBuf,
+        /// Scrape interval, seconds.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Latency SLO in seconds (default: the job's autoscaler.latencySloSeconds).
+        #[arg(long)]
+        slo: Option<f64>,
+        /// Sliding metric window for the planner, seconds.
+        #[arg(long, default_value_t = 30.0)]
+        window: f64,
+        /// Engine binary (default: next to this executable, $STREAMSCALE_ENGINE_BIN, or PATH).
+        #[arg(long)]
+        engine: Option<PathBuf>,
+    },
+    /// Scrape a running engine twice and print the planner's decision as JSON.
+    Plan {
+        /// Job file the engine runs.
+        job: PathBuf,
+        /// The engine's Prometheus endpoint, e.g. http://127.0.0.1:40123/metrics.
+        #[arg(long)]
+        metrics_url: String,
+        /// Seconds between the two scrapes.
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+    },
+}
+
+/// Parses `90`, `90s`, `10m`, `1.5h` into seconds.
+fn parse_duration(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    let (number, factor) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1.0),
+        Some((i, 'm')) => (&s[..i], 60.0),
+        Some((i, 'h')) => (&s[..i], 3600.0),
+        _ => (s, 1.0),
+    };
+    let v: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (seconds, or e.g. 90s, 10m, 1h)"))?;
+    if v > 0.0 && v.is_finite() {
+        Ok(v * factor)
+    } else {
+        Err(format!("must be > 0 (got {s})"))
+    }
+}
+
+fn exit_code(e: &RunError) -> u8 {
+    match e {
+        RunError::Option(_) | RunError::Spec(_) => 2,
+        _ => 1,
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match main_inner(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            let code = e.downcast_ref::<RunError>().map_or(1, exit_code);
+            eprintln!("streamscale: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run {
+            job,
+            trace,
+            speedup,
+            scale,
+            duration,
+            report,
+            interval,
+            slo,
+            window,
+            engine,
+        } => {
+            let opts = RunOptions {
+                job: job.unwrap_or_else(|| PathBuf::from(run::DEFAULT_JOB)),
+                trace,
+                speedup,
+                scale,
+                duration_s: duration,
+                report_dir: report,
+                interval_s: interval,
+                slo_s: slo,
+                window_s: window,
+                engine_bin: engine,
+            };
+            let outcome = run::run(&opts, &mut |line: &str| println!("{line}")).await?;
+            let s = &outcome.summary;
+            println!(
+                "done in {:.0} s: {} rescale(s) ({} failed), {:.0} subtask·s (mean parallelism {:.2}), p99 above the {} s SLO for {:.0} s; report in {}",
+                s.duration_s,
+                s.rescales.len(),
+                s.failed_rescales.len(),
+                s.parallelism_seconds,
+                s.mean_parallelism,
+                s.slo_s,
+                s.slo_violation_seconds,
+                outcome.report_dir.display()
+            );
+            if let (Some(e), Some(a), Some(f)) =
+                (s.records_emitted, s.records_accounted, s.records_filtered)
+            {
+                println!("records: {e} emitted, {a} accounted at sinks, {f} filtered");
+            }
+            if let Some(failure) = &s.failure {
+                eprintln!("streamscale: run failed: {failure}");
+                return Ok(ExitCode::from(1));
+            }
+            if let Some(lost) = s.records_lost.filter(|l| *l != 0) {
+                eprintln!(
+                    "streamscale: records lost: {lost} of {} emitted were neither accounted at a sink nor filtered",
+                    s.records_emitted.unwrap_or(0)
+                );
+                return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plan {
+            job,
+            metrics_url,
+            interval,
+        } => {
+            let decision = run::plan_once(&job, &metrics_url, interval).await?;
+            println!("{}", serde_json::to_string_pretty(&decision)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(90.0));
+        assert_eq!(parse_duration("90s"), Ok(90.0));
+        assert_eq!(parse_duration("10m"), Ok(600.0));
+        assert_eq!(parse_duration("1.5h"), Ok(5400.0));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("-5s").is_err());
+        assert!(parse_duration("abc").is_err());
+    }
+}

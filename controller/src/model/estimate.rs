@@ -171,7 +171,9 @@ fn source_fields(
         sample,
     };
     let backlog = s.source_backlog.ok_or_else(|| missing("source_backlog"))?;
-    let arrivals = s.source_arrivals.ok_or_else(|| missing("source_arrivals"))?;
+    let arrivals = s
+        .source_arrivals
+        .ok_or_else(|| missing("source_arrivals"))?;
     check_value(name, subtask, sample, "source_backlog", backlog)?;
     check_value(name, subtask, sample, "source_arrivals", arrivals)?;
     Ok((backlog, arrivals))
@@ -293,4 +295,135 @@ fn estimate_operator(
         queue_length: last.iter().map(|s| s.queue_length).sum(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::testutil::{Synth, job, window};
+
+    const CHAIN: &str = r"
+name: chain
+operators:
+  - { name: src, kind: source, rate: { constant: 100 } }
+  - { name: map, kind: map, parallelism: 2 }
+  - { name: sink, kind: sink }
+edges:
+  - { from: src, to: map }
+  - { from: map, to: sink }
+";
+
+    fn ops() -> Vec<Synth> {
+        vec![
+            Synth::source("src", 1, 100.0, 0.0),
+            Synth::op("map", 2, 100.0, 62.5, 0.5),
+            Synth::op("sink", 1, 50.0, 250.0, 0.0),
+        ]
+    }
+
+    #[test]
+    fn rates_from_synthetic_counters() {
+        let spec = job(CHAIN);
+        let est = estimate(&spec, &window(&ops(), &[10.0, 13.0, 20.0])).expect("estimates");
+        assert_eq!(est.elapsed_seconds, 10.0);
+        let map = &est.operators["map"];
+        assert_eq!(map.parallelism, 2);
+        assert!((map.input_rate - 100.0).abs() < 1e-9);
+        assert!((map.output_rate - 50.0).abs() < 1e-9);
+        assert!((map.true_processing_rate.expect("known") - 62.5).abs() < 1e-9);
+        assert!((map.selectivity - 0.5).abs() < 1e-12);
+        // busy 100/62.5 = 1.6 s per second over 2 subtasks = 0.8.
+        assert!((map.utilization - 0.8).abs() < 1e-9);
+        let src = est.operators["src"].source.expect("source");
+        assert!((src.arrival_rate - 100.0).abs() < 1e-9);
+        assert_eq!(est.operators["src"].selectivity, 1.0);
+    }
+
+    #[test]
+    fn window_errors() {
+        let spec = job(CHAIN);
+        let w = window(&ops(), &[0.0, 5.0, 10.0]);
+        assert_eq!(
+            estimate(&spec, &w[..1]),
+            Err(ModelError::TooFewSamples { got: 1 })
+        );
+        let same = window(&ops(), &[5.0, 5.0]);
+        assert!(matches!(
+            estimate(&spec, &same),
+            Err(ModelError::ZeroElapsed { .. })
+        ));
+
+        let mut missing = w.clone();
+        missing[1].operators.remove("sink");
+        assert_eq!(
+            estimate(&spec, &missing),
+            Err(ModelError::MissingOperator {
+                operator: "sink".into(),
+                sample: 1
+            })
+        );
+
+        let mut rescaled = w.clone();
+        let extra = rescaled[2].operators["map"][0].clone();
+        rescaled[2]
+            .operators
+            .get_mut("map")
+            .expect("map")
+            .push(extra);
+        assert!(matches!(
+            estimate(&spec, &rescaled),
+            Err(ModelError::ParallelismChanged { ref operator, first: 2, other: 3, sample: 2 }) if operator == "map"
+        ));
+
+        // A reset in the middle sample is caught even though last > first.
+        let mut reset = w.clone();
+        reset[1].operators.get_mut("map").expect("map")[1].busy_seconds = 0.0;
+        reset[0].operators.get_mut("map").expect("map")[1].busy_seconds = 0.5;
+        assert!(matches!(
+            estimate(&spec, &reset),
+            Err(ModelError::CounterReset {
+                counter: "busy_seconds",
+                subtask: 1,
+                sample: 1,
+                ..
+            })
+        ));
+
+        let mut no_backlog = w.clone();
+        no_backlog[2].operators.get_mut("src").expect("src")[0].source_backlog = None;
+        assert!(matches!(
+            estimate(&spec, &no_backlog),
+            Err(ModelError::SourceWithoutBacklog {
+                missing: "source_backlog",
+                sample: 2,
+                ..
+            })
+        ));
+
+        let mut nan = w.clone();
+        nan[1].operators.get_mut("sink").expect("sink")[0].records_in = f64::NAN;
+        assert!(matches!(
+            estimate(&spec, &nan),
+            Err(ModelError::InvalidValue {
+                field: "records_in",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn unknown_rate_and_prior_selectivity() {
+        let spec = job(CHAIN);
+        let mut o = ops();
+        o[1].mu = None; // input but no busy time
+        o[2].input_rate = 0.0; // no input at all
+        let est = estimate(&spec, &window(&o, &[0.0, 10.0])).expect("estimates");
+        let map = &est.operators["map"];
+        assert_eq!(map.true_processing_rate, None);
+        assert!(!map.selectivity_is_prior);
+        let sink = &est.operators["sink"];
+        assert_eq!(sink.true_processing_rate, None);
+        assert!(sink.selectivity_is_prior);
+        assert_eq!(sink.selectivity, 1.0);
+    }
 }

@@ -193,8 +193,9 @@ impl Autoscaler {
             if *new >= cur {
                 self.state.pending_scale_downs.remove(&name);
                 if *new - cur > 0 && *new - cur < g.min_change_subtasks {
-                    notes.push(format!(
-                        "{name}: scale-up {cur}→{new} below the change threshold, ignored"
+                    notes.push((
+                        name.clone(),
+                        format!("scale-up {cur}→{new} below the change threshold, ignored"),
                     ));
                     *new = cur;
                 }
@@ -205,17 +206,21 @@ impl Autoscaler {
                 || f64::from(drop) / f64::from(cur) < g.min_scale_down_fraction
             {
                 self.state.pending_scale_downs.remove(&name);
-                notes.push(format!(
-                    "{name}: scale-down {cur}→{new} below the change threshold, ignored"
+                notes.push((
+                    name.clone(),
+                    format!("scale-down {cur}→{new} below the change threshold, ignored"),
                 ));
                 *new = cur;
                 continue;
             }
             if !backlogged.is_empty() {
                 self.state.pending_scale_downs.remove(&name);
-                notes.push(format!(
-                    "{name}: no scale-down {cur}→{new} while sources have a backlog: {}",
-                    backlogged.join(", ")
+                notes.push((
+                    name.clone(),
+                    format!(
+                        "no scale-down {cur}→{new} while sources have a backlog: {}",
+                        backlogged.join(", ")
+                    ),
                 ));
                 *new = cur;
                 continue;
@@ -231,28 +236,31 @@ impl Autoscaler {
             pending.highest = pending.highest.max(*new);
             let waited = now_s - pending.since_s;
             if waited >= g.scale_down_delay_seconds {
-                notes.push(format!(
-                    "{name}: scale-down wanted for {waited:.1} s; applying the highest recommendation over the delay, {}",
+                notes.push((name.clone(), format!(
+                    "scale-down wanted for {waited:.1} s; applying the highest recommendation over the delay, {}",
                     pending.highest
-                ));
+                )));
                 *new = pending.highest;
                 self.state.pending_scale_downs.remove(&name);
             } else {
-                notes.push(format!(
-                    "{name}: scale-down {cur}→{new} delayed ({waited:.1} of {} s)",
-                    g.scale_down_delay_seconds
+                notes.push((
+                    name.clone(),
+                    format!(
+                        "scale-down {cur}→{new} delayed ({waited:.1} of {} s)",
+                        g.scale_down_delay_seconds
+                    ),
                 ));
                 *new = cur;
             }
         }
-        for note in &notes {
-            let op = note.split(':').next().unwrap_or_default();
+        for (op, note) in &notes {
             if let Some(plan) = d.operators.get_mut(op) {
                 plan.reason.push_str("; guard: ");
-                plan.reason.push_str(note[op.len() + 1..].trim());
+                plan.reason.push_str(note);
             }
         }
         model.refresh(&mut d);
+        let notes: Vec<String> = notes.iter().map(|(op, n)| format!("{op}: {n}")).collect();
         d.reasons.extend(notes.iter().cloned());
         if d.changed() {
             Verdict::Rescale(d)

@@ -105,7 +105,9 @@ pub enum ModelError {
         to: f64,
     },
     /// A counter or gauge is negative, NaN or infinite.
-    #[error("{field} of `{operator}` subtask {subtask} in sample {sample} is {value}; it must be a finite, non-negative number")]
+    #[error(
+        "{field} of `{operator}` subtask {subtask} in sample {sample} is {value}; it must be a finite, non-negative number"
+    )]
     InvalidValue {
         /// Operator name.
         operator: String,
@@ -142,3 +144,6 @@ pub enum ModelError {
     #[error("invalid planner settings: {0}")]
     InvalidSettings(String),
 }
+
+#[cfg(test)]
+pub(crate) mod testutil;

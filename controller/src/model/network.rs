@@ -271,10 +271,11 @@ edges:
     fn traffic_on_a_diamond() {
         let spec = diamond();
         let gamma = BTreeMap::from([("src".to_string(), 100.0)]);
-        let sel: BTreeMap<String, f64> = [("split", 2.0), ("left", 0.5), ("right", 0.1), ("join", 3.0)]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
+        let sel: BTreeMap<String, f64> =
+            [("split", 2.0), ("left", 0.5), ("right", 0.1), ("join", 3.0)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
         let l = traffic_equations(&spec, &gamma, &sel).expect("solves");
         // split: 100. split sends 2·100 = 200 to BOTH left and right (every edge gets the full output).
         assert_eq!(l["src"], 100.0);

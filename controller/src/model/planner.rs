@@ -399,7 +399,11 @@ impl Model {
                     rho_t,
                     hi,
                     rho,
-                    if rho >= 1.0 { " (unstable: backlog will grow)" } else { "" }
+                    if rho >= 1.0 {
+                        " (unstable: backlog will grow)"
+                    } else {
+                        ""
+                    }
                 ));
             } else if need_u < lo {
                 let _ = write!(why[i], "; raised to min {lo}");
@@ -438,7 +442,11 @@ impl Model {
                         if adjustable(at) && p[at] < self.bounds[at].1 {
                             let nx = *next[at].get_or_insert_with(|| self.sojourn(at, p[at] + 1));
                             let score = if w[at].is_infinite() {
-                                if nx.is_finite() { f64::INFINITY } else { f64::MAX }
+                                if nx.is_finite() {
+                                    f64::INFINITY
+                                } else {
+                                    f64::MAX
+                                }
                             } else {
                                 w[at] - nx
                             };
@@ -623,5 +631,403 @@ impl Model {
             plan.predicted_sojourn_seconds = self.sojourn(i, p);
         }
         self.refresh_latency(d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::sample::SubtaskSample;
+    use crate::model::testutil::{Synth, job, window};
+    use proptest::prelude::*;
+
+    const CHAIN: &str = r"
+name: chain
+operators:
+  - { name: src, kind: source, rate: { constant: 100 } }
+  - { name: map, kind: map, parallelism: 2 }
+  - { name: sink, kind: sink }
+edges:
+  - { from: src, to: map }
+  - { from: map, to: sink }
+";
+
+    fn sub(rin: f64, rout: f64, busy: f64, bp: f64) -> SubtaskSample {
+        SubtaskSample {
+            records_in: rin,
+            records_out: rout,
+            busy_seconds: busy,
+            backpressured_seconds: bp,
+            ..SubtaskSample::default()
+        }
+    }
+
+    fn src(arrivals: f64, backlog: f64) -> SubtaskSample {
+        SubtaskSample {
+            source_arrivals: Some(arrivals),
+            source_backlog: Some(backlog),
+            ..SubtaskSample::default()
+        }
+    }
+
+    /// Three scrapes at t = 100, 103 and 110 s (irregular; only first and last enter rates).
+    fn ds2_window() -> Vec<MetricSample> {
+        let sample = |t: f64, ops: Vec<(&str, Vec<SubtaskSample>)>| MetricSample {
+            at_seconds: t,
+            operators: ops.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        };
+        vec![
+            sample(
+                100.0,
+                vec![
+                    ("src", vec![src(5000.0, 200.0)]),
+                    (
+                        "map",
+                        vec![
+                            sub(1000.0, 500.0, 10.0, 1.0),
+                            sub(2000.0, 1000.0, 20.0, 0.0),
+                        ],
+                    ),
+                    ("sink", vec![sub(0.0, 0.0, 5.0, 0.0)]),
+                ],
+            ),
+            sample(
+                103.0,
+                vec![
+                    ("src", vec![src(5300.0, 250.0)]),
+                    (
+                        "map",
+                        vec![
+                            sub(1100.0, 550.0, 12.0, 1.5),
+                            sub(2200.0, 1100.0, 22.0, 0.5),
+                        ],
+                    ),
+                    ("sink", vec![sub(100.0, 0.0, 5.5, 0.0)]),
+                ],
+            ),
+            sample(
+                110.0,
+                vec![
+                    ("src", vec![src(6000.0, 300.0)]),
+                    (
+                        "map",
+                        vec![
+                            sub(1500.0, 750.0, 18.0, 2.0),
+                            sub(2500.0, 1250.0, 28.0, 1.0),
+                        ],
+                    ),
+                    ("sink", vec![sub(500.0, 0.0, 7.0, 0.0)]),
+                ],
+            ),
+        ]
+    }
+
+    #[test]
+    fn ds2_chain_worked_by_hand() {
+        let spec = job(CHAIN);
+        let d = plan(&spec, &ds2_window(), &PlannerSettings::default()).expect("plans");
+        // Δt = 110 − 100 = 10 s.
+        // src: γ = (6000 − 5000)/10 = 100 rec/s; backlog 300 → target 100 + 300/30 = 110 rec/s.
+        let s = &d.sources["src"];
+        assert!((s.arrival_rate - 100.0).abs() < 1e-9);
+        assert_eq!(s.backlog_records, 300.0);
+        assert!((s.target_rate - 110.0).abs() < 1e-9);
+        // map: Δin = 500 + 500 = 1000, Δout = 250 + 250 = 500, Δbusy = 8 + 8 = 16 s.
+        // μ = 1000/16 = 62.5 rec/s per subtask; selectivity 500/1000 = 0.5;
+        // measured utilization 16/(2·10) = 0.8; backpressured (1 + 1)/(2·10) = 0.1.
+        let map = &d.operators["map"];
+        assert!((map.true_processing_rate.expect("μ") - 62.5).abs() < 1e-9);
+        assert!((map.selectivity - 0.5).abs() < 1e-12);
+        assert!((map.observed_utilization - 0.8).abs() < 1e-12);
+        assert!((map.backpressured_share - 0.1).abs() < 1e-12);
+        assert!((map.observed_input_rate - 100.0).abs() < 1e-9);
+        // Target λ_map = 110 → p = ⌈110 / (0.7 · 62.5)⌉ = ⌈2.514⌉ = 3; ρ = 110/(3·62.5) = 0.5867.
+        assert!((map.arrival_rate - 110.0).abs() < 1e-9);
+        assert_eq!(map.parallelism, 3);
+        assert!((map.predicted_utilization.expect("ρ") - 110.0 / 187.5).abs() < 1e-12);
+        // sink: Δin = 500, Δbusy = 2 s → μ = 250; λ_sink = 0.5 · 110 = 55 → ⌈55/175⌉ = 1.
+        let sink = &d.operators["sink"];
+        assert!((sink.true_processing_rate.expect("μ") - 250.0).abs() < 1e-9);
+        assert!((sink.arrival_rate - 55.0).abs() < 1e-9);
+        assert!((sink.steady_arrival_rate - 50.0).abs() < 1e-9);
+        assert_eq!(sink.parallelism, 1);
+        assert_eq!(
+            d.parallelism,
+            BTreeMap::from([("map".into(), 3), ("sink".into(), 1), ("src".into(), 1)])
+        );
+        assert_eq!(d.current["map"], 2);
+        assert!(d.changed());
+        // Latency at steady rates: map M/M/3 at λ=100, μ=62.5 (a=1.6): B3 = 0.14962,
+        // C = 0.14962/(1 − 0.5333·0.85038) = 0.27380, W = 0.27380/87.5 + 0.016 = 0.019129 s;
+        // sink M/M/1 at 50/250: W = 1/200 = 0.005 s. Total 0.024129 s ≤ 1 s.
+        assert!((map.predicted_sojourn_seconds - 0.019129106).abs() < 1e-8);
+        assert!((d.predicted_latency_seconds - 0.024129106).abs() < 1e-8);
+        assert_eq!(d.critical_path, ["src", "map", "sink"]);
+        // Bottleneck: map at ρ = 100/(2·62.5) = 0.8 (sink 50/250 = 0.2).
+        let b = d.bottleneck.as_deref().expect("bottleneck");
+        assert!(b.starts_with("map: ρ=0.80 at p=2, μ=62.50"), "{b}");
+        assert!(d.slo_met());
+    }
+
+    #[test]
+    fn greedy_marginal_allocation_meets_a_tight_slo() {
+        let spec = job(CHAIN);
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(0.021),
+            ..PlannerSettings::default()
+        };
+        let d = plan(&spec, &ds2_window(), &settings).expect("plans");
+        // Start (DS2): map 3 (W=0.019129), sink 1 (W=0.005): 0.024129 > 0.021.
+        // Step 1 gains: map 3→4: 0.019129 − 0.016605 = 0.002524; sink 1→2: 0.005 − 0.004040 = 0.000960
+        //   → map 4: 0.016605 + 0.005 = 0.021605 > 0.021.
+        // Step 2 gains: map 4→5: 0.016605 − 0.016122 = 0.000483; sink 0.000960 → sink 2:
+        //   0.016605 + 0.004040 = 0.020645 ≤ 0.021, stop. (Adding to map again would give 0.021122.)
+        assert_eq!(d.parallelism["map"], 4);
+        assert_eq!(d.parallelism["sink"], 2);
+        assert!((d.predicted_latency_seconds - 0.020645069).abs() < 1e-8);
+        assert!(d.slo_met());
+        assert!(
+            d.reasons.iter().any(|r| r.contains("greedy")),
+            "{:?}",
+            d.reasons
+        );
+    }
+
+    #[test]
+    fn unattainable_slo_is_reported_without_adding_subtasks() {
+        let spec = job(CHAIN);
+        // Service times alone are 1/62.5 + 1/250 = 0.02 s > 0.019 s.
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(0.019),
+            ..PlannerSettings::default()
+        };
+        let d = plan(&spec, &ds2_window(), &settings).expect("plans");
+        assert_eq!(d.parallelism["map"], 3);
+        assert_eq!(d.parallelism["sink"], 1);
+        assert!(!d.slo_met());
+        assert!(
+            d.reasons.iter().any(|r| r.contains("unattainable")),
+            "{:?}",
+            d.reasons
+        );
+    }
+
+    #[test]
+    fn clamped_at_max_is_reported() {
+        let spec = job(&CHAIN.replace(
+            "{ name: map, kind: map, parallelism: 2 }",
+            "{ name: map, kind: map, parallelism: 2, scaling: { max: 2 } }",
+        ));
+        let d = plan(&spec, &ds2_window(), &PlannerSettings::default()).expect("plans");
+        let map = &d.operators["map"];
+        assert_eq!(map.parallelism, 2);
+        assert!(map.clamped_at_max);
+        // ρ = 110/(2·62.5) = 0.88 > 0.7.
+        assert!((map.predicted_utilization.expect("ρ") - 0.88).abs() < 1e-12);
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with("map: needs p=3")),
+            "{:?}",
+            d.reasons
+        );
+    }
+
+    #[test]
+    fn unknown_rate_keeps_parallelism() {
+        let spec = job(CHAIN);
+        let mut ops = vec![
+            Synth::source("src", 1, 1000.0, 0.0),
+            Synth::op("map", 2, 1000.0, 100.0, 1.0),
+            Synth::op("sink", 1, 1000.0, 5000.0, 0.0),
+        ];
+        ops[1].mu = None;
+        let d = plan(
+            &spec,
+            &window(&ops, &[0.0, 10.0]),
+            &PlannerSettings::default(),
+        )
+        .expect("plans");
+        assert_eq!(d.parallelism["map"], 2);
+        assert_eq!(d.operators["map"].true_processing_rate, None);
+        assert!(d.operators["map"].reason.contains("unknown"));
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("map: true processing rate unknown"))
+        );
+        // The sink is still sized: ⌈1000/(0.7·5000)⌉ = 1.
+        assert_eq!(d.parallelism["sink"], 1);
+    }
+
+    #[test]
+    fn keyed_operator_uses_separate_queues() {
+        let spec = job(&CHAIN.replace(
+            "{ name: map, kind: map, parallelism: 2 }",
+            "{ name: map, kind: window, sizeMs: 1000, parallelism: 2 }",
+        ));
+        let d = plan(&spec, &ds2_window(), &PlannerSettings::default()).expect("plans");
+        // Same sizing (p = 3), but sojourn is M/M/1 at λ/p = 100/3: W = 1/(62.5 − 33.33) = 0.034286 s.
+        let map = &d.operators["map"];
+        assert_eq!(map.parallelism, 3);
+        assert!((map.predicted_sojourn_seconds - 1.0 / (62.5 - 100.0 / 3.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn decision_round_trips_through_json_with_infinity() {
+        let spec = job(&CHAIN.replace(
+            "{ name: map, kind: map, parallelism: 2 }",
+            "{ name: map, kind: map, parallelism: 1, scaling: { max: 1 } }",
+        ));
+        let ops = vec![
+            Synth::source("src", 1, 1000.0, 0.0),
+            Synth::op("map", 1, 100.0, 100.0, 1.0),
+            Synth::op("sink", 1, 100.0, 5000.0, 0.0),
+        ];
+        let d = plan(
+            &spec,
+            &window(&ops, &[0.0, 10.0]),
+            &PlannerSettings::default(),
+        )
+        .expect("plans");
+        assert_eq!(d.predicted_latency_seconds, f64::INFINITY);
+        let text = serde_json::to_string(&d).expect("serializes");
+        let back: Decision = serde_json::from_str(&text).expect("deserializes");
+        assert_eq!(back, d);
+    }
+
+    #[test]
+    fn invalid_settings_rejected() {
+        let spec = job(CHAIN);
+        let bad = PlannerSettings {
+            target_utilization: Some(1.5),
+            ..PlannerSettings::default()
+        };
+        assert!(matches!(
+            plan(&spec, &ds2_window(), &bad),
+            Err(ModelError::InvalidSettings(_))
+        ));
+    }
+
+    /// A random DAG: `n_src` sources, then operators each fed by 1–2 earlier operators.
+    #[derive(Debug, Clone)]
+    struct Dag {
+        yaml: String,
+        ops: Vec<Synth>,
+    }
+
+    fn dag() -> impl Strategy<Value = Dag> {
+        (1usize..=2, 2usize..=8).prop_flat_map(|(n_src, n_rest)| {
+            let n = n_src + n_rest;
+            (
+                Just(n_src),
+                prop::collection::vec((any::<u32>(), any::<u32>(), any::<bool>()), n_rest),
+                prop::collection::vec((1u32..=4, 1.0f64..1000.0, 10.0f64..2000.0, 0.1f64..2.0), n),
+                prop::collection::vec(prop::option::of(1u32..=6), n),
+                prop::collection::vec(0.0f64..3000.0, n_src),
+            )
+                .prop_map(move |(n_src, links, rates, maxes, backlogs)| {
+                    let n = n_src + links.len();
+                    let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); n];
+                    for (k, (a, b, two)) in links.iter().enumerate() {
+                        let i = n_src + k;
+                        let first = *a as usize % i;
+                        inputs[i].push(first);
+                        let second = *b as usize % i;
+                        if *two && second != first {
+                            inputs[i].push(second);
+                        }
+                    }
+                    let has_out: Vec<bool> = (0..n)
+                        .map(|j| inputs.iter().any(|v| v.contains(&j)))
+                        .collect();
+                    let mut yaml = String::from("name: dag\noperators:\n");
+                    let mut ops = Vec::new();
+                    for i in 0..n {
+                        let (p, rate, mu, sel) = rates[i];
+                        let name = format!("op{i}");
+                        let scaling = maxes[i]
+                            .map(|m| format!(", scaling: {{ max: {} }}", m.max(p)))
+                            .unwrap_or_default();
+                        if i < n_src {
+                            yaml += &format!(
+                                "  - {{ name: {name}, kind: source, parallelism: {p}, rate: {{ constant: 1 }} }}\n"
+                            );
+                            ops.push(Synth::source(&name, p, rate, backlogs[i]));
+                        } else {
+                            let kind = if !has_out[i] {
+                                "sink"
+                            } else if i % 3 == 0 {
+                                "window, sizeMs: 1000"
+                            } else {
+                                "map"
+                            };
+                            yaml += &format!(
+                                "  - {{ name: {name}, kind: {kind}, parallelism: {p}{scaling} }}\n"
+                            );
+                            ops.push(Synth::op(&name, p, rate, mu, sel));
+                        }
+                    }
+                    yaml += "edges:\n";
+                    for (i, ins) in inputs.iter().enumerate() {
+                        for j in ins {
+                            yaml += &format!("  - {{ from: op{j}, to: op{i} }}\n");
+                        }
+                    }
+                    Dag { yaml, ops }
+                })
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn planned_utilization_within_target(d in dag(), slo in 0.001f64..5.0, rho in 0.3f64..1.0) {
+            let spec = job(&d.yaml);
+            let settings = PlannerSettings {
+                target_utilization: Some(rho),
+                latency_slo_seconds: Some(slo),
+                ..PlannerSettings::default()
+            };
+            let dec = plan(&spec, &window(&d.ops, &[0.0, 7.0]), &settings).expect("plans");
+            for (name, op) in &dec.operators {
+                if op.kind == "source" {
+                    prop_assert_eq!(op.parallelism, op.current_parallelism);
+                    continue;
+                }
+                prop_assert!(op.parallelism >= 1 && op.parallelism <= op.max_parallelism);
+                let u = op.predicted_utilization.expect("μ known");
+                if op.clamped_at_max {
+                    prop_assert_eq!(op.parallelism, op.max_parallelism);
+                    prop_assert!(u > rho);
+                    let prefix = format!("{name}: needs p=");
+                    prop_assert!(dec.reasons.iter().any(|r| r.starts_with(&prefix)));
+                } else {
+                    prop_assert!(u <= rho * (1.0 + 1e-6), "{}: ρ={} > {}", name, u, rho);
+                }
+            }
+        }
+
+        #[test]
+        fn more_input_never_less_parallelism(d in dag(), factor in 1.0f64..4.0, slo in prop::sample::select(vec![0.01, 0.1, 1000.0])) {
+            let spec = job(&d.yaml);
+            let settings = PlannerSettings {
+                latency_slo_seconds: Some(slo),
+                ..PlannerSettings::default()
+            };
+            let lo = plan(&spec, &window(&d.ops, &[0.0, 7.0]), &settings).expect("plans");
+            let more: Vec<Synth> = d
+                .ops
+                .iter()
+                .map(|o| {
+                    let mut o = o.clone();
+                    o.source = o.source.map(|(g, b)| (g * factor, b * factor));
+                    o
+                })
+                .collect();
+            let hi = plan(&spec, &window(&more, &[0.0, 7.0]), &settings).expect("plans");
+            for (name, p) in &lo.parallelism {
+                prop_assert!(hi.parallelism[name] >= *p, "{}: {} → {} with ×{}", name, p, hi.parallelism[name], factor);
+            }
+        }
     }
 }

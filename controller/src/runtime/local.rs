@@ -300,7 +300,10 @@ impl EngineRuntime for LocalRuntime {
         drain: bool,
     ) -> Result<StopOutcome, RuntimeError> {
         let api = EngineApi::new(self.client.clone(), &handle.base_url);
-        match api.stop_with_savepoint(drain, self.timeouts.savepoint).await {
+        match api
+            .stop_with_savepoint(drain, self.timeouts.savepoint)
+            .await
+        {
             Ok(outcome) => Ok(StopOutcome {
                 savepoint: Savepoint { path: outcome.path },
                 final_job: outcome.final_job,
@@ -456,6 +459,9 @@ mod tests {
             .start(Path::new("job.yaml"), &BTreeMap::new(), None)
             .await
             .expect_err("bad line");
-        assert!(matches!(err, RuntimeError::BadListeningLine { .. }), "{err}");
+        assert!(
+            matches!(err, RuntimeError::BadListeningLine { .. }),
+            "{err}"
+        );
     }
 }

@@ -49,7 +49,9 @@ pub struct StopOutcome {
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// The engine could not be launched at all.
-    #[error("cannot run engine `{binary}`: {source} (build it with `cargo build -p streamscale-engine` or set STREAMSCALE_ENGINE_BIN)")]
+    #[error(
+        "cannot run engine `{binary}`: {source} (build it with `cargo build -p streamscale-engine` or set STREAMSCALE_ENGINE_BIN)"
+    )]
     Spawn {
         /// The engine binary.
         binary: String,
@@ -118,7 +120,10 @@ pub trait EngineRuntime: Send + Sync {
     ) -> impl Future<Output = Result<StopOutcome, RuntimeError>> + Send;
 
     /// Releases the engine: waits a grace period for it to exit on its own, then kills it.
-    fn shutdown(&self, handle: &EngineHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    fn shutdown(
+        &self,
+        handle: &EngineHandle,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
     /// Kills the engine at once (no savepoint).
     fn kill(&self, handle: &EngineHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;

@@ -44,9 +44,9 @@ fn parse_overrides(items: &[String]) -> Result<BTreeMap<String, u32>, String> {
         let (name, value) = item
             .split_once('=')
             .ok_or_else(|| format!("--parallelism: `{item}` is not `operator=N`"))?;
-        let p: u32 = value
-            .parse()
-            .map_err(|_| format!("--parallelism: `{value}` for `{name}` is not a positive integer"))?;
+        let p: u32 = value.parse().map_err(|_| {
+            format!("--parallelism: `{value}` for `{name}` is not a positive integer")
+        })?;
         map.insert(name.to_string(), p);
     }
     Ok(map)
@@ -72,7 +72,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     let overrides = parse_overrides(&args.parallelism).map_err(anyhow::Error::msg)?;
     for name in overrides.keys() {
         if spec.operator(name).is_none() {
-            anyhow::bail!("--parallelism: no operator named `{name}` in {}", args.job.display());
+            anyhow::bail!(
+                "--parallelism: no operator named `{name}` in {}",
+                args.job.display()
+            );
         }
     }
     let spec = spec.with_parallelism(&overrides);
@@ -103,7 +106,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         args.restore.as_ref().map(|p| p.display().to_string()),
     );
     tracing::info!(%address, restored_from = ?args.restore, "job started");
-    println!("{}", serde_json::json!({"event": "listening", "address": address.to_string()}));
+    println!(
+        "{}",
+        serde_json::json!({"event": "listening", "address": address.to_string()})
+    );
     let router = coordinator.router();
     rt.block_on(async move {
         let c = coordinator.clone();

@@ -1,0 +1,708 @@
+//! `streamscale run`: the local autoscaling loop.
+//!
+//! Prepares an effective job file (trace overrides applied) in the report directory, starts
+//! the engine locally, scrapes it every interval, asks the guarded autoscaler for a verdict,
+//! rescales by stop-with-savepoint and restore, and finally stops with a draining savepoint and
+//! writes the report.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec, SpecError, TraceRate};
+use streamscale_engine::trace::RateFunction;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::executor::{Executor, ExecutorError, RescaleOutcome};
+use crate::model::{Autoscaler, MetricSample, Verdict};
+use crate::plot::plot_timeline;
+use crate::progress;
+use crate::report::{self, Accounting, RecordTotals, ReportError, RescaleRecord, Summary};
+use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
+use crate::scrape::{EngineMetrics, scrape};
+use crate::stats::IntervalStats;
+
+/// Job file used when none is given, relative to the current directory or the workspace root.
+pub const DEFAULT_JOB: &str = "examples/jobs/tweets.yaml";
+/// Run length when the source does not follow a trace with an end, seconds.
+pub const DEFAULT_DURATION_S: f64 = 300.0;
+/// Consecutive failed scrapes after which a live engine is declared failed.
+pub const MAX_SCRAPE_FAILURES: u32 = 10;
+
+/// Options of `streamscale run`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOptions {
+    /// Job file (relative paths: current directory first, then the workspace root).
+    pub job: PathBuf,
+    /// Trace file replacing the first source's rate trace.
+    pub trace: Option<PathBuf>,
+    /// Trace-seconds per wall-clock second for the first source's trace.
+    pub speedup: Option<f64>,
+    /// Factor on the trace's rates.
+    pub scale: Option<f64>,
+    /// Run length, seconds (default: the trace window / speedup, else 300 s).
+    pub duration_s: Option<f64>,
+    /// Report directory.
+    pub report_dir: PathBuf,
+    /// Scrape interval, seconds.
+    pub interval_s: f64,
+    /// Latency SLO override, seconds (default: `autoscaler.latencySloSeconds`).
+    pub slo_s: Option<f64>,
+    /// Length of the sliding metric window given to the planner, seconds.
+    pub window_s: f64,
+    /// Engine binary (default: [`crate::runtime::local::locate_engine_binary`]).
+    pub engine_bin: Option<PathBuf>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            job: PathBuf::from(DEFAULT_JOB),
+            trace: None,
+            speedup: None,
+            scale: None,
+            duration_s: None,
+            report_dir: PathBuf::from("report"),
+            interval_s: 1.0,
+            slo_s: None,
+            window_s: 30.0,
+            engine_bin: None,
+        }
+    }
+}
+
+/// Errors of `streamscale run` (and `plan`).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A command-line option is out of range; the message names it (`--scale: must be > 0`).
+    #[error("{0}")]
+    Option(String),
+    /// The job file is unreadable or invalid (the message names the file and field).
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// A file or directory could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The engine could not be started.
+    #[error("engine: {0}")]
+    Runtime(#[from] RuntimeError),
+    /// The report could not be written.
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    /// Metrics could not be scraped.
+    #[error(transparent)]
+    Scrape(#[from] crate::scrape::ScrapeError),
+    /// The planner rejected the metric window.
+    #[error("planner: {0}")]
+    Model(#[from] crate::model::ModelError),
+}
+
+/// The job as it will run: the effective spec, where it was written, and its time base.
+#[derive(Debug, Clone)]
+pub struct PreparedJob {
+    /// The effective spec (overrides applied, trace path absolute).
+    pub spec: JobSpec,
+    /// The effective job file the engine is started with.
+    pub path: PathBuf,
+    /// Run length, seconds.
+    pub duration_s: f64,
+    /// The first source's rate function (for the trace time).
+    pub rate: Option<RateFunction>,
+}
+
+impl PreparedJob {
+    /// Trace time (seconds) at `elapsed_s` wall-clock seconds since the job started, when the
+    /// first source follows a trace.
+    pub fn trace_time(&self, elapsed_s: f64) -> Option<f64> {
+        self.rate.as_ref().and_then(|r| r.trace_time(elapsed_s))
+    }
+
+    /// Source operator names.
+    pub fn sources(&self) -> Vec<String> {
+        self.spec
+            .operators
+            .iter()
+            .filter(|o| matches!(o.kind, OperatorKind::Source { .. }))
+            .map(|o| o.name.clone())
+            .collect()
+    }
+
+    /// Operator names in topological order (spec order if the graph were cyclic).
+    pub fn order(&self) -> Vec<String> {
+        self.spec
+            .topological_order()
+            .unwrap_or_else(|_| self.spec.operators.iter().map(|o| o.name.clone()).collect())
+    }
+}
+
+/// Resolves a job path: as given if it exists (or is absolute), else relative to the workspace
+/// root baked in at compile time.
+pub fn resolve_job_path(job: &Path) -> PathBuf {
+    if job.is_absolute() || job.exists() {
+        return job.to_path_buf();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let candidate = root.join(job);
+    if candidate.exists() {
+        candidate
+    } else {
+        job.to_path_buf()
+    }
+}
+
+fn positive(name: &str, v: Option<f64>) -> Result<(), RunError> {
+    match v {
+        Some(x) if !(x > 0.0 && x.is_finite()) => {
+            Err(RunError::Option(format!("{name}: must be > 0 (got {x})")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks the numeric options.
+///
+/// # Errors
+/// [`RunError::Option`] naming the first option out of range.
+pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
+    positive("--speedup", opts.speedup)?;
+    positive("--scale", opts.scale)?;
+    positive("--duration", opts.duration_s)?;
+    positive("--interval", Some(opts.interval_s))?;
+    positive("--slo", opts.slo_s)?;
+    positive("--window", Some(opts.window_s))?;
+    if opts.window_s < 2.0 * opts.interval_s {
+        return Err(RunError::Option(format!(
+            "--window: {} s must span at least two intervals ({} s)",
+            opts.window_s,
+            2.0 * opts.interval_s
+        )));
+    }
+    Ok(())
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, RunError> {
+    std::path::absolute(path).map_err(|source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads the job file, applies the trace/SLO overrides to the first source, validates the
+/// result and writes it to `<report_dir>/job.yaml`.
+///
+/// # Errors
+/// [`RunError::Option`] for out-of-range options or trace overrides without a source,
+/// [`RunError::Spec`] when the job (or the overridden one) is invalid, [`RunError::Io`] when the
+/// report directory cannot be written.
+pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
+    check_options(opts)?;
+    let job_path = absolute(&resolve_job_path(&opts.job))?;
+    let mut spec = JobSpec::from_file(&job_path)?;
+
+    let wants_trace = opts.trace.is_some() || opts.speedup.is_some() || opts.scale.is_some();
+    if wants_trace {
+        let Some(source) = spec
+            .operators
+            .iter_mut()
+            .find(|o| matches!(o.kind, OperatorKind::Source { .. }))
+        else {
+            return Err(RunError::Option(format!(
+                "--trace/--speedup/--scale: {} has no source operator",
+                job_path.display()
+            )));
+        };
+        let name = source.name.clone();
+        let OperatorKind::Source { rate, .. } = &mut source.kind else {
+            return Err(RunError::Option("internal: source without a rate".into()));
+        };
+        if !matches!(rate, RateSpec::Trace(_)) {
+            let Some(file) = &opts.trace else {
+                let flag = if opts.speedup.is_some() {
+                    "--speedup"
+                } else {
+                    "--scale"
+                };
+                return Err(RunError::Option(format!(
+                    "{flag}: source `{name}` does not follow a trace; give --trace FILE too"
+                )));
+            };
+            *rate = RateSpec::Trace(TraceRate {
+                file: file.clone(),
+                speedup: 1.0,
+                scale: 1.0,
+                start_seconds: 0.0,
+                end_seconds: None,
+                gaps: GapPolicy::Hold,
+            });
+        }
+        if let RateSpec::Trace(t) = rate {
+            if let Some(file) = &opts.trace {
+                t.file = absolute(file)?;
+            }
+            if let Some(s) = opts.speedup {
+                t.speedup = s;
+            }
+            if let Some(s) = opts.scale {
+                t.scale = s;
+            }
+        }
+    }
+    // Make every trace path absolute so the effective file works from the report directory.
+    for op in &mut spec.operators {
+        if let OperatorKind::Source {
+            rate: RateSpec::Trace(t),
+            ..
+        } = &mut op.kind
+        {
+            t.file = absolute(&t.file)?;
+        }
+    }
+    if let Some(slo) = opts.slo_s {
+        spec.autoscaler.latency_slo_seconds = slo;
+    }
+
+    std::fs::create_dir_all(&opts.report_dir).map_err(|source| RunError::Io {
+        path: opts.report_dir.clone(),
+        source,
+    })?;
+    let path = absolute(&opts.report_dir.join("job.yaml"))?;
+    std::fs::write(&path, spec.to_yaml()).map_err(|source| RunError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    // Validate exactly what the engine will read (this also checks the trace file exists).
+    let spec = JobSpec::from_file(&path)?;
+
+    let rate = spec.operators.iter().find_map(|o| match &o.kind {
+        OperatorKind::Source { rate, .. } => Some(rate.clone()),
+        _ => None,
+    });
+    let rate = match rate {
+        Some(r) => Some(
+            RateFunction::from_spec(&r)
+                .map_err(|e| RunError::Option(format!("{}: {e}", job_path.display())))?,
+        ),
+        None => None,
+    };
+    let duration_s = opts
+        .duration_s
+        .or_else(|| rate.as_ref().and_then(RateFunction::wall_end))
+        .filter(|d| *d > 0.0)
+        .unwrap_or(DEFAULT_DURATION_S);
+    Ok(PreparedJob {
+        spec,
+        path,
+        duration_s,
+        rate,
+    })
+}
+
+/// The result of a run: the summary (already written) and where the report is.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// The summary as written to `summary.json`.
+    pub summary: Summary,
+    /// The report directory.
+    pub report_dir: PathBuf,
+}
+
+/// Builds the HTTP client used for loopback engines (no proxy, 5 s timeout).
+///
+/// # Errors
+/// [`RunError::Option`] when the client cannot be built (TLS-less clients always can).
+pub fn http_client() -> Result<reqwest::Client, RunError> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| RunError::Option(format!("cannot build the HTTP client: {e}")))
+}
+
+struct Loop<'a, R: EngineRuntime> {
+    job: &'a PreparedJob,
+    opts: &'a RunOptions,
+    executor: Executor<'a, R>,
+    slo_s: f64,
+    order: Vec<String>,
+    sources: Vec<String>,
+    rows: Vec<IntervalStats>,
+    accounting: Accounting,
+    rescales: Vec<RescaleRecord>,
+    failed_rescales: Vec<RescaleRecord>,
+    client: reqwest::Client,
+}
+
+/// Runs the autoscaling loop locally and writes the report. Progress lines go to `print`.
+///
+/// An engine failure during the run does not return an error: the report is still written and
+/// `summary.failure` says what happened.
+///
+/// # Errors
+/// [`RunError`] when the job cannot be prepared, the first engine cannot start, or the report
+/// cannot be written.
+pub async fn run(
+    opts: &RunOptions,
+    print: &mut (dyn FnMut(&str) + Send),
+) -> Result<RunOutcome, RunError> {
+    let job = prepare_job(opts)?;
+    let client = http_client()?;
+    let binary = opts
+        .engine_bin
+        .clone()
+        .unwrap_or_else(crate::runtime::local::locate_engine_binary);
+    let runtime = LocalRuntime::new(
+        binary,
+        absolute(&opts.report_dir.join("savepoints"))?,
+        absolute(&opts.report_dir.join("logs"))?,
+        client.clone(),
+    );
+    let executor = Executor::new(&runtime, &job.path, client.clone());
+    let slo_s = job.spec.autoscaler.latency_slo_seconds;
+    let mut lp = Loop {
+        job: &job,
+        opts,
+        executor,
+        slo_s,
+        order: job.order(),
+        sources: job.sources(),
+        rows: Vec::new(),
+        accounting: Accounting::default(),
+        rescales: Vec::new(),
+        failed_rescales: Vec::new(),
+        client,
+    };
+    lp.run(print).await
+}
+
+impl<R: EngineRuntime> Loop<'_, R> {
+    async fn run(&mut self, print: &mut (dyn FnMut(&str) + Send)) -> Result<RunOutcome, RunError> {
+        let initial = self.job.spec.parallelism();
+        print(&format!(
+            "streamscale run: job `{}` ({}), {:.0} s, interval {} s, SLO {} s, report in {}",
+            self.job.spec.name,
+            self.job.path.display(),
+            self.job.duration_s,
+            self.opts.interval_s,
+            self.slo_s,
+            self.opts.report_dir.display()
+        ));
+        let (mut engine, _) = self.executor.launch(&initial, None).await?;
+        let started = Instant::now();
+        let metrics_url = |e: &EngineHandle| format!("{}/metrics", e.base_url);
+
+        let mut autoscaler = Autoscaler::default();
+        // Warm-up metrics are not representative: the first start counts as a restart.
+        autoscaler.restarted(0.0);
+        let mut window: VecDeque<MetricSample> = VecDeque::new();
+        let mut prev: Option<EngineMetrics> = None;
+        let mut failure: Option<String> = None;
+        let mut scrape_failures = 0;
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let deadline = started + Duration::from_secs_f64(self.job.duration_s);
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = &mut ctrl_c => {
+                    print("interrupted: stopping with a draining savepoint");
+                    break;
+                }
+            }
+            let now_s = started.elapsed().as_secs_f64();
+            let cur = match scrape(&self.client, &metrics_url(&engine), now_s).await {
+                Ok(m) => {
+                    scrape_failures = 0;
+                    m
+                }
+                Err(e) => {
+                    if let Some(exit) = self.executor.runtime().exited(&engine).await {
+                        failure = Some(format!("engine failed at t={now_s:.0}s: {exit}"));
+                        break;
+                    }
+                    scrape_failures += 1;
+                    tracing::warn!("scrape failed ({scrape_failures}/{MAX_SCRAPE_FAILURES}): {e}");
+                    if scrape_failures >= MAX_SCRAPE_FAILURES {
+                        failure = Some(format!("engine unresponsive at t={now_s:.0}s: {e}"));
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if let Some(p) = &prev {
+                let stats = IntervalStats::between(
+                    p,
+                    &cur,
+                    &self.sources,
+                    &engine.parallelism,
+                    self.job.trace_time(now_s),
+                );
+                self.accounting.add_interval(&stats, self.slo_s);
+                print(&progress::progress_line(&stats, &self.order, self.slo_s));
+                self.rows.push(stats);
+            }
+            window.push_back(cur.sample.clone());
+            while window
+                .front()
+                .is_some_and(|f| now_s - f.at_seconds > self.opts.window_s)
+            {
+                window.pop_front();
+            }
+            prev = Some(cur);
+            if Instant::now() >= deadline {
+                break;
+            }
+
+            let spec = self.job.spec.with_parallelism(&engine.parallelism);
+            let samples: Vec<MetricSample> = window.iter().cloned().collect();
+            let verdict = autoscaler.decide(now_s, &samples, &spec);
+            let Verdict::Rescale(decision) = verdict else {
+                continue;
+            };
+            if decision.parallelism == engine.parallelism {
+                continue;
+            }
+            let reason = rescale_reason(&decision);
+            let change =
+                progress::format_change(&engine.parallelism, &decision.parallelism, &self.order);
+            print(&progress::rescale_started_line(now_s, &change, &reason));
+            let from = engine.parallelism.clone();
+            let outcome = match self
+                .executor
+                .rescale(engine.clone(), &decision.parallelism)
+                .await
+            {
+                Ok(o) => o,
+                Err(ExecutorError::Unrecoverable { savepoint, error }) => {
+                    failure = Some(format!(
+                        "rescale at t={now_s:.0}s left no engine running: {error}{}",
+                        savepoint
+                            .map(|s| format!(" (last savepoint: {})", s.path))
+                            .unwrap_or_default()
+                    ));
+                    self.failed_rescales.push(RescaleRecord {
+                        at_s: now_s,
+                        from,
+                        to: decision.parallelism.clone(),
+                        reason,
+                        downtime_s: started.elapsed().as_secs_f64() - now_s,
+                        outcome: "unrecoverable".into(),
+                        error: failure.clone(),
+                        savepoint: None,
+                    });
+                    // Nothing left to stop; write the report with what we have.
+                    return self
+                        .finish(
+                            None,
+                            started,
+                            failure,
+                            None,
+                            &initial,
+                            &from_last(&self.rows, &initial),
+                        )
+                        .await;
+                }
+                Err(ExecutorError::Runtime(e)) => {
+                    failure = Some(format!("rescale at t={now_s:.0}s failed: {e}"));
+                    return self
+                        .finish(
+                            None,
+                            started,
+                            failure,
+                            None,
+                            &initial,
+                            &from_last(&self.rows, &initial),
+                        )
+                        .await;
+                }
+            };
+            let done_s = started.elapsed().as_secs_f64();
+            let downtime_s = outcome.downtime_s();
+            let mut record = RescaleRecord {
+                at_s: now_s,
+                from,
+                to: decision.parallelism.clone(),
+                reason,
+                downtime_s,
+                outcome: String::new(),
+                error: None,
+                savepoint: None,
+            };
+            match &outcome {
+                RescaleOutcome::Rescaled { savepoint, .. } => {
+                    print(&progress::rescale_done_line(done_s, &change, downtime_s));
+                    record.outcome = "rescaled".into();
+                    record.savepoint = Some(savepoint.path.clone());
+                    self.rescales.push(record);
+                }
+                RescaleOutcome::SavepointFailed { error, .. } => {
+                    print(&progress::rescale_failed_line(
+                        done_s,
+                        &change,
+                        "savepoint",
+                        error,
+                        downtime_s,
+                    ));
+                    record.outcome = "savepoint_failed".into();
+                    record.error = Some(error.clone());
+                    self.failed_rescales.push(record);
+                }
+                RescaleOutcome::RestoreFailed {
+                    savepoint, error, ..
+                } => {
+                    print(&progress::rescale_failed_line(
+                        done_s, &change, "restore", error, downtime_s,
+                    ));
+                    record.outcome = "restore_failed".into();
+                    record.error = Some(error.clone());
+                    record.savepoint = Some(savepoint.path.clone());
+                    self.failed_rescales.push(record);
+                }
+            }
+            engine = outcome.engine().clone();
+            window.clear();
+            autoscaler.restarted(done_s);
+        }
+
+        let final_parallelism = engine.parallelism.clone();
+        if failure.is_some() {
+            let _ = self.executor.runtime().kill(&engine).await;
+            return self
+                .finish(None, started, failure, None, &initial, &final_parallelism)
+                .await;
+        }
+        print("stopping with a draining savepoint…");
+        match self.executor.stop(&engine, true).await {
+            Ok(stop) => {
+                let totals = stop.final_job.as_ref().map(|j| RecordTotals {
+                    records_emitted: j.records_emitted,
+                    records_accounted: j.records_accounted,
+                    records_filtered: j.records_filtered,
+                });
+                if totals.is_none() {
+                    failure =
+                        Some("the engine exited before its final totals could be read".into());
+                }
+                self.finish(
+                    totals,
+                    started,
+                    failure,
+                    Some(stop.savepoint.path),
+                    &initial,
+                    &final_parallelism,
+                )
+                .await
+            }
+            Err(e) => {
+                let _ = self.executor.runtime().kill(&engine).await;
+                failure = Some(format!("final stop-with-savepoint failed: {e}"));
+                self.finish(None, started, failure, None, &initial, &final_parallelism)
+                    .await
+            }
+        }
+    }
+
+    async fn finish(
+        &mut self,
+        totals: Option<RecordTotals>,
+        started: Instant,
+        failure: Option<String>,
+        final_savepoint: Option<String>,
+        initial: &BTreeMap<String, u32>,
+        final_parallelism: &BTreeMap<String, u32>,
+    ) -> Result<RunOutcome, RunError> {
+        let dir = &self.opts.report_dir;
+        let summary = Summary {
+            job: self.job.spec.name.clone(),
+            job_file: self.job.path.display().to_string(),
+            duration_s: started.elapsed().as_secs_f64(),
+            interval_s: self.opts.interval_s,
+            slo_s: self.slo_s,
+            records_emitted: totals.map(|t| t.records_emitted),
+            records_accounted: totals.map(|t| t.records_accounted),
+            records_filtered: totals.map(|t| t.records_filtered),
+            records_lost: totals.map(|t| t.lost()),
+            parallelism_seconds: self.accounting.parallelism_seconds,
+            mean_parallelism: self.accounting.mean_parallelism(),
+            slo_violation_seconds: self.accounting.slo_violation_seconds,
+            no_output_seconds: self.accounting.no_output_seconds,
+            initial_parallelism: initial.clone(),
+            final_parallelism: final_parallelism.clone(),
+            downtime_s: self
+                .rescales
+                .iter()
+                .chain(&self.failed_rescales)
+                .map(|r| r.downtime_s)
+                .sum(),
+            rescales: self.rescales.clone(),
+            failed_rescales: self.failed_rescales.clone(),
+            final_savepoint,
+            failure,
+        };
+        report::write_summary(dir, &summary)?;
+        report::write_timeline(dir, &self.rows, &self.order)?;
+        if let Err(e) = plot_timeline(
+            &dir.join("timeline.png"),
+            &self.rows,
+            &self.order,
+            self.slo_s,
+        ) {
+            tracing::warn!("{e}");
+        }
+        Ok(RunOutcome {
+            summary,
+            report_dir: dir.clone(),
+        })
+    }
+}
+
+fn from_last(rows: &[IntervalStats], initial: &BTreeMap<String, u32>) -> BTreeMap<String, u32> {
+    rows.last()
+        .map_or_else(|| initial.clone(), |r| r.parallelism.clone())
+}
+
+/// One line explaining a decision: the bottleneck, else the first reason.
+pub fn rescale_reason(decision: &crate::model::Decision) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(b) = &decision.bottleneck {
+        parts.push(b.clone());
+    }
+    parts.extend(decision.reasons.iter().take(2).cloned());
+    if parts.is_empty() {
+        "planner decision".to_string()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// `streamscale plan`: scrapes `metrics_url` twice, `gap_s` seconds apart, and plans the job
+/// (no guards) from those two samples.
+///
+/// # Errors
+/// [`RunError`] when the job is invalid, a scrape fails or the planner rejects the window.
+pub async fn plan_once(
+    job: &Path,
+    metrics_url: &str,
+    gap_s: f64,
+) -> Result<crate::model::Decision, RunError> {
+    positive("--interval", Some(gap_s))?;
+    let spec = JobSpec::from_file(&resolve_job_path(job))?;
+    let client = http_client()?;
+    let first = scrape(&client, metrics_url, 0.0).await?;
+    tokio::time::sleep(Duration::from_secs_f64(gap_s)).await;
+    let second = scrape(&client, metrics_url, gap_s).await?;
+    let spec = spec.with_parallelism(&second.parallelism());
+    let window = [first.sample, second.sample];
+    Ok(crate::model::plan(
+        &spec,
+        &window,
+        &crate::model::PlannerSettings::default(),
+    )?)
+}

@@ -1,0 +1,146 @@
+//! Starts the real `streamscale-engine` binary on loopback and talks to it over HTTP.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A running engine process, killed on drop.
+pub struct EngineProcess {
+    pub child: Child,
+    pub base: String,
+    client: reqwest::blocking::Client,
+}
+
+pub fn engine_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_streamscale-engine"))
+}
+
+impl EngineProcess {
+    pub fn start(job: &Path, savepoints: &Path, extra: &[&str]) -> EngineProcess {
+        let mut child = Command::new(engine_bin())
+            .arg("--job")
+            .arg(job)
+            .arg("--savepoint-dir")
+            .arg(savepoints)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn engine");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("engine did not announce its address ({e}): {line:?}"));
+        let base = format!("http://{}", v["address"].as_str().unwrap());
+        EngineProcess {
+            child,
+            base,
+            client: reqwest::blocking::Client::new(),
+        }
+    }
+
+    pub fn job(&self) -> Value {
+        self.client
+            .get(format!("{}/v1/job", self.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    pub fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+    }
+
+    pub fn wait_state(&self, state: &str, timeout: Duration) -> Value {
+        let until = Instant::now() + timeout;
+        loop {
+            let job = self.job();
+            if job["state"] == state {
+                return job;
+            }
+            assert!(
+                Instant::now() < until,
+                "engine never reached {state}: {job}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop-with-savepoint; returns the savepoint path and the job view taken right after.
+    pub fn stop_with_savepoint(&mut self, drain: bool) -> (PathBuf, Value) {
+        let resp = self
+            .client
+            .post(format!("{}/v1/savepoints", self.base))
+            .json(&serde_json::json!({"stop": true, "drain": drain}))
+            .send()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 202, "{}", resp.text().unwrap());
+        let id = resp.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let job = self.job();
+            let st: Value = self
+                .client
+                .get(format!("{}/v1/savepoints/{id}", self.base))
+                .send()
+                .unwrap()
+                .json()
+                .unwrap();
+            match st["status"].as_str().unwrap() {
+                "completed" => {
+                    let _ = self.child.wait();
+                    return (PathBuf::from(st["path"].as_str().unwrap()), job);
+                }
+                "failed" => panic!("savepoint failed: {st}"),
+                _ => {}
+            }
+            assert!(Instant::now() < until, "savepoint never completed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes a job with a bounded constant-rate source into `dir` and returns its path.
+pub fn bounded_job(dir: &Path, count: u64, rate: f64) -> PathBuf {
+    let path = dir.join("job.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"name: bounded
+maxParallelism: 64
+operators:
+  - {{ name: source, kind: source, keys: 300, count: {count}, rate: {{ constant: {rate} }} }}
+  - {{ name: work, kind: map, cpu: 20, io: 100 }}
+  - {{ name: counts, kind: window, sizeMs: 200 }}
+  - {{ name: sink, kind: sink }}
+edges:
+  - {{ from: source, to: work }}
+  - {{ from: work, to: counts }}
+  - {{ from: counts, to: sink }}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
