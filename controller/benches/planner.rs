@@ -1,1 +1,184 @@
-fn main() {}
+//! Planner benchmark: `plan()` on a random 200-operator DAG with a synthetic metric window.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use streamscale_controller::model::{MetricSample, PlannerSettings, SubtaskSample, plan};
+use streamscale_engine::spec::{
+    AutoscalerSpec, EdgeSpec, JobSpec, OperatorKind, OperatorSpec, RateSpec, ScalingBounds,
+};
+
+/// Marsaglia's xorshift64: a tiny deterministic generator (no `rand` dependency).
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const OPERATORS: usize = 200;
+const SOURCES: usize = 4;
+
+/// A 200-operator DAG (4 sources, every other operator fed by 1–3 earlier ones) and a
+/// 6-sample window whose counters follow flow-conserving rates (each operator splits its
+/// output evenly over its outgoing edges, so rates stay bounded through the graph).
+fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
+    let mut rng = XorShift(seed);
+    let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); OPERATORS];
+    for (i, ins) in inputs.iter_mut().enumerate().skip(SOURCES) {
+        let k = 1 + rng.below(3);
+        for _ in 0..k {
+            let j = if rng.unit() < 0.7 && i > SOURCES + 8 {
+                i - 1 - rng.below(8) // mostly local edges: long paths
+            } else {
+                rng.below(i)
+            };
+            if !ins.contains(&j) {
+                ins.push(j);
+            }
+        }
+    }
+    let mut outdeg = vec![0usize; OPERATORS];
+    for ins in &inputs {
+        for &j in ins {
+            outdeg[j] += 1;
+        }
+    }
+    let name = |i: usize| format!("op{i:03}");
+    let mut operators = Vec::new();
+    let mut gamma = vec![0.0; OPERATORS];
+    let mut lambda = vec![0.0; OPERATORS];
+    let mut sel = vec![1.0; OPERATORS];
+    let mut mu = vec![0.0; OPERATORS];
+    let mut par = vec![1u32; OPERATORS];
+    for i in 0..OPERATORS {
+        let kind = if i < SOURCES {
+            gamma[i] = 2_000.0 + 8_000.0 * rng.unit();
+            lambda[i] = gamma[i];
+            OperatorKind::Source {
+                rate: RateSpec::Constant(gamma[i]),
+                keys: 1000,
+                count: None,
+            }
+        } else {
+            lambda[i] = inputs[i]
+                .iter()
+                .map(|&j| lambda[j] * sel[j] / outdeg[j].max(1) as f64)
+                .sum();
+            if outdeg[i] == 0 {
+                OperatorKind::Sink { output: None }
+            } else if rng.below(4) == 0 {
+                OperatorKind::Window { size_ms: 1000 }
+            } else {
+                OperatorKind::Map
+            }
+        };
+        sel[i] = if i < SOURCES { 1.0 } else { 0.5 + rng.unit() };
+        mu[i] = 200.0 + 2_000.0 * rng.unit();
+        par[i] = 1 + rng.below(6) as u32;
+        operators.push(OperatorSpec {
+            name: name(i),
+            parallelism: par[i],
+            cpu: 0.0,
+            io: 0.0,
+            scaling: ScalingBounds::default(),
+            kind,
+        });
+    }
+    let edges = inputs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, ins)| {
+            ins.iter().map(move |&j| EdgeSpec {
+                from: name(j),
+                to: name(i),
+            })
+        })
+        .collect();
+    let spec = JobSpec {
+        name: "bench".into(),
+        max_parallelism: 128,
+        channel_capacity: 1024,
+        operators,
+        edges,
+        autoscaler: AutoscalerSpec {
+            target_utilization: 0.7,
+            latency_slo_seconds: 0.05,
+            catch_up_seconds: 30.0,
+        },
+    };
+    let window = [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
+        .iter()
+        .map(|&t| MetricSample {
+            at_seconds: 1000.0 + t,
+            operators: (0..OPERATORS)
+                .map(|i| {
+                    let p = f64::from(par[i]);
+                    let subs = (0..par[i])
+                        .map(|_| {
+                            if i < SOURCES {
+                                SubtaskSample {
+                                    records_out: gamma[i] * t / p,
+                                    source_arrivals: Some(gamma[i] * t / p),
+                                    source_backlog: Some(gamma[i] * 2.0 / p),
+                                    ..SubtaskSample::default()
+                                }
+                            } else {
+                                let rin = lambda[i] * t / p;
+                                SubtaskSample {
+                                    records_in: rin,
+                                    // Gain per edge sel/outdeg: flow is conserved overall.
+                                    records_out: rin * sel[i] / outdeg[i].max(1) as f64,
+                                    busy_seconds: rin / mu[i],
+                                    ..SubtaskSample::default()
+                                }
+                            }
+                        })
+                        .collect();
+                    (name(i), subs)
+                })
+                .collect::<BTreeMap<_, _>>(),
+        })
+        .collect();
+    (spec, window)
+}
+
+fn bench_plan(c: &mut Criterion) {
+    let (spec, window) = build(0x5eed_cafe_f00d_d00d);
+    let settings = PlannerSettings::default();
+    let d = plan(&spec, &window, &settings).expect("the benchmark job plans");
+    eprintln!(
+        "plan_200_operator_dag: {} operators, {} edges, {} subtasks planned (from {}), predicted latency {:.4} s (SLO {} s)",
+        spec.operators.len(),
+        spec.edges.len(),
+        d.parallelism.values().sum::<u32>(),
+        d.current.values().sum::<u32>(),
+        d.predicted_latency_seconds,
+        d.latency_slo_seconds
+    );
+    for r in &d.reasons {
+        if r.contains("latency") {
+            eprintln!("  {r}");
+        }
+    }
+    c.bench_function("plan_200_operator_dag", |b| {
+        b.iter(|| plan(black_box(&spec), black_box(&window), black_box(&settings)))
+    });
+}
+
+criterion_group!(benches, bench_plan);
+criterion_main!(benches);

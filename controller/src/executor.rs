@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::api::{EngineApi, JobStatus};
+use crate::api::{ApiError, JobStatus};
 use crate::runtime::{EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome};
 
 /// How a rescale ended. In every variant `engine` is the engine now running the job.
@@ -89,17 +89,15 @@ pub enum ExecutorError {
 pub struct Executor<'a, R: EngineRuntime> {
     runtime: &'a R,
     job: PathBuf,
-    client: reqwest::Client,
     running_timeout: Duration,
 }
 
 impl<'a, R: EngineRuntime> Executor<'a, R> {
     /// An executor for the job file `job` (passed to every engine) on `runtime`.
-    pub fn new(runtime: &'a R, job: &Path, client: reqwest::Client) -> Executor<'a, R> {
+    pub fn new(runtime: &'a R, job: &Path) -> Executor<'a, R> {
         Executor {
             runtime,
             job: job.to_path_buf(),
-            client,
             running_timeout: Duration::from_secs(60),
         }
     }
@@ -115,9 +113,38 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         self.runtime
     }
 
-    /// An API client for `engine`.
-    pub fn api(&self, engine: &EngineHandle) -> EngineApi {
-        EngineApi::new(self.client.clone(), &engine.base_url)
+    /// Polls the job's status every 100 ms until it is `running`.
+    ///
+    /// # Errors
+    /// [`ApiError::NotRunning`] (as [`RuntimeError::Api`]) after `timeout`, or at once when the
+    /// job is `failed`, `finished` or `stopped`.
+    pub async fn wait_running(
+        &self,
+        engine: &EngineHandle,
+        timeout: Duration,
+    ) -> Result<JobStatus, RuntimeError> {
+        let started = Instant::now();
+        let not_running = |last: String| {
+            RuntimeError::Api(ApiError::NotRunning {
+                url: format!("{}/v1/job", engine.base_url),
+                waited_s: started.elapsed().as_secs_f64(),
+                last,
+            })
+        };
+        loop {
+            let last = match self.runtime.job_status(engine).await {
+                Ok(job) if job.state == "running" => return Ok(job),
+                Ok(job) if matches!(job.state.as_str(), "failed" | "finished" | "stopped") => {
+                    return Err(not_running(format!("state {}", job.state)));
+                }
+                Ok(job) => format!("state {}", job.state),
+                Err(e) => e.to_string(),
+            };
+            if started.elapsed() >= timeout {
+                return Err(not_running(last));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Starts an engine at `parallelism` (restored from `restore`) and waits until its job is
@@ -132,14 +159,14 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         restore: Option<&Savepoint>,
     ) -> Result<(EngineHandle, JobStatus), RuntimeError> {
         let engine = self.runtime.start(&self.job, parallelism, restore).await?;
-        match self.api(&engine).wait_running(self.running_timeout).await {
+        match self.wait_running(&engine, self.running_timeout).await {
             Ok(job) => Ok((engine, job)),
             Err(e) => {
                 let err = match self.runtime.exited(&engine).await {
                     Some(exit) => exit,
                     None => {
                         let _ = self.runtime.kill(&engine).await;
-                        e.into()
+                        e
                     }
                 };
                 Err(err)
@@ -224,7 +251,7 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         let alive = self.runtime.exited(&engine).await.is_none();
         if alive {
             // The engine may still be stopping after a failed savepoint; give it a moment.
-            if let Ok(job) = self.api(&engine).wait_running(Duration::from_secs(5)).await
+            if let Ok(job) = self.wait_running(&engine, Duration::from_secs(5)).await
                 && job.state == "running"
             {
                 return Ok(RescaleOutcome::SavepointFailed {
@@ -253,5 +280,206 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
                 error: format!("savepoint failed ({error}) and the restart failed ({e})"),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::runtime::StopOutcome;
+
+    /// One recorded start: parallelism and the savepoint restored from.
+    type Start = (BTreeMap<String, u32>, Option<String>);
+
+    /// A scripted runtime: records every start, fails where told.
+    #[derive(Default)]
+    struct Mock {
+        starts: Mutex<Vec<Start>>,
+        /// Starts at these parallelisms (of `enrich`) never reach `running`.
+        broken_parallelism: Vec<u32>,
+        savepoint_fails: bool,
+        next: Mutex<u64>,
+    }
+
+    fn p(enrich: u32) -> BTreeMap<String, u32> {
+        [("enrich".to_string(), enrich), ("source".to_string(), 1)]
+            .into_iter()
+            .collect()
+    }
+
+    fn job(state: &str) -> JobStatus {
+        JobStatus {
+            name: "t".into(),
+            fingerprint: String::new(),
+            state: state.into(),
+            max_parallelism: 128,
+            operators: vec![],
+            records_emitted: 0,
+            records_accounted: 0,
+            records_filtered: 0,
+            restored_from: None,
+        }
+    }
+
+    impl EngineRuntime for Mock {
+        async fn start(
+            &self,
+            _job: &Path,
+            parallelism: &BTreeMap<String, u32>,
+            restore: Option<&Savepoint>,
+        ) -> Result<EngineHandle, RuntimeError> {
+            self.starts
+                .lock()
+                .expect("lock")
+                .push((parallelism.clone(), restore.map(|s| s.path.clone())));
+            let mut next = self.next.lock().expect("lock");
+            *next += 1;
+            Ok(EngineHandle {
+                id: *next,
+                base_url: format!("mock://{next}"),
+                parallelism: parallelism.clone(),
+                restored_from: restore.cloned(),
+            })
+        }
+
+        async fn stop_with_savepoint(
+            &self,
+            handle: &EngineHandle,
+            _drain: bool,
+        ) -> Result<StopOutcome, RuntimeError> {
+            if self.savepoint_fails {
+                return Err(RuntimeError::Api(ApiError::SavepointFailed {
+                    id: "1".into(),
+                    reason: "disk full".into(),
+                }));
+            }
+            Ok(StopOutcome {
+                savepoint: Savepoint {
+                    path: format!("/sp/{}", handle.id),
+                },
+                final_job: None,
+            })
+        }
+
+        async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
+            let enrich = handle.parallelism.get("enrich").copied().unwrap_or(0);
+            if self.broken_parallelism.contains(&enrich) {
+                Ok(job("failed"))
+            } else {
+                Ok(job("running"))
+            }
+        }
+
+        async fn shutdown(&self, _handle: &EngineHandle) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+
+        async fn kill(&self, _handle: &EngineHandle) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+
+        async fn exited(&self, _handle: &EngineHandle) -> Option<RuntimeError> {
+            None
+        }
+    }
+
+    async fn first_engine(ex: &Executor<'_, Mock>) -> EngineHandle {
+        ex.launch(&p(2), None).await.expect("starts").0
+    }
+
+    #[tokio::test]
+    async fn rescale_restores_the_new_parallelism_from_the_savepoint() {
+        let mock = Mock::default();
+        let ex = Executor::new(&mock, Path::new("job.yaml"));
+        let engine = first_engine(&ex).await;
+        let out = ex.rescale(engine, &p(4)).await.expect("rescales");
+        let RescaleOutcome::Rescaled {
+            engine,
+            savepoint,
+            downtime_s,
+        } = out
+        else {
+            panic!("expected Rescaled, got {out:?}");
+        };
+        assert_eq!(engine.parallelism, p(4));
+        assert_eq!(savepoint.path, "/sp/1");
+        assert!(downtime_s >= 0.0);
+        let starts = mock.starts.lock().expect("lock").clone();
+        assert_eq!(starts, vec![(p(2), None), (p(4), Some("/sp/1".into()))]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_savepoint_keeps_the_old_engine() {
+        let mock = Mock {
+            savepoint_fails: true,
+            ..Mock::default()
+        };
+        let ex = Executor::new(&mock, Path::new("job.yaml"));
+        let engine = first_engine(&ex).await;
+        let out = ex.rescale(engine.clone(), &p(4)).await.expect("recovers");
+        let RescaleOutcome::SavepointFailed {
+            engine: kept,
+            error,
+            ..
+        } = out
+        else {
+            panic!("expected SavepointFailed, got {out:?}");
+        };
+        assert_eq!(kept, engine);
+        assert!(error.contains("disk full"), "{error}");
+        assert_eq!(mock.starts.lock().expect("lock").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_restore_restarts_the_old_parallelism_from_the_same_savepoint() {
+        let mock = Mock {
+            broken_parallelism: vec![4],
+            ..Mock::default()
+        };
+        let ex = Executor::new(&mock, Path::new("job.yaml"))
+            .with_running_timeout(Duration::from_secs(1));
+        let engine = first_engine(&ex).await;
+        let out = ex.rescale(engine, &p(4)).await.expect("recovers");
+        let RescaleOutcome::RestoreFailed {
+            engine, savepoint, ..
+        } = out
+        else {
+            panic!("expected RestoreFailed, got {out:?}");
+        };
+        assert_eq!(engine.parallelism, p(2));
+        assert_eq!(savepoint.path, "/sp/1");
+        let starts = mock.starts.lock().expect("lock").clone();
+        assert_eq!(
+            starts,
+            vec![
+                (p(2), None),
+                (p(4), Some("/sp/1".into())),
+                (p(2), Some("/sp/1".into()))
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn when_nothing_restores_the_savepoint_is_reported() {
+        let mock = Mock {
+            broken_parallelism: vec![4, 2],
+            ..Mock::default()
+        };
+        let ex = Executor::new(&mock, Path::new("job.yaml"))
+            .with_running_timeout(Duration::from_secs(1));
+        let engine = EngineHandle {
+            id: 99,
+            base_url: "mock://99".into(),
+            parallelism: p(2),
+            restored_from: None,
+        };
+        let err = ex.rescale(engine, &p(4)).await.expect_err("unrecoverable");
+        let ExecutorError::Unrecoverable { savepoint, .. } = &err else {
+            panic!("expected Unrecoverable, got {err:?}");
+        };
+        assert_eq!(savepoint.as_ref().map(|s| s.path.as_str()), Some("/sp/99"));
+        assert!(err.to_string().contains("/sp/99"), "{err}");
     }
 }

@@ -26,13 +26,19 @@ pub fn format_seconds(seconds: f64) -> String {
     }
 }
 
-/// One progress line for an interval, operators in `order` (topological order), e.g.
+/// One progress line for an interval, operators in `order` (topological order); the trace
+/// time is shown as the offset from `trace_start_s` (the trace's `startSeconds`), e.g.
 /// `t=  42s trace=+4h12m in=812 rec/s | source=1 parse=1 enrich=6(ρ0.71) sink=1 | backlog=120 | p99=0.080s (SLO 1.0s)`.
 /// A `!` after the p99 marks an SLO violation.
-pub fn progress_line(stats: &IntervalStats, order: &[String], slo_s: f64) -> String {
+pub fn progress_line(
+    stats: &IntervalStats,
+    order: &[String],
+    slo_s: f64,
+    trace_start_s: f64,
+) -> String {
     let mut line = format!("t={:>4.0}s", stats.t_s);
     if let Some(tt) = stats.trace_time_s {
-        line.push_str(&format!(" trace={}", format_trace_time(tt)));
+        line.push_str(&format!(" trace={}", format_trace_time(tt - trace_start_s)));
     }
     line.push_str(&format!(" in={:.0} rec/s", stats.input_rate));
     if let Some(cap) = stats.capacity {
@@ -133,7 +139,7 @@ mod tests {
         let stats = IntervalStats {
             t_s: 42.2,
             dt_s: 1.0,
-            trace_time_s: Some(4.0 * 3600.0 + 12.0 * 60.0 + 30.0),
+            trace_time_s: Some(1000.0 + 4.0 * 3600.0 + 12.0 * 60.0 + 30.0),
             input_rate: 812.4,
             target_rate: 800.0,
             capacity: None,
@@ -155,7 +161,7 @@ mod tests {
             p99_s: Some(0.08),
         };
         assert_eq!(
-            progress_line(&stats, &order(), 1.0),
+            progress_line(&stats, &order(), 1.0, 1000.0),
             "t=  42s trace=+4h12m in=812 rec/s | source=1 parse=1 enrich=6(ρ0.71) counts=2(ρ0.40) sink=1 | backlog=120 | p99=0.080s (SLO 1.0s)"
         );
     }
@@ -168,12 +174,12 @@ mod tests {
             capacity: Some(950.0),
             ..IntervalStats::default()
         };
-        let line = progress_line(&stats, &order(), 1.0);
+        let line = progress_line(&stats, &order(), 1.0, 0.0);
         assert!(line.contains("p99=1.50s! (SLO 1.0s)"), "{line}");
         assert!(line.contains("cap=950"), "{line}");
         assert!(!line.contains("trace="), "{line}");
         stats.p99_s = None;
-        assert!(progress_line(&stats, &order(), 1.0).contains("p99=- "));
+        assert!(progress_line(&stats, &order(), 1.0, 0.0).contains("p99=- "));
     }
 
     #[test]

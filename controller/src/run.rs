@@ -20,7 +20,7 @@ use crate::progress;
 use crate::report::{self, Accounting, RecordTotals, ReportError, RescaleRecord, Summary};
 use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
 use crate::scrape::{EngineMetrics, scrape};
-use crate::stats::IntervalStats;
+use crate::stats::{CapacityEstimator, IntervalStats};
 
 /// Job file used when none is given, relative to the current directory or the workspace root.
 pub const DEFAULT_JOB: &str = "examples/jobs/tweets.yaml";
@@ -65,7 +65,7 @@ impl Default for RunOptions {
             report_dir: PathBuf::from("report"),
             interval_s: 1.0,
             slo_s: None,
-            window_s: 30.0,
+            window_s: 20.0,
             engine_bin: None,
         }
     }
@@ -120,6 +120,14 @@ impl PreparedJob {
     /// first source follows a trace.
     pub fn trace_time(&self, elapsed_s: f64) -> Option<f64> {
         self.rate.as_ref().and_then(|r| r.trace_time(elapsed_s))
+    }
+
+    /// The first source's trace `startSeconds` (0 without a trace).
+    pub fn trace_start(&self) -> f64 {
+        match &self.rate {
+            Some(RateFunction::Trace { settings, .. }) => settings.start_seconds,
+            _ => 0.0,
+        }
     }
 
     /// Source operator names.
@@ -204,6 +212,14 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
     let job_path = absolute(&resolve_job_path(&opts.job))?;
     let mut spec = JobSpec::from_file(&job_path)?;
 
+    if let Some(trace) = &opts.trace
+        && !trace.is_file()
+    {
+        return Err(RunError::Option(format!(
+            "--trace: trace file {} does not exist",
+            trace.display()
+        )));
+    }
     let wants_trace = opts.trace.is_some() || opts.speedup.is_some() || opts.scale.is_some();
     if wants_trace {
         let Some(source) = spec
@@ -265,6 +281,11 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
     if let Some(slo) = opts.slo_s {
         spec.autoscaler.latency_slo_seconds = slo;
     }
+
+    spec.validate().map_err(|problem| SpecError::Invalid {
+        path: job_path.clone(),
+        problem,
+    })?;
 
     std::fs::create_dir_all(&opts.report_dir).map_err(|source| RunError::Io {
         path: opts.report_dir.clone(),
@@ -361,7 +382,7 @@ pub async fn run(
         absolute(&opts.report_dir.join("logs"))?,
         client.clone(),
     );
-    let executor = Executor::new(&runtime, &job.path, client.clone());
+    let executor = Executor::new(&runtime, &job.path);
     let slo_s = job.spec.autoscaler.latency_slo_seconds;
     let mut lp = Loop {
         job: &job,
@@ -400,6 +421,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
         autoscaler.restarted(0.0);
         let mut window: VecDeque<MetricSample> = VecDeque::new();
         let mut prev: Option<EngineMetrics> = None;
+        let mut capacity = CapacityEstimator::default();
         let mut failure: Option<String> = None;
         let mut scrape_failures = 0;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
@@ -407,12 +429,17 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let deadline = started + Duration::from_secs_f64(self.job.duration_s);
         let ctrl_c = tokio::signal::ctrl_c();
         tokio::pin!(ctrl_c);
+        let mut terminate = Terminate::new();
 
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = &mut ctrl_c => {
                     print("interrupted: stopping with a draining savepoint");
+                    break;
+                }
+                _ = terminate.recv() => {
+                    print("terminated: stopping with a draining savepoint");
                     break;
                 }
             }
@@ -437,15 +464,22 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
             };
             if let Some(p) = &prev {
-                let stats = IntervalStats::between(
+                let mut stats = IntervalStats::between(
                     p,
                     &cur,
                     &self.sources,
                     &engine.parallelism,
                     self.job.trace_time(now_s),
                 );
+                capacity.observe(p, &cur, &self.sources);
+                stats.capacity = capacity.capacity(&engine.parallelism);
                 self.accounting.add_interval(&stats, self.slo_s);
-                print(&progress::progress_line(&stats, &self.order, self.slo_s));
+                print(&progress::progress_line(
+                    &stats,
+                    &self.order,
+                    self.slo_s,
+                    self.job.trace_start(),
+                ));
                 self.rows.push(stats);
             }
             window.push_back(cur.sample.clone());
@@ -578,6 +612,27 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 .finish(None, started, failure, None, &initial, &final_parallelism)
                 .await;
         }
+        // A bounded source may have finished the job already: nothing to stop, read the totals.
+        if let Ok(job) = self.executor.runtime().job_status(&engine).await
+            && job.state == "finished"
+        {
+            let _ = self.executor.runtime().kill(&engine).await;
+            let totals = RecordTotals {
+                records_emitted: job.records_emitted,
+                records_accounted: job.records_accounted,
+                records_filtered: job.records_filtered,
+            };
+            return self
+                .finish(
+                    Some(totals),
+                    started,
+                    None,
+                    None,
+                    &initial,
+                    &final_parallelism,
+                )
+                .await;
+        }
         print("stopping with a draining savepoint…");
         match self.executor.stop(&engine, true).await {
             Ok(stop) => {
@@ -640,7 +695,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 .iter()
                 .chain(&self.failed_rescales)
                 .map(|r| r.downtime_s)
-                .sum(),
+                .fold(0.0, |a, b| a + b),
             rescales: self.rescales.clone(),
             failed_rescales: self.failed_rescales.clone(),
             final_savepoint,
@@ -663,18 +718,64 @@ impl<R: EngineRuntime> Loop<'_, R> {
     }
 }
 
+/// SIGTERM on Unix (a pending future elsewhere), so `kill` stops the run cleanly and the
+/// engine is not orphaned.
+struct Terminate {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Terminate {
+    fn new() -> Terminate {
+        Terminate {
+            #[cfg(unix)]
+            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+        }
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = &mut self.signal
+            && s.recv().await.is_some()
+        {
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
 fn from_last(rows: &[IntervalStats], initial: &BTreeMap<String, u32>) -> BTreeMap<String, u32> {
     rows.last()
         .map_or_else(|| initial.clone(), |r| r.parallelism.clone())
 }
 
-/// One line explaining a decision: the bottleneck, else the first reason.
+/// One line explaining a decision: the planner's reason for every operator whose parallelism
+/// changes (`enrich: ...`), then the first job-wide reason (the sources' rates); the bottleneck
+/// when no operator changes.
 pub fn rescale_reason(decision: &crate::model::Decision) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    if let Some(b) = &decision.bottleneck {
+    let mut parts: Vec<String> = decision
+        .operators
+        .iter()
+        .filter(|(name, plan)| decision.current.get(*name) != Some(&plan.parallelism))
+        .map(|(name, plan)| {
+            if plan.reason.is_empty() {
+                format!(
+                    "{name}: {} → {}",
+                    plan.current_parallelism, plan.parallelism
+                )
+            } else if plan.reason.starts_with(name.as_str()) {
+                plan.reason.clone()
+            } else {
+                format!("{name}: {}", plan.reason)
+            }
+        })
+        .collect();
+    if parts.is_empty()
+        && let Some(b) = &decision.bottleneck
+    {
         parts.push(b.clone());
     }
-    parts.extend(decision.reasons.iter().take(2).cloned());
+    parts.extend(decision.reasons.iter().take(1).cloned());
     if parts.is_empty() {
         "planner decision".to_string()
     } else {
@@ -705,4 +806,132 @@ pub async fn plan_once(
         &window,
         &crate::model::PlannerSettings::default(),
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOB: &str = "name: t\noperators:\n  - name: src\n    kind: source\n    rate:\n      trace:\n        file: trace.csv\n        speedup: 10\n        startSeconds: 100\n        endSeconds: 700\n  - { name: work, kind: map, cpu: 10 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: work }\n  - { from: work, to: sink }\n";
+
+    fn setup(job: &str) -> (tempfile::TempDir, RunOptions) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("trace.csv"),
+            "t_seconds,rate\n0,1\n300,2\n600,3\n900,4\n",
+        )
+        .expect("trace");
+        std::fs::write(dir.path().join("other.csv"), "t_seconds,rate\n0,5\n60,6\n").expect("trace");
+        std::fs::write(dir.path().join("job.yaml"), job).expect("job");
+        let opts = RunOptions {
+            job: dir.path().join("job.yaml"),
+            report_dir: dir.path().join("report"),
+            ..RunOptions::default()
+        };
+        (dir, opts)
+    }
+
+    #[test]
+    fn effective_job_keeps_the_trace_absolute_and_takes_the_duration_from_it() {
+        let (dir, opts) = setup(JOB);
+        let job = prepare_job(&opts).expect("prepares");
+        assert_eq!(job.path, dir.path().join("report").join("job.yaml"));
+        assert!(job.path.is_file());
+        // (700 - 100) / 10
+        assert!((job.duration_s - 60.0).abs() < 1e-9, "{}", job.duration_s);
+        assert_eq!(job.trace_start(), 100.0);
+        assert_eq!(job.trace_time(6.0), Some(160.0));
+        let OperatorKind::Source {
+            rate: RateSpec::Trace(t),
+            ..
+        } = &job.spec.operators[0].kind
+        else {
+            panic!("trace source expected");
+        };
+        assert!(t.file.is_absolute(), "{}", t.file.display());
+        assert_eq!(job.order(), vec!["src", "work", "sink"]);
+        assert_eq!(job.sources(), vec!["src"]);
+    }
+
+    #[test]
+    fn overrides_apply_to_the_first_source() {
+        let (dir, mut opts) = setup(JOB);
+        opts.trace = Some(dir.path().join("other.csv"));
+        opts.speedup = Some(20.0);
+        opts.scale = Some(3.0);
+        opts.slo_s = Some(0.5);
+        opts.duration_s = Some(12.0);
+        let job = prepare_job(&opts).expect("prepares");
+        let OperatorKind::Source {
+            rate: RateSpec::Trace(t),
+            ..
+        } = &job.spec.operators[0].kind
+        else {
+            panic!("trace source expected");
+        };
+        assert_eq!(t.file, dir.path().join("other.csv"));
+        assert_eq!(t.speedup, 20.0);
+        assert_eq!(t.scale, 3.0);
+        assert_eq!(job.spec.autoscaler.latency_slo_seconds, 0.5);
+        assert_eq!(job.duration_s, 12.0);
+    }
+
+    #[test]
+    fn a_constant_source_gets_a_trace_only_with_trace() {
+        let constant = "name: c\noperators:\n  - { name: src, kind: source, rate: { constant: 5 } }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: sink }\n";
+        let (dir, mut opts) = setup(constant);
+        let job = prepare_job(&opts).expect("prepares");
+        assert_eq!(job.duration_s, DEFAULT_DURATION_S);
+        assert_eq!(job.trace_time(1.0), None);
+        opts.scale = Some(2.0);
+        let err = prepare_job(&opts).expect_err("no trace to scale");
+        assert!(err.to_string().starts_with("--scale:"), "{err}");
+        opts.trace = Some(dir.path().join("other.csv"));
+        let job = prepare_job(&opts).expect("trace given");
+        // Trace rows 0 and 60 with resolution 60: ends at 120 trace-seconds, speedup 1.
+        assert!((job.duration_s - 120.0).abs() < 1e-9, "{}", job.duration_s);
+    }
+
+    #[test]
+    fn bad_options_name_the_flag() {
+        let (dir, mut opts) = setup(JOB);
+        opts.scale = Some(0.0);
+        let err = prepare_job(&opts).expect_err("scale 0");
+        assert!(err.to_string().starts_with("--scale: must be > 0"), "{err}");
+        opts.scale = Some(-1.0);
+        assert!(prepare_job(&opts).is_err());
+        opts.scale = None;
+        opts.interval_s = 0.0;
+        assert!(
+            prepare_job(&opts)
+                .expect_err("interval")
+                .to_string()
+                .starts_with("--interval")
+        );
+        opts.interval_s = 1.0;
+        opts.trace = Some(dir.path().join("missing.csv"));
+        let err = prepare_job(&opts).expect_err("missing trace");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("--trace:") && msg.contains("missing.csv"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_missing_job_file_is_named() {
+        let opts = RunOptions {
+            job: PathBuf::from("/nonexistent/job.yaml"),
+            ..RunOptions::default()
+        };
+        let err = prepare_job(&opts).expect_err("missing");
+        assert!(err.to_string().contains("/nonexistent/job.yaml"), "{err}");
+    }
+
+    #[test]
+    fn the_default_job_resolves_from_the_workspace_root() {
+        let p = resolve_job_path(Path::new(DEFAULT_JOB));
+        // Exists once the example is in the tree; the fallback path is under the workspace.
+        assert!(p.ends_with(DEFAULT_JOB));
+    }
 }

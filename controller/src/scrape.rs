@@ -148,7 +148,7 @@ pub struct EngineMetrics {
 impl EngineMetrics {
     /// Sum over all source operators of the target rate, in records/s.
     pub fn total_source_rate(&self) -> f64 {
-        self.source_rates.values().sum()
+        self.source_rates.values().fold(0.0, |a, b| a + b)
     }
 
     /// Sum over all source subtasks of the backlog gauge, in records.
@@ -158,7 +158,7 @@ impl EngineMetrics {
             .values()
             .flatten()
             .filter_map(|s| s.source_backlog)
-            .sum()
+            .fold(0.0, |a, b| a + b)
     }
 
     /// Sum over all source subtasks of the arrivals counter (records that should have been
@@ -169,7 +169,7 @@ impl EngineMetrics {
             .values()
             .flatten()
             .filter_map(|s| s.source_arrivals)
-            .sum()
+            .fold(0.0, |a, b| a + b)
     }
 
     /// Number of subtasks seen per operator.

@@ -8,7 +8,10 @@ use crate::scrape::EngineMetrics;
 
 /// Fewest records an operator must take in during an interval for its service rate (and so the
 /// capacity estimate) to be measured.
-pub const MIN_RECORDS_FOR_CAPACITY: f64 = 10.0;
+pub const MIN_RECORDS_FOR_CAPACITY: f64 = 20.0;
+
+/// Weight of the newest interval in the smoothed service rates of [`CapacityEstimator`].
+pub const CAPACITY_SMOOTHING: f64 = 0.3;
 
 /// What happened between two consecutive scrapes.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -38,7 +41,7 @@ pub struct IntervalStats {
 }
 
 fn sum(subtasks: &[SubtaskSample], f: impl Fn(&SubtaskSample) -> f64) -> f64 {
-    subtasks.iter().map(f).sum()
+    subtasks.iter().map(f).fold(0.0, |a, b| a + b)
 }
 
 /// Delta of an operator-level sum of a counter, `None` when the operator is missing or the
@@ -84,37 +87,9 @@ impl IntervalStats {
                 utilization.insert(op.clone(), (b / t).clamp(0.0, 1.0));
             }
         }
-        let source_out: f64 = sources
-            .iter()
-            .filter_map(|s| delta(prev, cur, s, |x| x.records_out))
-            .sum();
-        let mut capacity: Option<f64> = None;
-        if source_out > 0.0 {
-            for op in cur.sample.operators.keys() {
-                if sources.contains(op) {
-                    continue;
-                }
-                let (Some(records_in), Some(busy)) = (
-                    delta(prev, cur, op, |s| s.records_in),
-                    delta(prev, cur, op, |s| s.busy_seconds),
-                ) else {
-                    continue;
-                };
-                if records_in < MIN_RECORDS_FOR_CAPACITY || busy <= 0.0 {
-                    continue;
-                }
-                let p = parallelism
-                    .get(op)
-                    .copied()
-                    .unwrap_or_else(|| cur.parallelism().get(op).copied().unwrap_or(1));
-                let mu = records_in / busy;
-                let share = records_in / source_out;
-                let cap = f64::from(p) * mu / share;
-                if cap.is_finite() {
-                    capacity = Some(capacity.map_or(cap, |c: f64| c.min(cap)));
-                }
-            }
-        }
+        let mut estimator = CapacityEstimator::default();
+        estimator.observe(prev, cur, sources);
+        let capacity = estimator.capacity(parallelism);
         IntervalStats {
             t_s: cur.sample.at_seconds,
             dt_s: dt.max(0.0),
@@ -127,6 +102,68 @@ impl IntervalStats {
             backlog: cur.total_backlog(),
             p99_s: cur.latency.quantile_since(Some(&prev.latency), 0.99),
         }
+    }
+}
+
+/// Remembers each operator's service rate μ (records per busy second per subtask) and its share
+/// of the source output (records in per source record), smoothed over the intervals in which
+/// they could be measured, so the capacity estimate does not vanish or jump when an interval
+/// carries too few records.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CapacityEstimator {
+    /// Smoothed μ per operator, records per busy second.
+    pub service_rate: BTreeMap<String, f64>,
+    /// Smoothed records in per source record, per operator.
+    pub share: BTreeMap<String, f64>,
+}
+
+fn smooth(map: &mut BTreeMap<String, f64>, key: &str, value: f64) {
+    map.entry(key.to_string())
+        .and_modify(|v| *v += CAPACITY_SMOOTHING * (value - *v))
+        .or_insert(value);
+}
+
+impl CapacityEstimator {
+    /// Updates the estimates from the interval `prev` → `cur`; `sources` names the sources.
+    /// Operators that took fewer than [`MIN_RECORDS_FOR_CAPACITY`] records keep their estimate.
+    pub fn observe(&mut self, prev: &EngineMetrics, cur: &EngineMetrics, sources: &[String]) {
+        let source_out: f64 = sources
+            .iter()
+            .filter_map(|s| delta(prev, cur, s, |x| x.records_out))
+            .fold(0.0, |a, b| a + b);
+        for op in cur.sample.operators.keys() {
+            if sources.contains(op) {
+                continue;
+            }
+            let (Some(records_in), Some(busy)) = (
+                delta(prev, cur, op, |s| s.records_in),
+                delta(prev, cur, op, |s| s.busy_seconds),
+            ) else {
+                continue;
+            };
+            if records_in < MIN_RECORDS_FOR_CAPACITY || busy <= 0.0 {
+                continue;
+            }
+            smooth(&mut self.service_rate, op, records_in / busy);
+            if source_out >= MIN_RECORDS_FOR_CAPACITY {
+                smooth(&mut self.share, op, records_in / source_out);
+            }
+        }
+    }
+
+    /// Records/s (in source records) the tightest operator can take at `parallelism`: the
+    /// minimum over operators with known μ and share of p·μ / share. `None` before any
+    /// measurement.
+    pub fn capacity(&self, parallelism: &BTreeMap<String, u32>) -> Option<f64> {
+        self.service_rate
+            .iter()
+            .filter_map(|(op, mu)| {
+                let share = *self.share.get(op)?;
+                let p = f64::from(*parallelism.get(op)?);
+                (share > 0.0).then(|| p * mu / share)
+            })
+            .filter(|c| c.is_finite())
+            .reduce(f64::min)
     }
 }
 
@@ -218,5 +255,27 @@ mod tests {
         assert_eq!(s.utilization["enrich"], 0.0);
         // No arrivals counted yet: fall back to the target rate.
         assert_eq!(s.input_rate, 100.0);
+    }
+
+    #[test]
+    fn the_estimator_keeps_mu_through_quiet_intervals_and_scales_with_p() {
+        let p1: BTreeMap<String, u32> = [("enrich".to_string(), 1)].into_iter().collect();
+        let p3: BTreeMap<String, u32> = [("enrich".to_string(), 3)].into_iter().collect();
+        let sources = ["source".to_string()];
+        let a = metrics(0.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 0.0)], 0.0);
+        // 100 records in 0.5 busy seconds: μ = 200/s.
+        let b = metrics(1.0, 100.0, 100.0, vec![sub(100.0, 100.0, 0.5, 0.5)], 100.0);
+        // Only 5 records: too few to measure, the estimate stays.
+        let c = metrics(2.0, 105.0, 105.0, vec![sub(105.0, 105.0, 0.6, 1.4)], 105.0);
+        let mut est = CapacityEstimator::default();
+        assert_eq!(est.capacity(&p1), None);
+        est.observe(&a, &b, &sources);
+        assert!((est.capacity(&p1).expect("measured") - 200.0).abs() < 1e-9);
+        est.observe(&b, &c, &sources);
+        assert!((est.capacity(&p1).expect("kept") - 200.0).abs() < 1e-9);
+        assert!((est.capacity(&p3).expect("kept") - 600.0).abs() < 1e-9);
+        // The instantaneous figure of the quiet interval is unknown.
+        let s = IntervalStats::between(&b, &c, &sources, &p1, None);
+        assert_eq!(s.capacity, None);
     }
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError, bounded};
 
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
 use crate::metrics::EngineMetrics;
@@ -27,6 +27,7 @@ use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePos
 use crate::spec::{JobSpec, OperatorKind};
 use crate::state::KeyedState;
 use crate::trace::{RateFunction, TraceError};
+use prometheus::local::{LocalHistogram, LocalIntCounter};
 
 /// A record flowing between operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,18 +175,28 @@ struct Meter {
     enabled: bool,
     records_in: u64,
     records_out: u64,
-    busy: Duration,
     idle: Duration,
     backpressured: Duration,
     last_flush: Instant,
+    ops_since_check: u32,
     flush_interval: Duration,
     labels: [String; 2],
     metrics: EngineMetrics,
     live: Arc<LiveCounters>,
+    /// Sinks: thread-local latency histogram and accounted counter, merged at each flush.
+    sink: Option<(LocalHistogram, LocalIntCounter)>,
 }
 
 impl Meter {
+    /// Publishes the accumulated counts. Busy time is derived as Flink does: the wall time
+    /// since the last flush minus the measured idle and backpressured time, so the hot path
+    /// reads the clock only when it blocks.
     fn flush(&mut self, queue_len: usize) {
+        let now = Instant::now();
+        let wall = now - self.last_flush;
+        let busy = wall
+            .saturating_sub(self.idle)
+            .saturating_sub(self.backpressured);
         let l = [self.labels[0].as_str(), self.labels[1].as_str()];
         self.live
             .records_in
@@ -199,31 +210,45 @@ impl Meter {
             m.records_out.with_label_values(&l).inc_by(self.records_out);
             m.busy_seconds
                 .with_label_values(&l)
-                .inc_by(self.busy.as_secs_f64());
+                .inc_by(busy.as_secs_f64());
             m.idle_seconds
                 .with_label_values(&l)
-                .inc_by(self.idle.as_secs_f64());
+                .inc_by(self.idle.min(wall).as_secs_f64());
             m.backpressured_seconds
                 .with_label_values(&l)
-                .inc_by(self.backpressured.as_secs_f64());
+                .inc_by(self.backpressured.min(wall).as_secs_f64());
             m.input_queue_length
                 .with_label_values(&l)
                 .set(queue_len as f64);
+            if let Some((latency, accounted)) = &mut self.sink {
+                latency.flush();
+                accounted.flush();
+            }
         }
         self.records_in = 0;
         self.records_out = 0;
-        self.busy = Duration::ZERO;
         self.idle = Duration::ZERO;
         self.backpressured = Duration::ZERO;
-        self.last_flush = Instant::now();
+        self.last_flush = now;
     }
 
-    fn maybe_flush(&mut self, queue_len: usize) {
-        if self.last_flush.elapsed() >= self.flush_interval {
-            self.flush(queue_len);
+    /// Flushes if the flush interval has passed; reads the clock only every 128 calls.
+    fn tick(&mut self, queue_len: impl FnOnce() -> usize) {
+        self.ops_since_check += 1;
+        if self.ops_since_check >= 128 {
+            self.check(queue_len);
         }
     }
 
+    /// Flushes if the flush interval has passed.
+    fn check(&mut self, queue_len: impl FnOnce() -> usize) {
+        self.ops_since_check = 0;
+        if self.last_flush.elapsed() >= self.flush_interval {
+            self.flush(queue_len());
+        }
+    }
+
+    /// The clock, when time is measured.
     fn now(&self) -> Option<Instant> {
         self.enabled.then(Instant::now)
     }
@@ -417,14 +442,22 @@ impl Job {
                     enabled: options.metrics_enabled,
                     records_in: 0,
                     records_out: 0,
-                    busy: Duration::ZERO,
                     idle: Duration::ZERO,
+                    ops_since_check: 0,
                     backpressured: Duration::ZERO,
                     last_flush: Instant::now(),
                     flush_interval: options.flush_interval,
                     labels: [name.clone(), index.to_string()],
                     metrics: metrics.clone(),
                     live: live.clone(),
+                    sink: (options.metrics_enabled && matches!(op.kind, OperatorKind::Sink { .. }))
+                        .then(|| {
+                            let l = [name.as_str(), &index.to_string()];
+                            (
+                                metrics.sink_latency.with_label_values(&l).local(),
+                                metrics.sink_accounted.with_label_values(&l).local(),
+                            )
+                        }),
                 };
                 let ctx = SubtaskContext {
                     operator: name.clone(),
@@ -717,7 +750,7 @@ impl SourceTask {
                 if start >= limit {
                     break;
                 }
-                ctx.meter.maybe_flush(0);
+                ctx.meter.check(|| 0);
                 let t = ctx.meter.now();
                 std::thread::sleep(Duration::from_micros(500));
                 if let Some(t) = t {
@@ -725,8 +758,6 @@ impl SourceTask {
                 }
                 continue;
             }
-            let t = ctx.meter.now();
-            let bp_before = ctx.meter.backpressured;
             // Records in a backlog arrived earlier than now: stamp their true arrival time.
             let behind = due - start;
             let created_us = if behind > SOURCE_BATCH {
@@ -750,11 +781,7 @@ impl SourceTask {
                     return ctx.result(None, Some(err));
                 }
             }
-            if let Some(t) = t {
-                let blocked = ctx.meter.backpressured - bp_before;
-                ctx.meter.busy += t.elapsed().saturating_sub(blocked);
-            }
-            ctx.meter.maybe_flush(0);
+            ctx.meter.tick(|| 0);
         }
         ctx.meter.flush(0);
         if ctx.meter.enabled {
@@ -778,9 +805,13 @@ enum Behaviour {
         size_us: u64,
         state: KeyedState,
         pane_end_us: u64,
+        checks: u32,
     },
     Sink {
         file: Option<SinkWriter>,
+        /// Cached wall clock (µs since the epoch) and records until it is read again.
+        clock_us: u64,
+        clock_uses: u32,
     },
 }
 
@@ -799,8 +830,13 @@ impl Behaviour {
                 size_us: size_ms * 1000,
                 state: restored_state(),
                 pane_end_us: 0,
+                checks: 0,
             },
-            OperatorKind::Sink { .. } => Behaviour::Sink { file: sink },
+            OperatorKind::Sink { .. } => Behaviour::Sink {
+                file: sink,
+                clock_us: 0,
+                clock_uses: 0,
+            },
             OperatorKind::Map | OperatorKind::Source { .. } => Behaviour::Map,
         }
     }
@@ -814,44 +850,48 @@ struct OperatorTask {
 impl OperatorTask {
     fn run(mut self, mut ctx: SubtaskContext) -> SubtaskResult {
         let tick = Duration::from_millis(10);
-        let labels = [ctx.operator.clone(), ctx.index.to_string()];
-        let l = [labels[0].as_str(), labels[1].as_str()];
-        let is_sink = matches!(self.behaviour, Behaviour::Sink { .. });
-        let sink_metrics = (is_sink && ctx.meter.enabled).then(|| {
-            (
-                ctx.meter.metrics.sink_latency.with_label_values(&l),
-                ctx.meter.metrics.sink_accounted.with_label_values(&l),
-            )
-        });
         let mut error = None;
         loop {
-            let t = ctx.meter.now();
-            let received = self.rx.recv_timeout(tick);
-            if let Some(t) = t {
-                ctx.meter.idle += t.elapsed();
-            }
+            let received = match self.rx.try_recv() {
+                Ok(rec) => Ok(rec),
+                Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {
+                    // About to wait for input: flush, then time the wait as idle.
+                    ctx.meter.check(|| 0);
+                    if let Behaviour::Sink { clock_uses, .. } = &mut self.behaviour {
+                        *clock_uses = 0; // the cached clock goes stale while waiting
+                    }
+                    let t = ctx.meter.now();
+                    let r = self.rx.recv_timeout(tick);
+                    if let Some(t) = t {
+                        ctx.meter.idle += t.elapsed();
+                    }
+                    r
+                }
+            };
             match received {
                 Ok(rec) => {
                     ctx.meter.records_in += 1;
-                    let t = ctx.meter.now();
-                    let bp_before = ctx.meter.backpressured;
-                    if !self.process(rec, &mut ctx, sink_metrics.as_ref()) {
+                    if !self.process(rec, &mut ctx) {
                         error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
                         break;
                     }
-                    if let Some(t) = t {
-                        let blocked = ctx.meter.backpressured - bp_before;
-                        ctx.meter.busy += t.elapsed().saturating_sub(blocked);
-                    }
+                    let rx = &self.rx;
+                    ctx.meter.tick(|| rx.len());
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    if !self.fire_due_windows(&mut ctx, false) {
+                        error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
+                        break;
+                    }
+                    continue;
+                }
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            if !self.fire_due_windows(&mut ctx, false) {
+            if self.window_due() && !self.fire_due_windows(&mut ctx, false) {
                 error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
                 break;
             }
-            ctx.meter.maybe_flush(self.rx.len());
         }
         // Fire every open pane before closing the outputs when draining, or when the inputs
         // ended on their own (bounded sources finished): the job is complete.
@@ -861,7 +901,7 @@ impl OperatorTask {
                 error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
             }
         }
-        if let Behaviour::Sink { file: Some(f) } = &self.behaviour
+        if let Behaviour::Sink { file: Some(f), .. } = &self.behaviour
             && let Ok(mut w) = f.lock()
             && let Err(e) = w.flush()
         {
@@ -879,12 +919,7 @@ impl OperatorTask {
     }
 
     /// Applies the operator to one record. Returns false if a downstream receiver is gone.
-    fn process(
-        &mut self,
-        rec: Record,
-        ctx: &mut SubtaskContext,
-        sink_metrics: Option<&(prometheus::Histogram, prometheus::IntCounter)>,
-    ) -> bool {
+    fn process(&mut self, rec: Record, ctx: &mut SubtaskContext) -> bool {
         spend(ctx.cpu_us, ctx.io_us, rec.seq);
         match &mut self.behaviour {
             Behaviour::Map => ctx.outputs.send(rec, &mut ctx.meter),
@@ -904,6 +939,7 @@ impl OperatorTask {
                 size_us,
                 state,
                 pane_end_us,
+                ..
             } => {
                 if *pane_end_us == 0 {
                     *pane_end_us = (now_unix_us() / *size_us + 1) * *size_us;
@@ -917,9 +953,19 @@ impl OperatorTask {
                 s.pane_latest_created_us = s.pane_latest_created_us.max(rec.created_us);
                 true
             }
-            Behaviour::Sink { file } => {
-                if let Some((latency, accounted)) = sink_metrics {
-                    let lat = now_unix_us().saturating_sub(rec.created_us) as f64 / 1e6;
+            Behaviour::Sink {
+                file,
+                clock_us,
+                clock_uses,
+            } => {
+                if let Some((latency, accounted)) = &ctx.meter.sink {
+                    // Read the clock every 16 records: latency is in ms, a record takes ns.
+                    if *clock_uses == 0 {
+                        *clock_us = now_unix_us();
+                        *clock_uses = 16;
+                    }
+                    *clock_uses -= 1;
+                    let lat = clock_us.saturating_sub(rec.created_us) as f64 / 1e6;
                     latency.observe(lat);
                     accounted.inc_by(rec.count);
                 }
@@ -937,6 +983,22 @@ impl OperatorTask {
         }
     }
 
+    /// Whether this is a window operator whose open pane may have ended (checks the clock
+    /// at most every 64 records).
+    fn window_due(&mut self) -> bool {
+        match &mut self.behaviour {
+            Behaviour::Window { checks, .. } => {
+                *checks += 1;
+                if *checks >= 64 {
+                    *checks = 0;
+                    return true;
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
     /// Fires the open pane of a window operator if its end has passed (or unconditionally
     /// when `all`). Returns false if a downstream receiver is gone.
     fn fire_due_windows(&mut self, ctx: &mut SubtaskContext, all: bool) -> bool {
@@ -944,6 +1006,7 @@ impl OperatorTask {
             size_us,
             state,
             pane_end_us,
+            ..
         } = &mut self.behaviour
         else {
             return true;
@@ -970,16 +1033,10 @@ impl OperatorTask {
                 }
             }
         }
-        let t = ctx.meter.now();
-        let bp_before = ctx.meter.backpressured;
         for rec in out {
             if !ctx.outputs.send(rec, &mut ctx.meter) {
                 return false;
             }
-        }
-        if let Some(t) = t {
-            let blocked = ctx.meter.backpressured - bp_before;
-            ctx.meter.busy += t.elapsed().saturating_sub(blocked);
         }
         true
     }

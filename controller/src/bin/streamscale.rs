@@ -32,25 +32,25 @@ enum Command {
         #[arg(long)]
         trace: Option<PathBuf>,
         /// Trace-seconds per wall-clock second.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         speedup: Option<f64>,
         /// Factor applied to the trace's rates.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         scale: Option<f64>,
         /// Run length: seconds, or with a unit (`90s`, `10m`, `1h`). Default: the trace window.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = parse_duration, allow_negative_numbers = true)]
         duration: Option<f64>,
         /// Report directory.
         #[arg(long, default_value = "report")]
         report: PathBuf,
         /// Scrape interval, seconds.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
         interval: f64,
         /// Latency SLO in seconds (default: the job's autoscaler.latencySloSeconds).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         slo: Option<f64>,
         /// Sliding metric window for the planner, seconds.
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 20.0, allow_negative_numbers = true)]
         window: f64,
         /// Engine binary (default: next to this executable, $STREAMSCALE_ENGINE_BIN, or PATH).
         #[arg(long)]
@@ -110,7 +110,7 @@ async fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             let code = e.downcast_ref::<RunError>().map_or(1, exit_code);
-            eprintln!("streamscale: {e:#}");
+            eprintln!("streamscale: {e}");
             ExitCode::from(code)
         }
     }

@@ -102,7 +102,7 @@ pub(crate) fn window_elapsed(window: &[MetricSample]) -> Result<f64, ModelError>
     }
     let (first, last) = (&window[0], &window[window.len() - 1]);
     let elapsed = last.at_seconds - first.at_seconds;
-    if !(elapsed > 0.0) {
+    if elapsed.is_nan() || elapsed <= 0.0 {
         return Err(ModelError::ZeroElapsed { seconds: elapsed });
     }
     Ok(elapsed)
@@ -225,17 +225,19 @@ fn estimate_operator(
             });
         }
         for (k, (a, b)) in prev.iter().zip(cur).enumerate() {
-            let mut pairs: Vec<(&'static str, f64, f64)> = counters(a)
+            check_value(name, k, i, "queue_length", b.queue_length)?;
+            let arrivals = if is_source {
+                let (_, arr_a) = source_fields(name, k, i - 1, a)?;
+                let (_, arr_b) = source_fields(name, k, i, b)?;
+                Some(("source_arrivals", arr_a, arr_b))
+            } else {
+                None
+            };
+            let pairs = counters(a)
                 .into_iter()
                 .zip(counters(b))
                 .map(|((f, x), (_, y))| (f, x, y))
-                .collect();
-            check_value(name, k, i, "queue_length", b.queue_length)?;
-            if is_source {
-                let (_, arr_a) = source_fields(name, k, i - 1, a)?;
-                let (_, arr_b) = source_fields(name, k, i, b)?;
-                pairs.push(("source_arrivals", arr_a, arr_b));
-            }
+                .chain(arrivals);
             for (field, x, y) in pairs {
                 check_value(name, k, i, field, y)?;
                 if y < x {

@@ -147,7 +147,7 @@ impl Autoscaler {
             ));
         }
         let span = window[window.len() - 1].at_seconds - window[0].at_seconds;
-        if !(span >= g.window_seconds) {
+        if span.is_nan() || span < g.window_seconds {
             return hold(format!(
                 "waiting for data: the window spans {span:.1} s, need {} s",
                 g.window_seconds
@@ -274,5 +274,194 @@ impl Autoscaler {
                 recommendation: Some(planned),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::testutil::{Synth, job, window};
+
+    const CHAIN: &str = r"
+name: chain
+operators:
+  - { name: src, kind: source, rate: { constant: 100 } }
+  - { name: map, kind: map, parallelism: 8 }
+  - { name: sink, kind: sink }
+edges:
+  - { from: src, to: map }
+  - { from: map, to: sink }
+";
+
+    /// map has μ = 100 rec/s per subtask, so it needs ⌈γ / 70⌉ subtasks at ρ = 0.7
+    /// (γ = 200 → 3, 250 → 4, 120 → 2, 600 → 9); the sink (μ = 10 000) always needs 1.
+    fn win(map_p: u32, gamma: f64, backlog: f64, sink_p: u32) -> Vec<MetricSample> {
+        window(
+            &[
+                Synth::source("src", 1, gamma, backlog),
+                Synth::op("map", map_p, gamma, 100.0, 1.0),
+                Synth::op("sink", sink_p, gamma, 10_000.0, 0.0),
+            ],
+            &[0.0, 5.0, 10.0, 15.0, 20.0],
+        )
+    }
+
+    fn parallelism(v: &Verdict) -> Option<&BTreeMap<String, u32>> {
+        match v {
+            Verdict::Rescale(d) => Some(&d.parallelism),
+            Verdict::Hold { .. } => None,
+        }
+    }
+
+    #[test]
+    fn too_few_samples_or_too_short_history_holds() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        let w = win(1, 600.0, 0.0, 1);
+        let v = a.decide(0.0, &w[..2], &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.contains("2 metric samples")),
+            "{v:?}"
+        );
+        // 3 samples but only 10 s of history (< 15 s).
+        let v = a.decide(0.0, &w[..3], &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, .. } if reason.contains("spans 10.0 s")),
+            "{v:?}"
+        );
+        // The full window rescales (map 1 → 9, a scale-up).
+        assert_eq!(
+            parallelism(&a.decide(0.0, &w, &spec)).map(|p| p["map"]),
+            Some(9)
+        );
+    }
+
+    #[test]
+    fn stabilization_after_restart_holds() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        a.restarted(100.0);
+        let w = win(1, 600.0, 0.0, 1);
+        let v = a.decide(109.0, &w, &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, .. } if reason.starts_with("stabilizing")),
+            "{v:?}"
+        );
+        assert!(parallelism(&a.decide(110.0, &w, &spec)).is_some());
+    }
+
+    #[test]
+    fn scale_up_is_immediate() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        let v = a.decide(0.0, &win(2, 200.0, 0.0, 1), &spec);
+        let Verdict::Rescale(d) = v else {
+            panic!("expected a rescale, got {v:?}")
+        };
+        assert_eq!(d.parallelism["map"], 3);
+        assert_eq!(d.parallelism["sink"], 1);
+        assert!(d.changed());
+    }
+
+    #[test]
+    fn scale_down_delayed_then_highest_recommendation_applied() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        // map runs 8 subtasks; the plan wants 3, 4, 2, 3 at t = 0, 10, 20, 30.
+        for (t, gamma) in [(0.0, 200.0), (10.0, 250.0), (20.0, 120.0)] {
+            let v = a.decide(t, &win(8, gamma, 0.0, 1), &spec);
+            let Verdict::Hold {
+                reason,
+                recommendation: Some(rec),
+            } = &v
+            else {
+                panic!("expected a delayed hold at {t}, got {v:?}")
+            };
+            assert!(reason.contains("delayed"), "{reason}");
+            assert!(rec.parallelism["map"] < 8);
+        }
+        assert_eq!(a.state().pending_scale_downs["map"].highest, 4);
+        // After 30 s of continuously wanting it: the highest recommendation (4), not the latest (3).
+        let v = a.decide(30.0, &win(8, 200.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+        assert!(a.state().pending_scale_downs.is_empty());
+    }
+
+    #[test]
+    fn scale_down_delay_restarts_when_interrupted() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        assert!(parallelism(&a.decide(0.0, &win(8, 200.0, 0.0, 1), &spec)).is_none());
+        // At t = 10 the load needs 8: no scale-down wanted, the delay resets.
+        assert!(parallelism(&a.decide(10.0, &win(8, 540.0, 0.0, 1), &spec)).is_none());
+        assert!(a.state().pending_scale_downs.is_empty());
+        assert!(parallelism(&a.decide(20.0, &win(8, 200.0, 0.0, 1), &spec)).is_none());
+        assert!(parallelism(&a.decide(40.0, &win(8, 200.0, 0.0, 1), &spec)).is_none());
+        let v = a.decide(50.0, &win(8, 200.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
+    }
+
+    #[test]
+    fn no_scale_down_while_backlogged_but_scale_up_applies() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        // γ = 60 rec/s, backlog 300 records > 60 (one second of arrivals). Target rate
+        // 60 + 300/30 = 70 → map wants ⌈70/70⌉ = 1 (from 8): held however long it is wanted.
+        for t in [0.0, 40.0, 80.0] {
+            let v = a.decide(t, &win(8, 60.0, 300.0, 1), &spec);
+            assert!(
+                matches!(&v, Verdict::Hold { reason, .. } if reason.contains("backlog")),
+                "{v:?}"
+            );
+        }
+        // A scale-up elsewhere still applies; map stays at 8.
+        let heavy_sink = window(
+            &[
+                Synth::source("src", 1, 60.0, 300.0),
+                Synth::op("map", 8, 60.0, 100.0, 1.0),
+                Synth::op("sink", 1, 60.0, 50.0, 0.0),
+            ],
+            &[0.0, 5.0, 10.0, 15.0, 20.0],
+        );
+        let v = a.decide(120.0, &heavy_sink, &spec);
+        let p = parallelism(&v).expect("rescale");
+        assert_eq!(p["map"], 8);
+        // sink: ⌈70 / (0.7 · 50)⌉ = 2.
+        assert_eq!(p["sink"], 2);
+        // Without the backlog the same plan scales the map down once the delay has passed.
+        let mut b = Autoscaler::default();
+        assert!(parallelism(&b.decide(0.0, &win(8, 60.0, 0.0, 1), &spec)).is_none());
+        assert_eq!(
+            parallelism(&b.decide(30.0, &win(8, 60.0, 0.0, 1), &spec)).map(|p| p["map"]),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn small_scale_downs_ignored() {
+        let spec = job(&CHAIN.replace("parallelism: 8", "parallelism: 20"));
+        let mut a = Autoscaler::default();
+        // γ = 1300 → ⌈1300/70⌉ = 19 from 20: 5% < 10%, ignored, no delay started.
+        let v = a.decide(0.0, &win(20, 1300.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: Some(r) } if reason.contains("below the change threshold") && r.parallelism["map"] == 19),
+            "{v:?}"
+        );
+        assert!(a.state().pending_scale_downs.is_empty());
+        let v = a.decide(100.0, &win(20, 1300.0, 0.0, 1), &spec);
+        assert!(parallelism(&v).is_none());
+    }
+
+    #[test]
+    fn planning_errors_hold() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        let mut w = win(2, 200.0, 0.0, 1);
+        w[3].operators.get_mut("map").expect("map")[0].records_in = 0.0;
+        let v = a.decide(0.0, &w, &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.contains("went backwards")),
+            "{v:?}"
+        );
     }
 }

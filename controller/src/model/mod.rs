@@ -140,6 +140,9 @@ pub enum ModelError {
     /// A name does not denote an operator of the job.
     #[error("unknown operator `{0}`")]
     UnknownOperator(String),
+    /// Two operators share a name.
+    #[error("duplicate operator name `{0}`")]
+    DuplicateOperator(String),
     /// A planner or guard setting is out of range.
     #[error("invalid planner settings: {0}")]
     InvalidSettings(String),

@@ -46,42 +46,91 @@ pub struct PathLatency {
 }
 
 impl Topology {
-    /// Indexes a job graph, ordering operators with [`JobSpec::topological_order`].
+    /// Indexes a job graph in a topological order (Kahn's algorithm); a cycle is reported with
+    /// the message of [`JobSpec::topological_order`].
     ///
     /// # Errors
     /// [`ModelError::Cycle`] naming the operators on a cycle; [`ModelError::UnknownOperator`]
-    /// when an edge names an operator that does not exist.
+    /// when an edge names an operator that does not exist; [`ModelError::DuplicateOperator`].
     pub fn from_spec(spec: &JobSpec) -> Result<Topology, ModelError> {
-        let names = spec.topological_order().map_err(ModelError::Cycle)?;
+        // Kahn's algorithm on indices (JobSpec::topological_order compares names per edge and
+        // is quadratic); on a cycle, JobSpec::topological_order supplies the message naming
+        // the operators on it.
+        let n = spec.operators.len();
+        let by_name: BTreeMap<&str, usize> = spec
+            .operators
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o.name.as_str(), i))
+            .collect();
+        if by_name.len() < n {
+            let mut seen = std::collections::BTreeSet::new();
+            let dup = spec
+                .operators
+                .iter()
+                .find(|o| !seen.insert(o.name.as_str()))
+                .map_or_else(String::new, |o| o.name.clone());
+            return Err(ModelError::DuplicateOperator(dup));
+        }
+        let lookup = |name: &str| {
+            by_name
+                .get(name)
+                .copied()
+                .ok_or_else(|| ModelError::UnknownOperator(name.to_string()))
+        };
+        let mut out_spec: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut indegree = vec![0usize; n];
+        for e in &spec.edges {
+            let (from, to) = (lookup(&e.from)?, lookup(&e.to)?);
+            out_spec[from].push(to);
+            indegree[to] += 1;
+        }
+        let mut ready: Vec<usize> = (0..n).rev().filter(|&i| indegree[i] == 0).collect();
+        let mut order = Vec::with_capacity(n);
+        while let Some(i) = ready.pop() {
+            order.push(i);
+            for &j in out_spec[i].iter().rev() {
+                indegree[j] -= 1;
+                if indegree[j] == 0 {
+                    ready.push(j);
+                }
+            }
+        }
+        if order.len() < n {
+            return Err(ModelError::Cycle(
+                spec.topological_order().err().unwrap_or_else(|| {
+                    "edges: the graph has a cycle; job graphs must be acyclic".to_string()
+                }),
+            ));
+        }
+        // rank[spec index] = topological index
+        let mut rank = vec![0usize; n];
+        for (k, &i) in order.iter().enumerate() {
+            rank[i] = k;
+        }
+        let names: Vec<String> = order
+            .iter()
+            .map(|&i| spec.operators[i].name.clone())
+            .collect();
         let index: BTreeMap<String, usize> = names
             .iter()
             .enumerate()
-            .map(|(i, n)| (n.clone(), i))
+            .map(|(k, name)| (name.clone(), k))
             .collect();
-        let n = names.len();
         let mut is_source = vec![false; n];
         let mut queue = vec![QueueKind::Shared; n];
-        for op in &spec.operators {
-            let i = *index
-                .get(&op.name)
-                .ok_or_else(|| ModelError::UnknownOperator(op.name.clone()))?;
-            is_source[i] = matches!(op.kind, OperatorKind::Source { .. });
-            if op.kind.is_keyed() {
-                queue[i] = QueueKind::Keyed;
-            }
-        }
         let mut inputs = vec![Vec::new(); n];
         let mut outputs = vec![Vec::new(); n];
-        for e in &spec.edges {
-            let lookup = |name: &String| {
-                index
-                    .get(name)
-                    .copied()
-                    .ok_or_else(|| ModelError::UnknownOperator(name.clone()))
-            };
-            let (from, to) = (lookup(&e.from)?, lookup(&e.to)?);
-            outputs[from].push(to);
-            inputs[to].push(from);
+        for (i, op) in spec.operators.iter().enumerate() {
+            let k = rank[i];
+            is_source[k] = matches!(op.kind, OperatorKind::Source { .. });
+            if op.kind.is_keyed() {
+                queue[k] = QueueKind::Keyed;
+            }
+            for &j in &out_spec[i] {
+                outputs[k].push(rank[j]);
+                inputs[rank[j]].push(k);
+            }
         }
         Ok(Topology {
             names,

@@ -69,7 +69,7 @@ impl PlannerSettings {
         if !(r.rho > 0.0 && r.rho <= 1.0) {
             return bad(format!("target utilization {} is not in (0, 1]", r.rho));
         }
-        if !(r.slo > 0.0) || r.slo.is_nan() {
+        if r.slo.is_nan() || r.slo <= 0.0 {
             return bad(format!("latency SLO {} s must be positive", r.slo));
         }
         if !(r.catch_up > 0.0 && r.catch_up.is_finite()) {
@@ -978,7 +978,11 @@ edges:
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
+        #![proptest_config(ProptestConfig {
+            cases: 300,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
 
         #[test]
         fn planned_utilization_within_target(d in dag(), slo in 0.001f64..5.0, rho in 0.3f64..1.0) {
@@ -1025,6 +1029,10 @@ edges:
                 })
                 .collect();
             let hi = plan(&spec, &window(&more, &[0.0, 7.0]), &settings).expect("plans");
+            // When the SLO is unattainable at the higher load the planner deliberately adds no
+            // subtasks for latency (see `unattainable_slo_is_reported_without_adding_subtasks`).
+            let gave_up = |d: &Decision| d.reasons.iter().any(|r| r.contains("unattainable"));
+            prop_assume!(!gave_up(&hi) || gave_up(&lo));
             for (name, p) in &lo.parallelism {
                 prop_assert!(hi.parallelism[name] >= *p, "{}: {} → {} with ×{}", name, p, hi.parallelism[name], factor);
             }

@@ -18,7 +18,7 @@ pub fn erlang_b(servers: u32, offered_load: f64) -> f64 {
     if servers == 0 {
         return 1.0;
     }
-    if !(offered_load > 0.0) {
+    if offered_load.is_nan() || offered_load <= 0.0 {
         return 0.0;
     }
     if offered_load.is_infinite() {
@@ -51,8 +51,7 @@ pub fn erlang_c(servers: u32, offered_load: f64) -> f64 {
 }
 
 fn unstable(lambda: f64, mu: f64, servers: u32) -> bool {
-    !(mu > 0.0 && mu.is_finite())
-        || !(lambda.is_finite())
+    !(mu > 0.0 && mu.is_finite() && lambda.is_finite())
         || servers == 0
         || lambda >= f64::from(servers) * mu
 }

@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use super::{EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome, parallelism_arg};
-use crate::api::EngineApi;
+use crate::api::{EngineApi, JobStatus};
 
 /// Environment variable naming the engine binary explicitly.
 pub const ENGINE_BIN_ENV: &str = "STREAMSCALE_ENGINE_BIN";
@@ -66,7 +66,7 @@ impl Default for LocalTimeouts {
 
 struct LocalEngine {
     child: Child,
-    last_stderr: Arc<StdMutex<String>>,
+    last_stderr: Arc<StdMutex<LastLines>>,
     log_tasks: Vec<JoinHandle<()>>,
     log_path: PathBuf,
 }
@@ -158,7 +158,7 @@ impl LocalRuntime {
         let last = engine
             .last_stderr
             .lock()
-            .map(|s| s.clone())
+            .map(|s| s.best().to_string())
             .unwrap_or_default();
         RuntimeError::Exited {
             status,
@@ -171,10 +171,60 @@ impl LocalRuntime {
     }
 }
 
+/// Removes ANSI escape sequences (`ESC [ ... letter`) from a log line.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for d in chars.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The most telling stderr lines seen so far: the last one, and the last one that looks like
+/// an error (mentions `error` or `panicked`).
+#[derive(Debug, Default)]
+struct LastLines {
+    last: String,
+    last_error: String,
+}
+
+impl LastLines {
+    fn push(&mut self, line: &str) {
+        if line.trim().is_empty() {
+            return;
+        }
+        let lower = line.to_ascii_lowercase();
+        if lower.contains("error") || lower.contains("panicked") {
+            self.last_error = line.to_string();
+        }
+        self.last = line.to_string();
+    }
+
+    fn best(&self) -> &str {
+        if self.last_error.is_empty() {
+            &self.last
+        } else {
+            &self.last_error
+        }
+    }
+}
+
 fn spawn_log_forwarder<R>(
     reader: R,
     log: Arc<StdMutex<std::fs::File>>,
-    last: Option<Arc<StdMutex<String>>>,
+    last: Option<Arc<StdMutex<LastLines>>>,
 ) -> JoinHandle<()>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
@@ -182,14 +232,14 @@ where
     tokio::spawn(async move {
         let mut lines = BufReader::new(reader).lines();
         while let Ok(Some(line)) = lines.next_line().await {
+            let line = strip_ansi(&line);
             if let Ok(mut f) = log.lock() {
                 let _ = writeln!(f, "{line}");
             }
             if let Some(last) = &last
-                && !line.trim().is_empty()
                 && let Ok(mut l) = last.lock()
             {
-                *l = line;
+                l.push(&line);
             }
         }
     })
@@ -222,7 +272,8 @@ impl EngineRuntime for LocalRuntime {
             cmd.arg("--restore").arg(&sp.path);
         }
         let _ = writeln!(log, "# {:?}", cmd.as_std());
-        cmd.stdin(Stdio::null())
+        cmd.env("NO_COLOR", "1")
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -232,7 +283,7 @@ impl EngineRuntime for LocalRuntime {
         })?;
 
         let log = Arc::new(StdMutex::new(log));
-        let last_stderr = Arc::new(StdMutex::new(String::new()));
+        let last_stderr = Arc::new(StdMutex::new(LastLines::default()));
         let mut log_tasks = Vec::new();
         if let Some(stderr) = child.stderr.take() {
             log_tasks.push(spawn_log_forwarder(
@@ -313,6 +364,12 @@ impl EngineRuntime for LocalRuntime {
                 None => Err(e.into()),
             },
         }
+    }
+
+    async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
+        Ok(EngineApi::new(self.client.clone(), &handle.base_url)
+            .job()
+            .await?)
     }
 
     async fn shutdown(&self, handle: &EngineHandle) -> Result<(), RuntimeError> {
@@ -463,5 +520,20 @@ mod tests {
             matches!(err, RuntimeError::BadListeningLine { .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn ansi_sequences_are_stripped_and_errors_preferred() {
+        assert_eq!(
+            strip_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m started"),
+            "2026  INFO started"
+        );
+        let mut l = LastLines::default();
+        l.push("INFO starting");
+        assert_eq!(l.best(), "INFO starting");
+        l.push("error: job.yaml: bad");
+        l.push("INFO shutting down");
+        l.push("   ");
+        assert_eq!(l.best(), "error: job.yaml: bad");
     }
 }

@@ -119,6 +119,12 @@ pub trait EngineRuntime: Send + Sync {
         drain: bool,
     ) -> impl Future<Output = Result<StopOutcome, RuntimeError>> + Send;
 
+    /// The job's status (`GET /v1/job`), e.g. to wait for `running` or read the totals.
+    fn job_status(
+        &self,
+        handle: &EngineHandle,
+    ) -> impl Future<Output = Result<JobStatus, RuntimeError>> + Send;
+
     /// Releases the engine: waits a grace period for it to exit on its own, then kills it.
     fn shutdown(
         &self,

@@ -1,0 +1,62 @@
+//! Instrumentation overhead: records/s of a map-only job (source → map → sink, no per-record
+//! cost) with metrics on and off, alternating in one run.
+//!
+//! `cargo bench -p streamscale-engine --bench instrumentation [-- RECORDS ROUNDS]`
+#![allow(missing_docs)]
+
+use std::time::{Duration, Instant};
+
+use streamscale_engine::metrics::EngineMetrics;
+use streamscale_engine::runtime::{Job, RuntimeOptions};
+use streamscale_engine::spec::JobSpec;
+
+fn job(records: u64) -> JobSpec {
+    let yaml = format!(
+        "name: maponly\noperators:\n  - {{ name: source, kind: source, count: {records}, rate: {{ constant: 1.0e12 }} }}\n  - {{ name: map, kind: map }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: source, to: map }}\n  - {{ from: map, to: sink }}\n"
+    );
+    let spec = JobSpec::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
+    spec.validate().unwrap_or_else(|e| panic!("{e}"));
+    spec
+}
+
+fn run(records: u64, metrics_enabled: bool) -> f64 {
+    let metrics = EngineMetrics::new().unwrap_or_else(|e| panic!("{e}"));
+    let options = RuntimeOptions {
+        metrics_enabled,
+        ..RuntimeOptions::default()
+    };
+    let start = Instant::now();
+    let job = Job::start(job(records), None, metrics, options).unwrap_or_else(|e| panic!("{e}"));
+    while !job.is_finished() {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let done = job.join();
+    assert!(done.errors.is_empty(), "{:?}", done.errors);
+    records as f64 / elapsed
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let records = args.first().copied().unwrap_or(2_000_000);
+    let rounds = args.get(1).copied().unwrap_or(7);
+    run(records / 10, true); // warm-up
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        on.push(run(records, true));
+        off.push(run(records, false));
+    }
+    let (on, off) = (median(on), median(off));
+    println!("map-only job, {records} records, median of {rounds} alternating rounds");
+    println!("metrics on : {on:>12.0} records/s");
+    println!("metrics off: {off:>12.0} records/s");
+    println!("overhead   : {:>11.2} %", (off - on) / off * 100.0);
+}
