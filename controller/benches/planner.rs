@@ -117,7 +117,7 @@ fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
         edges,
         autoscaler: AutoscalerSpec {
             target_utilization: 0.7,
-            latency_slo_seconds: 0.05,
+            latency_slo_seconds: 0.09,
             catch_up_seconds: 30.0,
         },
     };

@@ -896,10 +896,11 @@ impl OperatorTask {
         // Fire every open pane before closing the outputs when draining, or when the inputs
         // ended on their own (bounded sources finished): the job is complete.
         let natural_end = !ctx.control.stop.load(Ordering::SeqCst);
-        if error.is_none() && (natural_end || ctx.control.drain.load(Ordering::SeqCst)) {
-            if !self.fire_due_windows(&mut ctx, true) {
-                error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
-            }
+        if error.is_none()
+            && (natural_end || ctx.control.drain.load(Ordering::SeqCst))
+            && !self.fire_due_windows(&mut ctx, true)
+        {
+            error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
         }
         if let Behaviour::Sink { file: Some(f), .. } = &self.behaviour
             && let Ok(mut w) = f.lock()
