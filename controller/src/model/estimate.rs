@@ -114,24 +114,42 @@ pub(crate) fn estimate_indexed(
     window: &[MetricSample],
 ) -> Result<(f64, Vec<OperatorEstimate>), ModelError> {
     let elapsed = window_elapsed(window)?;
+    let s = window.len();
+    // table[op * s + sample]: that operator's subtasks in that sample. Both `topo.index` and
+    // each sample's map are sorted by name, so one merge per sample finds every operator.
+    let mut table: Vec<Option<&[SubtaskSample]>> = vec![None; topo.len() * s];
+    for (k, sample) in window.iter().enumerate() {
+        let mut theirs = sample.operators.iter().peekable();
+        for (name, &i) in &topo.index {
+            while theirs
+                .next_if(|(n, _)| n.as_str() < name.as_str())
+                .is_some()
+            {}
+            if let Some((_, subs)) = theirs.next_if(|(n, _)| *n == name) {
+                table[i * s + k] = Some(subs.as_slice());
+            }
+        }
+    }
     let ests = topo
         .names
         .iter()
         .zip(&topo.is_source)
-        .map(|(name, &is_source)| estimate_operator(name, is_source, window, elapsed))
+        .enumerate()
+        .map(|(i, (name, &is_source))| {
+            estimate_operator(name, is_source, &table[i * s..(i + 1) * s], elapsed)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((elapsed, ests))
 }
 
 fn subtasks<'a>(
-    window: &'a [MetricSample],
+    rows: &[Option<&'a [SubtaskSample]>],
     sample: usize,
     name: &str,
 ) -> Result<&'a [SubtaskSample], ModelError> {
-    window[sample]
-        .operators
-        .get(name)
-        .map(Vec::as_slice)
+    rows.get(sample)
+        .copied()
+        .flatten()
         .ok_or_else(|| ModelError::MissingOperator {
             operator: name.to_string(),
             sample,
@@ -192,10 +210,10 @@ fn counters(s: &SubtaskSample) -> [(&'static str, f64); 5] {
 fn estimate_operator(
     name: &str,
     is_source: bool,
-    window: &[MetricSample],
+    rows: &[Option<&[SubtaskSample]>],
     elapsed: f64,
 ) -> Result<OperatorEstimate, ModelError> {
-    let first = subtasks(window, 0, name)?;
+    let first = subtasks(rows, 0, name)?;
     let p = first.len();
     if p == 0 {
         return Err(ModelError::NoSubtasks {
@@ -214,8 +232,8 @@ fn estimate_operator(
             source_fields(name, k, 0, s)?;
         }
     }
-    for i in 1..window.len() {
-        let cur = subtasks(window, i, name)?;
+    for i in 1..rows.len() {
+        let cur = subtasks(rows, i, name)?;
         if cur.len() != p {
             return Err(ModelError::ParallelismChanged {
                 operator: name.to_string(),
@@ -239,6 +257,9 @@ fn estimate_operator(
                 .map(|((f, x), (_, y))| (f, x, y))
                 .chain(arrivals);
             for (field, x, y) in pairs {
+                if y >= x && y.is_finite() {
+                    continue; // x was validated: y is finite, non-negative and not a reset
+                }
                 check_value(name, k, i, field, y)?;
                 if y < x {
                     return Err(ModelError::CounterReset {
@@ -326,7 +347,16 @@ edges:
     #[test]
     fn rates_from_synthetic_counters() {
         let spec = job(CHAIN);
-        let est = estimate(&spec, &window(&ops(), &[10.0, 13.0, 20.0])).expect("estimates");
+        let mut w = window(&ops(), &[10.0, 13.0, 20.0]);
+        // Operators the job does not have are ignored, wherever they sort.
+        for s in &mut w {
+            for extra in ["aaa", "mapx", "zzz"] {
+                s.operators
+                    .insert(extra.into(), vec![SubtaskSample::default()]);
+            }
+        }
+        let est = estimate(&spec, &w).expect("estimates");
+        assert_eq!(est.operators.len(), 3);
         assert_eq!(est.elapsed_seconds, 10.0);
         let map = &est.operators["map"];
         assert_eq!(map.parallelism, 2);

@@ -179,21 +179,36 @@ impl Topology {
         dist.resize(n, 0.0);
         via.clear();
         via.resize(n, usize::MAX);
-        let mut best = (f64::NEG_INFINITY, usize::MAX);
-        for i in 0..n {
+        self.longest_path_update(sojourn, dist, via, 0)
+    }
+
+    /// [`Topology::longest_path_into`] after only operators at index `from` or later changed
+    /// their sojourn: `dist`/`via` below `from` are still valid (no edge goes backwards).
+    pub(crate) fn longest_path_update(
+        &self,
+        sojourn: &[f64],
+        dist: &mut [f64],
+        via: &mut [usize],
+        from: usize,
+    ) -> (f64, usize) {
+        let n = self.len();
+        for i in from..n {
             let mut d = 0.0;
-            let mut from = usize::MAX;
+            let mut arg = usize::MAX;
             for &j in &self.inputs[i] {
-                if from == usize::MAX || dist[j] > d {
+                if arg == usize::MAX || dist[j] > d {
                     d = dist[j];
-                    from = j;
+                    arg = j;
                 }
             }
             let own = if self.is_source[i] { 0.0 } else { sojourn[i] };
             dist[i] = d + own;
-            via[i] = from;
-            if self.outputs[i].is_empty() && (best.1 == usize::MAX || dist[i] > best.0) {
-                best = (dist[i], i);
+            via[i] = arg;
+        }
+        let mut best = (f64::NEG_INFINITY, usize::MAX);
+        for (i, (&d, outs)) in dist.iter().zip(&self.outputs).enumerate() {
+            if outs.is_empty() && (best.1 == usize::MAX || d > best.0) {
+                best = (d, i);
             }
         }
         if best.1 == usize::MAX {

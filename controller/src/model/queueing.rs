@@ -15,6 +15,12 @@ use serde::{Deserialize, Serialize};
 ///
 /// A non-positive or NaN load gives 0 for `servers ≥ 1`; `servers = 0` gives 1.
 pub fn erlang_b(servers: u32, offered_load: f64) -> f64 {
+    erlang_b_truncated(servers, offered_load, 0.0)
+}
+
+/// Erlang B recursion stopped once B_k ≤ `eps` (past k > a, B_k only decreases, so the result
+/// is an upper bound within `eps` of the exact value). `eps = 0` is exact.
+fn erlang_b_truncated(servers: u32, offered_load: f64, eps: f64) -> f64 {
     if servers == 0 {
         return 1.0;
     }
@@ -28,8 +34,8 @@ pub fn erlang_b(servers: u32, offered_load: f64) -> f64 {
     let mut b = 1.0;
     for k in 1..=servers {
         b = a * b / (f64::from(k) + a * b);
-        if b == 0.0 {
-            break; // underflow: stays 0 for every larger k
+        if b <= eps {
+            break; // eps = 0: underflow, stays 0 for every larger k
         }
     }
     b
@@ -39,6 +45,10 @@ pub fn erlang_b(servers: u32, offered_load: f64) -> f64 {
 /// C = B_c / (1 − ρ(1 − B_c)) with ρ = a/c. Dimensionless. Returns 1 when ρ ≥ 1 (unstable:
 /// every arrival waits) or `servers = 0`.
 pub fn erlang_c(servers: u32, offered_load: f64) -> f64 {
+    erlang_c_truncated(servers, offered_load, 0.0)
+}
+
+fn erlang_c_truncated(servers: u32, offered_load: f64, eps: f64) -> f64 {
     if servers == 0 {
         return 1.0;
     }
@@ -46,9 +56,14 @@ pub fn erlang_c(servers: u32, offered_load: f64) -> f64 {
     if rho.is_nan() || rho >= 1.0 {
         return 1.0;
     }
-    let b = erlang_b(servers, offered_load);
+    let b = erlang_b_truncated(servers, offered_load, eps);
     b / (1.0 - rho * (1.0 - b))
 }
+
+/// Below this blocking probability the planner's sojourn times stop the Erlang B recursion:
+/// the waiting-time error is then under 1e-18 / ((1 − ρ)(c − a)) service times, far below f64
+/// resolution of the sojourn, and a many-server evaluation costs O(a) instead of O(c).
+const SOJOURN_ERLANG_EPS: f64 = 1e-18;
 
 fn unstable(lambda: f64, mu: f64, servers: u32) -> bool {
     !(mu > 0.0 && mu.is_finite() && lambda.is_finite())
@@ -70,6 +85,10 @@ pub fn mm1_sojourn_time(lambda: f64, mu: f64) -> f64 {
 /// M/M/c mean waiting time in queue (seconds): Wq = C(c, a) / (cμ − λ), with C the Erlang C
 /// probability of waiting and a = λ/μ. `f64::INFINITY` when λ ≥ cμ; 0 when λ ≤ 0.
 pub fn mmc_waiting_time(lambda: f64, mu: f64, servers: u32) -> f64 {
+    mmc_waiting_time_truncated(lambda, mu, servers, 0.0)
+}
+
+fn mmc_waiting_time_truncated(lambda: f64, mu: f64, servers: u32, eps: f64) -> f64 {
     if unstable(lambda, mu, servers) {
         return f64::INFINITY;
     }
@@ -77,7 +96,7 @@ pub fn mmc_waiting_time(lambda: f64, mu: f64, servers: u32) -> f64 {
         return 0.0;
     }
     let c = f64::from(servers);
-    erlang_c(servers, lambda / mu) / (c * mu - lambda)
+    erlang_c_truncated(servers, lambda / mu, eps) / (c * mu - lambda)
 }
 
 /// M/M/c mean sojourn time (seconds): W = Wq + 1/μ. `f64::INFINITY` when λ ≥ cμ.
@@ -137,7 +156,8 @@ pub enum QueueKind {
 /// * [`QueueKind::Keyed`]: one of p G/G/1 queues at λ/p, Kingman's approximation
 ///   (the M/M/1 sojourn 1/(μ − λ/p) at ca = cs = 1).
 /// * [`QueueKind::Shared`]: a G/G/c queue with c = p, Allen-Cunneen's approximation
-///   (the M/M/c sojourn at ca = cs = 1).
+///   (the M/M/c sojourn at ca = cs = 1); the Erlang B recursion stops once the blocking
+///   probability is below 1e-18 (negligible next to the service time).
 ///
 /// `f64::INFINITY` when unstable (λ ≥ pμ) or μ is not a positive finite number.
 pub fn operator_sojourn_time(
@@ -156,7 +176,8 @@ pub fn operator_sojourn_time(
             kingman_waiting_time(lambda / f64::from(parallelism), mu, arrival_cv, service_cv)
         }
         QueueKind::Shared => {
-            allen_cunneen_waiting_time(lambda, mu, parallelism, arrival_cv, service_cv)
+            mmc_waiting_time_truncated(lambda, mu, parallelism, SOJOURN_ERLANG_EPS)
+                * variability(arrival_cv, service_cv)
         }
     };
     wq + 1.0 / mu
