@@ -14,7 +14,7 @@ use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::executor::{Executor, ExecutorError, RescaleOutcome};
-use crate::model::{Autoscaler, MetricSample, Verdict};
+use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use crate::plot::plot_timeline;
 use crate::progress;
 use crate::report::{self, Accounting, RecordTotals, ReportError, RescaleRecord, Summary};
@@ -28,6 +28,9 @@ pub const DEFAULT_JOB: &str = "examples/jobs/tweets.yaml";
 pub const DEFAULT_DURATION_S: f64 = 300.0;
 /// Consecutive failed scrapes after which a live engine is declared failed.
 pub const MAX_SCRAPE_FAILURES: u32 = 10;
+
+/// Longest wait after the run's duration for the sources' backlog to drain.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(120);
 
 /// Options of `streamscale run`.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +55,12 @@ pub struct RunOptions {
     pub window_s: f64,
     /// Engine binary (default: [`crate::runtime::local::locate_engine_binary`]).
     pub engine_bin: Option<PathBuf>,
+    /// No decision within this many seconds after a (re)start, seconds.
+    pub stabilization_s: f64,
+    /// A scale-down must be wanted this long before it happens, seconds.
+    pub scale_down_delay_s: f64,
+    /// Whether to apply decisions (`false`: run at the job's parallelism, like mode `off`).
+    pub autoscale: bool,
 }
 
 impl Default for RunOptions {
@@ -65,8 +74,11 @@ impl Default for RunOptions {
             report_dir: PathBuf::from("report"),
             interval_s: 1.0,
             slo_s: None,
-            window_s: 20.0,
+            window_s: 10.0,
             engine_bin: None,
+            stabilization_s: 3.0,
+            scale_down_delay_s: 15.0,
+            autoscale: true,
         }
     }
 }
@@ -416,7 +428,15 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let started = Instant::now();
         let metrics_url = |e: &EngineHandle| format!("{}/metrics", e.base_url);
 
-        let mut autoscaler = Autoscaler::default();
+        // The engine's rates are exact counter deltas from the first second after a restore
+        // (no moving averages to refill, unlike Flink's 60 s meters), so a short
+        // stabilization and a history of three intervals suffice.
+        let mut autoscaler = Autoscaler::new(GuardSettings {
+            window_seconds: (3.0 * self.opts.interval_s).min(self.opts.window_s),
+            stabilization_seconds: self.opts.stabilization_s,
+            scale_down_delay_seconds: self.opts.scale_down_delay_s,
+            ..GuardSettings::default()
+        });
         // Warm-up metrics are not representative: the first start counts as a restart.
         autoscaler.restarted(0.0);
         let mut window: VecDeque<MetricSample> = VecDeque::new();
@@ -424,6 +444,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let mut capacity = CapacityEstimator::default();
         let mut failure: Option<String> = None;
         let mut scrape_failures = 0;
+        let mut waiting_for_backlog = false;
+        let mut engine_changed = false;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let deadline = started + Duration::from_secs_f64(self.job.duration_s);
@@ -471,7 +493,11 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     &engine.parallelism,
                     self.job.trace_time(now_s),
                 );
-                capacity.observe(p, &cur, &self.sources);
+                // Counters restart with a new engine: an interval spanning a restore says
+                // nothing about service rates.
+                if !engine_changed {
+                    capacity.observe(p, &cur, &self.sources);
+                }
                 stats.capacity = capacity.capacity(&engine.parallelism);
                 self.accounting.add_interval(&stats, self.slo_s);
                 print(&progress::progress_line(
@@ -490,8 +516,27 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 window.pop_front();
             }
             prev = Some(cur);
+            engine_changed = false;
             if Instant::now() >= deadline {
-                break;
+                // When the replay window is over, let the sources catch up first so the final
+                // state covers the whole window (bounded by DRAIN_GRACE).
+                let backlog = self.rows.last().map_or(0.0, |r| r.backlog);
+                let trace_over = self
+                    .job
+                    .rate
+                    .as_ref()
+                    .and_then(RateFunction::wall_end)
+                    .is_some_and(|end| now_s >= end);
+                let grace_left = Instant::now() < deadline + DRAIN_GRACE;
+                if !(trace_over && backlog >= 1.0 && grace_left) {
+                    break;
+                }
+                if !waiting_for_backlog {
+                    waiting_for_backlog = true;
+                    print(&format!(
+                        "trace window over: waiting for the sources' backlog of {backlog:.0} records to drain"
+                    ));
+                }
             }
 
             let spec = self.job.spec.with_parallelism(&engine.parallelism);
@@ -500,6 +545,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
             let Verdict::Rescale(decision) = verdict else {
                 continue;
             };
+            if !self.opts.autoscale {
+                continue;
+            }
             if decision.parallelism == engine.parallelism {
                 continue;
             }
@@ -602,6 +650,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             }
             engine = outcome.engine().clone();
             window.clear();
+            engine_changed = true;
             autoscaler.restarted(done_s);
         }
 

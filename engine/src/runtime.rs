@@ -32,7 +32,7 @@ use prometheus::local::{LocalHistogram, LocalIntCounter};
 /// A record flowing between operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
-    /// Sequence number at the source (window outputs: of the newest contributing record).
+    /// Sequence number at the source (window outputs: the key).
     pub seq: u64,
     /// Key.
     pub key: u64,
@@ -40,8 +40,9 @@ pub struct Record {
     pub value: i64,
     /// Source records this record stands for (1, or a window pane's count).
     pub count: u64,
-    /// Arrival time at the source, µs since the Unix epoch (window outputs: of the newest
-    /// contributing record), from which the sink measures end-to-end latency.
+    /// Arrival time at the source, µs since the Unix epoch, from which the sink measures
+    /// end-to-end latency. Window outputs carry the firing time minus the largest delay any
+    /// of their records had on reaching the window, so latency excludes window buffering.
     pub created_us: u64,
 }
 
@@ -942,8 +943,9 @@ impl OperatorTask {
                 pane_end_us,
                 ..
             } => {
+                let now = now_unix_us();
                 if *pane_end_us == 0 {
-                    *pane_end_us = (now_unix_us() / *size_us + 1) * *size_us;
+                    *pane_end_us = (now / *size_us + 1) * *size_us;
                 }
                 let kg = key_group(rec.key, ctx.max_parallelism);
                 let s = state.entry(kg, rec.key);
@@ -951,7 +953,7 @@ impl OperatorTask {
                 s.total_sum += rec.value;
                 s.pane_count += rec.count;
                 s.pane_sum += rec.value;
-                s.pane_latest_created_us = s.pane_latest_created_us.max(rec.created_us);
+                s.pane_max_delay_us = s.pane_max_delay_us.max(now.saturating_sub(rec.created_us));
                 true
             }
             Behaviour::Sink {
@@ -1021,16 +1023,19 @@ impl OperatorTask {
         for keys in state.groups.values_mut() {
             for (key, s) in keys.iter_mut() {
                 if s.pane_count > 0 {
+                    // The result is stamped so that the sink measures the pane's largest
+                    // upstream delay plus the time after the window fired: latency without
+                    // the buffering a window does on purpose.
                     out.push(Record {
-                        seq: s.pane_latest_created_us,
+                        seq: *key,
                         key: *key,
                         value: s.pane_sum,
                         count: s.pane_count,
-                        created_us: s.pane_latest_created_us,
+                        created_us: now.saturating_sub(s.pane_max_delay_us),
                     });
                     s.pane_count = 0;
                     s.pane_sum = 0;
-                    s.pane_latest_created_us = 0;
+                    s.pane_max_delay_us = 0;
                 }
             }
         }

@@ -16,8 +16,9 @@ pub struct KeyState {
     pub pane_count: u64,
     /// Sum of values in the open pane.
     pub pane_sum: i64,
-    /// Creation time (µs since the Unix epoch) of the newest record in the open pane.
-    pub pane_latest_created_us: u64,
+    /// Largest delay (µs) from arrival at the source to arrival at the window among the
+    /// open pane's records.
+    pub pane_max_delay_us: u64,
 }
 
 /// The keyed state of one operator subtask (or of a whole operator, when merged): key group →

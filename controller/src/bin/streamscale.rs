@@ -50,8 +50,17 @@ enum Command {
         #[arg(long, allow_negative_numbers = true)]
         slo: Option<f64>,
         /// Sliding metric window for the planner, seconds.
-        #[arg(long, default_value_t = 20.0, allow_negative_numbers = true)]
+        #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
         window: f64,
+        /// Seconds after a (re)start before the planner may decide again.
+        #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
+        stabilization: f64,
+        /// Seconds a scale-down must be wanted before it is applied.
+        #[arg(long, default_value_t = 15.0, allow_negative_numbers = true)]
+        scale_down_delay: f64,
+        /// Only report decisions; run at the job's parallelism throughout.
+        #[arg(long)]
+        no_autoscale: bool,
         /// Engine binary (default: next to this executable, $STREAMSCALE_ENGINE_BIN, or PATH).
         #[arg(long)]
         engine: Option<PathBuf>,
@@ -129,6 +138,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             slo,
             window,
             engine,
+            stabilization,
+            scale_down_delay,
+            no_autoscale,
         } => {
             let opts = RunOptions {
                 job: job.unwrap_or_else(|| PathBuf::from(run::DEFAULT_JOB)),
@@ -141,6 +153,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 slo_s: slo,
                 window_s: window,
                 engine_bin: engine,
+                stabilization_s: stabilization,
+                scale_down_delay_s: scale_down_delay,
+                autoscale: !no_autoscale,
             };
             let outcome = run::run(&opts, &mut |line: &str| println!("{line}")).await?;
             let s = &outcome.summary;

@@ -53,12 +53,22 @@ pub struct OperatorEstimate {
 /// What the window says about one source.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SourceEstimate {
-    /// External arrival rate γ, records/s: Δsource_arrivals / Δt (summed over subtasks). It is
-    /// the rate records *should* have been emitted, so it is unbiased by backpressure.
+    /// External arrival rate γ the planner sizes for, records/s: the larger of
+    /// [`Self::window_arrival_rate`] and [`Self::recent_arrival_rate`], so that a rise is acted
+    /// on within one interval while a fall has to persist through the window (and the
+    /// guards' scale-down delay) before capacity is removed.
     pub arrival_rate: f64,
+    /// Δsource_arrivals / Δt over the whole window (summed over subtasks). Arrivals count the
+    /// records that *should* have been emitted, so the rate is unbiased by backpressure.
+    pub window_arrival_rate: f64,
+    /// The same over the window's last [`RECENT_INTERVALS`] intervals.
+    pub recent_arrival_rate: f64,
     /// Records that should have been emitted but were not, at the last sample (sum over subtasks).
     pub backlog_records: f64,
 }
+
+/// Number of most recent scrape intervals over which the recent arrival rate is measured.
+pub const RECENT_INTERVALS: usize = 1;
 
 /// Estimates for every operator of a job over one window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,6 +125,10 @@ pub(crate) fn estimate_indexed(
 ) -> Result<(f64, Vec<OperatorEstimate>), ModelError> {
     let elapsed = window_elapsed(window)?;
     let s = window.len();
+    // The recent part of the window: its last RECENT_INTERVALS intervals.
+    let recent_from = s.saturating_sub(RECENT_INTERVALS + 1);
+    let recent_elapsed = window[s - 1].at_seconds - window[recent_from].at_seconds;
+    let recent = (recent_elapsed > 0.0).then_some((recent_from, recent_elapsed));
     // table[op * s + sample]: that operator's subtasks in that sample. Both `topo.index` and
     // each sample's map are sorted by name, so one merge per sample finds every operator.
     let mut table: Vec<Option<&[SubtaskSample]>> = vec![None; topo.len() * s];
@@ -136,7 +150,7 @@ pub(crate) fn estimate_indexed(
         .zip(&topo.is_source)
         .enumerate()
         .map(|(i, (name, &is_source))| {
-            estimate_operator(name, is_source, &table[i * s..(i + 1) * s], elapsed)
+            estimate_operator(name, is_source, &table[i * s..(i + 1) * s], elapsed, recent)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((elapsed, ests))
@@ -212,6 +226,7 @@ fn estimate_operator(
     is_source: bool,
     rows: &[Option<&[SubtaskSample]>],
     elapsed: f64,
+    recent: Option<(usize, f64)>,
 ) -> Result<OperatorEstimate, ModelError> {
     let first = subtasks(rows, 0, name)?;
     let p = first.len();
@@ -285,10 +300,19 @@ fn estimate_operator(
     let d_bp = delta(|s| s.backpressured_seconds);
     let pf = p as f64;
     let source = if is_source {
-        let d_arr = delta(|s| s.source_arrivals.unwrap_or(0.0));
+        let arrivals = |row: &[SubtaskSample]| -> f64 {
+            row.iter().map(|s| s.source_arrivals.unwrap_or(0.0)).sum()
+        };
+        let window_rate = (arrivals(last) - arrivals(first)) / elapsed;
+        let recent_rate = match recent {
+            Some((from, dt)) => (arrivals(last) - arrivals(subtasks(rows, from, name)?)) / dt,
+            None => window_rate,
+        };
         let backlog = last.iter().map(|s| s.source_backlog.unwrap_or(0.0)).sum();
         Some(SourceEstimate {
-            arrival_rate: d_arr / elapsed,
+            arrival_rate: window_rate.max(recent_rate),
+            window_arrival_rate: window_rate,
+            recent_arrival_rate: recent_rate,
             backlog_records: backlog,
         })
     } else {
