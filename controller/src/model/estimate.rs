@@ -396,6 +396,47 @@ edges:
     }
 
     #[test]
+    fn a_rise_counts_at_once_a_fall_only_over_the_window() {
+        let spec = job(CHAIN);
+        // γ = 100 rec/s for 8 s, then 400 rec/s in the last 1 s interval.
+        let mut w = window(&ops(), &[0.0, 4.0, 8.0, 9.0]);
+        let arrivals = |t: f64| {
+            if t <= 8.0 {
+                100.0 * t
+            } else {
+                800.0 + 400.0 * (t - 8.0)
+            }
+        };
+        for s in &mut w {
+            let a = arrivals(s.at_seconds);
+            s.operators.get_mut("src").expect("src")[0].source_arrivals = Some(a);
+        }
+        let src = estimate(&spec, &w).expect("estimates").operators["src"]
+            .source
+            .expect("source");
+        assert!((src.window_arrival_rate - 1200.0 / 9.0).abs() < 1e-9);
+        assert!((src.recent_arrival_rate - 400.0).abs() < 1e-9);
+        assert!((src.arrival_rate - 400.0).abs() < 1e-9);
+        // A fall in the last interval does not lower γ below the window average.
+        let fall = |t: f64| {
+            if t <= 8.0 {
+                100.0 * t
+            } else {
+                800.0 + 10.0 * (t - 8.0)
+            }
+        };
+        for s in &mut w {
+            let a = fall(s.at_seconds);
+            s.operators.get_mut("src").expect("src")[0].source_arrivals = Some(a);
+        }
+        let src = estimate(&spec, &w).expect("estimates").operators["src"]
+            .source
+            .expect("source");
+        assert!((src.recent_arrival_rate - 10.0).abs() < 1e-9);
+        assert!((src.arrival_rate - 810.0 / 9.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn window_errors() {
         let spec = job(CHAIN);
         let w = window(&ops(), &[0.0, 5.0, 10.0]);
