@@ -620,6 +620,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             match &outcome {
                 RescaleOutcome::Rescaled { savepoint, .. } => {
                     print(&progress::rescale_done_line(done_s, &change, downtime_s));
+                    autoscaler.observe_rescale_downtime(downtime_s);
                     record.outcome = "rescaled".into();
                     record.savepoint = Some(savepoint.path.clone());
                     self.rescales.push(record);

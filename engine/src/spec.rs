@@ -30,6 +30,7 @@ pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 pub const MAX_KEY_GROUPS: u32 = 32_768;
 
 /// A whole job: operators, edges and job-wide settings.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobSpec {
@@ -52,6 +53,7 @@ pub struct JobSpec {
 }
 
 /// One operator of the job graph.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorSpec {
@@ -77,6 +79,7 @@ pub struct OperatorSpec {
 }
 
 /// Operator kinds, selected by the `kind` field.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
 pub enum OperatorKind {
@@ -136,6 +139,7 @@ impl OperatorKind {
 }
 
 /// How a source's emission rate (records/s of wall-clock time) varies over time.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum RateSpec {
@@ -149,6 +153,7 @@ pub enum RateSpec {
 }
 
 /// One step of a stepped rate.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RateStep {
@@ -162,6 +167,7 @@ pub struct RateStep {
 ///
 /// Trace time advances `speedup` trace-seconds per wall-clock second from `startSeconds`;
 /// the emitted rate in records/s is the trace's rate at that trace time times `scale`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TraceRate {
@@ -185,6 +191,7 @@ pub struct TraceRate {
 }
 
 /// Interpretation of missing rows in a trace.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum GapPolicy {
@@ -196,6 +203,7 @@ pub enum GapPolicy {
 }
 
 /// A directed edge between two operators.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EdgeSpec {
@@ -206,6 +214,14 @@ pub struct EdgeSpec {
 }
 
 /// Parallelism bounds for the autoscaler.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(extend("x-kubernetes-validations" = [{
+        "rule": "!has(self.min) || !has(self.max) || self.min <= self.max",
+        "message": "scaling.min must be less than or equal to scaling.max"
+    }]))
+)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScalingBounds {
@@ -218,6 +234,7 @@ pub struct ScalingBounds {
 }
 
 /// Autoscaler settings carried in the job file (read by the controller, ignored by the engine).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AutoscalerSpec {

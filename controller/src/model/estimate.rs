@@ -46,6 +46,9 @@ pub struct OperatorEstimate {
     pub backpressured_share: f64,
     /// Records waiting in the input queue(s) at the last sample (sum over subtasks).
     pub queue_length: f64,
+    /// Share of the operator's input each subtask took in the window (index = subtask; sums
+    /// to 1). Empty when the operator had no input.
+    pub subtask_input_shares: Vec<f64>,
     /// Source-only figures (`None` for other operators).
     pub source: Option<SourceEstimate>,
 }
@@ -340,6 +343,15 @@ fn estimate_operator(
         utilization: (d_busy / (pf * elapsed)).clamp(0.0, 1.0),
         backpressured_share: (d_bp / (pf * elapsed)).clamp(0.0, 1.0),
         queue_length: last.iter().map(|s| s.queue_length).sum(),
+        subtask_input_shares: if d_in > 0.0 {
+            first
+                .iter()
+                .zip(last)
+                .map(|(a, b)| (b.records_in - a.records_in) / d_in)
+                .collect()
+        } else {
+            Vec::new()
+        },
         source,
     })
 }

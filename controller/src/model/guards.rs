@@ -134,6 +134,20 @@ impl Autoscaler {
         self.state.pending_scale_downs.clear();
     }
 
+    /// Records the measured downtime (seconds) of a completed rescale. The planner then sizes
+    /// scale-ups to drain the backlog a rescale creates (downtime × γ) within the catch-up
+    /// time, using an exponentially weighted mean (weight 0.5) of the measured downtimes.
+    pub fn observe_rescale_downtime(&mut self, seconds: f64) {
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return;
+        }
+        let planner = &mut self.settings.planner;
+        planner.rescale_downtime_seconds = Some(match planner.rescale_downtime_seconds {
+            Some(prev) => 0.5 * prev + 0.5 * seconds,
+            None => seconds,
+        });
+    }
+
     /// Decides at `now_s` (seconds) from a metric window (oldest first) of the job `spec`.
     /// Never fails: every problem (too little data, a planning error) is a
     /// [`Verdict::Hold`] with the reason.
@@ -311,6 +325,16 @@ edges:
             Verdict::Rescale(d) => Some(&d.parallelism),
             Verdict::Hold { .. } => None,
         }
+    }
+
+    #[test]
+    fn measured_downtime_feeds_the_planner() {
+        let mut a = Autoscaler::new(GuardSettings::default());
+        assert_eq!(a.settings().planner.rescale_downtime_seconds, None);
+        a.observe_rescale_downtime(2.0);
+        a.observe_rescale_downtime(4.0);
+        a.observe_rescale_downtime(f64::NAN);
+        assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(3.0));
     }
 
     #[test]

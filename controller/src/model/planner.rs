@@ -23,8 +23,9 @@ use streamscale_engine::spec::{AutoscalerSpec, JobSpec};
 use super::ModelError;
 use super::estimate::{OperatorEstimate, estimate_indexed};
 use super::network::Topology;
-use super::queueing::operator_sojourn_time;
+use super::queueing::{QueueKind, operator_sojourn_time};
 use super::sample::MetricSample;
+use streamscale_engine::keygroup::key_group_range;
 
 /// Planner settings. `None` fields take their value from the job's [`AutoscalerSpec`]
 /// (`autoscaler:` in the job file) or the documented default.
@@ -45,6 +46,10 @@ pub struct PlannerSettings {
     pub service_cv: Option<f64>,
     /// Coefficient of variation ca of inter-arrival times. `None` = 1, Poisson arrivals.
     pub arrival_cv: Option<f64>,
+    /// Expected downtime of a rescale, seconds (measured from this job's past rescales by the
+    /// caller). Its backlog, downtime × γ, is added to what must drain within the catch-up
+    /// time, so a scale-up is sized to absorb the rescale it causes. `None` = 0.
+    pub rescale_downtime_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +59,7 @@ pub(crate) struct Resolved {
     pub catch_up: f64,
     pub ca: f64,
     pub cs: f64,
+    pub downtime: f64,
 }
 
 impl PlannerSettings {
@@ -64,6 +70,7 @@ impl PlannerSettings {
             catch_up: self.catch_up_seconds.unwrap_or(a.catch_up_seconds),
             ca: self.arrival_cv.unwrap_or(1.0),
             cs: self.service_cv.unwrap_or(1.0),
+            downtime: self.rescale_downtime_seconds.unwrap_or(0.0),
         };
         let bad = |what: String| Err(ModelError::InvalidSettings(what));
         if !(r.rho > 0.0 && r.rho <= 1.0) {
@@ -76,6 +83,12 @@ impl PlannerSettings {
             return bad(format!(
                 "catch-up time {} s must be positive and finite",
                 r.catch_up
+            ));
+        }
+        if !(r.downtime >= 0.0 && r.downtime.is_finite()) {
+            return bad(format!(
+                "rescale downtime {} s must be non-negative and finite",
+                r.downtime
             ));
         }
         for (name, v) in [("arrival", r.ca), ("service", r.cs)] {
@@ -214,7 +227,15 @@ pub(crate) struct Model {
     lambda_steady: Vec<f64>,
     bounds: Vec<(u32, u32)>,
     spec_parallelism: Vec<u32>,
+    /// Keyed operators: estimated share of the input per key group (sums to 1); `None` for
+    /// shared-queue operators.
+    kg_load: Vec<Option<Vec<f64>>>,
+    /// Number of key groups (the job's maxParallelism).
+    key_groups: u32,
 }
+
+/// A key group is hot when its estimated load is at least this multiple of the mean.
+pub const HOT_KEY_GROUP_FACTOR: f64 = 2.0;
 
 /// Relative slack when rounding λ/(ρμ) up, so that 2.0000000001 from float noise is 2.
 const CEIL_SLACK: f64 = 1e-9;
@@ -254,11 +275,21 @@ impl Model {
             .iter()
             .map(|e| e.source.map_or(0.0, |x| x.arrival_rate))
             .collect();
+        // The backlog now, plus the backlog the rescale itself creates (its downtime times the
+        // arrival rate), drains within the catch-up time.
         let gamma_target: Vec<f64> = est
             .iter()
             .map(|e| {
-                e.source
-                    .map_or(0.0, |x| x.arrival_rate + x.backlog_records / s.catch_up)
+                e.source.map_or(0.0, |x| {
+                    x.arrival_rate + (x.backlog_records + x.arrival_rate * s.downtime) / s.catch_up
+                })
+            })
+            .collect();
+        let key_groups = spec.max_parallelism.max(1);
+        let kg_load = (0..n)
+            .map(|i| {
+                (topo.queue[i] == QueueKind::Keyed)
+                    .then(|| key_group_load(&est[i].subtask_input_shares, key_groups))
             })
             .collect();
         let gain: Vec<f64> = est.iter().map(|e| e.selectivity).collect();
@@ -275,7 +306,38 @@ impl Model {
             lambda_steady,
             bounds,
             spec_parallelism,
+            kg_load,
+            key_groups,
         })
+    }
+
+    /// Share of operator `i`'s input that its busiest subtask receives at parallelism `p`:
+    /// keyed operators sum the key-group loads of each subtask's contiguous key-group range
+    /// (so both skew and an uneven split of key groups count); other operators share one
+    /// queue, 1/p.
+    fn max_share(&self, i: usize, p: u32) -> f64 {
+        let p = p.max(1);
+        let Some(load) = &self.kg_load[i] else {
+            return 1.0 / f64::from(p);
+        };
+        (0..p.min(self.key_groups))
+            .map(|j| {
+                let r = key_group_range(j, p.min(self.key_groups), self.key_groups);
+                load[r.start as usize..r.end as usize].iter().sum::<f64>()
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Arrival rate to size operator `i` against as if its `p` subtasks were evenly loaded:
+    /// λ · max_share(p) · p, so that λ_eff / p is the busiest subtask's arrival rate.
+    fn effective_lambda(&self, i: usize, lambda: f64, p: u32) -> f64 {
+        lambda * self.max_share(i, p) * f64::from(p.max(1))
+    }
+
+    /// Predicted utilization ρ of operator `i`'s busiest subtask at `p` and the target rate.
+    fn predicted_rho(&self, i: usize, p: u32) -> Option<f64> {
+        self.mu(i)
+            .map(|m| self.effective_lambda(i, self.lambda_target[i], p) / (f64::from(p.max(1)) * m))
     }
 
     fn mu(&self, i: usize) -> Option<f64> {
@@ -291,7 +353,7 @@ impl Model {
         match self.mu(i) {
             Some(mu) => operator_sojourn_time(
                 self.topo.queue[i],
-                self.lambda_steady[i],
+                self.effective_lambda(i, self.lambda_steady[i], p),
                 mu,
                 p,
                 self.s.ca,
@@ -299,6 +361,80 @@ impl Model {
             ),
             None => 0.0,
         }
+    }
+
+    /// Keyed operator `i`: the smallest parallelism from `from` (the DS2 value, a lower bound
+    /// since max_share(p) ≥ 1/p) up to the number of key groups whose busiest subtask stays at
+    /// or under the target utilization (it may exceed the operator's max: the caller clamps
+    /// and reports), then lowered to the smallest parallelism with the same busiest-subtask
+    /// share (key-group alignment: with K key groups in contiguous ranges, p and
+    /// ⌈K / ⌈K/p⌉⌉ give every subtask at most ⌈K/p⌉ groups, so extra subtasks would add
+    /// nothing). When one key group alone exceeds a subtask's capacity at the target, more
+    /// parallelism cannot help: the operator keeps its current parallelism and is reported as a
+    /// hot-key bottleneck.
+    fn size_keyed(
+        &self,
+        i: usize,
+        from: u32,
+        mu: f64,
+        why: &mut String,
+        reasons: &mut Vec<String>,
+    ) -> u32 {
+        let lambda = self.lambda_target[i];
+        let cap = self.s.rho * mu;
+        let hottest = self.kg_load[i]
+            .as_ref()
+            .map_or(0.0, |l| l.iter().copied().fold(0.0, f64::max));
+        // Hot key: a key group with at least twice the mean load (the estimate spreads each
+        // subtask's load over its range, so uneven ranges alone differ by far less).
+        let skewed = hottest * f64::from(self.key_groups) >= HOT_KEY_GROUP_FACTOR;
+        if skewed && lambda * hottest > cap * (1.0 + CEIL_SLACK) {
+            let cur = self.est[i].parallelism;
+            reasons.push(format!(
+                "{}: hot-key bottleneck: one key group takes {:.1}% of {} rec/s, more than one subtask's {} rec/s at ρ {:.2}; more parallelism cannot help, keeps p={cur}",
+                self.name(i),
+                hottest * 100.0,
+                fmt_rate(lambda),
+                fmt_rate(cap),
+                self.s.rho
+            ));
+            let _ = write!(why, "; hot key group: keeps p={cur}");
+            return cur;
+        }
+        let fits = |p: u32| lambda * self.max_share(i, p) <= cap * (1.0 + CEIL_SLACK);
+        let mut p = from.clamp(1, self.key_groups);
+        while p < self.key_groups && !fits(p) {
+            p += 1;
+        }
+        if !fits(p) {
+            // Even one key group per subtask is too much: more than the key groups are needed.
+            return self.key_groups.saturating_add(1).max(from);
+        }
+        let share = self.max_share(i, p);
+        while p > 1 && self.max_share(i, p - 1) <= share * (1.0 + 1e-12) {
+            p -= 1;
+        }
+        if p != from {
+            let _ = write!(
+                why,
+                "; key groups: the busiest subtask takes {:.1}% of the input at p={p} → p={p}",
+                share * 100.0
+            );
+        }
+        p
+    }
+
+    /// The next parallelism above `p` worth trying for operator `i` in the latency allocation,
+    /// within its max: `p + 1`, or for a keyed operator the smallest higher parallelism that
+    /// lowers its busiest subtask's share (adding subtasks that leave ⌈K/p⌉ unchanged cuts no
+    /// latency, which would break the convexity the greedy allocation relies on).
+    fn next_parallelism(&self, i: usize, p: u32) -> Option<u32> {
+        let hi = self.bounds[i].1;
+        if self.kg_load[i].is_none() {
+            return (p < hi).then_some(p + 1);
+        }
+        let share = self.max_share(i, p);
+        (p + 1..=hi.min(self.key_groups)).find(|&q| self.max_share(i, q) < share * (1.0 - 1e-12))
     }
 
     fn name(&self, i: usize) -> &str {
@@ -379,7 +515,6 @@ impl Model {
             } else {
                 need as u32
             };
-            p[i] = need_u.clamp(lo, hi);
             why[i] = format!(
                 "DS2: λ_target {} rec/s / (ρ_target {:.2} × μ {} rec/s) = {:.2} → p={}",
                 fmt_rate(lambda),
@@ -388,9 +523,15 @@ impl Model {
                 x,
                 need_u
             );
+            let need_u = if self.kg_load[i].is_some() {
+                self.size_keyed(i, need_u, mu, &mut why[i], &mut reasons)
+            } else {
+                need_u
+            };
+            p[i] = need_u.clamp(lo, hi);
             if need_u > hi {
                 clamped[i] = true;
-                let rho = lambda / (f64::from(hi) * mu);
+                let rho = self.predicted_rho(i, hi).unwrap_or(f64::INFINITY);
                 let _ = write!(why[i], "; clamped to max {hi}: predicted ρ={rho:.2}");
                 reasons.push(format!(
                     "{}: needs p={} for ρ ≤ {:.2} but its max is {}; predicted ρ={:.2}{}",
@@ -435,14 +576,23 @@ impl Model {
                 ));
             } else {
                 let before = lat;
-                let mut next: Vec<Option<f64>> = vec![None; n];
+                // Next candidate (parallelism, sojourn) per operator.
+                let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
                 let mut added = vec![0u32; n];
                 while lat > self.s.slo {
                     let mut best: Option<(f64, usize)> = None;
                     let mut at = end;
                     while at != usize::MAX {
-                        if adjustable(at) && p[at] < self.bounds[at].1 {
-                            let nx = *next[at].get_or_insert_with(|| self.sojourn(at, p[at] + 1));
+                        let cand = if adjustable(at) && p[at] < self.bounds[at].1 {
+                            *next[at].get_or_insert_with(|| {
+                                self.next_parallelism(at, p[at])
+                                    .map_or((u32::MAX, w[at]), |q| (q, self.sojourn(at, q)))
+                            })
+                        } else {
+                            (u32::MAX, w[at])
+                        };
+                        if cand.0 != u32::MAX {
+                            let nx = cand.1;
                             let score = if w[at].is_infinite() {
                                 if nx.is_finite() {
                                     f64::INFINITY
@@ -450,7 +600,8 @@ impl Model {
                                     f64::MAX
                                 }
                             } else {
-                                w[at] - nx
+                                // Latency cut per subtask added (a keyed jump adds several).
+                                (w[at] - nx) / f64::from(cand.0 - p[at])
                             };
                             if best.is_none_or(|(b, _)| score > b) {
                                 best = Some((score, at));
@@ -465,9 +616,12 @@ impl Model {
                         ));
                         break;
                     };
-                    p[i] += 1;
-                    w[i] = next[i].take().unwrap_or_else(|| self.sojourn(i, p[i]));
-                    added[i] += 1;
+                    let (q, wq) = next[i]
+                        .take()
+                        .unwrap_or_else(|| (p[i] + 1, self.sojourn(i, p[i] + 1)));
+                    added[i] += q - p[i];
+                    p[i] = q;
+                    w[i] = wq;
                     (lat, end) = self.topo.longest_path_update(&w, &mut dist, &mut via, i);
                 }
                 let list: Vec<String> = (0..n)
@@ -526,8 +680,7 @@ impl Model {
                     selectivity_is_prior: e.selectivity_is_prior,
                     observed_utilization: e.utilization,
                     backpressured_share: e.backpressured_share,
-                    predicted_utilization: mu
-                        .map(|m| self.lambda_target[i] / (f64::from(p[i].max(1)) * m)),
+                    predicted_utilization: self.predicted_rho(i, p[i]),
                     predicted_sojourn_seconds: self.sojourn(i, p[i]),
                     clamped_at_max: clamped[i],
                     reason,
@@ -627,13 +780,31 @@ impl Model {
             };
             let p = d.parallelism.get(name).copied().unwrap_or(plan.parallelism);
             plan.parallelism = p;
-            plan.predicted_utilization = self
-                .mu(i)
-                .map(|m| self.lambda_target[i] / (f64::from(p.max(1)) * m));
+            plan.predicted_utilization = self.predicted_rho(i, p);
             plan.predicted_sojourn_seconds = self.sojourn(i, p);
         }
         self.refresh_latency(d);
     }
+}
+
+/// Estimated input share per key group (sums to 1) of a keyed operator from its subtasks'
+/// input shares at the current parallelism: each subtask's share spread evenly over the
+/// key groups it owns. Uniform when the shares are unknown (no input in the window).
+pub fn key_group_load(subtask_shares: &[f64], key_groups: u32) -> Vec<f64> {
+    let k = key_groups.max(1);
+    let p = subtask_shares.len() as u32;
+    if p == 0 || p > k || subtask_shares.iter().sum::<f64>() <= 0.0 {
+        return vec![1.0 / f64::from(k); k as usize];
+    }
+    let mut load = vec![0.0; k as usize];
+    for (j, share) in subtask_shares.iter().enumerate() {
+        let r = key_group_range(j as u32, p, k);
+        let width = f64::from(r.end - r.start).max(1.0);
+        for kg in r {
+            load[kg as usize] = share / width;
+        }
+    }
+    load
 }
 
 #[cfg(test)]
@@ -867,10 +1038,118 @@ edges:
             "{ name: map, kind: window, sizeMs: 1000, parallelism: 2 }",
         ));
         let d = plan(&spec, &ds2_window(), &PlannerSettings::default()).expect("plans");
-        // Same sizing (p = 3), but sojourn is M/M/1 at λ/p = 100/3: W = 1/(62.5 − 33.33) = 0.034286 s.
+        // Same sizing (p = 3), but sojourn is M/M/1 at the busiest subtask's arrival rate: with
+        // 128 key groups in contiguous ranges 43/43/42 and even load it takes 43/128 of
+        // λ = 100 → 33.59 rec/s: W = 1/(62.5 − 33.59) = 0.034590 s.
         let map = &d.operators["map"];
         assert_eq!(map.parallelism, 3);
-        assert!((map.predicted_sojourn_seconds - 1.0 / (62.5 - 100.0 / 3.0)).abs() < 1e-12);
+        let hot = 100.0 * 43.0 / 128.0;
+        assert!((map.predicted_sojourn_seconds - 1.0 / (62.5 - hot)).abs() < 1e-12);
+        // ρ is taken at the target rate (110 rec/s, with catch-up) on the busiest subtask.
+        let rho = map.arrival_rate * 43.0 / 128.0 / 62.5;
+        assert!((map.predicted_utilization.expect("μ") - rho).abs() < 1e-12);
+    }
+
+    /// A keyed chain src → win (p subtasks) → sink, over 10 s, with γ = `gamma` rec/s, μ = 100
+    /// rec/s per subtask and the given per-subtask input shares of `win`.
+    fn keyed_window(p: u32, gamma: f64, shares: &[f64]) -> (JobSpec, Vec<MetricSample>) {
+        let spec = job(&format!(
+            "name: keyed\noperators:\n  - {{ name: src, kind: source, rate: {{ constant: 1 }} }}\n  - {{ name: win, kind: window, sizeMs: 1000, parallelism: {p} }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: src, to: win }}\n  - {{ from: win, to: sink }}\n"
+        ));
+        let at = |t: f64| {
+            let win = shares
+                .iter()
+                .map(|sh| {
+                    let rin = gamma * sh * t;
+                    sub(rin, rin * 0.1, rin / 100.0, 0.0)
+                })
+                .collect();
+            MetricSample {
+                at_seconds: t,
+                operators: [
+                    ("src".to_string(), vec![src(gamma * t, 0.0)]),
+                    ("win".to_string(), win),
+                    (
+                        "sink".to_string(),
+                        vec![sub(gamma * 0.1 * t, 0.0, 0.001 * t, 0.0)],
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+            }
+        };
+        (spec, vec![at(0.0), at(5.0), at(10.0)])
+    }
+
+    #[test]
+    fn key_group_alignment_drops_subtasks_that_add_nothing() {
+        // DS2 asks for ⌈3500 / 70⌉ = 50 subtasks; with 128 key groups p=50 gives some subtask 3
+        // groups, and 43 subtasks already give every subtask at most 3: ρ = 3500·3/128/100 = 0.82
+        // > 0.7, so the busiest subtask needs ⌈128/p⌉ = 2 groups: p = 64.
+        let (spec, w) = keyed_window(4, 3500.0, &[0.25; 4]);
+        let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        assert_eq!(d.parallelism["win"], 64, "{:?}", d.operators["win"].reason);
+        // At 2800 rec/s DS2 says 40 (ρ would be 2800·4/128/100 = 0.875 on a 4-group subtask);
+        // 3 groups per subtask (ρ 0.656) needs only ⌈128/3⌉ = 43.
+        let (spec, w) = keyed_window(4, 2800.0, &[0.25; 4]);
+        let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        assert_eq!(d.parallelism["win"], 43, "{:?}", d.operators["win"].reason);
+        assert!(d.operators["win"].predicted_utilization.expect("μ") <= 0.7);
+    }
+
+    #[test]
+    fn skew_sizes_for_the_busiest_subtask() {
+        // Subtask 0 of 2 takes 80% of 100 rec/s: its 64 key groups carry 1.25% each, the
+        // others 0.3125%. DS2 (no skew) would say ⌈100/70⌉ = 2; the busiest subtask must stay
+        // under 70 rec/s: 100 · share ≤ 70 → share ≤ 0.7; at p=2 the share is 0.8, at p=3
+        // ranges 0..43, 43..86, 86..128 give 43·1.25% = 53.75% → p = 3.
+        let (spec, w) = keyed_window(2, 100.0, &[0.8, 0.2]);
+        let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        assert_eq!(d.parallelism["win"], 3);
+        let rho = d.operators["win"].predicted_utilization.expect("μ");
+        assert!(
+            (rho - 100.0 * 43.0 * 0.8 / 64.0 / 100.0).abs() < 1e-9,
+            "{rho}"
+        );
+        let load = key_group_load(&[0.8, 0.2], 128);
+        assert!((load.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!((load[0] - 0.8 / 64.0).abs() < 1e-15 && (load[127] - 0.2 / 64.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn a_hot_key_group_is_reported_and_not_scaled() {
+        // One subtask of 128 (one key group each) takes half of 200 rec/s: 100 rec/s > 70.
+        let mut shares = vec![0.5 / 127.0; 128];
+        shares[0] = 0.5;
+        let (mut spec, w) = keyed_window(128, 200.0, &shares);
+        spec.max_parallelism = 128;
+        let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        assert_eq!(d.parallelism["win"], 128);
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("win: hot-key bottleneck")),
+            "{:?}",
+            d.reasons
+        );
+    }
+
+    #[test]
+    fn rescale_downtime_adds_its_backlog_to_the_catch_up() {
+        // γ = 1000 rec/s, μ = 100, catch-up 30 s, no backlog: DS2 gives ⌈1000/70⌉ = 15. A rescale
+        // of 4.2 s creates 4200 records; draining them in 30 s adds 140 rec/s: ⌈1140/70⌉ = 17.
+        let (spec, w) = keyed_window(4, 1000.0, &[0.25; 4]);
+        let shared = spec.to_yaml().replace("kind: window", "kind: map");
+        let spec = job(&shared.replace("sizeMs: 1000", ""));
+        let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        assert_eq!(d.parallelism["win"], 15);
+        let settings = PlannerSettings {
+            rescale_downtime_seconds: Some(4.2),
+            ..PlannerSettings::default()
+        };
+        let d = plan(&spec, &w, &settings).expect("plans");
+        assert_eq!(d.parallelism["win"], 17);
+        assert!((d.sources["src"].target_rate - 1140.0).abs() < 1e-9);
     }
 
     #[test]
@@ -1003,6 +1282,10 @@ edges:
                 if op.kind == "source" {
                     prop_assert_eq!(op.parallelism, op.current_parallelism);
                     continue;
+                }
+                let hot = format!("{name}: hot-key bottleneck");
+                if dec.reasons.iter().any(|r| r.starts_with(&hot)) {
+                    continue; // kept on purpose: more parallelism cannot help a hot key
                 }
                 prop_assert!(op.parallelism >= 1 && op.parallelism <= op.max_parallelism);
                 let u = op.predicted_utilization.expect("μ known");
