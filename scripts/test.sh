@@ -15,4 +15,9 @@ rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup compon
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
+# A real control plane for the operator's tests: kube-apiserver and helm built from the Go module
+# proxy (cached in ~/.cache/streamscale/k8s; about 16 minutes the first time on 2 cores), etcd and
+# kubectl from Debian. The tests start it; the trap stops it.
+./scripts/k8s-testenv.sh build
+trap './scripts/k8s-testenv.sh stop >/dev/null 2>&1 || true' EXIT
 cargo test --workspace

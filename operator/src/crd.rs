@@ -1,0 +1,471 @@
+//! The `StreamJob` custom resource (`streamscale.dev/v1alpha1`).
+//!
+//! The doc comments of the spec and status fields below become the descriptions of the CRD's
+//! OpenAPI schema (`kubectl explain streamjob.spec`), so they are written for users.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use streamscale_engine::spec::JobSpec;
+
+/// Annotation that points the operator at a given engine URL instead of the engine Service
+/// (`http://NAME-engine.NAMESPACE.svc:8081`). For tests and development, where the engine runs
+/// outside the cluster (for example on loopback beside a local operator).
+pub const ENGINE_URL_ANNOTATION: &str = "streamscale.dev/engine-url";
+
+/// Finalizer the operator puts on every StreamJob (takes the final savepoint on delete).
+pub const FINALIZER: &str = "streamscale.dev/final-savepoint";
+
+/// A streaming job run by the bundled streamscale engine and autoscaled by the operator.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "streamscale.dev",
+    version = "v1alpha1",
+    kind = "StreamJob",
+    plural = "streamjobs",
+    shortname = "sj",
+    category = "streamscale",
+    namespaced,
+    status = "StreamJobStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Parallelism","type":"integer","description":"Total subtasks running","jsonPath":".status.totalParallelism"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.autoscaler.mode"}"#,
+    printcolumn = r#"{"name":"Bottleneck","type":"string","jsonPath":".status.lastDecision.bottleneck"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamJobSpec {
+    /// The job graph: operators, edges and job-wide settings, in exactly the schema of the
+    /// engine's job YAML (`name`, `maxParallelism`, `operators`, `edges`, ...). Each operator's
+    /// `parallelism` is the initial parallelism; `scaling.min`/`scaling.max` bound what the
+    /// autoscaler may choose. The job's own `autoscaler:` block is overridden by
+    /// `spec.autoscaler`.
+    #[schemars(schema_with = "job_graph_schema")]
+    pub job: JobSpec,
+    /// The engine container: image and resources per subtask.
+    #[serde(default)]
+    pub engine: EngineSettings,
+    /// Where checkpoints and savepoints are kept.
+    #[serde(default)]
+    pub storage: StorageSettings,
+    /// How the operator scales the job.
+    #[serde(default)]
+    pub autoscaler: AutoscalerSettings,
+    /// Take a final savepoint (stop-with-savepoint) before the job is deleted. Default false.
+    #[serde(default)]
+    pub savepoint_on_delete: bool,
+}
+
+/// The engine container.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineSettings {
+    /// Engine image (runs `streamscale-engine`). Default `ghcr.io/streamscale/streamscale-engine:0.1.0`.
+    #[serde(default = "default_image")]
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// Image pull policy: `Always`, `IfNotPresent` or `Never`. Default `IfNotPresent`.
+    #[serde(default = "default_pull_policy")]
+    #[schemars(regex(pattern = r"^(Always|IfNotPresent|Never)$"))]
+    pub image_pull_policy: String,
+    /// CPU per subtask in millicores; the engine's request is this times the total
+    /// parallelism (all operators). Default 250, at least 10.
+    #[serde(default = "default_cpu_millis")]
+    #[schemars(range(min = 10, max = 64000))]
+    pub cpu_millis_per_subtask: u32,
+    /// Memory per subtask in MiB; the engine's request and limit are this times the total
+    /// parallelism plus 64 MiB. Default 128, at least 16.
+    #[serde(default = "default_memory_mib")]
+    #[schemars(range(min = 16, max = 65536))]
+    pub memory_mib_per_subtask: u32,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        EngineSettings {
+            image: default_image(),
+            image_pull_policy: default_pull_policy(),
+            cpu_millis_per_subtask: default_cpu_millis(),
+            memory_mib_per_subtask: default_memory_mib(),
+        }
+    }
+}
+
+/// Checkpoint and savepoint storage.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSettings {
+    /// `persistentVolumeClaim` (default: a PVC named `NAME-savepoints` owned by the job, so
+    /// savepoints survive engine restarts) or `emptyDir` (lost with the pod: tests only).
+    #[serde(default)]
+    pub kind: StorageKind,
+    /// Size of the PersistentVolumeClaim, as a Kubernetes quantity. Default `1Gi`.
+    #[serde(default = "default_storage_size")]
+    #[schemars(regex(pattern = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"))]
+    pub size: String,
+    /// StorageClass of the PersistentVolumeClaim; the cluster default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        StorageSettings {
+            kind: StorageKind::default(),
+            size: default_storage_size(),
+            storage_class_name: None,
+        }
+    }
+}
+
+/// Kind of savepoint storage.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum StorageKind {
+    /// A PersistentVolumeClaim owned by the job.
+    #[default]
+    PersistentVolumeClaim,
+    /// An emptyDir volume (savepoints are lost when the pod goes).
+    EmptyDir,
+}
+
+/// What the autoscaler does with its decisions.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum AutoscalerMode {
+    /// Plan and apply: rescale by savepoint and redeploy.
+    #[default]
+    Auto,
+    /// Plan and write the recommendation to `status.recommendedParallelism` only.
+    Recommend,
+    /// Neither scrape nor plan: the job runs at its current parallelism.
+    Off,
+}
+
+/// Autoscaler settings (the same planner and guards as `streamscale run`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.metricsWindowSeconds >= 2 * self.metricsIntervalSeconds",
+    "message": "autoscaler.metricsWindowSeconds must be at least twice autoscaler.metricsIntervalSeconds"
+}]))]
+pub struct AutoscalerSettings {
+    /// `auto` (plan and rescale), `recommend` (plan, write the recommendation to status only)
+    /// or `off`. Default `auto`.
+    #[serde(default)]
+    pub mode: AutoscalerMode,
+    /// Utilization ρ every operator is sized for, in (0, 1]. Default 0.7.
+    #[serde(default = "default_target_utilization")]
+    #[schemars(range(min = 0.05, max = 1.0))]
+    pub target_utilization: f64,
+    /// End-to-end latency SLO in seconds (mean sojourn along the slowest path). Default 1.
+    #[serde(default = "default_latency_slo")]
+    #[schemars(range(min = 0.001, max = 3600.0))]
+    pub latency_slo_seconds: f64,
+    /// Seconds within which a source backlog must be drained. Default 30.
+    #[serde(default = "default_catch_up")]
+    #[schemars(range(min = 1.0, max = 86400.0))]
+    pub catch_up_seconds: f64,
+    /// No decision within this many seconds after a (re)start. Default 10.
+    #[serde(default = "default_stabilization")]
+    #[schemars(range(min = 0.0, max = 3600.0))]
+    pub stabilization_seconds: f64,
+    /// Seconds a scale-down must be wanted continuously before it applies. Default 30.
+    #[serde(default = "default_scale_down_delay")]
+    #[schemars(range(min = 0.0, max = 86400.0))]
+    pub scale_down_delay_seconds: f64,
+    /// Seconds between two scrapes of the engine's metrics. Default 5.
+    #[serde(default = "default_metrics_interval")]
+    #[schemars(range(min = 1, max = 600))]
+    pub metrics_interval_seconds: u32,
+    /// Seconds of metrics the planner looks at (at least twice the interval). Default 30.
+    #[serde(default = "default_metrics_window")]
+    #[schemars(range(min = 2, max = 3600))]
+    pub metrics_window_seconds: u32,
+    /// Bounds on the parallelism per operator name, on top of each operator's own
+    /// `scaling` bounds and the job's `maxParallelism`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parallelism: BTreeMap<String, ParallelismBounds>,
+}
+
+impl Default for AutoscalerSettings {
+    fn default() -> Self {
+        AutoscalerSettings {
+            mode: AutoscalerMode::default(),
+            target_utilization: default_target_utilization(),
+            latency_slo_seconds: default_latency_slo(),
+            catch_up_seconds: default_catch_up(),
+            stabilization_seconds: default_stabilization(),
+            scale_down_delay_seconds: default_scale_down_delay(),
+            metrics_interval_seconds: default_metrics_interval(),
+            metrics_window_seconds: default_metrics_window(),
+            parallelism: BTreeMap::new(),
+        }
+    }
+}
+
+/// Minimum and maximum parallelism of one operator.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.min <= self.max",
+    "message": "parallelism min must be less than or equal to max"
+}]))]
+pub struct ParallelismBounds {
+    /// Smallest parallelism the autoscaler may choose (at least 1).
+    #[schemars(range(min = 1, max = 32768))]
+    pub min: u32,
+    /// Largest parallelism the autoscaler may choose (at most the job's `maxParallelism`).
+    #[schemars(range(min = 1, max = 32768))]
+    pub max: u32,
+}
+
+/// Lifecycle phase of a StreamJob.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum Phase {
+    /// Owned objects are being created; the engine is not reachable yet.
+    #[default]
+    Deploying,
+    /// The engine runs the job.
+    Running,
+    /// A rescale is in progress (see `status.rescale`).
+    Rescaling,
+    /// The engine failed or a rescale could not be rolled back; see the conditions.
+    Failed,
+}
+
+/// Step of a rescale in progress. Each step is written to status before it acts.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RescaleStep {
+    /// Stop-with-savepoint requested (or about to be) at the old parallelism.
+    Savepointing,
+    /// The workload is being redeployed at the target parallelism from the savepoint.
+    Redeploying,
+    /// Waiting for the redeployed engine to run the restored job.
+    Restoring,
+}
+
+/// A rescale in progress.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RescaleStatus {
+    /// Current step.
+    pub step: RescaleStep,
+    /// Parallelism per operator before the rescale.
+    pub from: BTreeMap<String, u32>,
+    /// Parallelism per operator being deployed (equal to `from` while rolling back).
+    pub to: BTreeMap<String, u32>,
+    /// Why the rescale was decided.
+    pub reason: String,
+    /// Id of the requested savepoint, once requested.
+    #[serde(default)]
+    pub savepoint_id: Option<String>,
+    /// Path of the completed savepoint, once completed.
+    #[serde(default)]
+    pub savepoint_path: Option<String>,
+    /// True when restoring at the new parallelism failed and the job is going back to `from`.
+    #[serde(default)]
+    pub rolling_back: bool,
+    /// When the rescale started (RFC 3339).
+    pub started_at: String,
+    /// When the current step was entered (RFC 3339).
+    pub step_started_at: String,
+}
+
+/// The autoscaler's last decision.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionStatus {
+    /// When it was made (RFC 3339).
+    pub time: String,
+    /// Parallelism per operator at the time.
+    pub from: BTreeMap<String, u32>,
+    /// Planned parallelism per operator.
+    pub to: BTreeMap<String, u32>,
+    /// Why, in words.
+    pub reason: String,
+    /// Highest predicted utilization of any operator at the planned parallelism.
+    #[serde(default)]
+    pub predicted_utilization: Option<f64>,
+    /// Predicted end-to-end latency in seconds at the planned parallelism (absent when
+    /// unbounded).
+    #[serde(default)]
+    pub predicted_latency_seconds: Option<f64>,
+    /// The operator limiting throughput at the current parallelism.
+    #[serde(default)]
+    pub bottleneck: Option<String>,
+    /// Whether the decision was applied (mode `auto`) or only recommended.
+    pub applied: bool,
+}
+
+/// Observed state of a StreamJob, written by the operator.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamJobStatus {
+    /// `Deploying`, `Running`, `Rescaling` or `Failed`.
+    #[serde(default)]
+    pub phase: Phase,
+    /// The `metadata.generation` this status describes.
+    #[serde(default)]
+    pub observed_generation: Option<i64>,
+    /// Parallelism per operator the engine is deployed with.
+    #[serde(default)]
+    pub current_parallelism: BTreeMap<String, u32>,
+    /// Sum of `currentParallelism`.
+    #[serde(default)]
+    pub total_parallelism: u32,
+    /// The autoscaler's latest recommendation per operator.
+    #[serde(default)]
+    pub recommended_parallelism: BTreeMap<String, u32>,
+    /// Savepoint the deployed engine restores from (absent on a fresh start).
+    #[serde(default)]
+    pub restored_from: Option<String>,
+    /// The last decision that changed (or would change) the parallelism.
+    #[serde(default)]
+    pub last_decision: Option<DecisionStatus>,
+    /// The rescale in progress, if any.
+    #[serde(default)]
+    pub rescale: Option<RescaleStatus>,
+    /// Number of completed rescales.
+    #[serde(default)]
+    pub rescales: u32,
+    /// `Ready`, `Scaling` and `Degraded`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+fn default_image() -> String {
+    "ghcr.io/streamscale/streamscale-engine:0.1.0".to_string()
+}
+fn default_pull_policy() -> String {
+    "IfNotPresent".to_string()
+}
+fn default_cpu_millis() -> u32 {
+    250
+}
+fn default_memory_mib() -> u32 {
+    128
+}
+fn default_storage_size() -> String {
+    "1Gi".to_string()
+}
+fn default_target_utilization() -> f64 {
+    0.7
+}
+fn default_latency_slo() -> f64 {
+    1.0
+}
+fn default_catch_up() -> f64 {
+    30.0
+}
+fn default_stabilization() -> f64 {
+    10.0
+}
+fn default_scale_down_delay() -> f64 {
+    30.0
+}
+fn default_metrics_interval() -> u32 {
+    5
+}
+fn default_metrics_window() -> u32 {
+    30
+}
+
+/// The schema of the engine's [`JobSpec`] (generated from the engine's own types), with its
+/// internally tagged unions (operator `kind`) merged into one object schema: Kubernetes'
+/// structural schemas cannot express `oneOf` alternatives that give one property different
+/// schemas. Variant-specific fields become optional; the engine validates them.
+fn job_graph_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let schema = <JobSpec as JsonSchema>::json_schema(generator);
+    let mut value = schema.to_value();
+    merge_tagged_unions(&mut value);
+    schemars::Schema::try_from(value).unwrap_or_else(|_| schemars::Schema::default())
+}
+
+fn tag_value(variant: &serde_json::Value) -> Option<serde_json::Value> {
+    let kind = variant.get("properties")?.get("kind")?;
+    if let Some(c) = kind.get("const") {
+        return Some(c.clone());
+    }
+    match kind.get("enum")?.as_array()?.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
+}
+
+fn merge_tagged_unions(value: &mut serde_json::Value) {
+    use serde_json::{Map, Value};
+    match value {
+        Value::Object(map) => {
+            for v in map.values_mut() {
+                merge_tagged_unions(v);
+            }
+            // Defaults such as `{min: null, max: null}` would put nulls into stored objects.
+            if let Some(Value::Object(d)) = map.get_mut("default") {
+                d.retain(|_, v| !v.is_null());
+                if d.is_empty() {
+                    map.remove("default");
+                }
+            }
+            let Some(Value::Array(variants)) = map.get("oneOf").cloned() else {
+                return;
+            };
+            let tags: Option<Vec<Value>> = variants.iter().map(tag_value).collect();
+            let Some(tags) = tags else { return };
+            map.remove("oneOf");
+            let mut props = match map.remove("properties") {
+                Some(Value::Object(p)) => p,
+                _ => Map::new(),
+            };
+            let descriptions: Vec<String> = variants
+                .iter()
+                .zip(&tags)
+                .map(|(v, t)| {
+                    let d = v
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    format!("`{}`: {d}", t.as_str().unwrap_or_default())
+                })
+                .collect();
+            props.insert(
+                "kind".to_string(),
+                serde_json::json!({
+                    "type": "string",
+                    "enum": tags,
+                    "description": format!("What the operator does. {}", descriptions.join(" ")),
+                }),
+            );
+            for v in &variants {
+                if let Some(Value::Object(p)) = v.get("properties") {
+                    for (k, s) in p {
+                        if k != "kind" {
+                            props.entry(k.clone()).or_insert_with(|| s.clone());
+                        }
+                    }
+                }
+            }
+            map.insert("properties".to_string(), Value::Object(props));
+            let mut required: Vec<Value> = match map.remove("required") {
+                Some(Value::Array(r)) => r,
+                _ => Vec::new(),
+            };
+            required.push(Value::String("kind".to_string()));
+            map.insert("required".to_string(), Value::Array(required));
+            map.remove("additionalProperties");
+        }
+        Value::Array(items) => items.iter_mut().for_each(merge_tagged_unions),
+        _ => {}
+    }
+}
+
+/// The CRD as YAML, as checked in at `crds/streamjob.yaml`.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = StreamJob::crd();
+    let body = serde_saphyr::to_string(&crd).unwrap_or_else(|e| format!("# cannot serialize: {e}"));
+    format!("# Generated by `cargo run -p streamscale-operator --bin crdgen`; do not edit.\n{body}")
+}

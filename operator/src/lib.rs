@@ -1,0 +1,16 @@
+//! streamscale's Kubernetes operator: the `StreamJob` custom resource, its reconciler, and a
+//! Kubernetes implementation of the controller's engine runtime.
+//!
+//! * [`crd`]: the resource types (the CRD is generated from them by `crdgen`).
+//! * [`rescale`]: the rescale state machine, a pure function of status and observations.
+//! * [`resources`]: the owned objects (ConfigMap, PVC, Deployment, Service).
+//! * [`runtime`]: [`runtime::KubeRuntime`], the `EngineRuntime` for engines in pods.
+//! * [`reconciler`]: the kube-runtime `Controller`.
+//! * [`metrics`]: the operator's own Prometheus metrics.
+
+pub mod crd;
+pub mod metrics;
+pub mod reconciler;
+pub mod rescale;
+pub mod resources;
+pub mod runtime;

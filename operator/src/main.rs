@@ -1,0 +1,120 @@
+//! `streamscale-operator`: runs the StreamJob controller, serves `/metrics` and `/healthz`.
+//!
+//! Settings (flags or environment):
+//! * `--namespace` / `WATCH_NAMESPACE`: watch one namespace (default: all).
+//! * `--metrics-addr` / `METRICS_ADDR`: address of `/metrics` and `/healthz` (default `0.0.0.0:8080`).
+//! * `--leader-election` / `LEADER_ELECTION`: hold the Lease `streamscale-operator` in
+//!   `--lease-namespace` / `POD_NAMESPACE` before reconciling (default off).
+//! * `--log-format` / `LOG_FORMAT`: `text` or `json`; `RUST_LOG` sets the level.
+//!
+//! The Kubernetes connection comes from the environment (in-cluster service account, or
+//! `KUBECONFIG`). For tests and development the annotation `streamscale.dev/engine-url` on a
+//! StreamJob points the operator at an engine outside the cluster.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kube::Client;
+use kube::runtime::events::Reporter;
+use streamscale_operator::metrics::Metrics;
+use streamscale_operator::reconciler::{self, Context};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Kubernetes operator for streamscale StreamJobs")]
+struct Args {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of /metrics and /healthz.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+    /// Hold a Lease before reconciling, so that two replicas never act on one job.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
+    leader_election: bool,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Identity in the Lease (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Log format: text or json.
+    #[arg(long, env = "LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if args.log_format == "json" {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let client = Client::try_default()
+        .await
+        .context("cannot connect to Kubernetes")?;
+    let metrics = Metrics::new();
+    let m = metrics.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || async move { m.render() }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+        .await
+        .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("metrics server: {e}");
+        }
+    });
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("streamscale-operator-{}", std::process::id()));
+
+    let _lease = if args.leader_election {
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "streamscale-operator")
+                .with_namespace(&args.lease_namespace)
+                .with_identity(&identity)
+                .build()
+                .await
+                .context("cannot create the leader-election lease manager")?;
+        let (mut rx, task) = manager.watch().await;
+        tracing::info!(%identity, "waiting for leadership");
+        while !*rx.borrow_and_update() {
+            rx.changed().await.context("lease manager stopped")?;
+        }
+        tracing::info!(%identity, "leading");
+        // Losing leadership ends the process: a restarted replica waits for the lease again.
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                if !*rx.borrow() {
+                    tracing::error!("lost leadership; exiting");
+                    std::process::exit(1);
+                }
+            }
+        });
+        Some(task)
+    } else {
+        None
+    };
+
+    let reporter = Reporter {
+        controller: "streamscale-operator".into(),
+        instance: Some(identity),
+    };
+    let ctx = Arc::new(Context::new(client, metrics, reporter));
+    reconciler::run(ctx, args.namespace).await;
+    Ok(())
+}

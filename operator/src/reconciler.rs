@@ -1,0 +1,816 @@
+//! The StreamJob reconciler (a kube-runtime `Controller`).
+//!
+//! Per reconcile of a StreamJob:
+//! 1. a finalizer (`streamscale.dev/final-savepoint`) is ensured; on delete it takes a final
+//!    savepoint when `spec.savepointOnDelete` is set (owned objects go by owner references);
+//! 2. with a rescale in status, one step of [`crate::rescale::advance`]: the new status is
+//!    written first, then the step's action runs;
+//! 3. otherwise the owned objects are applied at the current parallelism, the engine's
+//!    `/metrics` are scraped into a window and the same guarded planner as `streamscale run`
+//!    ([`Autoscaler`]) decides: mode `auto` starts a rescale, `recommend` writes the
+//!    recommendation to status, `off` does neither.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use streamscale_controller::model::{
+    Autoscaler, GuardSettings, MetricSample, PlannerSettings, Verdict,
+};
+use streamscale_engine::spec::JobSpec;
+
+use crate::crd::{
+    AutoscalerMode, DecisionStatus, FINALIZER, Phase, RescaleStatus, RescaleStep, StreamJob,
+    StreamJobStatus,
+};
+use crate::metrics::Metrics;
+use crate::rescale::{self, Action, EngineObs, Observation, Outcome, SavepointObs};
+use crate::resources::{self, FIELD_MANAGER};
+use crate::runtime::{ApplyError, KubeRuntime};
+
+/// Errors of one reconcile (retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Applying owned objects failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// The finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    /// The engine refused a request.
+    #[error("engine: {0}")]
+    Engine(String),
+}
+
+/// What the autoscaler remembers about one job between reconciles (not persisted: after an
+/// operator restart the window refills and the guards' stabilization applies).
+struct JobMemory {
+    autoscaler: Autoscaler,
+    window: VecDeque<MetricSample>,
+    settings: GuardSettings,
+}
+
+/// Shared state of the reconciler.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// HTTP client for the engines.
+    pub http: reqwest::Client,
+    /// The operator's metrics.
+    pub metrics: Metrics,
+    /// Event recorder.
+    pub recorder: Recorder,
+    memory: Mutex<HashMap<String, JobMemory>>,
+    clock: tokio::time::Instant,
+}
+
+impl Context {
+    /// A context for `client`; events are reported as `reporter`.
+    pub fn new(client: Client, metrics: Metrics, reporter: Reporter) -> Context {
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap_or_default(),
+            metrics,
+            memory: Mutex::new(HashMap::new()),
+            clock: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_s(&self) -> f64 {
+        self.clock.elapsed().as_secs_f64()
+    }
+}
+
+/// Runs the controller for StreamJobs in `namespace` (all namespaces when `None`) until the
+/// stream ends (on shutdown signal).
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let client = ctx.client.clone();
+    let (jobs, deployments) = match &namespace {
+        Some(ns) => (
+            Api::<StreamJob>::namespaced(client.clone(), ns),
+            Api::<Deployment>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::<StreamJob>::all(client.clone()),
+            Api::<Deployment>::all(client.clone()),
+        ),
+    };
+    Controller::new(jobs, watcher::Config::default().any_semantic())
+        .owns(deployments, watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(job = %obj.name, "reconciled"),
+                Err(e) => tracing::warn!("reconcile failed: {e}"),
+            }
+        })
+        .await;
+}
+
+fn error_policy(_job: Arc<StreamJob>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics.errors.inc();
+    tracing::warn!("reconcile error: {error}");
+    Requeue::requeue(Duration::from_secs(5))
+}
+
+/// One reconcile of a StreamJob (see the module docs).
+///
+/// # Errors
+/// API server and engine errors; the controller retries after 5 s.
+pub async fn reconcile(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    ctx.metrics.reconciles.inc();
+    let _timer = ctx.metrics.reconcile_seconds.start_timer();
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<StreamJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let c = ctx.clone();
+    finalizer(&api, FINALIZER, job, |event| async move {
+        match event {
+            Finalizer::Apply(job) => apply(job, c).await,
+            Finalizer::Cleanup(job) => cleanup(job, c).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+fn key(job: &StreamJob) -> String {
+    format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
+}
+
+fn now_rfc3339() -> String {
+    Timestamp::now().to_string()
+}
+
+fn age_s(since: &str) -> f64 {
+    since
+        .parse::<Timestamp>()
+        .map(|t| (Timestamp::now().as_millisecond() - t.as_millisecond()) as f64 / 1000.0)
+        .unwrap_or(0.0)
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    old: &[Condition],
+) -> Condition {
+    let status = if ok { "True" } else { "False" }.to_string();
+    let last_transition_time = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(Timestamp::now()));
+    Condition {
+        type_: type_.to_string(),
+        status,
+        reason: reason.to_string(),
+        message: message.to_string(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+fn set_condition(status: &mut StreamJobStatus, c: Condition) {
+    status.conditions.retain(|o| o.type_ != c.type_);
+    status.conditions.push(c);
+}
+
+async fn publish(ctx: &Context, job: &StreamJob, warning: bool, reason: &str, note: String) {
+    tracing::info!(job = %key(job), reason, "{note}");
+    let ev = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &job.object_ref(&())).await {
+        tracing::warn!("cannot publish event: {e}");
+    }
+}
+
+async fn write_status(
+    ctx: &Context,
+    job: &StreamJob,
+    status: &StreamJobStatus,
+) -> Result<(), Error> {
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<StreamJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(
+        &job.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+fn guard_settings(job: &StreamJob) -> GuardSettings {
+    let a = &job.spec.autoscaler;
+    GuardSettings {
+        window_seconds: (a.metrics_window_seconds as f64 / 2.0)
+            .max(a.metrics_interval_seconds as f64 * 2.0),
+        stabilization_seconds: a.stabilization_seconds,
+        scale_down_delay_seconds: a.scale_down_delay_seconds,
+        planner: PlannerSettings {
+            target_utilization: Some(a.target_utilization),
+            latency_slo_seconds: Some(a.latency_slo_seconds),
+            catch_up_seconds: Some(a.catch_up_seconds),
+            ..PlannerSettings::default()
+        },
+        ..GuardSettings::default()
+    }
+}
+
+/// The job spec the planner sees: `spec.autoscaler.parallelism` bounds folded into each
+/// operator's `scaling`.
+pub fn planning_spec(job: &StreamJob, current: &BTreeMap<String, u32>) -> JobSpec {
+    let mut spec = job.spec.job.with_parallelism(current);
+    for op in &mut spec.operators {
+        if let Some(b) = job.spec.autoscaler.parallelism.get(&op.name) {
+            op.scaling.min = Some(op.scaling.min.map_or(b.min, |m| m.max(b.min)));
+            op.scaling.max = Some(op.scaling.max.map_or(b.max, |m| m.min(b.max)));
+        }
+    }
+    spec
+}
+
+fn total(p: &BTreeMap<String, u32>) -> u32 {
+    p.values().sum()
+}
+
+async fn observe_engine(
+    rt: &KubeRuntime,
+) -> (EngineObs, Option<streamscale_controller::api::JobStatus>) {
+    match rt.api().job().await {
+        Ok(job) => (
+            EngineObs::Up {
+                state: job.state.clone(),
+                parallelism: job
+                    .operators
+                    .iter()
+                    .map(|o| (o.name.clone(), o.parallelism))
+                    .collect(),
+                restored_from: job.restored_from.clone(),
+            },
+            Some(job),
+        ),
+        Err(_) => (EngineObs::Unreachable, None),
+    }
+}
+
+async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let mut status = job.status.clone().unwrap_or_default();
+    let generation = job.metadata.generation;
+    if status.current_parallelism.is_empty() {
+        status.current_parallelism = job.spec.job.parallelism();
+    }
+    status.total_parallelism = total(&status.current_parallelism);
+    let rt = KubeRuntime::new(ctx.client.clone(), ctx.http.clone(), (*job).clone());
+
+    if let Some(r) = status.rescale.clone() {
+        return drive_rescale(&job, &ctx, &rt, status, r).await;
+    }
+
+    rt.deploy(&status.current_parallelism, status.restored_from.as_deref())
+        .await?;
+    let (engine, _) = observe_engine(&rt).await;
+    let old_conditions = status.conditions.clone();
+    let interval = Duration::from_secs(job.spec.autoscaler.metrics_interval_seconds.max(1) as u64);
+    let mut requeue = Requeue::requeue(interval);
+    match &engine {
+        EngineObs::Up { state, .. } if state == "running" => {
+            status.phase = Phase::Running;
+            set_condition(
+                &mut status,
+                condition(
+                    "Ready",
+                    true,
+                    "EngineRunning",
+                    "the engine runs the job",
+                    generation,
+                    &old_conditions,
+                ),
+            );
+            if job.spec.autoscaler.mode != AutoscalerMode::Off {
+                autoscale(&job, &ctx, &rt, &mut status).await;
+            }
+        }
+        EngineObs::Up { state, .. } if state == "failed" => {
+            status.phase = Phase::Failed;
+            set_condition(
+                &mut status,
+                condition(
+                    "Ready",
+                    false,
+                    "EngineFailed",
+                    "the engine reports state failed",
+                    generation,
+                    &old_conditions,
+                ),
+            );
+            set_condition(
+                &mut status,
+                condition(
+                    "Degraded",
+                    true,
+                    "EngineFailed",
+                    "the engine reports state failed",
+                    generation,
+                    &old_conditions,
+                ),
+            );
+        }
+        other => {
+            status.phase = Phase::Deploying;
+            let msg = match other {
+                EngineObs::Up { state, .. } => format!("engine state {state}"),
+                EngineObs::Unreachable => {
+                    format!("engine not reachable at {}", resources::engine_url(&job))
+                }
+            };
+            set_condition(
+                &mut status,
+                condition(
+                    "Ready",
+                    false,
+                    "EngineNotReady",
+                    &msg,
+                    generation,
+                    &old_conditions,
+                ),
+            );
+            requeue = Requeue::requeue(Duration::from_secs(2));
+        }
+    }
+    if !status.conditions.iter().any(|c| c.type_ == "Scaling") {
+        set_condition(
+            &mut status,
+            condition(
+                "Scaling",
+                false,
+                "Idle",
+                "no rescale in progress",
+                generation,
+                &old_conditions,
+            ),
+        );
+    }
+    if !status.conditions.iter().any(|c| c.type_ == "Degraded") {
+        set_condition(
+            &mut status,
+            condition(
+                "Degraded",
+                false,
+                "AsExpected",
+                "",
+                generation,
+                &old_conditions,
+            ),
+        );
+    }
+    if status.rescale.is_some() {
+        requeue = Requeue::requeue(Duration::from_millis(200));
+    }
+    status.observed_generation = generation;
+    if job.status.as_ref() != Some(&status) {
+        write_status(&ctx, &job, &status).await?;
+    }
+    Ok(requeue)
+}
+
+/// Scrapes, decides, and records the decision (starting a rescale in mode `auto`).
+async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mut StreamJobStatus) {
+    let now_s = ctx.now_s();
+    let sample =
+        match streamscale_controller::scrape::scrape(&ctx.http, &rt.api().metrics_url(), now_s)
+            .await
+        {
+            Ok(m) => m.sample,
+            Err(e) => {
+                tracing::debug!(job = %key(job), "scrape failed: {e}");
+                return;
+            }
+        };
+    let spec = planning_spec(job, &status.current_parallelism);
+    let verdict = {
+        let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let settings = guard_settings(job);
+        let m = memory.entry(key(job)).or_insert_with(|| {
+            let mut autoscaler = Autoscaler::new(settings.clone());
+            autoscaler.restarted(now_s);
+            JobMemory {
+                autoscaler,
+                window: VecDeque::new(),
+                settings: settings.clone(),
+            }
+        });
+        if m.settings != settings {
+            m.autoscaler = Autoscaler::new(settings.clone());
+            m.autoscaler.restarted(now_s);
+            m.settings = settings;
+        }
+        // A window from another parallelism is not about this deployment.
+        if m.window
+            .back()
+            .is_some_and(|last| last_parallelism(last) != status.current_parallelism)
+        {
+            m.window.clear();
+        }
+        m.window.push_back(sample);
+        let horizon = job.spec.autoscaler.metrics_window_seconds as f64;
+        while m
+            .window
+            .front()
+            .is_some_and(|s| now_s - s.at_seconds > horizon)
+        {
+            m.window.pop_front();
+        }
+        let window: Vec<MetricSample> = m.window.iter().cloned().collect();
+        m.autoscaler.decide(now_s, &window, &spec)
+    };
+    let (decision, rescale) = match verdict {
+        Verdict::Rescale(d) => (d, true),
+        Verdict::Hold {
+            recommendation: Some(d),
+            ..
+        } => (d, false),
+        Verdict::Hold { reason, .. } => {
+            ctx.metrics.decisions.with_label_values(&["hold"]).inc();
+            tracing::debug!(job = %key(job), "hold: {reason}");
+            return;
+        }
+    };
+    let auto = job.spec.autoscaler.mode == AutoscalerMode::Auto;
+    let reason = std::iter::once(decision.bottleneck.clone().unwrap_or_default())
+        .chain(decision.reasons.iter().cloned())
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let predicted_utilization = decision
+        .operators
+        .values()
+        .filter_map(|o| o.predicted_utilization)
+        .fold(None, |acc: Option<f64>, u| {
+            Some(acc.map_or(u, |a| a.max(u)))
+        });
+    let changed = status.recommended_parallelism != decision.parallelism;
+    status.recommended_parallelism = decision.parallelism.clone();
+    if !rescale {
+        ctx.metrics.decisions.with_label_values(&["hold"]).inc();
+        return;
+    }
+    let bottleneck = decision
+        .bottleneck
+        .as_ref()
+        .map(|b| b.split(':').next().unwrap_or(b).to_string());
+    status.last_decision = Some(DecisionStatus {
+        time: now_rfc3339(),
+        from: status.current_parallelism.clone(),
+        to: decision.parallelism.clone(),
+        reason: reason.clone(),
+        predicted_utilization,
+        predicted_latency_seconds: decision
+            .predicted_latency_seconds
+            .is_finite()
+            .then_some(decision.predicted_latency_seconds),
+        bottleneck,
+        applied: auto,
+    });
+    if auto {
+        ctx.metrics.decisions.with_label_values(&["rescale"]).inc();
+        let now = now_rfc3339();
+        status.rescale = Some(RescaleStatus {
+            step: RescaleStep::Savepointing,
+            from: status.current_parallelism.clone(),
+            to: decision.parallelism.clone(),
+            reason: reason.clone(),
+            savepoint_id: None,
+            savepoint_path: None,
+            rolling_back: false,
+            started_at: now.clone(),
+            step_started_at: now,
+        });
+        status.phase = Phase::Rescaling;
+        let old = status.conditions.clone();
+        set_condition(
+            status,
+            condition(
+                "Scaling",
+                true,
+                "Savepointing",
+                "rescale started",
+                job.metadata.generation,
+                &old,
+            ),
+        );
+        publish(
+            ctx,
+            job,
+            false,
+            "RescaleStarted",
+            format!(
+                "{} -> {}: {reason}",
+                rescale::fmt_p(&status.current_parallelism),
+                rescale::fmt_p(&decision.parallelism)
+            ),
+        )
+        .await;
+    } else {
+        ctx.metrics
+            .decisions
+            .with_label_values(&["recommend"])
+            .inc();
+        if changed {
+            publish(
+                ctx,
+                job,
+                false,
+                "Recommendation",
+                format!(
+                    "recommended {}: {reason}",
+                    rescale::fmt_p(&decision.parallelism)
+                ),
+            )
+            .await;
+        }
+    }
+}
+
+fn last_parallelism(sample: &MetricSample) -> BTreeMap<String, u32> {
+    sample
+        .operators
+        .iter()
+        .map(|(op, subtasks)| (op.clone(), subtasks.len() as u32))
+        .collect()
+}
+
+async fn drive_rescale(
+    job: &StreamJob,
+    ctx: &Context,
+    rt: &KubeRuntime,
+    mut status: StreamJobStatus,
+    r: RescaleStatus,
+) -> Result<Requeue, Error> {
+    let (engine, _) = observe_engine(rt).await;
+    let savepoint = match (&r.step, &r.savepoint_id) {
+        (RescaleStep::Savepointing, Some(id)) => match rt.api().savepoint(id).await {
+            Ok(sp) => match sp.status.as_str() {
+                "completed" => SavepointObs::Completed(sp.path.unwrap_or_default()),
+                "failed" => {
+                    SavepointObs::Failed(sp.reason.unwrap_or_else(|| "no reason given".into()))
+                }
+                _ => SavepointObs::Pending,
+            },
+            Err(_) => SavepointObs::Unknown,
+        },
+        _ => SavepointObs::NotAsked,
+    };
+    let obs = Observation {
+        engine,
+        savepoint,
+        workload: rt.workload().await?,
+        step_age_s: age_s(&r.step_started_at),
+        previous_restore: status.restored_from.clone(),
+        savepoint_dir: resources::SAVEPOINT_DIR.to_string(),
+    };
+    let now = now_rfc3339();
+    let t = rescale::advance(&r, &obs, &now);
+    let generation = job.metadata.generation;
+    let old = status.conditions.clone();
+    if t.rescale.as_ref().map(|n| n.step) != Some(r.step) {
+        ctx.metrics
+            .rescale_step_seconds
+            .with_label_values(&[&format!("{:?}", r.step)])
+            .observe(obs.step_age_s);
+    }
+    status.rescale = t.rescale.clone();
+    if let Some(next) = &t.rescale {
+        status.phase = Phase::Rescaling;
+        set_condition(
+            &mut status,
+            condition(
+                "Scaling",
+                true,
+                &format!("{:?}", next.step),
+                t.event.as_deref().unwrap_or("rescaling"),
+                generation,
+                &old,
+            ),
+        );
+    }
+    let mut warning = false;
+    let reason = match &t.outcome {
+        None => t
+            .rescale
+            .as_ref()
+            .map(|n| format!("{:?}", n.step))
+            .unwrap_or_default(),
+        Some(Outcome::Rescaled {
+            parallelism,
+            savepoint,
+        }) => {
+            status.current_parallelism = parallelism.clone();
+            status.restored_from = Some(savepoint.clone());
+            status.rescales += 1;
+            status.phase = Phase::Running;
+            set_condition(
+                &mut status,
+                condition(
+                    "Scaling",
+                    false,
+                    "Rescaled",
+                    t.event.as_deref().unwrap_or(""),
+                    generation,
+                    &old,
+                ),
+            );
+            set_condition(
+                &mut status,
+                condition("Degraded", false, "AsExpected", "", generation, &old),
+            );
+            "Rescaled".into()
+        }
+        Some(Outcome::SavepointFailed { reason }) => {
+            warning = true;
+            status.phase = Phase::Running;
+            set_condition(
+                &mut status,
+                condition(
+                    "Scaling",
+                    false,
+                    "SavepointFailed",
+                    reason,
+                    generation,
+                    &old,
+                ),
+            );
+            set_condition(
+                &mut status,
+                condition(
+                    "Degraded",
+                    true,
+                    "SavepointFailed",
+                    reason,
+                    generation,
+                    &old,
+                ),
+            );
+            "SavepointFailed".into()
+        }
+        Some(Outcome::RolledBack {
+            parallelism,
+            savepoint,
+        }) => {
+            warning = true;
+            status.current_parallelism = parallelism.clone();
+            status.restored_from = savepoint.clone();
+            status.phase = Phase::Running;
+            set_condition(
+                &mut status,
+                condition(
+                    "Scaling",
+                    false,
+                    "RolledBack",
+                    t.event.as_deref().unwrap_or(""),
+                    generation,
+                    &old,
+                ),
+            );
+            set_condition(
+                &mut status,
+                condition(
+                    "Degraded",
+                    true,
+                    "RescaleRolledBack",
+                    "restoring at the new parallelism failed",
+                    generation,
+                    &old,
+                ),
+            );
+            "RolledBack".into()
+        }
+        Some(Outcome::Failed { reason }) => {
+            warning = true;
+            status.phase = Phase::Failed;
+            set_condition(
+                &mut status,
+                condition("Scaling", false, "RescaleFailed", reason, generation, &old),
+            );
+            set_condition(
+                &mut status,
+                condition("Degraded", true, "RescaleFailed", reason, generation, &old),
+            );
+            "RescaleFailed".into()
+        }
+    };
+    status.total_parallelism = total(&status.current_parallelism);
+    if t.outcome.is_some() {
+        let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = memory.get_mut(&key(job)) {
+            m.window.clear();
+            m.autoscaler.restarted(ctx.now_s());
+        }
+    }
+    // Persist first, act second.
+    if job.status.as_ref() != Some(&status) {
+        write_status(ctx, job, &status).await?;
+    }
+    if let Some(event) = &t.event {
+        publish(ctx, job, warning, &reason, event.clone()).await;
+    }
+    match t.action {
+        Action::Wait => {}
+        Action::TriggerSavepoint => {
+            let id = rt
+                .api()
+                .request_stop_with_savepoint(false)
+                .await
+                .map_err(|e| Error::Engine(e.to_string()))?;
+            if let Some(next) = status.rescale.as_mut() {
+                next.savepoint_id = Some(id.clone());
+            }
+            write_status(ctx, job, &status).await?;
+            publish(
+                ctx,
+                job,
+                false,
+                "Savepointing",
+                format!(
+                    "stop-with-savepoint {id} requested at {}",
+                    rescale::fmt_p(&r.from)
+                ),
+            )
+            .await;
+        }
+        Action::Deploy {
+            parallelism,
+            restore,
+        } => {
+            rt.deploy(&parallelism, restore.as_deref()).await?;
+        }
+    }
+    Ok(Requeue::requeue(Duration::from_millis(300)))
+}
+
+async fn cleanup(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    ctx.memory
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&key(&job));
+    if job.spec.savepoint_on_delete {
+        let api = streamscale_controller::api::EngineApi::new(
+            ctx.http.clone(),
+            &resources::engine_url(&job),
+        );
+        match api
+            .stop_with_savepoint(false, Duration::from_secs(60))
+            .await
+        {
+            Ok(out) => {
+                publish(
+                    &ctx,
+                    &job,
+                    false,
+                    "FinalSavepoint",
+                    format!("final savepoint at {}", out.path),
+                )
+                .await
+            }
+            Err(e) => publish(&ctx, &job, true, "FinalSavepointFailed", e.to_string()).await,
+        }
+    }
+    Ok(Requeue::await_change())
+}
+
+/// The field manager used for server-side apply.
+pub const MANAGER: &str = FIELD_MANAGER;

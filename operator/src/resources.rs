@@ -1,0 +1,364 @@
+//! The objects a StreamJob owns, built as plain values for server-side apply.
+//!
+//! * ConfigMap `NAME-job`: `job.yaml`, the job graph at the current parallelism.
+//! * PersistentVolumeClaim `NAME-savepoints` (unless `storage.kind: emptyDir`).
+//! * Deployment `NAME-engine`: one pod running `streamscale-engine` (strategy `Recreate`, so
+//!   two engines never run one job), resources sized from the total parallelism.
+//! * Service `NAME-engine`: the engine's REST API and `/metrics` on port 8081.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::crd::{StorageKind, StreamJob};
+
+/// Port of the engine's REST API and metrics.
+pub const ENGINE_PORT: u16 = 8081;
+/// Where the job file is mounted in the engine container.
+pub const JOB_FILE: &str = "/etc/streamscale/job.yaml";
+/// Where savepoints are written in the engine container.
+pub const SAVEPOINT_DIR: &str = "/var/lib/streamscale/savepoints";
+/// Field manager of the operator's server-side applies.
+pub const FIELD_MANAGER: &str = "streamscale-operator";
+
+/// Errors building owned objects.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourceError {
+    /// The StreamJob has no namespace or uid yet.
+    #[error("StreamJob {0} has no namespace or uid")]
+    Incomplete(String),
+    /// A generated object did not deserialize (a bug).
+    #[error("cannot build {what}: {source}")]
+    Build {
+        /// The object.
+        what: &'static str,
+        /// The error.
+        source: serde_json::Error,
+    },
+}
+
+/// Name of the ConfigMap holding the job graph.
+pub fn configmap_name(job: &StreamJob) -> String {
+    format!("{}-job", job.name_any())
+}
+/// Name of the engine Deployment and Service.
+pub fn engine_name(job: &StreamJob) -> String {
+    format!("{}-engine", job.name_any())
+}
+/// Name of the savepoint PVC.
+pub fn pvc_name(job: &StreamJob) -> String {
+    format!("{}-savepoints", job.name_any())
+}
+
+/// The engine's in-cluster URL, or the `streamscale.dev/engine-url` annotation's.
+pub fn engine_url(job: &StreamJob) -> String {
+    if let Some(url) = job.annotations().get(crate::crd::ENGINE_URL_ANNOTATION) {
+        return url.trim_end_matches('/').to_string();
+    }
+    format!(
+        "http://{}.{}.svc:{ENGINE_PORT}",
+        engine_name(job),
+        job.namespace().unwrap_or_else(|| "default".into())
+    )
+}
+
+fn meta(job: &StreamJob, name: String) -> Result<ObjectMeta, ResourceError> {
+    let owner = job
+        .controller_owner_ref(&())
+        .ok_or_else(|| ResourceError::Incomplete(job.name_any()))?;
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: job.namespace(),
+        labels: Some(labels(job)),
+        owner_references: Some(vec![owner]),
+        ..ObjectMeta::default()
+    })
+}
+
+/// Labels on every owned object (and the engine pod).
+pub fn labels(job: &StreamJob) -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "streamscale-engine".to_string()),
+        ("app.kubernetes.io/instance", job.name_any()),
+        (
+            "app.kubernetes.io/managed-by",
+            "streamscale-operator".to_string(),
+        ),
+        ("streamscale.dev/job", job.name_any()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The job file at `parallelism`.
+pub fn job_yaml(job: &StreamJob, parallelism: &BTreeMap<String, u32>) -> String {
+    job.spec.job.with_parallelism(parallelism).to_yaml()
+}
+
+/// The ConfigMap with `job.yaml` at `parallelism`.
+pub fn configmap(
+    job: &StreamJob,
+    parallelism: &BTreeMap<String, u32>,
+) -> Result<ConfigMap, ResourceError> {
+    Ok(ConfigMap {
+        metadata: meta(job, configmap_name(job))?,
+        data: Some([("job.yaml".to_string(), job_yaml(job, parallelism))].into()),
+        ..ConfigMap::default()
+    })
+}
+
+/// The savepoint PVC, `None` for `emptyDir` storage.
+pub fn pvc(job: &StreamJob) -> Result<Option<PersistentVolumeClaim>, ResourceError> {
+    if job.spec.storage.kind == StorageKind::EmptyDir {
+        return Ok(None);
+    }
+    let mut spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": job.spec.storage.size}},
+    });
+    if let Some(class) = &job.spec.storage.storage_class_name {
+        spec["storageClassName"] = json!(class);
+    }
+    let mut pvc: PersistentVolumeClaim =
+        serde_json::from_value(json!({ "spec": spec })).map_err(|source| ResourceError::Build {
+            what: "PersistentVolumeClaim",
+            source,
+        })?;
+    pvc.metadata = meta(job, pvc_name(job))?;
+    Ok(Some(pvc))
+}
+
+/// The engine's command-line arguments.
+pub fn engine_args(parallelism: &BTreeMap<String, u32>, restore: Option<&str>) -> Vec<String> {
+    let mut args = vec![
+        "--job".to_string(),
+        JOB_FILE.to_string(),
+        "--savepoint-dir".to_string(),
+        SAVEPOINT_DIR.to_string(),
+        "--bind".to_string(),
+        format!("0.0.0.0:{ENGINE_PORT}"),
+        "--parallelism".to_string(),
+        streamscale_controller::runtime::parallelism_arg(parallelism),
+    ];
+    if let Some(path) = restore {
+        args.push("--restore".to_string());
+        args.push(path.to_string());
+    }
+    args
+}
+
+/// Reads `--parallelism` and `--restore` back from a Deployment's first container.
+pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadObs> {
+    let args = deployment
+        .spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .args
+        .clone()?;
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let parallelism = value("--parallelism")?
+        .split(',')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect();
+    Some(crate::rescale::WorkloadObs {
+        parallelism,
+        restore: value("--restore"),
+    })
+}
+
+/// The engine Deployment at `parallelism`, restored from `restore`.
+pub fn deployment(
+    job: &StreamJob,
+    parallelism: &BTreeMap<String, u32>,
+    restore: Option<&str>,
+) -> Result<Deployment, ResourceError> {
+    let total: u32 = parallelism.values().sum::<u32>().max(1);
+    let cpu = format!(
+        "{}m",
+        job.spec.engine.cpu_millis_per_subtask.saturating_mul(total)
+    );
+    let memory = format!(
+        "{}Mi",
+        job.spec
+            .engine
+            .memory_mib_per_subtask
+            .saturating_mul(total)
+            .saturating_add(64)
+    );
+    let config_hash = {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(job_yaml(job, parallelism).as_bytes());
+        digest
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let savepoints = match job.spec.storage.kind {
+        StorageKind::PersistentVolumeClaim => {
+            json!({"name": "savepoints", "persistentVolumeClaim": {"claimName": pvc_name(job)}})
+        }
+        StorageKind::EmptyDir => json!({"name": "savepoints", "emptyDir": {}}),
+    };
+    let labels = labels(job);
+    let selector: BTreeMap<&str, &String> = labels
+        .iter()
+        .filter(|(k, _)| {
+            k.as_str() == "streamscale.dev/job" || k.as_str() == "app.kubernetes.io/name"
+        })
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let value = json!({
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {"streamscale.dev/config-hash": config_hash},
+                },
+                "spec": {
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
+                    "containers": [{
+                        "name": "engine",
+                        "image": job.spec.engine.image,
+                        "imagePullPolicy": job.spec.engine.image_pull_policy,
+                        "args": engine_args(parallelism, restore),
+                        "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
+                        "resources": {
+                            "requests": {"cpu": cpu, "memory": memory},
+                            "limits": {"memory": memory},
+                        },
+                        "readinessProbe": {"httpGet": {"path": "/v1/job", "port": "http"}},
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                        "volumeMounts": [
+                            {"name": "job", "mountPath": "/etc/streamscale", "readOnly": true},
+                            {"name": "savepoints", "mountPath": SAVEPOINT_DIR},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "job", "configMap": {"name": configmap_name(job)}},
+                        savepoints,
+                    ],
+                },
+            },
+        },
+    });
+    let mut d: Deployment =
+        serde_json::from_value(value).map_err(|source| ResourceError::Build {
+            what: "Deployment",
+            source,
+        })?;
+    d.metadata = meta(job, engine_name(job))?;
+    Ok(d)
+}
+
+/// The engine Service (REST and metrics).
+pub fn service(job: &StreamJob) -> Result<Service, ResourceError> {
+    let value = json!({
+        "spec": {
+            "selector": {"streamscale.dev/job": job.name_any(), "app.kubernetes.io/name": "streamscale-engine"},
+            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http"}],
+        }
+    });
+    let mut s: Service = serde_json::from_value(value).map_err(|source| ResourceError::Build {
+        what: "Service",
+        source,
+    })?;
+    s.metadata = meta(job, engine_name(job))?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn job() -> StreamJob {
+        let yaml = r#"
+apiVersion: streamscale.dev/v1alpha1
+kind: StreamJob
+metadata: {name: demo, namespace: ns, uid: "1234", generation: 1}
+spec:
+  job:
+    name: demo
+    operators:
+      - {name: source, kind: source, rate: {constant: 100}}
+      - {name: map, kind: map, cpu: 10, parallelism: 2}
+      - {name: sink, kind: sink}
+    edges:
+      - {from: source, to: map}
+      - {from: map, to: sink}
+"#;
+        serde_saphyr::from_str(yaml).expect("valid StreamJob")
+    }
+
+    #[test]
+    fn deployment_round_trips_parallelism_and_restore() {
+        let j = job();
+        let p = j.spec.job.parallelism();
+        let d = deployment(&j, &p, Some("/sp/x")).expect("deployment");
+        let w = workload_of(&d).expect("workload");
+        assert_eq!(w.parallelism, p);
+        assert_eq!(w.restore.as_deref(), Some("/sp/x"));
+        let c = &d
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        let req = c.resources.as_ref().unwrap().requests.as_ref().unwrap();
+        assert_eq!(req["cpu"].0, "1000m");
+        assert_eq!(
+            d.metadata.owner_references.as_ref().unwrap()[0].kind,
+            "StreamJob"
+        );
+    }
+
+    #[test]
+    fn engine_url_honours_the_annotation() {
+        let mut j = job();
+        assert_eq!(engine_url(&j), "http://demo-engine.ns.svc:8081");
+        j.metadata.annotations = Some(
+            [(
+                crate::crd::ENGINE_URL_ANNOTATION.to_string(),
+                "http://127.0.0.1:9/".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(engine_url(&j), "http://127.0.0.1:9");
+    }
+
+    #[test]
+    fn configmap_has_job_at_parallelism() {
+        let j = job();
+        let p: BTreeMap<String, u32> = [("map".to_string(), 5)].into();
+        let cm = configmap(&j, &p).expect("cm");
+        let text = &cm.data.unwrap()["job.yaml"];
+        let spec = streamscale_engine::spec::JobSpec::from_yaml(text).expect("parses");
+        assert_eq!(spec.operator("map").unwrap().parallelism, 5);
+    }
+}
