@@ -1,5 +1,23 @@
-//! Trace replay against autoscaling policies (issue 4 builds the replay; this crate now
-//! loads and summarizes a job and its trace with the same readers the engine uses).
+//! `streamscale-sim`: replays workload traces through a model of a job to compare autoscaling
+//! policies over days of traffic in seconds.
+//!
+//! * [`config`]: simulator settings (service times, rescale cost, intervals).
+//! * [`model`]: the job model (operators, selectivities, key-group shares, latency model).
+//! * [`plant`]: counters with the engine's metric meaning; conversion to the planner's
+//!   [`MetricSample`](streamscale_controller::model::MetricSample)s.
+//! * [`fluid`]: fast mode (fluid, discrete time). [`des`]: event-level mode (discrete events).
+//! * [`policy`]: streamscale (the controller's planner, unchanged), ds2, flink, threshold,
+//!   static, oracle.
+//! * [`runner`]: the replay loop and accounting. [`report`]: summary.json, CSV, table, plots.
+
+pub mod config;
+pub mod des;
+pub mod fluid;
+pub mod model;
+pub mod plant;
+pub mod policy;
+pub mod report;
+pub mod runner;
 
 use std::path::Path;
 
@@ -15,6 +33,25 @@ pub enum SimError {
     /// The trace file is invalid.
     #[error(transparent)]
     Trace(#[from] TraceError),
+    /// The simulator settings file is invalid.
+    #[error("{path}: {problem}")]
+    Config {
+        /// The settings file.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The job cannot be modelled (cycle, unknown operator in an override, bad option).
+    #[error("{0}")]
+    Model(String),
+    /// A report file could not be written.
+    #[error("{path}: {message}")]
+    Write {
+        /// The file.
+        path: String,
+        /// The reason.
+        message: String,
+    },
 }
 
 /// Statistics of a rate trace, in records/s after the source's `scale`.

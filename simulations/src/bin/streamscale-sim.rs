@@ -1,35 +1,279 @@
-//! `streamscale-sim`: replays a workload trace through a model of a job.
+//! `streamscale-sim`: replays a workload trace through a model of a job under several
+//! autoscaling policies and compares them.
 //!
-//! This first version loads and checks the job and its trace and prints the trace's
-//! statistics; the policy replay (issue 4) builds on the same readers.
+//! `streamscale-sim JOB.yaml --trace FILE [--policy NAME[,NAME...]|all] [--slo SECONDS]
+//! [--report DIR] [--scale X] [--speedup N] [--gaps hold|zero] [--start S] [--end S]
+//! [--duration S] [--mode fast|event] [--step S] [--interval S] [--window S] [--seed N]
+//! [--sim-config FILE] [--downtime S] [--seconds-per-mb S] [--service OP=MEAN_US[:CV],...]`
 
 use std::path::PathBuf;
 
+use anyhow::{Context, bail};
 use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec};
+use streamscale_simulations::config::SimConfig;
+use streamscale_simulations::model::JobModel;
+use streamscale_simulations::policy::POLICIES;
+use streamscale_simulations::report;
+use streamscale_simulations::runner::{Mode, ReplayOptions, default_step, replay_all};
 
-/// Replays a trace through a model of a job.
+/// Replays a trace through a model of a job under several autoscaling policies.
 #[derive(Debug, Parser)]
 #[command(name = "streamscale-sim", version)]
 struct Args {
     /// Job spec (YAML), the same file the engine runs.
     job: PathBuf,
+    /// Trace file (`t_seconds,rate`) replacing the first source's rate.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Policies, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// Latency SLO, seconds (default: the job's autoscaler.latencySloSeconds).
+    #[arg(long)]
+    slo: Option<f64>,
+    /// Report directory (summary.json, timeseries.csv, comparison.png).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Factor on the trace's rates.
+    #[arg(long)]
+    scale: Option<f64>,
+    /// Trace-seconds per simulated second.
+    #[arg(long)]
+    speedup: Option<f64>,
+    /// Meaning of missing trace rows: `hold` the last rate or `zero`.
+    #[arg(long)]
+    gaps: Option<String>,
+    /// Trace time to start at, seconds.
+    #[arg(long)]
+    start: Option<f64>,
+    /// Trace time to end at, seconds.
+    #[arg(long)]
+    end: Option<f64>,
+    /// Simulated seconds to replay (default: the trace window / speedup).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// `fast` (fluid, discrete time) or `event` (discrete events, for short windows).
+    #[arg(long, default_value = "fast")]
+    mode: String,
+    /// Step, simulated seconds (default: 1 s up to 6 h, else 10 s).
+    #[arg(long)]
+    step: Option<f64>,
+    /// Decision interval of streamscale, ds2 and threshold, seconds (default 15).
+    #[arg(long)]
+    interval: Option<f64>,
+    /// Metric window of streamscale and ds2, seconds (default 60).
+    #[arg(long)]
+    window: Option<f64>,
+    /// Seed of the event-level mode.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Simulator settings (YAML; see the crate docs of `config`).
+    #[arg(long)]
+    sim_config: Option<PathBuf>,
+    /// Fixed downtime per rescale, seconds (default 0.6).
+    #[arg(long)]
+    downtime: Option<f64>,
+    /// Extra downtime per MB of keyed state, seconds (default 0.02).
+    #[arg(long)]
+    seconds_per_mb: Option<f64>,
+    /// Service-time overrides: `op=MEAN_US[:CV],...`.
+    #[arg(long)]
+    service: Option<String>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 fn main() {
-    let args = Args::parse();
-    match streamscale_simulations::load(&args.job) {
-        Ok((spec, traces)) => {
-            println!("job `{}`: {} operators", spec.name, spec.operators.len());
-            for (source, s) in traces {
-                println!(
-                    "source `{source}`: {} rows every {} s; rate (records/s, scaled) min {:.2} median {:.2} p99 {:.2} max {:.2}; {:.0} records in the replay window",
-                    s.rows, s.resolution_s, s.min, s.median, s.p99, s.max, s.records_in_window
+    if let Err(e) = run(Args::parse()) {
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: {msg}");
+        std::process::exit(2);
+    }
+}
+
+fn positive(name: &str, v: Option<f64>) -> anyhow::Result<()> {
+    if let Some(v) = v
+        && !(v.is_finite() && v > 0.0)
+    {
+        bail!("{name}: {v} must be a positive number");
+    }
+    Ok(())
+}
+
+fn run(a: Args) -> anyhow::Result<()> {
+    let mut cfg = match &a.sim_config {
+        Some(p) => SimConfig::from_file(p)?,
+        None => SimConfig::default(),
+    };
+    for (name, v) in [
+        ("--slo", a.slo),
+        ("--scale", a.scale),
+        ("--speedup", a.speedup),
+        ("--duration", a.duration),
+        ("--step", a.step),
+        ("--interval", a.interval),
+        ("--window", a.window),
+    ] {
+        positive(name, v)?;
+    }
+    if let Some(v) = a.slo {
+        cfg.slo_seconds = Some(v);
+    }
+    if let Some(v) = a.step {
+        cfg.step_seconds = Some(v);
+    }
+    if let Some(v) = a.interval {
+        cfg.interval_seconds = v;
+    }
+    if let Some(v) = a.window {
+        cfg.window_seconds = v;
+    }
+    if let Some(v) = a.seed {
+        cfg.seed = v;
+    }
+    if let Some(v) = a.downtime {
+        cfg.rescale.downtime_seconds = v;
+    }
+    if let Some(v) = a.seconds_per_mb {
+        cfg.rescale.seconds_per_mb = v;
+    }
+    if let Some(list) = &a.service {
+        for item in list.split(',').filter(|s| !s.trim().is_empty()) {
+            let (op, rest) = item
+                .split_once('=')
+                .with_context(|| format!("--service: `{item}` is not op=MEAN_US[:CV]"))?;
+            let (mean, cv) = match rest.split_once(':') {
+                Some((m, c)) => (m, Some(c)),
+                None => (rest, None),
+            };
+            let o = cfg.operators.entry(op.trim().to_string()).or_default();
+            o.mean_micros = Some(
+                mean.trim()
+                    .parse()
+                    .with_context(|| format!("--service: `{mean}` is not a number of µs"))?,
+            );
+            if let Some(c) = cv {
+                o.cv = Some(
+                    c.trim()
+                        .parse()
+                        .with_context(|| format!("--service: `{c}` is not a CV"))?,
                 );
             }
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
+    }
+    cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mode = match a.mode.as_str() {
+        "fast" => Mode::Fast,
+        "event" => Mode::Event,
+        m => bail!("--mode: `{m}` is not `fast` or `event`"),
+    };
+    let gaps = match a.gaps.as_deref() {
+        None => None,
+        Some("hold") => Some(GapPolicy::Hold),
+        Some("zero") => Some(GapPolicy::Zero),
+        Some(g) => bail!("--gaps: `{g}` is not `hold` or `zero`"),
+    };
+    let mut spec = JobSpec::from_file(&a.job)?;
+    let source = spec
+        .operators
+        .iter_mut()
+        .find(|o| matches!(o.kind, OperatorKind::Source { .. }))
+        .with_context(|| format!("{}: the job has no source", a.job.display()))?;
+    if let OperatorKind::Source { rate, .. } = &mut source.kind {
+        if let Some(file) = &a.trace {
+            let mut t = match rate {
+                RateSpec::Trace(t) => t.clone(),
+                _ => serde_saphyr::from_str("file: x")
+                    .map_err(|e| anyhow::anyhow!("internal: {e}"))?,
+            };
+            t.file = file.clone();
+            if !matches!(rate, RateSpec::Trace(_)) {
+                t.start_seconds = 0.0;
+                t.end_seconds = None;
+            } else if a.start.is_none() && a.end.is_none() {
+                // A different trace: replay all of it unless told otherwise.
+                t.start_seconds = 0.0;
+                t.end_seconds = None;
+            }
+            *rate = RateSpec::Trace(t);
+        }
+        if let RateSpec::Trace(t) = rate {
+            if let Some(v) = a.scale {
+                t.scale = v;
+            }
+            if let Some(v) = a.speedup {
+                t.speedup = v;
+            }
+            if let Some(g) = gaps {
+                t.gaps = g;
+            }
+            if let Some(v) = a.start {
+                t.start_seconds = v;
+            }
+            if a.end.is_some() {
+                t.end_seconds = a.end;
+            }
+        } else if a.scale.is_some() || a.speedup.is_some() || a.gaps.is_some() {
+            bail!(
+                "--scale/--speedup/--gaps need a trace (--trace FILE or a trace rate in the job)"
+            );
         }
     }
+    let model = JobModel::new(&spec, &cfg, a.duration)?;
+    let names: Vec<String> = if a.policy == "all" {
+        POLICIES.iter().map(|s| s.to_string()).collect()
+    } else {
+        a.policy.split(',').map(|s| s.trim().to_string()).collect()
+    };
+    let step = cfg
+        .step_seconds
+        .unwrap_or_else(|| default_step(model.duration_s));
+    let opts = ReplayOptions {
+        mode,
+        step_s: step,
+        seed: cfg.seed,
+        max_rows: 2000,
+    };
+    let total_steps = (model.duration_s / step).ceil() as u64 * (names.len() as u64 + 1);
+    let bar = if a.quiet || total_steps < 200_000 {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(total_steps);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {percent:>3}% {pos}/{len} steps, eta {eta}")
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        );
+        b
+    };
+    let started = std::time::Instant::now();
+    let (summary, runs) = replay_all(
+        &model,
+        &names,
+        &opts,
+        cfg.interval_seconds,
+        cfg.window_seconds,
+        &mut |n| {
+            bar.inc(n);
+        },
+    )?;
+    bar.finish_and_clear();
+    println!(
+        "job `{}`: {:.1} h simulated ({} mode, step {} s, SLO {} s) in {:.2} s",
+        spec.name,
+        model.duration_s / 3600.0,
+        summary.mode,
+        step,
+        model.slo_s,
+        started.elapsed().as_secs_f64()
+    );
+    print!("{}", report::table(&summary, &names));
+    if let Some(dir) = &a.report {
+        report::write_files(dir, &summary, &runs, &model)?;
+        report::plot(&dir.join("comparison.png"), &runs, &model)?;
+        println!("report in {}", dir.display());
+    }
+    Ok(())
 }

@@ -1,0 +1,167 @@
+//! Simulator settings: service-time distributions, rescale cost, step and decision intervals.
+//!
+//! Everything has a default, so a job file alone is enough. Settings can come from a small
+//! YAML file (`--sim-config FILE`) and from command-line flags, flags winning:
+//!
+//! ```yaml
+//! seed: 7                  # random seed of the event-level mode
+//! stepSeconds: 1           # fast-mode step, simulated seconds (default: auto)
+//! intervalSeconds: 15      # decision interval of streamscale, ds2 and threshold, seconds
+//! windowSeconds: 60        # metric window handed to streamscale and ds2, seconds
+//! overheadMicros: 5        # per-record framework overhead added to cpu + io, µs
+//! operators:
+//!   enrich: { meanMicros: 5200, cv: 1.5 }   # per-record service time: mean (µs) and CV
+//! rescale:
+//!   downtimeSeconds: 0.6   # fixed stop-with-savepoint + restore time per rescale
+//!   secondsPerMb: 0.02     # extra downtime per MB of keyed state
+//!   stateMb: 1.0           # keyed state size (default: keys × 64 bytes per keyed operator)
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::SimError;
+
+/// Per-operator service-time distribution override.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ServiceOverride {
+    /// Mean service time of one record at one subtask, µs (1/μ). Default: `cpu + io +
+    /// overheadMicros` from the job file.
+    pub mean_micros: Option<f64>,
+    /// Coefficient of variation cs of the service time (σ/mean). Default 1 (exponential).
+    pub cv: Option<f64>,
+}
+
+/// Rescale cost model: downtime = `downtime_seconds + seconds_per_mb × state_mb`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RescaleCost {
+    /// Fixed downtime per rescale, seconds. Default 0.6 s: `streamscale run` measured
+    /// 0.43–0.93 s per stop-with-savepoint and restore on the reference machine.
+    pub downtime_seconds: f64,
+    /// Additional downtime per MB of keyed state (write + read of the savepoint), s/MB.
+    /// Default 0.02 s/MB (50 MB/s).
+    pub seconds_per_mb: f64,
+    /// Keyed state size, MB. `None` = 64 bytes per key per keyed operator.
+    pub state_mb: Option<f64>,
+}
+
+impl Default for RescaleCost {
+    fn default() -> Self {
+        RescaleCost {
+            downtime_seconds: 0.6,
+            seconds_per_mb: 0.02,
+            state_mb: None,
+        }
+    }
+}
+
+/// All simulator settings. Times are simulated seconds (trace seconds / speedup).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Seed of the event-level mode's random streams. Default 1.
+    pub seed: u64,
+    /// Fast-mode step, simulated seconds. `None` = auto: 1 s for runs up to 6 h, 10 s beyond.
+    pub step_seconds: Option<f64>,
+    /// Decision interval of `streamscale`, `ds2` and `threshold`, seconds. Default 15 s
+    /// (Kubernetes HPA's sync period). `flink` keeps its own 60 s loop.
+    pub interval_seconds: f64,
+    /// Metric window given to `streamscale` and `ds2`, seconds. Default 60 s.
+    pub window_seconds: f64,
+    /// Per-record overhead added to `cpu + io`, µs. Default 5 µs.
+    pub overhead_micros: f64,
+    /// Service-time overrides by operator name.
+    pub operators: BTreeMap<String, ServiceOverride>,
+    /// Rescale cost model.
+    pub rescale: RescaleCost,
+    /// Latency SLO, seconds. `None` = the job's `autoscaler.latencySloSeconds`.
+    pub slo_seconds: Option<f64>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            seed: 1,
+            step_seconds: None,
+            interval_seconds: 15.0,
+            window_seconds: 60.0,
+            overhead_micros: 5.0,
+            operators: BTreeMap::new(),
+            rescale: RescaleCost::default(),
+            slo_seconds: None,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Reads a YAML settings file.
+    ///
+    /// # Errors
+    /// [`SimError::Config`] naming the file and the parser's line and column.
+    pub fn from_file(path: &Path) -> Result<SimConfig, SimError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SimError::Config {
+            path: path.display().to_string(),
+            problem: e.to_string(),
+        })?;
+        let cfg: SimConfig = serde_saphyr::from_str(&text).map_err(|e| {
+            let full = e.to_string();
+            SimError::Config {
+                path: path.display().to_string(),
+                problem: full.lines().next().unwrap_or_default().to_string(),
+            }
+        })?;
+        cfg.validate().map_err(|problem| SimError::Config {
+            path: path.display().to_string(),
+            problem,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Checks ranges; the message names the field.
+    ///
+    /// # Errors
+    /// A message such as `intervalSeconds: must be > 0`.
+    pub fn validate(&self) -> Result<(), String> {
+        let pos = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name}: {v} must be a positive number"))
+            }
+        };
+        let nonneg = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name}: {v} must be a non-negative number"))
+            }
+        };
+        if let Some(s) = self.step_seconds {
+            pos("stepSeconds", s)?;
+        }
+        pos("intervalSeconds", self.interval_seconds)?;
+        pos("windowSeconds", self.window_seconds)?;
+        nonneg("overheadMicros", self.overhead_micros)?;
+        nonneg("rescale.downtimeSeconds", self.rescale.downtime_seconds)?;
+        nonneg("rescale.secondsPerMb", self.rescale.seconds_per_mb)?;
+        if let Some(s) = self.rescale.state_mb {
+            nonneg("rescale.stateMb", s)?;
+        }
+        if let Some(s) = self.slo_seconds {
+            pos("sloSeconds", s)?;
+        }
+        for (name, o) in &self.operators {
+            if let Some(m) = o.mean_micros {
+                pos(&format!("operators.{name}.meanMicros"), m)?;
+            }
+            if let Some(c) = o.cv {
+                nonneg(&format!("operators.{name}.cv"), c)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,209 @@
+//! Fast mode: a fluid, discrete-time model of the job.
+//!
+//! Per step of `dt` seconds, records flow as a continuous quantity. Each operator has
+//! `servers` effective servers of rate μ = 1/service time (keyed operators: 1 / hottest
+//! key-group share), a bounded input queue of `channelCapacity` records per subtask, and
+//! backpressure: a reverse topological pass computes how much each operator may accept (free
+//! queue room plus what it can process given its own downstream room), then a forward pass
+//! moves records. Nothing is ever dropped, so per operator `received = processed + queued`
+//! and per source `arrived = emitted + backlog` hold exactly at every step.
+//!
+//! Latency: deterministic queueing delay (queued records / drain rate, source backlog / rate)
+//! plus the stochastic sojourn of the planner's own formulas (Allen-Cunneen / Kingman) at the
+//! step's arrival rate, combined along every source-to-sink path
+//! ([`JobModel::path_latency`]).
+
+use crate::model::{JobModel, OpKind};
+use crate::plant::{OpCounters, Plant, Snapshot, StepStats, capacity};
+
+/// The fluid deployment.
+#[derive(Debug, Clone)]
+pub struct FluidPlant<'m> {
+    model: &'m JobModel,
+    p: Vec<u32>,
+    servers: Vec<f64>,
+    queue: Vec<f64>,
+    backlog: Vec<f64>,
+    counters: Vec<OpCounters>,
+    /// Lifetime totals: received and processed per operator; arrived and emitted per source.
+    received: Vec<f64>,
+    processed: Vec<f64>,
+    last_rate: Vec<f64>,
+    down_until: f64,
+    // Scratch buffers.
+    max_in: Vec<f64>,
+    max_out: Vec<f64>,
+    limit: Vec<f64>,
+    inflow: Vec<f64>,
+    delay: Vec<f64>,
+    soj: Vec<f64>,
+    gamma: Vec<f64>,
+}
+
+impl<'m> FluidPlant<'m> {
+    /// A deployment of `model` at parallelism `p`, empty queues, no backlog.
+    pub fn new(model: &'m JobModel, p: &[u32]) -> FluidPlant<'m> {
+        let n = model.ops.len();
+        let mut f = FluidPlant {
+            model,
+            p: p.to_vec(),
+            servers: vec![0.0; n],
+            queue: vec![0.0; n],
+            backlog: vec![0.0; n],
+            counters: vec![OpCounters::default(); n],
+            received: vec![0.0; n],
+            processed: vec![0.0; n],
+            last_rate: vec![0.0; n],
+            down_until: f64::NEG_INFINITY,
+            max_in: vec![0.0; n],
+            max_out: vec![0.0; n],
+            limit: vec![0.0; n],
+            inflow: vec![0.0; n],
+            delay: vec![0.0; n],
+            soj: vec![0.0; n],
+            gamma: vec![0.0; n],
+        };
+        f.set_servers();
+        f
+    }
+
+    fn set_servers(&mut self) {
+        for i in 0..self.model.ops.len() {
+            self.servers[i] = self.model.effective_servers(i, self.p[i]);
+        }
+    }
+}
+
+impl Plant for FluidPlant<'_> {
+    fn advance(&mut self, t: f64, dt: f64) -> StepStats {
+        let m = self.model;
+        let n = m.ops.len();
+        let up = (t + dt - t.max(self.down_until)).clamp(0.0, dt);
+        // Reverse pass: how much each operator may accept this step.
+        for i in (0..n).rev() {
+            let op = &m.ops[i];
+            let mut out = f64::INFINITY;
+            for &j in &op.outputs {
+                out = out.min(self.max_in[j] / m.ops[j].inputs.len().max(1) as f64);
+            }
+            self.max_out[i] = out;
+            if op.kind == OpKind::Source {
+                continue;
+            }
+            let cap = self.servers[i] * up / op.service_s;
+            let sel = m.selectivity(i, self.last_rate[i]);
+            let by_output = if sel > 0.0 { out / sel } else { f64::INFINITY };
+            self.limit[i] = cap.min(by_output);
+            let qcap = m.channel_capacity * f64::from(self.p[i]);
+            self.max_in[i] = (qcap - self.queue[i]).max(0.0) + self.limit[i];
+        }
+        // Forward pass.
+        self.inflow.iter_mut().for_each(|x| *x = 0.0);
+        self.gamma.iter_mut().for_each(|x| *x = 0.0);
+        let mut arrivals = 0.0;
+        for (s, f) in &m.sources {
+            let a = (f.cumulative(t + dt) - f.cumulative(t)).max(0.0);
+            arrivals += a;
+            self.gamma[*s] += a / dt;
+            let c = &mut self.counters[*s];
+            c.arrivals += a;
+            self.received[*s] += a;
+        }
+        let mut conservation: f64 = 0.0;
+        for i in 0..n {
+            let op = &m.ops[i];
+            let c = &mut self.counters[i];
+            let slots = f64::from(self.p[i]) * up;
+            if op.kind == OpKind::Source {
+                let avail = self.backlog[i] + self.gamma[i] * dt;
+                let e = if up > 0.0 {
+                    avail.min(self.max_out[i])
+                } else {
+                    0.0
+                };
+                self.backlog[i] = avail - e;
+                self.delay[i] = self.backlog[i] / self.gamma[i].max(e / dt).max(1e-9);
+                self.soj[i] = 0.0;
+                c.records_out += e;
+                c.backlog = self.backlog[i];
+                c.backpressured_s += if e < avail { slots } else { 0.0 };
+                c.idle_s += if e < avail { 0.0 } else { slots };
+                self.processed[i] += e;
+                for &j in &op.outputs {
+                    self.inflow[j] += e;
+                }
+                conservation = conservation
+                    .max((self.received[i] - self.processed[i] - self.backlog[i]).abs());
+                continue;
+            }
+            let inflow = self.inflow[i];
+            self.received[i] += inflow;
+            let avail = self.queue[i] + inflow;
+            let done = avail.min(self.limit[i]);
+            self.queue[i] = avail - done;
+            self.processed[i] += done;
+            let rate_in = inflow / dt;
+            let sel = m.selectivity(i, self.last_rate[i]);
+            self.last_rate[i] = rate_in;
+            let out = done * sel;
+            for &j in &op.outputs {
+                self.inflow[j] += out;
+            }
+            let busy = (done * op.service_s).min(slots);
+            c.records_in += done;
+            c.records_out += out;
+            c.busy_s += busy;
+            let cap = self.servers[i] * up / op.service_s;
+            if self.limit[i] < cap && done >= self.limit[i] && avail > done {
+                c.backpressured_s += slots - busy;
+            } else {
+                c.idle_s += slots - busy;
+            }
+            c.queue = self.queue[i];
+            conservation =
+                conservation.max((self.received[i] - self.processed[i] - self.queue[i]).abs());
+            // Latency pieces: drain time of the queue ahead plus the stochastic sojourn.
+            let drain = self.servers[i] / op.service_s;
+            self.delay[i] = self.queue[i] / drain;
+            self.soj[i] = m.sojourn(i, rate_in.min(drain), self.p[i], self.servers[i]);
+        }
+        // Time still down after this step adds to every record's latency.
+        let still_down = (self.down_until - (t + dt)).max(0.0);
+        let (p99, tail) = m.path_latency(&self.delay, &self.soj);
+        let p99 = p99 + still_down;
+        let tail = if still_down > m.slo_s { 1.0 } else { tail };
+        StepStats {
+            arrivals,
+            p99_s: Some(p99),
+            late: arrivals * tail,
+            backlog: m.sources.iter().map(|(s, _)| self.backlog[*s]).sum(),
+            queued: self.queue.iter().sum(),
+            capacity: capacity(m, &self.servers, &self.gamma, &mut self.limit),
+            conservation_error: conservation,
+        }
+    }
+
+    fn snapshot(&self, at_s: f64) -> Snapshot {
+        Snapshot {
+            at_s,
+            ops: self.counters.clone(),
+        }
+    }
+
+    fn parallelism(&self) -> &[u32] {
+        &self.p
+    }
+
+    fn rescale(&mut self, p: &[u32], t: f64, downtime_s: f64) {
+        self.p = p.to_vec();
+        self.set_servers();
+        self.down_until = t + downtime_s;
+        for (i, c) in self.counters.iter_mut().enumerate() {
+            *c = OpCounters {
+                queue: self.queue[i],
+                backlog: self.backlog[i],
+                ..OpCounters::default()
+            };
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The simulated job: operators in topological order with their service-time distributions,
+//! selectivities, key-group shares and source rate functions, plus the latency model shared by
+//! the fast mode and the oracle.
+
+use streamscale_controller::model::{QueueKind, operator_sojourn_time};
+use streamscale_engine::keygroup::{key_group, murmur_fmix64, subtask_for_key_group};
+use streamscale_engine::spec::{JobSpec, OperatorKind};
+use streamscale_engine::trace::RateFunction;
+
+use crate::SimError;
+use crate::config::SimConfig;
+
+/// Largest number of source-to-sink paths enumerated for the latency model.
+const MAX_PATHS: usize = 4096;
+
+/// z-score of the 99th percentile of the standard normal distribution.
+pub const Z99: f64 = 2.326_347_874;
+
+/// What an operator does to records, for the model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OpKind {
+    /// Emits external arrivals; never rescaled.
+    Source,
+    /// One record out per record in.
+    Map,
+    /// Keeps the share `keep` of records.
+    Filter(f64),
+    /// Keyed tumbling window of `size_s` seconds over `keys` distinct keys.
+    Window {
+        /// Window length, seconds.
+        size_s: f64,
+    },
+    /// Consumes records.
+    Sink,
+}
+
+/// One operator of the model.
+#[derive(Debug, Clone)]
+pub struct OpModel {
+    /// Operator name (as in the job file).
+    pub name: String,
+    /// What it does.
+    pub kind: OpKind,
+    /// Input partitioned by key group (p separate queues) rather than one shared queue.
+    pub keyed: bool,
+    /// Mean service time of one record at one subtask, seconds (1/μ; μ is the true
+    /// processing rate of DS2).
+    pub service_s: f64,
+    /// Coefficient of variation cs of the service time.
+    pub cv: f64,
+    /// Smallest and largest parallelism any policy may choose (scaling bounds, maxParallelism).
+    pub bounds: (u32, u32),
+    /// Parallelism in the job file.
+    pub initial: u32,
+    /// Indices of upstream operators.
+    pub inputs: Vec<usize>,
+    /// Indices of downstream operators.
+    pub outputs: Vec<usize>,
+}
+
+/// The job as the simulator sees it. Operators are indexed in topological order.
+#[derive(Debug, Clone)]
+pub struct JobModel {
+    /// The job file (with its original parallelism).
+    pub spec: JobSpec,
+    /// Operators in topological order.
+    pub ops: Vec<OpModel>,
+    /// Source operator index → its rate function (records/s over simulated seconds).
+    pub sources: Vec<(usize, RateFunction)>,
+    /// Number of key groups (maxParallelism).
+    pub key_groups: u32,
+    /// Distinct keys (largest over the sources).
+    pub keys: u64,
+    /// Share of records in each key group (sums to 1), from the sources' key hashing.
+    pub group_share: Vec<f64>,
+    /// Input queue capacity per subtask, records (`channelCapacity`).
+    pub channel_capacity: f64,
+    /// Effective servers per operator for p = 1..=min(max bound, 1024) (index p − 1).
+    servers_table: Vec<Vec<f64>>,
+    /// Every source-to-sink path (operator indices).
+    pub paths: Vec<Vec<usize>>,
+    /// Latency SLO, seconds.
+    pub slo_s: f64,
+    /// Downtime of one rescale, seconds (fixed + per-MB cost).
+    pub rescale_downtime_s: f64,
+    /// Simulated seconds covered by the replay (the trace window / speedup; 3600 s without a
+    /// trace unless set).
+    pub duration_s: f64,
+}
+
+impl JobModel {
+    /// Builds the model of `spec` with `cfg`'s service times and costs. `duration_s` overrides
+    /// the replay length (default: end of the trace window).
+    ///
+    /// # Errors
+    /// [`SimError`] for a cycle, an unreadable trace, or an override naming no operator.
+    pub fn new(
+        spec: &JobSpec,
+        cfg: &SimConfig,
+        duration_s: Option<f64>,
+    ) -> Result<JobModel, SimError> {
+        let order = spec.topological_order().map_err(SimError::Model)?;
+        for name in cfg.operators.keys() {
+            if spec.operator(name).is_none() {
+                return Err(SimError::Model(format!(
+                    "sim config: operators.{name}: no such operator in job `{}`",
+                    spec.name
+                )));
+            }
+        }
+        let index = |n: &str| order.iter().position(|o| o == n);
+        let mut ops = Vec::with_capacity(order.len());
+        let mut sources = Vec::new();
+        let mut keys = 1u64;
+        let mut ends = Vec::new();
+        for (i, name) in order.iter().enumerate() {
+            let Some(op) = spec.operator(name) else {
+                return Err(SimError::Model(format!("unknown operator `{name}`")));
+            };
+            let kind = match &op.kind {
+                OperatorKind::Source { rate, keys: k, .. } => {
+                    keys = keys.max(*k);
+                    let f = RateFunction::from_spec(rate)?;
+                    if let Some(e) = f.wall_end() {
+                        ends.push(e);
+                    }
+                    sources.push((i, f));
+                    OpKind::Source
+                }
+                OperatorKind::Map => OpKind::Map,
+                OperatorKind::Filter { keep } => OpKind::Filter(*keep),
+                OperatorKind::Window { size_ms } => OpKind::Window {
+                    size_s: (*size_ms as f64 / 1000.0).max(1e-3),
+                },
+                OperatorKind::Sink { .. } => OpKind::Sink,
+            };
+            let o = cfg.operators.get(name).copied().unwrap_or_default();
+            let mean_us = o
+                .mean_micros
+                .unwrap_or(op.cpu + op.io + cfg.overhead_micros)
+                .max(1e-3);
+            let max = op
+                .scaling
+                .max
+                .unwrap_or(spec.max_parallelism)
+                .min(spec.max_parallelism)
+                .max(1);
+            let min = op.scaling.min.unwrap_or(1).clamp(1, max);
+            ops.push(OpModel {
+                name: name.clone(),
+                kind,
+                keyed: op.kind.is_keyed(),
+                service_s: mean_us * 1e-6,
+                cv: o.cv.unwrap_or(1.0),
+                bounds: (min, max),
+                initial: op.parallelism,
+                inputs: spec
+                    .inputs_of(name)
+                    .iter()
+                    .filter_map(|n| index(n))
+                    .collect(),
+                outputs: spec
+                    .outputs_of(name)
+                    .iter()
+                    .filter_map(|n| index(n))
+                    .collect(),
+            });
+        }
+        let g = spec.max_parallelism.max(1);
+        let mut counts = vec![0.0; g as usize];
+        for k in 0..keys {
+            counts[key_group(k, g) as usize] += 1.0;
+        }
+        let group_share = counts.iter().map(|c| c / keys as f64).collect();
+        let mut paths = Vec::new();
+        for &(s, _) in &sources {
+            let mut stack = vec![vec![s]];
+            while let Some(path) = stack.pop() {
+                let last = path[path.len() - 1];
+                if ops[last].outputs.is_empty() {
+                    if paths.len() < MAX_PATHS {
+                        paths.push(path);
+                    }
+                    continue;
+                }
+                for &n in &ops[last].outputs {
+                    let mut p = path.clone();
+                    p.push(n);
+                    stack.push(p);
+                }
+            }
+        }
+        let state_mb = cfg.rescale.state_mb.unwrap_or_else(|| {
+            ops.iter().filter(|o| o.keyed).count() as f64 * keys as f64 * 64.0 / 1e6
+        });
+        let duration_s = duration_s
+            .or_else(|| ends.iter().copied().reduce(f64::max))
+            .unwrap_or(3600.0);
+        let mut model = JobModel {
+            spec: spec.clone(),
+            ops,
+            sources,
+            key_groups: g,
+            keys,
+            group_share,
+            channel_capacity: spec.channel_capacity as f64,
+            paths,
+            slo_s: cfg
+                .slo_seconds
+                .unwrap_or(spec.autoscaler.latency_slo_seconds),
+            rescale_downtime_s: cfg.rescale.downtime_seconds
+                + cfg.rescale.seconds_per_mb * state_mb,
+            duration_s,
+            servers_table: Vec::new(),
+        };
+        model.servers_table = (0..model.ops.len())
+            .map(|i| {
+                let top = model.ops[i].bounds.1.max(model.ops[i].initial).min(1024);
+                (1..=top).map(|p| model.servers_uncached(i, p)).collect()
+            })
+            .collect();
+        Ok(model)
+    }
+
+    /// Parallelism of every operator in the job file.
+    pub fn initial_parallelism(&self) -> Vec<u32> {
+        self.ops.iter().map(|o| o.initial).collect()
+    }
+
+    /// Share of operator `i`'s input that each of its `p` subtasks receives: key-group shares
+    /// under Flink's assignment for keyed operators (subtask of key group g = g·p/K), 1/p
+    /// otherwise.
+    pub fn subtask_shares(&self, i: usize, p: u32) -> Vec<f64> {
+        let p = p.max(1);
+        if !self.ops[i].keyed {
+            return vec![1.0 / f64::from(p); p as usize];
+        }
+        let mut s = vec![0.0; p as usize];
+        for (g, share) in self.group_share.iter().enumerate() {
+            s[subtask_for_key_group(g as u32, p, self.key_groups).min(p as usize - 1)] += share;
+        }
+        s
+    }
+
+    /// Effective number of servers of operator `i` at parallelism `p`: `p` for a shared queue;
+    /// for a keyed operator 1 / (largest subtask share), since the hottest subtask saturates
+    /// first (stability needs max share × λ < μ, the keyed-queue result of the reference).
+    pub fn effective_servers(&self, i: usize, p: u32) -> f64 {
+        match self.servers_table[i].get(p.max(1) as usize - 1) {
+            Some(s) => *s,
+            None => self.servers_uncached(i, p),
+        }
+    }
+
+    fn servers_uncached(&self, i: usize, p: u32) -> f64 {
+        if !self.ops[i].keyed {
+            return f64::from(p.max(1));
+        }
+        let max = self
+            .subtask_shares(i, p)
+            .into_iter()
+            .fold(0.0_f64, f64::max);
+        if max > 0.0 { 1.0 / max } else { f64::from(p) }
+    }
+
+    /// Records out per record in at arrival rate `lambda` (records/s): 1 for maps and sources,
+    /// `keep` for filters, 0 for sinks; for a window of w seconds over K keys, one record per
+    /// active key per window: K (1 − e^(−λw/K)) / (λ w) (the expected number of distinct keys
+    /// among λw uniform draws, divided by λw), and 1 at λ = 0.
+    pub fn selectivity(&self, i: usize, lambda: f64) -> f64 {
+        match self.ops[i].kind {
+            OpKind::Source | OpKind::Map => 1.0,
+            OpKind::Filter(keep) => keep,
+            OpKind::Sink => 0.0,
+            OpKind::Window { size_s } => {
+                let n = lambda * size_s;
+                let k = self.keys as f64;
+                if n <= 1e-9 {
+                    1.0
+                } else {
+                    (k * (1.0 - (-n / k).exp()) / n).min(1.0)
+                }
+            }
+        }
+    }
+
+    /// Traffic equations λ_i = γ_i + Σ_j gain_j λ_j in topological order, with the sources'
+    /// rates `gamma` (indexed by operator, 0 for non-sources) and selectivities at the
+    /// resulting rates (the open Jackson network of the reference, with edge gains).
+    pub fn traffic(&self, gamma: &[f64]) -> Vec<f64> {
+        let mut lambda = vec![0.0; self.ops.len()];
+        for i in 0..self.ops.len() {
+            let mut l = gamma[i];
+            for &u in &self.ops[i].inputs {
+                l += lambda[u] * self.selectivity(u, lambda[u]);
+            }
+            lambda[i] = l;
+        }
+        lambda
+    }
+
+    /// Sources' total target rate at simulated second `t`, records/s, indexed by operator.
+    pub fn gamma_at(&self, t: f64) -> Vec<f64> {
+        let mut g = vec![0.0; self.ops.len()];
+        for (i, f) in &self.sources {
+            g[*i] += f.rate(t);
+        }
+        g
+    }
+
+    /// Mean sojourn (waiting + service) of operator `i` at arrival rate `lambda` and
+    /// parallelism `p`, seconds, from the planner's formulas
+    /// ([`operator_sojourn_time`]: Kingman per keyed subtask at its hottest share,
+    /// Allen-Cunneen for a shared queue), with ρ capped at 0.99 (beyond that the fluid queue
+    /// carries the delay). Sources: 0.
+    /// `servers` is [`JobModel::effective_servers`] at `p` (passed in to keep the step loop
+    /// free of allocation).
+    pub fn sojourn(&self, i: usize, lambda: f64, p: u32, servers: f64) -> f64 {
+        let op = &self.ops[i];
+        if op.kind == OpKind::Source {
+            return 0.0;
+        }
+        let mu = 1.0 / op.service_s;
+        let lambda = lambda.min(0.99 * servers * mu).max(0.0);
+        if op.keyed {
+            // The hottest subtask sees λ / servers; model it as p queues at that rate.
+            operator_sojourn_time(
+                QueueKind::Keyed,
+                lambda / servers * f64::from(p),
+                mu,
+                p,
+                1.0,
+                op.cv,
+            )
+        } else {
+            operator_sojourn_time(QueueKind::Shared, lambda, mu, p, 1.0, op.cv)
+        }
+    }
+
+    /// p99 end-to-end latency (seconds) and the probability that a record's latency exceeds
+    /// the SLO, for the worst source-to-sink path. Per operator: a deterministic delay
+    /// `delay[i]` (queued records ahead / drain rate, source backlog / rate) plus a random
+    /// sojourn with mean `sojourn[i]` treated as exponential (M/M/1's sojourn law); the sum along
+    /// a path is matched to a gamma distribution by mean and variance, whose quantiles come
+    /// from the Wilson-Hilferty cube-root normal approximation.
+    pub fn path_latency(&self, delay: &[f64], sojourn: &[f64]) -> (f64, f64) {
+        let mut worst = (0.0_f64, 0.0_f64);
+        for path in &self.paths {
+            let (mut d, mut m, mut v) = (0.0, 0.0, 0.0);
+            for &i in path {
+                d += delay[i];
+                m += sojourn[i];
+                v += sojourn[i] * sojourn[i];
+            }
+            let (q99, tail) = gamma_p99_and_tail(m, v, self.slo_s - d);
+            worst.0 = worst.0.max(d + q99);
+            worst.1 = worst.1.max(tail);
+        }
+        worst
+    }
+}
+
+/// For a gamma variable with mean `m` and variance `v`: its 99th percentile and P(X > x), by
+/// Wilson-Hilferty: (X/m)^(1/3) ≈ Normal(1 − 1/(9k), 1/(9k)) with shape k = m²/v.
+pub fn gamma_p99_and_tail(m: f64, v: f64, x: f64) -> (f64, f64) {
+    if m <= 0.0 || v <= 0.0 {
+        return (m.max(0.0), if x < m { 1.0 } else { 0.0 });
+    }
+    let k = m * m / v;
+    let s2 = 1.0 / (9.0 * k);
+    let s = s2.sqrt();
+    let c = (1.0 - s2 + Z99 * s).max(0.0);
+    let q = m * c * c * c;
+    let tail = if x <= 0.0 {
+        1.0
+    } else {
+        let z = ((x / m).cbrt() - (1.0 - s2)) / s;
+        0.5 * statrs::function::erf::erfc(z / std::f64::consts::SQRT_2)
+    };
+    (q, tail)
+}
+
+/// A deterministic 64-bit hash for per-record decisions (record sequence numbers).
+pub fn hash64(x: u64) -> u64 {
+    murmur_fmix64(x.wrapping_add(0x9e37_79b9_7f4a_7c15))
+}

@@ -1,0 +1,150 @@
+//! What a simulated deployment reports: cumulative counters with the engine's meaning, and the
+//! per-step statistics the accounting needs. Implemented by the fast fluid mode
+//! ([`crate::fluid`]) and the event-level mode ([`crate::des`]).
+
+use std::collections::BTreeMap;
+
+use streamscale_controller::model::{MetricSample, SubtaskSample};
+
+use crate::model::{JobModel, OpKind};
+
+/// Cumulative counters of one operator (summed over its subtasks) since the deployment started,
+/// with the engine's metric meaning.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpCounters {
+    /// Records taken from the input queue (sources: 0).
+    pub records_in: f64,
+    /// Records emitted.
+    pub records_out: f64,
+    /// Seconds spent processing, summed over subtasks (DS2's useful time).
+    pub busy_s: f64,
+    /// Seconds waiting for input, summed over subtasks.
+    pub idle_s: f64,
+    /// Seconds blocked on a full downstream queue, summed over subtasks.
+    pub backpressured_s: f64,
+    /// Gauge: records in the input queue(s).
+    pub queue: f64,
+    /// Gauge, sources: records that arrived but are not emitted yet.
+    pub backlog: f64,
+    /// Counter, sources: records that arrived (should have been emitted) since the start.
+    pub arrivals: f64,
+}
+
+/// Counters of every operator (topological order) at one scrape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Simulated seconds.
+    pub at_s: f64,
+    /// Per operator, topological order.
+    pub ops: Vec<OpCounters>,
+}
+
+/// What happened in one step. Rates in records/s, times in seconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepStats {
+    /// External arrivals in the step (all sources), records.
+    pub arrivals: f64,
+    /// p99 end-to-end latency estimate (fast mode) or measurement (event mode), seconds;
+    /// `None` when no record reached a sink (event mode).
+    pub p99_s: Option<f64>,
+    /// Records that arrived in the step and will exceed (fast) / reached a sink in the step
+    /// having exceeded (event) the SLO.
+    pub late: f64,
+    /// Sources' backlog at the end of the step, records.
+    pub backlog: f64,
+    /// Records queued at operators at the end of the step.
+    pub queued: f64,
+    /// Source-rate capacity of the configuration (records/s at the sources that the tightest
+    /// operator can take), records/s.
+    pub capacity: f64,
+    /// Largest conservation error over the operators at the end of the step, records
+    /// (received − processed − queued, and arrived − emitted − backlog at the sources).
+    pub conservation_error: f64,
+}
+
+/// A simulated deployment of a job.
+pub trait Plant {
+    /// Advances from simulated second `t` by `dt` seconds.
+    fn advance(&mut self, t: f64, dt: f64) -> StepStats;
+    /// Current counters (since the last (re)start).
+    fn snapshot(&self, at_s: f64) -> Snapshot;
+    /// Current parallelism per operator.
+    fn parallelism(&self) -> &[u32];
+    /// Rescales to `p` at `t`: the job is down for `downtime_s` seconds (queued records and the
+    /// backlog are kept, as in stop-with-savepoint without drain), then counters restart at 0.
+    fn rescale(&mut self, p: &[u32], t: f64, downtime_s: f64);
+}
+
+/// Source-rate capacity with `servers` effective servers per operator at source rates
+/// `gamma` (records/s, indexed by operator): the largest factor x with x·λ_i ≤ servers_i μ_i
+/// for every operator (traffic equations at `gamma`), times the total source rate; with no
+/// input, the capacity at unit source rates. `scratch` is overwritten (length = operators).
+pub fn capacity(model: &JobModel, servers: &[f64], gamma: &[f64], scratch: &mut [f64]) -> f64 {
+    let total: f64 = gamma.iter().sum();
+    let is_source = |i: usize| model.ops[i].kind == OpKind::Source;
+    let lambda = scratch;
+    for i in 0..model.ops.len() {
+        let mut l = if total > 0.0 {
+            gamma[i]
+        } else if is_source(i) {
+            1.0
+        } else {
+            0.0
+        };
+        for &u in &model.ops[i].inputs {
+            l += lambda[u] * model.selectivity(u, lambda[u]);
+        }
+        lambda[i] = l;
+    }
+    let scale = if total > 0.0 {
+        total
+    } else {
+        model.sources.len().max(1) as f64
+    };
+    let mut x = f64::INFINITY;
+    for (i, op) in model.ops.iter().enumerate() {
+        if lambda[i] > 0.0 && !is_source(i) {
+            x = x.min(servers[i] / op.service_s / lambda[i]);
+        }
+    }
+    x * scale
+}
+
+/// Converts a window of snapshots into the planner's metric samples: each operator's counters
+/// split over its subtasks by their input shares ([`JobModel::subtask_shares`]).
+pub fn metric_samples(model: &JobModel, p: &[u32], window: &[Snapshot]) -> Vec<MetricSample> {
+    let shares: Vec<Vec<f64>> = (0..model.ops.len())
+        .map(|i| model.subtask_shares(i, p[i]))
+        .collect();
+    window
+        .iter()
+        .map(|s| MetricSample {
+            at_seconds: s.at_s,
+            operators: model
+                .ops
+                .iter()
+                .enumerate()
+                .map(|(i, op)| {
+                    let c = &s.ops[i];
+                    let is_source = op.kind == OpKind::Source;
+                    let n = shares[i].len() as f64;
+                    let subs = shares[i]
+                        .iter()
+                        .map(|&w| SubtaskSample {
+                            records_in: c.records_in * w,
+                            records_out: c.records_out * w,
+                            busy_seconds: c.busy_s * w,
+                            // Idle and backpressured time split evenly: they are per-subtask clocks.
+                            idle_seconds: c.idle_s / n,
+                            backpressured_seconds: c.backpressured_s / n,
+                            queue_length: c.queue * w,
+                            source_backlog: is_source.then_some(c.backlog * w),
+                            source_arrivals: is_source.then_some(c.arrivals * w),
+                        })
+                        .collect();
+                    (op.name.clone(), subs)
+                })
+                .collect::<BTreeMap<_, _>>(),
+        })
+        .collect()
+}

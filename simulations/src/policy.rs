@@ -1,0 +1,598 @@
+//! Autoscaling policies compared by the simulator.
+//!
+//! * [`Streamscale`]: the controller's guarded planner ([`Autoscaler`]) as shipped, with its
+//!   defaults, fed the same [`MetricSample`](streamscale_controller::model::MetricSample)s the
+//!   engine's scrapes produce. One implementation, no copy.
+//! * [`Ds2`], [`Flink`], [`Threshold`], [`Static`], [`Oracle`]: baselines, implemented here from
+//!   their public descriptions (`baseline-policies.md`).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use streamscale_controller::model::{Autoscaler, GuardSettings, Verdict};
+
+use crate::model::{JobModel, OpKind};
+use crate::plant::{Snapshot, metric_samples};
+
+/// What a policy sees at a decision point.
+#[derive(Debug)]
+pub struct Observation<'a> {
+    /// Simulated seconds.
+    pub now_s: f64,
+    /// The job.
+    pub model: &'a JobModel,
+    /// Running parallelism per operator (topological order).
+    pub parallelism: &'a [u32],
+    /// Scrapes since the last (re)start within the policy's window, oldest first.
+    pub window: &'a [Snapshot],
+    /// When the running deployment started, simulated seconds.
+    pub started_s: f64,
+    /// The simulator's step, seconds (the oracle sizes for the next step).
+    pub step_s: f64,
+}
+
+/// An autoscaling policy.
+pub trait Policy {
+    /// Name used on the command line and in reports.
+    fn name(&self) -> &'static str;
+    /// Seconds between decisions.
+    fn interval_s(&self) -> f64;
+    /// Metric history kept for the policy, seconds.
+    fn window_s(&self) -> f64;
+    /// Parallelism to start with, when the policy picks it (`static`).
+    fn initial(&self) -> Option<Vec<u32>> {
+        None
+    }
+    /// Rescales cost nothing (the oracle ignores rescale cost).
+    fn free_rescales(&self) -> bool {
+        false
+    }
+    /// The new parallelism, or `None` to keep the current one.
+    fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>>;
+    /// The job (re)started at `now_s`.
+    fn restarted(&mut self, _now_s: f64) {}
+}
+
+/// Names accepted by [`make_policy`], in report order.
+pub const POLICIES: [&str; 6] = [
+    "streamscale",
+    "ds2",
+    "flink",
+    "threshold",
+    "static",
+    "oracle",
+];
+
+/// Builds a policy by name with its defaults; `interval_s` and `window_s` are the simulator's
+/// decision interval and metric window (used by streamscale, ds2 and threshold).
+pub fn make_policy(
+    name: &str,
+    model: &JobModel,
+    interval_s: f64,
+    window_s: f64,
+) -> Option<Box<dyn Policy>> {
+    Some(match name {
+        "streamscale" => Box::new(Streamscale::new(interval_s, window_s)),
+        "ds2" => Box::new(Ds2 {
+            interval_s,
+            window_s,
+        }),
+        "flink" => Box::new(Flink::default()),
+        "threshold" => Box::new(Threshold::new(model, interval_s)),
+        "static" => Box::new(Static::new(model)),
+        "oracle" => Box::new(Oracle::default()),
+        _ => return None,
+    })
+}
+
+/// Rounds up with a relative slack so that 2.0000000001 from float noise is 2.
+fn ceil(x: f64) -> f64 {
+    (x * (1.0 - 1e-9)).ceil()
+}
+
+/// Clamps `p` into operator `i`'s bounds.
+fn bound(model: &JobModel, i: usize, p: f64) -> u32 {
+    let (lo, hi) = model.ops[i].bounds;
+    if p.is_nan() {
+        return lo;
+    }
+    (p.max(f64::from(lo)).min(f64::from(hi))) as u32
+}
+
+/// Counter deltas of one operator between the first and last scrape of a window.
+#[derive(Debug, Clone, Copy, Default)]
+struct Delta {
+    dt: f64,
+    records_in: f64,
+    records_out: f64,
+    busy: f64,
+    arrivals: f64,
+    backlog_first: f64,
+    backlog_last: f64,
+}
+
+fn deltas(window: &[Snapshot]) -> Option<Vec<Delta>> {
+    let (first, last) = (window.first()?, window.last()?);
+    let dt = last.at_s - first.at_s;
+    if dt <= 0.0 {
+        return None;
+    }
+    Some(
+        first
+            .ops
+            .iter()
+            .zip(&last.ops)
+            .map(|(a, b)| Delta {
+                dt,
+                records_in: b.records_in - a.records_in,
+                records_out: b.records_out - a.records_out,
+                busy: b.busy_s - a.busy_s,
+                arrivals: b.arrivals - a.arrivals,
+                backlog_first: a.backlog,
+                backlog_last: b.backlog,
+            })
+            .collect(),
+    )
+}
+
+/// The controller's planner with its guards, unchanged ([`Autoscaler`] with
+/// [`GuardSettings::default`]: 3 samples over ≥ 15 s, 10 s stabilization, 30 s scale-down
+/// delay at the highest recommendation, no scale-down under backlog).
+#[derive(Debug)]
+pub struct Streamscale {
+    auto: Autoscaler,
+    interval_s: f64,
+    window_s: f64,
+}
+
+impl Streamscale {
+    /// With the default guard settings.
+    pub fn new(interval_s: f64, window_s: f64) -> Streamscale {
+        Streamscale {
+            auto: Autoscaler::new(GuardSettings::default()),
+            interval_s,
+            window_s,
+        }
+    }
+}
+
+impl Policy for Streamscale {
+    fn name(&self) -> &'static str {
+        "streamscale"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn window_s(&self) -> f64 {
+        self.window_s
+    }
+    fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
+        let m = obs.model;
+        let samples = metric_samples(m, obs.parallelism, obs.window);
+        let current: BTreeMap<String, u32> = m
+            .ops
+            .iter()
+            .zip(obs.parallelism)
+            .map(|(o, p)| (o.name.clone(), *p))
+            .collect();
+        let spec = m.spec.with_parallelism(&current);
+        match self.auto.decide(obs.now_s, &samples, &spec) {
+            Verdict::Rescale(d) => Some(
+                m.ops
+                    .iter()
+                    .zip(obs.parallelism)
+                    .map(|(o, p)| d.parallelism.get(&o.name).copied().unwrap_or(*p))
+                    .collect(),
+            ),
+            Verdict::Hold { .. } => None,
+        }
+    }
+    fn restarted(&mut self, now_s: f64) {
+        self.auto.restarted(now_s);
+    }
+}
+
+/// DS2 (Kalavri et al., OSDI 2018): π_i = ⌈R_i / μ_i⌉ with R_i propagated from the sources'
+/// rates through observed selectivities in topological order, no headroom (f = 0), sources
+/// not rescaled, decisions only on a full window after a (re)start (warm-up).
+#[derive(Debug)]
+pub struct Ds2 {
+    interval_s: f64,
+    window_s: f64,
+}
+
+impl Policy for Ds2 {
+    fn name(&self) -> &'static str {
+        "ds2"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn window_s(&self) -> f64 {
+        self.window_s
+    }
+    fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
+        let m = obs.model;
+        if obs.now_s - obs.started_s < self.window_s {
+            return None;
+        }
+        let d = deltas(obs.window)?;
+        let n = m.ops.len();
+        let mut target_out = vec![0.0; n];
+        let mut p = obs.parallelism.to_vec();
+        for i in 0..n {
+            let op = &m.ops[i];
+            if op.kind == OpKind::Source {
+                target_out[i] = d[i].arrivals / d[i].dt;
+                continue;
+            }
+            let r: f64 = op.inputs.iter().map(|&u| target_out[u]).sum();
+            let sel = if d[i].records_in > 0.0 {
+                d[i].records_out / d[i].records_in
+            } else {
+                1.0
+            };
+            target_out[i] = r * sel;
+            if d[i].busy > 1e-9 && d[i].records_in > 0.0 {
+                let mu = d[i].records_in / d[i].busy;
+                p[i] = bound(m, i, ceil(r / mu));
+            }
+        }
+        Some(p)
+    }
+}
+
+/// The Flink Kubernetes Operator autoscaler with its defaults (see `baseline-policies.md`):
+/// 60 s loop, 15 min metric window collected after a 5 min stabilization, utilization 0.7 ±
+/// 0.3, catch-up 30 min, restart time 5 min, scale-down at most 60 % per step, key-group
+/// alignment, backlog mode (lag > 5 min of input) forbids scale-down, 1 h scale-down delay
+/// applying the highest recommendation seen.
+#[derive(Debug, Default)]
+pub struct Flink {
+    pending: BTreeMap<usize, (f64, u32)>,
+}
+
+const FLINK_INTERVAL_S: f64 = 60.0;
+const FLINK_WINDOW_S: f64 = 900.0;
+const FLINK_STABILIZATION_S: f64 = 300.0;
+const FLINK_CATCH_UP_S: f64 = 1800.0;
+const FLINK_RESTART_S: f64 = 300.0;
+const FLINK_SCALE_DOWN_DELAY_S: f64 = 3600.0;
+const FLINK_MAX_P: u32 = 200;
+
+impl Policy for Flink {
+    fn name(&self) -> &'static str {
+        "flink"
+    }
+    fn interval_s(&self) -> f64 {
+        FLINK_INTERVAL_S
+    }
+    fn window_s(&self) -> f64 {
+        FLINK_WINDOW_S
+    }
+    fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
+        let m = obs.model;
+        let collect_from = obs.started_s + FLINK_STABILIZATION_S;
+        let w: Vec<Snapshot> = obs
+            .window
+            .iter()
+            .filter(|s| s.at_s >= collect_from)
+            .cloned()
+            .collect();
+        if w.len() < 2 {
+            return None;
+        }
+        let d = deltas(&w)?;
+        let n = m.ops.len();
+        let (mut target, mut catch) = (vec![0.0; n], vec![0.0; n]);
+        let mut backlog_mode = false;
+        let mut ratio = vec![1.0; n];
+        let mut tpr = vec![f64::INFINITY; n];
+        for i in 0..n {
+            let op = &m.ops[i];
+            let di = &d[i];
+            if op.kind == OpKind::Source {
+                let rate = di.records_out / di.dt;
+                target[i] = rate + (di.backlog_last - di.backlog_first) / di.dt;
+                catch[i] = di.backlog_last / FLINK_CATCH_UP_S;
+                backlog_mode |= di.backlog_last > 300.0 * rate.max(1e-9);
+                continue;
+            }
+            for &u in &op.inputs {
+                target[i] += target[u] * ratio[u];
+                catch[i] += catch[u] * ratio[u];
+            }
+            let p = obs.parallelism[i];
+            if di.records_in > 0.0 {
+                ratio[i] = di.records_out / di.records_in;
+                // busyTimeMsPerSecond: the maximum over subtasks (the hottest key-group share).
+                let shares = m.subtask_shares(i, p);
+                let hot = shares.iter().fold(0.0_f64, |a, &b| a.max(b)) * f64::from(p);
+                let busy_max_per_s = di.busy / di.dt / f64::from(p) * hot;
+                if busy_max_per_s > 1e-9 {
+                    tpr[i] = di.records_in / di.dt / busy_max_per_s;
+                }
+            }
+        }
+        let c = |i: usize, u: f64, restart: bool| {
+            catch[i]
+                + if restart {
+                    target[i] * FLINK_RESTART_S / FLINK_CATCH_UP_S
+                } else {
+                    0.0
+                }
+                + target[i] / u
+        };
+        let out_of_band = (0..n).any(|i| {
+            m.ops[i].kind != OpKind::Source
+                && tpr[i].is_finite()
+                && (tpr[i] < c(i, 1.0, false) || (!backlog_mode && tpr[i] > c(i, 0.4, true)))
+        });
+        if !out_of_band {
+            self.pending.clear();
+            return None;
+        }
+        let mut p = obs.parallelism.to_vec();
+        for i in 0..n {
+            if m.ops[i].kind == OpKind::Source || !tpr[i].is_finite() {
+                continue;
+            }
+            let cur = obs.parallelism[i];
+            let factor = (c(i, 0.7, true) / tpr[i]).clamp(0.4, 1e5);
+            let (lo, hi) = m.ops[i].bounds;
+            let hi = hi.min(FLINK_MAX_P).max(lo);
+            let mut new = (ceil(factor * f64::from(cur)) as u32).clamp(lo, hi);
+            if m.ops[i].keyed {
+                new = align(new, lo, hi, m.key_groups);
+            }
+            if new < cur && backlog_mode {
+                new = cur;
+            }
+            if new < cur {
+                let e = self.pending.entry(i).or_insert((obs.now_s, new));
+                e.1 = e.1.max(new);
+                if obs.now_s - e.0 >= FLINK_SCALE_DOWN_DELAY_S {
+                    new = e.1;
+                    self.pending.remove(&i);
+                } else {
+                    new = cur;
+                }
+            } else {
+                self.pending.remove(&i);
+            }
+            p[i] = new;
+        }
+        (p != obs.parallelism).then_some(p)
+    }
+}
+
+/// Key-group alignment: the smallest p' ≥ p within bounds that divides `groups` evenly, else the
+/// largest such p' < p, else p.
+fn align(p: u32, lo: u32, hi: u32, groups: u32) -> u32 {
+    (p..=hi.min(groups))
+        .find(|q| groups.is_multiple_of(*q))
+        .or_else(|| (lo..p).rev().find(|q| groups.is_multiple_of(*q)))
+        .unwrap_or(p)
+}
+
+/// Kubernetes HPA style: desired = ⌈p × busy / target⌉ per operator, 10 % tolerance,
+/// scale-up immediate, scale-down to the highest recommendation of the last 5 minutes.
+#[derive(Debug)]
+pub struct Threshold {
+    interval_s: f64,
+    target: f64,
+    history: VecDeque<(f64, Vec<u32>)>,
+}
+
+const HPA_TOLERANCE: f64 = 0.1;
+const HPA_STABILIZATION_S: f64 = 300.0;
+
+impl Threshold {
+    /// Targets the job's `autoscaler.targetUtilization`.
+    pub fn new(model: &JobModel, interval_s: f64) -> Threshold {
+        Threshold {
+            interval_s,
+            target: model.spec.autoscaler.target_utilization,
+            history: VecDeque::new(),
+        }
+    }
+}
+
+impl Policy for Threshold {
+    fn name(&self) -> &'static str {
+        "threshold"
+    }
+    fn interval_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn window_s(&self) -> f64 {
+        self.interval_s
+    }
+    fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
+        let m = obs.model;
+        let d = deltas(obs.window)?;
+        let mut rec = obs.parallelism.to_vec();
+        for i in 0..m.ops.len() {
+            if m.ops[i].kind == OpKind::Source {
+                continue;
+            }
+            let p = f64::from(obs.parallelism[i]);
+            let util = d[i].busy / (p * d[i].dt);
+            let ratio = util / self.target;
+            if (ratio - 1.0).abs() > HPA_TOLERANCE {
+                rec[i] = bound(m, i, ceil(p * ratio));
+            }
+        }
+        self.history.push_back((obs.now_s, rec.clone()));
+        while self
+            .history
+            .front()
+            .is_some_and(|(t, _)| obs.now_s - t > HPA_STABILIZATION_S)
+        {
+            self.history.pop_front();
+        }
+        let mut p = obs.parallelism.to_vec();
+        for i in 0..m.ops.len() {
+            p[i] = if rec[i] >= obs.parallelism[i] {
+                rec[i]
+            } else {
+                let high = self
+                    .history
+                    .iter()
+                    .map(|(_, r)| r[i])
+                    .max()
+                    .unwrap_or(rec[i]);
+                high.min(obs.parallelism[i])
+            };
+        }
+        (p != obs.parallelism).then_some(p)
+    }
+}
+
+/// Fixed parallelism sized for the trace's 99th-percentile source rate at the job's target
+/// utilization: the smallest p_i with λ_i(p99) ≤ ρ_target · servers_i(p) · μ_i.
+#[derive(Debug)]
+pub struct Static {
+    p: Vec<u32>,
+}
+
+impl Static {
+    /// Sizes from the sources' rates sampled every simulated second over the replay (at most
+    /// 10⁶ samples, evenly spaced).
+    pub fn new(model: &JobModel) -> Static {
+        let n = (model.duration_s.ceil() as usize).clamp(1, 1_000_000);
+        let mut gamma = vec![0.0; model.ops.len()];
+        for (s, f) in &model.sources {
+            let dt = model.duration_s / n as f64;
+            let mut rates: Vec<f64> = (0..n)
+                .map(|k| (f.cumulative((k + 1) as f64 * dt) - f.cumulative(k as f64 * dt)) / dt)
+                .collect();
+            rates.sort_by(f64::total_cmp);
+            let idx = ((0.99 * n as f64).ceil() as usize).clamp(1, n) - 1;
+            gamma[*s] += rates[idx];
+        }
+        let rho = model.spec.autoscaler.target_utilization;
+        let lambda = model.traffic(&gamma);
+        let p = (0..model.ops.len())
+            .map(|i| {
+                if model.ops[i].kind == OpKind::Source {
+                    return model.ops[i].initial;
+                }
+                smallest_servers(model, i, lambda[i], rho)
+            })
+            .collect();
+        Static { p }
+    }
+}
+
+/// Smallest p within bounds with λ ≤ ρ · servers(p) · μ (the bound's max when none).
+fn smallest_servers(model: &JobModel, i: usize, lambda: f64, rho: f64) -> u32 {
+    let (lo, hi) = model.ops[i].bounds;
+    let mu = 1.0 / model.ops[i].service_s;
+    (lo..=hi)
+        .find(|&p| lambda <= rho * model.effective_servers(i, p) * mu * (1.0 + 1e-9))
+        .unwrap_or(hi)
+}
+
+impl Policy for Static {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+    fn interval_s(&self) -> f64 {
+        f64::INFINITY
+    }
+    fn window_s(&self) -> f64 {
+        0.0
+    }
+    fn initial(&self) -> Option<Vec<u32>> {
+        Some(self.p.clone())
+    }
+    fn decide(&mut self, _obs: &Observation) -> Option<Vec<u32>> {
+        None
+    }
+}
+
+/// Offline lower bound: knows the whole trace and the true service rates; at every step, the
+/// least parallelism that carries the next step's rates (ρ ≤ 1) and whose predicted p99
+/// latency meets the SLO (greedy marginal allocation, optimal for convex latency), with free
+/// rescales.
+#[derive(Debug, Default)]
+pub struct Oracle {
+    /// Last sizing: (source rates, parallelism), reused while the rates are unchanged.
+    last: Option<(Vec<f64>, Vec<u32>)>,
+}
+
+impl Oracle {
+    /// The oracle's parallelism for source rates `gamma` (records/s, indexed by operator).
+    pub fn size(model: &JobModel, gamma: &[f64], current: &[u32]) -> Vec<u32> {
+        let lambda = model.traffic(gamma);
+        let n = model.ops.len();
+        let mut p: Vec<u32> = (0..n)
+            .map(|i| {
+                if model.ops[i].kind == OpKind::Source {
+                    current[i]
+                } else {
+                    smallest_servers(model, i, lambda[i], 1.0)
+                }
+            })
+            .collect();
+        let soj = |p: &[u32], i: usize| {
+            model.sojourn(i, lambda[i], p[i], model.effective_servers(i, p[i]))
+        };
+        let zero = vec![0.0; n];
+        let mut s: Vec<f64> = (0..n).map(|i| soj(&p, i)).collect();
+        for _ in 0..10_000 {
+            let (p99, _) = model.path_latency(&zero, &s);
+            if p99 <= model.slo_s {
+                break;
+            }
+            let mut best: Option<(usize, f64)> = None;
+            for i in 0..n {
+                if model.ops[i].kind == OpKind::Source || p[i] >= model.ops[i].bounds.1 {
+                    continue;
+                }
+                p[i] += 1;
+                let gain = s[i] - soj(&p, i);
+                p[i] -= 1;
+                if best.is_none_or(|(_, g)| gain > g) {
+                    best = Some((i, gain));
+                }
+            }
+            let Some((i, gain)) = best else { break };
+            if gain <= 0.0 {
+                break;
+            }
+            p[i] += 1;
+            s[i] = soj(&p, i);
+        }
+        p
+    }
+}
+
+impl Policy for Oracle {
+    fn name(&self) -> &'static str {
+        "oracle"
+    }
+    fn interval_s(&self) -> f64 {
+        0.0
+    }
+    fn window_s(&self) -> f64 {
+        0.0
+    }
+    fn free_rescales(&self) -> bool {
+        true
+    }
+    fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
+        let m = obs.model;
+        let mut gamma = vec![0.0; m.ops.len()];
+        let (t, dt) = (obs.now_s, obs.step_s);
+        for (s, f) in &m.sources {
+            gamma[*s] += (f.cumulative(t + dt) - f.cumulative(t)) / dt;
+        }
+        let p = match &self.last {
+            Some((g, p)) if *g == gamma => p.clone(),
+            _ => Oracle::size(m, &gamma, obs.parallelism),
+        };
+        self.last = Some((gamma, p.clone()));
+        (p != obs.parallelism).then_some(p)
+    }
+}
