@@ -228,7 +228,10 @@ impl<'m> DesPlant<'m> {
                 self.drain_backlog(u);
             } else {
                 for s in 0..self.servers[u].len() {
-                    if self.servers[u][s].done && self.servers[u][s].holding.is_some() {
+                    // A server whose `pending` is empty is inside `try_push` further up the
+                    // stack (it took the list): retrying it here would free it under that call.
+                    let srv = &self.servers[u][s];
+                    if srv.done && srv.holding.is_some() && !srv.pending.is_empty() {
                         self.try_push(u, s);
                     }
                 }

@@ -77,10 +77,9 @@ fn conservation_at_every_step_in_both_modes() {
     }
 }
 
-/// Known bug (open): the event-level mode's per-operator record accounting does not balance
-/// (received − processed − queued ≠ 0), with or without rescales.
+/// The event-level mode conserves records per operator (received = processed + queued + in
+/// service) at every step, across rescales.
 #[test]
-#[ignore = "event-mode conservation accounting is broken (open item in the report)"]
 fn event_mode_conserves_records_across_rescales() {
     let spec = job(&chain(
         "{ steps: [{atSeconds: 0, recordsPerSecond: 300}, {atSeconds: 60, recordsPerSecond: 1500}] }",
