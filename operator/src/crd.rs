@@ -16,6 +16,12 @@ use streamscale_engine::spec::JobSpec;
 /// outside the cluster (for example on loopback beside a local operator).
 pub const ENGINE_URL_ANNOTATION: &str = "streamscale.dev/engine-url";
 
+/// Annotation that overrides where the engine writes savepoints inside its container
+/// (default `/var/lib/streamscale/savepoints`, the mount path of the savepoint volume). For
+/// tests and development, together with [`ENGINE_URL_ANNOTATION`], when the engine runs outside
+/// the cluster and the pod's paths must be the host's.
+pub const SAVEPOINT_DIR_ANNOTATION: &str = "streamscale.dev/savepoint-dir";
+
 /// Finalizer the operator puts on every StreamJob (takes the final savepoint on delete).
 pub const FINALIZER: &str = "streamscale.dev/final-savepoint";
 
@@ -332,6 +338,11 @@ pub struct StreamJobStatus {
     /// Number of completed rescales.
     #[serde(default)]
     pub rescales: u32,
+    /// Times the operator replaced an engine pod that had stopped (for example after a
+    /// stop-with-savepoint whose rescale was rolled back); the engine pod template carries it
+    /// as the annotation `streamscale.dev/restart`.
+    #[serde(default)]
+    pub restarts: u32,
     /// `Ready`, `Scaling` and `Degraded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
@@ -443,7 +454,13 @@ fn merge_tagged_unions(value: &mut serde_json::Value) {
                 if let Some(Value::Object(p)) = v.get("properties") {
                     for (k, s) in p {
                         if k != "kind" {
-                            props.entry(k.clone()).or_insert_with(|| s.clone());
+                            // A default of one kind's field would be applied by the API server
+                            // to operators of every kind (and fail to deserialize there).
+                            let mut s = s.clone();
+                            if let Value::Object(m) = &mut s {
+                                m.remove("default");
+                            }
+                            props.entry(k.clone()).or_insert(s);
                         }
                     }
                 }

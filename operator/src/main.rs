@@ -9,7 +9,8 @@
 //!
 //! The Kubernetes connection comes from the environment (in-cluster service account, or
 //! `KUBECONFIG`). For tests and development the annotation `streamscale.dev/engine-url` on a
-//! StreamJob points the operator at an engine outside the cluster.
+//! StreamJob points the operator at an engine outside the cluster, and
+//! `streamscale.dev/savepoint-dir` sets the engine's savepoint directory.
 
 use std::sync::Arc;
 

@@ -301,9 +301,40 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         return drive_rescale(&job, &ctx, &rt, status, r).await;
     }
 
-    rt.deploy(&status.current_parallelism, status.restored_from.as_deref())
-        .await?;
     let (engine, _) = observe_engine(&rt).await;
+    // A stopped engine (stop-with-savepoint outside a rescale, or a rescale that ended without
+    // replacing it) never runs again by itself: replace its pod (persisted first).
+    if matches!(&engine, EngineObs::Up { state, .. } if state == "stopped") {
+        // Only on the latest StreamJob: a cached one from before a rescale started would
+        // replace the engine under that rescale.
+        let ns = job.namespace().unwrap_or_else(|| "default".into());
+        let fresh = Api::<StreamJob>::namespaced(ctx.client.clone(), &ns)
+            .get_status(&job.name_any())
+            .await?;
+        if fresh.metadata.resource_version != job.metadata.resource_version {
+            return Ok(Requeue::requeue(Duration::from_millis(200)));
+        }
+        status.restarts += 1;
+        write_status(&ctx, &job, &status).await?;
+        publish(
+            &ctx,
+            &job,
+            true,
+            "EngineRestarted",
+            format!(
+                "the engine was stopped; replacing its pod at {} from {}",
+                rescale::fmt_p(&status.current_parallelism),
+                status.restored_from.as_deref().unwrap_or("a fresh start")
+            ),
+        )
+        .await;
+    }
+    rt.deploy(
+        &status.current_parallelism,
+        status.restored_from.as_deref(),
+        status.restarts,
+    )
+    .await?;
     let old_conditions = status.conditions.clone();
     let interval = Duration::from_secs(job.spec.autoscaler.metrics_interval_seconds.max(1) as u64);
     let mut requeue = Requeue::requeue(interval);
@@ -601,7 +632,7 @@ async fn drive_rescale(
         workload: rt.workload().await?,
         step_age_s: age_s(&r.step_started_at),
         previous_restore: status.restored_from.clone(),
-        savepoint_dir: resources::SAVEPOINT_DIR.to_string(),
+        savepoint_dir: resources::savepoint_dir(job),
     };
     let now = now_rfc3339();
     let t = rescale::advance(&r, &obs, &now);
@@ -734,6 +765,21 @@ async fn drive_rescale(
         }
     };
     status.total_parallelism = total(&status.current_parallelism);
+    // Deploying what is already deployed does not replace a stopped engine's pod (a roll back
+    // after a savepoint whose id was lost): raise the restart counter so that it does.
+    if let Action::Deploy {
+        parallelism,
+        restore,
+    } = &t.action
+        && matches!(&obs.engine, EngineObs::Up { state, .. } if state == "stopped")
+        && obs.workload.as_ref()
+            == Some(&rescale::WorkloadObs {
+                parallelism: parallelism.clone(),
+                restore: restore.clone(),
+            })
+    {
+        status.restarts += 1;
+    }
     if t.outcome.is_some() {
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = memory.get_mut(&key(job)) {
@@ -776,7 +822,8 @@ async fn drive_rescale(
             parallelism,
             restore,
         } => {
-            rt.deploy(&parallelism, restore.as_deref()).await?;
+            rt.deploy(&parallelism, restore.as_deref(), status.restarts)
+                .await?;
         }
     }
     Ok(Requeue::requeue(Duration::from_millis(300)))

@@ -54,6 +54,16 @@ pub fn pvc_name(job: &StreamJob) -> String {
     format!("{}-savepoints", job.name_any())
 }
 
+/// Where the engine writes savepoints: [`SAVEPOINT_DIR`], or the
+/// `streamscale.dev/savepoint-dir` annotation's directory.
+pub fn savepoint_dir(job: &StreamJob) -> String {
+    job.annotations()
+        .get(crate::crd::SAVEPOINT_DIR_ANNOTATION)
+        .map(|d| d.trim_end_matches('/').to_string())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| SAVEPOINT_DIR.to_string())
+}
+
 /// The engine's in-cluster URL, or the `streamscale.dev/engine-url` annotation's.
 pub fn engine_url(job: &StreamJob) -> String {
     if let Some(url) = job.annotations().get(crate::crd::ENGINE_URL_ANNOTATION) {
@@ -133,13 +143,17 @@ pub fn pvc(job: &StreamJob) -> Result<Option<PersistentVolumeClaim>, ResourceErr
     Ok(Some(pvc))
 }
 
-/// The engine's command-line arguments.
-pub fn engine_args(parallelism: &BTreeMap<String, u32>, restore: Option<&str>) -> Vec<String> {
+/// The engine's command-line arguments (savepoints under `savepoint_dir`).
+pub fn engine_args(
+    savepoint_dir: &str,
+    parallelism: &BTreeMap<String, u32>,
+    restore: Option<&str>,
+) -> Vec<String> {
     let mut args = vec![
         "--job".to_string(),
         JOB_FILE.to_string(),
         "--savepoint-dir".to_string(),
-        SAVEPOINT_DIR.to_string(),
+        savepoint_dir.to_string(),
         "--bind".to_string(),
         format!("0.0.0.0:{ENGINE_PORT}"),
         "--parallelism".to_string(),
@@ -182,11 +196,13 @@ pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadOb
     })
 }
 
-/// The engine Deployment at `parallelism`, restored from `restore`.
+/// The engine Deployment at `parallelism`, restored from `restore`; `restart` (from
+/// `status.restarts`) is a pod-template annotation, so that raising it replaces the pod.
 pub fn deployment(
     job: &StreamJob,
     parallelism: &BTreeMap<String, u32>,
     restore: Option<&str>,
+    restart: u32,
 ) -> Result<Deployment, ResourceError> {
     let total: u32 = parallelism.values().sum::<u32>().max(1);
     let cpu = format!(
@@ -232,7 +248,10 @@ pub fn deployment(
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {"streamscale.dev/config-hash": config_hash},
+                    "annotations": {
+                        "streamscale.dev/config-hash": config_hash,
+                        "streamscale.dev/restart": restart.to_string(),
+                    },
                 },
                 "spec": {
                     "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
@@ -240,7 +259,7 @@ pub fn deployment(
                         "name": "engine",
                         "image": job.spec.engine.image,
                         "imagePullPolicy": job.spec.engine.image_pull_policy,
-                        "args": engine_args(parallelism, restore),
+                        "args": engine_args(&savepoint_dir(job), parallelism, restore),
                         "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
                         "resources": {
                             "requests": {"cpu": cpu, "memory": memory},
@@ -254,7 +273,7 @@ pub fn deployment(
                         },
                         "volumeMounts": [
                             {"name": "job", "mountPath": "/etc/streamscale", "readOnly": true},
-                            {"name": "savepoints", "mountPath": SAVEPOINT_DIR},
+                            {"name": "savepoints", "mountPath": savepoint_dir(job)},
                         ],
                     }],
                     "volumes": [
@@ -317,7 +336,7 @@ spec:
     fn deployment_round_trips_parallelism_and_restore() {
         let j = job();
         let p = j.spec.job.parallelism();
-        let d = deployment(&j, &p, Some("/sp/x")).expect("deployment");
+        let d = deployment(&j, &p, Some("/sp/x"), 0).expect("deployment");
         let w = workload_of(&d).expect("workload");
         assert_eq!(w.parallelism, p);
         assert_eq!(w.restore.as_deref(), Some("/sp/x"));

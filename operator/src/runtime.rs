@@ -71,7 +71,8 @@ impl KubeRuntime {
     }
 
     /// Applies the ConfigMap, PVC, Service and engine Deployment at `parallelism`, restored
-    /// from `restore` (server-side apply, owned by the StreamJob). Idempotent.
+    /// from `restore`, with pod restart counter `restart` (server-side apply, owned by the
+    /// StreamJob). Idempotent.
     ///
     /// # Errors
     /// The API server's error.
@@ -79,6 +80,7 @@ impl KubeRuntime {
         &self,
         parallelism: &BTreeMap<String, u32>,
         restore: Option<&str>,
+        restart: u32,
     ) -> Result<(), ApplyError> {
         let ns = self.job.namespace().unwrap_or_else(|| "default".into());
         let pp = Self::params();
@@ -99,7 +101,7 @@ impl KubeRuntime {
         Api::<Service>::namespaced(self.client.clone(), &ns)
             .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&svc))
             .await?;
-        let d = resources::deployment(&self.job, parallelism, restore)?;
+        let d = resources::deployment(&self.job, parallelism, restore, restart)?;
         Api::<Deployment>::namespaced(self.client.clone(), &ns)
             .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&d))
             .await?;
@@ -142,7 +144,8 @@ impl EngineRuntime for KubeRuntime {
         parallelism: &BTreeMap<String, u32>,
         restore: Option<&Savepoint>,
     ) -> Result<EngineHandle, RuntimeError> {
-        self.deploy(parallelism, restore.map(|s| s.path.as_str()))
+        let restart = self.job.status.as_ref().map_or(0, |s| s.restarts);
+        self.deploy(parallelism, restore.map(|s| s.path.as_str()), restart)
             .await
             .map_err(runtime_error)?;
         let started = tokio::time::Instant::now();

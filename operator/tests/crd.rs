@@ -37,3 +37,36 @@ fn crd_has_validation_and_printer_columns() {
         "non-structural oneOf left"
     );
 }
+
+/// A default on one operator kind's field (e.g. a source's `keys`) would be applied by the API
+/// server to operators of every kind, and the stored StreamJob would no longer deserialize.
+#[test]
+fn operator_kind_fields_have_no_schema_defaults() {
+    use kube::CustomResourceExt;
+    let crd = serde_json::to_value(streamscale_operator::crd::StreamJob::crd()).expect("json");
+    let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["job"]["properties"]["operators"]["items"]["properties"];
+    assert!(props.is_object(), "no operator properties in the CRD");
+    for field in ["keys", "count", "rate", "keep", "sizeMs", "output"] {
+        if let Some(p) = props.get(field) {
+            assert!(p.get("default").is_none(), "{field} has a default: {p}");
+        }
+    }
+    // And a job with a sink and a map, defaulted as the API server would, deserializes.
+    let job: streamscale_operator::crd::StreamJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "StreamJob",
+        "metadata": {"name": "x"},
+        "spec": {"job": {
+            "name": "x",
+            "operators": [
+                {"name": "s", "kind": "source", "rate": {"constant": 1}, "cpu": 0.0, "io": 0.0, "parallelism": 1},
+                {"name": "m", "kind": "map", "cpu": 0.0, "io": 0.0, "parallelism": 1},
+                {"name": "k", "kind": "sink", "cpu": 0.0, "io": 0.0, "parallelism": 1},
+            ],
+            "edges": [{"from": "s", "to": "m"}, {"from": "m", "to": "k"}],
+        }},
+    }))
+    .expect("a defaulted StreamJob deserializes");
+    assert_eq!(job.spec.job.operators.len(), 3);
+}
