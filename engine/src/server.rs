@@ -57,7 +57,7 @@ pub struct SavepointStatus {
 }
 
 /// Body of `POST /v1/savepoints`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SavepointRequest {
     /// Must be true: stop the job after the savepoint (savepoints of a running job need barriers).
@@ -65,6 +65,31 @@ pub struct SavepointRequest {
     /// Fire all open windows before stopping (Flink's `--drain`).
     #[serde(default)]
     pub drain: bool,
+    /// Savepoint id (and directory name) chosen by the caller, so that a controller can
+    /// record it before asking and find the savepoint again after a crash. Letters, digits,
+    /// `-`, `_` and `.`, at most 128 characters, not starting with `.`. Default: generated.
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+/// Checks a caller-chosen savepoint id.
+///
+/// # Errors
+/// A message naming the problem.
+pub fn validate_savepoint_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "id: `{id}` is not a valid savepoint id (1-128 letters, digits, `-`, `_`, `.`; not starting with `.`)"
+        ))
+    }
 }
 
 /// One operator in `GET /v1/job`.
@@ -236,19 +261,30 @@ impl Coordinator {
         }
     }
 
-    /// Starts a stop-with-savepoint (or, for a finished job, writes its final state).
+    /// Starts a stop-with-savepoint (or, for a finished job, writes its final state) under
+    /// `id`, or a generated id.
     ///
     /// # Errors
-    /// A message when the job is not running or a savepoint is already in progress.
-    pub fn trigger(&self, drain: bool) -> Result<String, String> {
+    /// A message when the job is not running, a savepoint is already in progress, or `id` is
+    /// invalid or taken.
+    pub fn trigger(&self, drain: bool, id: Option<String>) -> Result<String, String> {
         let mut inner = self.lock();
-        let id = format!(
-            "sp-{}-{}",
-            inner.spec.name,
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis())
-        );
+        let id = match id {
+            Some(id) => {
+                validate_savepoint_id(&id)?;
+                if inner.savepoints.contains_key(&id) || self.savepoint_dir.join(&id).exists() {
+                    return Err(format!("id: a savepoint `{id}` already exists"));
+                }
+                id
+            }
+            None => format!(
+                "sp-{}-{}",
+                inner.spec.name,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ),
+        };
         match inner.state {
             JobState::Running => {
                 let Some(job) = inner.job.take() else {
@@ -415,7 +451,10 @@ async fn trigger_handler(
             "stop: only stop-with-savepoint ({\"stop\": true}) is supported; savepoints of a running job need aligned barriers".into(),
         );
     }
-    match tokio::task::spawn_blocking(move || c.trigger(req.drain)).await {
+    if let Some(Err(e)) = req.id.as_deref().map(validate_savepoint_id) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
+    match tokio::task::spawn_blocking(move || c.trigger(req.drain, req.id)).await {
         Ok(Ok(id)) => (StatusCode::ACCEPTED, Json(serde_json::json!({ "id": id }))).into_response(),
         Ok(Err(e)) => error(StatusCode::CONFLICT, e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),

@@ -115,3 +115,51 @@ fn metrics_have_flink_meaning_and_labels() {
     let total = busy + idle + bp;
     assert!((2.0..3.4).contains(&total), "busy+idle+bp = {total}");
 }
+
+#[test]
+fn caller_chosen_savepoint_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = bounded_job(dir.path(), 1_000_000, 500.0);
+    let sps = dir.path().join("savepoints");
+    std::fs::create_dir_all(sps.join("taken")).unwrap();
+    let engine = EngineProcess::start(&job, &sps, &[]);
+    let client = reqwest::blocking::Client::new();
+    let post = |body: serde_json::Value| {
+        client
+            .post(format!("{}/v1/savepoints", engine.base))
+            .json(&body)
+            .send()
+            .unwrap()
+    };
+    let bad = post(serde_json::json!({"stop": true, "id": "../escape"}));
+    assert_eq!(bad.status().as_u16(), 400);
+    assert!(bad.text().unwrap().contains("not a valid savepoint id"));
+    let taken = post(serde_json::json!({"stop": true, "id": "taken"}));
+    assert_eq!(taken.status().as_u16(), 409);
+    assert!(taken.text().unwrap().contains("already exists"));
+    assert_eq!(
+        engine.job()["state"],
+        "running",
+        "refusals leave the job running"
+    );
+    let ok = post(serde_json::json!({"stop": true, "id": "sp-chosen.1"}));
+    assert_eq!(ok.status().as_u16(), 202);
+    assert_eq!(ok.json::<serde_json::Value>().unwrap()["id"], "sp-chosen.1");
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let st: serde_json::Value = client
+            .get(format!("{}/v1/savepoints/sp-chosen.1", engine.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if st["status"] == "completed" {
+            assert!(st["path"].as_str().unwrap().ends_with("sp-chosen.1"));
+            break;
+        }
+        assert_ne!(st["status"], "failed", "{st}");
+        assert!(std::time::Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(sps.join("sp-chosen.1").join("_metadata.json").is_file());
+}
