@@ -146,6 +146,11 @@ pub struct JobInfo {
     pub errors: Vec<String>,
 }
 
+/// How long the engine keeps serving after a client read a terminal stop-with-savepoint status.
+pub const EXIT_GRACE_AFTER_READ: Duration = Duration::from_millis(300);
+/// How long the engine keeps serving after a stop-with-savepoint ended when nobody read it.
+pub const EXIT_GRACE_UNREAD: Duration = Duration::from_secs(5);
+
 struct Inner {
     spec: JobSpec,
     state: JobState,
@@ -155,6 +160,8 @@ struct Inner {
     counters: BTreeMap<String, OperatorCounters>,
     savepoints: BTreeMap<String, SavepointStatus>,
     terminal_read_at: Option<Instant>,
+    /// When a stop-with-savepoint reached a terminal status.
+    terminal_at: Option<Instant>,
     errors: Vec<String>,
 }
 
@@ -186,6 +193,7 @@ impl Coordinator {
                 counters,
                 savepoints: BTreeMap::new(),
                 terminal_read_at: None,
+                terminal_at: None,
                 errors: Vec::new(),
             })),
             metrics,
@@ -350,6 +358,7 @@ impl Coordinator {
         };
         inner.errors.extend(errors);
         inner.savepoints.insert(id.into(), status);
+        inner.terminal_at = Some(Instant::now());
     }
 
     /// Checks whether the job ended by itself (sources finished, or a failure) and records it.
@@ -381,13 +390,18 @@ impl Coordinator {
         }
     }
 
-    /// True once a stop-with-savepoint is terminal and its status has been read (plus a grace
-    /// period), or 60 s after it became terminal without being read.
+    /// True once a stop-with-savepoint is terminal and its status has been read (plus
+    /// [`EXIT_GRACE_AFTER_READ`]), or [`EXIT_GRACE_UNREAD`] after it became terminal without
+    /// being read (a controller that died mid-request must not keep a stopped engine alive:
+    /// a supervisor restarts the process only once it exits).
     pub fn exit_requested(&self) -> bool {
         let inner = self.lock();
         inner
             .terminal_read_at
-            .is_some_and(|t| t.elapsed() > Duration::from_millis(300))
+            .is_some_and(|t| t.elapsed() > EXIT_GRACE_AFTER_READ)
+            || inner
+                .terminal_at
+                .is_some_and(|t| t.elapsed() > EXIT_GRACE_UNREAD)
     }
 
     fn status(&self, id: &str) -> Option<SavepointStatus> {

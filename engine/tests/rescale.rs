@@ -163,3 +163,27 @@ fn caller_chosen_savepoint_id() {
     }
     assert!(sps.join("sp-chosen.1").join("_metadata.json").is_file());
 }
+
+#[test]
+fn stopped_engine_exits_even_if_nobody_reads_the_savepoint_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = bounded_job(dir.path(), 1_000_000, 500.0);
+    let sps = dir.path().join("savepoints");
+    let mut engine = EngineProcess::start(&job, &sps, &[]);
+    let resp = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/savepoints", engine.base))
+        .json(&serde_json::json!({"stop": true, "id": "unread"}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = engine.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < until, "engine still running");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}");
+    assert!(sps.join("unread").join("_metadata.json").is_file());
+}
