@@ -15,7 +15,7 @@ const COUNT: u64 = 12_000;
 #[test]
 fn rescaled_run_matches_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
-    let job = bounded_job(dir.path(), COUNT, 4000.0);
+    let job = bounded_job(dir.path(), COUNT, 2000.0);
     let spec = JobSpec::from_file(&job).unwrap();
     let sps = dir.path().join("savepoints");
 
