@@ -268,14 +268,21 @@ fn default_channel_capacity() -> usize {
 fn default_keys() -> u64 {
     1000
 }
+/// Default utilization target ρ of every operator.
+pub const DEFAULT_TARGET_UTILIZATION: f64 = 0.7;
+/// Default end-to-end latency SLO, seconds.
+pub const DEFAULT_LATENCY_SLO_SECONDS: f64 = 1.0;
+/// Default time within which a backlog must drain, seconds.
+pub const DEFAULT_CATCH_UP_SECONDS: f64 = 30.0;
+
 fn default_target_utilization() -> f64 {
-    0.7
+    DEFAULT_TARGET_UTILIZATION
 }
 fn default_latency_slo() -> f64 {
-    1.0
+    DEFAULT_LATENCY_SLO_SECONDS
 }
 fn default_catch_up() -> f64 {
-    30.0
+    DEFAULT_CATCH_UP_SECONDS
 }
 fn one() -> u32 {
     1

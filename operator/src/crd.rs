@@ -364,13 +364,13 @@ fn default_storage_size() -> String {
     "1Gi".to_string()
 }
 fn default_target_utilization() -> f64 {
-    0.7
+    streamscale_engine::spec::DEFAULT_TARGET_UTILIZATION
 }
 fn default_latency_slo() -> f64 {
-    1.0
+    streamscale_engine::spec::DEFAULT_LATENCY_SLO_SECONDS
 }
 fn default_catch_up() -> f64 {
-    30.0
+    streamscale_engine::spec::DEFAULT_CATCH_UP_SECONDS
 }
 fn default_stabilization() -> f64 {
     10.0
