@@ -182,17 +182,28 @@ impl EngineApi {
     /// [`ApiError::Http`] or [`ApiError::Status`].
     pub async fn job(&self) -> Result<JobStatus, ApiError> {
         let url = format!("{}/v1/job", self.base_url);
+        self.call("GET", self.client.get(&url), url).await
+    }
+
+    /// Sends `request` (to `url`, with `method`, both named in errors), checks the status and
+    /// decodes the JSON body.
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &'static str,
+        request: reqwest::RequestBuilder,
+        url: String,
+    ) -> Result<T, ApiError> {
         let http = |source| ApiError::Http {
-            method: "GET",
+            method,
             url: url.clone(),
             source,
         };
-        let response = self.client.get(&url).send().await.map_err(http)?;
+        let response = request.send().await.map_err(http)?;
         let status = response.status();
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
             return Err(ApiError::Status {
-                method: "GET",
+                method,
                 url,
                 status: status.as_u16(),
                 body: truncate(body),
@@ -239,29 +250,11 @@ impl EngineApi {
     /// savepoint is already in progress).
     pub async fn request_stop_with_savepoint(&self, drain: bool) -> Result<String, ApiError> {
         let url = format!("{}/v1/savepoints", self.base_url);
-        let http = |source| ApiError::Http {
-            method: "POST",
-            url: url.clone(),
-            source,
-        };
-        let response = self
+        let request = self
             .client
             .post(&url)
-            .json(&serde_json::json!({ "stop": true, "drain": drain }))
-            .send()
-            .await
-            .map_err(http)?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(ApiError::Status {
-                method: "POST",
-                url,
-                status: status.as_u16(),
-                body: truncate(body),
-            });
-        }
-        let created: SavepointCreated = response.json().await.map_err(http)?;
+            .json(&serde_json::json!({ "stop": true, "drain": drain }));
+        let created: SavepointCreated = self.call("POST", request, url).await?;
         Ok(created.id)
     }
 
@@ -271,27 +264,11 @@ impl EngineApi {
     /// [`ApiError::Http`] or [`ApiError::Status`].
     pub async fn savepoint(&self, id: &str) -> Result<SavepointStatus, ApiError> {
         let url = format!("{}/v1/savepoints/{id}", self.base_url);
-        let http = |source| ApiError::Http {
-            method: "GET",
-            url: url.clone(),
-            source,
-        };
-        let response = self.client.get(&url).send().await.map_err(http)?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(ApiError::Status {
-                method: "GET",
-                url,
-                status: status.as_u16(),
-                body: truncate(body),
-            });
-        }
-        response.json().await.map_err(http)
+        self.call("GET", self.client.get(&url), url).await
     }
 
     /// Stop-with-savepoint: requests it, polls its status every 100 ms until terminal, and on
-    /// completion fetches `/v1/job` at once (the engine exits about 1 s after the terminal
+    /// completion fetches `/v1/job` at once (the engine exits 300 ms after the terminal
     /// status was read).
     ///
     /// # Errors

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::stats::IntervalStats;
@@ -52,6 +53,56 @@ pub fn plot_timeline(
     })
 }
 
+type Panel<'a> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One panel: caption, time axis `0..t_max` seconds, y axis `0..y_max`, mesh drawn.
+fn panel<'a>(
+    area: &DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>,
+    caption: &str,
+    t_max: f64,
+    y_max: f64,
+) -> Result<Panel<'a>, String> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..t_max, 0.0..y_max)
+        .map_err(|x| x.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("t (s)")
+        .draw()
+        .map_err(|x| x.to_string())?;
+    Ok(chart)
+}
+
+/// Draws `points` as a labelled line of `color` and `width` pixels.
+fn line(
+    chart: &mut Panel<'_>,
+    points: impl IntoIterator<Item = (f64, f64)>,
+    color: RGBColor,
+    width: u32,
+    label: &str,
+) -> Result<(), String> {
+    chart
+        .draw_series(LineSeries::new(points, color.stroke_width(width)))
+        .map_err(|x| x.to_string())?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    Ok(())
+}
+
+/// Draws the panel's legend.
+fn legend(chart: &mut Panel<'_>) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|x| x.to_string())
+}
+
 fn draw(
     path: &Path,
     rows: &[IntervalStats],
@@ -77,41 +128,23 @@ fn draw(
         rate_max.max(1.0) * 1.1
     }
     .max(1.0);
-    let mut chart = ChartBuilder::on(&panels[0])
-        .caption("input rate vs capacity (records/s)", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..t_max, 0.0..y1)
-        .map_err(|x| e(&x))?;
-    chart
-        .configure_mesh()
-        .x_desc("t (s)")
-        .draw()
-        .map_err(|x| e(&x))?;
-    chart
-        .draw_series(LineSeries::new(
-            rows.iter().map(|r| (r.t_s, r.input_rate)),
-            COLORS[0].stroke_width(2),
-        ))
-        .map_err(|x| e(&x))?
-        .label("input")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[0]));
-    chart
-        .draw_series(LineSeries::new(
-            rows.iter()
-                .filter_map(|r| r.capacity.map(|c| (r.t_s, c.min(y1)))),
-            COLORS[3].stroke_width(2),
-        ))
-        .map_err(|x| e(&x))?
-        .label("capacity (bottleneck)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[3]));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
+    let mut chart = panel(&panels[0], "input rate vs capacity (records/s)", t_max, y1)?;
+    line(
+        &mut chart,
+        rows.iter().map(|r| (r.t_s, r.input_rate)),
+        COLORS[0],
+        2,
+        "input",
+    )?;
+    line(
+        &mut chart,
+        rows.iter()
+            .filter_map(|r| r.capacity.map(|c| (r.t_s, c.min(y1)))),
+        COLORS[3],
+        2,
+        "capacity (bottleneck)",
+    )?;
+    legend(&mut chart)?;
 
     // Panel 2: parallelism per operator (steps).
     let p_max = rows
@@ -119,18 +152,12 @@ fn draw(
         .flat_map(|r| r.parallelism.values().copied())
         .max()
         .unwrap_or(1);
-    let mut chart = ChartBuilder::on(&panels[1])
-        .caption("parallelism per operator", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..t_max, 0.0..(f64::from(p_max) + 1.0))
-        .map_err(|x| e(&x))?;
-    chart
-        .configure_mesh()
-        .x_desc("t (s)")
-        .draw()
-        .map_err(|x| e(&x))?;
+    let mut chart = panel(
+        &panels[1],
+        "parallelism per operator",
+        t_max,
+        f64::from(p_max) + 1.0,
+    )?;
     for (i, op) in operators.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         // Offset lines slightly so operators at the same parallelism stay distinguishable.
@@ -149,55 +176,33 @@ fn draw(
                 last = Some(y);
             }
         }
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(|x| e(&x))?
-            .label(op.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        line(&mut chart, points, color, 2, op)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
+    legend(&mut chart)?;
 
     // Panel 3: p99 latency and the SLO.
     let lat_max = max_of(rows.iter().filter_map(|r| r.p99_s)).max(slo_s) * 1.2;
-    let mut chart = ChartBuilder::on(&panels[2])
-        .caption("p99 end-to-end latency (s)", ("sans-serif", 20))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..t_max, 0.0..lat_max.max(0.001))
-        .map_err(|x| e(&x))?;
-    chart
-        .configure_mesh()
-        .x_desc("t (s)")
-        .draw()
-        .map_err(|x| e(&x))?;
-    chart
-        .draw_series(LineSeries::new(
-            rows.iter().filter_map(|r| r.p99_s.map(|p| (r.t_s, p))),
-            COLORS[0].stroke_width(2),
-        ))
-        .map_err(|x| e(&x))?
-        .label("p99")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[0]));
-    chart
-        .draw_series(LineSeries::new(
-            [(0.0, slo_s), (t_max, slo_s)],
-            COLORS[3].stroke_width(1),
-        ))
-        .map_err(|x| e(&x))?
-        .label("SLO")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[3]));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
+    let mut chart = panel(
+        &panels[2],
+        "p99 end-to-end latency (s)",
+        t_max,
+        lat_max.max(0.001),
+    )?;
+    line(
+        &mut chart,
+        rows.iter().filter_map(|r| r.p99_s.map(|p| (r.t_s, p))),
+        COLORS[0],
+        2,
+        "p99",
+    )?;
+    line(
+        &mut chart,
+        [(0.0, slo_s), (t_max, slo_s)],
+        COLORS[3],
+        1,
+        "SLO",
+    )?;
+    legend(&mut chart)?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }
