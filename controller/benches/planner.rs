@@ -73,6 +73,7 @@ fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
                 rate: RateSpec::Constant(gamma[i]),
                 keys: 1000,
                 count: None,
+                nexmark: None,
             }
         } else {
             lambda[i] = inputs[i]

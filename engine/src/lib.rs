@@ -5,12 +5,19 @@
 //! stop-with-savepoint drains the graph and writes a checksummed savepoint ([`savepoint`])
 //! from which the job restores at any parallelism; per-subtask rates are served in Prometheus
 //! format ([`metrics`]) beside a small REST API ([`server`]).
+//!
+//! Nexmark sources ([`nexmark`]) emit events with event time; watermarks flow in-band and
+//! drive event-time windows ([`time`]) and a keyed two-input join ([`operators::join`]).
 
 pub mod keygroup;
 pub mod metrics;
+pub mod nexmark;
+pub mod operators;
+pub mod payload;
 pub mod runtime;
 pub mod savepoint;
 pub mod server;
 pub mod spec;
 pub mod state;
+pub mod time;
 pub mod trace;

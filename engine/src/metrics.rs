@@ -33,6 +33,9 @@ pub struct EngineMetrics {
     pub sink_latency: HistogramVec,
     /// Sinks: source records whose effect reached the sink (counter).
     pub sink_accounted: IntCounterVec,
+    /// `streamscale_late_records_dropped_total`: records an event-time operator dropped
+    /// because every window they belong to had already fired (event time ≤ watermark).
+    pub late_records_dropped: IntCounterVec,
 }
 
 /// Errors building the registry (only on a programming error such as a duplicate name).
@@ -108,6 +111,10 @@ impl EngineMetrics {
             "streamscale_sink_accounted_records_total",
             "Source records whose effect reached the sink.",
         )?;
+        let late_records_dropped = int_counter(
+            "streamscale_late_records_dropped_total",
+            "Records dropped by an event-time operator because they arrived after the watermark closed their windows.",
+        )?;
         Ok(EngineMetrics {
             registry,
             records_in,
@@ -121,6 +128,7 @@ impl EngineMetrics {
             source_rate,
             sink_latency,
             sink_accounted,
+            late_records_dropped,
         })
     }
 

@@ -23,14 +23,17 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySen
 
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
 use crate::metrics::EngineMetrics;
+use crate::nexmark::source::NexmarkGenerator;
+use crate::payload::Payload;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
 use crate::spec::{JobSpec, OperatorKind};
 use crate::state::KeyedState;
+use crate::time::{EventTimeStage, StageOutput};
 use crate::trace::{RateFunction, TraceError};
 use prometheus::local::{LocalHistogram, LocalIntCounter};
 
 /// A record flowing between operators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     /// Sequence number at the source (window outputs: the key).
     pub seq: u64,
@@ -44,6 +47,8 @@ pub struct Record {
     /// end-to-end latency. Window outputs carry the firing time minus the largest delay any
     /// of their records had on reaching the window, so latency excludes window buffering.
     pub created_us: u64,
+    /// A Nexmark event, a query row or a watermark ([`Payload::None`] for plain sources).
+    pub payload: Payload,
 }
 
 /// Errors starting a job.
@@ -66,6 +71,14 @@ pub enum RuntimeError {
     /// A thread could not be spawned.
     #[error("cannot spawn subtask thread: {0}")]
     Spawn(std::io::Error),
+    /// Restored event-time operator state could not be decoded.
+    #[error("{operator}: {source}")]
+    State {
+        /// The operator.
+        operator: String,
+        /// The decoding error.
+        source: crate::time::StateCodecError,
+    },
 }
 
 /// Options of a running job.
@@ -168,7 +181,8 @@ struct Outputs {
 
 enum Route {
     Shared(Sender<Record>),
-    Keyed(Vec<Sender<Record>>),
+    /// One queue per downstream subtask; the function gives the key that picks the subtask.
+    Keyed(Vec<Sender<Record>>, fn(&Record) -> u64),
 }
 
 /// Time and count accumulators of a subtask, flushed to the registry periodically.
@@ -258,16 +272,19 @@ impl Meter {
 impl Outputs {
     /// Sends `rec` to every downstream operator; returns false if a receiver is gone.
     fn send(&self, rec: Record, meter: &mut Meter) -> bool {
+        if rec.payload.is_watermark() {
+            return self.broadcast(&rec, meter);
+        }
         for route in &self.routes {
             let tx = match route {
                 Route::Shared(tx) => tx,
-                Route::Keyed(txs) => {
-                    let kg = key_group(rec.key, self.max_parallelism);
+                Route::Keyed(txs, key_of) => {
+                    let kg = key_group(key_of(&rec), self.max_parallelism);
                     let i = subtask_for_key_group(kg, txs.len() as u32, self.max_parallelism);
                     &txs[i]
                 }
             };
-            match tx.try_send(rec) {
+            match tx.try_send(rec.clone()) {
                 Ok(()) => {}
                 Err(TrySendError::Full(rec)) => {
                     let t = Instant::now();
@@ -280,6 +297,27 @@ impl Outputs {
                 Err(TrySendError::Disconnected(_)) => return false,
             }
             meter.records_out += 1;
+        }
+        true
+    }
+
+    /// Sends a watermark to every downstream subtask (not counted as a record).
+    fn broadcast(&self, rec: &Record, meter: &mut Meter) -> bool {
+        for route in &self.routes {
+            let txs = match route {
+                Route::Shared(tx) => std::slice::from_ref(tx),
+                Route::Keyed(txs, _) => txs.as_slice(),
+            };
+            for tx in txs {
+                if tx.try_send(rec.clone()).is_err() {
+                    let t = Instant::now();
+                    let ok = tx.send(rec.clone()).is_ok();
+                    meter.backpressured += t.elapsed();
+                    if !ok {
+                        return false;
+                    }
+                }
+            }
         }
         true
     }
@@ -364,7 +402,7 @@ impl Job {
                 continue;
             }
             let cap = spec.channel_capacity;
-            let inp = if op.kind.is_keyed() {
+            let inp = if op.kind.partitioned_input() {
                 Inputs::Keyed((0..op.parallelism).map(|_| bounded(cap)).collect())
             } else {
                 let (tx, rx) = bounded(cap);
@@ -378,9 +416,13 @@ impl Job {
                 .into_iter()
                 .filter_map(|to| match inputs.get(to) {
                     Some(Inputs::Shared(tx, _)) => Some(Route::Shared(tx.clone())),
-                    Some(Inputs::Keyed(chs)) => {
-                        Some(Route::Keyed(chs.iter().map(|(tx, _)| tx.clone()).collect()))
-                    }
+                    Some(Inputs::Keyed(chs)) => Some(Route::Keyed(
+                        chs.iter().map(|(tx, _)| tx.clone()).collect(),
+                        spec.operator(to)
+                            .map_or(crate::nexmark::queries::key_record, |o| {
+                                key_selector(&o.kind)
+                            }),
+                    )),
                     None => None,
                 })
                 .collect();
@@ -390,6 +432,13 @@ impl Job {
             }
         };
 
+        // Job-wide channel number of each operator's first subtask (watermark senders).
+        let mut channel_base = BTreeMap::new();
+        let mut next_channel = 0u32;
+        for op in &spec.operators {
+            channel_base.insert(op.name.clone(), next_channel);
+            next_channel += op.parallelism;
+        }
         let mut counters = BTreeMap::new();
         let mut source_emitted = BTreeMap::new();
         let mut handles = Vec::new();
@@ -470,10 +519,19 @@ impl Job {
                     control: control.clone(),
                     meter,
                     outputs: outputs_of(name),
+                    channel: channel_base.get(name).copied().unwrap_or(0) + index,
                 };
                 let body: Box<dyn FnOnce() -> SubtaskResult + Send> = match &op.kind {
-                    OperatorKind::Source { keys, count, .. } => {
+                    OperatorKind::Source {
+                        keys,
+                        count,
+                        nexmark,
+                        ..
+                    } => {
                         let source = SourceTask {
+                            nexmark: nexmark
+                                .as_ref()
+                                .map(|n| NexmarkGenerator::new(n, ctx.channel)),
                             rate: rates[name].clone(),
                             emitted: emitted.clone(),
                             keys: *keys,
@@ -498,8 +556,33 @@ impl Job {
                                 .map(|s| s.slice(range))
                                 .unwrap_or_default()
                         };
-                        let behaviour =
-                            Behaviour::for_kind(kind, restored_state, shared_sink.clone());
+                        let upstream: u32 = spec
+                            .inputs_of(name)
+                            .iter()
+                            .filter_map(|i| spec.operator(i))
+                            .map(|o| o.parallelism)
+                            .sum();
+                        let stage = EventTimeStage::for_kind(
+                            kind,
+                            upstream as usize,
+                            ctx.channel,
+                            k,
+                            restored_state(),
+                        )
+                        .map_err(|source| {
+                            control.stop.store(true, Ordering::SeqCst);
+                            RuntimeError::State {
+                                operator: name.clone(),
+                                source,
+                            }
+                        })?;
+                        let behaviour = match stage {
+                            Some(stage) => Behaviour::EventTime {
+                                stage: Box::new(stage),
+                                out: StageOutput::default(),
+                            },
+                            None => Behaviour::for_kind(kind, restored_state, shared_sink.clone()),
+                        };
                         let task = OperatorTask { rx, behaviour };
                         Box::new(move || task.run(ctx))
                     }
@@ -640,6 +723,8 @@ struct SubtaskContext {
     control: Arc<Control>,
     meter: Meter,
     outputs: Outputs,
+    /// Job-wide channel number of this subtask (identifies its watermarks downstream).
+    channel: u32,
 }
 
 impl SubtaskContext {
@@ -657,6 +742,8 @@ impl SubtaskContext {
 }
 
 struct SourceTask {
+    /// Nexmark sources: the event generator (else synthetic keyed records).
+    nexmark: Option<NexmarkGenerator>,
     rate: Arc<RateFunction>,
     emitted: Arc<AtomicU64>,
     keys: u64,
@@ -695,7 +782,7 @@ impl SourceTask {
         hi
     }
 
-    fn run(self, mut ctx: SubtaskContext) -> SubtaskResult {
+    fn run(mut self, mut ctx: SubtaskContext) -> SubtaskResult {
         let labels = [ctx.operator.clone(), ctx.index.to_string()];
         let l = [labels[0].as_str(), labels[1].as_str()];
         let metrics = ctx.meter.metrics.clone();
@@ -748,6 +835,20 @@ impl SourceTask {
                 }
             };
             if claimed == 0 {
+                let watermark = self.nexmark.as_mut().and_then(|g| {
+                    if start >= limit {
+                        g.end()
+                    } else {
+                        g.idle(start)
+                    }
+                });
+                if let Some(wm) = watermark
+                    && !ctx.outputs.send(wm, &mut ctx.meter)
+                {
+                    let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+                    ctx.meter.flush(0);
+                    return ctx.result(None, Some(err));
+                }
                 if start >= limit {
                     break;
                 }
@@ -767,20 +868,37 @@ impl SourceTask {
             } else {
                 now_unix_us()
             };
+            let mut events = self
+                .nexmark
+                .as_mut()
+                .map(|g| g.batch(start, claimed).into_iter());
             for seq in start..start + claimed {
-                let h = murmur_fmix64(seq ^ self.salt);
-                let rec = Record {
-                    seq,
-                    key: h % self.keys,
-                    value: (seq % 100) as i64,
-                    count: 1,
-                    created_us,
+                let rec = match (&mut self.nexmark, events.as_mut().and_then(Iterator::next)) {
+                    (Some(g), Some(event)) => g.record(seq, event, created_us),
+                    _ => Record {
+                        seq,
+                        key: murmur_fmix64(seq ^ self.salt) % self.keys,
+                        value: (seq % 100) as i64,
+                        count: 1,
+                        created_us,
+                        payload: Payload::None,
+                    },
                 };
                 if !ctx.outputs.send(rec, &mut ctx.meter) {
                     let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                     ctx.meter.flush(0);
                     return ctx.result(None, Some(err));
                 }
+            }
+            if let Some(wm) = self
+                .nexmark
+                .as_mut()
+                .and_then(NexmarkGenerator::after_batch)
+                && !ctx.outputs.send(wm, &mut ctx.meter)
+            {
+                let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+                ctx.meter.flush(0);
+                return ctx.result(None, Some(err));
             }
             ctx.meter.tick(|| 0);
         }
@@ -814,6 +932,12 @@ enum Behaviour {
         clock_us: u64,
         clock_uses: u32,
     },
+    /// Event-time operators (Nexmark stages, windows, joins): see [`crate::time`].
+    EventTime {
+        stage: Box<EventTimeStage>,
+        /// Reused output buffer.
+        out: StageOutput,
+    },
 }
 
 type SinkWriter = Arc<std::sync::Mutex<BufWriter<std::fs::File>>>;
@@ -838,7 +962,12 @@ impl Behaviour {
                 clock_us: 0,
                 clock_uses: 0,
             },
-            OperatorKind::Map | OperatorKind::Source { .. } => Behaviour::Map,
+            OperatorKind::Map
+            | OperatorKind::Source { .. }
+            | OperatorKind::Select { .. }
+            | OperatorKind::EventWindow { .. }
+            | OperatorKind::WindowTop { .. }
+            | OperatorKind::Join { .. } => Behaviour::Map,
         }
     }
 }
@@ -872,7 +1001,9 @@ impl OperatorTask {
             };
             match received {
                 Ok(rec) => {
-                    ctx.meter.records_in += 1;
+                    if !rec.payload.is_watermark() {
+                        ctx.meter.records_in += 1;
+                    }
                     if !self.process(rec, &mut ctx) {
                         error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
                         break;
@@ -915,6 +1046,13 @@ impl OperatorTask {
         ctx.meter.flush(0);
         let state = match self.behaviour {
             Behaviour::Window { state, .. } => Some(state),
+            Behaviour::EventTime { stage, .. } => match stage.snapshot() {
+                Ok(state) => state,
+                Err(e) => {
+                    error = Some(format!("{}-{}: {e}", ctx.operator, ctx.index));
+                    None
+                }
+            },
             _ => None,
         };
         ctx.result(state, error)
@@ -922,8 +1060,22 @@ impl OperatorTask {
 
     /// Applies the operator to one record. Returns false if a downstream receiver is gone.
     fn process(&mut self, rec: Record, ctx: &mut SubtaskContext) -> bool {
+        if rec.payload.is_watermark() {
+            return match &mut self.behaviour {
+                Behaviour::EventTime { stage, out } => {
+                    stage.on_record(rec, out);
+                    emit_stage_output(out, ctx)
+                }
+                Behaviour::Map | Behaviour::Filter { .. } => ctx.outputs.send(rec, &mut ctx.meter),
+                Behaviour::Window { .. } | Behaviour::Sink { .. } => true,
+            };
+        }
         spend(ctx.cpu_us, ctx.io_us, rec.seq);
         match &mut self.behaviour {
+            Behaviour::EventTime { stage, out } => {
+                stage.on_record(rec, out);
+                emit_stage_output(out, ctx)
+            }
             Behaviour::Map => ctx.outputs.send(rec, &mut ctx.meter),
             Behaviour::Filter { keep } => {
                 let draw = (murmur_fmix64(rec.seq ^ 0xf1_17e5) >> 11) as f64 / (1u64 << 53) as f64;
@@ -979,7 +1131,10 @@ impl OperatorTask {
                 if let Some(f) = file
                     && let Ok(mut w) = f.lock()
                 {
-                    let _ = writeln!(w, "{},{},{}", rec.key, rec.count, rec.value);
+                    let _ = match rec.payload.to_json() {
+                        Some(json) => writeln!(w, "{json}"),
+                        None => writeln!(w, "{},{},{}", rec.key, rec.count, rec.value),
+                    };
                 }
                 true
             }
@@ -1005,6 +1160,13 @@ impl OperatorTask {
     /// Fires the open pane of a window operator if its end has passed (or unconditionally
     /// when `all`). Returns false if a downstream receiver is gone.
     fn fire_due_windows(&mut self, ctx: &mut SubtaskContext, all: bool) -> bool {
+        if let Behaviour::EventTime { stage, out } = &mut self.behaviour {
+            if all {
+                stage.finish(out);
+                return emit_stage_output(out, ctx);
+            }
+            return true;
+        }
         let Behaviour::Window {
             size_us,
             state,
@@ -1032,6 +1194,7 @@ impl OperatorTask {
                         value: s.pane_sum,
                         count: s.pane_count,
                         created_us: now.saturating_sub(s.pane_max_delay_us),
+                        payload: Payload::None,
                     });
                     s.pane_count = 0;
                     s.pane_sum = 0;
@@ -1045,5 +1208,54 @@ impl OperatorTask {
             }
         }
         true
+    }
+}
+
+/// Sends what an event-time stage produced and counts its filtered and late records.
+/// Returns false if a downstream receiver is gone.
+fn emit_stage_output(out: &mut StageOutput, ctx: &mut SubtaskContext) -> bool {
+    if out.filtered > 0 {
+        ctx.meter
+            .live
+            .filtered
+            .fetch_add(out.filtered, Ordering::Relaxed);
+        out.filtered = 0;
+    }
+    if out.late > 0 {
+        if ctx.meter.enabled {
+            let l = [ctx.meter.labels[0].as_str(), ctx.meter.labels[1].as_str()];
+            ctx.meter
+                .metrics
+                .late_records_dropped
+                .with_label_values(&l)
+                .inc_by(out.late);
+        }
+        out.late = 0;
+    }
+    let mut ok = true;
+    for rec in out.records.drain(..) {
+        if ok && !ctx.outputs.send(rec, &mut ctx.meter) {
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// The key that partitions the input of an operator of kind `kind` among its subtasks.
+fn key_selector(kind: &OperatorKind) -> fn(&Record) -> u64 {
+    use crate::nexmark::queries::{self as q, BidKey};
+    match kind {
+        OperatorKind::EventWindow {
+            key: BidKey::Auction,
+            ..
+        } => q::key_bid_auction,
+        OperatorKind::EventWindow {
+            key: BidKey::Bidder,
+            ..
+        } => q::key_bid_bidder,
+        OperatorKind::WindowTop { .. } => q::key_window,
+        OperatorKind::Join { .. } => q::key_person,
+        OperatorKind::Select { .. } => q::key_rebalance,
+        _ => q::key_record,
     }
 }

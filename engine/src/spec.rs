@@ -24,6 +24,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::nexmark::NexmarkSourceSpec;
+use crate::nexmark::queries::{BidKey, SelectQuery};
+use crate::time::window::WindowSpec;
+
 /// Default number of key groups (Flink's default lower bound for max parallelism).
 pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 /// Largest number of key groups a job may declare (Flink's upper bound, 2^15).
@@ -94,6 +98,10 @@ pub enum OperatorKind {
         /// Stop after this many records in total (across restores). Unbounded when absent.
         #[serde(default)]
         count: Option<u64>,
+        /// Emit Nexmark events (Person, Auction, Bid) with event time and watermarks instead
+        /// of synthetic keyed records; see [`crate::nexmark`]. `keys` is then unused.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nexmark: Option<NexmarkSourceSpec>,
     },
     /// Passes each record on unchanged after spending its cost.
     Map,
@@ -112,9 +120,41 @@ pub enum OperatorKind {
     },
     /// Consumes records: discards them, or appends one line per record to `output`.
     Sink {
-        /// File to append records to (`key,count,sum` per line). Discards when absent.
+        /// File to append records to: `key,count,sum` per line, or for Nexmark events and
+        /// query rows one JSON object per line. Discards when absent. Delivery: records are
+        /// written as they arrive and the file is flushed before a stop-with-savepoint
+        /// completes, so a stop and restore writes every result exactly once; after a crash
+        /// the job restarts from its last savepoint and replays, so results written since
+        /// are written again (at-least-once).
         #[serde(default)]
         output: Option<PathBuf>,
+    },
+    /// A stateless stage over Nexmark events (Q1's projection, Q2's filter, per-type
+    /// selections); forwards watermarks. See [`crate::nexmark::queries`].
+    Select {
+        /// Which stage.
+        query: SelectQuery,
+    },
+    /// Keyed event-time window counting Nexmark bids per key and window (tumbling, sliding
+    /// or session). Fires when the watermark passes a window's end; drops late bids.
+    EventWindow {
+        /// The bid field the input is partitioned by (`auction` or `bidder`).
+        key: BidKey,
+        /// The window assigner.
+        window: WindowSpec,
+    },
+    /// Keyed by window: per window, the keys whose count is the largest (Nexmark Q5). Its
+    /// input must be an `eventWindow`.
+    WindowTop {
+        /// The key field of the incoming window results (`auction` or `bidder`).
+        key: BidKey,
+    },
+    /// Keyed two-input join of persons and auctions on `person.id = auction.seller`: a
+    /// regular join without `window` (Q3), a tumbling-window join with one (Q8).
+    Join {
+        /// Tumbling event-time window of the join (only `tumbling` is supported).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<WindowSpec>,
     },
 }
 
@@ -128,13 +168,41 @@ impl OperatorKind {
             OperatorKind::Filter { .. } => "filter",
             OperatorKind::Window { .. } => "window",
             OperatorKind::Sink { .. } => "sink",
+            OperatorKind::Select { .. } => "select",
+            OperatorKind::EventWindow { .. } => "eventWindow",
+            OperatorKind::WindowTop { .. } => "windowTop",
+            OperatorKind::Join { .. } => "join",
         }
     }
 
     /// Whether the operator's input is partitioned by key group (each subtask has its own queue).
     /// Other operators share one input queue among their subtasks (rebalance).
     pub fn is_keyed(&self) -> bool {
-        matches!(self, OperatorKind::Window { .. })
+        matches!(
+            self,
+            OperatorKind::Window { .. }
+                | OperatorKind::EventWindow { .. }
+                | OperatorKind::WindowTop { .. }
+                | OperatorKind::Join { .. }
+        )
+    }
+
+    /// Whether each subtask has its own input queue (keyed operators, and event-time stages,
+    /// which must see every upstream subtask's watermarks in order with its records).
+    pub fn partitioned_input(&self) -> bool {
+        self.is_keyed() || matches!(self, OperatorKind::Select { .. })
+    }
+
+    /// Whether the operator's outputs carry event time and watermarks.
+    pub fn emits_event_time(&self) -> bool {
+        match self {
+            OperatorKind::Source { nexmark, .. } => nexmark.is_some(),
+            OperatorKind::Select { .. }
+            | OperatorKind::EventWindow { .. }
+            | OperatorKind::WindowTop { .. }
+            | OperatorKind::Join { .. } => true,
+            _ => false,
+        }
     }
 }
 
@@ -578,7 +646,12 @@ impl JobSpec {
                 ));
             }
             match &op.kind {
-                OperatorKind::Source { rate, keys, .. } => {
+                OperatorKind::Source {
+                    rate,
+                    keys,
+                    nexmark,
+                    ..
+                } => {
                     if op.cpu != 0.0 || op.io != 0.0 {
                         return Err(format!(
                             "{at}: sources have no per-record cost; remove `cpu`/`io`"
@@ -588,7 +661,24 @@ impl JobSpec {
                         return Err(format!("{at}.keys: must be at least 1"));
                     }
                     validate_rate(&at, rate)?;
+                    if let Some(n) = nexmark {
+                        n.validate(&at)?;
+                    }
                 }
+                OperatorKind::EventWindow { window, .. } => {
+                    window.validate(&format!("{at}.window"))?;
+                }
+                OperatorKind::Join { window: Some(w) } => {
+                    w.validate(&format!("{at}.window"))?;
+                    if w.tumbling_size().is_none() {
+                        return Err(format!(
+                            "{at}.window: a join supports only `tumbling` windows"
+                        ));
+                    }
+                }
+                OperatorKind::Select { .. }
+                | OperatorKind::WindowTop { .. }
+                | OperatorKind::Join { window: None } => {}
                 OperatorKind::Filter { keep } => {
                     if !(0.0..=1.0).contains(keep) {
                         return Err(format!("{at}.keep: {keep} is not between 0 and 1"));
@@ -633,6 +723,34 @@ impl JobSpec {
                     ));
                 }
                 _ => {}
+            }
+            // Event-time operators need event-time input (watermarks in order with records).
+            if matches!(op.kind, OperatorKind::Sink { .. }) || !op.kind.emits_event_time() {
+                continue;
+            }
+            for from in self.inputs_of(&op.name) {
+                let Some(up) = self.operator(from) else {
+                    continue;
+                };
+                if !up.kind.emits_event_time() {
+                    return Err(format!(
+                        "edges: `{}` ({}) needs Nexmark events with event time as input, but `{}` ({}) does not emit them; feed it from a source with a `nexmark` block or another event-time operator",
+                        op.name,
+                        op.kind.name(),
+                        up.name,
+                        up.kind.name()
+                    ));
+                }
+                if matches!(op.kind, OperatorKind::WindowTop { .. })
+                    && !matches!(up.kind, OperatorKind::EventWindow { .. })
+                {
+                    return Err(format!(
+                        "edges: `{}` (windowTop) must be fed by an eventWindow, not `{}` ({})",
+                        op.name,
+                        up.name,
+                        up.kind.name()
+                    ));
+                }
             }
         }
         self.topological_order()?;

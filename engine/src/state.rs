@@ -27,6 +27,10 @@ pub struct KeyState {
 pub struct KeyedState {
     /// Key group → (key → state).
     pub groups: BTreeMap<u32, BTreeMap<u64, KeyState>>,
+    /// Key group → the encoded state of an event-time operator (windows, joins; see
+    /// [`crate::time`]) for that key group. Empty for `window` operators.
+    #[serde(default)]
+    pub blobs: BTreeMap<u32, Vec<u8>>,
 }
 
 impl KeyedState {
@@ -44,6 +48,7 @@ impl KeyedState {
         for (kg, keys) in other.groups {
             self.groups.entry(kg).or_default().extend(keys);
         }
+        self.blobs.extend(other.blobs);
     }
 
     /// The part of this state in the key-group range `range`.
@@ -51,6 +56,11 @@ impl KeyedState {
         KeyedState {
             groups: self
                 .groups
+                .range(range.clone())
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+            blobs: self
+                .blobs
                 .range(range)
                 .map(|(k, v)| (*k, v.clone()))
                 .collect(),

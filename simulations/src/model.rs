@@ -5,6 +5,7 @@
 use streamscale_controller::model::{QueueKind, operator_sojourn_time};
 use streamscale_engine::keygroup::{key_group, murmur_fmix64, subtask_for_key_group};
 use streamscale_engine::spec::{JobSpec, OperatorKind};
+use streamscale_engine::time::window::WindowSpec;
 use streamscale_engine::trace::RateFunction;
 
 use crate::SimError;
@@ -133,6 +134,24 @@ impl JobModel {
                     size_s: (*size_ms as f64 / 1000.0).max(1e-3),
                 },
                 OperatorKind::Sink { .. } => OpKind::Sink,
+                // Event-time operators, approximated: stateless stages and the regular join
+                // as maps, windowed operators as keyed windows firing every slide/size/gap.
+                OperatorKind::Select { .. }
+                | OperatorKind::WindowTop { .. }
+                | OperatorKind::Join { window: None } => OpKind::Map,
+                OperatorKind::EventWindow { window, .. }
+                | OperatorKind::Join {
+                    window: Some(window),
+                } => {
+                    let ms = match *window {
+                        WindowSpec::Tumbling { size_ms } => size_ms,
+                        WindowSpec::Sliding { slide_ms, .. } => slide_ms,
+                        WindowSpec::Session { gap_ms } => gap_ms,
+                    };
+                    OpKind::Window {
+                        size_s: (ms as f64 / 1000.0).max(1e-3),
+                    }
+                }
             };
             let o = cfg.operators.get(name).copied().unwrap_or_default();
             let mean_us = o

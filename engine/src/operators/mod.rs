@@ -1,0 +1,3 @@
+//! Keyed operators over several inputs.
+
+pub mod join;

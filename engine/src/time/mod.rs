@@ -1,0 +1,263 @@
+//! Event time: watermarks, event-time windows and the glue that runs the event-time
+//! operators inside a subtask.
+//!
+//! Watermarks flow in-band: a source subtask sends `Watermark` records on every output
+//! channel (to every subtask of every downstream operator, whatever the partitioning); each
+//! downstream subtask keeps the largest watermark per upstream subtask and takes the minimum
+//! over all of them ([`watermark::WatermarkTracker`]); when that minimum advances the operator
+//! fires what the new watermark completes, then forwards the watermark on its own outputs.
+//! Records whose every window has already been fired (window end − 1 ≤ watermark) are late:
+//! they are dropped and counted in `streamscale_late_records_dropped_total`.
+
+pub mod watermark;
+pub mod window;
+
+use std::ops::Range;
+
+use crate::nexmark::queries::SelectQuery;
+use crate::operators::join::{Join, JoinWindow};
+use crate::payload::Payload;
+use crate::runtime::Record;
+use crate::spec::OperatorKind;
+use crate::state::KeyedState;
+use watermark::WatermarkTracker;
+use window::{EventWindow, WindowTop};
+
+/// Errors encoding or decoding event-time operator state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateCodecError {
+    /// A key group's state could not be encoded or decoded.
+    #[error("key group {key_group}: cannot {action} state: {source}")]
+    Codec {
+        /// The key group.
+        key_group: u32,
+        /// `encode` or `decode`.
+        action: &'static str,
+        /// The codec's error.
+        source: postcard::Error,
+    },
+}
+
+/// What one input record produced.
+#[derive(Debug, Default)]
+pub struct StageOutput {
+    /// Records (and watermarks) to send downstream, in order.
+    pub records: Vec<Record>,
+    /// Source records filtered out on purpose (their `count`).
+    pub filtered: u64,
+    /// Late records dropped.
+    pub late: u64,
+}
+
+enum Operator {
+    Select(SelectQuery),
+    Window(EventWindow),
+    Top(WindowTop),
+    Join(Join),
+}
+
+/// An event-time operator subtask: its input watermark and its operator.
+pub struct EventTimeStage {
+    tracker: WatermarkTracker,
+    channel: u32,
+    operator: Operator,
+}
+
+impl EventTimeStage {
+    /// The stage for `kind` if it is an event-time kind (`select`, `eventWindow`,
+    /// `windowTop`, `join`). `inputs` is the number of upstream subtasks, `channel` this
+    /// subtask's job-wide channel number, `restored` its key groups' restored state.
+    ///
+    /// # Errors
+    /// [`StateCodecError`] when restored state cannot be decoded.
+    pub fn for_kind(
+        kind: &OperatorKind,
+        inputs: usize,
+        channel: u32,
+        max_parallelism: u32,
+        restored: KeyedState,
+    ) -> Result<Option<EventTimeStage>, StateCodecError> {
+        let operator =
+            match kind {
+                OperatorKind::Select { query } => Operator::Select(*query),
+                OperatorKind::EventWindow { key, window } => Operator::Window(
+                    EventWindow::restore(*key, *window, max_parallelism, &restored)?,
+                ),
+                OperatorKind::WindowTop { key } => {
+                    Operator::Top(WindowTop::restore(*key, max_parallelism, &restored)?)
+                }
+                OperatorKind::Join { window } => Operator::Join(Join::restore(
+                    window
+                        .as_ref()
+                        .and_then(window::WindowSpec::tumbling_size)
+                        .map(JoinWindow::Tumbling),
+                    max_parallelism,
+                    &restored,
+                )?),
+                _ => return Ok(None),
+            };
+        Ok(Some(EventTimeStage {
+            tracker: WatermarkTracker::new(inputs),
+            channel,
+            operator,
+        }))
+    }
+
+    /// Processes one input record or watermark, appending what it produces to `out`.
+    pub fn on_record(&mut self, rec: Record, out: &mut StageOutput) {
+        if let Payload::Watermark(w) = rec.payload {
+            if let Some(wm) = self.tracker.update(w.channel, w.ms) {
+                self.advance(wm, out);
+            }
+            return;
+        }
+        let wm = self.tracker.current();
+        match &mut self.operator {
+            Operator::Select(q) => {
+                let count = rec.count;
+                match q.apply(rec) {
+                    Some(r) => out.records.push(r),
+                    None => out.filtered += count,
+                }
+            }
+            Operator::Window(w) => {
+                if !w.add(&rec, wm) {
+                    out.late += 1;
+                }
+            }
+            Operator::Top(t) => {
+                if !t.add(&rec, wm) {
+                    out.late += 1;
+                }
+            }
+            Operator::Join(j) => {
+                if !j.add(&rec, wm, &mut out.records) {
+                    out.late += 1;
+                }
+            }
+        }
+    }
+
+    /// End of input (bounded sources finished, or a drain): fires everything as the final
+    /// watermark `u64::MAX` would.
+    pub fn finish(&mut self, out: &mut StageOutput) {
+        if self.tracker.current() != Some(u64::MAX) {
+            self.advance(u64::MAX, out);
+        }
+    }
+
+    fn advance(&mut self, wm: u64, out: &mut StageOutput) {
+        match &mut self.operator {
+            Operator::Select(_) => {}
+            Operator::Window(w) => w.fire(wm, &mut out.records),
+            Operator::Top(t) => t.fire(wm, &mut out.records),
+            Operator::Join(j) => j.fire(wm, &mut out.records),
+        }
+        out.records
+            .push(crate::nexmark::source::watermark_record(self.channel, wm));
+    }
+
+    /// The keyed state by key group (for a savepoint), or `None` for stateless stages.
+    ///
+    /// # Errors
+    /// [`StateCodecError`] when a key group's state cannot be encoded.
+    pub fn snapshot(&self) -> Result<Option<KeyedState>, StateCodecError> {
+        match &self.operator {
+            Operator::Select(_) => Ok(None),
+            Operator::Window(w) => w.snapshot().map(Some),
+            Operator::Top(t) => t.snapshot().map(Some),
+            Operator::Join(j) => j.snapshot().map(Some),
+        }
+    }
+}
+
+/// Encodes per-key-group states into a [`KeyedState`]'s `blobs` (postcard, one per key group).
+///
+/// # Errors
+/// [`StateCodecError`] when a key group cannot be encoded.
+pub fn encode_groups<T: serde::Serialize>(
+    groups: &std::collections::BTreeMap<u32, T>,
+) -> Result<KeyedState, StateCodecError> {
+    let mut state = KeyedState::default();
+    for (kg, s) in groups {
+        let bytes = postcard::to_allocvec(s).map_err(|source| StateCodecError::Codec {
+            key_group: *kg,
+            action: "encode",
+            source,
+        })?;
+        state.blobs.insert(*kg, bytes);
+    }
+    Ok(state)
+}
+
+/// Decodes the per-key-group states of a [`KeyedState`]'s `blobs`.
+///
+/// # Errors
+/// [`StateCodecError`] when a key group cannot be decoded.
+pub fn decode_groups<T: serde::de::DeserializeOwned>(
+    state: &KeyedState,
+) -> Result<std::collections::BTreeMap<u32, T>, StateCodecError> {
+    state
+        .blobs
+        .iter()
+        .map(|(kg, bytes)| {
+            postcard::from_bytes(bytes)
+                .map(|s| (*kg, s))
+                .map_err(|source| StateCodecError::Codec {
+                    key_group: *kg,
+                    action: "decode",
+                    source,
+                })
+        })
+        .collect()
+}
+
+/// Windows `[start, end)` (ms) that contain event time `ts` under `spec` (sessions: the
+/// proto-window `[ts, ts + gap)` before merging).
+pub fn assign_windows(spec: &window::WindowSpec, ts: u64) -> Vec<Range<u64>> {
+    match *spec {
+        window::WindowSpec::Tumbling { size_ms } => {
+            let start = ts - ts % size_ms;
+            std::iter::once(start..start + size_ms).collect()
+        }
+        window::WindowSpec::Sliding { size_ms, slide_ms } => {
+            let mut out = Vec::new();
+            let last_start = ts - ts % slide_ms;
+            let mut start = last_start;
+            loop {
+                if start + size_ms > ts {
+                    out.push(start..start + size_ms);
+                } else {
+                    break;
+                }
+                if start < slide_ms {
+                    break;
+                }
+                start -= slide_ms;
+            }
+            out.reverse();
+            out
+        }
+        window::WindowSpec::Session { gap_ms } => {
+            std::iter::once(ts..ts.saturating_add(gap_ms)).collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window::WindowSpec;
+    use super::*;
+
+    #[test]
+    fn sliding_windows_cover_an_event_size_over_slide_times() {
+        let spec = WindowSpec::Sliding {
+            size_ms: 10,
+            slide_ms: 2,
+        };
+        let w = assign_windows(&spec, 23);
+        assert_eq!(w, vec![14..24, 16..26, 18..28, 20..30, 22..32]);
+        let t = assign_windows(&WindowSpec::Tumbling { size_ms: 10 }, 23);
+        assert_eq!(t, vec![20..30]);
+    }
+}
