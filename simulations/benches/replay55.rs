@@ -25,17 +25,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             step_s: default_step(model.duration_s),
             seed: 1,
             max_rows: 2000,
+            threads: 0,
         };
-        let (summary, _) = replay_all(
+        let (summary, runs) = replay_all(
             &model,
             &names,
             &opts,
             cfg.interval_seconds,
             cfg.window_seconds,
-            &mut |_| {},
+            &|_| {},
         )?;
         let secs = start.elapsed().as_secs_f64();
         best = best.min(secs);
+        for r in &runs {
+            if let Some((made, skipped)) = r.planner_calls {
+                println!(
+                    "{}: {made} planner calls, {skipped} skipped (stationary)",
+                    r.name
+                );
+            }
+        }
         println!(
             "{:.1} days, {} policies: {secs:.3} s (streamscale {:.1} resource-h)",
             model.duration_s / 86400.0,

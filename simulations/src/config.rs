@@ -6,8 +6,8 @@
 //! ```yaml
 //! seed: 7                  # random seed of the event-level mode
 //! stepSeconds: 1           # fast-mode step, simulated seconds (default: auto)
-//! intervalSeconds: 15      # decision interval of streamscale, ds2 and threshold, seconds
-//! windowSeconds: 60        # metric window handed to streamscale and ds2, seconds
+//! intervalSeconds: 5       # metrics (decision) interval of streamscale and ds2, seconds
+//! windowSeconds: 30        # metric window handed to streamscale and ds2, seconds
 //! overheadMicros: 5        # per-record framework overhead added to cpu + io, µs
 //! operators:
 //!   enrich: { meanMicros: 5200, cv: 1.5 }   # per-record service time: mean (µs) and CV
@@ -67,10 +67,13 @@ pub struct SimConfig {
     pub seed: u64,
     /// Fast-mode step, simulated seconds. `None` = auto: 1 s for runs up to 6 h, 10 s beyond.
     pub step_seconds: Option<f64>,
-    /// Decision interval of `streamscale`, `ds2` and `threshold`, seconds. Default 15 s
-    /// (Kubernetes HPA's sync period). `flink` keeps its own 60 s loop.
+    /// Metrics (decision) interval of `streamscale` and `ds2`, seconds. Default 5 s, the
+    /// operator's `metricsIntervalSeconds` (`operator/src/crd.rs`). `flink` keeps its own 60 s
+    /// loop, `threshold` HPA's 15 s sync period. A decision can come no more often than once
+    /// per step.
     pub interval_seconds: f64,
-    /// Metric window given to `streamscale` and `ds2`, seconds. Default 60 s.
+    /// Metric window given to `streamscale` and `ds2`, seconds. Default 30 s, the operator's
+    /// `metricsWindowSeconds`.
     pub window_seconds: f64,
     /// Per-record overhead added to `cpu + io`, µs. Default 5 µs.
     pub overhead_micros: f64,
@@ -87,8 +90,8 @@ impl Default for SimConfig {
         SimConfig {
             seed: 1,
             step_seconds: None,
-            interval_seconds: 15.0,
-            window_seconds: 60.0,
+            interval_seconds: 5.0,
+            window_seconds: 30.0,
             overhead_micros: 5.0,
             operators: BTreeMap::new(),
             rescale: RescaleCost::default(),

@@ -341,7 +341,7 @@ impl<'m> DesPlant<'m> {
 }
 
 impl Plant for DesPlant<'_> {
-    fn advance(&mut self, t: f64, dt: f64) -> StepStats {
+    fn advance(&mut self, t: f64, dt: f64, arrivals_in: &[f64]) -> StepStats {
         use rand::distr::Distribution;
         let m = self.model;
         let end = t + dt;
@@ -349,8 +349,8 @@ impl Plant for DesPlant<'_> {
         let mut arrivals = 0.0;
         let mut gamma = vec![0.0; m.ops.len()];
         let mut rates = Vec::new();
-        for (s, f) in &m.sources {
-            let rate = (f.cumulative(end) - f.cumulative(t)).max(0.0) / dt;
+        for ((s, _), &a) in m.sources.iter().zip(arrivals_in) {
+            let rate = a.max(0.0) / dt;
             gamma[*s] += rate;
             rates.push((*s, rate));
         }

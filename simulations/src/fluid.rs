@@ -12,6 +12,13 @@
 //! plus the stochastic sojourn of the planner's own formulas (Allen-Cunneen / Kingman) at the
 //! step's arrival rate, combined along every source-to-sink path
 //! ([`JobModel::path_latency`]).
+//!
+//! Speed: a step whose inputs (state at its start, arrivals, length, time still down) are
+//! bit-for-bit those of the previous step has the very same outputs, so it is replayed by
+//! adding the previous step's increments instead of recomputing queueing delays and latency
+//! quantiles. Piecewise-constant traces spend most steps in such stationary stretches.
+
+use std::hash::Hasher;
 
 use crate::model::{JobModel, OpKind};
 use crate::plant::{OpCounters, Plant, Snapshot, StepStats, capacity};
@@ -38,6 +45,20 @@ pub struct FluidPlant<'m> {
     delay: Vec<f64>,
     soj: Vec<f64>,
     gamma: Vec<f64>,
+    /// Inputs of the last fully computed step: `[dt, up, still down, arrivals..., queue...,
+    /// backlog..., last_rate...]`; empty when invalid (after a rescale).
+    key: Vec<f64>,
+    /// Scratch for the next step's key.
+    next_key: Vec<f64>,
+    /// Increments of the last fully computed step: counters, received, processed.
+    inc: Vec<OpCounters>,
+    inc_received: Vec<f64>,
+    inc_processed: Vec<f64>,
+    /// Statistics of the last fully computed step.
+    last_stats: StepStats,
+    /// Hash of the last computed step's inputs and parallelism: the class of the last step
+    /// ([`Plant::step_class`]).
+    class: u64,
 }
 
 impl<'m> FluidPlant<'m> {
@@ -62,9 +83,52 @@ impl<'m> FluidPlant<'m> {
             delay: vec![0.0; n],
             soj: vec![0.0; n],
             gamma: vec![0.0; n],
+            key: Vec::new(),
+            next_key: Vec::with_capacity(3 + 4 * n + model.sources.len()),
+            inc: vec![OpCounters::default(); n],
+            inc_received: vec![0.0; n],
+            inc_processed: vec![0.0; n],
+            last_stats: StepStats::default(),
+            class: 0,
         };
         f.set_servers();
         f
+    }
+
+    /// A step with the same inputs as the last computed one: the same increments and statistics
+    /// (the state is a fixed point, see the module docs).
+    fn repeat_step(&mut self) -> StepStats {
+        self.apply_increments()
+    }
+
+    /// Adds the last computed step's increments to the counters and lifetime totals, sets the
+    /// gauges, and returns its statistics with the conservation error of the new totals.
+    fn apply_increments(&mut self) -> StepStats {
+        let m = self.model;
+        let mut conservation: f64 = 0.0;
+        for i in 0..m.ops.len() {
+            let (c, d) = (&mut self.counters[i], &self.inc[i]);
+            c.records_in += d.records_in;
+            c.records_out += d.records_out;
+            c.busy_s += d.busy_s;
+            c.idle_s += d.idle_s;
+            c.backpressured_s += d.backpressured_s;
+            c.arrivals += d.arrivals;
+            c.queue = self.queue[i];
+            c.backlog = self.backlog[i];
+            self.received[i] += self.inc_received[i];
+            self.processed[i] += self.inc_processed[i];
+            let held = if m.ops[i].kind == OpKind::Source {
+                self.backlog[i]
+            } else {
+                self.queue[i]
+            };
+            conservation = conservation.max((self.received[i] - self.processed[i] - held).abs());
+        }
+        StepStats {
+            conservation_error: conservation,
+            ..self.last_stats
+        }
     }
 
     fn set_servers(&mut self) {
@@ -75,10 +139,33 @@ impl<'m> FluidPlant<'m> {
 }
 
 impl Plant for FluidPlant<'_> {
-    fn advance(&mut self, t: f64, dt: f64) -> StepStats {
+    fn advance(&mut self, t: f64, dt: f64, arrivals_in: &[f64]) -> StepStats {
         let m = self.model;
         let n = m.ops.len();
         let up = (t + dt - t.max(self.down_until)).clamp(0.0, dt);
+        // Time still down after this step adds to every record's latency.
+        let still_down = (self.down_until - (t + dt)).max(0.0);
+        self.next_key.clear();
+        self.next_key.extend_from_slice(&[dt, up, still_down]);
+        self.next_key.extend_from_slice(arrivals_in);
+        self.next_key.extend_from_slice(&self.queue);
+        self.next_key.extend_from_slice(&self.backlog);
+        self.next_key.extend_from_slice(&self.last_rate);
+        if self.next_key == self.key {
+            return self.repeat_step();
+        }
+        std::mem::swap(&mut self.key, &mut self.next_key);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for x in &self.key {
+            h.write_u64(x.to_bits());
+        }
+        for p in &self.p {
+            h.write_u32(*p);
+        }
+        self.class = h.finish();
+        self.inc.iter_mut().for_each(|c| *c = OpCounters::default());
+        self.inc_received.iter_mut().for_each(|x| *x = 0.0);
+        self.inc_processed.iter_mut().for_each(|x| *x = 0.0);
         // Reverse pass: how much each operator may accept this step.
         for i in (0..n).rev() {
             let op = &m.ops[i];
@@ -101,18 +188,16 @@ impl Plant for FluidPlant<'_> {
         self.inflow.iter_mut().for_each(|x| *x = 0.0);
         self.gamma.iter_mut().for_each(|x| *x = 0.0);
         let mut arrivals = 0.0;
-        for (s, f) in &m.sources {
-            let a = (f.cumulative(t + dt) - f.cumulative(t)).max(0.0);
+        for ((s, _), &a) in m.sources.iter().zip(arrivals_in) {
+            let a = a.max(0.0);
             arrivals += a;
             self.gamma[*s] += a / dt;
-            let c = &mut self.counters[*s];
-            c.arrivals += a;
-            self.received[*s] += a;
+            self.inc[*s].arrivals += a;
+            self.inc_received[*s] += a;
         }
-        let mut conservation: f64 = 0.0;
         for i in 0..n {
             let op = &m.ops[i];
-            let c = &mut self.counters[i];
+            let c = &mut self.inc[i];
             let slots = f64::from(self.p[i]) * up;
             if op.kind == OpKind::Source {
                 let avail = self.backlog[i] + self.gamma[i] * dt;
@@ -125,23 +210,20 @@ impl Plant for FluidPlant<'_> {
                 self.delay[i] = self.backlog[i] / self.gamma[i].max(e / dt).max(1e-9);
                 self.soj[i] = 0.0;
                 c.records_out += e;
-                c.backlog = self.backlog[i];
                 c.backpressured_s += if e < avail { slots } else { 0.0 };
                 c.idle_s += if e < avail { 0.0 } else { slots };
-                self.processed[i] += e;
+                self.inc_processed[i] += e;
                 for &j in &op.outputs {
                     self.inflow[j] += e;
                 }
-                conservation = conservation
-                    .max((self.received[i] - self.processed[i] - self.backlog[i]).abs());
                 continue;
             }
             let inflow = self.inflow[i];
-            self.received[i] += inflow;
+            self.inc_received[i] += inflow;
             let avail = self.queue[i] + inflow;
             let done = avail.min(self.limit[i]);
             self.queue[i] = avail - done;
-            self.processed[i] += done;
+            self.inc_processed[i] += done;
             let rate_in = inflow / dt;
             let sel = m.selectivity(i, self.last_rate[i]);
             self.last_rate[i] = rate_in;
@@ -159,28 +241,28 @@ impl Plant for FluidPlant<'_> {
             } else {
                 c.idle_s += slots - busy;
             }
-            c.queue = self.queue[i];
-            conservation =
-                conservation.max((self.received[i] - self.processed[i] - self.queue[i]).abs());
             // Latency pieces: drain time of the queue ahead plus the stochastic sojourn.
             let drain = self.servers[i] / op.service_s;
             self.delay[i] = self.queue[i] / drain;
             self.soj[i] = m.sojourn(i, rate_in.min(drain), self.p[i], self.servers[i]);
         }
-        // Time still down after this step adds to every record's latency.
-        let still_down = (self.down_until - (t + dt)).max(0.0);
         let (p99, tail) = m.path_latency(&self.delay, &self.soj);
         let p99 = p99 + still_down;
         let tail = if still_down > m.slo_s { 1.0 } else { tail };
-        StepStats {
+        self.last_stats = StepStats {
             arrivals,
             p99_s: Some(p99),
             late: arrivals * tail,
             backlog: m.sources.iter().map(|(s, _)| self.backlog[*s]).sum(),
             queued: self.queue.iter().sum(),
             capacity: capacity(m, &self.servers, &self.gamma, &mut self.limit),
-            conservation_error: conservation,
-        }
+            conservation_error: 0.0,
+        };
+        self.apply_increments()
+    }
+
+    fn step_class(&self) -> Option<u64> {
+        Some(self.class)
     }
 
     fn snapshot(&self, at_s: f64) -> Snapshot {
@@ -194,9 +276,15 @@ impl Plant for FluidPlant<'_> {
         &self.p
     }
 
+    fn snapshot_into(&self, at_s: f64, out: &mut Snapshot) {
+        out.at_s = at_s;
+        out.ops.clone_from(&self.counters);
+    }
+
     fn rescale(&mut self, p: &[u32], t: f64, downtime_s: f64) {
         self.p = p.to_vec();
         self.set_servers();
+        self.key.clear();
         self.down_until = t + downtime_s;
         for (i, c) in self.counters.iter_mut().enumerate() {
             *c = OpCounters {

@@ -40,7 +40,7 @@ pub struct Snapshot {
 }
 
 /// What happened in one step. Rates in records/s, times in seconds.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepStats {
     /// External arrivals in the step (all sources), records.
     pub arrivals: f64,
@@ -64,10 +64,22 @@ pub struct StepStats {
 
 /// A simulated deployment of a job.
 pub trait Plant {
-    /// Advances from simulated second `t` by `dt` seconds.
-    fn advance(&mut self, t: f64, dt: f64) -> StepStats;
+    /// Advances from simulated second `t` by `dt` seconds; `arrivals[k]` records arrive at
+    /// source `model.sources[k]` during the step (see [`crate::runner::Schedule`]).
+    fn advance(&mut self, t: f64, dt: f64, arrivals: &[f64]) -> StepStats;
     /// Current counters (since the last (re)start).
     fn snapshot(&self, at_s: f64) -> Snapshot;
+    /// Writes the current counters into `out`, reusing its allocation.
+    fn snapshot_into(&self, at_s: f64, out: &mut Snapshot) {
+        *out = self.snapshot(at_s);
+    }
+    /// An identifier of the last step's inputs (state at its start, arrivals, length, time
+    /// still down, parallelism): steps of one class have the very same counter increments,
+    /// gauges and statistics. `None` when the plant cannot tell (event mode). (Fast mode: a
+    /// 64-bit hash of the inputs' bits.)
+    fn step_class(&self) -> Option<u64> {
+        None
+    }
     /// Current parallelism per operator.
     fn parallelism(&self) -> &[u32];
     /// Rescales to `p` at `t`: the job is down for `downtime_s` seconds (queued records and the
@@ -110,41 +122,53 @@ pub fn capacity(model: &JobModel, servers: &[f64], gamma: &[f64], scratch: &mut 
     x * scale
 }
 
-/// Converts a window of snapshots into the planner's metric samples: each operator's counters
-/// split over its subtasks by their input shares ([`JobModel::subtask_shares`]).
-pub fn metric_samples(model: &JobModel, p: &[u32], window: &[Snapshot]) -> Vec<MetricSample> {
-    let shares: Vec<Vec<f64>> = (0..model.ops.len())
+/// Share of each operator's input per subtask at parallelism `p` ([`JobModel::subtask_shares`]),
+/// indexed like the operators.
+pub fn subtask_shares(model: &JobModel, p: &[u32]) -> Vec<Vec<f64>> {
+    (0..model.ops.len())
         .map(|i| model.subtask_shares(i, p[i]))
-        .collect();
+        .collect()
+}
+
+/// Converts one snapshot into the planner's metric sample: each operator's counters split over
+/// its subtasks by their input `shares` ([`subtask_shares`]); idle and backpressured time split
+/// evenly (they are per-subtask clocks).
+pub fn metric_sample(model: &JobModel, shares: &[Vec<f64>], s: &Snapshot) -> MetricSample {
+    MetricSample {
+        at_seconds: s.at_s,
+        operators: model
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let c = &s.ops[i];
+                let is_source = op.kind == OpKind::Source;
+                let n = shares[i].len() as f64;
+                let subs = shares[i]
+                    .iter()
+                    .map(|&w| SubtaskSample {
+                        records_in: c.records_in * w,
+                        records_out: c.records_out * w,
+                        busy_seconds: c.busy_s * w,
+                        idle_seconds: c.idle_s / n,
+                        backpressured_seconds: c.backpressured_s / n,
+                        queue_length: c.queue * w,
+                        source_backlog: is_source.then_some(c.backlog * w),
+                        source_arrivals: is_source.then_some(c.arrivals * w),
+                    })
+                    .collect();
+                (op.name.clone(), subs)
+            })
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// Converts a window of snapshots into the planner's metric samples ([`metric_sample`] for
+/// each, at parallelism `p`).
+pub fn metric_samples(model: &JobModel, p: &[u32], window: &[Snapshot]) -> Vec<MetricSample> {
+    let shares = subtask_shares(model, p);
     window
         .iter()
-        .map(|s| MetricSample {
-            at_seconds: s.at_s,
-            operators: model
-                .ops
-                .iter()
-                .enumerate()
-                .map(|(i, op)| {
-                    let c = &s.ops[i];
-                    let is_source = op.kind == OpKind::Source;
-                    let n = shares[i].len() as f64;
-                    let subs = shares[i]
-                        .iter()
-                        .map(|&w| SubtaskSample {
-                            records_in: c.records_in * w,
-                            records_out: c.records_out * w,
-                            busy_seconds: c.busy_s * w,
-                            // Idle and backpressured time split evenly: they are per-subtask clocks.
-                            idle_seconds: c.idle_s / n,
-                            backpressured_seconds: c.backpressured_s / n,
-                            queue_length: c.queue * w,
-                            source_backlog: is_source.then_some(c.backlog * w),
-                            source_arrivals: is_source.then_some(c.arrivals * w),
-                        })
-                        .collect();
-                    (op.name.clone(), subs)
-                })
-                .collect::<BTreeMap<_, _>>(),
-        })
+        .map(|s| metric_sample(model, &shares, s))
         .collect()
 }

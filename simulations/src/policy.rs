@@ -6,12 +6,13 @@
 //! * [`Ds2`], [`Flink`], [`Threshold`], [`Static`], [`Oracle`]: baselines, implemented here from
 //!   their public descriptions (`baseline-policies.md`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
-use streamscale_controller::model::{Autoscaler, GuardSettings, Verdict};
+use streamscale_controller::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
+use streamscale_engine::spec::JobSpec;
 
 use crate::model::{JobModel, OpKind};
-use crate::plant::{Snapshot, metric_samples};
+use crate::plant::{Snapshot, metric_sample, subtask_shares};
 
 /// What a policy sees at a decision point.
 #[derive(Debug)]
@@ -28,6 +29,15 @@ pub struct Observation<'a> {
     pub started_s: f64,
     /// The simulator's step, seconds (the oracle sizes for the next step).
     pub step_s: f64,
+    /// Records arriving at each source (`model.sources` order) in the next step (the oracle's
+    /// knowledge of the future).
+    pub next_arrivals: &'a [f64],
+    /// When the plant reports step classes ([`Plant::step_class`](crate::plant::Plant::step_class)):
+    /// a hash of the classes of the steps between `window`'s snapshots. Two windows with the
+    /// same key have the same sample count and spacing, the same counter increments between
+    /// consecutive samples and the same gauges: they differ only by a constant offset of the
+    /// cumulative counters, i.e. not in any rate, selectivity, utilization or backlog.
+    pub window_key: Option<u64>,
 }
 
 /// An autoscaling policy.
@@ -50,6 +60,12 @@ pub trait Policy {
     fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>>;
     /// The job (re)started at `now_s`.
     fn restarted(&mut self, _now_s: f64) {}
+    /// A rescale this policy asked for took `downtime_s` seconds.
+    fn rescaled(&mut self, _downtime_s: f64) {}
+    /// For a policy around a costly planner: its calls made and skipped (for benchmarks).
+    fn planner_calls(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// Names accepted by [`make_policy`], in report order.
@@ -63,7 +79,8 @@ pub const POLICIES: [&str; 6] = [
 ];
 
 /// Builds a policy by name with its defaults; `interval_s` and `window_s` are the simulator's
-/// decision interval and metric window (used by streamscale, ds2 and threshold).
+/// metrics interval and window (used by streamscale and ds2; `flink` and `threshold` keep the
+/// intervals of the systems they model).
 pub fn make_policy(
     name: &str,
     model: &JobModel,
@@ -77,7 +94,7 @@ pub fn make_policy(
             window_s,
         }),
         "flink" => Box::new(Flink::default()),
-        "threshold" => Box::new(Threshold::new(model, interval_s)),
+        "threshold" => Box::new(Threshold::new(model, HPA_SYNC_S)),
         "static" => Box::new(Static::new(model)),
         "oracle" => Box::new(Oracle::default()),
         _ => return None,
@@ -134,23 +151,102 @@ fn deltas(window: &[Snapshot]) -> Option<Vec<Delta>> {
     )
 }
 
-/// The controller's planner with its guards, unchanged ([`Autoscaler`] with
-/// [`GuardSettings::default`]: 3 samples over ≥ 15 s, 10 s stabilization, 30 s scale-down
-/// delay at the highest recommendation, no scale-down under backlog).
+/// The controller's planner with its guards, unchanged ([`Autoscaler`]), set up as the
+/// Kubernetes operator sets it up with its defaults (`operator/src/reconciler.rs`,
+/// `guard_settings`): guard window max(metrics window / 2, 2 × metrics interval), 10 s
+/// stabilization, 30 s scale-down delay applying the highest recommendation, no scale-down
+/// under backlog, the planner's targets from the job's `autoscaler:`. As `streamscale run`
+/// does, each rescale's downtime is reported to it
+/// ([`Autoscaler::observe_rescale_downtime`]).
+///
+/// Two things only save work and change no decision:
+/// * the job spec at the running parallelism is built once per deployment, and each snapshot
+///   is converted to a [`MetricSample`] once, when a decision first needs it;
+/// * a window whose [`Observation::window_key`] already gave, in this deployment, a hold
+///   without guard memory (the planner's recommendation was computed and no scale-down is
+///   pending after the call) is not planned again while no scale-down is pending and the
+///   stabilization period is over. Such a hold went through guard branches that neither read
+///   nor write the guards' memory; the guarded planner is otherwise a function of the window's
+///   rates and gauges (equal for equal keys) and of its settings (fixed within a deployment),
+///   so it would hold again.
 #[derive(Debug)]
 pub struct Streamscale {
     auto: Autoscaler,
     interval_s: f64,
     window_s: f64,
+    /// The job spec at the running parallelism.
+    spec: Option<(Vec<u32>, JobSpec)>,
+    /// Subtask input shares at the running parallelism.
+    shares: Vec<Vec<f64>>,
+    /// Metric samples of the window's snapshots converted so far, oldest first.
+    samples: VecDeque<MetricSample>,
+    /// Window keys that held without guard memory in this deployment.
+    memo: HashSet<u64>,
+    /// Whether `memo` is used (off only to test that it changes nothing).
+    use_memo: bool,
+    /// Calls of [`Autoscaler::decide`] made and skipped (stationary repeats).
+    planner_calls: (u64, u64),
 }
 
 impl Streamscale {
-    /// With the default guard settings.
+    /// Decisions every `interval_s` seconds from a metric window of `window_s` seconds.
     pub fn new(interval_s: f64, window_s: f64) -> Streamscale {
         Streamscale {
-            auto: Autoscaler::new(GuardSettings::default()),
+            auto: Autoscaler::new(GuardSettings {
+                window_seconds: (window_s / 2.0).max(interval_s * 2.0),
+                ..GuardSettings::default()
+            }),
             interval_s,
             window_s,
+            spec: None,
+            shares: Vec::new(),
+            samples: VecDeque::new(),
+            memo: HashSet::new(),
+            use_memo: true,
+            planner_calls: (0, 0),
+        }
+    }
+
+    /// The same policy calling the planner at every decision (no memo of held windows).
+    pub fn without_memo(mut self) -> Streamscale {
+        self.use_memo = false;
+        self
+    }
+
+    /// Brings `self.samples` in line with `window` (same parallelism), converting only the
+    /// snapshots not converted yet.
+    fn sync_samples(&mut self, model: &JobModel, window: &[Snapshot]) {
+        let Some(first) = window.first() else {
+            self.samples.clear();
+            return;
+        };
+        while self
+            .samples
+            .front()
+            .is_some_and(|s| s.at_seconds < first.at_s)
+        {
+            self.samples.pop_front();
+        }
+        if self
+            .samples
+            .front()
+            .is_some_and(|s| s.at_seconds != first.at_s)
+        {
+            self.samples.clear();
+        }
+        let last = self
+            .samples
+            .back()
+            .map_or(f64::NEG_INFINITY, |s| s.at_seconds);
+        for snap in window.iter().filter(|s| s.at_s > last) {
+            self.samples
+                .push_back(metric_sample(model, &self.shares, snap));
+        }
+        if self.samples.len() != window.len() {
+            self.samples = window
+                .iter()
+                .map(|s| metric_sample(model, &self.shares, s))
+                .collect();
         }
     }
 }
@@ -166,16 +262,38 @@ impl Policy for Streamscale {
         self.window_s
     }
     fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
+        let key = obs.window_key.filter(|_| self.use_memo);
+        let settled = self.auto.state().pending_scale_downs.is_empty()
+            && obs.now_s - obs.started_s >= self.auto.settings().stabilization_seconds;
+        if settled && key.is_some_and(|k| self.memo.contains(&k)) {
+            self.planner_calls.1 += 1;
+            return None;
+        }
         let m = obs.model;
-        let samples = metric_samples(m, obs.parallelism, obs.window);
-        let current: BTreeMap<String, u32> = m
-            .ops
-            .iter()
-            .zip(obs.parallelism)
-            .map(|(o, p)| (o.name.clone(), *p))
-            .collect();
-        let spec = m.spec.with_parallelism(&current);
-        match self.auto.decide(obs.now_s, &samples, &spec) {
+        if self
+            .spec
+            .as_ref()
+            .is_none_or(|(p, _)| p.as_slice() != obs.parallelism)
+        {
+            let current: BTreeMap<String, u32> = m
+                .ops
+                .iter()
+                .zip(obs.parallelism)
+                .map(|(o, p)| (o.name.clone(), *p))
+                .collect();
+            self.spec = Some((obs.parallelism.to_vec(), m.spec.with_parallelism(&current)));
+            self.shares = subtask_shares(m, obs.parallelism);
+            self.samples.clear();
+        }
+        self.sync_samples(m, obs.window);
+        let Some((_, spec)) = &self.spec else {
+            return None;
+        };
+        self.planner_calls.0 += 1;
+        match self
+            .auto
+            .decide(obs.now_s, self.samples.make_contiguous(), spec)
+        {
             Verdict::Rescale(d) => Some(
                 m.ops
                     .iter()
@@ -183,11 +301,31 @@ impl Policy for Streamscale {
                     .map(|(o, p)| d.parallelism.get(&o.name).copied().unwrap_or(*p))
                     .collect(),
             ),
+            Verdict::Hold {
+                recommendation: Some(_),
+                ..
+            } if self.auto.state().pending_scale_downs.is_empty() => {
+                if let Some(k) = key {
+                    self.memo.insert(k);
+                }
+                None
+            }
             Verdict::Hold { .. } => None,
         }
     }
     fn restarted(&mut self, now_s: f64) {
         self.auto.restarted(now_s);
+        self.samples.clear();
+        self.memo.clear();
+    }
+    fn rescaled(&mut self, downtime_s: f64) {
+        if downtime_s > 0.0 {
+            self.auto.observe_rescale_downtime(downtime_s);
+        }
+    }
+    /// Calls of [`Autoscaler::decide`]: (made, skipped as stationary repeats).
+    fn planner_calls(&self) -> Option<(u64, u64)> {
+        Some(self.planner_calls)
     }
 }
 
@@ -384,6 +522,8 @@ pub struct Threshold {
 }
 
 const HPA_TOLERANCE: f64 = 0.1;
+/// Kubernetes HPA's sync period (`--horizontal-pod-autoscaler-sync-period`), seconds.
+const HPA_SYNC_S: f64 = 15.0;
 const HPA_STABILIZATION_S: f64 = 300.0;
 
 impl Threshold {
@@ -584,9 +724,8 @@ impl Policy for Oracle {
     fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
         let m = obs.model;
         let mut gamma = vec![0.0; m.ops.len()];
-        let (t, dt) = (obs.now_s, obs.step_s);
-        for (s, f) in &m.sources {
-            gamma[*s] += (f.cumulative(t + dt) - f.cumulative(t)) / dt;
+        for ((s, _), a) in m.sources.iter().zip(obs.next_arrivals) {
+            gamma[*s] += a / obs.step_s;
         }
         let p = match &self.last {
             Some((g, p)) if *g == gamma => p.clone(),

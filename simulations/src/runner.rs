@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::des::DesPlant;
 use crate::fluid::FluidPlant;
 use crate::model::JobModel;
-use crate::plant::{Plant, StepStats};
+use crate::plant::{Plant, Snapshot, StepStats};
 use crate::policy::{Observation, Policy};
 
 /// Simulation mode.
@@ -32,6 +32,8 @@ pub struct ReplayOptions {
     pub seed: u64,
     /// Largest number of time-series rows kept per policy (rows average several steps).
     pub max_rows: usize,
+    /// Threads [`replay_all`] runs policies on; 0 = the machine's available parallelism.
+    pub threads: usize,
 }
 
 /// Per-policy results, exactly the fields of `summary.json`.
@@ -100,12 +102,104 @@ pub struct PolicyRun {
     pub max_conservation_error: f64,
     /// Total external arrivals, records.
     pub arrivals: f64,
+    /// Planner calls made and skipped, for policies that report them
+    /// ([`Policy::planner_calls`]).
+    pub planner_calls: Option<(u64, u64)>,
+}
+
+/// Records arriving at every source in every step of a replay, computed once from the sources'
+/// rate functions and shared by the replays of all policies.
+///
+/// Step `k` covers simulated seconds `[k·step, min((k+1)·step, duration))`. Its arrivals are
+/// ∫ rate over the step ([`RateFunction::cumulative`] differences); when the rate is one
+/// constant `r` over the step (the usual case for a piecewise-constant trace) they are exactly
+/// `r × dt`, so that stationary stretches repeat bit for bit (see [`Plant::step_class`]).
+///
+/// [`RateFunction::cumulative`]: streamscale_engine::trace::RateFunction::cumulative
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    step_s: f64,
+    duration_s: f64,
+    steps: usize,
+    sources: usize,
+    /// `arrivals[k * sources + s]`: records arriving at source `s` (index into
+    /// `model.sources`) in step `k`.
+    arrivals: Vec<f64>,
+}
+
+impl Schedule {
+    /// The schedule of `model`'s replay at `step_s` simulated seconds per step.
+    pub fn new(model: &JobModel, step_s: f64) -> Schedule {
+        let duration_s = model.duration_s.max(0.0);
+        let steps = (duration_s / step_s).ceil().max(1.0) as usize;
+        let sources = model.sources.len();
+        let mut arrivals = vec![0.0; steps * sources];
+        for (s, (_, f)) in model.sources.iter().enumerate() {
+            let mut before = f.cumulative(0.0);
+            for k in 0..steps {
+                let t = k as f64 * step_s;
+                let dt = step_s.min(duration_s - t).max(1e-9);
+                let after = f.cumulative(t + dt);
+                let a = (after - before).max(0.0);
+                before = after;
+                // The rate at both ends of the step: one constant rate when they agree and the
+                // integral says so (a bin narrower than the step could hide a change).
+                let r = f.rate(t);
+                let flat = r == f.rate(t + dt * (1.0 - 1e-9));
+                arrivals[k * sources + s] = if flat && (a - r * dt).abs() <= 1e-9 * a.max(1.0) {
+                    r * dt
+                } else {
+                    a
+                };
+            }
+        }
+        Schedule {
+            step_s,
+            duration_s,
+            steps,
+            sources,
+            arrivals,
+        }
+    }
+
+    /// Number of steps.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Step `k`: its start `t` and length `dt` (seconds) and the records arriving at each source.
+    pub fn step(&self, k: usize) -> (f64, f64, &[f64]) {
+        let t = k as f64 * self.step_s;
+        let dt = self.step_s.min(self.duration_s - t).max(1e-9);
+        (
+            t,
+            dt,
+            &self.arrivals[k * self.sources..(k + 1) * self.sources],
+        )
+    }
 }
 
 /// Replays `model`'s trace under `policy`. `on_steps` is called with the number of steps done
 /// since its last call (for a progress bar).
 pub fn replay(
     model: &JobModel,
+    policy: &mut dyn Policy,
+    opts: &ReplayOptions,
+    on_steps: &mut dyn FnMut(u64),
+) -> PolicyRun {
+    replay_scheduled(
+        model,
+        &Schedule::new(model, opts.step_s),
+        policy,
+        opts,
+        on_steps,
+    )
+}
+
+/// [`replay`] with a precomputed [`Schedule`] (of `opts.step_s`).
+pub fn replay_scheduled(
+    model: &JobModel,
+    schedule: &Schedule,
     policy: &mut dyn Policy,
     opts: &ReplayOptions,
     on_steps: &mut dyn FnMut(u64),
@@ -118,16 +212,17 @@ pub fn replay(
         Mode::Event => Box::new(DesPlant::new(model, &p0, opts.seed)),
     };
     let duration = model.duration_s.max(0.0);
-    let step = opts.step_s;
-    let steps = (duration / step).ceil().max(1.0) as u64;
+    let steps = schedule.steps() as u64;
     let per_row = steps.div_ceil(opts.max_rows.max(1) as u64).max(1);
     let free = policy.free_rescales();
     let interval = policy.interval_s();
     let window_s = policy.window_s();
     policy.restarted(0.0);
     let mut started_s = 0.0;
-    let mut window: VecDeque<crate::plant::Snapshot> = VecDeque::new();
+    let mut window: VecDeque<Snapshot> = VecDeque::new();
     window.push_back(plant.snapshot(0.0));
+    // Snapshots dropped from the window, reused to avoid an allocation per step.
+    let mut spare: Vec<Snapshot> = Vec::new();
     let mut next_decision = if free { 0.0 } else { interval };
     let mut s = PolicySummary::default();
     let mut rows = Vec::new();
@@ -135,16 +230,19 @@ pub fn replay(
     let (mut max_err, mut arrivals, mut backlog_integral) = (0.0_f64, 0.0, 0.0);
     let mut acc = RowAcc::default();
     let mut pending_steps = 0u64;
-    for k in 0..steps {
-        let t = k as f64 * step;
-        let dt = step.min(duration - t).max(1e-9);
+    // Class of the step ending at each window snapshot (Plant::step_class), aligned with
+    // `window`; the first entry's is not part of the window.
+    let mut classes: VecDeque<Option<u64>> = VecDeque::from([None]);
+    let mut cur: Vec<u32> = plant.parallelism().to_vec();
+    for k in 0..schedule.steps() {
+        let (t, dt, arr) = schedule.step(k);
         if free || t + 1e-9 >= next_decision {
             if !free {
                 while next_decision <= t + 1e-9 {
                     next_decision += interval;
                 }
             }
-            let cur = plant.parallelism().to_vec();
+            let window_key = window_key(&classes);
             let obs = Observation {
                 now_s: t,
                 model,
@@ -152,6 +250,8 @@ pub fn replay(
                 window: window.make_contiguous(),
                 started_s,
                 step_s: dt,
+                next_arrivals: arr,
+                window_key,
             };
             if let Some(mut new) = policy.decide(&obs) {
                 for (i, p) in new.iter_mut().enumerate() {
@@ -168,18 +268,20 @@ pub fn replay(
                     s.rescales += 1.0;
                     s.downtime_s += downtime;
                     started_s = t + downtime;
+                    policy.rescaled(downtime);
                     policy.restarted(started_s);
-                    window.clear();
+                    spare.extend(window.drain(..));
+                    classes.clear();
                     rescales.push(Rescale {
                         at_s: t,
-                        from: cur,
+                        from: std::mem::replace(&mut cur, new.clone()),
                         to: new,
                     });
                 }
             }
         }
-        let st: StepStats = plant.advance(t, dt);
-        let total_p: u32 = plant.parallelism().iter().sum();
+        let st: StepStats = plant.advance(t, dt, arr);
+        let total_p: u32 = cur.iter().sum();
         s.resource_hours += f64::from(total_p) * dt / 3600.0;
         if st.p99_s.is_some_and(|p| p > model.slo_s) {
             s.slo_violation_fraction += dt;
@@ -191,14 +293,21 @@ pub fn replay(
         max_err = max_err.max(st.conservation_error);
         let now = t + dt;
         if now + 1e-9 >= started_s {
-            window.push_back(plant.snapshot(now));
+            let mut snap = spare.pop().unwrap_or_else(|| Snapshot {
+                at_s: now,
+                ops: Vec::new(),
+            });
+            plant.snapshot_into(now, &mut snap);
+            window.push_back(snap);
+            classes.push_back(plant.step_class());
             while window.len() > 2 && window.front().is_some_and(|f| now - f.at_s > window_s) {
-                window.pop_front();
+                spare.extend(window.pop_front());
+                classes.pop_front();
             }
         }
         acc.add(&st, dt);
-        if (k + 1) % per_row == 0 || k + 1 == steps {
-            rows.push(acc.row(now, &st, plant.parallelism()));
+        if (k as u64 + 1).is_multiple_of(per_row) || k as u64 + 1 == steps {
+            rows.push(acc.row(now, &st, &cur));
             acc = RowAcc::default();
         }
         pending_steps += 1;
@@ -219,7 +328,23 @@ pub fn replay(
         rescales,
         max_conservation_error: max_err,
         arrivals,
+        planner_calls: policy.planner_calls(),
     }
+}
+
+/// [`Observation::window_key`](crate::policy::Observation::window_key): a hash of the classes of
+/// the steps between the window's snapshots (`classes[1..]`), when every one is known.
+fn window_key(classes: &VecDeque<Option<u64>>) -> Option<u64> {
+    use std::hash::Hasher;
+    if classes.len() < 2 {
+        return None;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for c in classes.iter().skip(1) {
+        h.write_u64((*c)?);
+    }
+    h.write_usize(classes.len());
+    Some(h.finish())
 }
 
 #[derive(Debug, Default)]
@@ -250,8 +375,21 @@ impl RowAcc {
     }
 }
 
+/// Order in which [`replay_all`] hands policies to its threads: the slowest first, so that the
+/// others fill the remaining threads meanwhile.
+const COST_ORDER: [&str; 6] = [
+    "streamscale",
+    "flink",
+    "ds2",
+    "threshold",
+    "static",
+    "oracle",
+];
+
 /// Replays every named policy (and the oracle, for `resource_vs_oracle`) and assembles the
-/// summary. Returns the runs of the named policies in the order given.
+/// summary. Returns the runs of the named policies in the order given. Policies run on
+/// `opts.threads` threads (each replay is independent and deterministic, so the results do not
+/// depend on the number of threads); `on_steps` may be called from any of them.
 ///
 /// # Errors
 /// [`crate::SimError::Model`] for an unknown policy name.
@@ -261,23 +399,64 @@ pub fn replay_all(
     opts: &ReplayOptions,
     interval_s: f64,
     window_s: f64,
-    on_steps: &mut dyn FnMut(u64),
+    on_steps: &(dyn Fn(u64) + Sync),
 ) -> Result<(crate::report::Summary, Vec<PolicyRun>), crate::SimError> {
-    let mut all: Vec<String> = names.to_vec();
-    if !all.iter().any(|n| n == "oracle") {
-        all.push("oracle".into());
+    let mut all: Vec<String> = Vec::new();
+    for n in names.iter().map(String::as_str).chain(["oracle"]) {
+        if !all.iter().any(|a| a == n) {
+            all.push(n.to_string());
+        }
     }
-    let mut runs = Vec::new();
     for name in &all {
-        let mut policy =
-            crate::policy::make_policy(name, model, interval_s, window_s).ok_or_else(|| {
-                crate::SimError::Model(format!(
-                    "--policy: unknown policy `{name}` (known: {}, all)",
-                    crate::policy::POLICIES.join(", ")
-                ))
-            })?;
-        runs.push(replay(model, policy.as_mut(), opts, on_steps));
+        if !crate::policy::POLICIES.contains(&name.as_str()) {
+            return Err(crate::SimError::Model(format!(
+                "--policy: unknown policy `{name}` (known: {}, all)",
+                crate::policy::POLICIES.join(", ")
+            )));
+        }
     }
+    let mut order: Vec<usize> = (0..all.len()).collect();
+    order.sort_by_key(|&i| COST_ORDER.iter().position(|n| *n == all[i]));
+    let schedule = Schedule::new(model, opts.step_s);
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    }
+    .clamp(1, all.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = |_| {
+        let mut done = Vec::new();
+        loop {
+            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&i) = order.get(k) else {
+                return done;
+            };
+            if let Some(mut policy) =
+                crate::policy::make_policy(&all[i], model, interval_s, window_s)
+            {
+                let run = replay_scheduled(model, &schedule, policy.as_mut(), opts, &mut |n| {
+                    on_steps(n)
+                });
+                done.push((i, run));
+            }
+        }
+    };
+    let mut slots: Vec<Option<PolicyRun>> = vec![None; all.len()];
+    let results: Vec<Vec<(usize, PolicyRun)>> = if threads == 1 {
+        vec![work(0)]
+    } else {
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..threads).map(|t| sc.spawn(move || work(t))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
+    };
+    for (i, run) in results.into_iter().flatten() {
+        slots[i] = Some(run);
+    }
+    let mut runs: Vec<PolicyRun> = slots.into_iter().flatten().collect();
     let oracle = runs
         .iter()
         .find(|r| r.name == "oracle")

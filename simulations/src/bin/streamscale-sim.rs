@@ -4,7 +4,8 @@
 //! `streamscale-sim JOB.yaml --trace FILE [--policy NAME[,NAME...]|all] [--slo SECONDS]
 //! [--report DIR] [--scale X] [--speedup N] [--gaps hold|zero] [--start S] [--end S]
 //! [--duration S] [--mode fast|event] [--step S] [--interval S] [--window S] [--seed N]
-//! [--sim-config FILE] [--downtime S] [--seconds-per-mb S] [--service OP=MEAN_US[:CV],...]`
+//! [--sim-config FILE] [--downtime S] [--seconds-per-mb S] [--service OP=MEAN_US[:CV],...]
+//! [--threads N]`
 
 use std::path::PathBuf;
 
@@ -60,10 +61,10 @@ struct Args {
     /// Step, simulated seconds (default: 1 s up to 6 h, else 10 s).
     #[arg(long)]
     step: Option<f64>,
-    /// Decision interval of streamscale, ds2 and threshold, seconds (default 15).
+    /// Metrics (decision) interval of streamscale and ds2, seconds (default 5, the operator's).
     #[arg(long)]
     interval: Option<f64>,
-    /// Metric window of streamscale and ds2, seconds (default 60).
+    /// Metric window of streamscale and ds2, seconds (default 30, the operator's).
     #[arg(long)]
     window: Option<f64>,
     /// Seed of the event-level mode.
@@ -81,6 +82,9 @@ struct Args {
     /// Service-time overrides: `op=MEAN_US[:CV],...`.
     #[arg(long)]
     service: Option<String>,
+    /// Threads to run policies on (default: the machine's available parallelism).
+    #[arg(long)]
+    threads: Option<usize>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -236,6 +240,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         step_s: step,
         seed: cfg.seed,
         max_rows: 2000,
+        threads: a.threads.unwrap_or(0),
     };
     let total_steps = (model.duration_s / step).ceil() as u64 * (names.len() as u64 + 1);
     let bar = if a.quiet || total_steps < 200_000 {
@@ -255,7 +260,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         &opts,
         cfg.interval_seconds,
         cfg.window_seconds,
-        &mut |n| {
+        &|n| {
             bar.inc(n);
         },
     )?;
