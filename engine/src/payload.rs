@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use nexmark::event::Event;
-use serde::{Deserialize, Serialize};
 
 /// The payload of a record.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -35,17 +34,17 @@ pub struct Watermark {
 }
 
 /// One output row of a query: an event time and named fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     /// Event time of the row, ms since the Unix epoch (window results: the window's end − 1,
     /// as in Flink).
     pub ts_ms: u64,
     /// Named fields, in output order.
-    pub fields: Vec<(String, Value)>,
+    pub fields: Vec<(&'static str, Value)>,
 }
 
 /// A field value of a [`Row`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// A signed integer.
     Int(i64),
@@ -57,20 +56,14 @@ pub enum Value {
 
 impl Row {
     /// A row at event time `ts_ms` with `fields`.
-    pub fn new(ts_ms: u64, fields: Vec<(&str, Value)>) -> Row {
-        Row {
-            ts_ms,
-            fields: fields
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
-        }
+    pub fn new(ts_ms: u64, fields: Vec<(&'static str, Value)>) -> Row {
+        Row { ts_ms, fields }
     }
 
     /// The integer field `name`, if present and an integer.
     pub fn int(&self, name: &str) -> Option<i64> {
         self.fields.iter().find_map(|(k, v)| match v {
-            Value::Int(i) if k == name => Some(*i),
+            Value::Int(i) if *k == name => Some(*i),
             _ => None,
         })
     }
@@ -86,7 +79,7 @@ impl Row {
                     Value::Float(f) => serde_json::Value::from(*f),
                     Value::Str(s) => serde_json::Value::from(s.as_str()),
                 };
-                (k.clone(), v)
+                (k.to_string(), v)
             })
             .collect();
         serde_json::Value::Object(map)
