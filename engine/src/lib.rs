@@ -6,6 +6,7 @@
 //! from which the job restores at any parallelism; per-subtask rates are served in Prometheus
 //! format ([`metrics`]) beside a small REST API ([`server`]).
 
+pub mod checkpoint;
 pub mod keygroup;
 pub mod metrics;
 pub mod runtime;
