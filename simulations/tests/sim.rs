@@ -111,7 +111,9 @@ fn deterministic_for_a_seed() {
 }
 
 /// The oracle uses no more parallelism-hours than any policy, on every bundled trace (each
-/// compressed to 2 simulated hours and scaled to a p99 of 150 records/s).
+/// compressed to 2 simulated hours and scaled to a p99 of 1500 records/s, so that the job
+/// needs several subtasks at its peaks), except DS2 when DS2 misses the SLO at least 10 % of
+/// the time (it sizes at ρ = 1, below what any SLO-meeting sizing can use).
 #[test]
 fn oracle_is_a_lower_bound_on_every_bundled_trace() {
     let dir = root().join("examples/traces");
@@ -132,11 +134,12 @@ fn oracle_is_a_lower_bound_on_every_bundled_trace() {
     }
     assert!(files.len() >= 10, "{files:?}");
     let names: Vec<String> = POLICIES.iter().map(|s| s.to_string()).collect();
+    let mut failures = Vec::new();
     for f in files {
         let t = Trace::from_file(&f).unwrap();
         let s = streamscale_simulations::summarize(&t, 1.0);
         let speedup = s.length_s / 7200.0;
-        let scale = 150.0 / s.p99.max(1e-9);
+        let scale = 1500.0 / s.p99.max(1e-9);
         let model =
             JobModel::new(&trace_job(&f, speedup, scale), &SimConfig::default(), None).unwrap();
         let opts = ReplayOptions {
@@ -153,17 +156,33 @@ fn oracle_is_a_lower_bound_on_every_bundled_trace() {
             "{}",
             f.display()
         );
-        let oracle_viol = summary.policies["oracle"].slo_violation_fraction;
         for (name, p) in &summary.policies {
-            // A policy may undercut the oracle only by violating the SLO more than it does.
-            assert!(
-                oracle <= p.resource_hours + 1e-9 || p.slo_violation_fraction > oracle_viol,
-                "{}: oracle {oracle} > {name} {}",
-                f.display(),
-                p.resource_hours
-            );
+            // DS2 sizes every operator at ρ = 1 (no headroom): it runs at the capacity bound
+            // and misses the SLO a fifth to a half of the time, which no SLO-meeting sizing can
+            // undercut. Checked separately below.
+            if name == "ds2" {
+                let ds2_viol = p.slo_violation_fraction;
+                if oracle > p.resource_hours + 1e-9 && ds2_viol < 0.1 {
+                    failures.push(format!(
+                        "{}: ds2 uses less than the oracle ({} < {oracle}) with only {ds2_viol:.4} SLO violation",
+                        f.display(),
+                        p.resource_hours
+                    ));
+                }
+                continue;
+            }
+            if oracle > p.resource_hours + 1e-9 {
+                failures.push(format!(
+                    "{}: oracle {oracle} > {name} {} (SLO violation {:.4} vs the oracle's {:.4})",
+                    f.display(),
+                    p.resource_hours,
+                    p.slo_violation_fraction,
+                    summary.policies["oracle"].slo_violation_fraction
+                ));
+            }
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Our policy reaches its final parallelism in one decision under stationary input, and in
@@ -184,27 +203,8 @@ fn streamscale_converges_in_one_decision() {
     let r = run(&model, "streamscale", Mode::Fast, 1.0, 1);
     let after: Vec<_> = r.rescales.iter().filter(|x| x.at_s >= 300.0).collect();
     let last = r.rows.last().unwrap().parallelism.clone();
-    assert!(!after.is_empty());
-    // The first decision after the step removes the bottleneck for good (no further
-    // scale-up, within one subtask of the final parallelism); the only later change is the
-    // delayed scale-down once the catch-up backlog is drained.
-    for (a, b) in after[0].to.iter().zip(&last) {
-        assert!(
-            a >= b && a - b <= 1,
-            "first decision after the step {:?} vs final {last:?}; all: {:?}",
-            after[0],
-            r.rescales
-        );
-    }
-    assert!(after.len() <= 2, "{:?}", r.rescales);
-    assert!(
-        after
-            .iter()
-            .skip(1)
-            .all(|x| x.to.iter().zip(&x.from).all(|(t, f)| t <= f)),
-        "{:?}",
-        r.rescales
-    );
+    assert_eq!(after.len(), 1, "{:?}", r.rescales);
+    assert_eq!(after[0].to, last, "{:?}", r.rescales);
 }
 
 /// The fast (fluid) mode agrees with the event-level mode on short windows at fixed
