@@ -1,10 +1,14 @@
-//! Planner benchmark: `plan()` on a random 200-operator DAG with a synthetic metric window.
+//! Planner benchmarks: `plan()` on a random 200-operator DAG with a synthetic metric window, and
+//! `Autoscaler::decide` on a small six-operator job (the simulator's hot path: one call per
+//! decision interval, ~318 k calls for a 55-day replay).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use streamscale_controller::model::{MetricSample, PlannerSettings, SubtaskSample, plan};
+use streamscale_controller::model::{
+    Autoscaler, GuardSettings, MetricSample, PlannerSettings, SubtaskSample, Verdict, plan,
+};
 use streamscale_engine::spec::{
     AutoscalerSpec, EdgeSpec, JobSpec, OperatorKind, OperatorSpec, RateSpec, ScalingBounds,
 };
@@ -110,17 +114,19 @@ fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
             })
         })
         .collect();
-    let spec = JobSpec {
-        name: "bench".into(),
-        max_parallelism: 128,
-        channel_capacity: 1024,
-        operators,
-        edges,
-        autoscaler: AutoscalerSpec {
-            target_utilization: 0.7,
-            latency_slo_seconds: 0.09,
-            catch_up_seconds: 30.0,
-        },
+    // Start from a parsed minimal job so fields added to JobSpec later keep their defaults.
+    let mut spec = JobSpec::from_yaml(
+        "name: bench\noperators:\n  - { name: s, kind: source, rate: { constant: 1 } }\nedges: []\n",
+    )
+    .expect("the minimal job parses");
+    spec.max_parallelism = 128;
+    spec.channel_capacity = 1024;
+    spec.operators = operators;
+    spec.edges = edges;
+    spec.autoscaler = AutoscalerSpec {
+        target_utilization: 0.7,
+        latency_slo_seconds: 0.09,
+        catch_up_seconds: 30.0,
     };
     let window = [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
         .iter()
@@ -181,5 +187,99 @@ fn bench_plan(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench_plan);
+/// The simulator's six-operator job (examples/sim/six-ops.yaml with a constant rate).
+const SIX_OPS: &str = r"
+name: six-ops
+maxParallelism: 128
+channelCapacity: 64
+operators:
+  - { name: source, kind: source, keys: 1000, rate: { constant: 100 } }
+  - { name: parse, kind: map, cpu: 300 }
+  - { name: enrich, kind: map, cpu: 20, io: 5000 }
+  - { name: spam, kind: filter, keep: 0.8, cpu: 50 }
+  - { name: counts, kind: window, sizeMs: 1000, cpu: 20, io: 1000 }
+  - { name: sink, kind: sink }
+edges:
+  - { from: source, to: parse }
+  - { from: parse, to: enrich }
+  - { from: enrich, to: spam }
+  - { from: spam, to: counts }
+  - { from: counts, to: sink }
+autoscaler: { targetUtilization: 0.7, latencySloSeconds: 1.0, catchUpSeconds: 60 }
+";
+
+/// A 60 s window of 5 scrapes 15 s apart (the simulator's defaults) for the six-operator job
+/// at `gamma` records/s with the given parallelism per operator (source first).
+fn six_ops_window(gamma: f64, par: [u32; 6], t0: f64) -> Vec<MetricSample> {
+    let names = ["source", "parse", "enrich", "spam", "counts", "sink"];
+    // Per-operator (input rate multiplier, μ per subtask, selectivity).
+    let ops = [
+        (1.0, 0.0, 1.0),
+        (1.0, 3_000.0, 1.0),
+        (1.0, 190.0, 1.0),
+        (1.0, 18_000.0, 0.8),
+        (0.8, 950.0, 0.1),
+        (0.08, 50_000.0, 0.0),
+    ];
+    (0..5)
+        .map(|k| {
+            let t = 15.0 * f64::from(k);
+            MetricSample {
+                at_seconds: t0 + t,
+                operators: names
+                    .iter()
+                    .zip(ops)
+                    .zip(par)
+                    .enumerate()
+                    .map(|(i, ((name, (m, mu, sel)), p))| {
+                        let pf = f64::from(p);
+                        let subs = (0..p)
+                            .map(|_| {
+                                if i == 0 {
+                                    SubtaskSample {
+                                        records_out: gamma * t / pf,
+                                        source_arrivals: Some(gamma * t / pf),
+                                        source_backlog: Some(0.0),
+                                        ..SubtaskSample::default()
+                                    }
+                                } else {
+                                    let rin = gamma * m * t / pf;
+                                    SubtaskSample {
+                                        records_in: rin,
+                                        records_out: rin * sel,
+                                        busy_seconds: rin / mu,
+                                        idle_seconds: (t - rin / mu).max(0.0),
+                                        ..SubtaskSample::default()
+                                    }
+                                }
+                            })
+                            .collect();
+                        ((*name).to_string(), subs)
+                    })
+                    .collect::<BTreeMap<_, _>>(),
+            }
+        })
+        .collect()
+}
+
+fn bench_decide(c: &mut Criterion) {
+    let spec = JobSpec::from_yaml(SIX_OPS).expect("the six-operator job parses");
+    // Steady: 100 rec/s on the parallelism the plan wants (enrich 1 → 1 at ρ 0.53): a hold.
+    let steady = six_ops_window(100.0, [1, 1, 1, 1, 1, 1], 1000.0);
+    // Ramp: 160 rec/s on the same parallelism: a scale-up of enrich (every call, state kept).
+    let ramp = six_ops_window(160.0, [1, 1, 1, 1, 1, 1], 1000.0);
+    let mut auto = Autoscaler::new(GuardSettings::default());
+    let hold = auto.decide(2000.0, &steady, &spec);
+    assert!(matches!(hold, Verdict::Hold { .. }), "{hold:?}");
+    let up = auto.decide(2000.0, &ramp, &spec);
+    assert!(matches!(up, Verdict::Rescale(_)), "{up:?}");
+    c.bench_function("decide_6_operator_hold", |b| {
+        b.iter(|| auto.decide(black_box(2000.0), black_box(&steady), black_box(&spec)))
+    });
+    c.bench_function("decide_6_operator_scale_up", |b| {
+        b.iter(|| auto.decide(black_box(2000.0), black_box(&ramp), black_box(&spec)))
+    });
+}
+
+criterion_group!(benches, bench_plan, bench_decide);
 criterion_main!(benches);

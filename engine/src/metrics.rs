@@ -3,8 +3,8 @@
 //! Every metric carries the labels `operator` and `subtask` (0-based index).
 
 use prometheus::{
-    CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
-    TextEncoder,
+    CounterVec, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    Opts, Registry, TextEncoder,
 };
 
 /// The engine's metric families.
@@ -36,6 +36,17 @@ pub struct EngineMetrics {
     /// `streamscale_late_records_dropped_total`: records an event-time operator dropped
     /// because every window they belong to had already fired (event time ≤ watermark).
     pub late_records_dropped: IntCounterVec,
+    /// Checkpoints (and savepoints) completed and written (counter, no labels).
+    pub checkpoints_completed: IntCounter,
+    /// Checkpoints (and savepoints) that failed: storage unwritable, timeout, job failure
+    /// (counter, no labels).
+    pub checkpoints_failed: IntCounter,
+    /// Seconds from the trigger to the written manifest of the last completed checkpoint (gauge).
+    pub checkpoint_duration: Gauge,
+    /// Bytes of state files in the last completed checkpoint (gauge).
+    pub checkpoint_size: Gauge,
+    /// In-process restarts from a checkpoint after a subtask failure (counter, no labels).
+    pub restarts: IntCounter,
 }
 
 /// Errors building the registry (only on a programming error such as a duplicate name).
@@ -115,6 +126,31 @@ impl EngineMetrics {
             "streamscale_late_records_dropped_total",
             "Records dropped by an event-time operator because they arrived after the watermark closed their windows.",
         )?;
+        let checkpoints_completed = IntCounter::new(
+            "streamscale_checkpoints_completed_total",
+            "Checkpoints and savepoints completed and written.",
+        )?;
+        let checkpoints_failed = IntCounter::new(
+            "streamscale_checkpoints_failed_total",
+            "Checkpoints and savepoints that failed (storage, timeout, job failure).",
+        )?;
+        let checkpoint_duration = Gauge::new(
+            "streamscale_last_checkpoint_duration_seconds",
+            "Seconds from trigger to written manifest of the last completed checkpoint.",
+        )?;
+        let checkpoint_size = Gauge::new(
+            "streamscale_last_checkpoint_size_bytes",
+            "Bytes of state files in the last completed checkpoint.",
+        )?;
+        let restarts = IntCounter::new(
+            "streamscale_job_restarts_total",
+            "In-process restarts from a checkpoint after a subtask failure.",
+        )?;
+        registry.register(Box::new(checkpoints_completed.clone()))?;
+        registry.register(Box::new(checkpoints_failed.clone()))?;
+        registry.register(Box::new(checkpoint_duration.clone()))?;
+        registry.register(Box::new(checkpoint_size.clone()))?;
+        registry.register(Box::new(restarts.clone()))?;
         Ok(EngineMetrics {
             registry,
             records_in,
@@ -129,6 +165,11 @@ impl EngineMetrics {
             sink_latency,
             sink_accounted,
             late_records_dropped,
+            checkpoints_completed,
+            checkpoints_failed,
+            checkpoint_duration,
+            checkpoint_size,
+            restarts,
         })
     }
 

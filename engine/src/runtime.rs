@@ -1,17 +1,19 @@
 //! The job runtime: one OS thread per subtask, bounded channels between operators.
 //!
-//! Channels: an operator whose input is keyed (a window) has one bounded input queue per
-//! subtask, and upstream subtasks route each record to the subtask owning its key group. Every
-//! other operator has one bounded queue shared by all its subtasks (any idle subtask takes the
-//! next record: a c-server queue). A full queue blocks the sender; that time is counted as the
-//! sender's backpressured time.
+//! Channels: every non-source subtask has one bounded input queue of [`Message`]s tagged with
+//! their input channel (one per upstream subtask). A keyed input (a window) receives the
+//! records of the key groups its subtask owns; other inputs are rebalanced over the
+//! downstream subtasks' queues (first with room, round-robin start). A full queue blocks the
+//! sender; that time is counted as the sender's backpressured time. Checkpoint barriers and
+//! their alignment are described in [`crate::checkpoint`].
 //!
-//! Stop: sources stop emitting and exit, which closes their output channels; each operator
-//! drains its input, then exits and closes its own outputs, so when every thread has returned
-//! no record is in flight (a drained stop; aligned barriers come later). Each subtask hands back
-//! its keyed state, and the job assembles a [`Savepoint`].
+//! Stop: a stop-with-savepoint is a barrier with a stop flag ([`Job::trigger`]). A bounded
+//! source that reached its count sends `End` on every channel; a subtask whose channels have
+//! all ended fires its open windows, sends `End` and exits, and the job [`Job::join`]s into a
+//! final [`Savepoint`]. A failed subtask (an error or a panic) stops the sources; the rest
+//! exit as their inputs close.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::sync::Arc;
@@ -19,8 +21,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError, bounded};
+use crossbeam_channel::{
+    Receiver, RecvTimeoutError, Select, Sender, TryRecvError, TrySendError, bounded,
+};
 
+use crate::checkpoint::barrier::{Aligner, Barrier, BarrierKind, Event, Message};
+use crate::checkpoint::coordinator::{Ack, Coordinator, Failed, JobContext, Outcome, Target};
+use crate::checkpoint::gate::{Claim, SourceGate};
+use crate::checkpoint::storage::CheckpointStorage;
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
 use crate::metrics::EngineMetrics;
 use crate::nexmark::source::NexmarkGenerator;
@@ -88,6 +96,23 @@ pub struct RuntimeOptions {
     pub metrics_enabled: bool,
     /// How often a subtask flushes its local counters to the metric registry.
     pub flush_interval: Duration,
+    /// Where periodic checkpoints go. `None`: no periodic checkpoints (savepoints still work).
+    /// The interval, timeout and retention come from the spec's `checkpoint` section.
+    pub checkpoint_storage: Option<Arc<CheckpointStorage>>,
+    /// Fault injection for recovery tests: panic once per process in this operator on the
+    /// record with this sequence number.
+    pub panic_at: Option<PanicAt>,
+}
+
+/// A one-time injected panic (for recovery tests).
+#[derive(Debug, Clone)]
+pub struct PanicAt {
+    /// Operator whose subtask panics.
+    pub operator: String,
+    /// Sequence number of the record on which it panics.
+    pub seq: u64,
+    /// Set when the panic happened; it happens at most once.
+    pub fired: Arc<AtomicBool>,
 }
 
 impl Default for RuntimeOptions {
@@ -95,6 +120,8 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             metrics_enabled: true,
             flush_interval: Duration::from_millis(100),
+            checkpoint_storage: None,
+            panic_at: None,
         }
     }
 }
@@ -111,9 +138,9 @@ pub enum StopKind {
 /// Shared control flags of one job.
 #[derive(Debug, Default)]
 struct Control {
+    /// Sources stop at once (failure, or an abandoned job); nothing is snapshotted.
     stop: AtomicBool,
-    drain: AtomicBool,
-    failed: AtomicBool,
+    failed: Arc<AtomicBool>,
 }
 
 /// Per-operator live counters, for `/v1/job`.
@@ -154,8 +181,9 @@ pub struct Job {
     control: Arc<Control>,
     handles: Vec<JoinHandle<SubtaskResult>>,
     counters: BTreeMap<String, Arc<LiveCounters>>,
-    source_emitted: BTreeMap<String, Arc<AtomicU64>>,
+    gates: BTreeMap<String, Arc<SourceGate>>,
     job_started_unix_ms: u64,
+    coordinator: Option<Coordinator>,
 }
 
 /// The outcome of a job whose threads have all returned.
@@ -173,20 +201,37 @@ fn now_unix_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Output of one subtask: one router per downstream operator.
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_unix_ms() -> u64 {
+    now_unix_us() / 1000
+}
+
+/// Output of one subtask: one route per downstream operator.
 struct Outputs {
     routes: Vec<Route>,
     max_parallelism: u32,
 }
 
-enum Route {
-    Shared(Sender<Record>),
-    /// One queue per downstream subtask; the function gives the key that picks the subtask.
-    Keyed(Vec<Sender<Record>>, fn(&Record) -> u64),
+/// One subtask's input queue (both ends).
+type Queue = (Sender<Message>, Receiver<Message>);
+
+/// The input queues of one downstream operator's subtasks, as seen by one upstream subtask.
+struct Route {
+    txs: Vec<Sender<Message>>,
+    /// This subtask's input-channel index at every downstream subtask.
+    channel: u32,
+    /// Route by key group (else rebalance).
+    keyed: bool,
+    /// The key that picks the key group of a record (keyed routes).
+    key_of: fn(&Record) -> u64,
+    /// Rebalance: where the next search for room starts.
+    next: usize,
 }
 
 /// Time and count accumulators of a subtask, flushed to the registry periodically.
 struct Meter {
+    /// Exact counts since this run started, reported with each barrier.
+    totals: OperatorCounters,
     enabled: bool,
     records_in: u64,
     records_out: u64,
@@ -271,56 +316,94 @@ impl Meter {
 
 impl Outputs {
     /// Sends `rec` to every downstream operator; returns false if a receiver is gone.
-    fn send(&self, rec: Record, meter: &mut Meter) -> bool {
+    fn send(&mut self, rec: Record, meter: &mut Meter) -> bool {
         if rec.payload.is_watermark() {
-            return self.broadcast(&rec, meter);
+            // Watermarks go to every downstream subtask and are not counted as records.
+            return self.broadcast(Event::Data(rec), meter);
         }
-        for route in &self.routes {
-            let tx = match route {
-                Route::Shared(tx) => tx,
-                Route::Keyed(txs, key_of) => {
-                    let kg = key_group(key_of(&rec), self.max_parallelism);
-                    let i = subtask_for_key_group(kg, txs.len() as u32, self.max_parallelism);
-                    &txs[i]
-                }
+        for route in &mut self.routes {
+            let key = (route.key_of)(&rec);
+            let msg = Message {
+                channel: route.channel,
+                event: Event::Data(rec.clone()),
             };
-            match tx.try_send(rec.clone()) {
-                Ok(()) => {}
-                Err(TrySendError::Full(rec)) => {
-                    let t = Instant::now();
-                    let ok = tx.send(rec).is_ok();
-                    meter.backpressured += t.elapsed();
-                    if !ok {
-                        return false;
-                    }
-                }
-                Err(TrySendError::Disconnected(_)) => return false,
+            let ok = if route.keyed {
+                let kg = key_group(key, self.max_parallelism);
+                let i = subtask_for_key_group(kg, route.txs.len() as u32, self.max_parallelism);
+                send_one(&route.txs[i], msg, meter)
+            } else {
+                rebalance(route, msg, meter)
+            };
+            if !ok {
+                return false;
             }
             meter.records_out += 1;
+            meter.totals.records_out += 1;
         }
         true
     }
 
-    /// Sends a watermark to every downstream subtask (not counted as a record).
-    fn broadcast(&self, rec: &Record, meter: &mut Meter) -> bool {
+    /// Sends `event` (a barrier or the end) on every output channel, in order after every
+    /// record sent before; returns false if a receiver is gone.
+    fn broadcast(&mut self, event: Event, meter: &mut Meter) -> bool {
         for route in &self.routes {
-            let txs = match route {
-                Route::Shared(tx) => std::slice::from_ref(tx),
-                Route::Keyed(txs, _) => txs.as_slice(),
-            };
-            for tx in txs {
-                if tx.try_send(rec.clone()).is_err() {
-                    let t = Instant::now();
-                    let ok = tx.send(rec.clone()).is_ok();
-                    meter.backpressured += t.elapsed();
-                    if !ok {
-                        return false;
-                    }
+            for tx in &route.txs {
+                let msg = Message {
+                    channel: route.channel,
+                    event: event.clone(),
+                };
+                if !send_one(tx, msg, meter) {
+                    return false;
                 }
             }
         }
         true
     }
+}
+
+/// Sends on one queue, timing a wait for room as backpressure.
+fn send_one(tx: &Sender<Message>, msg: Message, meter: &mut Meter) -> bool {
+    match tx.try_send(msg) {
+        Ok(()) => true,
+        Err(TrySendError::Full(msg)) => {
+            let t = Instant::now();
+            let ok = tx.send(msg).is_ok();
+            meter.backpressured += t.elapsed();
+            ok
+        }
+        Err(TrySendError::Disconnected(_)) => false,
+    }
+}
+
+/// Puts `msg` in the first downstream queue with room (round-robin start); when all are
+/// full, waits for the first to have room.
+fn rebalance(route: &mut Route, mut msg: Message, meter: &mut Meter) -> bool {
+    let n = route.txs.len();
+    if n == 1 {
+        return send_one(&route.txs[0], msg, meter);
+    }
+    for k in 0..n {
+        let i = (route.next + k) % n;
+        match route.txs[i].try_send(msg) {
+            Ok(()) => {
+                route.next = (i + 1) % n;
+                return true;
+            }
+            Err(TrySendError::Full(m)) => msg = m,
+            Err(TrySendError::Disconnected(_)) => return false,
+        }
+    }
+    let t = Instant::now();
+    let mut sel = Select::new();
+    for tx in &route.txs {
+        sel.send(tx);
+    }
+    let oper = sel.select();
+    let i = oper.index();
+    let ok = oper.send(&route.txs[i], msg).is_ok();
+    route.next = (i + 1) % n;
+    meter.backpressured += t.elapsed();
+    ok
 }
 
 /// Spends `cpu_us` of real computation; returns a value so the work is not optimized away.
@@ -391,39 +474,48 @@ impl Job {
             }
         }
 
-        // Input channels of every non-source operator.
-        enum Inputs {
-            Shared(Sender<Record>, Receiver<Record>),
-            Keyed(Vec<(Sender<Record>, Receiver<Record>)>),
-        }
-        let mut inputs: BTreeMap<String, Inputs> = BTreeMap::new();
+        // One input queue per non-source subtask; input channels are numbered per upstream
+        // subtask (upstream operators in edge order).
+        let mut inputs: BTreeMap<String, Vec<Queue>> = BTreeMap::new();
+        let mut channels: BTreeMap<String, usize> = BTreeMap::new();
         for op in &spec.operators {
             if matches!(op.kind, OperatorKind::Source { .. }) {
                 continue;
             }
             let cap = spec.channel_capacity;
-            let inp = if op.kind.partitioned_input() {
-                Inputs::Keyed((0..op.parallelism).map(|_| bounded(cap)).collect())
-            } else {
-                let (tx, rx) = bounded(cap);
-                Inputs::Shared(tx, rx)
-            };
-            inputs.insert(op.name.clone(), inp);
+            inputs.insert(
+                op.name.clone(),
+                (0..op.parallelism).map(|_| bounded(cap)).collect(),
+            );
+            let n: u32 = spec
+                .inputs_of(&op.name)
+                .iter()
+                .filter_map(|u| spec.operator(u))
+                .map(|u| u.parallelism)
+                .sum();
+            channels.insert(op.name.clone(), n as usize);
         }
-        let outputs_of = |name: &str| -> Outputs {
+        let outputs_of = |name: &str, index: u32| -> Outputs {
             let routes = spec
                 .outputs_of(name)
                 .into_iter()
-                .filter_map(|to| match inputs.get(to) {
-                    Some(Inputs::Shared(tx, _)) => Some(Route::Shared(tx.clone())),
-                    Some(Inputs::Keyed(chs)) => Some(Route::Keyed(
-                        chs.iter().map(|(tx, _)| tx.clone()).collect(),
-                        spec.operator(to)
-                            .map_or(crate::nexmark::queries::key_record, |o| {
-                                key_selector(&o.kind)
-                            }),
-                    )),
-                    None => None,
+                .filter_map(|to| {
+                    let queues = inputs.get(to)?;
+                    let down = spec.operator(to)?;
+                    let offset: u32 = spec
+                        .inputs_of(to)
+                        .iter()
+                        .take_while(|u| **u != name)
+                        .filter_map(|u| spec.operator(u))
+                        .map(|u| u.parallelism)
+                        .sum();
+                    Some(Route {
+                        txs: queues.iter().map(|(tx, _)| tx.clone()).collect(),
+                        channel: offset + index,
+                        keyed: down.kind.is_keyed(),
+                        key_of: key_selector(&down.kind),
+                        next: index as usize,
+                    })
                 })
                 .collect();
             Outputs {
@@ -431,7 +523,7 @@ impl Job {
                 max_parallelism: k,
             }
         };
-
+        let (ack_tx, ack_rx) = crossbeam_channel::unbounded::<Ack>();
         // Job-wide channel number of each operator's first subtask (watermark senders).
         let mut channel_base = BTreeMap::new();
         let mut next_channel = 0u32;
@@ -439,10 +531,12 @@ impl Job {
             channel_base.insert(op.name.clone(), next_channel);
             next_channel += op.parallelism;
         }
+
         let mut counters = BTreeMap::new();
-        let mut source_emitted = BTreeMap::new();
+        let mut gates = BTreeMap::new();
         let mut handles = Vec::new();
         let mut spawn_failed = None;
+        let mut subtasks = 0;
         // Start downstream first so receivers are ready; order does not matter for correctness.
         for name in order.iter().rev() {
             let Some(op) = spec.operator(name) else {
@@ -458,37 +552,21 @@ impl Job {
                 .store(restored.records_out, Ordering::Relaxed);
             live.accounted.store(restored.accounted, Ordering::Relaxed);
             live.filtered.store(restored.filtered, Ordering::Relaxed);
-            if options.metrics_enabled {
-                let l = [name.as_str(), "0"];
-                metrics
-                    .records_in
-                    .with_label_values(&l)
-                    .inc_by(restored.records_in);
-                metrics
-                    .records_out
-                    .with_label_values(&l)
-                    .inc_by(restored.records_out);
-                if matches!(op.kind, OperatorKind::Sink { .. }) {
-                    metrics
-                        .sink_accounted
-                        .with_label_values(&l)
-                        .inc_by(restored.accounted);
-                }
-            }
             counters.insert(name.clone(), live.clone());
-            let emitted = Arc::new(AtomicU64::new(
+            let gate = Arc::new(SourceGate::new(
                 restore
                     .and_then(|s| s.metadata.sources.get(name))
                     .map_or(0, |p| p.emitted),
             ));
             if matches!(op.kind, OperatorKind::Source { .. }) {
-                source_emitted.insert(name.clone(), emitted.clone());
+                gates.insert(name.clone(), gate.clone());
             }
             let sink_file = sink_files.remove(name);
             let shared_sink: Option<SinkWriter> =
                 sink_file.map(|f| Arc::new(std::sync::Mutex::new(BufWriter::new(f))));
             for index in 0..op.parallelism {
                 let meter = Meter {
+                    totals: OperatorCounters::default(),
                     enabled: options.metrics_enabled,
                     records_in: 0,
                     records_out: 0,
@@ -518,7 +596,9 @@ impl Job {
                     io_us: op.io,
                     control: control.clone(),
                     meter,
-                    outputs: outputs_of(name),
+                    outputs: outputs_of(name, index),
+                    acks: ack_tx.clone(),
+                    panic_at: options.panic_at.clone().filter(|p| p.operator == *name),
                     channel: channel_base.get(name).copied().unwrap_or(0) + index,
                 };
                 let body: Box<dyn FnOnce() -> SubtaskResult + Send> = match &op.kind {
@@ -533,7 +613,7 @@ impl Job {
                                 .as_ref()
                                 .map(|n| NexmarkGenerator::new(n, ctx.channel)),
                             rate: rates[name].clone(),
-                            emitted: emitted.clone(),
+                            gate: gate.clone(),
                             keys: *keys,
                             limit: *count,
                             job_started_unix_ms,
@@ -542,12 +622,12 @@ impl Job {
                         Box::new(move || source.run(ctx))
                     }
                     kind => {
-                        let rx = match inputs.get(name) {
-                            Some(Inputs::Shared(_, rx)) => rx.clone(),
-                            Some(Inputs::Keyed(chs)) => chs[index as usize].1.clone(),
-                            None => {
-                                return Err(RuntimeError::Graph(format!("no input for {name}")));
-                            }
+                        let Some(rx) = inputs
+                            .get(name)
+                            .and_then(|q| q.get(index as usize))
+                            .map(|(_, rx)| rx.clone())
+                        else {
+                            return Err(RuntimeError::Graph(format!("no input for {name}")));
                         };
                         let restored_state = || {
                             let range = key_group_range(index, op.parallelism, k);
@@ -556,15 +636,9 @@ impl Job {
                                 .map(|s| s.slice(range))
                                 .unwrap_or_default()
                         };
-                        let upstream: u32 = spec
-                            .inputs_of(name)
-                            .iter()
-                            .filter_map(|i| spec.operator(i))
-                            .map(|o| o.parallelism)
-                            .sum();
                         let stage = EventTimeStage::for_kind(
                             kind,
-                            upstream as usize,
+                            channels.get(name).copied().unwrap_or(0),
                             ctx.channel,
                             k,
                             restored_state(),
@@ -583,15 +657,42 @@ impl Job {
                             },
                             None => Behaviour::for_kind(kind, restored_state, shared_sink.clone()),
                         };
-                        let task = OperatorTask { rx, behaviour };
+                        let task = OperatorTask {
+                            rx,
+                            behaviour,
+                            aligner: Aligner::new(channels.get(name).copied().unwrap_or(0)),
+                        };
                         Box::new(move || task.run(ctx))
                     }
                 };
+                let guard_control = control.clone();
+                let (op_name, label) = (name.clone(), format!("{name}-{index}"));
+                let guarded =
+                    move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                        Ok(r) => r,
+                        Err(panic) => {
+                            let what = panic
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default();
+                            guard_control.failed.store(true, Ordering::SeqCst);
+                            guard_control.stop.store(true, Ordering::SeqCst);
+                            SubtaskResult {
+                                operator: op_name,
+                                state: None,
+                                error: Some(format!("{label} panicked: {what}")),
+                            }
+                        }
+                    };
                 match std::thread::Builder::new()
                     .name(format!("{name}-{index}"))
-                    .spawn(body)
+                    .spawn(guarded)
                 {
-                    Ok(h) => handles.push(h),
+                    Ok(h) => {
+                        handles.push(h);
+                        subtasks += 1;
+                    }
                     Err(e) => {
                         spawn_failed = Some(e);
                         break;
@@ -604,13 +705,66 @@ impl Job {
         }
         // Drop the runtime's own senders so channels close when upstream subtasks exit.
         drop(inputs);
+        drop(ack_tx);
+        let storage = options.checkpoint_storage.clone();
+        let first_id = storage.as_ref().map_or(1, |s| s.next_id()).max(
+            restore
+                .and_then(|s| s.metadata.checkpoint_id)
+                .map_or(1, |c| c + 1),
+        );
+        let base_counters = spec
+            .operators
+            .iter()
+            .map(|o| {
+                (
+                    o.name.clone(),
+                    restore
+                        .and_then(|s| s.metadata.counters.get(&o.name).copied())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect();
+        let coordinator = if spawn_failed.is_none() {
+            let context = JobContext {
+                spec: spec.clone(),
+                gates: gates.iter().map(|(n, g)| (n.clone(), g.clone())).collect(),
+                subtasks,
+                base_counters,
+                job_started_unix_ms,
+                failed: control.failed.clone(),
+                metrics: metrics.clone(),
+                interval: spec
+                    .checkpoint
+                    .as_ref()
+                    .filter(|_| storage.is_some())
+                    .map(|c| Duration::from_secs_f64(c.interval_seconds)),
+                timeout: spec
+                    .checkpoint
+                    .as_ref()
+                    .map_or(Duration::from_secs(60), |c| {
+                        Duration::from_secs_f64(c.timeout_seconds)
+                    }),
+                storage,
+                first_id,
+            };
+            match Coordinator::start(context, ack_rx) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    spawn_failed = Some(e);
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let job = Job {
             spec,
             control,
             handles,
             counters,
-            source_emitted,
+            gates,
             job_started_unix_ms,
+            coordinator,
         };
         if let Some(e) = spawn_failed {
             job.control.stop.store(true, Ordering::SeqCst);
@@ -639,11 +793,42 @@ impl Job {
         self.job_started_unix_ms
     }
 
-    /// Asks sources to stop; operators drain and exit. `Drain` also fires open windows.
-    pub fn request_stop(&self, kind: StopKind) {
-        self.control
-            .drain
-            .store(kind == StopKind::Drain, Ordering::SeqCst);
+    /// Triggers a checkpoint barrier of `kind` whose snapshot is written to `target`; the
+    /// outcome (location and manifest, or the reason with the file) arrives on the returned
+    /// channel once every subtask acknowledged the barrier and the snapshot is written.
+    /// [`BarrierKind::Stop`] makes every subtask exit after the barrier; [`Job::join`] then.
+    pub fn trigger(&self, kind: BarrierKind, target: Target) -> Receiver<Outcome> {
+        match &self.coordinator {
+            Some(c) => c.trigger(kind, target),
+            None => {
+                let (tx, rx) = bounded(1);
+                let _ = tx.send(Err(Failed {
+                    id: None,
+                    reason: "the job has no checkpoint coordinator".into(),
+                    snapshot: None,
+                }));
+                rx
+            }
+        }
+    }
+
+    /// Stop-with-savepoint into `dir` (a barrier with the stop flag), as [`Job::trigger`].
+    pub fn stop_with_savepoint(
+        &self,
+        kind: StopKind,
+        dir: std::path::PathBuf,
+    ) -> Receiver<Outcome> {
+        self.trigger(
+            BarrierKind::Stop {
+                drain: kind == StopKind::Drain,
+            },
+            Target::Savepoint(dir),
+        )
+    }
+
+    /// Stops the sources at once without a snapshot (on failure or shutdown); operators exit
+    /// as their inputs close.
+    pub fn cancel(&self) {
         self.control.stop.store(true, Ordering::SeqCst);
     }
 
@@ -658,7 +843,10 @@ impl Job {
     }
 
     /// Waits for every subtask and assembles the final savepoint contents (not yet written).
-    pub fn join(self) -> Finished {
+    pub fn join(mut self) -> Finished {
+        if let Some(mut c) = self.coordinator.take() {
+            c.shutdown();
+        }
         let mut state: BTreeMap<String, KeyedState> = BTreeMap::new();
         let mut errors = Vec::new();
         for h in self.handles {
@@ -683,13 +871,13 @@ impl Job {
             .map(|(k, v)| (k.clone(), v.snapshot()))
             .collect();
         let sources = self
-            .source_emitted
+            .gates
             .iter()
-            .map(|(k, v)| {
+            .map(|(k, g)| {
                 (
                     k.clone(),
                     SourcePosition {
-                        emitted: v.load(Ordering::SeqCst),
+                        emitted: g.emitted(),
                     },
                 )
             })
@@ -705,6 +893,8 @@ impl Job {
             sources,
             counters,
             files: Vec::new(),
+            checkpoint_id: None,
+            key_groups: BTreeMap::new(),
         };
         Finished {
             savepoint: Savepoint { metadata, state },
@@ -723,11 +913,24 @@ struct SubtaskContext {
     control: Arc<Control>,
     meter: Meter,
     outputs: Outputs,
+    acks: Sender<Ack>,
+    panic_at: Option<PanicAt>,
     /// Job-wide channel number of this subtask (identifies its watermarks downstream).
     channel: u32,
 }
 
 impl SubtaskContext {
+    /// Acknowledges barrier `b` to the coordinator with this subtask's snapshot.
+    fn ack(&self, b: Barrier, state: Option<KeyedState>) {
+        let _ = self.acks.send(Ack {
+            checkpoint: b.id,
+            operator: self.operator.clone(),
+            subtask: self.index,
+            state,
+            counters: self.meter.totals,
+        });
+    }
+
     fn result(self, state: Option<KeyedState>, error: Option<String>) -> SubtaskResult {
         if error.is_some() {
             self.control.failed.store(true, Ordering::SeqCst);
@@ -745,7 +948,7 @@ struct SourceTask {
     /// Nexmark sources: the event generator (else synthetic keyed records).
     nexmark: Option<NexmarkGenerator>,
     rate: Arc<RateFunction>,
-    emitted: Arc<AtomicU64>,
+    gate: Arc<SourceGate>,
     keys: u64,
     limit: Option<u64>,
     job_started_unix_ms: u64,
@@ -790,6 +993,7 @@ impl SourceTask {
         let mut arrivals_reported = 0.0;
         let mut last_gauges = Instant::now() - Duration::from_secs(1);
         let limit = self.limit.unwrap_or(u64::MAX);
+        let mut last_injected = 0;
         loop {
             if ctx.control.stop.load(Ordering::Relaxed) {
                 break;
@@ -806,7 +1010,7 @@ impl SourceTask {
                         .inc_by(share - arrivals_reported);
                     arrivals_reported = share;
                 }
-                let backlog = due.saturating_sub(self.emitted.load(Ordering::Relaxed)) as f64;
+                let backlog = due.saturating_sub(self.gate.emitted()) as f64;
                 metrics
                     .source_backlog
                     .with_label_values(&l)
@@ -817,51 +1021,58 @@ impl SourceTask {
                     .set(self.rate.rate(now) / p);
                 last_gauges = Instant::now();
             }
-            // Claim a batch of sequence numbers that are due.
-            let mut start = self.emitted.load(Ordering::SeqCst);
-            let claimed = loop {
-                if start >= due {
-                    break 0;
-                }
-                let n = (due - start).min(SOURCE_BATCH);
-                match self.emitted.compare_exchange(
-                    start,
-                    start + n,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                ) {
-                    Ok(_) => break n,
-                    Err(actual) => start = actual,
-                }
-            };
-            if claimed == 0 {
-                let watermark = self.nexmark.as_mut().and_then(|g| {
-                    if start >= limit {
-                        g.end()
-                    } else {
-                        g.idle(start)
+            // Inject a pending barrier, or claim a batch of sequence numbers that are due.
+            let (start, claimed) = match self.gate.claim(last_injected, due, limit, SOURCE_BATCH) {
+                Claim::Inject(b) => {
+                    last_injected = b.id;
+                    if !ctx.outputs.broadcast(Event::Barrier(b), &mut ctx.meter) {
+                        let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+                        ctx.meter.flush(0);
+                        return ctx.result(None, Some(err));
                     }
-                });
-                if let Some(wm) = watermark
-                    && !ctx.outputs.send(wm, &mut ctx.meter)
-                {
-                    let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
-                    ctx.meter.flush(0);
-                    return ctx.result(None, Some(err));
+                    ctx.ack(b, None);
+                    if b.stops() {
+                        break;
+                    }
+                    continue;
                 }
-                if start >= limit {
+                Claim::Finished => {
+                    let last = self.nexmark.as_mut().and_then(NexmarkGenerator::end);
+                    if let Some(wm) = last
+                        && !ctx.outputs.send(wm, &mut ctx.meter)
+                    {
+                        let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+                        ctx.meter.flush(0);
+                        return ctx.result(None, Some(err));
+                    }
+                    if !ctx.outputs.broadcast(Event::End, &mut ctx.meter) {
+                        let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+                        ctx.meter.flush(0);
+                        return ctx.result(None, Some(err));
+                    }
                     break;
                 }
-                ctx.meter.check(|| 0);
-                let t = ctx.meter.now();
-                std::thread::sleep(Duration::from_micros(500));
-                if let Some(t) = t {
-                    ctx.meter.idle += t.elapsed();
+                Claim::Idle => {
+                    let next = self.gate.emitted();
+                    if let Some(wm) = self.nexmark.as_mut().and_then(|g| g.idle(next))
+                        && !ctx.outputs.send(wm, &mut ctx.meter)
+                    {
+                        let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+                        ctx.meter.flush(0);
+                        return ctx.result(None, Some(err));
+                    }
+                    ctx.meter.check(|| 0);
+                    let t = ctx.meter.now();
+                    std::thread::sleep(Duration::from_micros(500));
+                    if let Some(t) = t {
+                        ctx.meter.idle += t.elapsed();
+                    }
+                    continue;
                 }
-                continue;
-            }
+                Claim::Batch { start, n } => (start, n),
+            };
             // Records in a backlog arrived earlier than now: stamp their true arrival time.
-            let behind = due - start;
+            let behind = due.saturating_sub(start);
             let created_us = if behind > SOURCE_BATCH {
                 ((self.arrival_wall(start, now) * 1e6) as u64)
                     .saturating_add(self.job_started_unix_ms * 1000)
@@ -905,7 +1116,7 @@ impl SourceTask {
         ctx.meter.flush(0);
         if ctx.meter.enabled {
             let backlog = self.rate.cumulative(self.wall()).floor().min(limit as f64) as u64;
-            let backlog = backlog.saturating_sub(self.emitted.load(Ordering::Relaxed)) as f64;
+            let backlog = backlog.saturating_sub(self.gate.emitted()) as f64;
             metrics
                 .source_backlog
                 .with_label_values(&l)
@@ -973,71 +1184,110 @@ impl Behaviour {
 }
 
 struct OperatorTask {
-    rx: Receiver<Record>,
+    rx: Receiver<Message>,
     behaviour: Behaviour,
+    aligner: Aligner,
 }
 
 impl OperatorTask {
     fn run(mut self, mut ctx: SubtaskContext) -> SubtaskResult {
         let tick = Duration::from_millis(10);
         let mut error = None;
+        // Messages of channels held back during an alignment, and those to process again
+        // (before the queue) once it completed.
+        let mut stash: VecDeque<Message> = VecDeque::new();
+        let mut replay: VecDeque<Message> = VecDeque::new();
+        let mut natural_end = false;
+        let closed =
+            |ctx: &SubtaskContext| format!("{}-{}: downstream closed", ctx.operator, ctx.index);
         loop {
-            let received = match self.rx.try_recv() {
-                Ok(rec) => Ok(rec),
-                Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
-                Err(TryRecvError::Empty) => {
-                    // About to wait for input: flush, then time the wait as idle.
-                    ctx.meter.check(|| 0);
-                    if let Behaviour::Sink { clock_uses, .. } = &mut self.behaviour {
-                        *clock_uses = 0; // the cached clock goes stale while waiting
+            let received = if let Some(m) = replay.pop_front() {
+                Ok(m)
+            } else {
+                match self.rx.try_recv() {
+                    Ok(m) => Ok(m),
+                    Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                    Err(TryRecvError::Empty) => {
+                        // About to wait for input: flush, then time the wait as idle.
+                        ctx.meter.check(|| 0);
+                        if let Behaviour::Sink { clock_uses, .. } = &mut self.behaviour {
+                            *clock_uses = 0; // the cached clock goes stale while waiting
+                        }
+                        let t = ctx.meter.now();
+                        let r = self.rx.recv_timeout(tick);
+                        if let Some(t) = t {
+                            ctx.meter.idle += t.elapsed();
+                        }
+                        r
                     }
-                    let t = ctx.meter.now();
-                    let r = self.rx.recv_timeout(tick);
-                    if let Some(t) = t {
-                        ctx.meter.idle += t.elapsed();
-                    }
-                    r
                 }
             };
-            match received {
-                Ok(rec) => {
-                    if !rec.payload.is_watermark() {
-                        ctx.meter.records_in += 1;
-                    }
-                    if !self.process(rec, &mut ctx) {
-                        error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
-                        break;
-                    }
-                    let rx = &self.rx;
-                    ctx.meter.tick(|| rx.len());
-                }
+            let msg = match received {
+                Ok(m) => m,
                 Err(RecvTimeoutError::Timeout) => {
                     if !self.fire_due_windows(&mut ctx, false) {
-                        error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
+                        error = Some(closed(&ctx));
                         break;
                     }
                     continue;
                 }
+                // Every sender is gone without `End`: an upstream failure or cancellation.
                 Err(RecvTimeoutError::Disconnected) => break,
+            };
+            if self.aligner.is_blocked(msg.channel) {
+                stash.push_back(msg);
+                continue;
+            }
+            let aligned = match msg.event {
+                Event::Data(rec) => {
+                    if !rec.payload.is_watermark() {
+                        ctx.meter.records_in += 1;
+                        ctx.meter.totals.records_in += 1;
+                    }
+                    if !self.process(rec, &mut ctx) {
+                        error = Some(closed(&ctx));
+                        break;
+                    }
+                    let rx = &self.rx;
+                    ctx.meter.tick(|| rx.len());
+                    None
+                }
+                Event::Barrier(b) => self.aligner.on_barrier(msg.channel, b),
+                Event::End => {
+                    let aligned = self.aligner.on_end(msg.channel);
+                    natural_end = self.aligner.all_ended();
+                    aligned
+                }
+            };
+            if let Some(b) = aligned {
+                if !self.on_aligned(b, &mut ctx) {
+                    error = Some(closed(&ctx));
+                    break;
+                }
+                stash.append(&mut replay);
+                std::mem::swap(&mut stash, &mut replay);
+                if b.stops() {
+                    break;
+                }
+            }
+            if natural_end {
+                break;
             }
             if self.window_due() && !self.fire_due_windows(&mut ctx, false) {
-                error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
+                error = Some(closed(&ctx));
                 break;
             }
         }
-        // Fire every open pane before closing the outputs when draining, or when the inputs
-        // ended on their own (bounded sources finished): the job is complete.
-        let natural_end = !ctx.control.stop.load(Ordering::SeqCst);
+        // The inputs ended on their own (bounded sources finished): fire every open pane and
+        // pass the end on; the job is complete.
         if error.is_none()
-            && (natural_end || ctx.control.drain.load(Ordering::SeqCst))
-            && !self.fire_due_windows(&mut ctx, true)
+            && natural_end
+            && (!self.fire_due_windows(&mut ctx, true)
+                || !ctx.outputs.broadcast(Event::End, &mut ctx.meter))
         {
-            error = Some(format!("{}-{}: downstream closed", ctx.operator, ctx.index));
+            error = Some(closed(&ctx));
         }
-        if let Behaviour::Sink { file: Some(f), .. } = &self.behaviour
-            && let Ok(mut w) = f.lock()
-            && let Err(e) = w.flush()
-        {
+        if let Err(e) = self.flush_sink() {
             error = Some(format!(
                 "{}-{}: cannot write sink output: {e}",
                 ctx.operator, ctx.index
@@ -1058,6 +1308,38 @@ impl OperatorTask {
         ctx.result(state, error)
     }
 
+    /// Flushes the sink's output file, if any.
+    fn flush_sink(&self) -> std::io::Result<()> {
+        if let Behaviour::Sink { file: Some(f), .. } = &self.behaviour
+            && let Ok(mut w) = f.lock()
+        {
+            w.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Every live input delivered barrier `b`: (drain: fire open panes,) snapshot, acknowledge,
+    /// forward. Returns false if a downstream receiver is gone.
+    fn on_aligned(&mut self, b: Barrier, ctx: &mut SubtaskContext) -> bool {
+        if matches!(b.kind, BarrierKind::Stop { drain: true }) && !self.fire_due_windows(ctx, true)
+        {
+            return false;
+        }
+        if let Err(e) = self.flush_sink() {
+            tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot flush sink output at a barrier");
+        }
+        let state = match &self.behaviour {
+            Behaviour::Window { state, .. } => Some(state.snapshot()),
+            Behaviour::EventTime { stage, .. } => stage.snapshot().unwrap_or_else(|e| {
+                tracing::error!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot snapshot event-time state");
+                None
+            }),
+            _ => None,
+        };
+        ctx.ack(b, state);
+        ctx.outputs.broadcast(Event::Barrier(b), &mut ctx.meter)
+    }
+
     /// Applies the operator to one record. Returns false if a downstream receiver is gone.
     fn process(&mut self, rec: Record, ctx: &mut SubtaskContext) -> bool {
         if rec.payload.is_watermark() {
@@ -1069,6 +1351,12 @@ impl OperatorTask {
                 Behaviour::Map | Behaviour::Filter { .. } => ctx.outputs.send(rec, &mut ctx.meter),
                 Behaviour::Window { .. } | Behaviour::Sink { .. } => true,
             };
+        }
+        if let Some(p) = &ctx.panic_at
+            && p.seq == rec.seq
+            && !p.fired.swap(true, Ordering::SeqCst)
+        {
+            panic!("injected fault at record {}", rec.seq);
         }
         spend(ctx.cpu_us, ctx.io_us, rec.seq);
         match &mut self.behaviour {
@@ -1082,6 +1370,7 @@ impl OperatorTask {
                 if draw < *keep {
                     ctx.outputs.send(rec, &mut ctx.meter)
                 } else {
+                    ctx.meter.totals.filtered += rec.count;
                     ctx.meter
                         .live
                         .filtered
@@ -1124,6 +1413,7 @@ impl OperatorTask {
                     latency.observe(lat);
                     accounted.inc_by(rec.count);
                 }
+                ctx.meter.totals.accounted += rec.count;
                 ctx.meter
                     .live
                     .accounted
@@ -1182,8 +1472,20 @@ impl OperatorTask {
         }
         *pane_end_us = (now / *size_us + 1) * *size_us;
         let mut out = Vec::new();
-        for keys in state.groups.values_mut() {
-            for (key, s) in keys.iter_mut() {
+        // Only key groups with an open pane are written (and so copied if a snapshot
+        // still shares them).
+        let open: Vec<u32> = state
+            .groups
+            .iter()
+            .filter(|(_, keys)| keys.values().any(|s| s.pane_count > 0))
+            .map(|(kg, _)| *kg)
+            .collect();
+        for (_, keys) in state
+            .groups
+            .iter_mut()
+            .filter(|(kg, _)| open.binary_search(kg).is_ok())
+        {
+            for (key, s) in Arc::make_mut(keys).iter_mut() {
                 if s.pane_count > 0 {
                     // The result is stamped so that the sink measures the pane's largest
                     // upstream delay plus the time after the window fired: latency without
@@ -1215,6 +1517,7 @@ impl OperatorTask {
 /// Returns false if a downstream receiver is gone.
 fn emit_stage_output(out: &mut StageOutput, ctx: &mut SubtaskContext) -> bool {
     if out.filtered > 0 {
+        ctx.meter.totals.filtered += out.filtered;
         ctx.meter
             .live
             .filtered
@@ -1255,7 +1558,6 @@ fn key_selector(kind: &OperatorKind) -> fn(&Record) -> u64 {
         } => q::key_bid_bidder,
         OperatorKind::WindowTop { .. } => q::key_window,
         OperatorKind::Join { .. } => q::key_person,
-        OperatorKind::Select { .. } => q::key_rebalance,
         _ => q::key_record,
     }
 }

@@ -109,6 +109,13 @@ pub struct SavepointMetadata {
     pub counters: BTreeMap<String, OperatorCounters>,
     /// Data files with sizes and checksums.
     pub files: Vec<FileEntry>,
+    /// Checkpoint id (the barrier's number) when taken by barriers; absent for the final
+    /// state of a job that finished by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_id: Option<u64>,
+    /// Keyed operator → key-group range `[start, end)` of each subtask when taken.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub key_groups: BTreeMap<String, Vec<[u32; 2]>>,
 }
 
 /// A savepoint's full contents, as taken from a stopped job or loaded from disk.
@@ -343,6 +350,8 @@ mod tests {
                 sources: BTreeMap::from([("src".into(), SourcePosition { emitted: 1225 })]),
                 counters: BTreeMap::new(),
                 files: vec![],
+                checkpoint_id: None,
+                key_groups: BTreeMap::new(),
             },
             state: BTreeMap::from([("w".into(), state)]),
         }

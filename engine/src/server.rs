@@ -2,11 +2,19 @@
 //!
 //! - `GET /metrics`: Prometheus text.
 //! - `GET /v1/job`: graph, parallelism, state, record totals ([`JobInfo`]).
-//! - `POST /v1/savepoints` `{"stop": true, "drain": false}`: stop-with-savepoint; 202 with `{"id"}`.
+//! - `POST /v1/savepoints` `{"stop": true, "drain": false}`: stop-with-savepoint (a barrier
+//!   with the stop flag); `{"stop": false}`: a savepoint of the running job (a barrier); 202
+//!   with `{"id"}`.
 //! - `GET /v1/savepoints/{id}`: [`SavepointStatus`].
 //!
 //! After a stop-with-savepoint reaches a terminal status and a client has read it, the engine
-//! asks its process to exit ([`Coordinator::exit_requested`]).
+//! asks its process to exit ([`Coordinator::exit_requested`]). If a stop-with-savepoint's
+//! snapshot was taken but cannot be written, the job resumes from that snapshot in memory
+//! (nothing is lost) and the savepoint is reported failed.
+//!
+//! When a subtask fails and the job has a `checkpoint` section, the job restarts in-process
+//! from the latest completed checkpoint after the restart delay, up to the allowed attempts
+//! ([`RestartPolicy`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,10 +28,28 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::BarrierKind;
+use crate::checkpoint::coordinator::{Outcome, Target};
+use crate::checkpoint::storage::CheckpointStorage;
 use crate::metrics::EngineMetrics;
-use crate::runtime::{Finished, Job, StopKind};
+use crate::runtime::{Finished, Job, RuntimeOptions, StopKind};
 use crate::savepoint::{OperatorCounters, Savepoint};
 use crate::spec::{JobSpec, OperatorKind};
+
+/// In-process restart after a subtask failure: from the latest completed checkpoint in
+/// `storage` (or from the start when there is none yet), after `delay`, at most `attempts`
+/// times per process.
+#[derive(Debug, Clone)]
+pub struct RestartPolicy {
+    /// Where the checkpoints are.
+    pub storage: Arc<CheckpointStorage>,
+    /// Restarts allowed.
+    pub attempts: u32,
+    /// Wait before each restart.
+    pub delay: Duration,
+    /// Options to start the new job with.
+    pub options: RuntimeOptions,
+}
 
 /// Lifecycle state of the job, as `GET /v1/job` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,7 +86,8 @@ pub struct SavepointStatus {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SavepointRequest {
-    /// Must be true: stop the job after the savepoint (savepoints of a running job need barriers).
+    /// Stop the job after the savepoint (stop-with-savepoint); false takes a savepoint of the
+    /// running job.
     pub stop: bool,
     /// Fire all open windows before stopping (Flink's `--drain`).
     #[serde(default)]
@@ -163,6 +190,8 @@ struct Inner {
     /// When a stop-with-savepoint reached a terminal status.
     terminal_at: Option<Instant>,
     errors: Vec<String>,
+    restored_from: Option<String>,
+    restarts: u32,
 }
 
 /// Owns the running job and serves the REST API.
@@ -171,7 +200,7 @@ pub struct Coordinator {
     inner: Arc<Mutex<Inner>>,
     metrics: EngineMetrics,
     savepoint_dir: PathBuf,
-    restored_from: Option<String>,
+    restart: Option<RestartPolicy>,
 }
 
 impl Coordinator {
@@ -195,11 +224,19 @@ impl Coordinator {
                 terminal_read_at: None,
                 terminal_at: None,
                 errors: Vec::new(),
+                restored_from,
+                restarts: 0,
             })),
             metrics,
             savepoint_dir,
-            restored_from,
+            restart: None,
         }
+    }
+
+    /// Restarts the job after a subtask failure according to `policy`.
+    pub fn with_restart(mut self, policy: RestartPolicy) -> Coordinator {
+        self.restart = Some(policy);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -264,18 +301,18 @@ impl Coordinator {
             ),
             records_accounted: total(|c| c.accounted, |k| matches!(k, OperatorKind::Sink { .. })),
             records_filtered: total(|c| c.filtered, |k| matches!(k, OperatorKind::Filter { .. })),
-            restored_from: self.restored_from.clone(),
+            restored_from: inner.restored_from.clone(),
             errors: inner.errors.clone(),
         }
     }
 
-    /// Starts a stop-with-savepoint (or, for a finished job, writes its final state) under
-    /// `id`, or a generated id.
+    /// Starts a stop-with-savepoint (`stop`), a savepoint of the running job (`!stop`), or,
+    /// for a finished job, writes its final state, under `id` or a generated id.
     ///
     /// # Errors
-    /// A message when the job is not running, a savepoint is already in progress, or `id` is
+    /// A message when the job is not running, a stop is already in progress, or `id` is
     /// invalid or taken.
-    pub fn trigger(&self, drain: bool, id: Option<String>) -> Result<String, String> {
+    pub fn trigger(&self, stop: bool, drain: bool, id: Option<String>) -> Result<String, String> {
         let mut inner = self.lock();
         let id = match id {
             Some(id) => {
@@ -285,31 +322,60 @@ impl Coordinator {
                 }
                 id
             }
-            None => format!(
-                "sp-{}-{}",
-                inner.spec.name,
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis())
-            ),
+            None => {
+                let base = format!(
+                    "sp-{}-{}",
+                    inner.spec.name,
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis())
+                );
+                let mut id = base.clone();
+                let mut n = 1;
+                while inner.savepoints.contains_key(&id) || self.savepoint_dir.join(&id).exists() {
+                    n += 1;
+                    id = format!("{base}-{n}");
+                }
+                id
+            }
         };
+        let dir = self.savepoint_dir.join(&id);
         match inner.state {
             JobState::Running => {
-                let Some(job) = inner.job.take() else {
+                let Some(job) = inner.job.as_ref() else {
                     return Err("job is not running".into());
                 };
-                job.request_stop(if drain {
-                    StopKind::Drain
+                let outcome = if stop {
+                    job.stop_with_savepoint(
+                        if drain {
+                            StopKind::Drain
+                        } else {
+                            StopKind::Stop
+                        },
+                        dir,
+                    )
                 } else {
-                    StopKind::Stop
-                });
-                inner.state = JobState::Stopping;
+                    job.trigger(BarrierKind::Savepoint, Target::Savepoint(dir))
+                };
+                if stop {
+                    inner.state = JobState::Stopping;
+                }
                 inner.savepoints.insert(id.clone(), pending(&id));
                 let this = self.clone();
                 let sp_id = id.clone();
                 std::thread::spawn(move || {
-                    let finished = job.join();
-                    this.complete(&sp_id, finished, JobState::Stopped);
+                    let outcome = outcome.recv().unwrap_or_else(|_| {
+                        Err(crate::checkpoint::coordinator::Failed {
+                            id: None,
+                            reason: "the job ended before the savepoint completed".into(),
+                            snapshot: None,
+                        })
+                    });
+                    if stop {
+                        this.complete_stop(&sp_id, outcome);
+                    } else {
+                        this.record(&sp_id, outcome);
+                    }
                 });
                 Ok(id)
             }
@@ -326,6 +392,94 @@ impl Coordinator {
                 "job is {}; a savepoint needs a running job",
                 serde_json::to_string(&other).unwrap_or_default()
             )),
+        }
+    }
+
+    /// Records the outcome of a savepoint of a running job.
+    fn record(&self, id: &str, outcome: Outcome) {
+        let status = match outcome {
+            Ok(c) => SavepointStatus {
+                id: id.into(),
+                status: "completed".into(),
+                path: Some(c.location),
+                reason: None,
+            },
+            Err(f) => failed(id, f.reason),
+        };
+        tracing::info!(savepoint = id, status = %status.status, reason = ?status.reason, "savepoint finished");
+        self.lock().savepoints.insert(id.into(), status);
+    }
+
+    /// Ends a stop-with-savepoint: joins the stopped job; if the snapshot was taken but not
+    /// written, resumes the job from it.
+    fn complete_stop(&self, id: &str, outcome: Outcome) {
+        let job = self.lock().job.take();
+        let Some(job) = job else { return };
+        if outcome.is_err() {
+            job.cancel();
+        }
+        let finished = job.join();
+        let mut errors = finished.errors;
+        match outcome {
+            Ok(c) => {
+                tracing::info!(savepoint = id, path = %c.location, "stop-with-savepoint completed");
+                let mut inner = self.lock();
+                inner.counters = c.metadata.counters.clone();
+                inner.state = if errors.is_empty() {
+                    JobState::Stopped
+                } else {
+                    JobState::Failed
+                };
+                inner.errors.append(&mut errors);
+                inner.savepoints.insert(
+                    id.into(),
+                    SavepointStatus {
+                        id: id.into(),
+                        status: "completed".into(),
+                        path: Some(c.location),
+                        reason: None,
+                    },
+                );
+                inner.terminal_at = Some(Instant::now());
+            }
+            Err(f) => {
+                tracing::error!(savepoint = id, reason = %f.reason, "stop-with-savepoint failed");
+                let resumed = match (&f.snapshot, errors.is_empty()) {
+                    (Some(snapshot), true) => {
+                        let spec = self.lock().spec.clone();
+                        let options = self
+                            .restart
+                            .as_ref()
+                            .map(|r| r.options.clone())
+                            .unwrap_or_default();
+                        match Job::start(spec, Some(snapshot), self.metrics.clone(), options) {
+                            Ok(job) => Some(job),
+                            Err(e) => {
+                                errors
+                                    .push(format!("cannot resume after the failed savepoint: {e}"));
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let mut inner = self.lock();
+                inner
+                    .savepoints
+                    .insert(id.into(), failed(id, f.reason.clone()));
+                if let Some(job) = resumed {
+                    tracing::warn!(
+                        "the job resumes from the snapshot of the failed stop-with-savepoint"
+                    );
+                    inner.job = Some(job);
+                    inner.state = JobState::Running;
+                } else {
+                    inner.state = JobState::Failed;
+                    errors.push(format!("stop-with-savepoint failed: {}", f.reason));
+                    inner.errors.append(&mut errors);
+                    inner.terminal_at = Some(Instant::now());
+                }
+            }
         }
     }
 
@@ -361,7 +515,9 @@ impl Coordinator {
         inner.terminal_at = Some(Instant::now());
     }
 
-    /// Checks whether the job ended by itself (sources finished, or a failure) and records it.
+    /// Checks whether the job ended by itself (sources finished, or a failure) and records
+    /// it; restarts a failed job from its latest completed checkpoint when the restart policy
+    /// allows.
     pub fn poll_job(&self) {
         let mut inner = self.lock();
         if inner.state != JobState::Running {
@@ -376,18 +532,57 @@ impl Coordinator {
         }
         let Some(job) = inner.job.take() else { return };
         drop(inner);
+        job.cancel();
         let finished = job.join();
-        let mut inner = self.lock();
-        inner.counters = finished.savepoint.metadata.counters.clone();
         if finished.errors.is_empty() {
+            let mut inner = self.lock();
+            inner.counters = finished.savepoint.metadata.counters.clone();
             inner.state = JobState::Finished;
             inner.finished = Some(finished);
             tracing::info!("job finished: every source reached its record count");
-        } else {
-            tracing::error!(errors = ?finished.errors, "job failed");
-            inner.state = JobState::Failed;
-            inner.errors = finished.errors;
+            return;
         }
+        tracing::error!(errors = ?finished.errors, "job failed");
+        let restarts = self.lock().restarts;
+        if let Some(policy) = self.restart.as_ref().filter(|p| restarts < p.attempts) {
+            match self.restart_job(policy) {
+                Ok((job, from)) => {
+                    self.metrics.restarts.inc();
+                    let mut inner = self.lock();
+                    inner.restarts += 1;
+                    inner.errors.extend(finished.errors);
+                    inner.restored_from = from;
+                    inner.job = Some(job);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "restart failed");
+                    self.lock().errors.push(format!("restart failed: {e}"));
+                }
+            }
+        }
+        let mut inner = self.lock();
+        inner.counters = finished.savepoint.metadata.counters.clone();
+        inner.state = JobState::Failed;
+        inner.errors.extend(finished.errors);
+    }
+
+    /// Starts the job again from the latest usable checkpoint (falling back to older ones),
+    /// or from the start when none was completed.
+    fn restart_job(&self, policy: &RestartPolicy) -> Result<(Job, Option<String>), String> {
+        let spec = self.lock().spec.clone();
+        std::thread::sleep(policy.delay);
+        let latest = policy.storage.latest(&spec).map_err(|e| e.to_string())?;
+        let from = latest.as_ref().map(|(p, _)| p.display().to_string());
+        tracing::warn!(from = ?from, "restarting the job from the latest completed checkpoint");
+        let job = Job::start(
+            spec,
+            latest.as_ref().map(|(_, sp)| sp),
+            self.metrics.clone(),
+            policy.options.clone(),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((job, from))
     }
 
     /// True once a stop-with-savepoint is terminal and its status has been read (plus
@@ -459,16 +654,10 @@ async fn trigger_handler(
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    if !req.stop {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "stop: only stop-with-savepoint ({\"stop\": true}) is supported; savepoints of a running job need aligned barriers".into(),
-        );
-    }
     if let Some(Err(e)) = req.id.as_deref().map(validate_savepoint_id) {
         return error(StatusCode::BAD_REQUEST, e);
     }
-    match tokio::task::spawn_blocking(move || c.trigger(req.drain, req.id)).await {
+    match tokio::task::spawn_blocking(move || c.trigger(req.stop, req.drain, req.id)).await {
         Ok(Ok(id)) => (StatusCode::ACCEPTED, Json(serde_json::json!({ "id": id }))).into_response(),
         Ok(Err(e)) => error(StatusCode::CONFLICT, e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),

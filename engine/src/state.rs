@@ -1,7 +1,14 @@
 //! Keyed state in an in-memory (heap) backend, organized by key group.
+//!
+//! Each key group's map sits behind an [`Arc`], so a checkpoint snapshot
+//! ([`KeyedState::snapshot`]) copies only the key-group table (one pointer per key group) and
+//! the subtask keeps processing: the first write to a key group after a snapshot copies that
+//! key group alone (copy-on-write through [`Arc::make_mut`]). Serialization and writing happen
+//! later on the checkpoint writer's thread.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -25,8 +32,8 @@ pub struct KeyState {
 /// key → state. Ordered maps so that a dump is deterministic.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyedState {
-    /// Key group → (key → state).
-    pub groups: BTreeMap<u32, BTreeMap<u64, KeyState>>,
+    /// Key group → (key → state). Shared with snapshots until written (copy-on-write).
+    pub groups: BTreeMap<u32, Arc<BTreeMap<u64, KeyState>>>,
     /// Key group → the encoded state of an event-time operator (windows, joins; see
     /// [`crate::time`]) for that key group. Empty for `window` operators.
     #[serde(default)]
@@ -36,17 +43,29 @@ pub struct KeyedState {
 impl KeyedState {
     /// State of `key` in `key_group`, created empty on first use.
     pub fn entry(&mut self, key_group: u32, key: u64) -> &mut KeyState {
-        self.groups
-            .entry(key_group)
-            .or_default()
+        Arc::make_mut(self.groups.entry(key_group).or_default())
             .entry(key)
             .or_default()
+    }
+
+    /// A point-in-time copy for a checkpoint, in O(key groups): key groups are shared with
+    /// `self` until `self` next writes to them.
+    pub fn snapshot(&self) -> KeyedState {
+        self.clone()
     }
 
     /// Moves every key group of `other` into `self` (key groups are disjoint across subtasks).
     pub fn merge(&mut self, other: KeyedState) {
         for (kg, keys) in other.groups {
-            self.groups.entry(kg).or_default().extend(keys);
+            match self.groups.entry(kg) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(keys);
+                }
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    let keys = Arc::try_unwrap(keys).unwrap_or_else(|a| (*a).clone());
+                    Arc::make_mut(o.get_mut()).extend(keys);
+                }
+            }
         }
         self.blobs.extend(other.blobs);
     }
@@ -69,7 +88,7 @@ impl KeyedState {
 
     /// Number of keys held.
     pub fn len(&self) -> usize {
-        self.groups.values().map(BTreeMap::len).sum()
+        self.groups.values().map(|m| m.len()).sum()
     }
 
     /// Whether no key is held.

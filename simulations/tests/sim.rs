@@ -111,7 +111,9 @@ fn deterministic_for_a_seed() {
 }
 
 /// The oracle uses no more parallelism-hours than any policy, on every bundled trace (each
-/// compressed to 2 simulated hours and scaled to a p99 of 150 records/s).
+/// compressed to 2 simulated hours and scaled to a p99 of 1500 records/s, so that the job
+/// needs several subtasks at its peaks), except DS2 when DS2 misses the SLO at least 10 % of
+/// the time (it sizes at ρ = 1, below what any SLO-meeting sizing can use).
 #[test]
 fn oracle_is_a_lower_bound_on_every_bundled_trace() {
     let dir = root().join("examples/traces");
@@ -132,11 +134,12 @@ fn oracle_is_a_lower_bound_on_every_bundled_trace() {
     }
     assert!(files.len() >= 10, "{files:?}");
     let names: Vec<String> = POLICIES.iter().map(|s| s.to_string()).collect();
+    let mut failures = Vec::new();
     for f in files {
         let t = Trace::from_file(&f).unwrap();
         let s = streamscale_simulations::summarize(&t, 1.0);
         let speedup = s.length_s / 7200.0;
-        let scale = 150.0 / s.p99.max(1e-9);
+        let scale = 1500.0 / s.p99.max(1e-9);
         let model =
             JobModel::new(&trace_job(&f, speedup, scale), &SimConfig::default(), None).unwrap();
         let opts = ReplayOptions {
@@ -153,17 +156,33 @@ fn oracle_is_a_lower_bound_on_every_bundled_trace() {
             "{}",
             f.display()
         );
-        let oracle_viol = summary.policies["oracle"].slo_violation_fraction;
         for (name, p) in &summary.policies {
-            // A policy may undercut the oracle only by violating the SLO more than it does.
-            assert!(
-                oracle <= p.resource_hours + 1e-9 || p.slo_violation_fraction > oracle_viol,
-                "{}: oracle {oracle} > {name} {}",
-                f.display(),
-                p.resource_hours
-            );
+            // DS2 sizes every operator at ρ = 1 (no headroom): it runs at the capacity bound
+            // and misses the SLO a fifth to a half of the time, which no SLO-meeting sizing can
+            // undercut. Checked separately below.
+            if name == "ds2" {
+                let ds2_viol = p.slo_violation_fraction;
+                if oracle > p.resource_hours + 1e-9 && ds2_viol < 0.1 {
+                    failures.push(format!(
+                        "{}: ds2 uses less than the oracle ({} < {oracle}) with only {ds2_viol:.4} SLO violation",
+                        f.display(),
+                        p.resource_hours
+                    ));
+                }
+                continue;
+            }
+            if oracle > p.resource_hours + 1e-9 {
+                failures.push(format!(
+                    "{}: oracle {oracle} > {name} {} (SLO violation {:.4} vs the oracle's {:.4})",
+                    f.display(),
+                    p.resource_hours,
+                    p.slo_violation_fraction,
+                    summary.policies["oracle"].slo_violation_fraction
+                ));
+            }
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Our policy reaches its final parallelism in one decision under stationary input, and in
@@ -184,50 +203,70 @@ fn streamscale_converges_in_one_decision() {
     let r = run(&model, "streamscale", Mode::Fast, 1.0, 1);
     let after: Vec<_> = r.rescales.iter().filter(|x| x.at_s >= 300.0).collect();
     let last = r.rows.last().unwrap().parallelism.clone();
-    assert!(!after.is_empty());
-    // The first decision after the step removes the bottleneck for good (no further
-    // scale-up, within one subtask of the final parallelism); the only later change is the
-    // delayed scale-down once the catch-up backlog is drained.
-    for (a, b) in after[0].to.iter().zip(&last) {
-        assert!(
-            a >= b && a - b <= 1,
-            "first decision after the step {:?} vs final {last:?}; all: {:?}",
-            after[0],
-            r.rescales
-        );
-    }
-    assert!(after.len() <= 2, "{:?}", r.rescales);
-    assert!(
-        after
-            .iter()
-            .skip(1)
-            .all(|x| x.to.iter().zip(&x.from).all(|(t, f)| t <= f)),
-        "{:?}",
-        r.rescales
-    );
+    assert_eq!(after.len(), 1, "{:?}", r.rescales);
+    assert_eq!(after[0].to, last, "{:?}", r.rescales);
 }
 
-/// The fast (fluid) mode agrees with the event-level mode on a short window at fixed
-/// parallelism: same throughput, p99 latency within 30 %.
+/// The fast (fluid) mode agrees with the event-level mode on short windows at fixed
+/// parallelism: same throughput, mean per-step p99 latency within 30 %. Cases: a keyed window
+/// behind a map (M/M/1 queues per subtask), and a shared 3-subtask map at ρ = 0.8 feeding a
+/// filter and a keyed window, with exponential, low- and high-variance service times
+/// (Allen-Cunneen and Kingman in the fast mode, gamma-distributed samples in the event mode).
 #[test]
 fn fast_mode_matches_event_mode() {
-    let spec = job(&chain("{ constant: 900 }")
+    let chain = chain("{ constant: 900 }")
         .replace("cpu: 495 }", "cpu: 495, parallelism: 1 }")
-        .replace("io: 995 }", "io: 995, parallelism: 2 }"));
-    let model = JobModel::new(&spec, &SimConfig::default(), Some(300.0)).unwrap();
-    let fast = run(&model, "static", Mode::Fast, 1.0, 1);
-    let ev = run(&model, "static", Mode::Event, 1.0, 1);
-    assert_eq!(fast.rows[0].parallelism, ev.rows[0].parallelism);
-    let mean_p99 = |r: &PolicyRun| {
-        let v: Vec<f64> = r.rows.iter().skip(10).map(|x| x.p99_s).collect();
-        v.iter().sum::<f64>() / v.len() as f64
+        .replace("io: 995 }", "io: 995, parallelism: 2 }");
+    let shared = "name: shared\nmaxParallelism: 128\nchannelCapacity: 64\noperators:\n  - { name: src, kind: source, keys: 1000, rate: { constant: 2400 } }\n  - { name: parse, kind: map, cpu: 995, parallelism: 3 }\n  - { name: spam, kind: filter, keep: 0.5, cpu: 195, parallelism: 1 }\n  - { name: counts, kind: window, sizeMs: 1000, io: 995, parallelism: 2 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: parse }\n  - { from: parse, to: spam }\n  - { from: spam, to: counts }\n  - { from: counts, to: sink }\n";
+    let cv = |parse: f64, counts: f64| {
+        let mut c = SimConfig::default();
+        for (op, v) in [("parse", parse), ("counts", counts)] {
+            c.operators.insert(
+                op.into(),
+                streamscale_simulations::config::ServiceOverride {
+                    mean_micros: None,
+                    cv: Some(v),
+                },
+            );
+        }
+        c
     };
-    let (f, e) = (mean_p99(&fast), mean_p99(&ev));
-    // The fast mode's p99 (gamma fit to exponential sojourns) is conservative: measured
-    // 9.6 ms vs 5.7 ms here. Bound the gap (the 30 % target is not met yet).
-    assert!(f >= e && f < 2.0 * e, "p99 fast {f} vs event {e}");
-    assert!(((fast.arrivals - ev.arrivals) / fast.arrivals).abs() < 0.02);
-    assert!(ev.summary.max_backlog < 100.0 && fast.summary.max_backlog < 1.0);
+    let cases = [
+        ("chain", chain.as_str(), SimConfig::default(), 300.0),
+        ("shared", shared, SimConfig::default(), 120.0),
+        ("shared cv 0.5/2", shared, cv(0.5, 2.0), 120.0),
+        ("shared cv 2/0.3", shared, cv(2.0, 0.3), 120.0),
+    ];
+    for (name, yaml, cfg, secs) in cases {
+        let model = JobModel::new(&job(yaml), &cfg, Some(secs)).unwrap();
+        // streamscale at an interval longer than the run: the job file's parallelism throughout.
+        let opts = |mode| ReplayOptions {
+            mode,
+            step_s: 1.0,
+            seed: 1,
+            max_rows: 100_000,
+            threads: 1,
+        };
+        let mut p = make_policy("streamscale", &model, 1e9, 30.0).unwrap();
+        let fast = replay(&model, p.as_mut(), &opts(Mode::Fast), &mut |_| {});
+        let mut p = make_policy("streamscale", &model, 1e9, 30.0).unwrap();
+        let ev = replay(&model, p.as_mut(), &opts(Mode::Event), &mut |_| {});
+        assert!(fast.rescales.is_empty() && ev.rescales.is_empty());
+        let mean_p99 = |r: &PolicyRun| {
+            let v: Vec<f64> = r.rows.iter().skip(10).map(|x| x.p99_s).collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        let (f, e) = (mean_p99(&fast), mean_p99(&ev));
+        assert!(
+            ((f - e) / e).abs() < 0.3,
+            "{name}: p99 fast {f} vs event {e}"
+        );
+        assert!(
+            ((fast.arrivals - ev.arrivals) / fast.arrivals).abs() < 0.02,
+            "{name}"
+        );
+        assert!(ev.summary.max_backlog < 100.0 && fast.summary.max_backlog < 1.0);
+    }
 }
 
 fn sim(args: &[&str]) -> (i32, String, String) {

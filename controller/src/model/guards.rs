@@ -10,11 +10,15 @@
 //! monotonic clock, the same clock for every call).
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::JobSpec;
 
-use super::planner::{Decision, Model, PlannerSettings};
+use super::ModelError;
+use super::fmtfast::Fixed;
+use super::planner::{Decision, JobGraph, Model, PlannerSettings};
 use super::sample::MetricSample;
 
 /// Guard settings. Times in seconds, backlogs in records.
@@ -98,6 +102,30 @@ pub enum Verdict {
 pub struct Autoscaler {
     settings: GuardSettings,
     state: GuardState,
+    cache: GraphCache,
+}
+
+/// The job graph's derived model from the last call, reused while the spec's graph (operators,
+/// kinds, scaling bounds, edges, maxParallelism) is unchanged. A pure memo: it never changes a
+/// decision, so it takes no part in equality.
+#[derive(Debug, Clone, Default)]
+struct GraphCache(Option<Arc<JobGraph>>);
+
+impl PartialEq for GraphCache {
+    fn eq(&self, _: &GraphCache) -> bool {
+        true
+    }
+}
+
+impl GraphCache {
+    fn get(&mut self, spec: &JobSpec) -> Result<Arc<JobGraph>, ModelError> {
+        if let Some(g) = self.0.as_ref().filter(|g| g.matches(spec)) {
+            return Ok(Arc::clone(g));
+        }
+        let g = Arc::new(JobGraph::new(spec)?);
+        self.0 = Some(Arc::clone(&g));
+        Ok(g)
+    }
 }
 
 fn hold(reason: String) -> Verdict {
@@ -114,6 +142,7 @@ impl Autoscaler {
         Autoscaler {
             settings,
             state: GuardState::default(),
+            cache: GraphCache::default(),
         }
     }
 
@@ -176,36 +205,43 @@ impl Autoscaler {
                 ));
             }
         }
-        let model = match Model::new(spec, window, &g.planner) {
+        let model = match self
+            .cache
+            .get(spec)
+            .and_then(|graph| Model::with_graph(graph, spec, window, &g.planner))
+        {
             Ok(m) => m,
             Err(e) => return hold(format!("cannot plan: {e}")),
         };
         let planned = model.plan();
-        let mut d = planned.clone();
 
-        let backlogged: Vec<String> = d
-            .sources
-            .iter()
-            .filter(|(_, s)| {
-                s.backlog_records > g.backlog_threshold_records.unwrap_or(s.arrival_rate)
-            })
-            .map(|(n, s)| format!("{n} ({:.0} records)", s.backlog_records))
-            .collect();
+        let mut backlogged = String::new();
+        for (n, s) in &planned.sources {
+            if s.backlog_records > g.backlog_threshold_records.unwrap_or(s.arrival_rate) {
+                if !backlogged.is_empty() {
+                    backlogged.push_str(", ");
+                }
+                let _ = write!(backlogged, "{n} ({} records)", Fixed(s.backlog_records, 0));
+            }
+        }
 
+        // The guarded parallelism, edited in place of a copy of the plan's (the plan itself is
+        // returned untouched as the recommendation of a hold).
+        let mut guarded = planned.parallelism.clone();
         let mut notes = Vec::new();
-        let names: Vec<String> = d.parallelism.keys().cloned().collect();
-        self.state
-            .pending_scale_downs
-            .retain(|k, _| d.parallelism.contains_key(k));
-        for name in names {
-            let Some(&cur) = d.current.get(&name) else {
-                continue;
-            };
-            let Some(new) = d.parallelism.get_mut(&name) else {
+        if !self.state.pending_scale_downs.is_empty() {
+            self.state
+                .pending_scale_downs
+                .retain(|k, _| guarded.contains_key(k));
+        }
+        for (name, new) in guarded.iter_mut() {
+            let Some(&cur) = planned.current.get(name) else {
                 continue;
             };
             if *new >= cur {
-                self.state.pending_scale_downs.remove(&name);
+                if !self.state.pending_scale_downs.is_empty() {
+                    self.state.pending_scale_downs.remove(name);
+                }
                 if *new - cur > 0 && *new - cur < g.min_change_subtasks {
                     notes.push((
                         name.clone(),
@@ -219,7 +255,7 @@ impl Autoscaler {
             if drop < g.min_change_subtasks
                 || f64::from(drop) / f64::from(cur) < g.min_scale_down_fraction
             {
-                self.state.pending_scale_downs.remove(&name);
+                self.state.pending_scale_downs.remove(name);
                 notes.push((
                     name.clone(),
                     format!("scale-down {cur}→{new} below the change threshold, ignored"),
@@ -228,13 +264,10 @@ impl Autoscaler {
                 continue;
             }
             if !backlogged.is_empty() {
-                self.state.pending_scale_downs.remove(&name);
+                self.state.pending_scale_downs.remove(name);
                 notes.push((
                     name.clone(),
-                    format!(
-                        "no scale-down {cur}→{new} while sources have a backlog: {}",
-                        backlogged.join(", ")
-                    ),
+                    format!("no scale-down {cur}→{new} while sources have a backlog: {backlogged}"),
                 ));
                 *new = cur;
                 continue;
@@ -255,7 +288,7 @@ impl Autoscaler {
                     pending.highest
                 )));
                 *new = pending.highest;
-                self.state.pending_scale_downs.remove(&name);
+                self.state.pending_scale_downs.remove(name);
             } else {
                 notes.push((
                     name.clone(),
@@ -267,23 +300,31 @@ impl Autoscaler {
                 *new = cur;
             }
         }
-        for (op, note) in &notes {
-            if let Some(plan) = d.operators.get_mut(op) {
-                plan.reason.push_str("; guard: ");
-                plan.reason.push_str(note);
+        let changed = guarded
+            .iter()
+            .any(|(k, p)| planned.current.get(k) != Some(p));
+        let notes: Vec<(String, String)> = notes;
+        if changed {
+            let mut d = planned;
+            d.parallelism = guarded;
+            for (op, note) in &notes {
+                if let Some(plan) = d.operators.get_mut(op) {
+                    plan.reason.push_str("; guard: ");
+                    plan.reason.push_str(note);
+                }
             }
-        }
-        model.refresh(&mut d);
-        let notes: Vec<String> = notes.iter().map(|(op, n)| format!("{op}: {n}")).collect();
-        d.reasons.extend(notes.iter().cloned());
-        if d.changed() {
+            model.refresh(&mut d);
+            d.reasons
+                .extend(notes.iter().map(|(op, n)| format!("{op}: {n}")));
             Verdict::Rescale(d)
         } else {
             Verdict::Hold {
                 reason: if notes.is_empty() {
                     "the plan keeps the current parallelism".to_string()
                 } else {
-                    format!("no change after guards: {}", notes.join("; "))
+                    let list: Vec<String> =
+                        notes.iter().map(|(op, n)| format!("{op}: {n}")).collect();
+                    format!("no change after guards: {}", list.join("; "))
                 },
                 recommendation: Some(planned),
             }
@@ -325,6 +366,34 @@ edges:
             Verdict::Rescale(d) => Some(&d.parallelism),
             Verdict::Hold { .. } => None,
         }
+    }
+
+    #[test]
+    fn the_graph_cache_never_changes_a_decision() {
+        // One autoscaler reused across jobs whose graphs differ (bounds, kinds, edges) must
+        // decide exactly as a fresh one does on each.
+        let base = job(CHAIN);
+        let bounded = job(&CHAIN.replace(
+            "{ name: map, kind: map, parallelism: 8 }",
+            "{ name: map, kind: map, parallelism: 8, scaling: { max: 4 } }",
+        ));
+        let keyed = job(&CHAIN.replace(
+            "{ name: map, kind: map, parallelism: 8 }",
+            "{ name: map, kind: window, sizeMs: 1000, parallelism: 8 }",
+        ));
+        let mut reused = Autoscaler::default();
+        for (k, spec) in [&base, &bounded, &keyed, &base, &keyed, &bounded]
+            .into_iter()
+            .enumerate()
+        {
+            let w = win(1, 600.0 + 50.0 * k as f64, 0.0, 1);
+            let mut fresh = Autoscaler::default();
+            let expected = fresh.decide(0.0, &w, spec);
+            assert_eq!(reused.decide(0.0, &w, spec), expected, "call {k}");
+        }
+        // The bound is honoured after switching back and forth (map wants 9 here).
+        let v = reused.decide(0.0, &win(1, 600.0, 0.0, 1), &bounded);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4));
     }
 
     #[test]

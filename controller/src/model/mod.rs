@@ -14,6 +14,7 @@
 //! Units everywhere: rates in records/s, times in seconds, backlogs in records.
 
 pub mod estimate;
+mod fmtfast;
 pub mod guards;
 pub mod network;
 pub mod planner;

@@ -16,12 +16,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::{AutoscalerSpec, JobSpec};
 
 use super::ModelError;
 use super::estimate::{OperatorEstimate, estimate_indexed};
+use super::fmtfast::{Fixed, Short};
 use super::network::Topology;
 use super::queueing::{QueueKind, operator_sojourn_time};
 use super::sample::MetricSample;
@@ -215,23 +217,107 @@ pub fn plan(
     Ok(Model::new(spec, window, settings)?.plan())
 }
 
+/// What the planner derives from the job graph alone (not from a window), indexed in
+/// topological order. The [`Autoscaler`](super::guards::Autoscaler) keeps it between calls
+/// while the graph does not change.
+#[derive(Debug, PartialEq)]
+pub(crate) struct JobGraph {
+    topo: Topology,
+    kind: Vec<&'static str>,
+    bounds: Vec<(u32, u32)>,
+    /// Number of key groups (the job's maxParallelism).
+    key_groups: u32,
+    /// What the graph was built from: per operator (name, kind, keyed, scaling min, max) in
+    /// spec order, the edges, and maxParallelism.
+    key: GraphKey,
+}
+
+type GraphKey = (
+    Vec<(String, &'static str, bool, Option<u32>, Option<u32>)>,
+    Vec<(String, String)>,
+    u32,
+);
+
+impl JobGraph {
+    pub(crate) fn new(spec: &JobSpec) -> Result<JobGraph, ModelError> {
+        let topo = Topology::from_spec(spec)?;
+        let n = topo.len();
+        let mut kind = vec![""; n];
+        let mut bounds = vec![(1, 1); n];
+        let max_p = spec.max_parallelism.max(1);
+        for op in &spec.operators {
+            if let Some(&i) = topo.index.get(&op.name) {
+                kind[i] = op.kind.name();
+                let lo = op.scaling.min.unwrap_or(1).clamp(1, max_p);
+                let hi = op.scaling.max.unwrap_or(max_p).clamp(lo, max_p);
+                bounds[i] = (lo, hi);
+            }
+        }
+        let key = (
+            spec.operators
+                .iter()
+                .map(|o| {
+                    (
+                        o.name.clone(),
+                        o.kind.name(),
+                        o.kind.is_keyed(),
+                        o.scaling.min,
+                        o.scaling.max,
+                    )
+                })
+                .collect(),
+            spec.edges
+                .iter()
+                .map(|e| (e.from.clone(), e.to.clone()))
+                .collect(),
+            spec.max_parallelism,
+        );
+        Ok(JobGraph {
+            topo,
+            kind,
+            bounds,
+            key_groups: max_p,
+            key,
+        })
+    }
+
+    /// Whether this graph was built from a spec with the same operators (names, kinds,
+    /// scaling bounds), edges and maxParallelism as `spec` (parallelism may differ).
+    pub(crate) fn matches(&self, spec: &JobSpec) -> bool {
+        let (ops, edges, max_p) = &self.key;
+        *max_p == spec.max_parallelism
+            && ops.len() == spec.operators.len()
+            && edges.len() == spec.edges.len()
+            && ops
+                .iter()
+                .zip(&spec.operators)
+                .all(|((name, kind, keyed, lo, hi), o)| {
+                    name == &o.name
+                        && *kind == o.kind.name()
+                        && *keyed == o.kind.is_keyed()
+                        && *lo == o.scaling.min
+                        && *hi == o.scaling.max
+                })
+            && edges
+                .iter()
+                .zip(&spec.edges)
+                .all(|((from, to), e)| from == &e.from && to == &e.to)
+    }
+}
+
 /// Everything the planner derives from a spec and a window, indexed in topological order.
 pub(crate) struct Model {
-    topo: Topology,
+    graph: Arc<JobGraph>,
     est: Vec<OperatorEstimate>,
-    kind: Vec<&'static str>,
     s: Resolved,
     gamma: Vec<f64>,
     gamma_target: Vec<f64>,
     lambda_target: Vec<f64>,
     lambda_steady: Vec<f64>,
-    bounds: Vec<(u32, u32)>,
     spec_parallelism: Vec<u32>,
     /// Keyed operators: estimated share of the input per key group (sums to 1); `None` for
     /// shared-queue operators.
     kg_load: Vec<Option<Vec<f64>>>,
-    /// Number of key groups (the job's maxParallelism).
-    key_groups: u32,
 }
 
 /// A key group is hot when its estimated load is at least this multiple of the mean.
@@ -240,11 +326,12 @@ pub const HOT_KEY_GROUP_FACTOR: f64 = 2.0;
 /// Relative slack when rounding λ/(ρμ) up, so that 2.0000000001 from float noise is 2.
 const CEIL_SLACK: f64 = 1e-9;
 
-fn fmt_rate(x: f64) -> String {
+/// A rate as the reasons print it: no decimals from 100 records/s up, two below.
+fn fmt_rate(x: f64) -> Fixed {
     if x.abs() >= 100.0 {
-        format!("{x:.0}")
+        Fixed(x, 0)
     } else {
-        format!("{x:.2}")
+        Fixed(x, 2)
     }
 }
 
@@ -254,20 +341,24 @@ impl Model {
         window: &[MetricSample],
         settings: &PlannerSettings,
     ) -> Result<Model, ModelError> {
+        Model::with_graph(Arc::new(JobGraph::new(spec)?), spec, window, settings)
+    }
+
+    /// [`Model::new`] for a graph built from `spec` (or from a spec it
+    /// [matches](JobGraph::matches)).
+    pub(crate) fn with_graph(
+        graph: Arc<JobGraph>,
+        spec: &JobSpec,
+        window: &[MetricSample],
+        settings: &PlannerSettings,
+    ) -> Result<Model, ModelError> {
         let s = settings.resolve(&spec.autoscaler)?;
-        let topo = Topology::from_spec(spec)?;
-        let (_, est) = estimate_indexed(&topo, window)?;
+        let topo = &graph.topo;
+        let (_, est) = estimate_indexed(topo, window)?;
         let n = topo.len();
-        let mut kind = vec![""; n];
-        let mut bounds = vec![(1, 1); n];
         let mut spec_parallelism = vec![1; n];
         for op in &spec.operators {
             if let Some(&i) = topo.index.get(&op.name) {
-                kind[i] = op.kind.name();
-                let max_p = spec.max_parallelism.max(1);
-                let lo = op.scaling.min.unwrap_or(1).clamp(1, max_p);
-                let hi = op.scaling.max.unwrap_or(max_p).clamp(lo, max_p);
-                bounds[i] = (lo, hi);
                 spec_parallelism[i] = op.parallelism;
             }
         }
@@ -285,7 +376,7 @@ impl Model {
                 })
             })
             .collect();
-        let key_groups = spec.max_parallelism.max(1);
+        let key_groups = graph.key_groups;
         let kg_load = (0..n)
             .map(|i| {
                 (topo.queue[i] == QueueKind::Keyed)
@@ -296,18 +387,15 @@ impl Model {
         let lambda_target = topo.traffic(&gamma_target, &gain);
         let lambda_steady = topo.traffic(&gamma, &gain);
         Ok(Model {
-            topo,
+            graph,
             est,
-            kind,
             s,
             gamma,
             gamma_target,
             lambda_target,
             lambda_steady,
-            bounds,
             spec_parallelism,
             kg_load,
-            key_groups,
         })
     }
 
@@ -320,9 +408,9 @@ impl Model {
         let Some(load) = &self.kg_load[i] else {
             return 1.0 / f64::from(p);
         };
-        (0..p.min(self.key_groups))
+        (0..p.min(self.graph.key_groups))
             .map(|j| {
-                let r = key_group_range(j, p.min(self.key_groups), self.key_groups);
+                let r = key_group_range(j, p.min(self.graph.key_groups), self.graph.key_groups);
                 load[r.start as usize..r.end as usize].iter().sum::<f64>()
             })
             .fold(0.0, f64::max)
@@ -341,7 +429,7 @@ impl Model {
     }
 
     fn mu(&self, i: usize) -> Option<f64> {
-        if self.topo.is_source[i] {
+        if self.graph.topo.is_source[i] {
             None
         } else {
             self.est[i].true_processing_rate
@@ -352,7 +440,7 @@ impl Model {
     fn sojourn(&self, i: usize, p: u32) -> f64 {
         match self.mu(i) {
             Some(mu) => operator_sojourn_time(
-                self.topo.queue[i],
+                self.graph.topo.queue[i],
                 self.effective_lambda(i, self.lambda_steady[i], p),
                 mu,
                 p,
@@ -387,7 +475,7 @@ impl Model {
             .map_or(0.0, |l| l.iter().copied().fold(0.0, f64::max));
         // Hot key: a key group with at least twice the mean load (the estimate spreads each
         // subtask's load over its range, so uneven ranges alone differ by far less).
-        let skewed = hottest * f64::from(self.key_groups) >= HOT_KEY_GROUP_FACTOR;
+        let skewed = hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR;
         if skewed && lambda * hottest > cap * (1.0 + CEIL_SLACK) {
             let cur = self.est[i].parallelism;
             reasons.push(format!(
@@ -402,13 +490,13 @@ impl Model {
             return cur;
         }
         let fits = |p: u32| lambda * self.max_share(i, p) <= cap * (1.0 + CEIL_SLACK);
-        let mut p = from.clamp(1, self.key_groups);
-        while p < self.key_groups && !fits(p) {
+        let mut p = from.clamp(1, self.graph.key_groups);
+        while p < self.graph.key_groups && !fits(p) {
             p += 1;
         }
         if !fits(p) {
             // Even one key group per subtask is too much: more than the key groups are needed.
-            return self.key_groups.saturating_add(1).max(from);
+            return self.graph.key_groups.saturating_add(1).max(from);
         }
         let share = self.max_share(i, p);
         while p > 1 && self.max_share(i, p - 1) <= share * (1.0 + 1e-12) {
@@ -429,20 +517,21 @@ impl Model {
     /// lowers its busiest subtask's share (adding subtasks that leave ⌈K/p⌉ unchanged cuts no
     /// latency, which would break the convexity the greedy allocation relies on).
     fn next_parallelism(&self, i: usize, p: u32) -> Option<u32> {
-        let hi = self.bounds[i].1;
+        let hi = self.graph.bounds[i].1;
         if self.kg_load[i].is_none() {
             return (p < hi).then_some(p + 1);
         }
         let share = self.max_share(i, p);
-        (p + 1..=hi.min(self.key_groups)).find(|&q| self.max_share(i, q) < share * (1.0 - 1e-12))
+        (p + 1..=hi.min(self.graph.key_groups))
+            .find(|&q| self.max_share(i, q) < share * (1.0 - 1e-12))
     }
 
     fn name(&self, i: usize) -> &str {
-        &self.topo.names[i]
+        &self.graph.topo.names[i]
     }
 
     pub(crate) fn plan(&self) -> Decision {
-        let n = self.topo.len();
+        let n = self.graph.topo.len();
         let rho_t = self.s.rho;
         let mut p = vec![1u32; n];
         let mut clamped = vec![false; n];
@@ -453,12 +542,12 @@ impl Model {
             let e = &self.est[i];
             if let Some(src) = e.source {
                 reasons.push(format!(
-                    "source {}: arrival rate γ={} rec/s, backlog {:.0} records → target rate {} rec/s (drains the backlog within {} s)",
+                    "source {}: arrival rate γ={} rec/s, backlog {} records → target rate {} rec/s (drains the backlog within {} s)",
                     self.name(i),
                     fmt_rate(src.arrival_rate),
-                    src.backlog_records,
+                    Fixed(src.backlog_records, 0),
                     fmt_rate(self.gamma_target[i]),
-                    self.s.catch_up
+                    Short(self.s.catch_up)
                 ));
             }
             if e.parallelism != self.spec_parallelism[i] {
@@ -470,7 +559,7 @@ impl Model {
                     e.parallelism
                 ));
             }
-            if !self.topo.is_source[i] && e.selectivity_is_prior {
+            if !self.graph.topo.is_source[i] && e.selectivity_is_prior {
                 reasons.push(format!(
                     "{}: no input in the window; selectivity prior 1.0 assumed",
                     self.name(i)
@@ -481,8 +570,8 @@ impl Model {
         // 1. DS2 sizing at the target utilization.
         for i in 0..n {
             let cur = self.est[i].parallelism;
-            let (lo, hi) = self.bounds[i];
-            if self.topo.is_source[i] {
+            let (lo, hi) = self.graph.bounds[i];
+            if self.graph.topo.is_source[i] {
                 p[i] = cur;
                 why[i] = format!("source: not rescaled, keeps p={cur}");
                 continue;
@@ -516,11 +605,11 @@ impl Model {
                 need as u32
             };
             why[i] = format!(
-                "DS2: λ_target {} rec/s / (ρ_target {:.2} × μ {} rec/s) = {:.2} → p={}",
+                "DS2: λ_target {} rec/s / (ρ_target {} × μ {} rec/s) = {} → p={}",
                 fmt_rate(lambda),
-                rho_t,
+                Fixed(rho_t, 2),
                 fmt_rate(mu),
-                x,
+                Fixed(x, 2),
                 need_u
             );
             let need_u = if self.kg_load[i].is_some() {
@@ -554,20 +643,21 @@ impl Model {
         // 2. Greedy marginal allocation for the latency SLO at the steady rates.
         let mut w: Vec<f64> = (0..n).map(|i| self.sojourn(i, p[i])).collect();
         let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut lat, mut end) = self.topo.longest_path_into(&w, &mut dist, &mut via);
+        let (mut lat, mut end) = self.graph.topo.longest_path_into(&w, &mut dist, &mut via);
         let adjustable = |i: usize| self.mu(i).is_some();
         if lat > self.s.slo {
             let w_max: Vec<f64> = (0..n)
                 .map(|i| {
                     if adjustable(i) {
-                        self.sojourn(i, self.bounds[i].1.max(p[i]))
+                        self.sojourn(i, self.graph.bounds[i].1.max(p[i]))
                     } else {
                         w[i]
                     }
                 })
                 .collect();
             let (lat_max, _) =
-                self.topo
+                self.graph
+                    .topo
                     .longest_path_into(&w_max, &mut Vec::new(), &mut Vec::new());
             if lat_max > self.s.slo {
                 reasons.push(format!(
@@ -583,7 +673,7 @@ impl Model {
                     let mut best: Option<(f64, usize)> = None;
                     let mut at = end;
                     while at != usize::MAX {
-                        let cand = if adjustable(at) && p[at] < self.bounds[at].1 {
+                        let cand = if adjustable(at) && p[at] < self.graph.bounds[at].1 {
                             *next[at].get_or_insert_with(|| {
                                 self.next_parallelism(at, p[at])
                                     .map_or((u32::MAX, w[at]), |q| (q, self.sojourn(at, q)))
@@ -622,7 +712,10 @@ impl Model {
                     added[i] += q - p[i];
                     p[i] = q;
                     w[i] = wq;
-                    (lat, end) = self.topo.longest_path_update(&w, &mut dist, &mut via, i);
+                    (lat, end) = self
+                        .graph
+                        .topo
+                        .longest_path_update(&w, &mut dist, &mut via, i);
                 }
                 let list: Vec<String> = (0..n)
                     .filter(|&i| added[i] > 0)
@@ -659,19 +752,19 @@ impl Model {
         why: Vec<String>,
         mut reasons: Vec<String>,
     ) -> Decision {
-        let n = self.topo.len();
+        let n = self.graph.topo.len();
         let mut operators = BTreeMap::new();
         let mut sources = BTreeMap::new();
         for (i, reason) in why.into_iter().enumerate() {
             let e = &self.est[i];
             let mu = self.mu(i);
             operators.insert(
-                self.topo.names[i].clone(),
+                self.graph.topo.names[i].clone(),
                 OperatorPlan {
-                    kind: self.kind[i].to_string(),
+                    kind: self.graph.kind[i].to_string(),
                     current_parallelism: e.parallelism,
                     parallelism: p[i],
-                    max_parallelism: self.bounds[i].1,
+                    max_parallelism: self.graph.bounds[i].1,
                     observed_input_rate: e.input_rate,
                     arrival_rate: self.lambda_target[i],
                     steady_arrival_rate: self.lambda_steady[i],
@@ -688,7 +781,7 @@ impl Model {
             );
             if let Some(src) = e.source {
                 sources.insert(
-                    self.topo.names[i].clone(),
+                    self.graph.topo.names[i].clone(),
                     SourcePlan {
                         arrival_rate: self.gamma[i],
                         backlog_records: src.backlog_records,
@@ -710,18 +803,19 @@ impl Model {
         let bottleneck = bottleneck.map(|(rho, i)| {
             let e = &self.est[i];
             format!(
-                "{}: ρ={:.2} at p={}, μ={} rec/s per subtask (λ={} rec/s at the arrival rate; measured busy {:.2}, backpressured {:.2})",
-                self.topo.names[i],
-                rho,
+                "{}: ρ={} at p={}, μ={} rec/s per subtask (λ={} rec/s at the arrival rate; measured busy {}, backpressured {})",
+                self.graph.topo.names[i],
+                Fixed(rho, 2),
                 e.parallelism,
                 fmt_rate(e.true_processing_rate.unwrap_or(0.0)),
                 fmt_rate(self.lambda_steady[i]),
-                e.utilization,
-                e.backpressured_share
+                Fixed(e.utilization, 2),
+                Fixed(e.backpressured_share, 2)
             )
         });
         let mut d = Decision {
             parallelism: self
+                .graph
                 .topo
                 .names
                 .iter()
@@ -729,6 +823,7 @@ impl Model {
                 .zip(p.iter().copied())
                 .collect(),
             current: self
+                .graph
                 .topo
                 .names
                 .iter()
@@ -746,10 +841,10 @@ impl Model {
         };
         self.refresh_latency(&mut d);
         reasons.push(format!(
-            "predicted end-to-end latency {:.4} s {} SLO {} s along {}",
-            d.predicted_latency_seconds,
+            "predicted end-to-end latency {} s {} SLO {} s along {}",
+            Fixed(d.predicted_latency_seconds, 4),
             if d.slo_met() { "≤" } else { ">" },
-            self.s.slo,
+            Short(self.s.slo),
             d.critical_path.join(" → ")
         ));
         d.reasons = reasons;
@@ -758,6 +853,7 @@ impl Model {
 
     fn refresh_latency(&self, d: &mut Decision) {
         let w: Vec<f64> = self
+            .graph
             .topo
             .names
             .iter()
@@ -767,7 +863,7 @@ impl Model {
                     .map_or(0.0, |o| o.predicted_sojourn_seconds)
             })
             .collect();
-        let path = self.topo.longest_path(&w);
+        let path = self.graph.topo.longest_path(&w);
         d.predicted_latency_seconds = path.seconds;
         d.critical_path = path.path;
     }
@@ -775,7 +871,7 @@ impl Model {
     /// Recomputes every prediction of `d` after its `parallelism` was edited (by the guards).
     pub(crate) fn refresh(&self, d: &mut Decision) {
         for (name, plan) in d.operators.iter_mut() {
-            let Some(&i) = self.topo.index.get(name) else {
+            let Some(&i) = self.graph.topo.index.get(name) else {
                 continue;
             };
             let p = d.parallelism.get(name).copied().unwrap_or(plan.parallelism);

@@ -5,13 +5,16 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::Parser;
+use streamscale_engine::checkpoint::storage::CheckpointStorage;
 use streamscale_engine::metrics::EngineMetrics;
-use streamscale_engine::runtime::{Job, RuntimeOptions};
+use streamscale_engine::runtime::{Job, PanicAt, RuntimeOptions};
 use streamscale_engine::savepoint::Savepoint;
-use streamscale_engine::server::Coordinator;
+use streamscale_engine::server::{Coordinator, RestartPolicy};
 use streamscale_engine::spec::JobSpec;
 
 /// Runs a streamscale job graph.
@@ -36,6 +39,18 @@ struct Args {
     /// Turn off time measurement and metric publication (for the overhead benchmark).
     #[arg(long)]
     no_metrics: bool,
+    /// Directory of periodic checkpoints (overrides the job's `checkpoint.dir`).
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Recover from the latest completed checkpoint in this directory (falling back to older
+    /// ones when the latest is damaged; starting fresh when there is none). Checkpoints keep
+    /// going to this directory unless `--checkpoint-dir` says otherwise.
+    #[arg(long, conflicts_with = "restore")]
+    recover_from: Option<PathBuf>,
+    /// Fault injection for recovery tests: `operator:seq` panics that operator's subtask once
+    /// on the record with sequence number `seq`.
+    #[arg(long, hide = true)]
+    fault_panic_at: Option<String>,
 }
 
 fn parse_overrides(items: &[String]) -> Result<BTreeMap<String, u32>, String> {
@@ -81,14 +96,69 @@ fn run(args: Args) -> anyhow::Result<()> {
     let spec = spec.with_parallelism(&overrides);
     spec.validate()
         .map_err(|p| anyhow::anyhow!("{} (after --parallelism): {p}", args.job.display()))?;
-    let restore = match &args.restore {
-        Some(dir) => Some(Savepoint::read(dir, &spec)?),
+    let checkpoint_dir = args
+        .checkpoint_dir
+        .clone()
+        .or_else(|| args.recover_from.clone())
+        .or_else(|| {
+            spec.checkpoint
+                .as_ref()
+                .and_then(|c| c.dir.clone())
+                .map(PathBuf::from)
+        });
+    let retain = spec
+        .checkpoint
+        .as_ref()
+        .map_or(streamscale_engine::spec::DEFAULT_CHECKPOINT_RETAIN, |c| {
+            c.retain
+        });
+    let storage = checkpoint_dir.map(|d| Arc::new(CheckpointStorage::new(d, retain)));
+    let (restore, restored_from) = match (&args.restore, &args.recover_from) {
+        (Some(dir), _) => (
+            Some(Savepoint::read(dir, &spec)?),
+            Some(dir.display().to_string()),
+        ),
+        (None, Some(dir)) => match CheckpointStorage::new(dir, retain).latest(&spec)? {
+            Some((path, sp)) => {
+                tracing::info!(checkpoint = %path.display(), "recovering from the latest completed checkpoint");
+                (Some(sp), Some(path.display().to_string()))
+            }
+            None => {
+                tracing::info!(dir = %dir.display(), "no completed checkpoint yet; starting fresh");
+                (None, None)
+            }
+        },
+        (None, None) => (None, None),
+    };
+    let panic_at = match &args.fault_panic_at {
+        Some(v) => {
+            let (operator, seq) = v
+                .split_once(':')
+                .and_then(|(o, s)| Some((o.to_string(), s.parse::<u64>().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("--fault-panic-at: `{v}` is not `operator:seq`"))?;
+            Some(PanicAt {
+                operator,
+                seq,
+                fired: Arc::new(AtomicBool::new(false)),
+            })
+        }
         None => None,
     };
     let metrics = EngineMetrics::new()?;
     let options = RuntimeOptions {
         metrics_enabled: !args.no_metrics,
+        checkpoint_storage: storage.clone(),
+        panic_at,
         ..RuntimeOptions::default()
+    };
+    let restart = match (&spec.checkpoint, &storage) {
+        (Some(c), Some(storage)) => Some(RestartPolicy {
+            storage: storage.clone(),
+            attempts: c.restart.attempts,
+            delay: Duration::from_secs_f64(c.restart.delay_seconds),
+            options: options.clone(),
+        }),
+        _ => None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -99,13 +169,16 @@ fn run(args: Args) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--bind {}: {e}", args.bind))?;
     let address = listener.local_addr()?;
     let job = Job::start(spec, restore.as_ref(), metrics.clone(), options)?;
-    let coordinator = Coordinator::new(
+    let mut coordinator = Coordinator::new(
         job,
         metrics,
         args.savepoint_dir.clone(),
-        args.restore.as_ref().map(|p| p.display().to_string()),
+        restored_from.clone(),
     );
-    tracing::info!(%address, restored_from = ?args.restore, "job started");
+    if let Some(policy) = restart {
+        coordinator = coordinator.with_restart(policy);
+    }
+    tracing::info!(%address, restored_from = ?restored_from, "job started");
     println!(
         "{}",
         serde_json::json!({"event": "listening", "address": address.to_string()})

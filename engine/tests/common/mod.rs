@@ -144,3 +144,45 @@ edges:
     .unwrap();
     path
 }
+
+/// Writes a job like [`bounded_job`] with periodic checkpoints into `checkpoints`, two source
+/// subtasks' worth of input channels and a sink, and returns its path.
+pub fn checkpointed_job(
+    dir: &Path,
+    count: u64,
+    rate: f64,
+    interval_s: f64,
+    retain: u32,
+    checkpoints: &Path,
+) -> PathBuf {
+    let path = dir.join("job-chk.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"name: bounded
+maxParallelism: 64
+operators:
+  - {{ name: source, kind: source, keys: 300, count: {count}, rate: {{ constant: {rate} }} }}
+  - {{ name: work, kind: map, cpu: 20, io: 100 }}
+  - {{ name: counts, kind: window, sizeMs: 200 }}
+  - {{ name: sink, kind: sink }}
+edges:
+  - {{ from: source, to: work }}
+  - {{ from: work, to: counts }}
+  - {{ from: counts, to: sink }}
+checkpoint: {{ intervalSeconds: {interval_s}, retain: {retain}, dir: "{}", restart: {{ attempts: 2, delaySeconds: 0.2 }} }}
+"#,
+            checkpoints.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// Sum of a metric's samples whose line starts with `prefix`.
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

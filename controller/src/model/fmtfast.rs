@@ -1,0 +1,148 @@
+//! Fast float formatting for the planner's reason strings, byte-for-byte equal to `std`'s.
+//!
+//! `format!("{:.2}", x)` runs `std`'s exact decimal expansion (Grisu with a Dragon fallback),
+//! which dominated the cost of a small job's decision. [`Fixed`] and [`Short`] print the same
+//! text through integer arithmetic whenever that is provably exact and fall back to `std`
+//! otherwise (a tie within rounding error, large or non-finite values).
+
+use std::fmt;
+
+/// 10^k for k = 0..=9.
+const POW10: [u64; 10] = [
+    1,
+    10,
+    100,
+    1_000,
+    10_000,
+    100_000,
+    1_000_000,
+    10_000_000,
+    100_000_000,
+    1_000_000_000,
+];
+
+/// Displays an `f64` like `format!("{:.N}", x)` with `N` = the second field (0..=9).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fixed(pub f64, pub usize);
+
+/// Displays an `f64` like `format!("{}", x)` (shortest representation).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Short(pub f64);
+
+/// Writes `int.frac` (frac zero-padded to `decimals` digits) into `buf` from the end; returns
+/// the start index.
+fn digits(buf: &mut [u8; 48], mut int: u64, mut frac: u64, decimals: usize) -> usize {
+    let mut at = buf.len();
+    for _ in 0..decimals {
+        at -= 1;
+        buf[at] = b'0' + (frac % 10) as u8;
+        frac /= 10;
+    }
+    if decimals > 0 {
+        at -= 1;
+        buf[at] = b'.';
+    }
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (int % 10) as u8;
+        int /= 10;
+        if int == 0 {
+            break;
+        }
+    }
+    at
+}
+
+fn write_buf(f: &mut fmt::Formatter<'_>, negative: bool, buf: &[u8]) -> fmt::Result {
+    if negative {
+        f.write_str("-")?;
+    }
+    // Only ASCII digits, '.' and '-' were written.
+    f.write_str(std::str::from_utf8(buf).map_err(|_| fmt::Error)?)
+}
+
+impl fmt::Display for Fixed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Fixed(x, decimals) = *self;
+        if decimals < POW10.len() && x.is_finite() {
+            let scale = POW10[decimals];
+            // y = |x|·10^d, correctly rounded: its error is at most y·2⁻⁵³, so unless the
+            // fraction is within that of ½ the rounding of y equals that of the exact value.
+            let y = x.abs() * scale as f64;
+            if y < 4.0e15 {
+                let floor = y.floor();
+                let frac = y - floor; // exact below 2⁵²
+                let slack = y * 2f64.powi(-51) + 1e-300;
+                if (frac - 0.5).abs() > slack {
+                    let r = floor as u64 + u64::from(frac > 0.5);
+                    let mut buf = [0u8; 48];
+                    let at = digits(&mut buf, r / scale, r % scale, decimals);
+                    return write_buf(f, x.is_sign_negative(), &buf[at..]);
+                }
+            }
+        }
+        write!(f, "{x:.decimals$}")
+    }
+}
+
+impl fmt::Display for Short {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let x = self.0;
+        // Integral values below 2⁵³ print as their integer (`std` prints 60.0 as "60").
+        if x.is_finite() && x.fract() == 0.0 && x.abs() < 9.0e15 {
+            let mut buf = [0u8; 48];
+            let at = digits(&mut buf, x.abs() as u64, 0, 0);
+            return write_buf(f, x.is_sign_negative(), &buf[at..]);
+        }
+        write!(f, "{x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn known_values_and_edges() {
+        for (x, d) in [
+            (0.125, 2),
+            (0.375, 2),
+            (2.5, 0),
+            (3.5, 0),
+            (-0.0, 2),
+            (-0.001, 2),
+            (1e20, 2),
+            (f64::INFINITY, 1),
+            (f64::NAN, 3),
+            (0.7, 2),
+            (99.995, 2),
+            (1.005, 2),
+        ] {
+            assert_eq!(Fixed(x, d).to_string(), format!("{x:.d$}"), "{x} {d}");
+        }
+        for x in [0.0, -0.0, 60.0, 1.0, 0.09, 1e16, -3.0, 1.5e-7, f64::NAN] {
+            assert_eq!(Short(x).to_string(), format!("{x}"), "{x}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 20_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn fixed_equals_std(x in prop_oneof![
+            -1e6f64..1e6,
+            0.0f64..2.0,
+            (0u32..200_000).prop_map(|k| f64::from(k) / 1000.0 + 0.0005),
+            (0u32..20_000).prop_map(|k| f64::from(k) / 8.0),
+            any::<f64>(),
+        ], d in 0usize..=6) {
+            prop_assert_eq!(Fixed(x, d).to_string(), format!("{x:.d$}"));
+        }
+
+        #[test]
+        fn short_equals_std(x in prop_oneof![(-100_000i64..100_000).prop_map(|k| k as f64), any::<f64>()]) {
+            prop_assert_eq!(Short(x).to_string(), format!("{x}"));
+        }
+    }
+}

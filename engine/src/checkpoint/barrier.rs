@@ -1,0 +1,150 @@
+//! What flows on a channel (data records, barriers, end of input) and the alignment of
+//! barriers at a subtask with several input channels.
+
+use crate::runtime::Record;
+
+/// What a checkpoint barrier asks of the subtasks it passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarrierKind {
+    /// A periodic checkpoint: snapshot and keep running.
+    Checkpoint,
+    /// A savepoint of a running job: snapshot and keep running.
+    Savepoint,
+    /// A stop-with-savepoint: snapshot, forward the barrier, then exit. With `drain`, open
+    /// window panes fire before the snapshot (Flink's `--drain`).
+    Stop {
+        /// Fire every open window pane before the snapshot.
+        drain: bool,
+    },
+}
+
+/// A numbered checkpoint barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Barrier {
+    /// Checkpoint id, increasing within a run.
+    pub id: u64,
+    /// What to do on alignment.
+    pub kind: BarrierKind,
+}
+
+impl Barrier {
+    /// Whether subtasks exit after forwarding this barrier.
+    pub fn stops(&self) -> bool {
+        matches!(self.kind, BarrierKind::Stop { .. })
+    }
+}
+
+/// The payload of one channel message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A data record.
+    Data(Record),
+    /// A checkpoint barrier: every record sent on this channel before it belongs to the
+    /// checkpoint, none after it.
+    Barrier(Barrier),
+    /// The sender finished (a bounded source reached its count); nothing follows on this channel.
+    End,
+}
+
+/// One message on a subtask's input queue, tagged with the input channel it came on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// Index of the input channel (one per upstream subtask) at the receiver.
+    pub channel: u32,
+    /// The payload.
+    pub event: Event,
+}
+
+/// Barrier alignment at one subtask with `channels` input channels.
+///
+/// After a channel delivers barrier `n` it is blocked: its later messages must be held back
+/// (the caller stashes them) until every channel that has not ended delivered `n`. Ended
+/// channels count as aligned.
+#[derive(Debug)]
+pub struct Aligner {
+    blocked: Vec<bool>,
+    ended: Vec<bool>,
+    current: Option<Barrier>,
+}
+
+impl Aligner {
+    /// An aligner for `channels` input channels.
+    pub fn new(channels: usize) -> Aligner {
+        Aligner {
+            blocked: vec![false; channels],
+            ended: vec![false; channels],
+            current: None,
+        }
+    }
+
+    /// Whether messages from `channel` must be held back (it already delivered the barrier
+    /// being aligned).
+    pub fn is_blocked(&self, channel: u32) -> bool {
+        self.blocked.get(channel as usize).copied().unwrap_or(false)
+    }
+
+    /// Records barrier `b` from `channel`; returns the barrier when the subtask is aligned
+    /// (every live channel delivered it), after which all channels are unblocked.
+    pub fn on_barrier(&mut self, channel: u32, b: Barrier) -> Option<Barrier> {
+        if let Some(slot) = self.blocked.get_mut(channel as usize) {
+            *slot = true;
+        }
+        let current = *self.current.get_or_insert(b);
+        self.complete(current)
+    }
+
+    /// Records the end of `channel`; returns a barrier whose alignment this completes.
+    pub fn on_end(&mut self, channel: u32) -> Option<Barrier> {
+        if let Some(slot) = self.ended.get_mut(channel as usize) {
+            *slot = true;
+        }
+        let current = self.current?;
+        self.complete(current)
+    }
+
+    /// Whether every channel has ended.
+    pub fn all_ended(&self) -> bool {
+        self.ended.iter().all(|e| *e)
+    }
+
+    fn complete(&mut self, b: Barrier) -> Option<Barrier> {
+        let aligned = self.blocked.iter().zip(&self.ended).all(|(b, e)| *b || *e);
+        if !aligned {
+            return None;
+        }
+        self.blocked.iter_mut().for_each(|b| *b = false);
+        self.current = None;
+        Some(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(id: u64) -> Barrier {
+        Barrier {
+            id,
+            kind: BarrierKind::Checkpoint,
+        }
+    }
+
+    #[test]
+    fn aligns_when_every_live_channel_delivered_the_barrier() {
+        let mut a = Aligner::new(3);
+        assert_eq!(a.on_barrier(0, b(1)), None);
+        assert!(a.is_blocked(0) && !a.is_blocked(1));
+        assert_eq!(a.on_barrier(2, b(1)), None);
+        assert_eq!(a.on_barrier(1, b(1)), Some(b(1)));
+        assert!(!a.is_blocked(0) && !a.is_blocked(1) && !a.is_blocked(2));
+        // An ended channel counts as aligned, also when it ends mid-alignment.
+        assert_eq!(a.on_barrier(1, b(2)), None);
+        assert_eq!(a.on_end(0), None);
+        assert_eq!(a.on_barrier(2, b(2)), Some(b(2)));
+        assert_eq!(a.on_barrier(1, b(3)), None);
+        assert_eq!(a.on_end(2), Some(b(3)));
+        assert!(!a.all_ended());
+        assert_eq!(a.on_end(1), None);
+        assert!(a.all_ended());
+    }
+}

@@ -1,0 +1,409 @@
+//! The checkpoint coordinator: one thread per running job that triggers checkpoints
+//! (periodically and on demand), collects the subtasks' acknowledgements and writes each
+//! completed checkpoint or savepoint.
+//!
+//! At most one checkpoint is in flight; a request arriving meanwhile waits for it. A
+//! checkpoint is complete when every subtask acknowledged its barrier; it then fails on a
+//! timeout, a job failure, or a storage error (counted in
+//! `streamscale_checkpoints_failed_total` and logged; the job keeps running and earlier
+//! checkpoints stay).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, select};
+
+use super::barrier::{Barrier, BarrierKind};
+use super::gate::SourceGate;
+use super::storage::CheckpointStorage;
+use crate::keygroup::key_group_range;
+use crate::metrics::EngineMetrics;
+use crate::savepoint::{
+    FORMAT_VERSION, OperatorCounters, Savepoint, SavepointMetadata, SourcePosition,
+};
+use crate::spec::JobSpec;
+use crate::state::KeyedState;
+
+/// A subtask's acknowledgement of barrier `checkpoint`: its snapshot at the barrier.
+#[derive(Debug)]
+pub struct Ack {
+    /// Checkpoint id.
+    pub checkpoint: u64,
+    /// Operator name.
+    pub operator: String,
+    /// Subtask index.
+    pub subtask: u32,
+    /// Keyed state at the barrier (keyed operators), shared copy-on-write with the subtask.
+    pub state: Option<KeyedState>,
+    /// Records this subtask received, sent, accounted and filtered since the job (re)started,
+    /// up to the barrier.
+    pub counters: OperatorCounters,
+}
+
+/// Where a completed snapshot goes.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A retained checkpoint in the job's checkpoint storage.
+    Checkpoint,
+    /// A savepoint directory (must not exist).
+    Savepoint(PathBuf),
+}
+
+/// A completed and written checkpoint or savepoint.
+#[derive(Debug, Clone)]
+pub struct Completed {
+    /// Checkpoint id.
+    pub id: u64,
+    /// Where it was written.
+    pub location: String,
+    /// Its manifest.
+    pub metadata: SavepointMetadata,
+}
+
+/// Why a checkpoint or savepoint did not complete. When the snapshot was taken but could not
+/// be written, it is handed back so that a stopped job can resume from it.
+#[derive(Debug)]
+pub struct Failed {
+    /// Checkpoint id, when one was assigned.
+    pub id: Option<u64>,
+    /// The reason, naming the file for storage errors.
+    pub reason: String,
+    /// The complete snapshot, when the failure came after alignment.
+    pub snapshot: Option<Box<Savepoint>>,
+}
+
+/// The answer to a trigger.
+pub type Outcome = Result<Completed, Failed>;
+
+/// A request to the coordinator.
+pub(crate) struct Request {
+    pub kind: BarrierKind,
+    pub target: Target,
+    pub reply: Option<Sender<Outcome>>,
+}
+
+/// What the coordinator needs to know about the job.
+pub(crate) struct JobContext {
+    pub spec: JobSpec,
+    pub gates: Vec<(String, Arc<SourceGate>)>,
+    pub subtasks: usize,
+    pub base_counters: BTreeMap<String, OperatorCounters>,
+    pub job_started_unix_ms: u64,
+    pub failed: Arc<AtomicBool>,
+    pub metrics: EngineMetrics,
+    pub storage: Option<Arc<CheckpointStorage>>,
+    pub interval: Option<Duration>,
+    pub timeout: Duration,
+    pub first_id: u64,
+}
+
+/// Handle of the coordinator thread.
+pub(crate) struct Coordinator {
+    requests: Option<Sender<Request>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Coordinator {
+    /// Starts the coordinator thread.
+    pub fn start(ctx: JobContext, acks: Receiver<Ack>) -> std::io::Result<Coordinator> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("checkpoint-coordinator".into())
+            .spawn(move || run(ctx, rx, acks))?;
+        Ok(Coordinator {
+            requests: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a request; the outcome arrives on the returned channel.
+    pub fn trigger(&self, kind: BarrierKind, target: Target) -> Receiver<Outcome> {
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        if let Some(tx) = &self.requests {
+            let _ = tx.send(Request {
+                kind,
+                target,
+                reply: Some(reply),
+            });
+        }
+        rx
+    }
+
+    /// Stops the thread (pending requests fail) and waits for it.
+    pub fn shutdown(&mut self) {
+        self.requests = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Pending {
+    id: u64,
+    kind: BarrierKind,
+    target: Target,
+    reply: Option<Sender<Outcome>>,
+    started: Instant,
+    positions: BTreeMap<String, u64>,
+    acks: Vec<Ack>,
+}
+
+fn fail(ctx: &JobContext, reply: Option<Sender<Outcome>>, failed: Failed) {
+    ctx.metrics.checkpoints_failed.inc();
+    tracing::warn!(checkpoint = ?failed.id, reason = %failed.reason, "checkpoint failed");
+    if let Some(r) = reply {
+        let _ = r.send(Err(failed));
+    }
+}
+
+fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
+    let mut next_id = ctx.first_id;
+    let mut pending: Option<Pending> = None;
+    let mut queued: VecDeque<Request> = VecDeque::new();
+    let mut next_periodic = ctx.interval.map(|i| Instant::now() + i);
+    let mut open = true;
+    loop {
+        let tick = crossbeam_channel::after(Duration::from_millis(20));
+        select! {
+            recv(requests) -> r => match r {
+                Ok(req) => queued.push_back(req),
+                Err(_) => open = false,
+            },
+            recv(acks) -> a => {
+                if let (Ok(ack), Some(p)) = (a, pending.as_mut())
+                    && ack.checkpoint == p.id
+                {
+                    p.acks.push(ack);
+                }
+            },
+            recv(tick) -> _ => {},
+        }
+        if let Some(p) = pending.take() {
+            if p.acks.len() >= ctx.subtasks {
+                complete(&ctx, p);
+            } else if !open || ctx.failed.load(Ordering::SeqCst) {
+                let reason = if open {
+                    "a subtask failed"
+                } else {
+                    "the job ended"
+                };
+                fail(
+                    &ctx,
+                    p.reply,
+                    Failed {
+                        id: Some(p.id),
+                        reason: format!("checkpoint {} aborted: {reason}", p.id),
+                        snapshot: None,
+                    },
+                );
+            } else if p.started.elapsed() > ctx.timeout {
+                fail(
+                    &ctx,
+                    p.reply,
+                    Failed {
+                        id: Some(p.id),
+                        reason: format!(
+                            "checkpoint {} timed out after {:.1} s ({} of {} subtasks acknowledged)",
+                            p.id,
+                            ctx.timeout.as_secs_f64(),
+                            p.acks.len(),
+                            ctx.subtasks
+                        ),
+                        snapshot: None,
+                    },
+                );
+            } else {
+                pending = Some(p);
+            }
+        }
+        if !open && pending.is_none() {
+            for req in queued.drain(..) {
+                fail(
+                    &ctx,
+                    req.reply,
+                    Failed {
+                        id: None,
+                        reason: "the job ended before the savepoint started".into(),
+                        snapshot: None,
+                    },
+                );
+            }
+            return;
+        }
+        if pending.is_some() || !open {
+            continue;
+        }
+        let req = match queued.pop_front() {
+            Some(r) => Some(r),
+            None => match next_periodic {
+                Some(t) if Instant::now() >= t => {
+                    next_periodic = ctx.interval.map(|i| Instant::now() + i);
+                    ctx.storage.as_ref().map(|_| Request {
+                        kind: BarrierKind::Checkpoint,
+                        target: Target::Checkpoint,
+                        reply: None,
+                    })
+                }
+                _ => None,
+            },
+        };
+        let Some(req) = req else { continue };
+        if ctx.failed.load(Ordering::SeqCst) {
+            fail(
+                &ctx,
+                req.reply,
+                Failed {
+                    id: None,
+                    reason: "a subtask failed".into(),
+                    snapshot: None,
+                },
+            );
+            continue;
+        }
+        let barrier = Barrier {
+            id: next_id,
+            kind: req.kind,
+        };
+        let gates: Vec<&SourceGate> = ctx.gates.iter().map(|(_, g)| g.as_ref()).collect();
+        match SourceGate::inject_all(&gates, barrier) {
+            Some(positions) => {
+                next_id += 1;
+                if barrier.stops() {
+                    next_periodic = None;
+                }
+                tracing::debug!(checkpoint = barrier.id, kind = ?barrier.kind, "barrier injected");
+                pending = Some(Pending {
+                    id: barrier.id,
+                    kind: req.kind,
+                    target: req.target,
+                    reply: req.reply,
+                    started: Instant::now(),
+                    positions: ctx
+                        .gates
+                        .iter()
+                        .map(|(n, _)| n.clone())
+                        .zip(positions)
+                        .collect(),
+                    acks: Vec::new(),
+                });
+            }
+            None => {
+                if req.reply.is_some() {
+                    fail(
+                        &ctx,
+                        req.reply,
+                        Failed {
+                            id: None,
+                            reason: "a source already reached its record count; no barrier can be injected".into(),
+                            snapshot: None,
+                        },
+                    );
+                } else {
+                    // Periodic checkpoints end with the bounded sources (as in Flink before FLIP-147).
+                    next_periodic = None;
+                }
+            }
+        }
+    }
+}
+
+/// Assembles the snapshot from the acknowledgements.
+fn assemble(ctx: &JobContext, p: &mut Pending) -> Savepoint {
+    let spec = &ctx.spec;
+    let mut state: BTreeMap<String, KeyedState> = BTreeMap::new();
+    let mut counters = ctx.base_counters.clone();
+    for ack in p.acks.drain(..) {
+        let c = counters.entry(ack.operator.clone()).or_default();
+        c.records_in += ack.counters.records_in;
+        c.records_out += ack.counters.records_out;
+        c.accounted += ack.counters.accounted;
+        c.filtered += ack.counters.filtered;
+        if let Some(s) = ack.state {
+            state.entry(ack.operator).or_default().merge(s);
+        }
+    }
+    let mut key_groups = BTreeMap::new();
+    for op in spec.operators.iter().filter(|o| o.kind.is_keyed()) {
+        state.entry(op.name.clone()).or_default();
+        key_groups.insert(
+            op.name.clone(),
+            (0..op.parallelism)
+                .map(|i| {
+                    let r = key_group_range(i, op.parallelism, spec.max_parallelism);
+                    [r.start, r.end]
+                })
+                .collect(),
+        );
+    }
+    let metadata = SavepointMetadata {
+        format_version: FORMAT_VERSION,
+        job_name: spec.name.clone(),
+        fingerprint: spec.fingerprint(),
+        max_parallelism: spec.max_parallelism,
+        parallelism: spec.parallelism(),
+        job_started_unix_ms: ctx.job_started_unix_ms,
+        created_unix_ms: crate::runtime::now_unix_ms(),
+        sources: p
+            .positions
+            .iter()
+            .map(|(n, e)| (n.clone(), SourcePosition { emitted: *e }))
+            .collect(),
+        counters,
+        files: Vec::new(),
+        checkpoint_id: Some(p.id),
+        key_groups,
+    };
+    Savepoint { metadata, state }
+}
+
+fn complete(ctx: &JobContext, mut p: Pending) {
+    let snapshot = assemble(ctx, &mut p);
+    let written = match &p.target {
+        Target::Savepoint(dir) => snapshot
+            .write(dir)
+            .map(|m| (dir.display().to_string(), m))
+            .map_err(|e| e.to_string()),
+        Target::Checkpoint => match &ctx.storage {
+            Some(storage) => storage
+                .write_checkpoint(p.id, &snapshot)
+                .map_err(|e| e.to_string()),
+            None => Err("no checkpoint storage configured".into()),
+        },
+    };
+    match written {
+        Ok((location, metadata)) => {
+            let secs = p.started.elapsed().as_secs_f64();
+            let bytes: u64 = metadata.files.iter().map(|f| f.bytes).sum();
+            ctx.metrics.checkpoints_completed.inc();
+            ctx.metrics.checkpoint_duration.set(secs);
+            ctx.metrics.checkpoint_size.set(bytes as f64);
+            tracing::info!(checkpoint = p.id, kind = ?p.kind, %location, seconds = secs, bytes, "checkpoint completed");
+            if let Some(r) = p.reply {
+                let _ = r.send(Ok(Completed {
+                    id: p.id,
+                    location,
+                    metadata,
+                }));
+            }
+        }
+        Err(reason) => fail(
+            ctx,
+            p.reply,
+            Failed {
+                id: Some(p.id),
+                reason,
+                snapshot: Some(Box::new(snapshot)),
+            },
+        ),
+    }
+}
