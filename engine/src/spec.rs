@@ -195,8 +195,8 @@ pub enum OperatorKind {
         /// query rows one JSON object per line. Discards when absent. Delivery: records are
         /// written as they arrive and the file is flushed before a stop-with-savepoint
         /// completes, so a stop and restore writes every result exactly once; after a crash
-        /// the job restarts from its last savepoint and replays, so results written since
-        /// are written again (at-least-once).
+        /// the job restarts from its latest completed checkpoint or savepoint and replays, so
+        /// results written since are written again (at-least-once, not idempotent).
         #[serde(default)]
         output: Option<PathBuf>,
     },
@@ -231,7 +231,8 @@ pub enum OperatorKind {
 
 /// Short name of an operator kind, as written in YAML.
 impl OperatorKind {
-    /// The `kind` string: `source`, `map`, `filter`, `window` or `sink`.
+    /// The `kind` string: `source`, `map`, `filter`, `window`, `sink`, `select`,
+    /// `eventWindow`, `windowTop` or `join`.
     pub fn name(&self) -> &'static str {
         match self {
             OperatorKind::Source { .. } => "source",
