@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use streamscale_controller::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use streamscale_engine::spec::JobSpec;
 
+use crate::config::SimConfig;
 use crate::model::{JobModel, OpKind};
 use crate::plant::{Snapshot, metric_sample, subtask_shares};
 
@@ -87,8 +88,23 @@ pub fn make_policy(
     interval_s: f64,
     window_s: f64,
 ) -> Option<Box<dyn Policy>> {
+    let cfg = SimConfig {
+        interval_seconds: interval_s,
+        window_seconds: window_s,
+        ..SimConfig::default()
+    };
+    make_policy_with(name, model, &cfg)
+}
+
+/// [`make_policy`] with the simulator settings `cfg` (interval, window, streamscale's guards).
+pub fn make_policy_with(name: &str, model: &JobModel, cfg: &SimConfig) -> Option<Box<dyn Policy>> {
+    let (interval_s, window_s) = (cfg.interval_seconds, cfg.window_seconds);
     Some(match name {
-        "streamscale" => Box::new(Streamscale::new(interval_s, window_s)),
+        "streamscale" => Box::new(Streamscale::with_guards(
+            interval_s,
+            window_s,
+            cfg.guard_settings(),
+        )),
         "ds2" => Box::new(Ds2 {
             interval_s,
             window_s,
@@ -189,13 +205,24 @@ pub struct Streamscale {
 }
 
 impl Streamscale {
-    /// Decisions every `interval_s` seconds from a metric window of `window_s` seconds.
+    /// Decisions every `interval_s` seconds from a metric window of `window_s` seconds, with the
+    /// operator's default guards.
     pub fn new(interval_s: f64, window_s: f64) -> Streamscale {
-        Streamscale {
-            auto: Autoscaler::new(GuardSettings {
+        Streamscale::with_guards(
+            interval_s,
+            window_s,
+            GuardSettings {
                 window_seconds: (window_s / 2.0).max(interval_s * 2.0),
                 ..GuardSettings::default()
-            }),
+            },
+        )
+    }
+
+    /// Decisions every `interval_s` seconds from a metric window of `window_s` seconds, with
+    /// these guard settings.
+    pub fn with_guards(interval_s: f64, window_s: f64, guards: GuardSettings) -> Streamscale {
+        Streamscale {
+            auto: Autoscaler::new(guards),
             interval_s,
             window_s,
             spec: None,

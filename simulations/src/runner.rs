@@ -397,8 +397,7 @@ pub fn replay_all(
     model: &JobModel,
     names: &[String],
     opts: &ReplayOptions,
-    interval_s: f64,
-    window_s: f64,
+    cfg: &crate::config::SimConfig,
     on_steps: &(dyn Fn(u64) + Sync),
 ) -> Result<(crate::report::Summary, Vec<PolicyRun>), crate::SimError> {
     let mut all: Vec<String> = Vec::new();
@@ -431,9 +430,7 @@ pub fn replay_all(
             let Some(&i) = order.get(k) else {
                 return done;
             };
-            if let Some(mut policy) =
-                crate::policy::make_policy(&all[i], model, interval_s, window_s)
-            {
+            if let Some(mut policy) = crate::policy::make_policy_with(&all[i], model, cfg) {
                 let run = replay_scheduled(model, &schedule, policy.as_mut(), opts, &mut |n| {
                     on_steps(n)
                 });

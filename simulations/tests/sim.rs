@@ -149,7 +149,8 @@ fn oracle_is_a_lower_bound_on_every_bundled_trace() {
             max_rows: 10,
             threads: 0,
         };
-        let (summary, _) = replay_all(&model, &names, &opts, 5.0, 30.0, &|_| {}).unwrap();
+        let (summary, _) =
+            replay_all(&model, &names, &opts, &SimConfig::default(), &|_| {}).unwrap();
         let oracle = summary.policies["oracle"].resource_hours;
         assert!(
             summary.policies["oracle"].slo_violation_fraction < 0.01,
@@ -384,11 +385,11 @@ fn memo_and_threads_change_nothing() {
     assert_eq!(a.summary, b.summary);
 
     let names: Vec<String> = POLICIES.iter().map(|s| s.to_string()).collect();
-    let one = replay_all(&model, &names, &opts, 5.0, 30.0, &|_| {})
+    let one = replay_all(&model, &names, &opts, &SimConfig::default(), &|_| {})
         .unwrap()
         .0;
     let two = ReplayOptions { threads: 2, ..opts };
-    let two = replay_all(&model, &names, &two, 5.0, 30.0, &|_| {})
+    let two = replay_all(&model, &names, &two, &SimConfig::default(), &|_| {})
         .unwrap()
         .0;
     assert_eq!(one.policies, two.policies);
