@@ -293,6 +293,11 @@ fn bad_traces_fail_naming_the_line() {
         ("text", "t_seconds,rate\n0,abc\n", ":2:"),
         ("header", "time,value\n0,1\n", ":1:"),
         ("empty", "", "no data rows"),
+        ("headeronly", "t_seconds,rate\n", "no data rows"),
+        ("repeated", "t_seconds,rate\n0,1\n0,2\n", ":3:"),
+        ("infinite", "t_seconds,rate\n0,inf\n", ":2:"),
+        ("onecolumn", "t_seconds,rate\n0\n", ":2:"),
+        ("texttime", "t_seconds,rate\nx,1\n", ":2:"),
     ];
     for (name, text, want) in cases {
         let f = dir.path().join(format!("{name}.csv"));
