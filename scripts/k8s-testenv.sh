@@ -10,10 +10,10 @@
 # Binaries are cached in $STREAMSCALE_K8S_CACHE (default ~/.cache/streamscale/k8s): a second
 # `build` reuses them. kube-apiserver is built from the Go module proxy's k8s.io/kubernetes
 # through a small wrapper module whose go.mod pins every k8s.io/* staging module to the
-# matching v0.x version. helm comes from `go install`, etcd and kubectl from Debian.
+# matching v0.x version. helm comes from `go install`, etcd, kubectl and prometheus from Debian.
 #
 # `start` writes $STATE/env (default state dir /tmp/streamscale-k8s-$UID) with
-# KUBE_APISERVER_URL, KUBE_ADMIN_TOKEN, KUBE_CA_FILE, KUBECONFIG, HELM, KUBECTL; the admin user
+# KUBE_APISERVER_URL, KUBE_ADMIN_TOKEN, KUBE_CA_FILE, KUBECONFIG, HELM, KUBECTL, PROMETHEUS; the admin user
 # authenticates with a static bearer token and is in group system:masters.
 set -euo pipefail
 
@@ -33,10 +33,13 @@ ensure_apt() {
   command -v kubectl >/dev/null || missing+=(kubernetes-client)
   command -v openssl >/dev/null || missing+=(openssl)
   command -v curl >/dev/null || missing+=(curl)
+  # A real Prometheus server for the operator's Prometheus metrics source (not started here:
+  # the tests start their own on loopback).
+  command -v prometheus >/dev/null || missing+=(prometheus)
   if ((${#missing[@]})); then
     log "installing ${missing[*]} with apt"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 }
 
@@ -199,6 +202,7 @@ KUBE_CA_FILE=$pki/ca.crt
 KUBECONFIG=$STATE/kubeconfig
 HELM=$HELM_BIN
 KUBECTL=$(command -v kubectl || true)
+PROMETHEUS=$(command -v prometheus || true)
 EOF
   # The default ServiceAccount's namespace must exist before anything is created in it.
   for _ in $(seq 1 60); do

@@ -258,6 +258,27 @@ impl EngineApi {
         Ok(created.id)
     }
 
+    /// `POST /v1/savepoints` with `{"stop": true, "drain": drain, "id": id}`: a
+    /// stop-with-savepoint under a caller-chosen id, so that a caller can persist the id before
+    /// it asks (and poll it after a crash).
+    ///
+    /// # Errors
+    /// As [`Self::request_stop_with_savepoint`]; [`ApiError::Status`] 400 for an invalid id
+    /// and 409 when a savepoint with that id already exists (in memory or on disk).
+    pub async fn request_stop_with_savepoint_as(
+        &self,
+        drain: bool,
+        id: &str,
+    ) -> Result<String, ApiError> {
+        let url = format!("{}/v1/savepoints", self.base_url);
+        let request = self
+            .client
+            .post(&url)
+            .json(&serde_json::json!({ "stop": true, "drain": drain, "id": id }));
+        let created: SavepointCreated = self.call("POST", request, url).await?;
+        Ok(created.id)
+    }
+
     /// `GET /v1/savepoints/{id}`.
     ///
     /// # Errors

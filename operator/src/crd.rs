@@ -195,6 +195,38 @@ pub struct AutoscalerSettings {
     /// `scaling` bounds and the job's `maxParallelism`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parallelism: BTreeMap<String, ParallelismBounds>,
+    /// Seconds a rescale's stop-with-savepoint may stay pending (or the engine unreachable)
+    /// before the rescale is abandoned and the job redeployed at the old parallelism.
+    /// Default 120.
+    #[serde(default = "default_step_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub savepoint_timeout_seconds: u32,
+    /// Seconds the engine redeployed at the new parallelism may take to run the restored job
+    /// (pod scheduled, image pulled, state loaded) before the restore counts as failed and the
+    /// old parallelism is redeployed from the same savepoint. Default 120.
+    #[serde(default = "default_step_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub restore_timeout_seconds: u32,
+    /// Read the engine's metrics from a Prometheus server's HTTP API instead of scraping the
+    /// engine's `/metrics` (absent: scrape the engine through its Service).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusSource>,
+}
+
+/// A Prometheus server that scrapes the engine.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusSource {
+    /// Base URL of the Prometheus server, e.g. `http://prometheus.monitoring.svc:9090`; the
+    /// operator sends instant queries to `URL/api/v1/query`.
+    #[schemars(regex(pattern = r"^https?://[^\s]+$"))]
+    pub url: String,
+    /// PromQL label matchers (without braces) that select this job's engine series, e.g.
+    /// `namespace="prod",job="tweets-engine"`. Default
+    /// `namespace="<namespace>",job="<name>-engine"` (the labels a ServiceMonitor on the
+    /// engine Service gives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
 }
 
 impl Default for AutoscalerSettings {
@@ -209,6 +241,9 @@ impl Default for AutoscalerSettings {
             metrics_interval_seconds: default_metrics_interval(),
             metrics_window_seconds: default_metrics_window(),
             parallelism: BTreeMap::new(),
+            savepoint_timeout_seconds: default_step_timeout(),
+            restore_timeout_seconds: default_step_timeout(),
+            prometheus: None,
         }
     }
 }
@@ -383,6 +418,9 @@ fn default_metrics_interval() -> u32 {
 }
 fn default_metrics_window() -> u32 {
     30
+}
+fn default_step_timeout() -> u32 {
+    120
 }
 
 /// The schema of the engine's [`JobSpec`] (generated from the engine's own types), with its

@@ -7,9 +7,11 @@
 //! * [`runtime`]: [`runtime::KubeRuntime`], the `EngineRuntime` for engines in pods.
 //! * [`reconciler`]: the kube-runtime `Controller`.
 //! * [`metrics`]: the operator's own Prometheus metrics.
+//! * [`prometheus`]: the engine's metrics read from a Prometheus server's HTTP API.
 
 pub mod crd;
 pub mod metrics;
+pub mod prometheus;
 pub mod reconciler;
 pub mod rescale;
 pub mod resources;

@@ -3,8 +3,11 @@
 //! Settings (flags or environment):
 //! * `--namespace` / `WATCH_NAMESPACE`: watch one namespace (default: all).
 //! * `--metrics-addr` / `METRICS_ADDR`: address of `/metrics` and `/healthz` (default `0.0.0.0:8080`).
-//! * `--leader-election` / `LEADER_ELECTION`: hold the Lease `streamscale-operator` in
-//!   `--lease-namespace` / `POD_NAMESPACE` before reconciling (default off).
+//! * `--leader-election` / `LEADER_ELECTION`: hold the Lease `--lease-name` / `LEASE_NAME`
+//!   (default `streamscale-operator`) in `--lease-namespace` / `POD_NAMESPACE` before
+//!   reconciling (default off);
+//!   `--lease-duration-seconds` / `LEASE_DURATION_SECONDS` (default 15) is how long a leader
+//!   that stopped renewing (killed) keeps it: the time another replica may wait to take over.
 //! * `--log-format` / `LOG_FORMAT`: `text` or `json`; `RUST_LOG` sets the level.
 //!
 //! The Kubernetes connection comes from the environment (in-cluster service account, or
@@ -33,6 +36,13 @@ struct Args {
     /// Hold a Lease before reconciling, so that two replicas never act on one job.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
     leader_election: bool,
+    /// Seconds a Lease stays held without renewal (at least 2); the leader renews it a third
+    /// of that before it expires.
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "streamscale-operator")]
+    lease_name: String,
     /// Namespace of the leader-election Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
@@ -84,10 +94,18 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| format!("streamscale-operator-{}", std::process::id()));
 
     let _lease = if args.leader_election {
+        anyhow::ensure!(
+            args.lease_duration_seconds >= 2,
+            "--lease-duration-seconds must be at least 2, not {}",
+            args.lease_duration_seconds
+        );
+        let grace = (args.lease_duration_seconds / 3).max(1);
         let manager =
-            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "streamscale-operator")
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
                 .with_namespace(&args.lease_namespace)
                 .with_identity(&identity)
+                .with_duration(args.lease_duration_seconds)
+                .with_grace(grace)
                 .build()
                 .await
                 .context("cannot create the leader-election lease manager")?;

@@ -19,6 +19,9 @@ pub struct Metrics {
     pub rescale_step_seconds: HistogramVec,
     /// Seconds per reconcile.
     pub reconcile_seconds: Histogram,
+    /// Successful reads of an engine's metrics, labelled `source` (`engine`: its `/metrics`;
+    /// `prometheus`: a Prometheus server's HTTP API).
+    pub metric_reads: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -62,12 +65,21 @@ impl Metrics {
             "Seconds per reconcile",
         ))
         .expect("valid metric");
+        let metric_reads = IntCounterVec::new(
+            Opts::new(
+                "streamscale_operator_metric_reads_total",
+                "Successful reads of engine metrics by source",
+            ),
+            &["source"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(errors.clone()),
             Box::new(decisions.clone()),
             Box::new(rescale_step_seconds.clone()),
             Box::new(reconcile_seconds.clone()),
+            Box::new(metric_reads.clone()),
         ] {
             registry.register(c).expect("unique metric");
         }
@@ -78,6 +90,7 @@ impl Metrics {
             decisions,
             rescale_step_seconds,
             reconcile_seconds,
+            metric_reads,
         }
     }
 

@@ -61,6 +61,9 @@ struct JobMemory {
     autoscaler: Autoscaler,
     window: VecDeque<MetricSample>,
     settings: GuardSettings,
+    /// Unix seconds of the last Prometheus scrape put into `window` (a query that returns the
+    /// same scrape again adds nothing).
+    last_scrape_unix_s: Option<f64>,
 }
 
 /// Shared state of the reconciler.
@@ -442,16 +445,45 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
 /// Scrapes, decides, and records the decision (starting a rescale in mode `auto`).
 async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mut StreamJobStatus) {
     let now_s = ctx.now_s();
-    let sample =
-        match streamscale_controller::scrape::scrape(&ctx.http, &rt.api().metrics_url(), now_s)
-            .await
-        {
-            Ok(m) => m.sample,
-            Err(e) => {
-                tracing::debug!(job = %key(job), "scrape failed: {e}");
-                return;
+    let (sample, scraped_at) = match &job.spec.autoscaler.prometheus {
+        Some(p) => {
+            let selector = p
+                .selector
+                .clone()
+                .unwrap_or_else(|| default_prometheus_selector(job));
+            let now_unix_s = Timestamp::now().as_millisecond() as f64 / 1000.0;
+            match crate::prometheus::fetch(&ctx.http, &p.url, &selector, now_s, now_unix_s).await {
+                Ok(m) => {
+                    ctx.metrics
+                        .metric_reads
+                        .with_label_values(&["prometheus"])
+                        .inc();
+                    (m.metrics.sample, Some(m.scraped_at_unix_s))
+                }
+                Err(e) => {
+                    tracing::warn!(job = %key(job), "metrics from Prometheus: {e}");
+                    return;
+                }
             }
-        };
+        }
+        None => {
+            match streamscale_controller::scrape::scrape(&ctx.http, &rt.api().metrics_url(), now_s)
+                .await
+            {
+                Ok(m) => {
+                    ctx.metrics
+                        .metric_reads
+                        .with_label_values(&["engine"])
+                        .inc();
+                    (m.sample, None)
+                }
+                Err(e) => {
+                    tracing::debug!(job = %key(job), "scrape failed: {e}");
+                    return;
+                }
+            }
+        }
+    };
     let spec = planning_spec(job, &status.current_parallelism);
     let verdict = {
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -463,6 +495,7 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
                 autoscaler,
                 window: VecDeque::new(),
                 settings: settings.clone(),
+                last_scrape_unix_s: None,
             }
         });
         if m.settings != settings {
@@ -477,7 +510,10 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
         {
             m.window.clear();
         }
-        m.window.push_back(sample);
+        if scraped_at.is_none() || scraped_at != m.last_scrape_unix_s {
+            m.window.push_back(sample);
+            m.last_scrape_unix_s = scraped_at;
+        }
         let horizon = job.spec.autoscaler.metrics_window_seconds as f64;
         while m
             .window
@@ -540,12 +576,13 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
     if auto {
         ctx.metrics.decisions.with_label_values(&["rescale"]).inc();
         let now = now_rfc3339();
+        // The savepoint id is chosen here and persisted with the step, before it is requested.
         status.rescale = Some(RescaleStatus {
             step: RescaleStep::Savepointing,
             from: status.current_parallelism.clone(),
             to: decision.parallelism.clone(),
             reason: reason.clone(),
-            savepoint_id: None,
+            savepoint_id: Some(rescale::savepoint_id(&now)),
             savepoint_path: None,
             rolling_back: false,
             started_at: now.clone(),
@@ -597,6 +634,15 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
     }
 }
 
+/// `namespace="NS",job="NAME-engine"`: the labels a ServiceMonitor on the engine Service gives.
+pub fn default_prometheus_selector(job: &StreamJob) -> String {
+    format!(
+        "namespace=\"{}\",job=\"{}\"",
+        job.namespace().unwrap_or_else(|| "default".into()),
+        resources::engine_name(job)
+    )
+}
+
 fn last_parallelism(sample: &MetricSample) -> BTreeMap<String, u32> {
     sample
         .operators
@@ -622,10 +668,14 @@ async fn drive_rescale(
                 }
                 _ => SavepointObs::Pending,
             },
+            Err(streamscale_controller::api::ApiError::Status { status: 404, .. }) => {
+                SavepointObs::NotFound
+            }
             Err(_) => SavepointObs::Unknown,
         },
         _ => SavepointObs::NotAsked,
     };
+    let a = &job.spec.autoscaler;
     let obs = Observation {
         engine,
         savepoint,
@@ -633,6 +683,8 @@ async fn drive_rescale(
         step_age_s: age_s(&r.step_started_at),
         previous_restore: status.restored_from.clone(),
         savepoint_dir: resources::savepoint_dir(job),
+        savepoint_timeout_s: f64::from(a.savepoint_timeout_seconds),
+        restore_timeout_s: f64::from(a.restore_timeout_seconds),
     };
     let now = now_rfc3339();
     let t = rescale::advance(&r, &obs, &now);
@@ -661,10 +713,18 @@ async fn drive_rescale(
     }
     let mut warning = false;
     let reason = match &t.outcome {
+        // Events with one reason are aggregated into one (its first note kept): a roll back
+        // gets its own reason.
         None => t
             .rescale
             .as_ref()
-            .map(|n| format!("{:?}", n.step))
+            .map(|n| {
+                if n.rolling_back && !r.rolling_back {
+                    "RollingBack".to_string()
+                } else {
+                    format!("{:?}", n.step)
+                }
+            })
             .unwrap_or_default(),
         Some(Outcome::Rescaled {
             parallelism,
@@ -796,27 +856,43 @@ async fn drive_rescale(
     }
     match t.action {
         Action::Wait => {}
-        Action::TriggerSavepoint => {
-            let id = rt
-                .api()
-                .request_stop_with_savepoint(false)
-                .await
-                .map_err(|e| Error::Engine(e.to_string()))?;
-            if let Some(next) = status.rescale.as_mut() {
-                next.savepoint_id = Some(id.clone());
+        Action::TriggerSavepoint { id } => {
+            match rt.api().request_stop_with_savepoint_as(false, &id).await {
+                Ok(_) => {
+                    publish(
+                        ctx,
+                        job,
+                        false,
+                        "Savepointing",
+                        format!(
+                            "stop-with-savepoint {id} requested at {}",
+                            rescale::fmt_p(&r.from)
+                        ),
+                    )
+                    .await;
+                }
+                // Taken before an operator restart by an engine that has restarted since.
+                Err(streamscale_controller::api::ApiError::Status {
+                    status: 409, body, ..
+                }) if body.contains("already exists") => {
+                    if let Some(next) = status.rescale.as_ref() {
+                        status.rescale = Some(rescale::savepoint_exists(
+                            next,
+                            &resources::savepoint_dir(job),
+                        ));
+                    }
+                    write_status(ctx, job, &status).await?;
+                    publish(
+                        ctx,
+                        job,
+                        false,
+                        "Savepointing",
+                        format!("savepoint {id} already exists; restoring from it"),
+                    )
+                    .await;
+                }
+                Err(e) => return Err(Error::Engine(e.to_string())),
             }
-            write_status(ctx, job, &status).await?;
-            publish(
-                ctx,
-                job,
-                false,
-                "Savepointing",
-                format!(
-                    "stop-with-savepoint {id} requested at {}",
-                    rescale::fmt_p(&r.from)
-                ),
-            )
-            .await;
         }
         Action::Deploy {
             parallelism,

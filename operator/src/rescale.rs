@@ -9,8 +9,14 @@
 //! * a failed savepoint ends the rescale with the job running at the old parallelism;
 //! * a restore at the new parallelism that fails or times out redeploys the old parallelism
 //!   from the same savepoint (`rollingBack`);
-//! * an engine that is gone before its savepoint was recorded is redeployed at the old
-//!   parallelism from the savepoint it was started from.
+//! * the savepoint's id is chosen by the operator ([`savepoint_id`]) and persisted with the
+//!   Savepointing step *before* the stop-with-savepoint is requested with that id, so an
+//!   operator killed right after the request finds the id in status and polls it (or, when the
+//!   engine has exited and restarted since and no longer knows it, learns from the engine's
+//!   `409 already exists` that the savepoint is on disk at `DIR/ID`) instead of rolling back;
+//! * an engine that stopped without the recorded savepoint (or stays unreachable past the
+//!   savepoint timeout) is redeployed at the old parallelism from the savepoint it was
+//!   started from.
 
 use std::collections::BTreeMap;
 
@@ -35,15 +41,18 @@ pub enum EngineObs {
 /// The requested savepoint as seen through `GET /v1/savepoints/{id}`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SavepointObs {
-    /// No savepoint was requested yet, or it was not asked about.
+    /// Not asked about (no savepoint id, or not in the Savepointing step).
     NotAsked,
+    /// The engine answered `404`: it was never asked for this id (or it restarted since).
+    NotFound,
     /// Still being written.
     Pending,
     /// Completed at this path.
     Completed(String),
     /// Failed with this reason.
     Failed(String),
-    /// The engine could not be asked (it exits after a completed stop-with-savepoint).
+    /// The engine could not be asked (it exits after a completed stop-with-savepoint, and a
+    /// restarted engine takes a moment to answer).
     Unknown,
 }
 
@@ -71,6 +80,12 @@ pub struct Observation {
     pub previous_restore: Option<String>,
     /// Directory the engine writes savepoints to (a savepoint's path is `DIR/ID`).
     pub savepoint_dir: String,
+    /// Seconds a savepoint may stay pending, or the engine unreachable, while savepointing
+    /// before the rescale rolls back (`spec.autoscaler.savepointTimeoutSeconds`).
+    pub savepoint_timeout_s: f64,
+    /// Seconds a redeployed engine may take to run the restored job before the restore counts
+    /// as failed and is rolled back (`spec.autoscaler.restoreTimeoutSeconds`).
+    pub restore_timeout_s: f64,
 }
 
 /// What the reconciler does after persisting the new status.
@@ -78,8 +93,13 @@ pub struct Observation {
 pub enum Action {
     /// Nothing yet: look again shortly.
     Wait,
-    /// Request a stop-with-savepoint, then record its id in `savepointId`.
-    TriggerSavepoint,
+    /// Request a stop-with-savepoint under this id (already persisted in `savepointId`). A
+    /// `409` saying the id already exists means the savepoint is on disk: persist
+    /// [`savepoint_exists`] and look again.
+    TriggerSavepoint {
+        /// The savepoint id to request.
+        id: String,
+    },
     /// Apply the workload at this parallelism, restored from this savepoint.
     Deploy {
         /// Parallelism per operator.
@@ -131,11 +151,40 @@ pub struct Transition {
     pub event: Option<String>,
 }
 
-/// Seconds a redeployed engine may take to run the restored job before the restore counts as
-/// failed (and is rolled back).
+/// Default seconds a redeployed engine may take to run the restored job before the restore
+/// counts as failed (and is rolled back).
 pub const RESTORE_TIMEOUT_S: f64 = 120.0;
-/// Seconds a savepoint may stay pending or the engine unreachable while savepointing.
+/// Default seconds a savepoint may stay pending or the engine unreachable while savepointing.
 pub const SAVEPOINT_TIMEOUT_S: f64 = 120.0;
+
+/// The savepoint id of a rescale started at `started_at` (RFC 3339): `rescale-` and the time
+/// with every character the engine does not accept in an id (`:`, `+`) replaced by `-`.
+/// Deterministic, so a restarted operator derives the same id for the same rescale.
+pub fn savepoint_id(started_at: &str) -> String {
+    let stamp: String = started_at
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(100)
+        .collect();
+    format!("rescale-{stamp}")
+}
+
+/// The rescale to persist when the engine refused the stop-with-savepoint because a savepoint
+/// with the recorded id already exists: it was taken before the operator died and the engine
+/// has restarted since. Its path is `DIR/ID`; the next [`advance`] redeploys from it.
+pub fn savepoint_exists(r: &RescaleStatus, savepoint_dir: &str) -> RescaleStatus {
+    let mut next = r.clone();
+    if let Some(id) = &r.savepoint_id {
+        next.savepoint_path = Some(format!("{}/{id}", savepoint_dir.trim_end_matches('/')));
+    }
+    next
+}
 
 fn stay(r: &RescaleStatus, action: Action) -> Transition {
     Transition {
@@ -197,80 +246,91 @@ fn roll_back(r: &RescaleStatus, now: &str, restore: Option<String>, why: &str) -
 /// The next state of the rescale `r` given `obs`, at time `now` (RFC 3339, stored in status).
 pub fn advance(r: &RescaleStatus, obs: &Observation, now: &str) -> Transition {
     match r.step {
-        RescaleStep::Savepointing => match (&r.savepoint_id, &obs.savepoint) {
-            (None, _) => match &obs.engine {
-                EngineObs::Up { state, .. } if state == "running" => {
-                    stay(r, Action::TriggerSavepoint)
+        RescaleStep::Savepointing => {
+            let running = matches!(&obs.engine, EngineObs::Up { state, .. } if state == "running");
+            let timed_out = obs.step_age_s >= obs.savepoint_timeout_s;
+            let redeploy = |path: &str, how: &str| {
+                let mut next = r.clone();
+                next.savepoint_path = Some(path.to_string());
+                enter(
+                    &next,
+                    RescaleStep::Redeploying,
+                    now,
+                    Action::Deploy {
+                        parallelism: r.to.clone(),
+                        restore: Some(path.to_string()),
+                    },
+                    format!("savepoint {path} {how}; redeploying at {}", fmt_p(&r.to)),
+                )
+            };
+            match (&r.savepoint_id, &obs.savepoint) {
+                // A status from before ids were chosen by the operator: choose it now (persisted
+                // with the request).
+                (None, _) if running => {
+                    let mut next = r.clone();
+                    let id = savepoint_id(&r.started_at);
+                    next.savepoint_id = Some(id.clone());
+                    stay(&next, Action::TriggerSavepoint { id })
                 }
-                _ if obs.step_age_s < SAVEPOINT_TIMEOUT_S
-                    && obs.engine == EngineObs::Unreachable =>
-                {
+                (None, _) if !timed_out && obs.engine == EngineObs::Unreachable => {
                     stay(r, Action::Wait)
                 }
-                // The engine is stopping or gone but no savepoint id was recorded (the operator
-                // died between requesting it and writing the id): fall back to the savepoint
-                // the job was running from.
-                _ => roll_back(
+                (None, _) => roll_back(
                     r,
                     now,
                     obs.previous_restore.clone(),
                     "engine stopped without a recorded savepoint",
                 ),
-            },
-            (Some(_), SavepointObs::Pending) if obs.step_age_s < SAVEPOINT_TIMEOUT_S => {
-                stay(r, Action::Wait)
-            }
-            (Some(_), SavepointObs::Pending) => {
-                roll_back(r, now, obs.previous_restore.clone(), "savepoint timed out")
-            }
-            (Some(_), SavepointObs::Completed(path)) => {
-                let mut next = r.clone();
-                next.savepoint_path = Some(path.clone());
-                enter(
-                    &next,
-                    RescaleStep::Redeploying,
-                    now,
-                    Action::Deploy {
-                        parallelism: r.to.clone(),
-                        restore: Some(path.clone()),
-                    },
-                    format!(
-                        "savepoint {path} completed; redeploying at {}",
-                        fmt_p(&r.to)
-                    ),
-                )
-            }
-            (Some(_), SavepointObs::Failed(reason)) => end(
-                Outcome::SavepointFailed {
-                    reason: reason.clone(),
-                },
-                format!(
-                    "savepoint failed ({reason}); the job keeps running at {}",
-                    fmt_p(&r.from)
+                // The engine said the savepoint already exists on disk.
+                (Some(_), _) if r.savepoint_path.is_some() => redeploy(
+                    r.savepoint_path.as_deref().unwrap_or_default(),
+                    "exists on disk",
                 ),
-            ),
-            // The engine exits after a completed stop-with-savepoint has been read, so it may no
-            // longer answer, or a restarted engine may not know the id: the savepoint is then
-            // DIR/ID (if it is not complete there, the restore fails and rolls back).
-            (Some(id), SavepointObs::Unknown | SavepointObs::NotAsked) => {
-                let path = format!("{}/{}", obs.savepoint_dir.trim_end_matches('/'), id);
-                let mut next = r.clone();
-                next.savepoint_path = Some(path.clone());
-                enter(
-                    &next,
-                    RescaleStep::Redeploying,
-                    now,
-                    Action::Deploy {
-                        parallelism: r.to.clone(),
-                        restore: Some(path.clone()),
+                (Some(_), SavepointObs::Completed(path)) => redeploy(path, "completed"),
+                (Some(_), SavepointObs::Failed(reason)) => end(
+                    Outcome::SavepointFailed {
+                        reason: reason.clone(),
                     },
                     format!(
-                        "engine stopped with savepoint {path}; redeploying at {}",
-                        fmt_p(&r.to)
+                        "savepoint failed ({reason}); the job keeps running at {}",
+                        fmt_p(&r.from)
                     ),
-                )
+                ),
+                (Some(_), SavepointObs::Pending) if !timed_out => stay(r, Action::Wait),
+                (Some(_), SavepointObs::Pending) => {
+                    roll_back(r, now, obs.previous_restore.clone(), "savepoint timed out")
+                }
+                // Not requested yet (the operator died between persisting the id and the
+                // request), or requested from an engine that has exited and restarted since:
+                // request it; the engine answers 409 when it exists on disk.
+                (Some(id), SavepointObs::NotFound) if running => {
+                    stay(r, Action::TriggerSavepoint { id: id.clone() })
+                }
+                (Some(_), SavepointObs::NotFound)
+                    if !timed_out
+                        && matches!(&obs.engine, EngineObs::Up { state, .. } if state == "stopping") =>
+                {
+                    stay(r, Action::Wait)
+                }
+                (Some(id), SavepointObs::NotFound) => roll_back(
+                    r,
+                    now,
+                    obs.previous_restore.clone(),
+                    &format!("engine stopped without savepoint {id}"),
+                ),
+                // The engine exits after a completed stop-with-savepoint; wait for it (or its
+                // restarted successor) to answer.
+                (Some(_), SavepointObs::Unknown | SavepointObs::NotAsked) if !timed_out => {
+                    stay(r, Action::Wait)
+                }
+                (Some(id), SavepointObs::Unknown | SavepointObs::NotAsked) => roll_back(
+                    r,
+                    now,
+                    obs.previous_restore.clone(),
+                    &format!("engine unreachable while savepointing {id}"),
+                ),
             }
-        },
+        }
         RescaleStep::Redeploying => {
             let want = WorkloadObs {
                 parallelism: r.to.clone(),
@@ -307,7 +367,7 @@ pub fn advance(r: &RescaleStatus, obs: &Observation, now: &str) -> Transition {
                     Some(true)
                 }
                 EngineObs::Up { state, .. } if state == "failed" => Some(false),
-                _ if obs.step_age_s >= RESTORE_TIMEOUT_S => Some(false),
+                _ if obs.step_age_s >= obs.restore_timeout_s => Some(false),
                 _ => None,
             };
             match (restored, r.rolling_back) {
@@ -366,7 +426,7 @@ mod tests {
             from: p(&[("map", 1)]),
             to: p(&[("map", 3)]),
             reason: "test".into(),
-            savepoint_id: None,
+            savepoint_id: Some("sp-1".into()),
             savepoint_path: None,
             rolling_back: false,
             started_at: "t0".into(),
@@ -385,6 +445,8 @@ mod tests {
             step_age_s: 1.0,
             previous_restore: None,
             savepoint_dir: "/sp".into(),
+            savepoint_timeout_s: SAVEPOINT_TIMEOUT_S,
+            restore_timeout_s: RESTORE_TIMEOUT_S,
         }
     }
 
@@ -403,13 +465,13 @@ mod tests {
             &r,
             &obs(
                 up("running", p(&[("map", 1)]), None),
-                SavepointObs::NotAsked,
+                SavepointObs::NotFound,
             ),
             "t1",
         );
-        assert_eq!(t.action, Action::TriggerSavepoint);
-        let mut r = t.rescale.unwrap();
-        r.savepoint_id = Some("sp-1".into());
+        assert_eq!(t.action, Action::TriggerSavepoint { id: "sp-1".into() });
+        let r = t.rescale.unwrap();
+        assert_eq!(r.savepoint_id.as_deref(), Some("sp-1"));
 
         let t = advance(
             &r,
@@ -463,8 +525,7 @@ mod tests {
 
     #[test]
     fn failed_savepoint_keeps_old_parallelism() {
-        let mut r = rescale();
-        r.savepoint_id = Some("sp-1".into());
+        let r = rescale();
         let t = advance(
             &r,
             &obs(
@@ -546,18 +607,139 @@ mod tests {
     }
 
     #[test]
-    fn engine_gone_after_savepoint_uses_dir_and_id() {
-        let mut r = rescale();
-        r.savepoint_id = Some("sp-9".into());
+    fn killed_after_the_request_resumes_by_polling_the_recorded_id() {
+        // The operator died right after requesting the savepoint: status has the id, the
+        // engine knows it. The restarted operator waits for it instead of rolling back.
+        let r = rescale();
+        let t = advance(
+            &r,
+            &obs(
+                up("stopping", p(&[("map", 1)]), None),
+                SavepointObs::Pending,
+            ),
+            "t",
+        );
+        assert_eq!(t.action, Action::Wait);
+        assert_eq!(t.rescale.as_ref(), Some(&r));
+        let t = advance(
+            &r,
+            &obs(
+                up("stopped", p(&[("map", 1)]), None),
+                SavepointObs::Completed("/sp/sp-1".into()),
+            ),
+            "t",
+        );
+        let next = t.rescale.unwrap();
+        assert!(!next.rolling_back);
+        assert_eq!(next.step, RescaleStep::Redeploying);
+        assert_eq!(next.to, p(&[("map", 3)]));
+    }
+
+    #[test]
+    fn engine_that_exited_and_restarted_is_asked_again_and_its_conflict_means_on_disk() {
+        let r = rescale();
+        // Exited after completing: not reachable for a while -> wait, no roll back.
         let t = advance(&r, &obs(EngineObs::Unreachable, SavepointObs::Unknown), "t");
+        assert_eq!(t.action, Action::Wait);
+        assert_eq!(
+            t.rescale.as_ref().map(|n| n.step),
+            Some(RescaleStep::Savepointing)
+        );
+        // Restarted from the old savepoint: it does not know the id -> request it again.
+        let t = advance(
+            &r,
+            &obs(
+                up("running", p(&[("map", 1)]), None),
+                SavepointObs::NotFound,
+            ),
+            "t",
+        );
+        assert_eq!(t.action, Action::TriggerSavepoint { id: "sp-1".into() });
+        // The engine answers 409 (already exists on disk): redeploy from DIR/ID.
+        let known = savepoint_exists(&r, "/sp/");
+        assert_eq!(known.savepoint_path.as_deref(), Some("/sp/sp-1"));
+        assert_eq!(known.step, RescaleStep::Savepointing);
+        let t = advance(
+            &known,
+            &obs(
+                up("running", p(&[("map", 1)]), None),
+                SavepointObs::NotFound,
+            ),
+            "t2",
+        );
         let next = t.rescale.unwrap();
         assert_eq!(next.step, RescaleStep::Redeploying);
-        assert_eq!(next.savepoint_path.as_deref(), Some("/sp/sp-9"));
+        assert!(!next.rolling_back);
+        assert_eq!(
+            t.action,
+            Action::Deploy {
+                parallelism: p(&[("map", 3)]),
+                restore: Some("/sp/sp-1".into())
+            }
+        );
+    }
+
+    #[test]
+    fn engine_stopped_without_the_recorded_savepoint_rolls_back() {
+        let r = rescale();
+        let mut o = obs(
+            up("stopped", p(&[("map", 1)]), None),
+            SavepointObs::NotFound,
+        );
+        o.previous_restore = Some("/sp/old".into());
+        let next = advance(&r, &o, "t").rescale.unwrap();
+        assert!(next.rolling_back);
+        assert_eq!(next.savepoint_path.as_deref(), Some("/sp/old"));
+        // Stopping (someone else's savepoint in progress): wait until the timeout.
+        o.engine = up("stopping", p(&[("map", 1)]), None);
+        assert_eq!(advance(&r, &o, "t").action, Action::Wait);
+    }
+
+    #[test]
+    fn savepoint_ids_are_valid_engine_ids_and_deterministic() {
+        let started = "2026-11-30T12:34:56.789123+00:00";
+        let id = savepoint_id(started);
+        assert_eq!(id, savepoint_id(started));
+        assert_ne!(id, savepoint_id("2026-11-30T12:34:57Z"));
+        streamscale_engine::server::validate_savepoint_id(&id).unwrap();
+        assert!(id.starts_with("rescale-2026-11-30T12-34-56.789123"), "{id}");
+    }
+
+    #[test]
+    fn a_status_without_an_id_gets_one_persisted_with_the_request() {
+        let mut r = rescale();
+        r.savepoint_id = None;
+        r.started_at = "2026-01-01T00:00:00Z".into();
+        let t = advance(
+            &r,
+            &obs(
+                up("running", p(&[("map", 1)]), None),
+                SavepointObs::NotAsked,
+            ),
+            "t",
+        );
+        let id = savepoint_id("2026-01-01T00:00:00Z");
+        assert_eq!(t.action, Action::TriggerSavepoint { id: id.clone() });
+        assert_eq!(t.rescale.unwrap().savepoint_id, Some(id));
+    }
+
+    #[test]
+    fn restore_timeout_is_the_observed_setting() {
+        let mut r = rescale();
+        r.step = RescaleStep::Restoring;
+        r.savepoint_path = Some("/sp/sp-1".into());
+        let mut o = obs(EngineObs::Unreachable, SavepointObs::NotAsked);
+        o.restore_timeout_s = 3.0;
+        o.step_age_s = 2.0;
+        assert_eq!(advance(&r, &o, "t").action, Action::Wait);
+        o.step_age_s = 3.5;
+        assert!(advance(&r, &o, "t").rescale.unwrap().rolling_back);
     }
 
     #[test]
     fn stopped_engine_without_recorded_savepoint_rolls_back_to_previous_restore() {
-        let r = rescale();
+        let mut r = rescale();
+        r.savepoint_id = None;
         let mut o = obs(
             up("stopped", p(&[("map", 1)]), None),
             SavepointObs::NotAsked,
@@ -572,14 +754,11 @@ mod tests {
     #[test]
     fn savepointing_waits_for_an_unreachable_engine_then_rolls_back() {
         let r = rescale();
-        let t = advance(
-            &r,
-            &obs(EngineObs::Unreachable, SavepointObs::NotAsked),
-            "t",
-        );
+        let t = advance(&r, &obs(EngineObs::Unreachable, SavepointObs::Unknown), "t");
         assert_eq!(t.action, Action::Wait);
-        let mut o = obs(EngineObs::Unreachable, SavepointObs::NotAsked);
-        o.step_age_s = SAVEPOINT_TIMEOUT_S + 1.0;
+        let mut o = obs(EngineObs::Unreachable, SavepointObs::Unknown);
+        o.savepoint_timeout_s = 10.0;
+        o.step_age_s = 11.0;
         assert!(advance(&r, &o, "t").rescale.unwrap().rolling_back);
     }
 }

@@ -13,9 +13,19 @@
 //!   finalizer, Events, an autoscaler rescale, and no record lost (the engine's counters after
 //!   a final drain);
 //! * `operator_killed_between_rescale_steps_resumes_without_losing_records`: SIGKILL at each
-//!   rescale step, restart, resume (or roll back);
-//! * `operator_that_lost_the_savepoint_id_rolls_back_and_replaces_the_stopped_engine`: the one
-//!   window that cannot resume (the savepoint id was never recorded) rolls back.
+//!   rescale step and right after the stop-with-savepoint request, restart, resume (the
+//!   savepoint id is persisted before the request, so nothing rolls back);
+//! * `operator_that_lost_the_savepoint_id_rolls_back_and_replaces_the_stopped_engine`: a
+//!   rescale in status without a savepoint id (as an operator before ids were persisted first
+//!   left it) while the engine has stopped rolls back;
+//! * `modes_recommend_and_off_never_rescale`: `recommend` (metrics read from a real
+//!   Prometheus server) writes the recommendation and an Event, `off` neither, and no engine
+//!   is redeployed;
+//! * `two_replicas_one_leader_and_a_takeover`: two operator processes, one Lease: only the
+//!   holder reconciles; SIGKILL it and the other takes over within the lease duration;
+//! * `failed_restore_rolls_back_to_the_old_parallelism_from_the_same_savepoint`: the engine
+//!   pod at the new parallelism does not fit the node (stays Pending); after
+//!   `restoreTimeoutSeconds` the old parallelism is redeployed from the same savepoint.
 //!
 //! Without the control-plane binaries the tests are skipped with a printed reason, except under
 //! CI=true, where they fail.
@@ -48,6 +58,11 @@ const RELEASE_NS: &str = "streamscale-op";
 /// The chart's ServiceAccount (the release's full name).
 const SERVICE_ACCOUNT: &str = "op-streamscale";
 const JOB: &str = "demo";
+
+/// The tests of this file run one at a time: each runs engines, operators and sometimes a
+/// Prometheus server, and their timing (a lease takeover, step timeouts) must not depend on
+/// how many others share the cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Installs the chart once (CRD, ServiceAccount, RBAC) for every test of this file.
 fn chart_installed(env: &[(String, String)]) {
@@ -140,6 +155,18 @@ struct Kubelet {
 
 impl Kubelet {
     fn start(admin: Client, ns: &str, dir: &Path, port: u16) -> Kubelet {
+        Self::start_on_node(admin, ns, dir, port, None)
+    }
+
+    /// Like [`Kubelet::start`] on a node with `cpu_millis` allocatable CPU: a pod whose engine
+    /// container requests more stays Pending (no engine runs), as the scheduler would leave it.
+    fn start_on_node(
+        admin: Client,
+        ns: &str,
+        dir: &Path,
+        port: u16,
+        cpu_millis: Option<u32>,
+    ) -> Kubelet {
         let stop = Arc::new(AtomicBool::new(false));
         let pod: Arc<Mutex<Option<Pod>>> = Arc::new(Mutex::new(None));
         let starts = Arc::new(AtomicU32::new(0));
@@ -150,7 +177,17 @@ impl Kubelet {
         let bin = engine_bin();
         let task = tokio::spawn(async move {
             while !s.load(Ordering::SeqCst) {
-                tick(&deployments, &configmaps, &dir, &bin, port, &p, &n).await;
+                tick(
+                    &deployments,
+                    &configmaps,
+                    &dir,
+                    &bin,
+                    port,
+                    cpu_millis,
+                    &p,
+                    &n,
+                )
+                .await;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
@@ -181,12 +218,14 @@ impl Drop for Kubelet {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn tick(
     deployments: &Api<Deployment>,
     configmaps: &Api<ConfigMap>,
     dir: &Path,
     bin: &Path,
     port: u16,
+    cpu_millis: Option<u32>,
     pod: &Mutex<Option<Pod>>,
     starts: &AtomicU32,
 ) {
@@ -225,6 +264,12 @@ async fn tick(
         *guard = None;
     }
     if let Some(template) = template {
+        // Unschedulable on this node: Pending, no container.
+        if let (Some(capacity), Some(request)) = (cpu_millis, cpu_request_millis(&template))
+            && request > capacity
+        {
+            return;
+        }
         let args = args_of(&template);
         let child = spawn_engine(bin, dir, port, &args, job_yaml.as_deref(), starts);
         *guard = Some(Pod {
@@ -232,6 +277,16 @@ async fn tick(
             template,
             exited_at: None,
         });
+    }
+}
+
+/// The engine container's CPU request in millicores (`750m` or `2`).
+fn cpu_request_millis(template: &str) -> Option<u32> {
+    let t: serde_json::Value = serde_json::from_str(template).ok()?;
+    let cpu = t["spec"]["containers"][0]["resources"]["requests"]["cpu"].as_str()?;
+    match cpu.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => cpu.parse::<f64>().ok().map(|c| (c * 1000.0).round() as u32),
     }
 }
 
@@ -291,6 +346,8 @@ struct World {
     kubeconfig: PathBuf,
     identity: String,
     leader_election: bool,
+    /// `LEASE_NAME` and `LEASE_DURATION_SECONDS` of the operators.
+    lease: (String, u32),
     operator: Option<Child>,
     operator_starts: u32,
     port: u16,
@@ -386,6 +443,7 @@ current-context: operator
             kubeconfig,
             identity: format!("it-{tag}"),
             leader_election,
+            lease: ("streamscale-operator".into(), 15),
             operator: None,
             operator_starts: 0,
             port: free_port(),
@@ -396,27 +454,35 @@ current-context: operator
 
     fn start_operator(&mut self) {
         assert!(self.operator.is_none());
+        self.operator_starts += 1;
+        let child = self.spawn_operator(&self.identity, self.metrics_port, &self.operator_log());
+        self.operator = Some(child);
+    }
+
+    /// An operator process as `identity` (POD_NAME), serving its metrics on `metrics_port`,
+    /// logging to `log`.
+    fn spawn_operator(&self, identity: &str, metrics_port: u16, log: &Path) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.operator_log())
+            .open(log)
             .expect("operator log");
-        self.operator_starts += 1;
-        let child = Command::new(env!("CARGO_BIN_EXE_streamscale-operator"))
+        Command::new(env!("CARGO_BIN_EXE_streamscale-operator"))
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("WATCH_NAMESPACE", &self.ns)
-            .env("METRICS_ADDR", format!("127.0.0.1:{}", self.metrics_port))
+            .env("METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
             .env("LEADER_ELECTION", self.leader_election.to_string())
+            .env("LEASE_NAME", &self.lease.0)
+            .env("LEASE_DURATION_SECONDS", self.lease.1.to_string())
             .env("POD_NAMESPACE", RELEASE_NS)
-            .env("POD_NAME", &self.identity)
+            .env("POD_NAME", identity)
             .env("RUST_LOG", "info,kube=warn")
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
-            .expect("spawn streamscale-operator");
-        self.operator = Some(child);
+            .expect("spawn streamscale-operator")
     }
 
     /// SIGKILL, as a node failure or OOM kill would.
@@ -462,7 +528,12 @@ current-context: operator
     /// A job whose source steps from 200 to 1500 records/s after 4 s; `work` (1 ms of I/O
     /// per record, so about 1000 records/s per subtask) must scale up from 1.
     async fn create_job(&self, mode: &str) -> StreamJob {
-        let job: StreamJob = serde_json::from_value(serde_json::json!({
+        self.create_job_with(mode, serde_json::json!({})).await
+    }
+
+    /// [`World::create_job`] with more `spec.autoscaler` settings (merged over the defaults).
+    async fn create_job_with(&self, mode: &str, autoscaler: serde_json::Value) -> StreamJob {
+        let mut job = serde_json::json!({
             "apiVersion": "streamscale.dev/v1alpha1",
             "kind": "StreamJob",
             "metadata": {
@@ -498,8 +569,13 @@ current-context: operator
                     "catchUpSeconds": 30,
                 },
             },
-        }))
-        .expect("StreamJob");
+        });
+        if let Some(extra) = autoscaler.as_object() {
+            for (k, v) in extra {
+                job["spec"]["autoscaler"][k] = v.clone();
+            }
+        }
+        let job: StreamJob = serde_json::from_value(job).expect("StreamJob");
         let created = self
             .jobs()
             .create(&PostParams::default(), &job)
@@ -642,6 +718,7 @@ fn owned_by(meta: &kube::api::ObjectMeta, job: &StreamJob) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_as_chart_service_account_deploys_and_rescales_a_job() {
+    let _serial = SERIAL.lock().await;
     let Some(mut w) = World::new("e2e", true).await else {
         return;
     };
@@ -800,6 +877,7 @@ async fn operator_as_chart_service_account_deploys_and_rescales_a_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_killed_between_rescale_steps_resumes_without_losing_records() {
+    let _serial = SERIAL.lock().await;
     let Some(mut w) = World::new("kill", false).await else {
         return;
     };
@@ -811,33 +889,59 @@ async fn operator_killed_between_rescale_steps_resumes_without_losing_records() 
     })
     .await;
 
-    // SIGKILL the operator as soon as status shows each step, then restart it.
-    let mut killed_at: Vec<RescaleStep> = Vec::new();
+    // SIGKILL the operator as soon as status shows each step, then restart it. At
+    // Savepointing also right after the stop-with-savepoint request (the engine knows the id
+    // persisted in status), and stay down long enough for the engine to complete the
+    // savepoint, exit unread (5 s) and be restarted by the kubelet: the restarted engine no
+    // longer knows the id, the savepoint is on disk.
+    let api = EngineApi::new(reqwest::Client::new(), &w.engine_url());
+    const AFTER: &str = "Savepointing, after the request";
+    let mut killed_at: Vec<String> = Vec::new();
+    let mut savepoint_id = None;
     let start = Instant::now();
     let status = loop {
         let status = w.status().await.map(|(_, s)| s);
         if let Some(s) = &status {
-            if let Some(r) = &s.rescale
-                && !killed_at.contains(&r.step)
-            {
-                killed_at.push(r.step);
-                w.kill_operator();
-                // Down long enough at Savepointing for the engine to finish its savepoint and
-                // exit, and for the (test's) kubelet to restart its container.
-                let down = if r.step == RescaleStep::Savepointing {
-                    3000
-                } else {
-                    300
-                };
-                tokio::time::sleep(Duration::from_millis(down)).await;
-                w.start_operator();
+            if let Some(r) = &s.rescale {
+                let step = format!("{:?}", r.step);
+                if r.step == RescaleStep::Savepointing {
+                    let id = r
+                        .savepoint_id
+                        .clone()
+                        .expect("the savepoint id is persisted with the Savepointing step");
+                    savepoint_id = Some(id.clone());
+                    if !killed_at.iter().any(|k| k.starts_with("Savepointing")) {
+                        w.kill_operator();
+                        let requested = api.savepoint(&id).await.is_ok();
+                        killed_at.push(if requested {
+                            AFTER.to_string()
+                        } else {
+                            "Savepointing, before the request".to_string()
+                        });
+                        let down = if requested { 7000 } else { 300 };
+                        tokio::time::sleep(Duration::from_millis(down)).await;
+                        w.start_operator();
+                    } else if !killed_at.iter().any(|k| k == AFTER)
+                        && api.savepoint(&id).await.is_ok()
+                    {
+                        w.kill_operator();
+                        killed_at.push(AFTER.to_string());
+                        tokio::time::sleep(Duration::from_millis(7000)).await;
+                        w.start_operator();
+                    }
+                } else if !killed_at.contains(&step) {
+                    killed_at.push(step);
+                    w.kill_operator();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    w.start_operator();
+                }
             } else if s.rescale.is_none() && (s.rescales >= 1 || !killed_at.is_empty()) {
                 break s.clone();
             }
         }
         assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no finished rescale after 120 s (killed at {killed_at:?}); status {status:#?}\n{}",
+            start.elapsed() < Duration::from_secs(150),
+            "no finished rescale after 150 s (killed at {killed_at:?}); status {status:#?}\n{}",
             w.logs()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -850,23 +954,35 @@ async fn operator_killed_between_rescale_steps_resumes_without_losing_records() 
     for line in log.lines().filter(|l| l.contains("reason=")) {
         eprintln!("operator: {}", line.chars().take(300).collect::<String>());
     }
-    assert!(
-        killed_at.contains(&RescaleStep::Savepointing),
-        "{killed_at:?}"
-    );
-    assert!(killed_at.len() >= 2, "{killed_at:?}");
+    assert!(killed_at.iter().any(|k| k == AFTER), "{killed_at:?}");
+    assert!(killed_at.len() >= 3, "{killed_at:?}");
     assert_eq!(status.phase, Phase::Running, "{status:#?}");
-    // Resumed (rescaled) or rolled back (when the operator died between the engine's
-    // answer to the savepoint request and recording its id): either way the job runs at what
-    // status says, and every record emitted is accounted for.
-    let resumed = status.rescales >= 1;
-    if !resumed {
-        assert_eq!(
-            condition(&status, "Degraded").as_deref(),
-            Some("True"),
-            "{status:#?}"
-        );
-    }
+    // The id was persisted before the request: every kill resumes, none rolls back, and the
+    // job runs from the savepoint that was requested under that id.
+    assert_eq!(
+        status.rescales, 1,
+        "rolled back instead of resuming: {status:#?}"
+    );
+    assert_eq!(
+        condition(&status, "Degraded").as_deref(),
+        Some("False"),
+        "{status:#?}"
+    );
+    let id = savepoint_id.expect("a savepoint id");
+    assert_eq!(
+        status.restored_from,
+        Some(
+            w.dir
+                .path()
+                .join("savepoints")
+                .join(&id)
+                .display()
+                .to_string()
+        ),
+        "{status:#?}"
+    );
+    assert!(status.current_parallelism["work"] > 1, "{status:#?}");
+    let resumed = true;
     let engine = w.final_drain(&kubelet, resumed).await;
     let running: BTreeMap<String, u32> = engine
         .operators
@@ -881,6 +997,7 @@ async fn operator_killed_between_rescale_steps_resumes_without_losing_records() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_that_lost_the_savepoint_id_rolls_back_and_replaces_the_stopped_engine() {
+    let _serial = SERIAL.lock().await;
     let Some(mut w) = World::new("lost", false).await else {
         return;
     };
@@ -960,4 +1077,565 @@ async fn operator_that_lost_the_savepoint_id_rolls_back_and_replaces_the_stopped
     assert_no_loss(&engine);
     drop(kubelet);
     w.cleanup().await;
+}
+
+/// Kills a child process when dropped (a second operator replica).
+struct Replica(Child);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A REAL Prometheus server (Debian's `prometheus`, installed by `scripts/k8s-testenv.sh
+/// build`) on loopback, scraping one engine every second as job `JOB-engine` with the label
+/// `namespace`, so the operator's default selector finds it.
+struct PrometheusServer {
+    child: Child,
+    url: String,
+}
+
+impl PrometheusServer {
+    async fn start(env: &[(String, String)], dir: &Path, target: &str, ns: &str) -> Self {
+        let mut bin = var(env, "PROMETHEUS");
+        if bin.is_empty() {
+            bin = "prometheus".into();
+        }
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+                 scrape_configs:\n  - job_name: {JOB}-engine\n    static_configs:\n      \
+                 - targets: [\"{target}\"]\n        labels: {{namespace: \"{ns}\"}}\n"
+            ),
+        )
+        .expect("prometheus.yml");
+        let port = free_port();
+        let log = std::fs::File::create(dir.join("prometheus.log")).expect("prometheus log");
+        let child = Command::new(&bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("prom").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {bin} (scripts/k8s-testenv.sh build installs it): {e}")
+            });
+        let server = PrometheusServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..300 {
+            if reqwest::get(format!("{}/-/ready", server.url))
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "prometheus not ready: {}",
+            tail(&dir.join("prometheus.log"), 20)
+        );
+    }
+}
+
+impl Drop for PrometheusServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of the sample named exactly `name` (with labels) in a metrics page, 0 if absent.
+fn metric_value(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn metrics_page(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
+async fn event_reasons(admin: &Client, ns: &str) -> Vec<(String, String)> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), ns)
+        .list(&Default::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+fn deployed_args(d: &Deployment) -> String {
+    args_of(&serde_json::to_string(&d.spec.as_ref().expect("spec").template).expect("json"))
+        .join(" ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modes_recommend_and_off_never_rescale() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let Some(mut rec) = World::new("rec", false).await else {
+        return;
+    };
+    let Some(mut off) = World::new("off", false).await else {
+        return;
+    };
+    let prom = PrometheusServer::start(
+        env,
+        rec.dir.path(),
+        &format!("127.0.0.1:{}", rec.port),
+        &rec.ns,
+    )
+    .await;
+    let k_rec = Kubelet::start(rec.admin.clone(), &rec.ns, rec.dir.path(), rec.port);
+    let k_off = Kubelet::start(off.admin.clone(), &off.ns, off.dir.path(), off.port);
+    rec.start_operator();
+    off.start_operator();
+    rec.create_job_with(
+        "recommend",
+        serde_json::json!({"prometheus": {"url": prom.url}}),
+    )
+    .await;
+    off.create_job("off").await;
+
+    // `recommend`: the planner's recommendation (from Prometheus' copy of the engine's
+    // metrics) reaches status, unapplied.
+    let (_, status) = rec
+        .wait_for("a recommendation", Duration::from_secs(90), |_, s| {
+            s.recommended_parallelism
+                .get("work")
+                .is_some_and(|w| *w > 1)
+                && s.last_decision.is_some()
+        })
+        .await;
+    let decision = status.last_decision.clone().expect("decision");
+    assert!(!decision.applied, "{decision:#?}");
+    assert!(decision.to["work"] > 1, "{decision:#?}");
+    // Both jobs keep running for a while past the point where `auto` would have rescaled.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (w, k, mode) in [(&rec, &k_rec, "recommend"), (&off, &k_off, "off")] {
+        let (_, s) = w.status().await.expect("status");
+        assert_eq!(s.rescales, 0, "{mode}: {s:#?}");
+        assert!(s.rescale.is_none(), "{mode}: {s:#?}");
+        assert_eq!(s.phase, Phase::Running, "{mode}: {s:#?}");
+        assert_eq!(s.current_parallelism["work"], 1, "{mode}: {s:#?}");
+        assert_eq!(
+            k.starts.load(Ordering::SeqCst),
+            1,
+            "{mode}: engine redeployed"
+        );
+        let d = Api::<Deployment>::namespaced(w.admin.clone(), &w.ns)
+            .get(&format!("{JOB}-engine"))
+            .await
+            .expect("Deployment");
+        assert!(
+            deployed_args(&d).contains("--parallelism sink=1,source=1,work=1"),
+            "{mode}: {}",
+            deployed_args(&d)
+        );
+        let reasons = event_reasons(&w.admin, &w.ns).await;
+        assert!(
+            !reasons.iter().any(|(r, _)| r == "RescaleStarted"),
+            "{mode}: {reasons:?}"
+        );
+    }
+    let reasons = event_reasons(&rec.admin, &rec.ns).await;
+    assert!(
+        reasons
+            .iter()
+            .any(|(r, n)| r == "Recommendation" && n.contains("work=")),
+        "{reasons:?}"
+    );
+    let page = metrics_page(rec.metrics_port).await;
+    assert!(
+        metric_value(
+            &page,
+            "streamscale_operator_metric_reads_total{source=\"prometheus\"}"
+        ) >= 2.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric_value(
+            &page,
+            "streamscale_operator_metric_reads_total{source=\"engine\"}"
+        ),
+        0.0,
+        "{page}"
+    );
+    // `off`: no recommendation, no decision, no metrics read.
+    let (_, s) = off.status().await.expect("status");
+    assert!(s.recommended_parallelism.is_empty(), "{s:#?}");
+    assert!(s.last_decision.is_none(), "{s:#?}");
+    let reasons = event_reasons(&off.admin, &off.ns).await;
+    assert!(
+        !reasons.iter().any(|(r, _)| r == "Recommendation"),
+        "{reasons:?}"
+    );
+    let page = metrics_page(off.metrics_port).await;
+    assert!(
+        !page.contains("streamscale_operator_metric_reads_total{"),
+        "{page}"
+    );
+    assert!(
+        metric_value(&page, "streamscale_operator_reconciles_total") > 0.0,
+        "{page}"
+    );
+    for (w, k) in [(&mut rec, &k_rec), (&mut off, &k_off)] {
+        let engine = w.final_drain(k, true).await;
+        assert_no_loss(&engine);
+    }
+    drop(prom);
+    drop((k_rec, k_off));
+    rec.cleanup().await;
+    off.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_leader_and_a_takeover() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut w) = World::new("lease", true).await else {
+        return;
+    };
+    const LEASE_S: u32 = 4;
+    w.lease = (
+        format!("streamscale-operator-it-{}", std::process::id()),
+        LEASE_S,
+    );
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(w.admin.clone(), RELEASE_NS);
+    let lease_name = w.lease.0.clone();
+    let holder = || async {
+        leases
+            .get_opt(&lease_name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    let kubelet = Kubelet::start(w.admin.clone(), &w.ns, w.dir.path(), w.port);
+    w.start_operator();
+    let start = Instant::now();
+    while holder().await.as_deref() != Some(w.identity.as_str()) {
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", w.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (b_id, b_port, b_log) = (
+        "it-lease-b",
+        free_port(),
+        w.dir.path().join("operator-b.log"),
+    );
+    let _b = Replica(w.spawn_operator(b_id, b_port, &b_log));
+    w.create_job("off").await;
+    w.wait_for("phase Running", Duration::from_secs(60), |_, s| {
+        s.phase == Phase::Running
+    })
+    .await;
+    // A few renewals later: the first replica still leads, the second has not reconciled.
+    tokio::time::sleep(Duration::from_secs(u64::from(LEASE_S) + 1)).await;
+    assert_eq!(holder().await.as_deref(), Some(w.identity.as_str()));
+    let reconciles = |port| async move {
+        metric_value(
+            &metrics_page(port).await,
+            "streamscale_operator_reconciles_total",
+        )
+    };
+    assert!(reconciles(w.metrics_port).await > 0.0);
+    assert_eq!(reconciles(b_port).await, 0.0, "{}", tail(&b_log, 20));
+    let b_text = std::fs::read_to_string(&b_log).unwrap_or_default();
+    assert!(b_text.contains("waiting for leadership"), "{b_text}");
+    assert!(!b_text.contains("leading"), "{b_text}");
+
+    // SIGKILL the leader (its Lease is not released): the other takes over within the lease
+    // duration and acts on the job (a spec change is applied to the Deployment).
+    w.kill_operator();
+    let killed = Instant::now();
+    while holder().await.as_deref() != Some(b_id) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(u64::from(LEASE_S) + 2),
+            "no takeover within the {LEASE_S} s lease: holder {:?}\n{}",
+            holder().await,
+            tail(&b_log, 20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("takeover after {:?}", killed.elapsed());
+    let patched = w
+        .jobs()
+        .patch(
+            JOB,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"engine": {"cpuMillisPerSubtask": 300}}})),
+        )
+        .await
+        .expect("patch spec");
+    let generation = patched.metadata.generation;
+    w.wait_for(
+        "the new leader's reconcile",
+        Duration::from_secs(30),
+        |_, s| s.observed_generation == generation,
+    )
+    .await;
+    assert!(reconciles(b_port).await > 0.0);
+    let d = Api::<Deployment>::namespaced(w.admin.clone(), &w.ns)
+        .get(&format!("{JOB}-engine"))
+        .await
+        .expect("Deployment");
+    let cpu = d
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .spec
+        .as_ref()
+        .expect("pod")
+        .containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref()?.get("cpu").cloned());
+    assert_eq!(cpu.map(|q| q.0).as_deref(), Some("900m"));
+    drop(_b);
+    let engine = w.final_drain(&kubelet, false).await;
+    assert_no_loss(&engine);
+    drop(kubelet);
+    w.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_restore_rolls_back_to_the_old_parallelism_from_the_same_savepoint() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut w) = World::new("restore", false).await else {
+        return;
+    };
+    // The node fits the engine at 3 subtasks (3 x 250m) but not at 4 or more: the pod of the
+    // rescaled engine stays Pending and its restore times out.
+    let kubelet = Kubelet::start_on_node(w.admin.clone(), &w.ns, w.dir.path(), w.port, Some(900));
+    w.start_operator();
+    w.create_job_with("auto", serde_json::json!({"restoreTimeoutSeconds": 4}))
+        .await;
+    w.wait_for("phase Running", Duration::from_secs(60), |_, s| {
+        s.phase == Phase::Running
+    })
+    .await;
+    let (mut taken, mut rolled_back_from) = (None, None);
+    let (_, status) = w
+        .wait_for(
+            "the rolled back rescale",
+            Duration::from_secs(90),
+            |_, s| {
+                if let Some(r) = &s.rescale {
+                    if r.rolling_back {
+                        rolled_back_from = r.savepoint_path.clone();
+                    } else if r.savepoint_path.is_some() {
+                        taken = r.savepoint_path.clone();
+                    }
+                }
+                s.rescale.is_none()
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Scaling" && c.reason == "RolledBack")
+            },
+        )
+        .await;
+    // Before the autoscaler tries again.
+    w.kill_operator();
+    let taken = taken.expect("the rescale's savepoint");
+    assert_eq!(rolled_back_from.as_ref(), Some(&taken), "{status:#?}");
+    assert_eq!(status.restored_from.as_ref(), Some(&taken), "{status:#?}");
+    assert_eq!(status.rescales, 0, "{status:#?}");
+    assert_eq!(status.current_parallelism["work"], 1, "{status:#?}");
+    assert_eq!(status.phase, Phase::Running, "{status:#?}");
+    assert!(
+        status
+            .last_decision
+            .as_ref()
+            .is_some_and(|d| d.to["work"] > 1),
+        "{status:#?}"
+    );
+    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded");
+    assert_eq!(
+        degraded.map(|c| (c.status.as_str(), c.reason.as_str())),
+        Some(("True", "RescaleRolledBack")),
+        "{status:#?}"
+    );
+    let events = event_reasons(&w.admin, &w.ns).await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "RollingBack" && n.contains("failed; rolling back")),
+        "{events:?}"
+    );
+    // The engine runs the old parallelism restored from that savepoint, nothing lost and
+    // nothing behind what ran before the rescale.
+    let engine = w.final_drain(&kubelet, true).await;
+    assert_eq!(engine.restored_from.as_ref(), Some(&taken), "{engine:#?}");
+    let work = engine
+        .operators
+        .iter()
+        .find(|o| o.name == "work")
+        .map(|o| o.parallelism);
+    assert_eq!(work, Some(1), "{engine:#?}");
+    assert_no_loss(&engine);
+    drop(kubelet);
+    w.cleanup().await;
+}
+
+/// `prometheus` on PATH (installed by `scripts/k8s-testenv.sh build`); `None` skips the test
+/// locally, CI=true fails it.
+fn prometheus_on_path() -> Option<Vec<(String, String)>> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("prometheus"))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => Some(vec![("PROMETHEUS".into(), p.display().to_string())]),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("no prometheus on PATH (scripts/k8s-testenv.sh build installs it)")
+        }
+        None => {
+            eprintln!("SKIP: no prometheus on PATH (run scripts/k8s-testenv.sh build)");
+            None
+        }
+    }
+}
+
+/// The operator's Prometheus client against a REAL Prometheus server scraping a real engine:
+/// the planner's sample has the same operators, subtasks and counters as a direct scrape of
+/// the engine's `/metrics` (up to the records processed between the two), stamped at the
+/// scrape's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_api_gives_the_planner_what_the_engine_exports() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = prometheus_on_path() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = dir.path().join("job.yaml");
+    std::fs::write(
+        &job,
+        "name: prom\noperators:\n  - {name: source, kind: source, keys: 50, rate: {constant: 400}}\n  \
+         - {name: work, kind: map, io: 500, parallelism: 2}\n  - {name: sink, kind: sink}\n\
+         edges:\n  - {from: source, to: work}\n  - {from: work, to: sink}\n",
+    )
+    .expect("job file");
+    let port = free_port();
+    let log = std::fs::File::create(dir.path().join("engine.log")).expect("engine log");
+    let engine = Replica(
+        Command::new(engine_bin())
+            .arg("--job")
+            .arg(&job)
+            .arg("--bind")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--savepoint-dir")
+            .arg(dir.path().join("savepoints"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn streamscale-engine"),
+    );
+    let prom =
+        PrometheusServer::start(&env, dir.path(), &format!("127.0.0.1:{port}"), "prom-ns").await;
+    let http = reqwest::Client::new();
+    let clock = Instant::now();
+    let selector = format!("namespace=\"prom-ns\",job=\"{JOB}-engine\"");
+    let fetch = || async {
+        let now_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64();
+        streamscale_operator::prometheus::fetch(
+            &http,
+            &prom.url,
+            &selector,
+            clock.elapsed().as_secs_f64(),
+            now_unix,
+        )
+        .await
+    };
+    // Two distinct scrapes.
+    let mut first = None;
+    let second = loop {
+        assert!(
+            clock.elapsed() < Duration::from_secs(30),
+            "no two scrapes in Prometheus: {:?}\n{}",
+            fetch().await.err(),
+            tail(&dir.path().join("prometheus.log"), 20)
+        );
+        if let Ok(s) = fetch().await {
+            match &first {
+                None => first = Some(s),
+                Some(f) if s.scraped_at_unix_s > f.scraped_at_unix_s => break s,
+                Some(_) => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let now_s = clock.elapsed().as_secs_f64();
+    let direct = streamscale_controller::scrape::scrape(
+        &http,
+        &format!("http://127.0.0.1:{port}/metrics"),
+        now_s,
+    )
+    .await
+    .expect("direct scrape");
+    let first = first.expect("first");
+    let p = &second.metrics;
+    assert_eq!(p.parallelism(), direct.parallelism());
+    assert_eq!(p.parallelism()["work"], 2);
+    // Stamped with the scrape's time (Prometheus scrapes every second).
+    assert!(
+        p.sample.at_seconds <= now_s && p.sample.at_seconds > now_s - 3.0,
+        "{} vs {now_s}",
+        p.sample.at_seconds
+    );
+    assert!(
+        (second.scraped_at_unix_s - first.scraped_at_unix_s) >= 0.5,
+        "{} {}",
+        first.scraped_at_unix_s,
+        second.scraped_at_unix_s
+    );
+    for (op, subtasks) in &direct.sample.operators {
+        for (i, d) in subtasks.iter().enumerate() {
+            let s = &p.sample.operators[op][i];
+            let f = &first.metrics.sample.operators[op][i];
+            // Counters: the direct scrape is later, by at most a few seconds of 400 records/s.
+            for (what, pv, dv, fv) in [
+                ("records_in", s.records_in, d.records_in, f.records_in),
+                ("records_out", s.records_out, d.records_out, f.records_out),
+                ("busy", s.busy_seconds, d.busy_seconds, f.busy_seconds),
+                ("idle", s.idle_seconds, d.idle_seconds, f.idle_seconds),
+            ] {
+                assert!(
+                    fv <= pv && pv <= dv && dv - pv <= 3.0 * 400.0,
+                    "{op}[{i}].{what}: first {fv}, prometheus {pv}, direct {dv}"
+                );
+            }
+            assert_eq!(s.source_arrivals.is_some(), d.source_arrivals.is_some());
+            assert_eq!(s.source_backlog.is_some(), d.source_backlog.is_some());
+        }
+    }
+    let work_in: f64 = p.sample.operators["work"]
+        .iter()
+        .map(|s| s.records_in)
+        .sum();
+    assert!(work_in > 0.0, "{p:#?}");
+    drop(prom);
+    drop(engine);
 }

@@ -27,14 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_rows: 2000,
             threads: 0,
         };
-        let (summary, runs) = replay_all(
-            &model,
-            &names,
-            &opts,
-            cfg.interval_seconds,
-            cfg.window_seconds,
-            &|_| {},
-        )?;
+        let (summary, runs) = replay_all(&model, &names, &opts, &cfg, &|_| {})?;
         let secs = start.elapsed().as_secs_f64();
         best = best.min(secs);
         for r in &runs {

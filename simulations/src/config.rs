@@ -8,6 +8,9 @@
 //! stepSeconds: 1           # fast-mode step, simulated seconds (default: auto)
 //! intervalSeconds: 5       # metrics (decision) interval of streamscale and ds2, seconds
 //! windowSeconds: 30        # metric window handed to streamscale and ds2, seconds
+//! stabilizationSeconds: 10 # streamscale: no decision this long after a (re)start
+//! scaleDownDelaySeconds: 30 # streamscale: a scale-down must be wanted this long
+//! guardWindowSeconds: 15   # streamscale: least history before a decision (default below)
 //! overheadMicros: 5        # per-record framework overhead added to cpu + io, µs
 //! operators:
 //!   enrich: { meanMicros: 5200, cv: 1.5 }   # per-record service time: mean (µs) and CV
@@ -75,6 +78,16 @@ pub struct SimConfig {
     /// Metric window given to `streamscale` and `ds2`, seconds. Default 30 s, the operator's
     /// `metricsWindowSeconds`.
     pub window_seconds: f64,
+    /// `streamscale`: seconds after a (re)start before the planner may decide. Default 10 s
+    /// (the operator's `stabilizationSeconds`; `streamscale run` uses 3).
+    pub stabilization_seconds: f64,
+    /// `streamscale`: seconds a scale-down must be wanted before it applies. Default 30 s (the
+    /// operator's `scaleDownDelaySeconds`; `streamscale run` uses 15).
+    pub scale_down_delay_seconds: f64,
+    /// `streamscale`: least history (first to last sample) before a decision, seconds.
+    /// `None` = max(window / 2, 2 × interval), as the operator derives it (`streamscale run`
+    /// uses min(3 × interval, window)).
+    pub guard_window_seconds: Option<f64>,
     /// Per-record overhead added to `cpu + io`, µs. Default 5 µs.
     pub overhead_micros: f64,
     /// Service-time overrides by operator name.
@@ -92,6 +105,9 @@ impl Default for SimConfig {
             step_seconds: None,
             interval_seconds: 5.0,
             window_seconds: 30.0,
+            stabilization_seconds: 10.0,
+            scale_down_delay_seconds: 30.0,
+            guard_window_seconds: None,
             overhead_micros: 5.0,
             operators: BTreeMap::new(),
             rescale: RescaleCost::default(),
@@ -101,6 +117,18 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The guard settings of the `streamscale` policy (see the fields).
+    pub fn guard_settings(&self) -> streamscale_controller::model::GuardSettings {
+        streamscale_controller::model::GuardSettings {
+            window_seconds: self
+                .guard_window_seconds
+                .unwrap_or((self.window_seconds / 2.0).max(2.0 * self.interval_seconds)),
+            stabilization_seconds: self.stabilization_seconds,
+            scale_down_delay_seconds: self.scale_down_delay_seconds,
+            ..streamscale_controller::model::GuardSettings::default()
+        }
+    }
+
     /// Reads a YAML settings file.
     ///
     /// # Errors
@@ -149,6 +177,11 @@ impl SimConfig {
         pos("intervalSeconds", self.interval_seconds)?;
         pos("windowSeconds", self.window_seconds)?;
         nonneg("overheadMicros", self.overhead_micros)?;
+        nonneg("stabilizationSeconds", self.stabilization_seconds)?;
+        nonneg("scaleDownDelaySeconds", self.scale_down_delay_seconds)?;
+        if let Some(g) = self.guard_window_seconds {
+            nonneg("guardWindowSeconds", g)?;
+        }
         nonneg("rescale.downtimeSeconds", self.rescale.downtime_seconds)?;
         nonneg("rescale.secondsPerMb", self.rescale.seconds_per_mb)?;
         if let Some(s) = self.rescale.state_mb {

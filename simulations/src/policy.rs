@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use streamscale_controller::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use streamscale_engine::spec::JobSpec;
 
+use crate::config::SimConfig;
 use crate::model::{JobModel, OpKind};
 use crate::plant::{Snapshot, metric_sample, subtask_shares};
 
@@ -87,8 +88,23 @@ pub fn make_policy(
     interval_s: f64,
     window_s: f64,
 ) -> Option<Box<dyn Policy>> {
+    let cfg = SimConfig {
+        interval_seconds: interval_s,
+        window_seconds: window_s,
+        ..SimConfig::default()
+    };
+    make_policy_with(name, model, &cfg)
+}
+
+/// [`make_policy`] with the simulator settings `cfg` (interval, window, streamscale's guards).
+pub fn make_policy_with(name: &str, model: &JobModel, cfg: &SimConfig) -> Option<Box<dyn Policy>> {
+    let (interval_s, window_s) = (cfg.interval_seconds, cfg.window_seconds);
     Some(match name {
-        "streamscale" => Box::new(Streamscale::new(interval_s, window_s)),
+        "streamscale" => Box::new(Streamscale::with_guards(
+            interval_s,
+            window_s,
+            cfg.guard_settings(),
+        )),
         "ds2" => Box::new(Ds2 {
             interval_s,
             window_s,
@@ -162,13 +178,13 @@ fn deltas(window: &[Snapshot]) -> Option<Vec<Delta>> {
 /// Two things only save work and change no decision:
 /// * the job spec at the running parallelism is built once per deployment, and each snapshot
 ///   is converted to a [`MetricSample`] once, when a decision first needs it;
-/// * a window whose [`Observation::window_key`] already gave, in this deployment, a hold
-///   without guard memory (the planner's recommendation was computed and no scale-down is
-///   pending after the call) is not planned again while no scale-down is pending and the
-///   stabilization period is over. Such a hold went through guard branches that neither read
-///   nor write the guards' memory; the guarded planner is otherwise a function of the window's
-///   rates and gauges (equal for equal keys) and of its settings (fixed within a deployment),
-///   so it would hold again.
+/// * a window whose [`Observation::window_key`] (which covers the parallelism) already gave a
+///   hold without guard memory (the planner's recommendation was computed and no scale-down is
+///   pending after the call) under the same settings is not planned again while no scale-down
+///   is pending and the stabilization period is over. Such a hold went through guard branches
+///   that neither read nor write the guards' memory; the guarded planner is otherwise a
+///   function of the window's rates and gauges (equal for equal keys) and of its settings, so
+///   it would hold again.
 #[derive(Debug)]
 pub struct Streamscale {
     auto: Autoscaler,
@@ -180,8 +196,10 @@ pub struct Streamscale {
     shares: Vec<Vec<f64>>,
     /// Metric samples of the window's snapshots converted so far, oldest first.
     samples: VecDeque<MetricSample>,
-    /// Window keys that held without guard memory in this deployment.
+    /// Window keys that held without guard memory under `memo_settings`.
     memo: HashSet<u64>,
+    /// The settings `memo` was filled under.
+    memo_settings: Option<GuardSettings>,
     /// Whether `memo` is used (off only to test that it changes nothing).
     use_memo: bool,
     /// Calls of [`Autoscaler::decide`] made and skipped (stationary repeats).
@@ -189,19 +207,31 @@ pub struct Streamscale {
 }
 
 impl Streamscale {
-    /// Decisions every `interval_s` seconds from a metric window of `window_s` seconds.
+    /// Decisions every `interval_s` seconds from a metric window of `window_s` seconds, with the
+    /// operator's default guards.
     pub fn new(interval_s: f64, window_s: f64) -> Streamscale {
-        Streamscale {
-            auto: Autoscaler::new(GuardSettings {
+        Streamscale::with_guards(
+            interval_s,
+            window_s,
+            GuardSettings {
                 window_seconds: (window_s / 2.0).max(interval_s * 2.0),
                 ..GuardSettings::default()
-            }),
+            },
+        )
+    }
+
+    /// Decisions every `interval_s` seconds from a metric window of `window_s` seconds, with
+    /// these guard settings.
+    pub fn with_guards(interval_s: f64, window_s: f64, guards: GuardSettings) -> Streamscale {
+        Streamscale {
+            auto: Autoscaler::new(guards),
             interval_s,
             window_s,
             spec: None,
             shares: Vec::new(),
             samples: VecDeque::new(),
             memo: HashSet::new(),
+            memo_settings: None,
             use_memo: true,
             planner_calls: (0, 0),
         }
@@ -316,7 +346,12 @@ impl Policy for Streamscale {
     fn restarted(&mut self, now_s: f64) {
         self.auto.restarted(now_s);
         self.samples.clear();
-        self.memo.clear();
+        // Held windows stay valid across deployments (their keys include the parallelism)
+        // while the settings are the same (the rescale downtime reported may change them).
+        if self.memo_settings.as_ref() != Some(self.auto.settings()) {
+            self.memo.clear();
+            self.memo_settings = Some(self.auto.settings().clone());
+        }
     }
     fn rescaled(&mut self, downtime_s: f64) {
         if downtime_s > 0.0 {
@@ -410,16 +445,12 @@ impl Policy for Flink {
     fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
         let m = obs.model;
         let collect_from = obs.started_s + FLINK_STABILIZATION_S;
-        let w: Vec<Snapshot> = obs
-            .window
-            .iter()
-            .filter(|s| s.at_s >= collect_from)
-            .cloned()
-            .collect();
+        let from = obs.window.partition_point(|s| s.at_s < collect_from);
+        let w = &obs.window[from..];
         if w.len() < 2 {
             return None;
         }
-        let d = deltas(&w)?;
+        let d = deltas(w)?;
         let n = m.ops.len();
         let (mut target, mut catch) = (vec![0.0; n], vec![0.0; n]);
         let mut backlog_mode = false;
@@ -603,12 +634,18 @@ impl Static {
         let mut gamma = vec![0.0; model.ops.len()];
         for (s, f) in &model.sources {
             let dt = model.duration_s / n as f64;
+            let mut before = f.cumulative(0.0);
             let mut rates: Vec<f64> = (0..n)
-                .map(|k| (f.cumulative((k + 1) as f64 * dt) - f.cumulative(k as f64 * dt)) / dt)
+                .map(|k| {
+                    let after = f.cumulative((k + 1) as f64 * dt);
+                    let r = (after - before) / dt;
+                    before = after;
+                    r
+                })
                 .collect();
-            rates.sort_by(f64::total_cmp);
             let idx = ((0.99 * n as f64).ceil() as usize).clamp(1, n) - 1;
-            gamma[*s] += rates[idx];
+            let (_, p99, _) = rates.select_nth_unstable_by(idx, f64::total_cmp);
+            gamma[*s] += *p99;
         }
         let rho = model.spec.autoscaler.target_utilization;
         let lambda = model.traffic(&gamma);

@@ -1,8 +1,6 @@
 //! The replay loop: a policy drives a simulated deployment over the trace; the accounting
 //! integrates resource use, SLO violations, backlog and rescale downtime.
 
-use std::collections::VecDeque;
-
 use serde::Serialize;
 
 use crate::des::DesPlant;
@@ -219,10 +217,8 @@ pub fn replay_scheduled(
     let window_s = policy.window_s();
     policy.restarted(0.0);
     let mut started_s = 0.0;
-    let mut window: VecDeque<Snapshot> = VecDeque::new();
-    window.push_back(plant.snapshot(0.0));
-    // Snapshots dropped from the window, reused to avoid an allocation per step.
-    let mut spare: Vec<Snapshot> = Vec::new();
+    let mut window = Window::default();
+    window.push(plant.as_ref(), 0.0, None);
     let mut next_decision = if free { 0.0 } else { interval };
     let mut s = PolicySummary::default();
     let mut rows = Vec::new();
@@ -230,9 +226,6 @@ pub fn replay_scheduled(
     let (mut max_err, mut arrivals, mut backlog_integral) = (0.0_f64, 0.0, 0.0);
     let mut acc = RowAcc::default();
     let mut pending_steps = 0u64;
-    // Class of the step ending at each window snapshot (Plant::step_class), aligned with
-    // `window`; the first entry's is not part of the window.
-    let mut classes: VecDeque<Option<u64>> = VecDeque::from([None]);
     let mut cur: Vec<u32> = plant.parallelism().to_vec();
     for k in 0..schedule.steps() {
         let (t, dt, arr) = schedule.step(k);
@@ -242,12 +235,12 @@ pub fn replay_scheduled(
                     next_decision += interval;
                 }
             }
-            let window_key = window_key(&classes);
+            let window_key = window_key(window.classes());
             let obs = Observation {
                 now_s: t,
                 model,
                 parallelism: &cur,
-                window: window.make_contiguous(),
+                window: window.snapshots(),
                 started_s,
                 step_s: dt,
                 next_arrivals: arr,
@@ -270,8 +263,7 @@ pub fn replay_scheduled(
                     started_s = t + downtime;
                     policy.rescaled(downtime);
                     policy.restarted(started_s);
-                    spare.extend(window.drain(..));
-                    classes.clear();
+                    window.clear();
                     rescales.push(Rescale {
                         at_s: t,
                         from: std::mem::replace(&mut cur, new.clone()),
@@ -292,18 +284,10 @@ pub fn replay_scheduled(
         arrivals += st.arrivals;
         max_err = max_err.max(st.conservation_error);
         let now = t + dt;
-        if now + 1e-9 >= started_s {
-            let mut snap = spare.pop().unwrap_or_else(|| Snapshot {
-                at_s: now,
-                ops: Vec::new(),
-            });
-            plant.snapshot_into(now, &mut snap);
-            window.push_back(snap);
-            classes.push_back(plant.step_class());
-            while window.len() > 2 && window.front().is_some_and(|f| now - f.at_s > window_s) {
-                spare.extend(window.pop_front());
-                classes.pop_front();
-            }
+        // Policies without a metric window (static, oracle) get no snapshots.
+        if window_s > 0.0 && now + 1e-9 >= started_s {
+            window.push(plant.as_ref(), now, plant.step_class());
+            window.drop_older(now, window_s);
         }
         acc.add(&st, dt);
         if (k as u64 + 1).is_multiple_of(per_row) || k as u64 + 1 == steps {
@@ -332,9 +316,60 @@ pub fn replay_scheduled(
     }
 }
 
+/// A policy's metric window: snapshots (oldest first) and the class of the step ending at each
+/// ([`Plant::step_class`]; the first one's step is not part of the window), kept in vectors
+/// whose start moves forward, so that the window is always one contiguous slice, and reusing
+/// the snapshots it drops (no allocation per step).
+#[derive(Debug, Default)]
+struct Window {
+    snaps: Vec<Snapshot>,
+    classes: Vec<Option<u64>>,
+    start: usize,
+    spare: Vec<Snapshot>,
+}
+
+impl Window {
+    fn snapshots(&self) -> &[Snapshot] {
+        &self.snaps[self.start..]
+    }
+
+    fn classes(&self) -> &[Option<u64>] {
+        &self.classes[self.start..]
+    }
+
+    fn clear(&mut self) {
+        self.spare.extend(self.snaps.drain(..));
+        self.classes.clear();
+        self.start = 0;
+    }
+
+    /// Appends the plant's counters at `now` and the class of the step that ended then.
+    fn push(&mut self, plant: &dyn Plant, now: f64, class: Option<u64>) {
+        let mut snap = self.spare.pop().unwrap_or_else(|| Snapshot {
+            at_s: now,
+            ops: Vec::new(),
+        });
+        plant.snapshot_into(now, &mut snap);
+        self.snaps.push(snap);
+        self.classes.push(class);
+    }
+
+    /// Drops snapshots older than `window_s` before `now`, keeping at least two.
+    fn drop_older(&mut self, now: f64, window_s: f64) {
+        while self.snaps.len() - self.start > 2 && now - self.snaps[self.start].at_s > window_s {
+            self.start += 1;
+        }
+        if self.start >= 64 && 2 * self.start >= self.snaps.len() {
+            self.spare.extend(self.snaps.drain(..self.start));
+            self.classes.drain(..self.start);
+            self.start = 0;
+        }
+    }
+}
+
 /// [`Observation::window_key`](crate::policy::Observation::window_key): a hash of the classes of
 /// the steps between the window's snapshots (`classes[1..]`), when every one is known.
-fn window_key(classes: &VecDeque<Option<u64>>) -> Option<u64> {
+fn window_key(classes: &[Option<u64>]) -> Option<u64> {
     use std::hash::Hasher;
     if classes.len() < 2 {
         return None;
@@ -397,8 +432,7 @@ pub fn replay_all(
     model: &JobModel,
     names: &[String],
     opts: &ReplayOptions,
-    interval_s: f64,
-    window_s: f64,
+    cfg: &crate::config::SimConfig,
     on_steps: &(dyn Fn(u64) + Sync),
 ) -> Result<(crate::report::Summary, Vec<PolicyRun>), crate::SimError> {
     let mut all: Vec<String> = Vec::new();
@@ -431,9 +465,7 @@ pub fn replay_all(
             let Some(&i) = order.get(k) else {
                 return done;
             };
-            if let Some(mut policy) =
-                crate::policy::make_policy(&all[i], model, interval_s, window_s)
-            {
+            if let Some(mut policy) = crate::policy::make_policy_with(&all[i], model, cfg) {
                 let run = replay_scheduled(model, &schedule, policy.as_mut(), opts, &mut |n| {
                     on_steps(n)
                 });

@@ -149,7 +149,8 @@ fn oracle_is_a_lower_bound_on_every_bundled_trace() {
             max_rows: 10,
             threads: 0,
         };
-        let (summary, _) = replay_all(&model, &names, &opts, 5.0, 30.0, &|_| {}).unwrap();
+        let (summary, _) =
+            replay_all(&model, &names, &opts, &SimConfig::default(), &|_| {}).unwrap();
         let oracle = summary.policies["oracle"].resource_hours;
         assert!(
             summary.policies["oracle"].slo_violation_fraction < 0.01,
@@ -292,6 +293,11 @@ fn bad_traces_fail_naming_the_line() {
         ("text", "t_seconds,rate\n0,abc\n", ":2:"),
         ("header", "time,value\n0,1\n", ":1:"),
         ("empty", "", "no data rows"),
+        ("headeronly", "t_seconds,rate\n", "no data rows"),
+        ("repeated", "t_seconds,rate\n0,1\n0,2\n", ":3:"),
+        ("infinite", "t_seconds,rate\n0,inf\n", ":2:"),
+        ("onecolumn", "t_seconds,rate\n0\n", ":2:"),
+        ("texttime", "t_seconds,rate\nx,1\n", ":2:"),
     ];
     for (name, text, want) in cases {
         let f = dir.path().join(format!("{name}.csv"));
@@ -384,11 +390,11 @@ fn memo_and_threads_change_nothing() {
     assert_eq!(a.summary, b.summary);
 
     let names: Vec<String> = POLICIES.iter().map(|s| s.to_string()).collect();
-    let one = replay_all(&model, &names, &opts, 5.0, 30.0, &|_| {})
+    let one = replay_all(&model, &names, &opts, &SimConfig::default(), &|_| {})
         .unwrap()
         .0;
     let two = ReplayOptions { threads: 2, ..opts };
-    let two = replay_all(&model, &names, &two, 5.0, 30.0, &|_| {})
+    let two = replay_all(&model, &names, &two, &SimConfig::default(), &|_| {})
         .unwrap()
         .0;
     assert_eq!(one.policies, two.policies);

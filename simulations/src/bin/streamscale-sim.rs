@@ -67,6 +67,16 @@ struct Args {
     /// Metric window of streamscale and ds2, seconds (default 30, the operator's).
     #[arg(long)]
     window: Option<f64>,
+    /// streamscale: seconds after a (re)start before deciding (default 10, the operator's).
+    #[arg(long)]
+    stabilization: Option<f64>,
+    /// streamscale: seconds a scale-down must be wanted (default 30, the operator's).
+    #[arg(long)]
+    scale_down_delay: Option<f64>,
+    /// streamscale: least metric history before deciding, seconds (default max(window/2,
+    /// 2 × interval)).
+    #[arg(long)]
+    guard_window: Option<f64>,
     /// Seed of the event-level mode.
     #[arg(long)]
     seed: Option<u64>,
@@ -134,6 +144,15 @@ fn run(a: Args) -> anyhow::Result<()> {
     }
     if let Some(v) = a.window {
         cfg.window_seconds = v;
+    }
+    if let Some(v) = a.stabilization {
+        cfg.stabilization_seconds = v;
+    }
+    if let Some(v) = a.scale_down_delay {
+        cfg.scale_down_delay_seconds = v;
+    }
+    if let Some(v) = a.guard_window {
+        cfg.guard_window_seconds = Some(v);
     }
     if let Some(v) = a.seed {
         cfg.seed = v;
@@ -254,16 +273,9 @@ fn run(a: Args) -> anyhow::Result<()> {
         b
     };
     let started = std::time::Instant::now();
-    let (summary, runs) = replay_all(
-        &model,
-        &names,
-        &opts,
-        cfg.interval_seconds,
-        cfg.window_seconds,
-        &|n| {
-            bar.inc(n);
-        },
-    )?;
+    let (summary, runs) = replay_all(&model, &names, &opts, &cfg, &|n| {
+        bar.inc(n);
+    })?;
     bar.finish_and_clear();
     println!(
         "job `{}`: {:.1} h simulated ({} mode, step {} s, SLO {} s) in {:.2} s",

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Sim-to-real check (issue 4): the bundled job (examples/jobs/tweets.yaml: four hours of the AAPL
+# tweet trace around its news spike) replayed over 10 minutes (speedup 24) by the real engine
+# under `streamscale run`, and by the simulator with the same settings (streamscale run's
+# interval 1 s, window 10 s, guard history 3 s, stabilization 3 s, scale-down delay 15 s; the
+# rescale downtime measured in the real run), in the fast and the event mode. Prints the gap:
+# rescales and parallelism timeline, p99 latency error, backlog error.
+# Usage: scripts/sim-vs-real.sh [OUT_DIR]   (from the repository root; OUT_DIR default
+# target/sim-vs-real). REUSE=1 reuses OUT_DIR/real from an earlier run.
+set -euo pipefail
+OUT=${1:-target/sim-vs-real}
+SPEEDUP=24
+JOB=examples/jobs/tweets.yaml
+mkdir -p "$OUT"
+if [ ! -x target/release/streamscale ] || [ ! -x target/release/streamscale-engine ]; then
+  cargo build --release -p streamscale-engine -p streamscale-controller >&2
+fi
+[ -x target/release/streamscale-sim ] || cargo build --release -p streamscale-simulations >&2
+if [ "${REUSE:-0}" != 1 ] || [ ! -f "$OUT/real/summary.json" ]; then
+  ./target/release/streamscale run "$JOB" --speedup "$SPEEDUP" --report "$OUT/real" > "$OUT/real.log"
+fi
+downtime=$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["rescales"]
+d = [x["downtime_s"] for x in r if x.get("downtime_s") is not None]
+print(sum(d) / len(d) if d else 0.6)' "$OUT/real/summary.json")
+for mode in fast event; do
+  ./target/release/streamscale-sim "$JOB" --policy streamscale --speedup "$SPEEDUP" --mode "$mode" \
+    --step 1 --interval 1 --window 10 --guard-window 3 --stabilization 3 --scale-down-delay 15 \
+    --downtime "$downtime" --seconds-per-mb 0 --report "$OUT/sim-$mode" --quiet > /dev/null
+done
+python3 - "$OUT" "$downtime" <<'PY'
+import csv, json, sys
+out, downtime = sys.argv[1], float(sys.argv[2])
+real = list(csv.DictReader(open(f"{out}/real/timeline.csv")))
+ops = [k[2:] for k in real[0] if k.startswith("p_")]
+def num(x):
+    return float(x) if x not in ("", None) else None
+def series(rows, key):
+    return {round(float(r["t_s"])): num(r[key]) for r in rows}
+def rescales(rows):
+    ev, prev = [], None
+    for r in rows:
+        p = tuple(int(float(r[f"p_{o}"])) for o in ops if r.get(f"p_{o}") not in ("", None))
+        if prev is not None and p != prev:
+            ev.append((round(float(r["t_s"])), prev, p))
+        prev = p
+    return ev
+print(f"job examples/jobs/tweets.yaml, 600 s (speedup 24); rescale downtime {downtime:.2f} s (mean of the real run)")
+print(f"operators: {', '.join(ops)}")
+rr = rescales(real)
+print(f"real: {len(rr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in rr))
+for mode in ("fast", "event"):
+    sim = [r for r in csv.DictReader(open(f"{out}/sim-{mode}/timeseries.csv")) if r["policy"] == "streamscale"]
+    sr = rescales(sim)
+    print(f"\n{mode}: {len(sr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in sr))
+    pr = {o: series(real, f"p_{o}") for o in ops}
+    ps = {o: series(sim, f"p_{o}") for o in ops}
+    worst = {o: max(abs(pr[o][t] - ps[o][t]) for t in pr[o] if t in ps[o] and pr[o][t] is not None) for o in ops}
+    maxr = {o: max(v for v in pr[o].values() if v is not None) for o in ops}
+    maxs = {o: max(v for v in ps[o].values() if v is not None) for o in ops}
+    print("  peak parallelism real/sim: " + ", ".join(f"{o} {maxr[o]:.0f}/{maxs[o]:.0f}" for o in ops))
+    print("  largest same-second parallelism difference: " + ", ".join(f"{o} {worst[o]:.0f}" for o in ops))
+    lr, ls = series(real, "p99_s"), series(sim, "p99_s")
+    both = [t for t in lr if lr[t] is not None and ls.get(t) is not None]
+    mr = sum(lr[t] for t in both) / len(both)
+    ms = sum(ls[t] for t in both) / len(both)
+    srt = lambda v: sorted(v)[len(v) // 2]
+    medr, meds = srt([lr[t] for t in both]), srt([ls[t] for t in both])
+    print(f"  p99 latency, mean over {len(both)} s: real {mr*1000:.1f} ms, sim {ms*1000:.1f} ms ({(ms-mr)/mr*100:+.0f} %); "
+          f"median of per-second p99: real {medr*1000:.1f} ms, sim {meds*1000:.1f} ms ({(meds-medr)/medr*100:+.0f} %)")
+    br, bs = series(real, "backlog"), series(sim, "backlog")
+    bt = [t for t in br if br[t] is not None and bs.get(t) is not None]
+    print(f"  source backlog: mean real {sum(br[t] for t in bt)/len(bt):.1f} / sim {sum(bs[t] for t in bt)/len(bt):.1f} records, "
+          f"max real {max(br[t] for t in bt):.0f} / sim {max(bs[t] for t in bt):.0f} records")
+PY
