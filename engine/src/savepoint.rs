@@ -118,6 +118,17 @@ pub struct SavepointMetadata {
     pub key_groups: BTreeMap<String, Vec<[u32; 2]>>,
 }
 
+/// A savepoint serialized: state files and the manifest that lists them.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// `(file name, bytes)` of each state file.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// `_metadata.json` bytes; written last.
+    pub manifest: Vec<u8>,
+    /// The manifest as a value.
+    pub metadata: SavepointMetadata,
+}
+
 /// A savepoint's full contents, as taken from a stopped job or loaded from disk.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Savepoint {
@@ -182,30 +193,46 @@ impl Savepoint {
     }
 
     fn write_into(&self, tmp: &Path) -> Result<SavepointMetadata, SavepointError> {
+        let encoded = self.encode(tmp)?;
+        for (name, bytes) in &encoded.files {
+            write_synced(&tmp.join(name), bytes)?;
+        }
+        write_synced(&tmp.join(METADATA_FILE), &encoded.manifest)?;
+        Ok(encoded.metadata)
+    }
+
+    /// Serializes the state files and the manifest (which lists them with sizes and CRC-32).
+    /// `location` only names files in errors.
+    ///
+    /// # Errors
+    /// [`SavepointError::Invalid`] if a value cannot be encoded.
+    pub fn encode(&self, location: &Path) -> Result<Encoded, SavepointError> {
         let mut meta = self.metadata.clone();
         meta.format_version = FORMAT_VERSION;
         meta.files.clear();
+        let mut files = Vec::new();
         for (op, state) in &self.state {
             let name = format!("state-{op}.bin");
-            let path = tmp.join(&name);
             let bytes = postcard::to_stdvec(state).map_err(|e| SavepointError::Invalid {
-                path: path.clone(),
+                path: location.join(&name),
                 reason: format!("cannot encode state: {e}"),
             })?;
-            write_synced(&path, &bytes)?;
             meta.files.push(FileEntry {
-                name,
+                name: name.clone(),
                 bytes: bytes.len() as u64,
                 crc32: crc32fast::hash(&bytes),
             });
+            files.push((name, bytes));
         }
-        let path = tmp.join(METADATA_FILE);
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
-            path: path.clone(),
+        let manifest = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
+            path: location.join(METADATA_FILE),
             reason: format!("cannot encode metadata: {e}"),
         })?;
-        write_synced(&path, &json)?;
-        Ok(meta)
+        Ok(Encoded {
+            files,
+            manifest,
+            metadata: meta,
+        })
     }
 
     /// Reads and fully verifies a savepoint for `spec`: metadata present and parsable, known
@@ -221,8 +248,22 @@ impl Savepoint {
                 reason: "savepoint directory does not exist".into(),
             });
         }
+        Savepoint::decode(dir, |name| fs::read(dir.join(name)), spec)
+    }
+
+    /// Reads and fully verifies a savepoint whose files `fetch` returns by name (a directory,
+    /// or objects under a prefix of an object store), as [`Savepoint::read`]. `location`
+    /// names files in errors.
+    ///
+    /// # Errors
+    /// [`SavepointError`] naming the offending file and the reason. Nothing is partially loaded.
+    pub fn decode(
+        dir: &Path,
+        mut fetch: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
+        spec: &JobSpec,
+    ) -> Result<Savepoint, SavepointError> {
         let meta_path = dir.join(METADATA_FILE);
-        let text = fs::read(&meta_path).map_err(|e| SavepointError::Invalid {
+        let text = fetch(METADATA_FILE).map_err(|e| SavepointError::Invalid {
             path: meta_path.clone(),
             reason: format!("cannot read savepoint metadata ({e}); the savepoint is incomplete"),
         })?;
@@ -262,7 +303,7 @@ impl Savepoint {
         let mut state = BTreeMap::new();
         for entry in &metadata.files {
             let path = dir.join(&entry.name);
-            let bytes = fs::read(&path).map_err(|e| SavepointError::Invalid {
+            let bytes = fetch(&entry.name).map_err(|e| SavepointError::Invalid {
                 path: path.clone(),
                 reason: format!("cannot read state file listed in the metadata: {e}"),
             })?;

@@ -71,6 +71,16 @@ fn helm_installs_the_chart_and_the_api_server_validates_streamjobs() {
     );
     assert!(spec.contains("\"readOnlyRootFilesystem\": true"), "{spec}");
     assert!(spec.contains("\"runAsNonRoot\": true"), "{spec}");
+    // Leader election with the chart's lease duration.
+    let compact: String = spec.split_whitespace().collect();
+    assert!(
+        compact.contains("{\"name\":\"LEADER_ELECTION\",\"value\":\"true\"}"),
+        "{spec}"
+    );
+    assert!(
+        compact.contains("{\"name\":\"LEASE_DURATION_SECONDS\",\"value\":\"15\"}"),
+        "{spec}"
+    );
 
     // Invalid StreamJobs are rejected with readable messages (schema and CEL rules).
     let dir = tempfile::tempdir().expect("tempdir");
@@ -87,7 +97,8 @@ spec:
       - {name: source, kind: source, rate: {constant: 100}}
       - {name: m, kind: mapp}
     edges: [{from: source, to: m}]
-  autoscaler: {targetUtilization: 1.5, mode: sometimes}
+  autoscaler: {targetUtilization: 1.5, mode: sometimes, restoreTimeoutSeconds: 0,
+               prometheus: {url: "prometheus:9090"}}
 "#,
     )
     .expect("write");
@@ -99,6 +110,11 @@ spec:
         "{out}"
     );
     assert!(out.contains("spec.autoscaler.targetUtilization"), "{out}");
+    assert!(
+        out.contains("spec.autoscaler.restoreTimeoutSeconds"),
+        "{out}"
+    );
+    assert!(out.contains("spec.autoscaler.prometheus.url"), "{out}");
     std::fs::write(
         &bad,
         r#"apiVersion: streamscale.dev/v1alpha1

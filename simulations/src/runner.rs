@@ -338,7 +338,7 @@ impl Window {
     }
 
     fn clear(&mut self) {
-        self.spare.extend(self.snaps.drain(..));
+        self.spare.append(&mut self.snaps);
         self.classes.clear();
         self.start = 0;
     }

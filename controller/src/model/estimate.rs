@@ -34,7 +34,9 @@ pub struct OperatorEstimate {
     /// Σ Δrecords_in / Σ Δbusy_seconds over the subtasks. `None` when the operator saw no
     /// input or its busy time is below [`MIN_BUSY_SECONDS`] (too little data); sources: `None`.
     pub true_processing_rate: Option<f64>,
-    /// Selectivity (records out per record in): Δrecords_out / Δrecords_in. Sources: 1 (a
+    /// Selectivity (records out per record in): Σ Δrecords_out / Σ Δrecords_in over the
+    /// scrape intervals in which the operator had input, so that output emitted without input
+    /// (timers, window flushes after the input stopped) does not inflate it. Sources: 1 (a
     /// source emits what arrives). 1.0 as a prior when the operator saw no input.
     pub selectivity: f64,
     /// True when `selectivity` is the prior 1.0 because Δrecords_in was 0.
@@ -240,6 +242,9 @@ fn estimate_operator(
         });
     }
     // Validate every sample: presence, subtask count, finite values, monotone counters.
+    // Meanwhile sum the output of the intervals with input only: an interval with output but
+    // no input (timers, window flushes) must not inflate the selectivity.
+    let mut out_with_input = 0.0;
     let mut prev = first;
     for (k, s) in first.iter().enumerate() {
         for (field, v) in counters(s) {
@@ -291,6 +296,18 @@ fn estimate_operator(
                 }
             }
         }
+        let d_in_k: f64 = prev
+            .iter()
+            .zip(cur)
+            .map(|(a, b)| b.records_in - a.records_in)
+            .sum();
+        if d_in_k > 0.0 {
+            out_with_input += prev
+                .iter()
+                .zip(cur)
+                .map(|(a, b)| b.records_out - a.records_out)
+                .sum::<f64>();
+        }
         prev = cur;
     }
     let last = prev;
@@ -329,7 +346,7 @@ fn estimate_operator(
     let (selectivity, selectivity_is_prior) = if is_source {
         (1.0, false)
     } else if d_in > 0.0 {
-        (d_out / d_in, false)
+        (out_with_input / d_in, false)
     } else {
         (1.0, true)
     };
@@ -518,6 +535,62 @@ edges:
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn output_without_input_does_not_inflate_selectivity() {
+        let spec = job(CHAIN);
+        // map takes 100 rec/s and emits half of it while input flows (t = 0..10); then its
+        // input stops and a window flush emits 300 records (t = 10..15).
+        let mut w = window(&ops(), &[0.0, 5.0, 10.0, 15.0]);
+        let m10 = w[2].operators["map"].clone();
+        let last = w[3].operators.get_mut("map").expect("map");
+        for (sub, before) in last.iter_mut().zip(&m10) {
+            sub.records_in = before.records_in;
+            sub.busy_seconds = before.busy_seconds;
+            sub.records_out = before.records_out + 150.0;
+        }
+        let map = &estimate(&spec, &w).expect("estimates").operators["map"];
+        assert!((map.selectivity - 0.5).abs() < 1e-12, "{}", map.selectivity);
+        // The output rate still counts every record emitted: (500 + 300) / 15.
+        assert!((map.output_rate - 800.0 / 15.0).abs() < 1e-9);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 200,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Rates are counter deltas over the measured elapsed time: any scrape times (irregular
+        /// intervals, jitter) give the same rates for counters growing at constant rates.
+        #[test]
+        fn irregular_scrapes_do_not_bias_rates(
+            start in 0.0f64..1e4,
+            gaps in proptest::collection::vec(0.01f64..60.0, 1..8),
+            gamma in 1.0f64..1e5,
+        ) {
+            let spec = job(CHAIN);
+            let mut times = vec![start];
+            for g in gaps {
+                let t = times[times.len() - 1] + g;
+                times.push(t);
+            }
+            let o = vec![
+                Synth::source("src", 1, gamma, 0.0),
+                Synth::op("map", 2, gamma, 3.0 * gamma, 0.5),
+                Synth::op("sink", 1, gamma / 2.0, 1e6, 0.0),
+            ];
+            let est = estimate(&spec, &window(&o, &times)).expect("estimates");
+            let map = &est.operators["map"];
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.abs().max(1.0);
+            proptest::prop_assert!(close(map.input_rate, gamma), "{} vs {}", map.input_rate, gamma);
+            proptest::prop_assert!(close(map.true_processing_rate.expect("μ"), 3.0 * gamma));
+            proptest::prop_assert!(close(map.selectivity, 0.5));
+            let src = est.operators["src"].source.expect("source");
+            proptest::prop_assert!(close(src.window_arrival_rate, gamma));
+        }
     }
 
     #[test]

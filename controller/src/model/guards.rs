@@ -180,6 +180,12 @@ impl Autoscaler {
     /// Decides at `now_s` (seconds) from a metric window (oldest first) of the job `spec`.
     /// Never fails: every problem (too little data, a planning error) is a
     /// [`Verdict::Hold`] with the reason.
+    ///
+    /// An incomplete metric set (an operator or subtask missing from a scrape, a counter
+    /// reset, a source without `source_backlog`/`source_arrivals`, an invalid value) is planned
+    /// from the complete samples only (the offending scrape dropped; after a reset, the samples
+    /// from the reset on) when at least two remain, and then allows no scale-down; the reason
+    /// names what was missing ("incomplete metrics (...)"). Missing backlog is never read as 0.
     pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
         let g = &self.settings;
         if window.len() < g.min_samples.max(2) {
@@ -205,15 +211,46 @@ impl Autoscaler {
                 ));
             }
         }
-        let model = match self
-            .cache
-            .get(spec)
-            .and_then(|graph| Model::with_graph(graph, spec, window, &g.planner))
-        {
-            Ok(m) => m,
+        let graph = match self.cache.get(spec) {
+            Ok(graph) => graph,
             Err(e) => return hold(format!("cannot plan: {e}")),
         };
-        let planned = model.plan();
+        // An incomplete metric set (a subtask or operator missing from a scrape, a counter
+        // reset, a source without a backlog figure) is planned from the complete samples only,
+        // and then may scale up but never down: a missing figure is not read as zero.
+        let mut repaired: Option<Vec<MetricSample>> = None;
+        let mut incomplete: Vec<String> = Vec::new();
+        let model = loop {
+            let w = repaired.as_deref().unwrap_or(window);
+            match Model::with_graph(Arc::clone(&graph), spec, w, &g.planner) {
+                Ok(m) => break m,
+                Err(e) => {
+                    let Some(kept) = drop_incomplete(w, &e) else {
+                        return hold(format!("cannot plan: {e}"));
+                    };
+                    let span = kept.last().map_or(0.0, |l| l.at_seconds)
+                        - kept.first().map_or(0.0, |f| f.at_seconds);
+                    if kept.len() < 2 || span.is_nan() || span <= 0.0 {
+                        return hold(format!(
+                            "cannot plan: {e}; fewer than 2 complete metric samples remain"
+                        ));
+                    }
+                    incomplete.push(e.to_string());
+                    repaired = Some(kept);
+                }
+            }
+        };
+        let mut planned = model.plan();
+        let incomplete = (!incomplete.is_empty()).then(|| {
+            let used = repaired.as_ref().map_or(window.len(), Vec::len);
+            let why = format!(
+                "incomplete metrics ({}); planned from {used} of {} samples, scale-ups only",
+                incomplete.join("; "),
+                window.len()
+            );
+            planned.reasons.push(why.clone());
+            why
+        });
 
         let mut backlogged = String::new();
         for (n, s) in &planned.sources {
@@ -260,6 +297,12 @@ impl Autoscaler {
                     name.clone(),
                     format!("scale-down {cur}→{new} below the change threshold, ignored"),
                 ));
+                *new = cur;
+                continue;
+            }
+            if let Some(why) = &incomplete {
+                self.state.pending_scale_downs.remove(name);
+                notes.push((name.clone(), format!("no scale-down {cur}→{new}: {why}")));
                 *new = cur;
                 continue;
             }
@@ -329,6 +372,30 @@ impl Autoscaler {
                 recommendation: Some(planned),
             }
         }
+    }
+}
+
+/// The samples of `window` to keep after `err`, when `err` says the metric set is incomplete:
+/// drops the scrape that lacks an operator, a subtask, a source's backlog or arrivals, or has an
+/// invalid value; after a counter reset keeps the samples from the reset on. `None` when `err`
+/// is not about incomplete metrics (nothing to repair).
+fn drop_incomplete(window: &[MetricSample], err: &ModelError) -> Option<Vec<MetricSample>> {
+    let drop_one = |k: usize| -> Vec<MetricSample> {
+        window
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != k)
+            .map(|(_, s)| s.clone())
+            .collect()
+    };
+    match *err {
+        ModelError::MissingOperator { sample, .. }
+        | ModelError::NoSubtasks { sample, .. }
+        | ModelError::ParallelismChanged { sample, .. }
+        | ModelError::InvalidValue { sample, .. }
+        | ModelError::SourceWithoutBacklog { sample, .. } => Some(drop_one(sample)),
+        ModelError::CounterReset { sample, .. } => Some(window.get(sample..)?.to_vec()),
+        _ => None,
     }
 }
 
@@ -549,11 +616,100 @@ edges:
     fn planning_errors_hold() {
         let spec = job(CHAIN);
         let mut a = Autoscaler::default();
+        // A reset in the last scrape leaves one sample after it: nothing to plan from.
         let mut w = win(2, 200.0, 0.0, 1);
-        w[3].operators.get_mut("map").expect("map")[0].records_in = 0.0;
+        w[4].operators.get_mut("map").expect("map")[0].records_in = 0.0;
         let v = a.decide(0.0, &w, &spec);
         assert!(
-            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.contains("went backwards")),
+            matches!(&v, Verdict::Hold { reason, recommendation: None }
+                if reason.contains("went backwards") && reason.contains("fewer than 2")),
+            "{v:?}"
+        );
+        // A graph error is not an incomplete metric set.
+        let mut cyclic = spec.clone();
+        cyclic.edges.push(streamscale_engine::spec::EdgeSpec {
+            from: "sink".into(),
+            to: "map".into(),
+        });
+        let v = a.decide(0.0, &win(2, 200.0, 0.0, 1), &cyclic);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.starts_with("cannot plan")),
+            "{v:?}"
+        );
+    }
+
+    /// The incomplete-metrics note of a hold (its reason) or of a rescale (its reasons).
+    fn says_incomplete(v: &Verdict, what: &str) -> bool {
+        match v {
+            Verdict::Hold { reason, .. } => {
+                reason.contains("no scale-down")
+                    && reason.contains("incomplete metrics")
+                    && reason.contains(what)
+            }
+            Verdict::Rescale(d) => d
+                .reasons
+                .iter()
+                .any(|r| r.contains("incomplete metrics") && r.contains(what)),
+        }
+    }
+
+    #[test]
+    fn incomplete_metrics_never_scale_down_but_may_scale_up() {
+        let spec = job(CHAIN);
+        // map runs 8 subtasks at γ = 200 (the plan wants 3): with complete metrics the
+        // scale-down starts its delay; a delay of 0 applies it at once.
+        let settings = GuardSettings {
+            scale_down_delay_seconds: 0.0,
+            ..GuardSettings::default()
+        };
+        let complete = win(8, 200.0, 0.0, 1);
+        let v = Autoscaler::new(settings.clone()).decide(0.0, &complete, &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
+
+        // A source without a backlog figure in the last scrape: backlog is not read as 0.
+        let mut no_backlog = complete.clone();
+        no_backlog[4].operators.get_mut("src").expect("src")[0].source_backlog = None;
+        let v = Autoscaler::new(settings.clone()).decide(0.0, &no_backlog, &spec);
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        assert!(says_incomplete(&v, "source_backlog"), "{v:?}");
+
+        // A subtask missing from one scrape.
+        let mut missing = complete.clone();
+        missing[2].operators.get_mut("map").expect("map").pop();
+        let v = Autoscaler::new(settings.clone()).decide(0.0, &missing, &spec);
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        assert!(says_incomplete(&v, "changed parallelism"), "{v:?}");
+
+        // A counter reset at scrape 3 (the subtask restarted from zero): planned from 3..
+        let mut reset = complete.clone();
+        let base = reset[2].operators["map"][0].clone();
+        for s in &mut reset[3..] {
+            let m = &mut s.operators.get_mut("map").expect("map")[0];
+            m.records_in -= base.records_in;
+            m.records_out -= base.records_out;
+            m.busy_seconds -= base.busy_seconds;
+            m.idle_seconds -= base.idle_seconds;
+        }
+        let v = Autoscaler::new(settings.clone()).decide(0.0, &reset, &spec);
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        assert!(says_incomplete(&v, "went backwards"), "{v:?}");
+        assert!(says_incomplete(&v, "from 2 of 5 samples"), "{v:?}");
+
+        // Scale-ups still apply: map at 1 subtask under γ = 600 wants 9.
+        let mut up = win(1, 600.0, 0.0, 1);
+        up[4].operators.get_mut("src").expect("src")[0].source_backlog = None;
+        let v = Autoscaler::new(settings.clone()).decide(0.0, &up, &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
+        assert!(says_incomplete(&v, "source_backlog"), "{v:?}");
+
+        // A source that never reports its backlog: no plan at all.
+        let mut never = complete;
+        for s in &mut never {
+            s.operators.get_mut("src").expect("src")[0].source_backlog = None;
+        }
+        let v = Autoscaler::new(settings).decide(0.0, &never, &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.contains("source_backlog")),
             "{v:?}"
         );
     }

@@ -98,36 +98,37 @@ fn run(args: Args) -> anyhow::Result<()> {
         .map_err(|p| anyhow::anyhow!("{} (after --parallelism): {p}", args.job.display()))?;
     let checkpoint_dir = args
         .checkpoint_dir
-        .clone()
-        .or_else(|| args.recover_from.clone())
-        .or_else(|| {
-            spec.checkpoint
-                .as_ref()
-                .and_then(|c| c.dir.clone())
-                .map(PathBuf::from)
-        });
+        .as_ref()
+        .or(args.recover_from.as_ref())
+        .map(|p| p.display().to_string())
+        .or_else(|| spec.checkpoint.as_ref().and_then(|c| c.dir.clone()));
     let retain = spec
         .checkpoint
         .as_ref()
         .map_or(streamscale_engine::spec::DEFAULT_CHECKPOINT_RETAIN, |c| {
             c.retain
         });
-    let storage = checkpoint_dir.map(|d| Arc::new(CheckpointStorage::new(d, retain)));
+    let storage = match checkpoint_dir {
+        Some(d) => Some(Arc::new(CheckpointStorage::open(&d, retain)?)),
+        None => None,
+    };
     let (restore, restored_from) = match (&args.restore, &args.recover_from) {
         (Some(dir), _) => (
             Some(Savepoint::read(dir, &spec)?),
             Some(dir.display().to_string()),
         ),
-        (None, Some(dir)) => match CheckpointStorage::new(dir, retain).latest(&spec)? {
-            Some((path, sp)) => {
-                tracing::info!(checkpoint = %path.display(), "recovering from the latest completed checkpoint");
-                (Some(sp), Some(path.display().to_string()))
+        (None, Some(dir)) => {
+            match CheckpointStorage::open(&dir.display().to_string(), retain)?.latest(&spec)? {
+                Some((path, sp)) => {
+                    tracing::info!(checkpoint = %path.display(), "recovering from the latest completed checkpoint");
+                    (Some(sp), Some(path.display().to_string()))
+                }
+                None => {
+                    tracing::info!(dir = %dir.display(), "no completed checkpoint yet; starting fresh");
+                    (None, None)
+                }
             }
-            None => {
-                tracing::info!(dir = %dir.display(), "no completed checkpoint yet; starting fresh");
-                (None, None)
-            }
-        },
+        }
         (None, None) => (None, None),
     };
     let panic_at = match &args.fault_panic_at {

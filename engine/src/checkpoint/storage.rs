@@ -1,9 +1,25 @@
-//! Checkpoint storage: completed checkpoints `chk-<id>` under one directory, written atomically
-//! (state files, then the manifest `_metadata.json`, in a temporary directory that is fsynced
-//! and renamed into place), retention of the newest N, and discovery of the latest usable one
-//! with fallback to older ones.
+//! Checkpoint storage through the `object_store` crate: completed checkpoints `chk-<id>/`
+//! under one location, a local directory by default (`object_store`'s `LocalFileSystem`) or
+//! an S3-compatible URL (`s3://bucket/prefix`, with the `s3` cargo feature; credentials and
+//! endpoint from the usual `AWS_*` environment variables).
+//!
+//! Writing: the state files first, then the manifest `_metadata.json` (listing every file
+//! with its size and CRC-32) last; each object is written to a temporary name and renamed
+//! (atomic per object), and on a local filesystem every file and the checkpoint directory
+//! are fsynced before the manifest is written, and the manifest after. A checkpoint is
+//! complete exactly when its manifest exists, so a crash mid-write never leaves a checkpoint
+//! that looks complete. An existing manifest is never overwritten. Retention deletes the
+//! manifest of an old checkpoint first, then its files.
+//!
+//! Reading verifies the manifest and every file ([`Savepoint::decode`]); [`CheckpointStorage::latest`]
+//! falls back from a damaged newest checkpoint to older ones, logging each refusal.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::savepoint::{METADATA_FILE, Savepoint, SavepointError, SavepointMetadata};
 use crate::spec::JobSpec;
@@ -14,84 +30,197 @@ pub const CHECKPOINT_PREFIX: &str = "chk-";
 /// Errors of checkpoint storage.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    /// Writing or reading a checkpoint failed (names the file).
+    /// A checkpoint's contents are invalid or cannot be encoded (names the file).
     #[error(transparent)]
     Savepoint(#[from] SavepointError),
-    /// The storage location cannot be listed.
-    #[error("{path}: cannot list checkpoints: {source}")]
-    List {
-        /// The checkpoint directory.
+    /// An object-store operation failed.
+    #[error("{location}: {action}: {source}")]
+    Store {
+        /// The object or prefix.
+        location: String,
+        /// What was being done.
+        action: &'static str,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// A local file could not be synced to disk.
+    #[error("{path}: cannot fsync: {source}")]
+    Sync {
+        /// The file or directory.
         path: PathBuf,
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The storage location is not usable.
+    #[error("{location}: {reason}")]
+    Location {
+        /// The configured location.
+        location: String,
+        /// Why.
+        reason: String,
+    },
+    /// The checkpoint already exists.
+    #[error("{location}: checkpoint already exists; refusing to overwrite it")]
+    Exists {
+        /// Its manifest.
+        location: String,
+    },
     /// Checkpoints exist but none can be restored; each reason names its file.
-    #[error("{path}: no usable checkpoint: {reasons}")]
+    #[error("{location}: no usable checkpoint: {reasons}")]
     NoneUsable {
-        /// The checkpoint directory.
-        path: PathBuf,
+        /// The checkpoint location.
+        location: String,
         /// Why each checkpoint was refused, newest first.
         reasons: String,
     },
 }
 
-/// Completed checkpoints of one job under a local directory.
+/// Completed checkpoints of one job under one object-store location.
 #[derive(Debug)]
 pub struct CheckpointStorage {
-    dir: PathBuf,
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    /// The configured location, for messages and `path_of`.
+    location: PathBuf,
+    /// The directory when the store is the local filesystem (for fsync).
+    local: Option<PathBuf>,
     retain: usize,
+    /// A runtime for network stores (`None`: local, driven inline).
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl CheckpointStorage {
-    /// Storage under `dir` keeping the newest `retain` (at least 1) completed checkpoints.
+    /// Storage in the local directory `dir` keeping the newest `retain` (at least 1)
+    /// completed checkpoints. The directory is created on the first write.
     pub fn new(dir: impl Into<PathBuf>, retain: u32) -> CheckpointStorage {
+        let dir: PathBuf = dir.into();
+        let absolute = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+        let prefix = ObjectPath::from_absolute_path(&absolute).unwrap_or_else(|_| {
+            ObjectPath::from(absolute.to_string_lossy().trim_start_matches('/'))
+        });
         CheckpointStorage {
-            dir: dir.into(),
+            store: Arc::new(object_store::local::LocalFileSystem::new()),
+            prefix,
+            location: dir,
+            local: Some(absolute),
             retain: retain.max(1) as usize,
+            runtime: None,
         }
     }
 
-    /// The directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Directory of checkpoint `id`.
-    pub fn path_of(&self, id: u64) -> PathBuf {
-        self.dir.join(format!("{CHECKPOINT_PREFIX}{id}"))
-    }
-
-    /// Ids of the checkpoint directories that have a manifest (complete-looking), ascending.
+    /// Storage at `location`: a directory path, `file:///abs/dir`, or `s3://bucket/prefix`.
     ///
     /// # Errors
-    /// [`StorageError::List`] when the directory exists but cannot be read.
-    pub fn completed_ids(&self) -> Result<Vec<u64>, StorageError> {
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
-                return Err(StorageError::List {
-                    path: self.dir.clone(),
-                    source,
-                });
-            }
+    /// [`StorageError::Location`] for an unsupported scheme (or `s3://` without the `s3`
+    /// feature) or an S3 configuration error.
+    pub fn open(location: &str, retain: u32) -> Result<CheckpointStorage, StorageError> {
+        if let Some(path) = location.strip_prefix("file://") {
+            return Ok(CheckpointStorage::new(path, retain));
+        }
+        if !location.contains("://") {
+            return Ok(CheckpointStorage::new(location, retain));
+        }
+        if location.starts_with("s3://") {
+            return open_s3(location, retain);
+        }
+        Err(StorageError::Location {
+            location: location.into(),
+            reason: "unsupported checkpoint storage URL (use a directory, file:// or s3://)".into(),
+        })
+    }
+
+    /// Where the checkpoints are (directory or URL).
+    pub fn location(&self) -> &Path {
+        &self.location
+    }
+
+    /// Location of checkpoint `id` (a directory for local storage).
+    pub fn path_of(&self, id: u64) -> PathBuf {
+        self.location.join(format!("{CHECKPOINT_PREFIX}{id}"))
+    }
+
+    fn object(&self, id: u64, name: &str) -> ObjectPath {
+        self.prefix
+            .clone()
+            .join(format!("{CHECKPOINT_PREFIX}{id}"))
+            .join(name)
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        match &self.runtime {
+            Some(rt) => rt.block_on(f),
+            None => futures::executor::block_on(f),
+        }
+    }
+
+    fn store_err(
+        &self,
+        what: &ObjectPath,
+        action: &'static str,
+    ) -> impl FnOnce(object_store::Error) -> StorageError + use<> {
+        let location = match &self.local {
+            Some(_) => format!("/{what}"),
+            None => format!("{}/{}", self.location.display(), what),
         };
-        let mut ids: Vec<u64> = entries
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let id = name.strip_prefix(CHECKPOINT_PREFIX)?.parse().ok()?;
-                e.path().join(METADATA_FILE).is_file().then_some(id)
-            })
-            .collect();
-        ids.sort_unstable();
-        Ok(ids)
+        move |source| StorageError::Store {
+            location,
+            action,
+            source,
+        }
+    }
+
+    /// `(id, has manifest)` of every checkpoint directory.
+    fn scan(&self) -> Result<Vec<(u64, bool)>, StorageError> {
+        let listed: Result<Vec<_>, _> =
+            self.block_on(self.store.list(Some(&self.prefix)).try_collect());
+        let objects = match listed {
+            Ok(o) => o,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(self.store_err(&self.prefix, "cannot list checkpoints")(e)),
+        };
+        let mut found: std::collections::BTreeMap<u64, bool> = Default::default();
+        let depth = self.prefix.parts().count();
+        for meta in objects {
+            let parts: Vec<_> = meta.location.parts().skip(depth).collect();
+            let [dir, file] = parts.as_slice() else {
+                continue;
+            };
+            let Some(id) = dir
+                .as_ref()
+                .strip_prefix(CHECKPOINT_PREFIX)
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let complete = found.entry(id).or_default();
+            *complete |= file.as_ref() == METADATA_FILE;
+        }
+        Ok(found.into_iter().collect())
+    }
+
+    /// Ids of the checkpoints that have a manifest (complete), ascending.
+    ///
+    /// # Errors
+    /// [`StorageError::Store`] when the location cannot be listed.
+    pub fn completed_ids(&self) -> Result<Vec<u64>, StorageError> {
+        Ok(self
+            .scan()?
+            .into_iter()
+            .filter(|(_, c)| *c)
+            .map(|(id, _)| id)
+            .collect())
     }
 
     /// The id the next checkpoint of a (re)started job should take: above every existing one,
-    /// so that no checkpoint is ever overwritten.
+    /// complete or not, so that nothing is ever overwritten.
     pub fn next_id(&self) -> u64 {
-        let max_dir = std::fs::read_dir(&self.dir)
+        let ids = self.scan().unwrap_or_default();
+        let from_store = ids.iter().map(|(id, _)| *id).max().unwrap_or(0);
+        // Local directories that hold no file yet count too.
+        let from_dirs = self
+            .local
+            .as_ref()
+            .and_then(|d| std::fs::read_dir(d).ok())
             .map(|entries| {
                 entries
                     .filter_map(Result::ok)
@@ -103,24 +232,65 @@ impl CheckpointStorage {
                     .unwrap_or(0)
             })
             .unwrap_or(0);
-        max_dir + 1
+        from_store.max(from_dirs) + 1
     }
 
-    /// Writes checkpoint `id` atomically, then deletes completed checkpoints beyond the
-    /// newest `retain`. Returns its location and manifest.
+    fn fsync(&self, id: u64, name: Option<&str>) -> Result<(), StorageError> {
+        let Some(dir) = &self.local else {
+            return Ok(());
+        };
+        let dir = dir.join(format!("{CHECKPOINT_PREFIX}{id}"));
+        let path = name.map_or(dir.clone(), |n| dir.join(n));
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| StorageError::Sync { path, source })
+    }
+
+    /// Writes checkpoint `id` (state files, then the manifest), then deletes completed
+    /// checkpoints beyond the newest `retain`. Returns its location and manifest.
     ///
     /// # Errors
-    /// [`StorageError::Savepoint`] naming the file when writing fails; nothing that looks
-    /// complete is left and earlier checkpoints are untouched.
+    /// [`StorageError`] naming the object when writing fails; no manifest is written, so
+    /// nothing looks complete, and earlier checkpoints are untouched.
     pub fn write_checkpoint(
         &self,
         id: u64,
         snapshot: &Savepoint,
     ) -> Result<(String, SavepointMetadata), StorageError> {
-        let path = self.path_of(id);
-        let meta = snapshot.write(&path)?;
+        let manifest = self.object(id, METADATA_FILE);
+        if self.block_on(self.store.head(&manifest)).is_ok() {
+            return Err(StorageError::Exists {
+                location: self.path_of(id).join(METADATA_FILE).display().to_string(),
+            });
+        }
+        let encoded = snapshot.encode(&self.path_of(id))?;
+        for (name, bytes) in encoded.files {
+            let object = self.object(id, &name);
+            self.block_on(self.store.put(&object, PutPayload::from(bytes)))
+                .map_err(self.store_err(&object, "cannot write checkpoint file"))?;
+            self.fsync(id, Some(&name))?;
+        }
+        if self.local.is_some() {
+            if let Some(dir) = &self.local {
+                // The checkpoint directory exists once a file was written; without state
+                // files, create it for the manifest.
+                let chk = dir.join(format!("{CHECKPOINT_PREFIX}{id}"));
+                std::fs::create_dir_all(&chk).map_err(|source| StorageError::Sync {
+                    path: chk.clone(),
+                    source,
+                })?;
+            }
+            self.fsync(id, None)?;
+        }
+        self.block_on(
+            self.store
+                .put(&manifest, PutPayload::from(encoded.manifest)),
+        )
+        .map_err(self.store_err(&manifest, "cannot write checkpoint manifest"))?;
+        self.fsync(id, Some(METADATA_FILE))?;
+        self.fsync(id, None)?;
         self.apply_retention();
-        Ok((path.display().to_string(), meta))
+        Ok((self.path_of(id).display().to_string(), encoded.metadata))
     }
 
     fn apply_retention(&self) {
@@ -131,13 +301,47 @@ impl CheckpointStorage {
             return;
         }
         for id in &ids[..ids.len() - self.retain] {
-            let path = self.path_of(*id);
-            // The manifest goes first, so a half-deleted checkpoint never looks complete.
-            let _ = std::fs::remove_file(path.join(METADATA_FILE));
-            if let Err(e) = std::fs::remove_dir_all(&path) {
-                tracing::warn!(path = %path.display(), error = %e, "cannot delete old checkpoint");
+            if let Err(e) = self.delete(*id) {
+                tracing::warn!(error = %e, "cannot delete old checkpoint");
             }
         }
+    }
+
+    /// Deletes checkpoint `id`: its manifest first, so a half-deleted checkpoint never looks
+    /// complete, then its files.
+    fn delete(&self, id: u64) -> Result<(), StorageError> {
+        let manifest = self.object(id, METADATA_FILE);
+        self.block_on(self.store.delete(&manifest))
+            .map_err(self.store_err(&manifest, "cannot delete checkpoint manifest"))?;
+        let dir = self.prefix.clone().join(format!("{CHECKPOINT_PREFIX}{id}"));
+        let objects: Vec<_> = self
+            .block_on(self.store.list(Some(&dir)).try_collect::<Vec<_>>())
+            .map_err(self.store_err(&dir, "cannot list checkpoint"))?;
+        for o in objects {
+            self.block_on(self.store.delete(&o.location))
+                .map_err(self.store_err(&o.location, "cannot delete checkpoint file"))?;
+        }
+        if let Some(local) = &self.local {
+            let _ = std::fs::remove_dir(local.join(format!("{CHECKPOINT_PREFIX}{id}")));
+        }
+        Ok(())
+    }
+
+    /// Reads and verifies checkpoint `id` for `spec`.
+    ///
+    /// # Errors
+    /// [`SavepointError`] naming the file and reason.
+    pub fn read(&self, id: u64, spec: &JobSpec) -> Result<Savepoint, SavepointError> {
+        let fetch = |name: &str| -> std::io::Result<Vec<u8>> {
+            let object = self.object(id, name);
+            self.block_on(async {
+                let got = self.store.get(&object).await?;
+                got.bytes().await
+            })
+            .map(|b| b.to_vec())
+            .map_err(std::io::Error::other)
+        };
+        Savepoint::decode(&self.path_of(id), fetch, spec)
     }
 
     /// The newest checkpoint that fully verifies against `spec`, falling back to older ones
@@ -145,14 +349,14 @@ impl CheckpointStorage {
     ///
     /// # Errors
     /// [`StorageError::NoneUsable`] when checkpoints exist but none verifies;
-    /// [`StorageError::List`] when the directory cannot be read.
+    /// [`StorageError::Store`] when the location cannot be listed.
     pub fn latest(&self, spec: &JobSpec) -> Result<Option<(PathBuf, Savepoint)>, StorageError> {
         let ids = self.completed_ids()?;
         let mut reasons = Vec::new();
         for id in ids.iter().rev() {
-            let path = self.path_of(*id);
-            match Savepoint::read(&path, spec) {
+            match self.read(*id, spec) {
                 Ok(sp) => {
+                    let path = self.path_of(*id);
                     if !reasons.is_empty() {
                         tracing::warn!(
                             checkpoint = %path.display(),
@@ -171,9 +375,77 @@ impl CheckpointStorage {
             Ok(None)
         } else {
             Err(StorageError::NoneUsable {
-                path: self.dir.clone(),
+                location: self.location.display().to_string(),
                 reasons: reasons.join("; "),
             })
         }
+    }
+}
+
+#[cfg(feature = "s3")]
+fn open_s3(location: &str, retain: u32) -> Result<CheckpointStorage, StorageError> {
+    let bad = |reason: String| StorageError::Location {
+        location: location.into(),
+        reason,
+    };
+    let store = object_store::aws::AmazonS3Builder::from_env()
+        .with_url(location)
+        .build()
+        .map_err(|e| bad(format!("cannot configure S3: {e}")))?;
+    let rest = location.trim_start_matches("s3://");
+    let prefix = rest.split_once('/').map_or("", |(_, p)| p);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| bad(format!("cannot start the storage runtime: {e}")))?;
+    Ok(CheckpointStorage {
+        store: Arc::new(store),
+        prefix: ObjectPath::from(prefix),
+        location: PathBuf::from(location),
+        local: None,
+        retain: retain.max(1) as usize,
+        runtime: Some(runtime),
+    })
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(location: &str, _retain: u32) -> Result<CheckpointStorage, StorageError> {
+    Err(StorageError::Location {
+        location: location.into(),
+        reason: "S3 checkpoint storage needs the engine built with the `s3` cargo feature".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn locations_and_refusals() {
+        let err = CheckpointStorage::open("ftp://host/x", 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ftp://host/x") && err.contains("unsupported"),
+            "{err}"
+        );
+        #[cfg(not(feature = "s3"))]
+        {
+            let err = CheckpointStorage::open("s3://bucket/p", 1)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("`s3` cargo feature"), "{err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().join("c").display());
+        let storage = CheckpointStorage::open(&url, 1).unwrap();
+        assert_eq!(storage.completed_ids().unwrap(), Vec::<u64>::new());
+        assert_eq!(storage.next_id(), 1);
+        // A directory without a manifest (a crash mid-write) is not complete but takes an id.
+        std::fs::create_dir_all(storage.path_of(4)).unwrap();
+        std::fs::write(storage.path_of(4).join("state-w.bin"), b"partial").unwrap();
+        assert_eq!(storage.completed_ids().unwrap(), Vec::<u64>::new());
+        assert_eq!(storage.next_id(), 5);
     }
 }

@@ -39,8 +39,8 @@ pub enum WindowSpec {
         /// Distance between window starts, ms. Between 1 and `sizeMs`.
         slide_ms: u64,
     },
-    /// Per key, records closer than `gapMs` in event time belong to one session window
-    /// `[first, last + gap)`.
+    /// Per key, records less than `gapMs` apart in event time belong to one session window
+    /// `[first, last + gap)`; a gap of `gapMs` or more starts a new session.
     #[serde(rename_all = "camelCase")]
     Session {
         /// Inactivity gap that ends a session, ms of event time. At least 1.
@@ -166,9 +166,11 @@ impl EventWindow {
                 end: windows[0].end,
                 count: rec.count,
             };
-            // Flink's session merging: windows that overlap or touch become one.
+            // Session merging: windows that overlap become one. Windows that only touch
+            // (a gap of exactly `gapMs`) stay apart — unlike Flink, which merges them — so the
+            // result never depends on whether the watermark fired the first in between.
             panes.retain(|p| {
-                if p.start <= merged.end && p.end >= merged.start {
+                if p.start < merged.end && p.end > merged.start {
                     merged.start = merged.start.min(p.start);
                     merged.end = merged.end.max(p.end);
                     merged.count += p.count;
@@ -472,8 +474,9 @@ mod tests {
         assert_eq!(
             got,
             vec![
+                (1, 1, 9, 14),
                 (1, 1, 20, 25),
-                (1, 3, 0, 14),
+                (1, 2, 0, 9),
                 (2, 1, 100, 105),
                 (3, 1, 7, 12)
             ]
