@@ -4,7 +4,8 @@
 # under `streamscale run`, and by the simulator with the same settings (streamscale run's
 # interval 1 s, window 10 s, guard history 3 s, stabilization 3 s, scale-down delay 15 s; the
 # rescale downtime measured in the real run), in the fast and the event mode. Prints the gap:
-# rescales and parallelism timeline, p99 latency error, backlog error.
+# rescales and parallelism timeline, p99 latency error, backlog error. "nominal" uses the job
+# file's per-record costs (cpu + io + 5 µs); "calibrated" the service times the real run measured.
 # Usage: scripts/sim-vs-real.sh [OUT_DIR]   (from the repository root; OUT_DIR default
 # target/sim-vs-real). REUSE=1 reuses OUT_DIR/real from an earlier run.
 set -euo pipefail
@@ -24,11 +25,25 @@ import json, sys
 r = json.load(open(sys.argv[1]))["rescales"]
 d = [x["downtime_s"] for x in r if x.get("downtime_s") is not None]
 print(sum(d) / len(d) if d else 0.6)' "$OUT/real/summary.json")
+# Calibrated variant: per-record service times from the true processing rates μ the real run's
+# planner measured (median over its decisions, from the RESCALE lines of the log).
+service=$(python3 -c '
+import re, sys
+mu = {}
+for m in re.finditer(r"(\w+): DS2: [^;|]*?μ (\d+(?:\.\d+)?) rec/s", open(sys.argv[1]).read()):
+    mu.setdefault(m.group(1), []).append(float(m.group(2)))
+print(",".join(f"{op}={1e6 / sorted(v)[len(v) // 2]:.0f}" for op, v in sorted(mu.items())))' "$OUT/real.log")
 for mode in fast event; do
-  ./target/release/streamscale-sim "$JOB" --policy streamscale --speedup "$SPEEDUP" --mode "$mode" \
-    --step 1 --interval 1 --window 10 --guard-window 3 --stabilization 3 --scale-down-delay 15 \
-    --downtime "$downtime" --seconds-per-mb 0 --report "$OUT/sim-$mode" --quiet > /dev/null
+  for variant in nominal calibrated; do
+    extra=()
+    if [ "$variant" = calibrated ] && [ -n "$service" ]; then extra=(--service "$service"); fi
+    ./target/release/streamscale-sim "$JOB" --policy streamscale --speedup "$SPEEDUP" --mode "$mode" \
+      --step 1 --interval 1 --window 10 --guard-window 3 --stabilization 3 --scale-down-delay 15 \
+      --downtime "$downtime" --seconds-per-mb 0 "${extra[@]}" --report "$OUT/sim-$mode-$variant" \
+      --quiet > /dev/null
+  done
 done
+echo "calibrated service times (µs, from the real run's measured μ): ${service:-none}"
 python3 - "$OUT" "$downtime" <<'PY'
 import csv, json, sys
 out, downtime = sys.argv[1], float(sys.argv[2])
@@ -50,7 +65,7 @@ print(f"job examples/jobs/tweets.yaml, 600 s (speedup 24); rescale downtime {dow
 print(f"operators: {', '.join(ops)}")
 rr = rescales(real)
 print(f"real: {len(rr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in rr))
-for mode in ("fast", "event"):
+for mode in ("fast-nominal", "event-nominal", "fast-calibrated", "event-calibrated"):
     sim = [r for r in csv.DictReader(open(f"{out}/sim-{mode}/timeseries.csv")) if r["policy"] == "streamscale"]
     sr = rescales(sim)
     print(f"\n{mode}: {len(sr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in sr))

@@ -27,8 +27,9 @@ pub use guards::{Autoscaler, GuardSettings, GuardState, PendingScaleDown, Verdic
 pub use network::{PathLatency, Topology, end_to_end_latency, traffic_equations};
 pub use planner::{Decision, OperatorPlan, PlannerSettings, SourcePlan, plan};
 pub use queueing::{
-    QueueKind, allen_cunneen_waiting_time, erlang_b, erlang_c, kingman_waiting_time,
-    mm1_sojourn_time, mm1_waiting_time, mmc_sojourn_time, mmc_waiting_time, operator_sojourn_time,
+    QueueKind, TailNode, allen_cunneen_waiting_time, erlang_b, erlang_c, ggc_waiting_quantile,
+    ggc_waiting_tail, kingman_waiting_time, mm1_sojourn_time, mm1_waiting_time, mmc_sojourn_time,
+    mmc_waiting_time, operator_sojourn_time, path_latency_quantile_bound,
 };
 pub use sample::{MetricSample, SubtaskSample};
 

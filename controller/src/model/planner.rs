@@ -25,7 +25,7 @@ use super::ModelError;
 use super::estimate::{OperatorEstimate, estimate_indexed};
 use super::fmtfast::{Fixed, Short};
 use super::network::Topology;
-use super::queueing::{QueueKind, operator_sojourn_time};
+use super::queueing::{QueueKind, TailNode, operator_sojourn_time, path_latency_quantile_bound};
 use super::sample::MetricSample;
 use streamscale_engine::keygroup::key_group_range;
 
@@ -52,6 +52,10 @@ pub struct PlannerSettings {
     /// caller). Its backlog, downtime × γ, is added to what must drain within the catch-up
     /// time, so a scale-up is sized to absorb the rescale it causes. `None` = 0.
     pub rescale_downtime_seconds: Option<f64>,
+    /// Percentile of end-to-end latency reported as [`Decision::predicted_latency_percentile_seconds`],
+    /// in (0, 1). `None` = 0.99 (p99).
+    #[serde(default)]
+    pub latency_percentile: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -62,6 +66,7 @@ pub(crate) struct Resolved {
     pub ca: f64,
     pub cs: f64,
     pub downtime: f64,
+    pub percentile: f64,
 }
 
 impl PlannerSettings {
@@ -73,7 +78,14 @@ impl PlannerSettings {
             ca: self.arrival_cv.unwrap_or(1.0),
             cs: self.service_cv.unwrap_or(1.0),
             downtime: self.rescale_downtime_seconds.unwrap_or(0.0),
+            percentile: self.latency_percentile.unwrap_or(0.99),
         };
+        if !(r.percentile > 0.0 && r.percentile < 1.0) {
+            return Err(ModelError::InvalidSettings(format!(
+                "latency percentile {} is not in (0, 1)",
+                r.percentile
+            )));
+        }
         let bad = |what: String| Err(ModelError::InvalidSettings(what));
         if !(r.rho > 0.0 && r.rho <= 1.0) {
             return bad(format!("target utilization {} is not in (0, 1]", r.rho));
@@ -177,6 +189,16 @@ pub struct Decision {
     pub predicted_latency_seconds: f64,
     /// The slowest path, source first.
     pub critical_path: Vec<String>,
+    /// Upper bound on the [`Self::latency_percentile`]-quantile of end-to-end latency along
+    /// the critical path at the planned parallelism and steady rates, seconds (`inf` when
+    /// unstable): per operator the G/G/c waiting-time tail and exponential service, combined
+    /// by the union bound ([`super::queueing::path_latency_quantile_bound`]). Reported only;
+    /// the SLO allocation uses the mean.
+    #[serde(default, with = "super::serde_inf")]
+    pub predicted_latency_percentile_seconds: f64,
+    /// The percentile of [`Self::predicted_latency_percentile_seconds`] (0.99 = p99).
+    #[serde(default)]
+    pub latency_percentile: f64,
     /// The latency SLO planned for, seconds.
     pub latency_slo_seconds: f64,
     /// The utilization target planned for.
@@ -834,6 +856,8 @@ impl Model {
             sources,
             predicted_latency_seconds: 0.0,
             critical_path: Vec::new(),
+            predicted_latency_percentile_seconds: 0.0,
+            latency_percentile: self.s.percentile,
             latency_slo_seconds: self.s.slo,
             target_utilization: self.s.rho,
             bottleneck,
@@ -865,6 +889,31 @@ impl Model {
             .collect();
         let path = self.graph.topo.longest_path(&w);
         d.predicted_latency_seconds = path.seconds;
+        let nodes: Vec<TailNode> = path
+            .path
+            .iter()
+            .filter_map(|name| {
+                let i = *self.graph.topo.index.get(name)?;
+                let mu = self.mu(i)?;
+                let p = d.parallelism.get(name).copied().unwrap_or(1).max(1);
+                Some(if self.kg_load[i].is_some() {
+                    // A keyed operator: the busiest subtask's single-server queue.
+                    TailNode {
+                        lambda: self.lambda_steady[i] * self.max_share(i, p),
+                        mu,
+                        servers: 1,
+                    }
+                } else {
+                    TailNode {
+                        lambda: self.lambda_steady[i],
+                        mu,
+                        servers: p,
+                    }
+                })
+            })
+            .collect();
+        d.predicted_latency_percentile_seconds =
+            path_latency_quantile_bound(&nodes, self.s.percentile, self.s.ca, self.s.cs);
         d.critical_path = path.path;
     }
 
@@ -1032,6 +1081,21 @@ edges:
         assert!((map.predicted_sojourn_seconds - 0.019129106).abs() < 1e-8);
         assert!((d.predicted_latency_seconds - 0.024129106).abs() < 1e-8);
         assert_eq!(d.critical_path, ["src", "map", "sink"]);
+        // p99 bound along it: map M/M/3 at λ = 100, μ = 62.5 and sink M/M/1 at 50/250, the
+        // 1% budget split over 4 terms (ε' = 0.0025): map Wq ln(C/ε')/(3·62.5 − 100) with
+        // C = 0.27380, + ln(400)/62.5; sink ln(0.2/ε')/200 + ln(400)/250.
+        let c_map = 0.273_799_3;
+        let expected = (c_map / 0.0025f64).ln() / 87.5
+            + 400f64.ln() / 62.5
+            + (0.2f64 / 0.0025).ln() / 200.0
+            + 400f64.ln() / 250.0;
+        assert_eq!(d.latency_percentile, 0.99);
+        assert!(
+            (d.predicted_latency_percentile_seconds - expected).abs() < 1e-6,
+            "{} vs {expected}",
+            d.predicted_latency_percentile_seconds
+        );
+        assert!(d.predicted_latency_percentile_seconds > d.predicted_latency_seconds);
         // Bottleneck: map at ρ = 100/(2·62.5) = 0.8 (sink 50/250 = 0.2).
         let b = d.bottleneck.as_deref().expect("bottleneck");
         assert!(b.starts_with("map: ρ=0.80 at p=2, μ=62.50"), "{b}");
