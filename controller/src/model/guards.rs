@@ -18,6 +18,7 @@ use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
 use super::fmtfast::Fixed;
+use super::learn::ScalabilityTracker;
 use super::planner::{Decision, JobGraph, Model, PlannerSettings};
 use super::sample::MetricSample;
 
@@ -103,6 +104,8 @@ pub struct Autoscaler {
     settings: GuardSettings,
     state: GuardState,
     cache: GraphCache,
+    /// Scalability factors and ineffective-scaling flags learned from past rescales.
+    learned: ScalabilityTracker,
 }
 
 /// The job graph's derived model from the last call, reused while the spec's graph (operators,
@@ -143,6 +146,7 @@ impl Autoscaler {
             settings,
             state: GuardState::default(),
             cache: GraphCache::default(),
+            learned: ScalabilityTracker::default(),
         }
     }
 
@@ -154,6 +158,13 @@ impl Autoscaler {
     /// The guards' memory.
     pub fn state(&self) -> &GuardState {
         &self.state
+    }
+
+    /// What was learned from past rescales: per-operator scalability factors (measured μ per
+    /// subtask / predicted, smoothed, within [0.25, 1.5]) and ineffective-scaling flags. See
+    /// [`super::learn`].
+    pub fn scalability(&self) -> &ScalabilityTracker {
+        &self.learned
     }
 
     /// Reports that the job (re)started at `now_s` (seconds): starts the stabilization period
@@ -186,6 +197,13 @@ impl Autoscaler {
     /// from the complete samples only (the offending scrape dropped; after a reset, the samples
     /// from the reset on) when at least two remain, and then allows no scale-down; the reason
     /// names what was missing ("incomplete metrics (...)"). Missing backlog is never read as 0.
+    ///
+    /// Every call that gets as far as a model also feeds the learned correction
+    /// ([`super::learn`]): a change of an operator's observed parallelism since the previous
+    /// call is taken as a rescale, its measured μ per subtask is compared with the prediction,
+    /// the operator's scalability factor is updated and applied to this decision, and an
+    /// operator whose total capacity did not grow is flagged "ineffective scaling" in the
+    /// reasons and not scaled up again until its μ or input changes by more than 20%.
     pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
         let g = &self.settings;
         if window.len() < g.min_samples.max(2) {
@@ -220,7 +238,7 @@ impl Autoscaler {
         // and then may scale up but never down: a missing figure is not read as zero.
         let mut repaired: Option<Vec<MetricSample>> = None;
         let mut incomplete: Vec<String> = Vec::new();
-        let model = loop {
+        let mut model = loop {
             let w = repaired.as_deref().unwrap_or(window);
             match Model::with_graph(Arc::clone(&graph), spec, w, &g.planner) {
                 Ok(m) => break m,
@@ -240,7 +258,10 @@ impl Autoscaler {
                 }
             }
         };
+        let learned_notes = self.learned.observe(model.observed());
+        model.apply_learned(&self.learned);
         let mut planned = model.plan();
+        planned.reasons.extend(learned_notes);
         let incomplete = (!incomplete.is_empty()).then(|| {
             let used = repaired.as_ref().map_or(window.len(), Vec::len);
             let why = format!(
@@ -471,6 +492,101 @@ edges:
         a.observe_rescale_downtime(4.0);
         a.observe_rescale_downtime(f64::NAN);
         assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(3.0));
+    }
+
+    /// The recommendation of a hold or the decision of a rescale.
+    fn planned(v: &Verdict) -> &Decision {
+        match v {
+            Verdict::Rescale(d) => d,
+            Verdict::Hold {
+                recommendation: Some(d),
+                ..
+            } => d,
+            Verdict::Hold { .. } => panic!("no plan: {v:?}"),
+        }
+    }
+
+    fn win_mu(map_p: u32, gamma: f64, mu: f64) -> Vec<MetricSample> {
+        window(
+            &[
+                Synth::source("src", 1, gamma, 0.0),
+                Synth::op("map", map_p, gamma, mu, 1.0),
+                Synth::op("sink", 1, gamma, 10_000.0, 0.0),
+            ],
+            &[0.0, 5.0, 10.0, 15.0, 20.0],
+        )
+    }
+
+    #[test]
+    fn sub_linear_operator_gets_a_larger_next_step() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        // map at p=2, μ=100; after the scale-up to 4 its μ per subtask is 60 (60%).
+        a.decide(0.0, &win_mu(2, 150.0, 100.0), &spec);
+        let after = win_mu(4, 300.0, 60.0);
+        let v = a.decide(10.0, &after, &spec);
+        // Factor (1 − 0.5)·1 + 0.5·0.6 = 0.8.
+        assert!((a.scalability().factor("map") - 0.8).abs() < 1e-12);
+        assert!(!a.scalability().is_ineffective("map"));
+        // Without the factor: ⌈300 / (0.7 · 60)⌉ = 8; with it: ⌈300 / (0.7 · 48)⌉ = 9.
+        let plain = Autoscaler::default().decide(10.0, &after, &spec);
+        assert_eq!(parallelism(&plain).map(|p| p["map"]), Some(8), "{plain:?}");
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
+        let d = planned(&v);
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("scalability factor 1.00 → 0.80")),
+            "{:?}",
+            d.reasons
+        );
+        assert!(
+            d.operators["map"]
+                .reason
+                .contains("scalability factor 0.80")
+        );
+    }
+
+    #[test]
+    fn linear_operator_decides_as_before() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        a.decide(0.0, &win_mu(2, 150.0, 100.0), &spec);
+        let after = win_mu(4, 600.0, 100.0);
+        let v = a.decide(10.0, &after, &spec);
+        assert_eq!(a.scalability().factor("map"), 1.0);
+        let fresh = Autoscaler::default().decide(10.0, &after, &spec);
+        assert_eq!(parallelism(&v), parallelism(&fresh));
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9));
+    }
+
+    #[test]
+    fn ineffective_scaling_is_flagged_and_not_repeated() {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        a.decide(0.0, &win_mu(2, 150.0, 100.0), &spec);
+        // p=4 with μ=50: total capacity 200, not above 1.05 × 200. The plan would want
+        // ⌈150 / (0.7 · 50 · 0.75)⌉ = 6 subtasks; the operator is held at 4.
+        let v = a.decide(10.0, &win_mu(4, 150.0, 50.0), &spec);
+        assert!(a.scalability().is_ineffective("map"));
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        let d = planned(&v);
+        assert_eq!(d.parallelism["map"], 4);
+        assert_eq!(d.parallelism["sink"], 1);
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("map: ineffective scaling")),
+            "{:?}",
+            d.reasons
+        );
+        // Unchanged metrics (small noise): still held.
+        let v = a.decide(20.0, &win_mu(4, 160.0, 52.0), &spec);
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        // The input grows by more than 20%: the flag lifts and the operator scales up again.
+        let v = a.decide(30.0, &win_mu(4, 200.0, 50.0), &spec);
+        assert!(!a.scalability().is_ineffective("map"));
+        assert!(parallelism(&v).is_some_and(|p| p["map"] > 4), "{v:?}");
     }
 
     #[test]

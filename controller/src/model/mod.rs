@@ -9,6 +9,8 @@
 //! * [`network`]: the open Jackson network of the job graph (traffic equations, path latency).
 //! * [`planner`]: DS2 sizing at a target utilization plus greedy marginal allocation for the
 //!   latency SLO; every operator is decided at once.
+//! * [`learn`]: per-operator scalability factors learned from past rescales, and
+//!   ineffective-scaling flags.
 //! * [`guards`]: stabilization, backlog, threshold and scale-down-delay guards around the planner.
 //!
 //! Units everywhere: rates in records/s, times in seconds, backlogs in records.
@@ -16,6 +18,7 @@
 pub mod estimate;
 mod fmtfast;
 pub mod guards;
+pub mod learn;
 pub mod network;
 pub mod planner;
 pub mod queueing;

@@ -24,6 +24,7 @@ use streamscale_engine::spec::{AutoscalerSpec, JobSpec};
 use super::ModelError;
 use super::estimate::{OperatorEstimate, estimate_indexed};
 use super::fmtfast::{Fixed, Short};
+use super::learn::{Observed, ScalabilityTracker};
 use super::network::Topology;
 use super::queueing::{QueueKind, TailNode, operator_sojourn_time, path_latency_quantile_bound};
 use super::sample::MetricSample;
@@ -340,6 +341,13 @@ pub(crate) struct Model {
     /// Keyed operators: estimated share of the input per key group (sums to 1); `None` for
     /// shared-queue operators.
     kg_load: Vec<Option<Vec<f64>>>,
+    /// Learned scalability factor per operator (1 = linear scaling), applied to μ at
+    /// parallelisms above the current one (see [`super::learn`]).
+    factor: Vec<f64>,
+    /// Operators flagged for ineffective scaling: never sized above their current parallelism,
+    /// and their sojourn is left out of the latency allocation so that no other operator is
+    /// scaled to make up for them.
+    frozen: Vec<bool>,
 }
 
 /// A key group is hot when its estimated load is at least this multiple of the mean.
@@ -418,7 +426,38 @@ impl Model {
             lambda_steady,
             spec_parallelism,
             kg_load,
+            factor: vec![1.0; n],
+            frozen: vec![false; n],
         })
+    }
+
+    /// The observed state of every non-source operator, by name: what the
+    /// [`ScalabilityTracker`](super::learn::ScalabilityTracker) learns from.
+    pub(crate) fn observed(&self) -> impl Iterator<Item = (&str, Observed)> {
+        (0..self.graph.topo.len())
+            .filter(|&i| !self.graph.topo.is_source[i])
+            .map(|i| {
+                let e = &self.est[i];
+                (
+                    self.name(i),
+                    Observed {
+                        parallelism: e.parallelism,
+                        true_processing_rate: e.true_processing_rate,
+                        input_rate: e.input_rate,
+                    },
+                )
+            })
+    }
+
+    /// Applies what the tracker learned: each operator's scalability factor (non-finite or
+    /// non-positive factors are ignored) and its ineffective-scaling flag.
+    pub(crate) fn apply_learned(&mut self, learned: &ScalabilityTracker) {
+        for i in 0..self.graph.topo.len() {
+            let name = &self.graph.topo.names[i];
+            let f = learned.factor(name);
+            self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
+            self.frozen[i] = learned.is_ineffective(name);
+        }
     }
 
     /// Share of operator `i`'s input that its busiest subtask receives at parallelism `p`:
@@ -446,8 +485,20 @@ impl Model {
 
     /// Predicted utilization ρ of operator `i`'s busiest subtask at `p` and the target rate.
     fn predicted_rho(&self, i: usize, p: u32) -> Option<f64> {
-        self.mu(i)
+        self.mu_at(i, p)
             .map(|m| self.effective_lambda(i, self.lambda_target[i], p) / (f64::from(p.max(1)) * m))
+    }
+
+    /// μ per subtask (records/s) expected at parallelism `p`: the measured μ, times the learned
+    /// scalability factor above the current parallelism (Lohrmann et al. ICDCS'15 fitting
+    /// factor; see [`super::learn`]).
+    fn mu_at(&self, i: usize, p: u32) -> Option<f64> {
+        let mu = self.mu(i)?;
+        Some(if p > self.est[i].parallelism {
+            mu * self.factor[i]
+        } else {
+            mu
+        })
     }
 
     fn mu(&self, i: usize) -> Option<f64> {
@@ -460,7 +511,7 @@ impl Model {
 
     /// Mean sojourn at the steady rate with `p` subtasks; 0 for sources and unknown μ.
     fn sojourn(&self, i: usize, p: u32) -> f64 {
-        match self.mu(i) {
+        match self.mu_at(i, p) {
             Some(mu) => operator_sojourn_time(
                 self.graph.topo.queue[i],
                 self.effective_lambda(i, self.lambda_steady[i], p),
@@ -621,7 +672,7 @@ impl Model {
             } else {
                 f64::MAX
             };
-            let need_u = if need >= f64::from(u32::MAX) {
+            let mut need_u = if need >= f64::from(u32::MAX) {
                 u32::MAX
             } else {
                 need as u32
@@ -634,11 +685,41 @@ impl Model {
                 Fixed(x, 2),
                 need_u
             );
-            let need_u = if self.kg_load[i].is_some() {
-                self.size_keyed(i, need_u, mu, &mut why[i], &mut reasons)
+            // Above the current parallelism μ is corrected by the learned scalability factor.
+            let mut mu_size = mu;
+            let f = self.factor[i];
+            if need_u > cur && f != 1.0 {
+                mu_size = mu * f;
+                let xf = lambda / (rho_t * mu_size);
+                let needf = if xf.is_finite() {
+                    (xf - CEIL_SLACK * xf.max(1.0)).ceil().max(1.0)
+                } else {
+                    f64::MAX
+                };
+                need_u = if needf >= f64::from(u32::MAX) {
+                    u32::MAX
+                } else {
+                    (needf as u32).max(cur.saturating_add(1))
+                };
+                let _ = write!(
+                    why[i],
+                    "; scalability factor {} (μ {} rec/s per subtask above p={cur}) → p={need_u}",
+                    Fixed(f, 2),
+                    fmt_rate(mu_size)
+                );
+            }
+            let mut need_u = if self.kg_load[i].is_some() {
+                self.size_keyed(i, need_u, mu_size, &mut why[i], &mut reasons)
             } else {
                 need_u
             };
+            if self.frozen[i] && need_u > cur {
+                let _ = write!(
+                    why[i],
+                    "; ineffective scaling: not scaled up, keeps p={cur}"
+                );
+                need_u = cur;
+            }
             p[i] = need_u.clamp(lo, hi);
             if need_u > hi {
                 clamped[i] = true;
@@ -663,10 +744,19 @@ impl Model {
         }
 
         // 2. Greedy marginal allocation for the latency SLO at the steady rates.
-        let mut w: Vec<f64> = (0..n).map(|i| self.sojourn(i, p[i])).collect();
+        // Operators flagged for ineffective scaling count 0 here: nothing else is scaled for them.
+        let mut w: Vec<f64> = (0..n)
+            .map(|i| {
+                if self.frozen[i] {
+                    0.0
+                } else {
+                    self.sojourn(i, p[i])
+                }
+            })
+            .collect();
         let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let (mut lat, mut end) = self.graph.topo.longest_path_into(&w, &mut dist, &mut via);
-        let adjustable = |i: usize| self.mu(i).is_some();
+        let adjustable = |i: usize| self.mu(i).is_some() && !self.frozen[i];
         if lat > self.s.slo {
             let w_max: Vec<f64> = (0..n)
                 .map(|i| {
@@ -894,8 +984,8 @@ impl Model {
             .iter()
             .filter_map(|name| {
                 let i = *self.graph.topo.index.get(name)?;
-                let mu = self.mu(i)?;
                 let p = d.parallelism.get(name).copied().unwrap_or(1).max(1);
+                let mu = self.mu_at(i, p)?;
                 Some(if self.kg_load[i].is_some() {
                     // A keyed operator: the busiest subtask's single-server queue.
                     TailNode {

@@ -1,0 +1,269 @@
+//! Learned correction of the planner's linear-scaling assumption, and detection of
+//! ineffective scaling.
+//!
+//! The planner assumes that an operator's true processing rate per subtask μ (records/s) does
+//! not change with its parallelism (DS2's linear scaling). Shared CPUs, contention or a shared
+//! external system break that. After every rescale the [`ScalabilityTracker`] compares the
+//! measured μ at the new parallelism with the one the planner predicted for it and keeps a
+//! per-operator **scalability factor** f, the multiplier of μ the planner applies when it sizes
+//! the operator above its current parallelism:
+//!
+//! * predicted μ at the new parallelism = μ_before · f (scale-up; the planner's own prediction)
+//!   or μ_before (scale-down: the planner does not apply f there);
+//! * measured / predicted = μ_after / predicted, and the implied factor of this step is
+//!   f_step = μ_after / μ_before for a scale-up, μ_before / μ_after for a scale-down (the same
+//!   per-doubling loss, observed in reverse);
+//! * f ← clamp((1 − α) · f + α · f_step, [`FACTOR_MIN`], [`FACTOR_MAX`]), α = [`FACTOR_WEIGHT`].
+//!
+//! This is the fitting factor of Lohrmann et al., "Elastic stream processing with latency
+//! guarantees" (ICDCS 2015, §V: measured / modelled, applied to the next prediction) and the
+//! measured-vs-predicted correction of DRS (Fu et al., ICDCS 2015), reduced to one factor per
+//! operator and smoothed so that one noisy window cannot swing it.
+//!
+//! The comparison uses the parallelism actually observed after the rescale, so the prediction
+//! it is compared with is the one after the scaling bounds, maxParallelism and key-group
+//! alignment were applied, not the unclamped DS2 value.
+//!
+//! **Ineffective scaling**: when after a scale-up the measured total capacity p_after · μ_after
+//! is at most [`ineffective_threshold`] (≈ [`INEFFECTIVE_GAIN`]) × p_before · μ_before, more subtasks did not help. The
+//! operator is flagged and not scaled up again until its metrics change (its μ per subtask or
+//! its input rate moves by more than [`METRICS_CHANGE`] relative to when it was flagged).
+//!
+//! Pure: no clock, no I/O. A rescale is detected from a change of an operator's observed
+//! parallelism between two observations, so the callers need no new API.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Smallest scalability factor kept (dimensionless).
+pub const FACTOR_MIN: f64 = 0.25;
+/// Largest scalability factor kept (dimensionless).
+pub const FACTOR_MAX: f64 = 1.5;
+/// Weight α of the newest observation in the factor's exponentially weighted mean.
+pub const FACTOR_WEIGHT: f64 = 0.5;
+/// A scale-up is ineffective when the total capacity after it is at most this multiple of the
+/// total capacity before it.
+pub const INEFFECTIVE_GAIN: f64 = 1.05;
+/// Relative change of μ per subtask or of the input rate that lifts an ineffective-scaling flag.
+pub const METRICS_CHANGE: f64 = 0.2;
+
+/// One operator's measurements at one observation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Observed {
+    /// Observed parallelism (subtasks reporting metrics).
+    pub parallelism: u32,
+    /// True processing rate per subtask μ, records/s (`None`: unknown in the window).
+    pub true_processing_rate: Option<f64>,
+    /// Total input rate, records/s.
+    pub input_rate: f64,
+}
+
+/// An operator flagged for ineffective scaling.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ineffective {
+    /// Parallelism before the scale-up.
+    pub from: u32,
+    /// Parallelism after it.
+    pub to: u32,
+    /// Total capacity before, p · μ in records/s.
+    pub capacity_before: f64,
+    /// Total capacity after, records/s.
+    pub capacity_after: f64,
+    /// μ per subtask when flagged (records/s); the flag lifts when μ moves by > 20%.
+    pub mu: f64,
+    /// Input rate when flagged (records/s); the flag lifts when it moves by > 20%.
+    pub input_rate: f64,
+}
+
+/// Per-operator memory of the learned correction (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ScalabilityTracker {
+    /// The last observation per operator (the baseline a rescale is compared with).
+    pub last: BTreeMap<String, Observed>,
+    /// Scalability factor per operator (absent = 1).
+    pub factors: BTreeMap<String, f64>,
+    /// Operators flagged for ineffective scaling.
+    pub ineffective: BTreeMap<String, Ineffective>,
+}
+
+/// The capacity ratio (after / before) at or under which a scale-up p0 → p1 counts as
+/// ineffective: [`INEFFECTIVE_GAIN`], or half the linear gain 1 + (p1 − p0) / (2 · p0) when that
+/// is smaller (so that a small step such as 40 → 41, whose linear gain is only 2.5%, is not
+/// flagged when it scales linearly).
+pub fn ineffective_threshold(p0: u32, p1: u32) -> f64 {
+    let p0f = f64::from(p0.max(1));
+    let half_linear = 1.0 + (f64::from(p1) - p0f) / (2.0 * p0f);
+    INEFFECTIVE_GAIN.min(half_linear)
+}
+
+fn changed_by(new: f64, old: f64, fraction: f64) -> bool {
+    let scale = old.abs().max(f64::MIN_POSITIVE);
+    ((new - old).abs() / scale) > fraction
+}
+
+impl ScalabilityTracker {
+    /// The scalability factor of `op` (1 when nothing was learned).
+    pub fn factor(&self, op: &str) -> f64 {
+        self.factors.get(op).copied().unwrap_or(1.0)
+    }
+
+    /// Whether `op` is flagged for ineffective scaling.
+    pub fn is_ineffective(&self, op: &str) -> bool {
+        self.ineffective.contains_key(op)
+    }
+
+    /// Takes one observation per (non-source) operator; where the parallelism changed since
+    /// the previous observation (a rescale), updates the factor and the ineffective-scaling
+    /// flag. Returns the notes for the decision's reasons. Invalid figures (non-finite or
+    /// non-positive μ, input) update only the baseline.
+    pub fn observe<'a>(
+        &mut self,
+        now: impl IntoIterator<Item = (&'a str, Observed)>,
+    ) -> Vec<String> {
+        let mut notes = Vec::new();
+        for (op, cur) in now {
+            let prev = self.last.insert(op.to_string(), cur);
+            // Lift a flag whose metrics changed.
+            if let (Some(flag), Some(mu)) = (self.ineffective.get(op), cur.true_processing_rate)
+                && (changed_by(mu, flag.mu, METRICS_CHANGE)
+                    || changed_by(cur.input_rate, flag.input_rate, METRICS_CHANGE))
+            {
+                notes.push(format!(
+                    "{op}: ineffective-scaling flag lifted: μ or input changed by more than {:.0}% since it was flagged",
+                    METRICS_CHANGE * 100.0
+                ));
+                self.ineffective.remove(op);
+            }
+            let Some(prev) = prev else { continue };
+            if prev.parallelism == cur.parallelism {
+                continue;
+            }
+            let (Some(mu0), Some(mu1)) = (prev.true_processing_rate, cur.true_processing_rate)
+            else {
+                continue;
+            };
+            if !(mu0.is_finite() && mu1.is_finite() && mu0 > 0.0 && mu1 > 0.0) {
+                continue;
+            }
+            let f_old = self.factor(op);
+            let up = cur.parallelism > prev.parallelism;
+            let predicted = if up { mu0 * f_old } else { mu0 };
+            let f_step = if up { mu1 / mu0 } else { mu0 / mu1 };
+            let f_new = ((1.0 - FACTOR_WEIGHT) * f_old + FACTOR_WEIGHT * f_step)
+                .clamp(FACTOR_MIN, FACTOR_MAX);
+            self.factors.insert(op.to_string(), f_new);
+            notes.push(format!(
+                "{op}: after p={}→{} measured μ {:.2} rec/s per subtask vs predicted {:.2} (measured/predicted {:.2}); scalability factor {:.2} → {:.2}",
+                prev.parallelism,
+                cur.parallelism,
+                mu1,
+                predicted,
+                mu1 / predicted,
+                f_old,
+                f_new
+            ));
+            let cap0 = f64::from(prev.parallelism) * mu0;
+            let cap1 = f64::from(cur.parallelism) * mu1;
+            if up && cap1 <= ineffective_threshold(prev.parallelism, cur.parallelism) * cap0 {
+                self.ineffective.insert(
+                    op.to_string(),
+                    Ineffective {
+                        from: prev.parallelism,
+                        to: cur.parallelism,
+                        capacity_before: cap0,
+                        capacity_after: cap1,
+                        mu: mu1,
+                        input_rate: cur.input_rate,
+                    },
+                );
+            } else {
+                self.ineffective.remove(op);
+            }
+        }
+        for (op, flag) in &self.ineffective {
+            notes.push(format!(
+                "{op}: ineffective scaling: total capacity {:.2} rec/s at p={} vs {:.2} rec/s at p={} (≤ {INEFFECTIVE_GAIN}×); not scaled up again, nor its upstream for it, until its μ or input changes by more than {:.0}%",
+                flag.capacity_after,
+                flag.to,
+                flag.capacity_before,
+                flag.from,
+                METRICS_CHANGE * 100.0
+            ));
+        }
+        notes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn obs(p: u32, mu: f64, input: f64) -> Observed {
+        Observed {
+            parallelism: p,
+            true_processing_rate: Some(mu),
+            input_rate: input,
+        }
+    }
+
+    #[test]
+    fn linear_scaling_keeps_the_factor_at_one() {
+        let mut t = ScalabilityTracker::default();
+        t.observe([("map", obs(2, 100.0, 150.0))]);
+        let notes = t.observe([("map", obs(4, 100.0, 300.0))]);
+        assert_eq!(t.factor("map"), 1.0);
+        assert!(!t.is_ineffective("map"));
+        assert!(notes[0].contains("measured/predicted 1.00"), "{notes:?}");
+    }
+
+    #[test]
+    fn sub_linear_scaling_lowers_the_factor() {
+        let mut t = ScalabilityTracker::default();
+        t.observe([("map", obs(2, 100.0, 150.0))]);
+        t.observe([("map", obs(4, 60.0, 200.0))]);
+        // (1 − 0.5) · 1 + 0.5 · 0.6 = 0.8; capacity 240 > 1.05 · 200: not ineffective.
+        assert!((t.factor("map") - 0.8).abs() < 1e-12);
+        assert!(!t.is_ineffective("map"));
+    }
+
+    #[test]
+    fn flat_capacity_is_flagged_until_metrics_change() {
+        let mut t = ScalabilityTracker::default();
+        t.observe([("map", obs(2, 100.0, 200.0))]);
+        let notes = t.observe([("map", obs(4, 52.0, 200.0))]);
+        assert!(t.is_ineffective("map"));
+        assert!(notes.iter().any(|n| n.contains("ineffective scaling")));
+        // Small changes keep the flag; a 25% change of the input lifts it.
+        t.observe([("map", obs(4, 55.0, 220.0))]);
+        assert!(t.is_ineffective("map"));
+        t.observe([("map", obs(4, 55.0, 250.0))]);
+        assert!(!t.is_ineffective("map"));
+    }
+
+    proptest! {
+        #[test]
+        fn factor_stays_bounded(steps in proptest::collection::vec((1u32..64, 0.1f64..1e4), 1..30)) {
+            let mut t = ScalabilityTracker::default();
+            for (p, mu) in steps {
+                t.observe([("op", obs(p, mu, 100.0))]);
+                let f = t.factor("op");
+                prop_assert!((FACTOR_MIN..=FACTOR_MAX).contains(&f), "{f}");
+            }
+        }
+
+        #[test]
+        fn constant_mu_never_changes_the_factor(ps in proptest::collection::vec(1u32..64, 1..30), mu in 0.1f64..1e4) {
+            let mut t = ScalabilityTracker::default();
+            for p in ps {
+                t.observe([("op", obs(p, mu, 100.0))]);
+                prop_assert_eq!(t.factor("op"), 1.0);
+                prop_assert!(!t.is_ineffective("op"));
+            }
+        }
+    }
+}
