@@ -202,6 +202,27 @@ fn set_condition(status: &mut StreamJobStatus, c: Condition) {
     status.conditions.push(c);
 }
 
+/// Sets the two conditions every end of a rescale sets: `Scaling=False` with
+/// `scaling = (reason, message)`, and `Degraded` with `degraded = (status, reason, message)`.
+fn set_outcome_conditions(
+    status: &mut StreamJobStatus,
+    scaling: (&str, &str),
+    degraded: (bool, &str, &str),
+    generation: Option<i64>,
+    old: &[Condition],
+) {
+    let (reason, message) = scaling;
+    set_condition(
+        status,
+        condition("Scaling", false, reason, message, generation, old),
+    );
+    let (ok, reason, message) = degraded;
+    set_condition(
+        status,
+        condition("Degraded", ok, reason, message, generation, old),
+    );
+}
+
 async fn publish(ctx: &Context, job: &StreamJob, warning: bool, reason: &str, note: String) {
     tracing::info!(job = %key(job), reason, "{note}");
     let ev = Event {
@@ -734,48 +755,23 @@ async fn drive_rescale(
             status.restored_from = Some(savepoint.clone());
             status.rescales += 1;
             status.phase = Phase::Running;
-            set_condition(
+            let note = t.event.as_deref().unwrap_or("");
+            let scaling = ("Rescaled", note);
+            set_outcome_conditions(
                 &mut status,
-                condition(
-                    "Scaling",
-                    false,
-                    "Rescaled",
-                    t.event.as_deref().unwrap_or(""),
-                    generation,
-                    &old,
-                ),
-            );
-            set_condition(
-                &mut status,
-                condition("Degraded", false, "AsExpected", "", generation, &old),
+                scaling,
+                (false, "AsExpected", ""),
+                generation,
+                &old,
             );
             "Rescaled".into()
         }
         Some(Outcome::SavepointFailed { reason }) => {
             warning = true;
             status.phase = Phase::Running;
-            set_condition(
-                &mut status,
-                condition(
-                    "Scaling",
-                    false,
-                    "SavepointFailed",
-                    reason,
-                    generation,
-                    &old,
-                ),
-            );
-            set_condition(
-                &mut status,
-                condition(
-                    "Degraded",
-                    true,
-                    "SavepointFailed",
-                    reason,
-                    generation,
-                    &old,
-                ),
-            );
+            let scaling = ("SavepointFailed", reason.as_str());
+            let degraded = (true, "SavepointFailed", reason.as_str());
+            set_outcome_conditions(&mut status, scaling, degraded, generation, &old);
             "SavepointFailed".into()
         }
         Some(Outcome::RolledBack {
@@ -786,41 +782,21 @@ async fn drive_rescale(
             status.current_parallelism = parallelism.clone();
             status.restored_from = savepoint.clone();
             status.phase = Phase::Running;
-            set_condition(
-                &mut status,
-                condition(
-                    "Scaling",
-                    false,
-                    "RolledBack",
-                    t.event.as_deref().unwrap_or(""),
-                    generation,
-                    &old,
-                ),
+            let scaling = ("RolledBack", t.event.as_deref().unwrap_or(""));
+            let degraded = (
+                true,
+                "RescaleRolledBack",
+                "restoring at the new parallelism failed",
             );
-            set_condition(
-                &mut status,
-                condition(
-                    "Degraded",
-                    true,
-                    "RescaleRolledBack",
-                    "restoring at the new parallelism failed",
-                    generation,
-                    &old,
-                ),
-            );
+            set_outcome_conditions(&mut status, scaling, degraded, generation, &old);
             "RolledBack".into()
         }
         Some(Outcome::Failed { reason }) => {
             warning = true;
             status.phase = Phase::Failed;
-            set_condition(
-                &mut status,
-                condition("Scaling", false, "RescaleFailed", reason, generation, &old),
-            );
-            set_condition(
-                &mut status,
-                condition("Degraded", true, "RescaleFailed", reason, generation, &old),
-            );
+            let scaling = ("RescaleFailed", reason.as_str());
+            let degraded = (true, "RescaleFailed", reason.as_str());
+            set_outcome_conditions(&mut status, scaling, degraded, generation, &old);
             "RescaleFailed".into()
         }
     };
