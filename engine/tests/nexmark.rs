@@ -28,8 +28,11 @@ fn example(query: &str) -> JobSpec {
     JobSpec::from_file(&path).unwrap()
 }
 
-/// The example job bounded to `count` events at `rate` events/s, writing to `out`.
-fn bounded(mut spec: JobSpec, count: u64, rate: f64, out: &Path) -> JobSpec {
+/// The example job of `query` bounded to [`EVENTS`] events at `rate` events/s, writing its
+/// output to `dir/out.jsonl`.
+fn bounded_example(query: &str, rate: f64, dir: &Path) -> JobSpec {
+    let mut spec = example(query);
+    let (count, out) = (EVENTS, dir.join("out.jsonl"));
     for op in &mut spec.operators {
         match &mut op.kind {
             OperatorKind::Source {
@@ -38,7 +41,7 @@ fn bounded(mut spec: JobSpec, count: u64, rate: f64, out: &Path) -> JobSpec {
                 *c = Some(count);
                 *r = RateSpec::Constant(rate);
             }
-            OperatorKind::Sink { output } => *output = Some(out.to_path_buf()),
+            OperatorKind::Sink { output } => *output = Some(out.clone()),
             _ => {}
         }
     }
@@ -160,12 +163,7 @@ fn windows(w: WindowSpec, ts: u64) -> Vec<(u64, u64)> {
 #[test]
 fn q1_currency_conversion() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = bounded(
-        example("q1"),
-        EVENTS,
-        100_000.0,
-        &dir.path().join("out.jsonl"),
-    );
+    let spec = bounded_example("q1", 100_000.0, dir.path());
     let got = run(&spec, dir.path(), "events=2,q1=2");
     let key = |a: u64, b: u64, t: u64, p: f64| (t, a, b, (p * 1000.0).round() as u64);
     let got = sorted(
@@ -200,12 +198,7 @@ fn q1_currency_conversion() {
 #[test]
 fn q2_selection() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = bounded(
-        example("q2"),
-        EVENTS,
-        100_000.0,
-        &dir.path().join("out.jsonl"),
-    );
+    let spec = bounded_example("q2", 100_000.0, dir.path());
     let got = run(&spec, dir.path(), "events=2,q2=2");
     let got = sorted(
         got.iter()
@@ -264,12 +257,7 @@ fn q3_rows(rows: &[Value]) -> Vec<(String, String, String, u64)> {
 #[test]
 fn q3_local_item_suggestion() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = bounded(
-        example("q3"),
-        EVENTS,
-        100_000.0,
-        &dir.path().join("out.jsonl"),
-    );
+    let spec = bounded_example("q3", 100_000.0, dir.path());
     let got = run(&spec, dir.path(), "events=2,join=2");
     let want = q3_reference(&events(&spec, EVENTS));
     assert!(want.len() > 10, "{}", want.len());
@@ -317,12 +305,7 @@ fn window_rows(rows: &[Value], key: &str) -> Vec<(u64, u64, u64, u64)> {
 #[test]
 fn q5_hot_items() {
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = bounded(
-        example("q5"),
-        EVENTS,
-        100_000.0,
-        &dir.path().join("out.jsonl"),
-    );
+    let mut spec = bounded_example("q5", 100_000.0, dir.path());
     // Shorter windows than the example's 10 s / 2 s so that 3 s of events span many.
     set_window(
         &mut spec,
@@ -360,12 +343,7 @@ fn q8_reference(events: &[Event], size: u64) -> Vec<(u64, String, u64, u64)> {
 #[test]
 fn q8_monitor_new_users() {
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = bounded(
-        example("q8"),
-        EVENTS,
-        100_000.0,
-        &dir.path().join("out.jsonl"),
-    );
+    let mut spec = bounded_example("q8", 100_000.0, dir.path());
     set_window(&mut spec, "join", WindowSpec::Tumbling { size_ms: 500 });
     let got = run(&spec, dir.path(), "events=2,join=2");
     let got = sorted(
@@ -414,12 +392,7 @@ fn q11_reference(events: &[Event], gap: u64) -> Vec<(u64, u64, u64, u64)> {
 #[test]
 fn q11_user_sessions() {
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = bounded(
-        example("q11"),
-        EVENTS,
-        100_000.0,
-        &dir.path().join("out.jsonl"),
-    );
+    let mut spec = bounded_example("q11", 100_000.0, dir.path());
     set_window(&mut spec, "sessions", WindowSpec::Session { gap_ms: 100 });
     let got = run(&spec, dir.path(), "events=2,sessions=2");
     let want = q11_reference(&events(&spec, EVENTS), 100);
@@ -455,12 +428,7 @@ fn window_and_join_state_survive_rescaling() {
         ("q3", "events=2,join=3", "events=1,join=2"),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let mut spec = bounded(
-            example(query),
-            EVENTS,
-            6_000.0,
-            &dir.path().join("out.jsonl"),
-        );
+        let mut spec = bounded_example(query, 6_000.0, dir.path());
         if query == "q5" {
             set_window(
                 &mut spec,
@@ -512,12 +480,7 @@ fn window_and_join_state_survive_rescaling() {
 fn late_records_are_dropped_and_counted() {
     for (bound, expect_late) in [(250, false), (0, true)] {
         let dir = tempfile::tempdir().unwrap();
-        let mut spec = bounded(
-            example("q11"),
-            EVENTS,
-            100_000.0,
-            &dir.path().join("out.jsonl"),
-        );
+        let mut spec = bounded_example("q11", 100_000.0, dir.path());
         set_window(&mut spec, "sessions", WindowSpec::Session { gap_ms: 100 });
         for op in &mut spec.operators {
             if let OperatorKind::Source {

@@ -121,13 +121,11 @@ impl Drop for EngineProcess {
     }
 }
 
-/// Writes a job with a bounded constant-rate source into `dir` and returns its path.
-pub fn bounded_job(dir: &Path, count: u64, rate: f64) -> PathBuf {
-    let path = dir.join("job.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"name: bounded
+/// The job graph shared by [`bounded_job`] and [`checkpointed_job`]: a bounded constant-rate
+/// source of `count` records at `rate` records/s, a map, a 200 ms window and a sink (YAML).
+fn bounded_graph(count: u64, rate: f64) -> String {
+    format!(
+        r#"name: bounded
 maxParallelism: 64
 operators:
   - {{ name: source, kind: source, keys: 300, count: {count}, rate: {{ constant: {rate} }} }}
@@ -139,9 +137,13 @@ edges:
   - {{ from: work, to: counts }}
   - {{ from: counts, to: sink }}
 "#
-        ),
     )
-    .unwrap();
+}
+
+/// Writes a job with a bounded constant-rate source into `dir` and returns its path.
+pub fn bounded_job(dir: &Path, count: u64, rate: f64) -> PathBuf {
+    let path = dir.join("job.yaml");
+    std::fs::write(&path, bounded_graph(count, rate)).unwrap();
     path
 }
 
@@ -156,26 +158,11 @@ pub fn checkpointed_job(
     checkpoints: &Path,
 ) -> PathBuf {
     let path = dir.join("job-chk.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"name: bounded
-maxParallelism: 64
-operators:
-  - {{ name: source, kind: source, keys: 300, count: {count}, rate: {{ constant: {rate} }} }}
-  - {{ name: work, kind: map, cpu: 20, io: 100 }}
-  - {{ name: counts, kind: window, sizeMs: 200 }}
-  - {{ name: sink, kind: sink }}
-edges:
-  - {{ from: source, to: work }}
-  - {{ from: work, to: counts }}
-  - {{ from: counts, to: sink }}
-checkpoint: {{ intervalSeconds: {interval_s}, retain: {retain}, dir: "{}", restart: {{ attempts: 2, delaySeconds: 0.2 }} }}
-"#,
-            checkpoints.display()
-        ),
-    )
-    .unwrap();
+    let checkpoint = format!(
+        "checkpoint: {{ intervalSeconds: {interval_s}, retain: {retain}, dir: \"{}\", restart: {{ attempts: 2, delaySeconds: 0.2 }} }}\n",
+        checkpoints.display()
+    );
+    std::fs::write(&path, bounded_graph(count, rate) + &checkpoint).unwrap();
     path
 }
 
