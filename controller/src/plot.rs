@@ -21,7 +21,9 @@ pub enum PlotError {
     },
 }
 
-const COLORS: [RGBColor; 8] = [
+/// The line colours of streamscale's plots (matplotlib's "tab10" order), shared by the
+/// simulator's comparison plot.
+pub const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),

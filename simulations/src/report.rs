@@ -7,6 +7,8 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use streamscale_controller::plot::COLORS;
+
 use crate::SimError;
 use crate::model::JobModel;
 use crate::runner::{PolicyRun, PolicySummary};
@@ -107,17 +109,6 @@ pub fn table(summary: &Summary, order: &[String]) -> String {
     }
     s
 }
-
-const COLORS: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-];
 
 /// Draws `comparison.png`: one column per policy, rows: input rate vs capacity, parallelism per
 /// operator, p99 latency with the SLO line. Time axis in hours.
