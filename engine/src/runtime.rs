@@ -35,7 +35,8 @@ use crate::nexmark::source::NexmarkGenerator;
 use crate::payload::Payload;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
 use crate::spec::{JobSpec, OperatorKind};
-use crate::state::KeyedState;
+use crate::state::backend::KeyedStateBackend;
+use crate::state::{KeyedState, StateBackend, StateError, StateOwner};
 use crate::time::{EventTimeStage, StageOutput};
 use crate::trace::{RateFunction, TraceError};
 use prometheus::local::{LocalHistogram, LocalIntCounter};
@@ -79,6 +80,14 @@ pub enum RuntimeError {
     /// A thread could not be spawned.
     #[error("cannot spawn subtask thread: {0}")]
     Spawn(std::io::Error),
+    /// A keyed subtask's state backend could not be opened.
+    #[error("{operator}: {source}")]
+    Backend {
+        /// The operator.
+        operator: String,
+        /// The backend's error.
+        source: StateError,
+    },
     /// Restored event-time operator state could not be decoded.
     #[error("{operator}: {source}")]
     State {
@@ -655,7 +664,24 @@ impl Job {
                                 stage: Box::new(stage),
                                 out: StageOutput::default(),
                             },
-                            None => Behaviour::for_kind(kind, restored_state, shared_sink.clone()),
+                            None => {
+                                let owner = StateOwner {
+                                    job: spec.name.clone(),
+                                    operator: name.clone(),
+                                    subtask: index,
+                                };
+                                let open =
+                                    || StateBackend::open(&spec.state, &owner, k, restored_state());
+                                Behaviour::for_kind(kind, open, shared_sink.clone()).map_err(
+                                    |source| {
+                                        control.stop.store(true, Ordering::SeqCst);
+                                        RuntimeError::Backend {
+                                            operator: name.clone(),
+                                            source,
+                                        }
+                                    },
+                                )?
+                            }
                         };
                         let task = OperatorTask {
                             rx,
@@ -1133,7 +1159,7 @@ enum Behaviour {
     },
     Window {
         size_us: u64,
-        state: KeyedState,
+        state: StateBackend,
         pane_end_us: u64,
         checks: u32,
     },
@@ -1157,14 +1183,14 @@ impl Behaviour {
     /// The behaviour of a non-source operator kind (sources run as [`SourceTask`]).
     fn for_kind(
         kind: &OperatorKind,
-        restored_state: impl FnOnce() -> KeyedState,
+        state: impl FnOnce() -> Result<StateBackend, StateError>,
         sink: Option<SinkWriter>,
-    ) -> Behaviour {
-        match kind {
+    ) -> Result<Behaviour, StateError> {
+        Ok(match kind {
             OperatorKind::Filter { keep } => Behaviour::Filter { keep: *keep },
             OperatorKind::Window { size_ms } => Behaviour::Window {
                 size_us: size_ms * 1000,
-                state: restored_state(),
+                state: state()?,
                 pane_end_us: 0,
                 checks: 0,
             },
@@ -1179,8 +1205,16 @@ impl Behaviour {
             | OperatorKind::EventWindow { .. }
             | OperatorKind::WindowTop { .. }
             | OperatorKind::Join { .. } => Behaviour::Map,
-        }
+        })
     }
+}
+
+/// Fails the subtask on a state backend error (a read or write of keyed state, or a snapshot):
+/// the guard around the subtask marks the job failed, and a configured restart strategy
+/// restarts it from the latest completed checkpoint, as Flink does on a state access failure.
+#[cold]
+fn state_failure(operator: &str, index: u32, e: &StateError) -> ! {
+    panic!("{operator}-{index}: keyed state backend failed: {e}")
 }
 
 struct OperatorTask {
@@ -1294,8 +1328,14 @@ impl OperatorTask {
             ));
         }
         ctx.meter.flush(0);
-        let state = match self.behaviour {
-            Behaviour::Window { state, .. } => Some(state),
+        let state = match &mut self.behaviour {
+            Behaviour::Window { state, .. } => match state.snapshot() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    error = Some(format!("{}-{}: {e}", ctx.operator, ctx.index));
+                    None
+                }
+            },
             Behaviour::EventTime { stage, .. } => match stage.snapshot() {
                 Ok(state) => state,
                 Err(e) => {
@@ -1328,8 +1368,14 @@ impl OperatorTask {
         if let Err(e) = self.flush_sink() {
             tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot flush sink output at a barrier");
         }
-        let state = match &self.behaviour {
-            Behaviour::Window { state, .. } => Some(state.snapshot()),
+        let state = match &mut self.behaviour {
+            // A checkpoint without this subtask's key groups must not complete: a state error
+            // fails the subtask (and so the checkpoint; the job restarts from the last one).
+            Behaviour::Window { state, .. } => Some(
+                state
+                    .snapshot()
+                    .unwrap_or_else(|e| state_failure(&ctx.operator, ctx.index, &e)),
+            ),
             Behaviour::EventTime { stage, .. } => stage.snapshot().unwrap_or_else(|e| {
                 tracing::error!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot snapshot event-time state");
                 None
@@ -1389,7 +1435,9 @@ impl OperatorTask {
                     *pane_end_us = (now / *size_us + 1) * *size_us;
                 }
                 let kg = key_group(rec.key, ctx.max_parallelism);
-                let s = state.entry(kg, rec.key);
+                let s = state
+                    .entry(kg, rec.key)
+                    .unwrap_or_else(|e| state_failure(&ctx.operator, ctx.index, &e));
                 s.total_count += rec.count;
                 s.total_sum += rec.value;
                 s.pane_count += rec.count;
@@ -1472,37 +1520,21 @@ impl OperatorTask {
         }
         *pane_end_us = (now / *size_us + 1) * *size_us;
         let mut out = Vec::new();
-        // Only key groups with an open pane are written (and so copied if a snapshot
-        // still shares them).
-        let open: Vec<u32> = state
-            .groups
-            .iter()
-            .filter(|(_, keys)| keys.values().any(|s| s.pane_count > 0))
-            .map(|(kg, _)| *kg)
-            .collect();
-        for (_, keys) in state
-            .groups
-            .iter_mut()
-            .filter(|(kg, _)| open.binary_search(kg).is_ok())
-        {
-            for (key, s) in Arc::make_mut(keys).iter_mut() {
-                if s.pane_count > 0 {
-                    // The result is stamped so that the sink measures the pane's largest
-                    // upstream delay plus the time after the window fired: latency without
-                    // the buffering a window does on purpose.
-                    out.push(Record {
-                        seq: *key,
-                        key: *key,
-                        value: s.pane_sum,
-                        count: s.pane_count,
-                        created_us: now.saturating_sub(s.pane_max_delay_us),
-                        payload: Payload::None,
-                    });
-                    s.pane_count = 0;
-                    s.pane_sum = 0;
-                    s.pane_max_delay_us = 0;
-                }
-            }
+        // The result is stamped so that the sink measures the pane's largest upstream delay
+        // plus the time after the window fired: latency without the buffering a window does
+        // on purpose.
+        let fired = state.fire_panes(&mut |key, s| {
+            out.push(Record {
+                seq: key,
+                key,
+                value: s.pane_sum,
+                count: s.pane_count,
+                created_us: now.saturating_sub(s.pane_max_delay_us),
+                payload: Payload::None,
+            });
+        });
+        if let Err(e) = fired {
+            state_failure(&ctx.operator, ctx.index, &e);
         }
         for rec in out {
             if !ctx.outputs.send(rec, &mut ctx.meter) {

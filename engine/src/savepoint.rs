@@ -2,9 +2,15 @@
 //! by key group), source positions and counters.
 //!
 //! Layout of a completed savepoint `DIR/`:
-//! - `state-<operator>.bin`: the operator's [`KeyedState`] (postcard), one file per keyed operator;
-//! - `_metadata.json`: [`SavepointMetadata`], written last, listing every file with its size
-//!   and CRC-32.
+//! - `state-<operator>.bin`: the operator's keyed state, one file per keyed operator: one chunk
+//!   per key group in key-group order ([`crate::state::chunk`] for `window` state, then the
+//!   event-time operators' per-key-group blobs), so that a restore at any parallelism takes
+//!   each subtask's key groups as slices of the file without decoding anything;
+//! - `_metadata.json`: [`SavepointMetadata`], written last, listing every file with its size,
+//!   CRC-32 and chunk index (key group → offset, length).
+//!
+//! Key groups are encoded on several threads at once (one per core); files written by earlier
+//! versions (one postcard value per operator, no chunk index) are still read.
 //!
 //! Writing is atomic: everything goes to a hidden temporary directory beside the target, each
 //! file is fsynced, then the directory is renamed into place and its parent fsynced. A crash
@@ -16,10 +22,11 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::JobSpec;
-use crate::state::KeyedState;
+use crate::state::{KeyGroupData, KeyedState};
 
 /// Version of the savepoint format written by this engine.
 pub const FORMAT_VERSION: u32 = 1;
@@ -84,6 +91,34 @@ pub struct FileEntry {
     pub bytes: u64,
     /// CRC-32 (IEEE) of the contents.
     pub crc32: u32,
+    /// The chunks of the file, in file order (empty in files of earlier versions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<ChunkEntry>,
+}
+
+/// Where one key group's state sits in a state file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkEntry {
+    /// Key group.
+    pub key_group: u32,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub bytes: u64,
+    /// An event-time operator's blob (else `window` state in [`crate::state::chunk`] form).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blob: bool,
+    /// Some key has an open window pane.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open_panes: bool,
+}
+
+/// The layout of files written by earlier versions: one postcard value per operator.
+#[derive(Deserialize)]
+struct LegacyKeyedState {
+    groups: BTreeMap<u32, BTreeMap<u64, crate::state::KeyState>>,
+    #[serde(default)]
+    blobs: BTreeMap<u32, Vec<u8>>,
 }
 
 /// `_metadata.json`: what a savepoint holds and how to check it.
@@ -121,8 +156,8 @@ pub struct SavepointMetadata {
 /// A savepoint serialized: state files and the manifest that lists them.
 #[derive(Debug, Clone)]
 pub struct Encoded {
-    /// `(file name, bytes)` of each state file.
-    pub files: Vec<(String, Vec<u8>)>,
+    /// `(file name, chunks)` of each state file; the file is the chunks concatenated.
+    pub files: Vec<(String, Vec<Bytes>)>,
     /// `_metadata.json` bytes; written last.
     pub manifest: Vec<u8>,
     /// The manifest as a value.
@@ -149,10 +184,58 @@ fn io<'a>(
     }
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SavepointError> {
+fn write_synced(path: &Path, chunks: &[Bytes]) -> Result<(), SavepointError> {
     let mut f = File::create(path).map_err(io(path, "cannot create file"))?;
-    f.write_all(bytes).map_err(io(path, "cannot write file"))?;
+    for c in chunks {
+        f.write_all(c).map_err(io(path, "cannot write file"))?;
+    }
     f.sync_all().map_err(io(path, "cannot fsync file"))
+}
+
+/// One unit of encoding work: a key group of one operator.
+enum Work<'a> {
+    Keys(&'a KeyGroupData),
+    Blob(&'a [u8]),
+}
+
+/// An encoded key group: its bytes, CRC-32 state and pane flag.
+type Done = Result<(Bytes, crc32fast::Hasher, bool), crate::state::StateError>;
+
+/// Encodes and checksums `items` on up to one thread per core, keeping their order.
+fn encode_parallel(items: &[(u32, Work<'_>)]) -> Vec<Done> {
+    let one = |(_, w): &(u32, Work<'_>)| -> Done {
+        let (bytes, open) = match w {
+            Work::Keys(d) => d.encode()?,
+            Work::Blob(b) => (Bytes::copy_from_slice(b), false),
+        };
+        let mut h = crc32fast::Hasher::new();
+        h.update(&bytes);
+        Ok((bytes, h, open))
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len().max(1));
+    if threads <= 1 {
+        return items.iter().map(one).collect();
+    }
+    let per = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(per)
+            .map(|part| scope.spawn(move || part.iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    vec![Err(crate::state::StateError::Decode {
+                        key_group: 0,
+                        reason: "an encoding thread panicked".into(),
+                    })]
+                })
+            })
+            .collect()
+    })
 }
 
 impl Savepoint {
@@ -197,7 +280,7 @@ impl Savepoint {
         for (name, bytes) in &encoded.files {
             write_synced(&tmp.join(name), bytes)?;
         }
-        write_synced(&tmp.join(METADATA_FILE), &encoded.manifest)?;
+        write_synced(&tmp.join(METADATA_FILE), &[Bytes::from(encoded.manifest)])?;
         Ok(encoded.metadata)
     }
 
@@ -211,18 +294,50 @@ impl Savepoint {
         meta.format_version = FORMAT_VERSION;
         meta.files.clear();
         let mut files = Vec::new();
-        for (op, state) in &self.state {
+        let mut items: Vec<(u32, Work<'_>)> = Vec::new();
+        let mut bounds = Vec::new();
+        for state in self.state.values() {
+            let from = items.len();
+            items.extend(state.groups.iter().map(|(kg, d)| (*kg, Work::Keys(d))));
+            items.extend(state.blobs.iter().map(|(kg, b)| (*kg, Work::Blob(b))));
+            bounds.push(from..items.len());
+        }
+        let mut done = encode_parallel(&items).into_iter();
+        for ((op, _), range) in self.state.iter().zip(bounds) {
             let name = format!("state-{op}.bin");
-            let bytes = postcard::to_stdvec(state).map_err(|e| SavepointError::Invalid {
-                path: location.join(&name),
-                reason: format!("cannot encode state: {e}"),
-            })?;
+            let mut chunks = Vec::with_capacity(range.len());
+            let mut index = Vec::with_capacity(range.len());
+            let mut crc = crc32fast::Hasher::new();
+            let mut offset = 0u64;
+            for i in range {
+                let (bytes, h, open) = done
+                    .next()
+                    .ok_or_else(|| SavepointError::Invalid {
+                        path: location.join(&name),
+                        reason: "a key group was not encoded".into(),
+                    })?
+                    .map_err(|e| SavepointError::Invalid {
+                        path: location.join(&name),
+                        reason: format!("cannot encode state: {e}"),
+                    })?;
+                crc.combine(&h);
+                index.push(ChunkEntry {
+                    key_group: items[i].0,
+                    offset,
+                    bytes: bytes.len() as u64,
+                    blob: matches!(items[i].1, Work::Blob(_)),
+                    open_panes: open,
+                });
+                offset += bytes.len() as u64;
+                chunks.push(bytes);
+            }
             meta.files.push(FileEntry {
                 name: name.clone(),
-                bytes: bytes.len() as u64,
-                crc32: crc32fast::hash(&bytes),
+                bytes: offset,
+                crc32: crc.finalize(),
+                chunks: index,
             });
-            files.push((name, bytes));
+            files.push((name, chunks));
         }
         let manifest = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
             path: location.join(METADATA_FILE),
@@ -317,7 +432,7 @@ impl Savepoint {
                     ),
                 });
             }
-            let crc = crc32fast::hash(&bytes);
+            let crc = crc32_parallel(&bytes);
             if crc != entry.crc32 {
                 return Err(SavepointError::Invalid {
                     path,
@@ -335,11 +450,7 @@ impl Savepoint {
                     path: path.clone(),
                     reason: "unexpected file name in savepoint".into(),
                 })?;
-            let keyed: KeyedState =
-                postcard::from_bytes(&bytes).map_err(|e| SavepointError::Invalid {
-                    path: path.clone(),
-                    reason: format!("cannot decode state: {e}"),
-                })?;
+            let keyed = decode_state_file(&path, entry, Bytes::from(bytes))?;
             state.insert(op.to_string(), keyed);
         }
         for op in spec.operators.iter().filter(|o| o.kind.is_keyed()) {
@@ -352,6 +463,116 @@ impl Savepoint {
         }
         Ok(Savepoint { metadata, state })
     }
+}
+
+/// CRC-32 of `bytes`, computed in parts on up to one thread per core and combined.
+fn crc32_parallel(bytes: &[u8]) -> u32 {
+    const PART: usize = 8 << 20;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads <= 1 || bytes.len() <= PART {
+        return crc32fast::hash(bytes);
+    }
+    let per = bytes.len().div_ceil(threads);
+    let parts: Vec<crc32fast::Hasher> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bytes
+            .chunks(per)
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut h = crc32fast::Hasher::new();
+                    h.update(part);
+                    h
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let mut all = crc32fast::Hasher::new();
+    for p in &parts {
+        all.combine(p);
+    }
+    if parts.len() == bytes.chunks(per).len() {
+        all.finalize()
+    } else {
+        crc32fast::hash(bytes)
+    }
+}
+
+/// Splits a verified state file into key groups (slices of `bytes`, nothing decoded), or
+/// decodes a file of an earlier version.
+fn decode_state_file(
+    path: &Path,
+    entry: &FileEntry,
+    bytes: Bytes,
+) -> Result<KeyedState, SavepointError> {
+    let bad = |reason: String| SavepointError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if entry.chunks.is_empty() {
+        if bytes.is_empty() {
+            return Ok(KeyedState::default());
+        }
+        let legacy: LegacyKeyedState =
+            postcard::from_bytes(&bytes).map_err(|e| bad(format!("cannot decode state: {e}")))?;
+        return Ok(KeyedState {
+            groups: legacy
+                .groups
+                .into_iter()
+                .map(|(kg, m)| (kg, KeyGroupData::Map(std::sync::Arc::new(m))))
+                .collect(),
+            blobs: legacy.blobs,
+        });
+    }
+    let mut state = KeyedState::default();
+    let mut next = 0u64;
+    for c in &entry.chunks {
+        let end = c
+            .offset
+            .checked_add(c.bytes)
+            .filter(|e| *e <= bytes.len() as u64);
+        let Some(end) = end.filter(|_| c.offset == next) else {
+            return Err(bad(format!(
+                "chunk index: key group {} at offset {} (+{} bytes) does not follow the previous chunk within the file",
+                c.key_group, c.offset, c.bytes
+            )));
+        };
+        next = end;
+        let slice = bytes.slice(c.offset as usize..end as usize);
+        let duplicate = if c.blob {
+            state.blobs.insert(c.key_group, slice.to_vec()).is_some()
+        } else {
+            if !(slice.len() as u64).is_multiple_of(crate::state::chunk::ENTRY_BYTES as u64) {
+                return Err(bad(format!(
+                    "key group {}: {} bytes is not a whole number of entries",
+                    c.key_group,
+                    slice.len()
+                )));
+            }
+            state
+                .groups
+                .insert(
+                    c.key_group,
+                    KeyGroupData::Encoded {
+                        bytes: slice,
+                        open_panes: c.open_panes,
+                    },
+                )
+                .is_some()
+        };
+        if duplicate {
+            return Err(bad(format!(
+                "chunk index lists key group {} twice",
+                c.key_group
+            )));
+        }
+    }
+    if next != bytes.len() as u64 {
+        return Err(bad(format!(
+            "chunk index covers {next} of {} bytes",
+            bytes.len()
+        )));
+    }
+    Ok(state)
 }
 
 #[cfg(test)]
@@ -372,7 +593,9 @@ mod tests {
     fn savepoint(spec: &JobSpec) -> Savepoint {
         let mut state = KeyedState::default();
         for key in 0..50u64 {
-            let s = state.entry(crate::keygroup::key_group(key, 128), key);
+            let s = state
+                .entry(crate::keygroup::key_group(key, 128), key)
+                .unwrap();
             *s = KeyState {
                 total_count: key,
                 total_sum: 2 * key as i64,

@@ -59,6 +59,107 @@ pub struct JobSpec {
     /// failed subtask fails the job); savepoints work either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
+    /// Where keyed state lives: the heap (default) or disk. Not part of the job fingerprint, so
+    /// a savepoint taken with one backend restores into the other.
+    #[serde(default, skip_serializing_if = "StateSpec::is_default")]
+    pub state: StateSpec,
+}
+
+/// The keyed-state backend of a job (`state:` in the job file); see [`crate::state`].
+///
+/// ```yaml
+/// state: { backend: disk, dir: state, cacheEntries: 65536 }
+/// ```
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StateSpec {
+    /// `heap` (in memory; default) or `disk` (an embedded on-disk B-tree, for state larger
+    /// than memory).
+    #[serde(default)]
+    pub backend: StateBackendKind,
+    /// Disk backend: directory of the working database files (one per keyed subtask, deleted
+    /// when the subtask ends), relative to the job file's directory. Default `state` beside the
+    /// job file. Not allowed with `heap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    /// Disk backend: keys kept in each subtask's write-back cache before they are committed to
+    /// disk. At least 1. Default 65536.
+    #[serde(default = "default_cache_entries")]
+    pub cache_entries: usize,
+}
+
+/// Which keyed-state backend a job uses.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StateBackendKind {
+    /// In memory, copy-on-write snapshots ([`crate::state::heap`]).
+    #[default]
+    Heap,
+    /// On disk through redb with a write-back cache ([`crate::state::disk`]).
+    Disk,
+}
+
+impl Default for StateSpec {
+    fn default() -> Self {
+        StateSpec {
+            backend: StateBackendKind::Heap,
+            dir: None,
+            cache_entries: default_cache_entries(),
+        }
+    }
+}
+
+fn default_cache_entries() -> usize {
+    crate::state::disk::DEFAULT_CACHE_ENTRIES
+}
+
+impl StateSpec {
+    /// Whether this is the default (heap) setting, left out when serializing.
+    pub fn is_default(&self) -> bool {
+        *self == StateSpec::default()
+    }
+
+    /// The disk backend's directory: `dir`, or `state` in the working directory when the
+    /// spec did not come from a file.
+    pub fn dir_or_default(&self) -> PathBuf {
+        PathBuf::from(self.dir.as_deref().unwrap_or("state"))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match self.backend {
+            StateBackendKind::Heap => {
+                if let Some(dir) = &self.dir {
+                    return Err(format!(
+                        "state.dir: `{dir}` is only used by the disk backend; remove it or set `backend: disk`"
+                    ));
+                }
+                if self.cache_entries != default_cache_entries() {
+                    return Err(
+                        "state.cacheEntries: only used by the disk backend; remove it or set `backend: disk`"
+                            .into(),
+                    );
+                }
+            }
+            StateBackendKind::Disk => {
+                if self.cache_entries == 0 {
+                    return Err("state.cacheEntries: must be at least 1".into());
+                }
+                let dir = self.dir_or_default();
+                if dir.as_os_str().is_empty() {
+                    return Err("state.dir: must not be empty".into());
+                }
+                if dir.exists() && !dir.is_dir() {
+                    return Err(format!(
+                        "state.dir: {} exists and is not a directory",
+                        dir.display()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Periodic checkpoints (`checkpoint:` in the job file).
@@ -487,6 +588,12 @@ impl JobSpec {
                 *dir = base.join(dir.as_str()).display().to_string();
             }
         }
+        if spec.state.backend == StateBackendKind::Disk {
+            let dir = spec.state.dir.get_or_insert_with(|| "state".into());
+            if Path::new(dir.as_str()).is_relative() {
+                *dir = base.join(dir.as_str()).display().to_string();
+            }
+        }
         spec.validate().map_err(|problem| SpecError::Invalid {
             path: path.to_path_buf(),
             problem,
@@ -704,6 +811,7 @@ impl JobSpec {
                 ));
             }
         }
+        self.state.validate()?;
         let mut names = BTreeSet::new();
         for (i, op) in self.operators.iter().enumerate() {
             let at = format!("operators[{i}] ({})", op.name);

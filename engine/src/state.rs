@@ -1,16 +1,37 @@
-//! Keyed state in an in-memory (heap) backend, organized by key group.
+//! Keyed state, organized by key group, behind two state backends.
 //!
-//! Each key group's map sits behind an [`Arc`], so a checkpoint snapshot
-//! ([`KeyedState::snapshot`]) copies only the key-group table (one pointer per key group) and
-//! the subtask keeps processing: the first write to a key group after a snapshot copies that
-//! key group alone (copy-on-write through [`Arc::make_mut`]). Serialization and writing happen
-//! later on the checkpoint writer's thread.
+//! - [`heap::HeapBackend`]: key groups as in-memory ordered maps behind [`Arc`]s. A checkpoint
+//!   snapshot copies only the key-group table (one pointer per key group) and the subtask keeps
+//!   processing; the first write to a key group after a snapshot copies that key group alone
+//!   (copy-on-write through [`Arc::make_mut`]).
+//! - [`disk::DiskBackend`]: key groups in an embedded on-disk B-tree ([`redb`]) with a bounded
+//!   write-back cache, for state larger than memory. A snapshot commits the cache and keeps a
+//!   read transaction open: a consistent view (MVCC) that the checkpoint writer reads while the
+//!   subtask goes on writing.
+//!
+//! Both hand a checkpoint a [`KeyedState`]: key group → [`KeyGroupData`]. The checkpoint writer
+//! encodes each key group separately ([`chunk`], in parallel), so a savepoint restores at any
+//! parallelism into either backend: a subtask takes the key groups it owns. Restored key groups
+//! stay encoded until first touched (lazy restore): a restore costs O(key groups) before the
+//! first record, and a key group that is never touched is written to the next checkpoint as the
+//! same bytes.
+//!
+//! The backend is chosen per job (`state: { backend: heap | disk, dir: ... }`,
+//! [`crate::spec::StateSpec`]).
+
+pub mod backend;
+pub mod chunk;
+pub mod disk;
+pub mod heap;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+
+pub use backend::{StateBackend, StateOwner};
 
 /// State of one key in a keyed window operator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,49 +49,184 @@ pub struct KeyState {
     pub pane_max_delay_us: u64,
 }
 
+/// Errors of a state backend or of decoding a key group.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// An encoded key group is malformed.
+    #[error("key group {key_group}: cannot decode keyed state: {reason}")]
+    Decode {
+        /// The key group.
+        key_group: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The disk backend's working directory or database file failed.
+    #[error("{path}: {action}: {reason}")]
+    Disk {
+        /// The database file or directory.
+        path: std::path::PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The underlying error.
+        reason: String,
+    },
+}
+
+/// The keyed state of one key group, as held by a snapshot or a restored savepoint.
+#[derive(Debug, Clone)]
+pub enum KeyGroupData {
+    /// Decoded, in memory (heap backend); shared copy-on-write with the subtask.
+    Map(Arc<BTreeMap<u64, KeyState>>),
+    /// Encoded ([`chunk`] format): read from a savepoint and not touched since.
+    Encoded {
+        /// The key group's entries.
+        bytes: Bytes,
+        /// Whether some key has an open window pane (those key groups are decoded when the
+        /// window next fires).
+        open_panes: bool,
+    },
+    /// In a disk backend's consistent snapshot; read when the checkpoint is written.
+    Disk(disk::GroupView),
+}
+
+impl KeyGroupData {
+    /// The key group's entries `(key, state)` in key order.
+    ///
+    /// # Errors
+    /// [`StateError`] when the encoded form is malformed or the disk read fails.
+    pub fn entries(&self, key_group: u32) -> Result<Vec<(u64, KeyState)>, StateError> {
+        match self {
+            KeyGroupData::Map(m) => Ok(m.iter().map(|(k, s)| (*k, *s)).collect()),
+            KeyGroupData::Encoded { bytes, .. } => chunk::decode(key_group, bytes),
+            KeyGroupData::Disk(view) => view.entries(),
+        }
+    }
+
+    /// The key group as an ordered map (no copy for [`KeyGroupData::Map`]).
+    ///
+    /// # Errors
+    /// As [`KeyGroupData::entries`].
+    pub fn to_map(&self, key_group: u32) -> Result<Arc<BTreeMap<u64, KeyState>>, StateError> {
+        match self {
+            KeyGroupData::Map(m) => Ok(m.clone()),
+            other => Ok(Arc::new(other.entries(key_group)?.into_iter().collect())),
+        }
+    }
+
+    /// The encoded form ([`chunk`]) and whether a key has an open pane. No work for
+    /// [`KeyGroupData::Encoded`].
+    ///
+    /// # Errors
+    /// As [`KeyGroupData::entries`].
+    pub fn encode(&self) -> Result<(Bytes, bool), StateError> {
+        match self {
+            KeyGroupData::Map(m) => Ok((
+                chunk::encode(m.iter().map(|(k, s)| (*k, *s))),
+                m.values().any(|s| s.pane_count > 0),
+            )),
+            KeyGroupData::Encoded { bytes, open_panes } => Ok((bytes.clone(), *open_panes)),
+            KeyGroupData::Disk(view) => view.encode(),
+        }
+    }
+
+    /// Number of keys (decodes or reads the key group when needed).
+    ///
+    /// # Errors
+    /// As [`KeyGroupData::entries`].
+    pub fn len(&self, key_group: u32) -> Result<usize, StateError> {
+        match self {
+            KeyGroupData::Map(m) => Ok(m.len()),
+            KeyGroupData::Encoded { bytes, .. } => Ok(bytes.len() / chunk::ENTRY_BYTES),
+            KeyGroupData::Disk(_) => Ok(self.entries(key_group)?.len()),
+        }
+    }
+}
+
 /// The keyed state of one operator subtask (or of a whole operator, when merged): key group →
-/// key → state. Ordered maps so that a dump is deterministic.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// key → state. This is what a snapshot hands the checkpoint writer and what a savepoint
+/// restores from; ordered maps so that a dump is deterministic.
+#[derive(Debug, Clone, Default)]
 pub struct KeyedState {
-    /// Key group → (key → state). Shared with snapshots until written (copy-on-write).
-    pub groups: BTreeMap<u32, Arc<BTreeMap<u64, KeyState>>>,
+    /// Key group → its keyed state ([`KeyState`] per key; `window` operators).
+    pub groups: BTreeMap<u32, KeyGroupData>,
     /// Key group → the encoded state of an event-time operator (windows, joins; see
     /// [`crate::time`]) for that key group. Empty for `window` operators.
-    #[serde(default)]
     pub blobs: BTreeMap<u32, Vec<u8>>,
 }
 
+impl PartialEq for KeyedState {
+    /// Equal when both hold the same keys with the same states in the same key groups and the
+    /// same blobs (whatever form the key groups are in). Undecodable key groups are unequal.
+    fn eq(&self, other: &Self) -> bool {
+        self.blobs == other.blobs
+            && self.groups.len() == other.groups.len()
+            && self
+                .groups
+                .iter()
+                .zip(&other.groups)
+                .all(|((ka, a), (kb, b))| {
+                    ka == kb
+                        && match (a.entries(*ka), b.entries(*kb)) {
+                            (Ok(x), Ok(y)) => x == y,
+                            _ => false,
+                        }
+                })
+    }
+}
+
 impl KeyedState {
-    /// State of `key` in `key_group`, created empty on first use.
-    pub fn entry(&mut self, key_group: u32, key: u64) -> &mut KeyState {
-        Arc::make_mut(self.groups.entry(key_group).or_default())
-            .entry(key)
-            .or_default()
+    /// State of `key` in `key_group`, created empty on first use (decodes the key group if it
+    /// is encoded). For building states outside a running job (tests, tools).
+    ///
+    /// # Errors
+    /// [`StateError`] when the key group cannot be decoded.
+    pub fn entry(&mut self, key_group: u32, key: u64) -> Result<&mut KeyState, StateError> {
+        let slot = self
+            .groups
+            .entry(key_group)
+            .or_insert_with(|| KeyGroupData::Map(Arc::default()));
+        if !matches!(slot, KeyGroupData::Map(_)) {
+            *slot = KeyGroupData::Map(slot.to_map(key_group)?);
+        }
+        let KeyGroupData::Map(map) = slot else {
+            unreachable!("the key group was just made a map")
+        };
+        Ok(Arc::make_mut(map).entry(key).or_default())
     }
 
-    /// A point-in-time copy for a checkpoint, in O(key groups): key groups are shared with
-    /// `self` until `self` next writes to them.
+    /// A point-in-time copy for a checkpoint, in O(key groups): key groups are shared.
     pub fn snapshot(&self) -> KeyedState {
         self.clone()
     }
 
-    /// Moves every key group of `other` into `self` (key groups are disjoint across subtasks).
+    /// Moves every key group of `other` into `self`. Key groups are disjoint across subtasks;
+    /// should both hold one, their keys are merged (`other` wins per key), and if either cannot
+    /// be decoded, `other`'s key group is kept and the conflict logged.
     pub fn merge(&mut self, other: KeyedState) {
-        for (kg, keys) in other.groups {
+        for (kg, data) in other.groups {
             match self.groups.entry(kg) {
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(keys);
+                    v.insert(data);
                 }
                 std::collections::btree_map::Entry::Occupied(mut o) => {
-                    let keys = Arc::try_unwrap(keys).unwrap_or_else(|a| (*a).clone());
-                    Arc::make_mut(o.get_mut()).extend(keys);
+                    match (o.get().entries(kg), data.entries(kg)) {
+                        (Ok(mut a), Ok(b)) => {
+                            a.extend(b);
+                            let map: BTreeMap<u64, KeyState> = a.into_iter().collect();
+                            o.insert(KeyGroupData::Map(Arc::new(map)));
+                        }
+                        (a, b) => {
+                            tracing::error!(key_group = kg, left = ?a.err(), right = ?b.err(), "cannot merge key group; keeping the newer one");
+                            o.insert(data);
+                        }
+                    }
                 }
             }
         }
         self.blobs.extend(other.blobs);
     }
 
-    /// The part of this state in the key-group range `range`.
+    /// The part of this state in the key-group range `range` (shares the key groups).
     pub fn slice(&self, range: Range<u32>) -> KeyedState {
         KeyedState {
             groups: self
@@ -86,9 +242,12 @@ impl KeyedState {
         }
     }
 
-    /// Number of keys held.
+    /// Number of keys held (key groups that cannot be read count as empty).
     pub fn len(&self) -> usize {
-        self.groups.values().map(|m| m.len()).sum()
+        self.groups
+            .iter()
+            .map(|(kg, g)| g.len(*kg).unwrap_or(0))
+            .sum()
     }
 
     /// Whether no key is held.
@@ -98,10 +257,35 @@ impl KeyedState {
 
     /// Running totals per key `(key → (count, sum))`, independent of key-group layout and of
     /// open panes: what a rescaled run must agree on with an uninterrupted one.
+    ///
+    /// # Errors
+    /// [`StateError`] naming the first key group that cannot be decoded or read.
+    pub fn try_totals(&self) -> Result<BTreeMap<u64, (u64, i64)>, StateError> {
+        let mut out = BTreeMap::new();
+        for (kg, data) in &self.groups {
+            for (k, s) in data.entries(*kg)? {
+                out.insert(k, (s.total_count, s.total_sum));
+            }
+        }
+        Ok(out)
+    }
+
+    /// As [`KeyedState::try_totals`]; a key group that cannot be read is logged and left out
+    /// (so a comparison with another run fails rather than passing).
     pub fn totals(&self) -> BTreeMap<u64, (u64, i64)> {
-        self.groups
-            .values()
-            .flat_map(|keys| keys.iter().map(|(k, s)| (*k, (s.total_count, s.total_sum))))
-            .collect()
+        let mut out = BTreeMap::new();
+        for (kg, data) in &self.groups {
+            match data.entries(*kg) {
+                Ok(entries) => {
+                    out.extend(
+                        entries
+                            .into_iter()
+                            .map(|(k, s)| (k, (s.total_count, s.total_sum))),
+                    );
+                }
+                Err(e) => tracing::error!(error = %e, "key group left out of the totals"),
+            }
+        }
+        out
     }
 }

@@ -30,9 +30,9 @@ fn assert_consistent_cut(sp: &Savepoint) {
     );
     let open: u64 = state
         .groups
-        .values()
-        .flat_map(|k| k.values())
-        .map(|s| s.pane_count)
+        .iter()
+        .flat_map(|(kg, g)| g.entries(*kg).unwrap())
+        .map(|(_, s)| s.pane_count)
         .sum();
     assert_eq!(
         c("sink").accounted + open,
@@ -157,9 +157,9 @@ fn savepoint_of_a_running_job_then_stop_with_savepoint() {
     assert_consistent_cut(&sp);
     let open: u64 = sp.state["counts"]
         .groups
-        .values()
-        .flat_map(|k| k.values())
-        .map(|s| s.pane_count)
+        .iter()
+        .flat_map(|(kg, g)| g.entries(*kg).unwrap())
+        .map(|(_, s)| s.pane_count)
         .sum();
     assert_eq!(open, 0);
     let total: u64 = sp.state["counts"].totals().values().map(|(n, _)| n).sum();

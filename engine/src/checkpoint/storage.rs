@@ -266,7 +266,7 @@ impl CheckpointStorage {
         let encoded = snapshot.encode(&self.path_of(id))?;
         for (name, bytes) in encoded.files {
             let object = self.object(id, &name);
-            self.block_on(self.store.put(&object, PutPayload::from(bytes)))
+            self.block_on(self.store.put(&object, PutPayload::from_iter(bytes)))
                 .map_err(self.store_err(&object, "cannot write checkpoint file"))?;
             self.fsync(id, Some(&name))?;
         }
