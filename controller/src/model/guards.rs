@@ -741,15 +741,35 @@ edges:
                 if reason.contains("went backwards") && reason.contains("fewer than 2")),
             "{v:?}"
         );
-        // A graph error is not an incomplete metric set.
+        // A feedback loop is planned (λ = (I − Sᵀ)⁻¹γ) while its gain is below 1: here the
+        // sink feeds the map back with selectivity 0, so nothing changes.
         let mut cyclic = spec.clone();
         cyclic.edges.push(streamscale_engine::spec::EdgeSpec {
             from: "sink".into(),
             to: "map".into(),
         });
         let v = a.decide(0.0, &win(2, 200.0, 0.0, 1), &cyclic);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
+        // A sink that sends back half of what it gets: λ_map = 200 / (1 − 0.5) = 400 → ⌈400/70⌉ = 6.
+        let half = |sel: f64| {
+            window(
+                &[
+                    Synth::source("src", 1, 200.0, 0.0),
+                    Synth::op("map", 2, 200.0, 100.0, 1.0),
+                    Synth::op("sink", 1, 200.0, 10_000.0, sel),
+                ],
+                &[0.0, 5.0, 10.0, 15.0, 20.0],
+            )
+        };
+        let v = Autoscaler::default().decide(0.0, &half(0.5), &cyclic);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(6), "{v:?}");
+        // A loop gain of 1 or more is a graph error, not an incomplete metric set: no plan, and
+        // the message names the loop and its gain.
+        let v = Autoscaler::default().decide(0.0, &half(1.0), &cyclic);
         assert!(
-            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.starts_with("cannot plan")),
+            matches!(&v, Verdict::Hold { reason, recommendation: None }
+                if reason.starts_with("cannot plan: unstable feedback loop through operators map, sink")
+                    && reason.contains("round-trip gain 1.0000")),
             "{v:?}"
         );
     }

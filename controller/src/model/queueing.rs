@@ -229,9 +229,33 @@ pub fn ggc_waiting_quantile(
     if lambda <= 0.0 || eps >= 1.0 {
         return 0.0;
     }
-    let c = erlang_c(servers, lambda / mu);
+    // The truncated Erlang B recursion gives an upper bound on C within 1e-18, so the
+    // quantile stays an upper bound and a many-server evaluation costs O(a), not O(c).
+    let c = erlang_c_truncated(servers, lambda / mu, SOJOURN_ERLANG_EPS);
     let theta = tail_decay(lambda, mu, servers, arrival_cv, service_cv);
     ((c / eps).ln() / theta).max(0.0)
+}
+
+/// Upper bound on the `eps`-tail quantile of one operator's sojourn time (seconds): the
+/// waiting-time quantile of [`ggc_waiting_quantile`] at `eps` plus the service-time quantile
+/// max(1, cs²)·ln(1/eps)/μ, i.e. P(Wq + S > t) ≤ 2·eps at the returned t (union bound over
+/// the two terms). The service term is the exponential quantile for cs ≤ 1 (an upper bound for
+/// less variable service) and, for a gamma service time with cs > 1 (shape k = 1/cs² < 1), the
+/// bound P(S > x) ≤ e^(−kμx) that holds for kμx ≥ 1 and eps ≤ 1/e.
+/// `f64::INFINITY` when unstable, μ is not positive and finite, or `eps` ≤ 0.
+pub fn sojourn_quantile_bound(node: TailNode, arrival_cv: f64, service_cv: f64, eps: f64) -> f64 {
+    if !(node.mu > 0.0 && node.mu.is_finite()) || eps.is_nan() || eps <= 0.0 {
+        return f64::INFINITY;
+    }
+    let wq = ggc_waiting_quantile(
+        node.lambda,
+        node.mu,
+        node.servers,
+        arrival_cv,
+        service_cv,
+        eps,
+    );
+    wq + (service_cv * service_cv).max(1.0) * (1.0 / eps.min(1.0)).ln() / node.mu
 }
 
 /// One operator on a path, for [`path_latency_quantile_bound`]: its queue as seen by one
@@ -267,15 +291,7 @@ pub fn path_latency_quantile_bound(
     let eps = (1.0 - percentile) / (2.0 * nodes.len() as f64);
     nodes
         .iter()
-        .map(|n| {
-            let wq = ggc_waiting_quantile(n.lambda, n.mu, n.servers, arrival_cv, service_cv, eps);
-            let service = if n.mu > 0.0 && eps > 0.0 {
-                (1.0 / eps.min(1.0)).ln() / n.mu
-            } else {
-                f64::INFINITY
-            };
-            wq + service
-        })
+        .map(|&n| sojourn_quantile_bound(n, arrival_cv, service_cv, eps))
         .sum()
 }
 
