@@ -18,6 +18,7 @@ use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
 use super::fmtfast::Fixed;
+use super::forecast::{self, ForecastConfig, RateHistory};
 use super::learn::ScalabilityTracker;
 use super::planner::{Decision, JobGraph, Model, PlannerSettings};
 use super::sample::MetricSample;
@@ -106,6 +107,8 @@ pub struct Autoscaler {
     cache: GraphCache,
     /// Scalability factors and ineffective-scaling flags learned from past rescales.
     learned: ScalabilityTracker,
+    /// The job's input-rate history for forecasting ([`super::forecast`]).
+    history: RateHistory,
 }
 
 /// The job graph's derived model from the last call, reused while the spec's graph (operators,
@@ -147,7 +150,20 @@ impl Autoscaler {
             state: GuardState::default(),
             cache: GraphCache::default(),
             learned: ScalabilityTracker::default(),
+            history: RateHistory::default(),
         }
+    }
+
+    /// The input-rate history the forecast learns from (see [`super::forecast`]); persist it
+    /// and hand it back with [`Autoscaler::set_rate_history`] after a restart.
+    pub fn rate_history(&self) -> &RateHistory {
+        &self.history
+    }
+
+    /// Replaces the input-rate history (e.g. one loaded from a file, moved to this clock with
+    /// [`RateHistory::shifted`]).
+    pub fn set_rate_history(&mut self, history: RateHistory) {
+        self.history = history;
     }
 
     /// The settings.
@@ -206,6 +222,12 @@ impl Autoscaler {
     /// reasons and not scaled up again until its μ or input changes by more than 20%.
     pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
         let g = &self.settings;
+        // Forecasting (`autoscaler.forecast`): every window feeds the rate history; with mode
+        // `on` a usable forecast above the measured rate raises the sources' rates planned for.
+        let fc = ForecastConfig::of(spec);
+        if let Some(cfg) = &fc {
+            self.history.observe(cfg, window, spec);
+        }
         if window.len() < g.min_samples.max(2) {
             return hold(format!(
                 "waiting for data: {} metric samples, need {}",
@@ -233,6 +255,16 @@ impl Autoscaler {
             Ok(graph) => graph,
             Err(e) => return hold(format!("cannot plan: {e}")),
         };
+        let advice = fc.as_ref().and_then(|cfg| {
+            let measured = forecast::measured_rate(window, spec)?;
+            let downtime = g.planner.rescale_downtime_seconds.unwrap_or(0.0);
+            Some(self.history.advise(cfg, now_s, measured, downtime))
+        });
+        let scaled = advice
+            .as_ref()
+            .and_then(|a| a.factor)
+            .map(|f| forecast::scale_arrivals(window, spec, f));
+        let window = scaled.as_deref().unwrap_or(window);
         // An incomplete metric set (a subtask or operator missing from a scrape, a counter
         // reset, a source without a backlog figure) is planned from the complete samples only,
         // and then may scale up but never down: a missing figure is not read as zero.
@@ -262,6 +294,7 @@ impl Autoscaler {
         model.apply_learned(&self.learned);
         let mut planned = model.plan();
         planned.reasons.extend(learned_notes);
+        planned.reasons.extend(advice.map(|a| a.note));
         let incomplete = (!incomplete.is_empty()).then(|| {
             let used = repaired.as_ref().map_or(window.len(), Vec::len);
             let why = format!(

@@ -11,12 +11,14 @@
 //!   latency SLO; every operator is decided at once.
 //! * [`learn`]: per-operator scalability factors learned from past rescales, and
 //!   ineffective-scaling flags.
+//! * [`forecast`]: Holt-Winters forecast of the job's input rate, to scale ahead of ramps.
 //! * [`guards`]: stabilization, backlog, threshold and scale-down-delay guards around the planner.
 //!
 //! Units everywhere: rates in records/s, times in seconds, backlogs in records.
 
 pub mod estimate;
 mod fmtfast;
+pub mod forecast;
 pub mod guards;
 pub mod learn;
 pub mod network;
