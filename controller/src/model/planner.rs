@@ -1144,6 +1144,40 @@ impl Model {
         format!("p{}", Short((self.s.percentile * 1e6).round() / 1e4))
     }
 
+    /// How parallelism `p` (by operator name; missing = current) would run: (highest
+    /// predicted utilization ρ at the target rate, with catch-up; highest ρ at the steady rate;
+    /// the percentile bound of the slowest path, seconds). Used to weigh a rescale's cost.
+    pub(crate) fn assess(&self, p: &BTreeMap<String, u32>) -> (f64, f64, f64) {
+        let n = self.graph.topo.len();
+        let pv: Vec<u32> = (0..n)
+            .map(|i| {
+                p.get(self.name(i))
+                    .copied()
+                    .unwrap_or(self.est[i].parallelism)
+            })
+            .collect();
+        let (mut rho_target, mut rho_steady) = (0.0f64, 0.0f64);
+        for i in 0..n {
+            if let Some(mu) = self.mu_at(i, pv[i]) {
+                let c = f64::from(pv[i].max(1)) * mu;
+                rho_steady =
+                    rho_steady.max(self.effective_lambda(i, self.lambda_steady[i], pv[i]) / c);
+                rho_target = rho_target.max(self.predicted_rho(i, pv[i]).unwrap_or(0.0));
+            }
+        }
+        let tail: Vec<f64> = (0..n).map(|i| self.tail(i, pv[i])).collect();
+        (
+            rho_target,
+            rho_steady,
+            self.graph.topo.longest_path(&tail).seconds,
+        )
+    }
+
+    /// Sources' total steady arrival rate γ, records/s.
+    pub(crate) fn arrival_rate(&self) -> f64 {
+        self.gamma.iter().sum()
+    }
+
     /// Recomputes every prediction of `d` after its `parallelism` was edited (by the guards).
     pub(crate) fn refresh(&self, d: &mut Decision) {
         for (name, plan) in d.operators.iter_mut() {
