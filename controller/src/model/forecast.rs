@@ -729,7 +729,9 @@ autoscaler: {{ forecast: {forecast} }}
         let mut total = arrivals(2.0 * SEASON - 5.0);
         let mut t = 2.0 * SEASON;
         while t < 2.2 * SEASON {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             total += 5.0 * if state >> 63 == 1 { 1000.0 } else { 50.0 };
             let at = total;
             h.observe(&cfg, &[sample(t, 4, &|_| at)], &spec);

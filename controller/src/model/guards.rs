@@ -20,9 +20,9 @@ use super::ModelError;
 use super::fmtfast::Fixed;
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::learn::ScalabilityTracker;
-use super::shed::{LimitPlan, limit_plan};
 use super::planner::{Decision, JobGraph, Model, PlannerSettings};
 use super::sample::MetricSample;
+use super::shed::{LimitPlan, limit_plan};
 
 /// Guard settings. Times in seconds, backlogs in records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
