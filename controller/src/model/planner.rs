@@ -1573,6 +1573,126 @@ edges:
         );
     }
 
+    /// src (γ = 1000) → `mid` (window of 1 s or map, p = 4, μ = 1000, selectivity 0.5) → map
+    /// (p = 1, μ = 1000) → sink (μ = 100 000).
+    fn burst_job(mid_kind: &str) -> (JobSpec, Vec<MetricSample>) {
+        let spec = job(&format!(
+            "name: burst\noperators:\n  - {{ name: src, kind: source, rate: {{ constant: 1 }} }}\n  - {{ name: mid, kind: {mid_kind}, parallelism: 4 }}\n  - {{ name: map, kind: map }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: src, to: mid }}\n  - {{ from: mid, to: map }}\n  - {{ from: map, to: sink }}\n"
+        ));
+        let ops = [
+            Synth::source("src", 1, 1000.0, 0.0),
+            Synth::op("mid", 4, 1000.0, 1000.0, 0.5),
+            Synth::op("map", 1, 500.0, 1000.0, 1.0),
+            Synth::op("sink", 1, 500.0, 100_000.0, 0.0),
+        ];
+        (spec, window(&ops, &[0.0, 10.0]))
+    }
+
+    #[test]
+    fn a_window_delays_its_records_and_its_downstream_sees_a_burst() {
+        let (spec, w) = burst_job("window, sizeMs: 1000");
+        let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        // The window emits 500 rec/s as one batch of 500 records per second. map (DS2: ⌈500/700⌉
+        // = 1 subtask) takes 500/1000 = 0.5 s to work it off: the last record waits 0.5 s, a
+        // record 0.25 s on average. Its smooth input is 0, so no other queueing: mean sojourn
+        // 1/μ + 0.25 s; its percentile term (ε' = 0.01/3, three operators on the path) is the
+        // service quantile ln(300)/1000 plus the whole drain.
+        let map = &d.operators["map"];
+        assert_eq!(map.parallelism, 1);
+        assert!(
+            (map.predicted_sojourn_seconds - (0.001 + 0.25)).abs() < 1e-9,
+            "{map:?}"
+        );
+        let tail = 300f64.ln() / 1000.0 + 0.5;
+        assert!(
+            (map.predicted_sojourn_percentile_seconds - tail).abs() < 1e-9,
+            "{map:?}"
+        );
+        // The window's records wait for it to close: 0.5 s on average, at most 1 s.
+        let mid = &d.operators["mid"];
+        assert!(mid.predicted_sojourn_seconds > 0.5 && mid.predicted_sojourn_seconds < 0.6);
+        assert!(mid.predicted_sojourn_percentile_seconds > 1.0);
+        // The sink after the map sees the map's (smooth) output, no burst.
+        let sink = &d.operators["sink"];
+        assert!(sink.predicted_sojourn_percentile_seconds < 0.001);
+        // The same job with a map instead of the window: a smooth 500 rec/s at ρ = 0.5, a tail
+        // term of ln(300)/500 = 0.011 s, far below the burst's.
+        let (spec_m, w_m) = burst_job("map");
+        let smooth = plan(&spec_m, &w_m, &PlannerSettings::default()).expect("plans");
+        let m = &smooth.operators["map"];
+        assert!((m.predicted_sojourn_percentile_seconds - 300f64.ln() / 500.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_window_burst_drives_the_latency_allocation_downstream() {
+        // SLO 1.3 s on p99. DS2 sizing: mid 2 (keyed, ρ 0.5 per subtask), map 1, sink 1; the
+        // bound is ≈ 1.0 + 0.011 (window and its M/M/1 quantile) + 0.506 (map: burst drain
+        // 0.5 s) = 1.517 s. One more map subtask halves the drain (−0.25 s), more than anything
+        // else on the path: 1.267 s ≤ 1.3 s.
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(1.3),
+            ..PlannerSettings::default()
+        };
+        let (spec, w) = burst_job("window, sizeMs: 1000");
+        let d = plan(&spec, &w, &settings).expect("plans");
+        assert_eq!(d.parallelism["mid"], 2, "{:?}", d.reasons);
+        assert_eq!(d.parallelism["map"], 2, "{:?}", d.reasons);
+        assert_eq!(d.parallelism["sink"], 1);
+        assert!(d.slo_met(), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("greedy marginal allocation added map +1")),
+            "{:?}",
+            d.reasons
+        );
+        // A window period at or above the SLO cannot be helped by parallelism: reported.
+        let tight = PlannerSettings {
+            latency_slo_seconds: Some(0.9),
+            ..PlannerSettings::default()
+        };
+        let d = plan(&spec, &w, &tight).expect("plans");
+        assert!(
+            d.reasons.iter().any(|r| r.contains("unattainable")),
+            "{:?}",
+            d.reasons
+        );
+        assert_eq!(d.parallelism["map"], 1);
+    }
+
+    #[test]
+    fn feedback_loops_are_planned_and_unstable_ones_rejected() {
+        // src → a → b → a (loop), b → sink. Every edge out of b carries b's selectivity g:
+        // λ_a = γ + g·λ_b, λ_b = λ_a, so λ_a = γ / (1 − g). (The engine's job validation still
+        // rejects cycles; the planner takes the parsed graph.)
+        let spec = JobSpec::from_yaml("name: loop\noperators:\n  - { name: src, kind: source, rate: { constant: 1 } }\n  - { name: a, kind: map }\n  - { name: b, kind: map }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: a }\n  - { from: a, to: b }\n  - { from: b, to: a }\n  - { from: b, to: sink }\n").expect("parses");
+        let w = |g: f64| {
+            window(
+                &[
+                    Synth::source("src", 1, 100.0, 0.0),
+                    Synth::op("a", 1, 200.0, 100.0, 1.0),
+                    Synth::op("b", 1, 200.0, 1000.0, g),
+                    Synth::op("sink", 1, 100.0, 1000.0, 0.0),
+                ],
+                &[0.0, 10.0],
+            )
+        };
+        // g = 0.5: λ_a = λ_b = 200, λ_sink = 100; a needs ⌈200/70⌉ = 3 subtasks.
+        let d = plan(&spec, &w(0.5), &PlannerSettings::default()).expect("plans");
+        assert!((d.operators["a"].arrival_rate - 200.0).abs() < 1e-9);
+        assert!((d.operators["sink"].arrival_rate - 100.0).abs() < 1e-9);
+        assert_eq!(d.parallelism["a"], 3);
+        assert_eq!(d.critical_path, ["src", "a", "b", "sink"]);
+        // g = 1: every record goes round forever; the error names the loop and its gain.
+        let err = plan(&spec, &w(1.0), &PlannerSettings::default()).expect_err("unstable");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("unstable feedback loop through operators a, b")
+                && msg.contains("round-trip gain 1.0000"),
+            "{msg}"
+        );
+    }
+
     #[test]
     fn rescale_downtime_adds_its_backlog_to_the_catch_up() {
         // γ = 1000 rec/s, μ = 100, catch-up 30 s, no backlog: DS2 gives ⌈1000/70⌉ = 15. A rescale
