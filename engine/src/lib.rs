@@ -19,6 +19,7 @@ pub mod payload;
 pub mod runtime;
 pub mod savepoint;
 pub mod server;
+pub mod shed;
 pub mod spec;
 pub mod state;
 pub mod time;

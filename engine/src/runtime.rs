@@ -1326,6 +1326,9 @@ impl SourceTask {
                 .as_mut()
                 .map(|g| g.batch(start, claimed).into_iter());
             for seq in start..start + claimed {
+                if crate::shed::drop_record(seq, &l) {
+                    continue;
+                }
                 let rec = match (&mut self.nexmark, events.as_mut().and_then(Iterator::next)) {
                     (Some(g), Some(event)) => g.record(seq, event, created_us),
                     _ => Record {
