@@ -127,6 +127,7 @@ fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
         target_utilization: 0.7,
         latency_slo_seconds: 0.09,
         catch_up_seconds: 30.0,
+        ..AutoscalerSpec::default()
     };
     let window = [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
         .iter()

@@ -439,6 +439,26 @@ impl<R: EngineRuntime> Loop<'_, R> {
         });
         // Warm-up metrics are not representative: the first start counts as a restart.
         autoscaler.restarted(0.0);
+        // The forecast's rate history survives runs: kept in the report directory on the
+        // Unix-time clock, moved to this run's clock (seconds since `started`).
+        let history_path = self.opts.report_dir.join(HISTORY_FILE);
+        let unix_start = unix_now_s();
+        let mut history_bins = 0;
+        if crate::model::forecast::ForecastConfig::of(&self.job.spec).is_some() {
+            match load_history(&history_path, &self.job.spec.name) {
+                Ok(Some(h)) => {
+                    history_bins = h.bins.len();
+                    print(&format!(
+                        "forecast: {} bins of rate history from {}",
+                        h.bins.len(),
+                        history_path.display()
+                    ));
+                    autoscaler.set_rate_history(h.shifted(-unix_start));
+                }
+                Ok(None) => {}
+                Err(warning) => print(&format!("warning: {warning}")),
+            }
+        }
         let mut window: VecDeque<MetricSample> = VecDeque::new();
         let mut prev: Option<EngineMetrics> = None;
         let mut capacity = CapacityEstimator::default();
@@ -542,6 +562,13 @@ impl<R: EngineRuntime> Loop<'_, R> {
             let spec = self.job.spec.with_parallelism(&engine.parallelism);
             let samples: Vec<MetricSample> = window.iter().cloned().collect();
             let verdict = autoscaler.decide(now_s, &samples, &spec);
+            let h = autoscaler.rate_history();
+            if h.bins.len() != history_bins && h.bin_seconds > 0.0 {
+                history_bins = h.bins.len();
+                if let Err(e) = save_history(&history_path, &spec.name, &h.shifted(unix_start)) {
+                    tracing::warn!("{e}");
+                }
+            }
             let Verdict::Rescale(decision) = verdict else {
                 continue;
             };
@@ -794,6 +821,98 @@ impl Terminate {
     }
 }
 
+/// File in the report directory that keeps the forecast's input-rate history across runs
+/// (JSON: `{"version": 1, "job": NAME, "history": RateHistory}`, times in Unix seconds).
+pub const HISTORY_FILE: &str = "forecast-history.json";
+
+/// The on-disk form of the rate history.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct HistoryFile {
+    version: u32,
+    job: String,
+    history: crate::model::forecast::RateHistory,
+}
+
+fn unix_now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Reads the rate history of job `job` from `path` (times in Unix seconds). `Ok(None)` when
+/// the file does not exist or belongs to another job. A file that cannot be read, parsed or
+/// validated is moved aside to `PATH.corrupt` (nothing is deleted) and reported as `Err` with
+/// a warning naming the file and the problem; the run then starts with an empty history.
+///
+/// # Errors
+/// The warning text, when the file exists but cannot be used.
+pub fn load_history(
+    path: &Path,
+    job: &str,
+) -> Result<Option<crate::model::forecast::RateHistory>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(format!(
+                "{}: cannot read the forecast history: {e}",
+                path.display()
+            ));
+        }
+    };
+    let parsed = serde_json::from_str::<HistoryFile>(&text)
+        .map_err(|e| e.to_string())
+        .and_then(|f| {
+            if f.version != 1 {
+                return Err(format!("version {} is not 1", f.version));
+            }
+            f.history.validate().map_err(|e| e.to_string())?;
+            Ok(f)
+        });
+    match parsed {
+        Ok(f) if f.job == job => Ok(Some(f.history)),
+        Ok(_) => Ok(None),
+        Err(problem) => {
+            let aside = path.with_extension("json.corrupt");
+            let moved = std::fs::rename(path, &aside).is_ok();
+            Err(format!(
+                "{}: forecast history ignored ({problem}){}; starting with an empty history",
+                path.display(),
+                if moved {
+                    format!(", moved to {}", aside.display())
+                } else {
+                    String::new()
+                }
+            ))
+        }
+    }
+}
+
+/// Writes the rate history (times in Unix seconds) to `path` atomically (temporary file, then
+/// rename).
+///
+/// # Errors
+/// [`RunError::Io`] naming the file.
+pub fn save_history(
+    path: &Path,
+    job: &str,
+    history: &crate::model::forecast::RateHistory,
+) -> Result<(), RunError> {
+    let io = |source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = HistoryFile {
+        version: 1,
+        job: job.to_string(),
+        history: history.clone(),
+    };
+    let text = serde_json::to_vec(&file).map_err(|e| io(std::io::Error::other(e)))?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
 fn from_last(rows: &[IntervalStats], initial: &BTreeMap<String, u32>) -> BTreeMap<String, u32> {
     rows.last()
         .map_or_else(|| initial.clone(), |r| r.parallelism.clone())
@@ -983,5 +1102,37 @@ mod tests {
         let p = resolve_job_path(Path::new(DEFAULT_JOB));
         // Exists once the example is in the tree; the fallback path is under the workspace.
         assert!(p.ends_with(DEFAULT_JOB));
+    }
+
+    #[test]
+    fn forecast_history_round_trips_and_a_corrupt_file_is_set_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(HISTORY_FILE);
+        assert_eq!(load_history(&path, "j"), Ok(None));
+        let h = crate::model::forecast::RateHistory {
+            bin_seconds: 300.0,
+            season_seconds: 86_400.0,
+            bins: vec![(5_000_000, 12.5), (5_000_001, 13.0)],
+            ..Default::default()
+        };
+        save_history(&path, "j", &h).expect("saved");
+        assert_eq!(load_history(&path, "j"), Ok(Some(h.clone())));
+        // Another job's history is not used (and left alone).
+        assert_eq!(load_history(&path, "other"), Ok(None));
+        assert!(path.exists());
+        // A truncated file: a warning naming it, the file moved aside, never a panic.
+        std::fs::write(&path, b"{\"version\": 1, \"job\": \"j\", \"hist").expect("write");
+        let err = load_history(&path, "j").expect_err("corrupt");
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains("ignored"),
+            "{err}"
+        );
+        assert!(!path.exists() && path.with_extension("json.corrupt").exists());
+        // A parseable file with an invalid rate is rejected by validation.
+        let mut bad = h;
+        bad.bins[1].1 = -1.0;
+        save_history(&path, "j", &bad).expect("saved");
+        let err = load_history(&path, "j").expect_err("invalid");
+        assert!(err.contains("bins[1]"), "{err}");
     }
 }

@@ -138,7 +138,8 @@ fn measure(dir: &Path, backend: &str, keys: u64) -> Measured {
         .unwrap_or_else(|e| fail("initial savepoint", e));
     let sp0 = Savepoint::read(&initial, &spec2).unwrap_or_else(|e| fail("initial savepoint", e));
     let metrics = EngineMetrics::new().unwrap_or_else(|e| fail("metrics", e));
-    let job = Job::start(spec2, Some(&sp0), metrics, options()).unwrap_or_else(|e| fail("start", e));
+    let job =
+        Job::start(spec2, Some(&sp0), metrics, options()).unwrap_or_else(|e| fail("start", e));
     drop(sp0);
     // Every key group used (and so loaded) at least once, then one more second.
     let until = Instant::now() + Duration::from_secs(600);
@@ -164,9 +165,14 @@ fn measure(dir: &Path, backend: &str, keys: u64) -> Measured {
     let t_saved = t0.elapsed().as_secs_f64();
     let sp = Savepoint::read(&sp_dir, &spec3).unwrap_or_else(|e| fail("read savepoint", e));
     let t_read = t0.elapsed().as_secs_f64();
-    let base = sp.metadata.counters.get("counts").map_or(0, |c| c.records_in);
+    let base = sp
+        .metadata
+        .counters
+        .get("counts")
+        .map_or(0, |c| c.records_in);
     let metrics = EngineMetrics::new().unwrap_or_else(|e| fail("metrics", e));
-    let job = Job::start(spec3, Some(&sp), metrics, options()).unwrap_or_else(|e| fail("restore", e));
+    let job =
+        Job::start(spec3, Some(&sp), metrics, options()).unwrap_or_else(|e| fail("restore", e));
     let t_started = t0.elapsed().as_secs_f64();
     while records_in(&job) <= base {
         if job.has_failed() || t0.elapsed() > Duration::from_secs(600) {

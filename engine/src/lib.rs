@@ -9,6 +9,7 @@
 //! Nexmark sources ([`nexmark`]) emit events with event time; watermarks flow in-band and
 //! drive event-time windows ([`time`]) and a keyed two-input join ([`operators::join`]).
 
+pub mod chain;
 pub mod checkpoint;
 pub mod keygroup;
 pub mod metrics;
@@ -18,6 +19,7 @@ pub mod payload;
 pub mod runtime;
 pub mod savepoint;
 pub mod server;
+pub mod shed;
 pub mod spec;
 pub mod state;
 pub mod time;

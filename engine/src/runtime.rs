@@ -1,6 +1,11 @@
-//! The job runtime: one OS thread per subtask, bounded channels between operators.
+//! The job runtime: one OS thread per subtask of each operator chain, bounded channels
+//! between chains.
 //!
-//! Channels: every non-source subtask has one bounded input queue of [`Message`]s tagged with
+//! Chaining ([`crate::chain`]): an operator whose only input is a forward edge from an
+//! operator of the same parallelism (and not keyed) runs in its upstream subtask's thread,
+//! receiving records in small batches instead of through a channel; its metrics stay its own.
+//!
+//! Channels: every other non-source subtask has one bounded input queue of [`Message`]s tagged with
 //! their input channel (one per upstream subtask). A keyed input (a window) receives the
 //! records of the key groups its subtask owns; other inputs are rebalanced over the
 //! downstream subtasks' queues (first with room, round-robin start). A full queue blocks the
@@ -25,6 +30,7 @@ use crossbeam_channel::{
     Receiver, RecvTimeoutError, Select, Sender, TryRecvError, TrySendError, bounded,
 };
 
+use crate::chain::{self, CHAIN_BATCH};
 use crate::checkpoint::barrier::{Aligner, Barrier, BarrierKind, Event, Message};
 use crate::checkpoint::coordinator::{Ack, Coordinator, Failed, JobContext, Outcome, Target};
 use crate::checkpoint::gate::{Claim, SourceGate};
@@ -111,6 +117,9 @@ pub struct RuntimeOptions {
     /// Fault injection for recovery tests: panic once per process in this operator on the
     /// record with this sequence number.
     pub panic_at: Option<PanicAt>,
+    /// Chain forward-connected operators of equal parallelism into one thread per subtask
+    /// ([`crate::chain`]); `false` runs every subtask in its own thread.
+    pub chaining: bool,
 }
 
 /// A one-time injected panic (for recovery tests).
@@ -131,6 +140,7 @@ impl Default for RuntimeOptions {
             flush_interval: Duration::from_millis(100),
             checkpoint_storage: None,
             panic_at: None,
+            chaining: true,
         }
     }
 }
@@ -188,7 +198,7 @@ struct SubtaskResult {
 pub struct Job {
     spec: JobSpec,
     control: Arc<Control>,
-    handles: Vec<JoinHandle<SubtaskResult>>,
+    handles: Vec<JoinHandle<Vec<SubtaskResult>>>,
     counters: BTreeMap<String, Arc<LiveCounters>>,
     gates: BTreeMap<String, Arc<SourceGate>>,
     job_started_unix_ms: u64,
@@ -215,10 +225,12 @@ pub(crate) fn now_unix_ms() -> u64 {
     now_unix_us() / 1000
 }
 
-/// Output of one subtask: one route per downstream operator.
+/// Output of one subtask: one route per downstream operator, or the next member of its chain.
 struct Outputs {
     routes: Vec<Route>,
     max_parallelism: u32,
+    /// The next chain member, which runs in this thread (then `routes` is empty).
+    chain: Option<Box<ChainMember>>,
 }
 
 /// One subtask's input queue (both ends).
@@ -246,6 +258,11 @@ struct Meter {
     records_out: u64,
     idle: Duration,
     backpressured: Duration,
+    /// Chain members (not heads) measure their busy time directly ([`crate::chain`]); their
+    /// idle time is the rest of the wall time.
+    chained: bool,
+    /// Busy time measured since the last flush (chain members only).
+    busy: Duration,
     last_flush: Instant,
     ops_since_check: u32,
     flush_interval: Duration,
@@ -259,10 +276,17 @@ struct Meter {
 impl Meter {
     /// Publishes the accumulated counts. Busy time is derived as Flink does: the wall time
     /// since the last flush minus the measured idle and backpressured time, so the hot path
-    /// reads the clock only when it blocks.
+    /// reads the clock only when it blocks. A chain member measures its busy time around the
+    /// batches it processes instead, and its idle time is the rest ([`crate::chain`]).
     fn flush(&mut self, queue_len: usize) {
         let now = Instant::now();
         let wall = now - self.last_flush;
+        if self.chained {
+            let busy = self.busy.min(wall);
+            self.backpressured = self.backpressured.min(wall - busy);
+            self.idle = wall - busy - self.backpressured;
+            self.busy = Duration::ZERO;
+        }
         let busy = wall
             .saturating_sub(self.idle)
             .saturating_sub(self.backpressured);
@@ -326,6 +350,19 @@ impl Meter {
 impl Outputs {
     /// Sends `rec` to every downstream operator; returns false if a receiver is gone.
     fn send(&mut self, rec: Record, meter: &mut Meter) -> bool {
+        if let Some(next) = &mut self.chain {
+            // Chained: queue for the next member (watermarks too, in order), which runs when
+            // its batch is full or the head flushes.
+            if !rec.payload.is_watermark() {
+                meter.records_out += 1;
+                meter.totals.records_out += 1;
+            }
+            next.pending.push(rec);
+            if next.pending.len() >= CHAIN_BATCH {
+                return self.flush(meter);
+            }
+            return true;
+        }
         if rec.payload.is_watermark() {
             // Watermarks go to every downstream subtask and are not counted as records.
             return self.broadcast(Event::Data(rec), meter);
@@ -355,6 +392,17 @@ impl Outputs {
     /// Sends `event` (a barrier or the end) on every output channel, in order after every
     /// record sent before; returns false if a receiver is gone.
     fn broadcast(&mut self, event: Event, meter: &mut Meter) -> bool {
+        if self.chain.is_some() {
+            if !self.flush(meter) {
+                return false;
+            }
+            let t = meter.now();
+            let ok = self.chain.as_mut().is_none_or(|next| next.on_event(event));
+            if let Some(t) = t {
+                meter.backpressured += t.elapsed();
+            }
+            return ok;
+        }
         for route in &self.routes {
             for tx in &route.txs {
                 let msg = Message {
@@ -367,6 +415,111 @@ impl Outputs {
             }
         }
         true
+    }
+}
+
+impl Outputs {
+    /// Runs the records queued for the rest of the chain (all of it, to the tail), timing
+    /// that as this subtask's backpressured time: its output is not accepted until the chain
+    /// downstream is done. Returns false if a receiver downstream of the chain is gone.
+    fn flush(&mut self, meter: &mut Meter) -> bool {
+        let Some(next) = &mut self.chain else {
+            return true;
+        };
+        if next.pending.is_empty() {
+            return true;
+        }
+        let t = meter.now();
+        let ok = next.run_pending();
+        if let Some(t) = t {
+            meter.backpressured += t.elapsed();
+        }
+        ok
+    }
+
+    /// Publishes the chain members' metrics if their flush interval has passed (the head
+    /// calls this when it is about to wait, so members' metrics stay fresh while idle).
+    fn check_chain(&mut self) {
+        let mut next = self.chain.as_deref_mut();
+        while let Some(m) = next {
+            m.ctx.meter.check(|| 0);
+            next = m.ctx.outputs.chain.as_deref_mut();
+        }
+    }
+
+    /// Ends every chain member after the head's thread stopped: flushes sinks and metrics and
+    /// returns each member's result (its state for the final savepoint), in chain order.
+    fn finish_chain(&mut self) -> Vec<SubtaskResult> {
+        let mut results = Vec::new();
+        let mut next = self.chain.take();
+        while let Some(mut m) = next {
+            next = m.ctx.outputs.chain.take();
+            m.ctx.meter.flush(0);
+            let (state, error) = m.op.finish(&m.ctx);
+            results.push(m.ctx.result(state, error));
+        }
+        results
+    }
+}
+
+/// A chain member: an operator subtask running in its upstream subtask's thread
+/// ([`crate::chain`]).
+struct ChainMember {
+    op: Operator,
+    ctx: SubtaskContext,
+    /// Records (and watermarks) from the upstream member not processed yet, in order.
+    pending: Vec<Record>,
+}
+
+impl ChainMember {
+    /// Runs `f` and adds its duration, minus the time the chain downstream took (counted as
+    /// backpressured by then), to this member's busy time.
+    fn timed(&mut self, f: impl FnOnce(&mut Self) -> bool) -> bool {
+        let t = self.ctx.meter.now();
+        let waited = self.ctx.meter.backpressured;
+        let ok = f(self);
+        if let Some(t) = t {
+            let downstream = self.ctx.meter.backpressured.saturating_sub(waited);
+            self.ctx.meter.busy += t.elapsed().saturating_sub(downstream);
+        }
+        ok
+    }
+
+    /// Processes the pending batch and then flushes the rest of the chain. Returns false if a
+    /// receiver downstream is gone.
+    fn run_pending(&mut self) -> bool {
+        let ok = self.timed(|m| {
+            let mut ok = true;
+            for rec in m.pending.drain(..) {
+                if !ok {
+                    continue;
+                }
+                if !rec.payload.is_watermark() {
+                    m.ctx.meter.records_in += 1;
+                    m.ctx.meter.totals.records_in += 1;
+                }
+                ok = m.op.process(rec, &mut m.ctx);
+            }
+            ok && m.ctx.outputs.flush(&mut m.ctx.meter)
+        });
+        self.ctx.meter.check(|| 0);
+        ok
+    }
+
+    /// A barrier, the end of input or a watermark from the upstream member (its only input,
+    /// so a barrier is aligned at once). Returns false if a receiver downstream is gone.
+    fn on_event(&mut self, event: Event) -> bool {
+        match event {
+            Event::Data(rec) => {
+                self.pending.push(rec);
+                self.run_pending()
+            }
+            Event::Barrier(b) => self.timed(|m| m.op.on_aligned(b, &mut m.ctx)),
+            Event::End => self.timed(|m| {
+                m.op.fire_due_windows(&mut m.ctx, true)
+                    && m.ctx.outputs.broadcast(Event::End, &mut m.ctx.meter)
+            }),
+        }
     }
 }
 
@@ -483,12 +636,19 @@ impl Job {
             }
         }
 
-        // One input queue per non-source subtask; input channels are numbered per upstream
-        // subtask (upstream operators in edge order).
+        // One input queue per non-source subtask that heads a chain; input channels are
+        // numbered per upstream subtask (upstream operators in edge order). A chain member's
+        // only input channel is its upstream member.
+        let chaining = options.chaining;
+        let member = |name: &str| chain::is_chained_member(&spec, name, chaining);
         let mut inputs: BTreeMap<String, Vec<Queue>> = BTreeMap::new();
         let mut channels: BTreeMap<String, usize> = BTreeMap::new();
         for op in &spec.operators {
             if matches!(op.kind, OperatorKind::Source { .. }) {
+                continue;
+            }
+            if member(&op.name) {
+                channels.insert(op.name.clone(), 1);
                 continue;
             }
             let cap = spec.channel_capacity;
@@ -530,6 +690,7 @@ impl Job {
             Outputs {
                 routes,
                 max_parallelism: k,
+                chain: None,
             }
         };
         let (ack_tx, ack_rx) = crossbeam_channel::unbounded::<Ack>();
@@ -541,16 +702,12 @@ impl Job {
             next_channel += op.parallelism;
         }
 
+        // Per operator: live counters, source gates, sink writers.
         let mut counters = BTreeMap::new();
         let mut gates = BTreeMap::new();
-        let mut handles = Vec::new();
-        let mut spawn_failed = None;
-        let mut subtasks = 0;
-        // Start downstream first so receivers are ready; order does not matter for correctness.
-        for name in order.iter().rev() {
-            let Some(op) = spec.operator(name) else {
-                continue;
-            };
+        let mut sinks: BTreeMap<String, SinkWriter> = BTreeMap::new();
+        for op in &spec.operators {
+            let name = &op.name;
             let live = Arc::new(LiveCounters::default());
             let restored = restore
                 .and_then(|s| s.metadata.counters.get(name).copied())
@@ -561,56 +718,158 @@ impl Job {
                 .store(restored.records_out, Ordering::Relaxed);
             live.accounted.store(restored.accounted, Ordering::Relaxed);
             live.filtered.store(restored.filtered, Ordering::Relaxed);
-            counters.insert(name.clone(), live.clone());
-            let gate = Arc::new(SourceGate::new(
-                restore
-                    .and_then(|s| s.metadata.sources.get(name))
-                    .map_or(0, |p| p.emitted),
-            ));
+            counters.insert(name.clone(), live);
             if matches!(op.kind, OperatorKind::Source { .. }) {
-                gates.insert(name.clone(), gate.clone());
+                let gate = Arc::new(SourceGate::new(
+                    restore
+                        .and_then(|s| s.metadata.sources.get(name))
+                        .map_or(0, |p| p.emitted),
+                ));
+                gates.insert(name.clone(), gate);
             }
-            let sink_file = sink_files.remove(name);
-            let shared_sink: Option<SinkWriter> =
-                sink_file.map(|f| Arc::new(std::sync::Mutex::new(BufWriter::new(f))));
+            if let Some(f) = sink_files.remove(name) {
+                sinks.insert(
+                    name.clone(),
+                    Arc::new(std::sync::Mutex::new(BufWriter::new(f))),
+                );
+            }
+        }
+        // The context of subtask `index` of operator `op` sending into `outputs`.
+        let context = |op: &crate::spec::OperatorSpec,
+                       index: u32,
+                       outputs: Outputs,
+                       chained: bool|
+         -> SubtaskContext {
+            let name = &op.name;
+            let meter = Meter {
+                totals: OperatorCounters::default(),
+                enabled: options.metrics_enabled,
+                records_in: 0,
+                records_out: 0,
+                idle: Duration::ZERO,
+                ops_since_check: 0,
+                backpressured: Duration::ZERO,
+                chained,
+                busy: Duration::ZERO,
+                last_flush: Instant::now(),
+                flush_interval: options.flush_interval,
+                labels: [name.clone(), index.to_string()],
+                metrics: metrics.clone(),
+                live: counters[name].clone(),
+                sink: (options.metrics_enabled && matches!(op.kind, OperatorKind::Sink { .. }))
+                    .then(|| {
+                        let l = [name.as_str(), &index.to_string()];
+                        (
+                            metrics.sink_latency.with_label_values(&l).local(),
+                            metrics.sink_accounted.with_label_values(&l).local(),
+                        )
+                    }),
+            };
+            SubtaskContext {
+                operator: name.clone(),
+                index,
+                parallelism: op.parallelism,
+                max_parallelism: k,
+                cpu_us: op.cpu,
+                io_us: op.io,
+                control: control.clone(),
+                meter,
+                outputs,
+                acks: ack_tx.clone(),
+                panic_at: options.panic_at.clone().filter(|p| p.operator == *name),
+                channel: channel_base.get(name).copied().unwrap_or(0) + index,
+            }
+        };
+        // What subtask `index` of non-source operator `op` does, with its restored state.
+        let operator = |op: &crate::spec::OperatorSpec,
+                        index: u32,
+                        channel: u32|
+         -> Result<Operator, RuntimeError> {
+            let name = &op.name;
+            let restored_state = || {
+                let range = key_group_range(index, op.parallelism, k);
+                restore
+                    .and_then(|s| s.state.get(name))
+                    .map(|s| s.slice(range))
+                    .unwrap_or_default()
+            };
+            let stage = EventTimeStage::for_kind(
+                &op.kind,
+                channels.get(name).copied().unwrap_or(0),
+                channel,
+                k,
+                restored_state(),
+            )
+            .map_err(|source| RuntimeError::State {
+                operator: name.clone(),
+                source,
+            })?;
+            let behaviour = match stage {
+                Some(stage) => Behaviour::EventTime {
+                    stage: Box::new(stage),
+                    out: StageOutput::default(),
+                },
+                None => {
+                    let owner = StateOwner {
+                        job: spec.name.clone(),
+                        operator: name.clone(),
+                        subtask: index,
+                    };
+                    let open = || StateBackend::open(&spec.state, &owner, k, restored_state());
+                    Behaviour::for_kind(&op.kind, open, sinks.get(name).cloned()).map_err(
+                        |source| RuntimeError::Backend {
+                            operator: name.clone(),
+                            source,
+                        },
+                    )?
+                }
+            };
+            Ok(Operator { behaviour })
+        };
+
+        let mut handles = Vec::new();
+        let mut spawn_failed = None;
+        let mut subtasks = 0;
+        // Start downstream first so receivers are ready; order does not matter for correctness.
+        for name in order.iter().rev() {
+            let Some(op) = spec.operator(name) else {
+                continue;
+            };
+            if member(name) {
+                continue; // runs in the thread of its chain's head
+            }
+            // The chain this operator heads (itself only, when nothing is chained to it).
+            let mut chain_ops = vec![op];
+            while let Some(next) =
+                chained_successor_of(&spec, chain_ops[chain_ops.len() - 1], chaining)
+            {
+                chain_ops.push(next);
+            }
             for index in 0..op.parallelism {
-                let meter = Meter {
-                    totals: OperatorCounters::default(),
-                    enabled: options.metrics_enabled,
-                    records_in: 0,
-                    records_out: 0,
-                    idle: Duration::ZERO,
-                    ops_since_check: 0,
-                    backpressured: Duration::ZERO,
-                    last_flush: Instant::now(),
-                    flush_interval: options.flush_interval,
-                    labels: [name.clone(), index.to_string()],
-                    metrics: metrics.clone(),
-                    live: live.clone(),
-                    sink: (options.metrics_enabled && matches!(op.kind, OperatorKind::Sink { .. }))
-                        .then(|| {
-                            let l = [name.as_str(), &index.to_string()];
-                            (
-                                metrics.sink_latency.with_label_values(&l).local(),
-                                metrics.sink_accounted.with_label_values(&l).local(),
-                            )
-                        }),
-                };
-                let ctx = SubtaskContext {
-                    operator: name.clone(),
-                    index,
-                    parallelism: op.parallelism,
-                    max_parallelism: k,
-                    cpu_us: op.cpu,
-                    io_us: op.io,
-                    control: control.clone(),
-                    meter,
-                    outputs: outputs_of(name, index),
-                    acks: ack_tx.clone(),
-                    panic_at: options.panic_at.clone().filter(|p| p.operator == *name),
-                    channel: channel_base.get(name).copied().unwrap_or(0) + index,
-                };
-                let body: Box<dyn FnOnce() -> SubtaskResult + Send> = match &op.kind {
+                // Build the chain from its tail: the tail sends into channels, every other
+                // member into the next member.
+                let mut outputs = outputs_of(&chain_ops[chain_ops.len() - 1].name, index);
+                for m in chain_ops[1..].iter().rev() {
+                    let ctx = context(m, index, outputs, true);
+                    let op = match operator(m, index, ctx.channel) {
+                        Ok(op) => op,
+                        Err(e) => {
+                            control.stop.store(true, Ordering::SeqCst);
+                            return Err(e);
+                        }
+                    };
+                    outputs = Outputs {
+                        routes: Vec::new(),
+                        max_parallelism: k,
+                        chain: Some(Box::new(ChainMember {
+                            op,
+                            ctx,
+                            pending: Vec::with_capacity(CHAIN_BATCH),
+                        })),
+                    };
+                }
+                let ctx = context(op, index, outputs, false);
+                let body: Box<dyn FnOnce() -> Vec<SubtaskResult> + Send> = match &op.kind {
                     OperatorKind::Source {
                         keys,
                         count,
@@ -622,7 +881,7 @@ impl Job {
                                 .as_ref()
                                 .map(|n| NexmarkGenerator::new(n, ctx.channel)),
                             rate: rates[name].clone(),
-                            gate: gate.clone(),
+                            gate: gates[name].clone(),
                             keys: *keys,
                             limit: *count,
                             job_started_unix_ms,
@@ -630,62 +889,25 @@ impl Job {
                         };
                         Box::new(move || source.run(ctx))
                     }
-                    kind => {
+                    _ => {
                         let Some(rx) = inputs
                             .get(name)
                             .and_then(|q| q.get(index as usize))
                             .map(|(_, rx)| rx.clone())
                         else {
+                            control.stop.store(true, Ordering::SeqCst);
                             return Err(RuntimeError::Graph(format!("no input for {name}")));
                         };
-                        let restored_state = || {
-                            let range = key_group_range(index, op.parallelism, k);
-                            restore
-                                .and_then(|s| s.state.get(name))
-                                .map(|s| s.slice(range))
-                                .unwrap_or_default()
-                        };
-                        let stage = EventTimeStage::for_kind(
-                            kind,
-                            channels.get(name).copied().unwrap_or(0),
-                            ctx.channel,
-                            k,
-                            restored_state(),
-                        )
-                        .map_err(|source| {
-                            control.stop.store(true, Ordering::SeqCst);
-                            RuntimeError::State {
-                                operator: name.clone(),
-                                source,
-                            }
-                        })?;
-                        let behaviour = match stage {
-                            Some(stage) => Behaviour::EventTime {
-                                stage: Box::new(stage),
-                                out: StageOutput::default(),
-                            },
-                            None => {
-                                let owner = StateOwner {
-                                    job: spec.name.clone(),
-                                    operator: name.clone(),
-                                    subtask: index,
-                                };
-                                let open =
-                                    || StateBackend::open(&spec.state, &owner, k, restored_state());
-                                Behaviour::for_kind(kind, open, shared_sink.clone()).map_err(
-                                    |source| {
-                                        control.stop.store(true, Ordering::SeqCst);
-                                        RuntimeError::Backend {
-                                            operator: name.clone(),
-                                            source,
-                                        }
-                                    },
-                                )?
+                        let op_task = match operator(op, index, ctx.channel) {
+                            Ok(op) => op,
+                            Err(e) => {
+                                control.stop.store(true, Ordering::SeqCst);
+                                return Err(e);
                             }
                         };
                         let task = OperatorTask {
                             rx,
-                            behaviour,
+                            op: op_task,
                             aligner: Aligner::new(channels.get(name).copied().unwrap_or(0)),
                         };
                         Box::new(move || task.run(ctx))
@@ -704,11 +926,11 @@ impl Job {
                                 .unwrap_or_default();
                             guard_control.failed.store(true, Ordering::SeqCst);
                             guard_control.stop.store(true, Ordering::SeqCst);
-                            SubtaskResult {
+                            vec![SubtaskResult {
                                 operator: op_name,
                                 state: None,
                                 error: Some(format!("{label} panicked: {what}")),
-                            }
+                            }]
                         }
                     };
                 match std::thread::Builder::new()
@@ -717,7 +939,7 @@ impl Job {
                 {
                     Ok(h) => {
                         handles.push(h);
-                        subtasks += 1;
+                        subtasks += chain_ops.len();
                     }
                     Err(e) => {
                         spawn_failed = Some(e);
@@ -877,12 +1099,14 @@ impl Job {
         let mut errors = Vec::new();
         for h in self.handles {
             match h.join() {
-                Ok(r) => {
-                    if let Some(e) = r.error {
-                        errors.push(e);
-                    }
-                    if let Some(s) = r.state {
-                        state.entry(r.operator).or_default().merge(s);
+                Ok(results) => {
+                    for r in results {
+                        if let Some(e) = r.error {
+                            errors.push(e);
+                        }
+                        if let Some(s) = r.state {
+                            state.entry(r.operator).or_default().merge(s);
+                        }
                     }
                 }
                 Err(_) => errors.push("a subtask thread panicked".into()),
@@ -957,6 +1181,14 @@ impl SubtaskContext {
         });
     }
 
+    /// This subtask's result followed by its chain members' (the thread's results).
+    fn finish(mut self, state: Option<KeyedState>, error: Option<String>) -> Vec<SubtaskResult> {
+        let members = self.outputs.finish_chain();
+        let mut results = vec![self.result(state, error)];
+        results.extend(members);
+        results
+    }
+
     fn result(self, state: Option<KeyedState>, error: Option<String>) -> SubtaskResult {
         if error.is_some() {
             self.control.failed.store(true, Ordering::SeqCst);
@@ -1011,7 +1243,7 @@ impl SourceTask {
         hi
     }
 
-    fn run(mut self, mut ctx: SubtaskContext) -> SubtaskResult {
+    fn run(mut self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
         let labels = [ctx.operator.clone(), ctx.index.to_string()];
         let l = [labels[0].as_str(), labels[1].as_str()];
         let metrics = ctx.meter.metrics.clone();
@@ -1054,7 +1286,7 @@ impl SourceTask {
                     if !ctx.outputs.broadcast(Event::Barrier(b), &mut ctx.meter) {
                         let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                         ctx.meter.flush(0);
-                        return ctx.result(None, Some(err));
+                        return ctx.finish(None, Some(err));
                     }
                     ctx.ack(b, None);
                     if b.stops() {
@@ -1069,12 +1301,12 @@ impl SourceTask {
                     {
                         let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                         ctx.meter.flush(0);
-                        return ctx.result(None, Some(err));
+                        return ctx.finish(None, Some(err));
                     }
                     if !ctx.outputs.broadcast(Event::End, &mut ctx.meter) {
                         let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                         ctx.meter.flush(0);
-                        return ctx.result(None, Some(err));
+                        return ctx.finish(None, Some(err));
                     }
                     break;
                 }
@@ -1085,9 +1317,15 @@ impl SourceTask {
                     {
                         let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                         ctx.meter.flush(0);
-                        return ctx.result(None, Some(err));
+                        return ctx.finish(None, Some(err));
+                    }
+                    if !ctx.outputs.flush(&mut ctx.meter) {
+                        let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+                        ctx.meter.flush(0);
+                        return ctx.finish(None, Some(err));
                     }
                     ctx.meter.check(|| 0);
+                    ctx.outputs.check_chain();
                     let t = ctx.meter.now();
                     std::thread::sleep(Duration::from_micros(500));
                     if let Some(t) = t {
@@ -1110,6 +1348,9 @@ impl SourceTask {
                 .as_mut()
                 .map(|g| g.batch(start, claimed).into_iter());
             for seq in start..start + claimed {
+                if crate::shed::drop_record(seq, &l) {
+                    continue;
+                }
                 let rec = match (&mut self.nexmark, events.as_mut().and_then(Iterator::next)) {
                     (Some(g), Some(event)) => g.record(seq, event, created_us),
                     _ => Record {
@@ -1124,18 +1365,19 @@ impl SourceTask {
                 if !ctx.outputs.send(rec, &mut ctx.meter) {
                     let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                     ctx.meter.flush(0);
-                    return ctx.result(None, Some(err));
+                    return ctx.finish(None, Some(err));
                 }
             }
-            if let Some(wm) = self
+            let wm = self
                 .nexmark
                 .as_mut()
-                .and_then(NexmarkGenerator::after_batch)
-                && !ctx.outputs.send(wm, &mut ctx.meter)
+                .and_then(NexmarkGenerator::after_batch);
+            if wm.is_some_and(|wm| !ctx.outputs.send(wm, &mut ctx.meter))
+                || !ctx.outputs.flush(&mut ctx.meter)
             {
                 let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                 ctx.meter.flush(0);
-                return ctx.result(None, Some(err));
+                return ctx.finish(None, Some(err));
             }
             ctx.meter.tick(|| 0);
         }
@@ -1148,7 +1390,7 @@ impl SourceTask {
                 .with_label_values(&l)
                 .set(backlog / p);
         }
-        ctx.result(None, None)
+        ctx.finish(None, None)
     }
 }
 
@@ -1217,14 +1459,22 @@ fn state_failure(operator: &str, index: u32, e: &StateError) -> ! {
     panic!("{operator}-{index}: keyed state backend failed: {e}")
 }
 
+/// A non-source operator subtask: what it does with records, barriers and the end of input,
+/// whether it reads its own input queue ([`OperatorTask`]) or runs in a chain
+/// ([`ChainMember`]).
+struct Operator {
+    behaviour: Behaviour,
+}
+
+/// A non-source subtask that reads its own input queue (alone or as the head of a chain).
 struct OperatorTask {
     rx: Receiver<Message>,
-    behaviour: Behaviour,
+    op: Operator,
     aligner: Aligner,
 }
 
 impl OperatorTask {
-    fn run(mut self, mut ctx: SubtaskContext) -> SubtaskResult {
+    fn run(mut self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
         let tick = Duration::from_millis(10);
         let mut error = None;
         // Messages of channels held back during an alignment, and those to process again
@@ -1232,6 +1482,9 @@ impl OperatorTask {
         let mut stash: VecDeque<Message> = VecDeque::new();
         let mut replay: VecDeque<Message> = VecDeque::new();
         let mut natural_end = false;
+        // Input messages since the chain was last run (bounds how long a record waits in a
+        // chain batch while the input queue never empties).
+        let mut since_flush = 0usize;
         let closed =
             |ctx: &SubtaskContext| format!("{}-{}: downstream closed", ctx.operator, ctx.index);
         loop {
@@ -1242,9 +1495,16 @@ impl OperatorTask {
                     Ok(m) => Ok(m),
                     Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
                     Err(TryRecvError::Empty) => {
-                        // About to wait for input: flush, then time the wait as idle.
+                        // About to wait for input: run the rest of the chain, flush
+                        // metrics, then time the wait as idle.
+                        if !ctx.outputs.flush(&mut ctx.meter) {
+                            error = Some(closed(&ctx));
+                            break;
+                        }
+                        since_flush = 0;
                         ctx.meter.check(|| 0);
-                        if let Behaviour::Sink { clock_uses, .. } = &mut self.behaviour {
+                        ctx.outputs.check_chain();
+                        if let Behaviour::Sink { clock_uses, .. } = &mut self.op.behaviour {
                             *clock_uses = 0; // the cached clock goes stale while waiting
                         }
                         let t = ctx.meter.now();
@@ -1259,7 +1519,7 @@ impl OperatorTask {
             let msg = match received {
                 Ok(m) => m,
                 Err(RecvTimeoutError::Timeout) => {
-                    if !self.fire_due_windows(&mut ctx, false) {
+                    if !self.op.fire_due_windows(&mut ctx, false) {
                         error = Some(closed(&ctx));
                         break;
                     }
@@ -1278,12 +1538,20 @@ impl OperatorTask {
                         ctx.meter.records_in += 1;
                         ctx.meter.totals.records_in += 1;
                     }
-                    if !self.process(rec, &mut ctx) {
+                    if !self.op.process(rec, &mut ctx) {
                         error = Some(closed(&ctx));
                         break;
                     }
                     let rx = &self.rx;
                     ctx.meter.tick(|| rx.len());
+                    since_flush += 1;
+                    if since_flush >= CHAIN_BATCH {
+                        since_flush = 0;
+                        if !ctx.outputs.flush(&mut ctx.meter) {
+                            error = Some(closed(&ctx));
+                            break;
+                        }
+                    }
                     None
                 }
                 Event::Barrier(b) => self.aligner.on_barrier(msg.channel, b),
@@ -1294,7 +1562,7 @@ impl OperatorTask {
                 }
             };
             if let Some(b) = aligned {
-                if !self.on_aligned(b, &mut ctx) {
+                if !self.op.on_aligned(b, &mut ctx) {
                     error = Some(closed(&ctx));
                     break;
                 }
@@ -1307,7 +1575,7 @@ impl OperatorTask {
             if natural_end {
                 break;
             }
-            if self.window_due() && !self.fire_due_windows(&mut ctx, false) {
+            if self.op.window_due() && !self.op.fire_due_windows(&mut ctx, false) {
                 error = Some(closed(&ctx));
                 break;
             }
@@ -1316,18 +1584,29 @@ impl OperatorTask {
         // pass the end on; the job is complete.
         if error.is_none()
             && natural_end
-            && (!self.fire_due_windows(&mut ctx, true)
+            && (!self.op.fire_due_windows(&mut ctx, true)
                 || !ctx.outputs.broadcast(Event::End, &mut ctx.meter))
         {
             error = Some(closed(&ctx));
         }
+        ctx.meter.flush(0);
+        let (state, finish_error) = self.op.finish(&ctx);
+        let error = error.or(finish_error);
+        ctx.finish(state, error)
+    }
+}
+
+impl Operator {
+    /// Flushes a sink's output and hands back the subtask's final state; the error names the
+    /// subtask when the sink cannot be written or the state cannot be encoded.
+    fn finish(mut self, ctx: &SubtaskContext) -> (Option<KeyedState>, Option<String>) {
+        let mut error = None;
         if let Err(e) = self.flush_sink() {
             error = Some(format!(
                 "{}-{}: cannot write sink output: {e}",
                 ctx.operator, ctx.index
             ));
         }
-        ctx.meter.flush(0);
         let state = match &mut self.behaviour {
             Behaviour::Window { state, .. } => match state.snapshot() {
                 Ok(s) => Some(s),
@@ -1345,7 +1624,7 @@ impl OperatorTask {
             },
             _ => None,
         };
-        ctx.result(state, error)
+        (state, error)
     }
 
     /// Flushes the sink's output file, if any.
@@ -1574,6 +1853,15 @@ fn emit_stage_output(out: &mut StageOutput, ctx: &mut SubtaskContext) -> bool {
         }
     }
     ok
+}
+
+/// The operator `op` chains into (see [`chain::chained_successor`]).
+fn chained_successor_of<'a>(
+    spec: &'a JobSpec,
+    op: &crate::spec::OperatorSpec,
+    enabled: bool,
+) -> Option<&'a crate::spec::OperatorSpec> {
+    chain::chained_successor(spec, &op.name, enabled).and_then(|n| spec.operator(n))
 }
 
 /// The key that partitions the input of an operator of kind `kind` among its subtasks.

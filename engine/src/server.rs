@@ -6,6 +6,7 @@
 //!   with the stop flag); `{"stop": false}`: a savepoint of the running job (a barrier); 202
 //!   with `{"id"}`.
 //! - `GET /v1/savepoints/{id}`: [`SavepointStatus`].
+//! - `GET|POST /v1/shed`: load shedding at the sources ([`crate::shed`]).
 //!
 //! After a stop-with-savepoint reaches a terminal status and a client has read it, the engine
 //! asks its process to exit ([`Coordinator::exit_requested`]). If a stop-with-savepoint's
@@ -250,6 +251,7 @@ impl Coordinator {
             .route("/v1/job", get(job_handler))
             .route("/v1/savepoints", post(trigger_handler))
             .route("/v1/savepoints/{id}", get(status_handler))
+            .route("/v1/shed", get(shed_get).post(shed_post))
             .with_state(self.clone())
     }
 
@@ -633,9 +635,24 @@ fn failed(id: &str, reason: String) -> SavepointStatus {
 async fn metrics_handler(State(c): State<Coordinator>) -> Response {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        c.metrics.render(),
+        c.metrics.render() + &crate::shed::render(),
     )
         .into_response()
+}
+
+/// `GET /v1/shed` (see [`crate::shed`]).
+async fn shed_get() -> Json<crate::shed::ShedStatus> {
+    Json(crate::shed::status())
+}
+
+/// `POST /v1/shed` `{"share": S}` (see [`crate::shed`]).
+async fn shed_post(
+    body: Result<Json<crate::shed::ShedRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    match body.map_err(|e| e.body_text()).and_then(|Json(r)| crate::shed::set_share(r.share)) {
+        Ok(()) => Json(crate::shed::status()).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
 }
 
 async fn job_handler(State(c): State<Coordinator>) -> Json<JobInfo> {

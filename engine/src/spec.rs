@@ -482,6 +482,13 @@ pub struct AutoscalerSpec {
     /// Time within which a backlog must be drained, in seconds. Default 30.
     #[serde(default = "default_catch_up")]
     pub catch_up_seconds: f64,
+    /// Forecast-driven scaling ahead of predictable ramps (`forecast:`). Absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<ForecastSpec>,
+    /// What to do when the needed capacity exceeds the limits (`limits:`). Absent: hold at
+    /// the limit and report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsSpec>,
 }
 
 impl Default for AutoscalerSpec {
@@ -490,8 +497,119 @@ impl Default for AutoscalerSpec {
             target_utilization: default_target_utilization(),
             latency_slo_seconds: default_latency_slo(),
             catch_up_seconds: default_catch_up(),
+            forecast: None,
+            limits: None,
         }
     }
+}
+
+/// Whether the controller scales ahead of the forecast input rate.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForecastMode {
+    /// No forecast (reactive decisions only). The default.
+    #[default]
+    Off,
+    /// Plan for the larger of the measured and the forecast input rate over the horizon.
+    On,
+    /// Forecast and report it in the decision's reasons; decide reactively.
+    Recommend,
+}
+
+/// Forecast settings (`autoscaler.forecast` in the job file), read by the controller's
+/// `model::forecast` (additive Holt-Winters with a damped trend on the job's binned input rate).
+///
+/// ```yaml
+/// autoscaler: { forecast: { mode: on, seasonSeconds: 86400, horizonSeconds: 600 } }
+/// ```
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ForecastSpec {
+    /// `off`, `on` or `recommend`. Default `off`.
+    #[serde(default)]
+    pub mode: ForecastMode,
+    /// Length of the seasonal cycle, seconds of the controller's clock. Default 86 400 (a day).
+    #[serde(default = "default_season")]
+    pub season_seconds: f64,
+    /// Width of one history bin, seconds. Default: season / 288 (5 min for a day).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bin_seconds: Option<f64>,
+    /// How far ahead to plan, seconds (the expected rescale downtime is added). Default: two bins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizon_seconds: Option<f64>,
+    /// Largest recent forecast error (weighted absolute percentage error, 0.3 = 30%) at which
+    /// the forecast is still used. Default 0.3.
+    #[serde(default = "default_max_forecast_error")]
+    pub max_error: f64,
+}
+
+impl Default for ForecastSpec {
+    fn default() -> Self {
+        ForecastSpec {
+            mode: ForecastMode::Off,
+            season_seconds: default_season(),
+            bin_seconds: None,
+            horizon_seconds: None,
+            max_error: default_max_forecast_error(),
+        }
+    }
+}
+
+fn default_season() -> f64 {
+    86_400.0
+}
+fn default_max_forecast_error() -> f64 {
+    0.3
+}
+
+/// What the controller does when the needed capacity exceeds an operator's max parallelism or
+/// the subtask quota.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLimit {
+    /// Run at the limit and report the shortfall (the backlog grows). The default.
+    #[default]
+    Hold,
+    /// Drop a share of the records at the sources (counted as shed records) so that the
+    /// remaining load fits the capacity at the target utilization.
+    Shed,
+}
+
+/// Limits (`autoscaler.limits` in the job file).
+///
+/// ```yaml
+/// autoscaler: { limits: { onLimit: shed, maxShedShare: 0.5, quotaSubtasks: 16 } }
+/// ```
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// `hold` or `shed`. Default `hold`.
+    #[serde(default)]
+    pub on_limit: OnLimit,
+    /// Largest share of source records that may be shed, in [0, 1]. Default 0.5.
+    #[serde(default = "default_max_shed_share")]
+    pub max_shed_share: f64,
+    /// CPU quota: most subtasks of all non-source operators together. Absent: no quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_subtasks: Option<u32>,
+}
+
+impl Default for LimitsSpec {
+    fn default() -> Self {
+        LimitsSpec {
+            on_limit: OnLimit::Hold,
+            max_shed_share: default_max_shed_share(),
+            quota_subtasks: None,
+        }
+    }
+}
+
+fn default_max_shed_share() -> f64 {
+    0.5
 }
 
 fn default_max_parallelism() -> u32 {
@@ -787,6 +905,49 @@ impl JobSpec {
                 "autoscaler.catchUpSeconds: {} must be a positive number of seconds",
                 a.catch_up_seconds
             ));
+        }
+        if let Some(f) = &a.forecast {
+            if !(f.season_seconds > 0.0 && f.season_seconds.is_finite()) {
+                return Err(format!(
+                    "autoscaler.forecast.seasonSeconds: {} must be a positive number of seconds",
+                    f.season_seconds
+                ));
+            }
+            if let Some(b) = f
+                .bin_seconds
+                .filter(|b| !(*b > 0.0 && *b <= f.season_seconds / 2.0))
+            {
+                return Err(format!(
+                    "autoscaler.forecast.binSeconds: {b} must be positive and at most half of seasonSeconds ({})",
+                    f.season_seconds
+                ));
+            }
+            if let Some(h) = f
+                .horizon_seconds
+                .filter(|h| !(*h >= 0.0 && *h <= f.season_seconds))
+            {
+                return Err(format!(
+                    "autoscaler.forecast.horizonSeconds: {h} must be in [0, seasonSeconds ({})]",
+                    f.season_seconds
+                ));
+            }
+            if !(f.max_error > 0.0 && f.max_error.is_finite()) {
+                return Err(format!(
+                    "autoscaler.forecast.maxError: {} must be a positive share (0.3 = 30%)",
+                    f.max_error
+                ));
+            }
+        }
+        if let Some(l) = &a.limits {
+            if !(0.0..=1.0).contains(&l.max_shed_share) {
+                return Err(format!(
+                    "autoscaler.limits.maxShedShare: {} is not in [0, 1]",
+                    l.max_shed_share
+                ));
+            }
+            if l.quota_subtasks == Some(0) {
+                return Err("autoscaler.limits.quotaSubtasks: must be at least 1".into());
+            }
         }
         if let Some(c) = &self.checkpoint {
             if !(c.interval_seconds > 0.0 && c.interval_seconds.is_finite()) {

@@ -167,10 +167,18 @@ fn now_rfc3339() -> String {
 }
 
 fn age_s(since: &str) -> f64 {
-    since
-        .parse::<Timestamp>()
-        .map(|t| (Timestamp::now().as_millisecond() - t.as_millisecond()) as f64 / 1000.0)
-        .unwrap_or(0.0)
+    seconds_between(since, &now_rfc3339()).unwrap_or(0.0)
+}
+
+/// Seconds from `from` to `to` (both RFC 3339), or `None` when either does not parse or `to`
+/// is before `from`.
+fn seconds_between(from: &str, to: &str) -> Option<f64> {
+    let (from, to) = (
+        from.parse::<Timestamp>().ok()?,
+        to.parse::<Timestamp>().ok()?,
+    );
+    let ms = to.as_millisecond() - from.as_millisecond();
+    (ms >= 0).then(|| ms as f64 / 1000.0)
 }
 
 fn condition(
@@ -817,10 +825,21 @@ async fn drive_rescale(
         status.restarts += 1;
     }
     if t.outcome.is_some() {
+        // The downtime of a completed rescale (from the stop-with-savepoint request, made right
+        // after the rescale started, to the job running again at the new parallelism) feeds the
+        // planner's rescale-cost model, as `streamscale run` does with its measured downtime.
+        let downtime_s = match &t.outcome {
+            Some(Outcome::Rescaled { .. }) => seconds_between(&r.started_at, &now),
+            _ => None,
+        };
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = memory.get_mut(&key(job)) {
             m.window.clear();
             m.autoscaler.restarted(ctx.now_s());
+            if let Some(s) = downtime_s {
+                tracing::info!(job = %key(job), downtime_s = s, "rescale downtime observed");
+                m.autoscaler.observe_rescale_downtime(s);
+            }
         }
     }
     // Persist first, act second.
@@ -913,3 +932,22 @@ async fn cleanup(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Erro
 
 /// The field manager used for server-side apply.
 pub const MANAGER: &str = FIELD_MANAGER;
+
+#[cfg(test)]
+mod tests {
+    use super::seconds_between;
+
+    #[test]
+    fn seconds_between_parses_rfc3339_and_rejects_bad_or_reversed_times() {
+        assert_eq!(
+            seconds_between("2026-11-30T10:00:00Z", "2026-11-30T10:00:02.5Z"),
+            Some(2.5)
+        );
+        assert_eq!(
+            seconds_between("2026-11-30T10:00:02Z", "2026-11-30T10:00:00Z"),
+            None
+        );
+        assert_eq!(seconds_between("t0", "2026-11-30T10:00:00Z"), None);
+        assert_eq!(seconds_between("2026-11-30T10:00:00Z", "later"), None);
+    }
+}

@@ -70,8 +70,9 @@ pub trait Policy {
 }
 
 /// Names accepted by [`make_policy`], in report order.
-pub const POLICIES: [&str; 6] = [
+pub const POLICIES: [&str; 7] = [
     "streamscale",
+    "streamscale-forecast",
     "ds2",
     "flink",
     "threshold",
@@ -104,6 +105,10 @@ pub fn make_policy_with(name: &str, model: &JobModel, cfg: &SimConfig) -> Option
             interval_s,
             window_s,
             cfg.guard_settings(),
+        )),
+        "streamscale-forecast" => Box::new(StreamscaleForecast::new(
+            model,
+            Streamscale::with_guards(interval_s, window_s, cfg.guard_settings()),
         )),
         "ds2" => Box::new(Ds2 {
             interval_s,
@@ -361,6 +366,93 @@ impl Policy for Streamscale {
     /// Calls of [`Autoscaler::decide`]: (made, skipped as stationary repeats).
     fn planner_calls(&self) -> Option<(u64, u64)> {
         Some(self.planner_calls)
+    }
+}
+
+/// [`Streamscale`] with forecasting on: the same guarded planner, deciding from a job spec
+/// whose `autoscaler.forecast` is `{mode: on}` (Holt-Winters on the input rate, see
+/// `streamscale_controller::model::forecast`). The season is a day of trace time in simulated
+/// seconds (86 400 / the first trace source's speedup; 86 400 without a trace) unless the job
+/// sets `seasonSeconds`; bins are at least one metrics interval wide (default season / 288) and
+/// the horizon is at least half the metric window plus one interval (the lag of a rate measured
+/// over the window). Every window is planned (no memo of held windows: the history changes
+/// with each one).
+#[derive(Debug)]
+pub struct StreamscaleForecast {
+    inner: Streamscale,
+    /// The job with forecasting on.
+    model: JobModel,
+}
+
+impl StreamscaleForecast {
+    /// Wraps `inner` (which loses its memo) for `model`.
+    pub fn new(model: &JobModel, inner: Streamscale) -> StreamscaleForecast {
+        let (interval_s, window_s) = (inner.interval_s, inner.window_s);
+        let mut model = model.clone();
+        let speedup = model.spec.operators.iter().find_map(|o| match &o.kind {
+            streamscale_engine::spec::OperatorKind::Source {
+                rate: streamscale_engine::spec::RateSpec::Trace(t),
+                ..
+            } => Some(t.speedup),
+            _ => None,
+        });
+        let mut f = model.spec.autoscaler.forecast.clone().unwrap_or_else(|| {
+            streamscale_engine::spec::ForecastSpec {
+                season_seconds: 86_400.0 / speedup.unwrap_or(1.0),
+                ..Default::default()
+            }
+        });
+        f.mode = streamscale_engine::spec::ForecastMode::On;
+        let bin = f
+            .bin_seconds
+            .unwrap_or(f.season_seconds / 288.0)
+            .max(interval_s)
+            .min(f.season_seconds / 2.0);
+        f.bin_seconds = Some(bin);
+        f.horizon_seconds = Some(
+            f.horizon_seconds
+                .unwrap_or((2.0 * bin).max(window_s / 2.0 + interval_s))
+                .min(f.season_seconds),
+        );
+        model.spec.autoscaler.forecast = Some(f);
+        StreamscaleForecast {
+            inner: inner.without_memo(),
+            model,
+        }
+    }
+}
+
+impl Policy for StreamscaleForecast {
+    fn name(&self) -> &'static str {
+        "streamscale-forecast"
+    }
+    fn interval_s(&self) -> f64 {
+        self.inner.interval_s
+    }
+    fn window_s(&self) -> f64 {
+        self.inner.window_s
+    }
+    fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
+        let obs = Observation {
+            now_s: obs.now_s,
+            model: &self.model,
+            parallelism: obs.parallelism,
+            window: obs.window,
+            started_s: obs.started_s,
+            step_s: obs.step_s,
+            next_arrivals: obs.next_arrivals,
+            window_key: None,
+        };
+        self.inner.decide(&obs)
+    }
+    fn restarted(&mut self, now_s: f64) {
+        self.inner.restarted(now_s);
+    }
+    fn rescaled(&mut self, downtime_s: f64) {
+        self.inner.rescaled(downtime_s);
+    }
+    fn planner_calls(&self) -> Option<(u64, u64)> {
+        self.inner.planner_calls()
     }
 }
 

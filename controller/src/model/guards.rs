@@ -18,9 +18,11 @@ use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
 use super::fmtfast::Fixed;
+use super::forecast::{self, ForecastConfig, RateHistory};
 use super::learn::ScalabilityTracker;
 use super::planner::{Decision, JobGraph, Model, PlannerSettings};
 use super::sample::MetricSample;
+use super::shed::{LimitPlan, limit_plan};
 
 /// Guard settings. Times in seconds, backlogs in records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +45,9 @@ pub struct GuardSettings {
     pub min_scale_down_fraction: f64,
     /// Seconds a scale-down must be wanted continuously before it applies. Default 30 s.
     pub scale_down_delay_seconds: f64,
+    /// Horizon over which a rescale's benefit is weighed against its cost, seconds (see
+    /// [`Autoscaler::decide`]). Default 600 s.
+    pub rescale_horizon_seconds: f64,
     /// Settings passed to the planner.
     pub planner: PlannerSettings,
 }
@@ -57,6 +62,7 @@ impl Default for GuardSettings {
             min_change_subtasks: 1,
             min_scale_down_fraction: 0.1,
             scale_down_delay_seconds: 30.0,
+            rescale_horizon_seconds: 600.0,
             planner: PlannerSettings::default(),
         }
     }
@@ -106,6 +112,10 @@ pub struct Autoscaler {
     cache: GraphCache,
     /// Scalability factors and ineffective-scaling flags learned from past rescales.
     learned: ScalabilityTracker,
+    /// The job's input-rate history for forecasting ([`super::forecast`]).
+    history: RateHistory,
+    /// The limit decision of the last call ([`super::shed`]), when a limit bound.
+    limit: Option<LimitPlan>,
 }
 
 /// The job graph's derived model from the last call, reused while the spec's graph (operators,
@@ -147,7 +157,27 @@ impl Autoscaler {
             state: GuardState::default(),
             cache: GraphCache::default(),
             learned: ScalabilityTracker::default(),
+            history: RateHistory::default(),
+            limit: None,
         }
+    }
+
+    /// The limit decision of the last [`Autoscaler::decide`] (capacity, load, shed share under
+    /// `autoscaler.limits`), `None` when no limit bound or no plan was made. See [`super::shed`].
+    pub fn limit_plan(&self) -> Option<&LimitPlan> {
+        self.limit.as_ref()
+    }
+
+    /// The input-rate history the forecast learns from (see [`super::forecast`]); persist it
+    /// and hand it back with [`Autoscaler::set_rate_history`] after a restart.
+    pub fn rate_history(&self) -> &RateHistory {
+        &self.history
+    }
+
+    /// Replaces the input-rate history (e.g. one loaded from a file, moved to this clock with
+    /// [`RateHistory::shifted`]).
+    pub fn set_rate_history(&mut self, history: RateHistory) {
+        self.history = history;
     }
 
     /// The settings.
@@ -206,6 +236,13 @@ impl Autoscaler {
     /// reasons and not scaled up again until its μ or input changes by more than 20%.
     pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
         let g = &self.settings;
+        // Forecasting (`autoscaler.forecast`): every window feeds the rate history; with mode
+        // `on` a usable forecast above the measured rate raises the sources' rates planned for.
+        self.limit = None;
+        let fc = ForecastConfig::of(spec);
+        if let Some(cfg) = &fc {
+            self.history.observe(cfg, window, spec);
+        }
         if window.len() < g.min_samples.max(2) {
             return hold(format!(
                 "waiting for data: {} metric samples, need {}",
@@ -233,6 +270,16 @@ impl Autoscaler {
             Ok(graph) => graph,
             Err(e) => return hold(format!("cannot plan: {e}")),
         };
+        let advice = fc.as_ref().and_then(|cfg| {
+            let measured = forecast::measured_rate(window, spec)?;
+            let downtime = g.planner.rescale_downtime_seconds.unwrap_or(0.0);
+            Some(self.history.advise(cfg, now_s, measured, downtime))
+        });
+        let scaled = advice
+            .as_ref()
+            .and_then(|a| a.factor)
+            .map(|f| forecast::scale_arrivals(window, spec, f));
+        let window = scaled.as_deref().unwrap_or(window);
         // An incomplete metric set (a subtask or operator missing from a scrape, a counter
         // reset, a source without a backlog figure) is planned from the complete samples only,
         // and then may scale up but never down: a missing figure is not read as zero.
@@ -262,6 +309,21 @@ impl Autoscaler {
         model.apply_learned(&self.learned);
         let mut planned = model.plan();
         planned.reasons.extend(learned_notes);
+        planned.reasons.extend(advice.map(|a| a.note));
+        // Limits (`autoscaler.limits`): a subtask quota caps the plan; beyond max parallelism
+        // or the quota, hold at the limit or shed the excess at the sources.
+        self.limit = spec.autoscaler.limits.as_ref().and_then(|lim| {
+            let mins = spec
+                .operators
+                .iter()
+                .map(|o| (o.name.clone(), o.scaling.min.unwrap_or(1)))
+                .collect();
+            limit_plan(&planned, lim, &mins)
+        });
+        if let Some(lp) = &self.limit {
+            planned.parallelism.clone_from(&lp.parallelism);
+            planned.reasons.push(lp.reason.clone());
+        }
         let incomplete = (!incomplete.is_empty()).then(|| {
             let used = repaired.as_ref().map_or(window.len(), Vec::len);
             let why = format!(
@@ -368,6 +430,20 @@ impl Autoscaler {
             .iter()
             .any(|(k, p)| planned.current.get(k) != Some(p));
         let notes: Vec<(String, String)> = notes;
+        let worth = if changed {
+            rescale_worth_its_cost(&model, &planned, &guarded, g)
+        } else {
+            Ok(String::new())
+        };
+        let worth = match worth {
+            Ok(note) => note,
+            Err(why) => {
+                return Verdict::Hold {
+                    reason: why,
+                    recommendation: Some(planned),
+                };
+            }
+        };
         if changed {
             let mut d = planned;
             d.parallelism = guarded;
@@ -380,6 +456,7 @@ impl Autoscaler {
             model.refresh(&mut d);
             d.reasons
                 .extend(notes.iter().map(|(op, n)| format!("{op}: {n}")));
+            d.reasons.push(worth);
             Verdict::Rescale(d)
         } else {
             Verdict::Hold {
@@ -393,6 +470,93 @@ impl Autoscaler {
                 recommendation: Some(planned),
             }
         }
+    }
+}
+
+/// Whether rescaling from the current parallelism to `guarded` is worth its cost, with the
+/// reason either way (`Err` = hold).
+///
+/// Cost: the job stops for the expected downtime D (the measured mean of past rescales,
+/// [`Autoscaler::observe_rescale_downtime`], or the configured
+/// `planner.rescaleDowntimeSeconds` until then; 0 = free). Its backlog D·γ drains at the new
+/// parallelism's spare capacity in T = D·ρ/(1 − ρ) (fluid: the slowest operator at steady
+/// utilization ρ takes γ/ρ, so the backlog shrinks at γ(1/ρ − 1)); for D + T seconds records
+/// are late. The planner already sizes scale-ups to drain that backlog within the catch-up
+/// time (the downtime is part of the sources' target rate).
+///
+/// * Scale-up (any operator grows): the benefit is the SLO violation avoided over the horizon
+///   H: H seconds when the current parallelism violates the utilization target at the target
+///   rate (with catch-up) or the latency SLO's percentile bound, else 0. Rescale when the
+///   benefit exceeds the D + T seconds of violation the rescale causes.
+/// * Scale-down: the benefit is the subtask-seconds saved over H, (P_now − P_new)·H; the cost
+///   is the whole job's output for D + T seconds, P_now·(D + T) subtask-seconds.
+fn rescale_worth_its_cost(
+    model: &Model,
+    planned: &Decision,
+    guarded: &BTreeMap<String, u32>,
+    g: &GuardSettings,
+) -> Result<String, String> {
+    let downtime = g.planner.rescale_downtime_seconds.unwrap_or(0.0).max(0.0);
+    let horizon = g.rescale_horizon_seconds;
+    let (_, rho_new, _) = model.assess(guarded);
+    let drain = if downtime == 0.0 {
+        0.0
+    } else if rho_new < 1.0 {
+        downtime * rho_new / (1.0 - rho_new)
+    } else {
+        f64::INFINITY
+    };
+    let cost_s = downtime + drain;
+    let backlog = downtime * model.arrival_rate();
+    let cost = format!(
+        "rescale cost: downtime {} s × γ {} rec/s = {} records, drained in {} s at the new parallelism (ρ {})",
+        Fixed(downtime, 1),
+        Fixed(model.arrival_rate(), 1),
+        Fixed(backlog, 0),
+        Fixed(drain, 1),
+        Fixed(rho_new, 2)
+    );
+    let up = guarded
+        .iter()
+        .any(|(k, p)| planned.current.get(k).is_some_and(|c| p > c));
+    if up {
+        let (rho_target_now, _, tail_now) = model.assess(&planned.current);
+        let violates = rho_target_now > planned.target_utilization * (1.0 + 1e-9)
+            || tail_now > planned.latency_slo_seconds;
+        let benefit = if violates { horizon } else { 0.0 };
+        let verdict = format!(
+            "{cost}; scale-up avoids {} s of SLO violation over the {} s horizon (now: ρ {} vs target {}, {} bound {} s vs SLO {} s) vs {} s late during the rescale",
+            Fixed(benefit, 0),
+            Fixed(horizon, 0),
+            Fixed(rho_target_now, 2),
+            Fixed(planned.target_utilization, 2),
+            format_args!("p{}", (planned.latency_percentile * 100.0).round()),
+            Fixed(tail_now, 4),
+            planned.latency_slo_seconds,
+            Fixed(cost_s, 1)
+        );
+        return if benefit > cost_s || cost_s == 0.0 {
+            Ok(format!("{verdict}: worth it"))
+        } else {
+            Err(format!("rescale not worth its cost: {verdict}"))
+        };
+    }
+    let now: u64 = planned.current.values().map(|&p| u64::from(p)).sum();
+    let new: u64 = guarded.values().map(|&p| u64::from(p)).sum();
+    let saved = now.saturating_sub(new) as f64 * horizon;
+    let spent = now as f64 * cost_s;
+    let verdict = format!(
+        "{cost}; scale-down saves {} subtasks × {} s = {} subtask-s vs the job's {now} subtasks × {} s late = {} subtask-s",
+        now.saturating_sub(new),
+        Fixed(horizon, 0),
+        Fixed(saved, 0),
+        Fixed(cost_s, 1),
+        Fixed(spent, 0)
+    );
+    if saved > spent || cost_s == 0.0 {
+        Ok(format!("{verdict}: worth it"))
+    } else {
+        Err(format!("rescale not worth its cost: {verdict}"))
     }
 }
 
@@ -482,6 +646,76 @@ edges:
         // The bound is honoured after switching back and forth (map wants 9 here).
         let v = reused.decide(0.0, &win(1, 600.0, 0.0, 1), &bounded);
         assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4));
+    }
+
+    #[test]
+    fn a_scale_down_must_save_more_than_its_rescale_costs() {
+        let spec = job(CHAIN);
+        let settings = |horizon: f64| GuardSettings {
+            scale_down_delay_seconds: 0.0,
+            rescale_horizon_seconds: horizon,
+            planner: PlannerSettings {
+                rescale_downtime_seconds: Some(10.0),
+                ..PlannerSettings::default()
+            },
+            ..GuardSettings::default()
+        };
+        // map runs 8 subtasks at γ = 200. The 10 s downtime's 2000 records drain within the
+        // 30 s catch-up: target 200 + 2000/30 = 266.7 rec/s → ⌈266.7/70⌉ = 4 subtasks. At the
+        // steady rate ρ = 200/400 = 0.5, so the backlog drains in 10·0.5/0.5 = 10 s: 20 s late.
+        // Saved: 4 subtasks × H; cost: the job's 10 subtasks × 20 s = 200 subtask-s.
+        let v = Autoscaler::new(settings(40.0)).decide(0.0, &win(8, 200.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: Some(r) }
+                if reason.starts_with("rescale not worth its cost")
+                    && reason.contains("2000 records, drained in 10.0 s")
+                    && reason.contains("saves 4 subtasks × 40 s = 160 subtask-s vs the job's 10 subtasks × 20.0 s late = 200 subtask-s")
+                    && r.parallelism["map"] == 4),
+            "{v:?}"
+        );
+        let v = Autoscaler::new(settings(600.0)).decide(0.0, &win(8, 200.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+        assert!(
+            planned(&v)
+                .reasons
+                .iter()
+                .any(|r| r.contains("2400 subtask-s vs the job's 10 subtasks")
+                    && r.ends_with("worth it")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_scale_up_must_avoid_more_violation_than_its_rescale_causes() {
+        let spec = job(CHAIN);
+        let settings = |horizon: f64| GuardSettings {
+            rescale_horizon_seconds: horizon,
+            planner: PlannerSettings {
+                rescale_downtime_seconds: Some(10.0),
+                ..PlannerSettings::default()
+            },
+            ..GuardSettings::default()
+        };
+        // map at 1 subtask under γ = 600 (ρ = 6, overloaded). Sized for 600 + 6000/30 = 800
+        // rec/s: 12 subtasks (the rescale's own backlog drains within the catch-up time); at
+        // the steady rate ρ = 0.5, so 10 s down + 10 s draining = 20 s late. Over a 600 s
+        // horizon the scale-up avoids 600 s of violation; over 15 s only 15.
+        let v = Autoscaler::new(settings(600.0)).decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(12), "{v:?}");
+        assert!(
+            planned(&v).reasons.iter().any(|r| r
+                .contains("scale-up avoids 600 s of SLO violation over the 600 s horizon")
+                && r.contains("vs 20.0 s late during the rescale: worth it")),
+            "{v:?}"
+        );
+        let v = Autoscaler::new(settings(15.0)).decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, .. } if reason.starts_with("rescale not worth its cost")),
+            "{v:?}"
+        );
+        // Without a downtime a rescale costs nothing and is always worth it.
+        let v = Autoscaler::default().decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
     }
 
     #[test]
@@ -741,15 +975,35 @@ edges:
                 if reason.contains("went backwards") && reason.contains("fewer than 2")),
             "{v:?}"
         );
-        // A graph error is not an incomplete metric set.
+        // A feedback loop is planned (λ = (I − Sᵀ)⁻¹γ) while its gain is below 1: here the
+        // sink feeds the map back with selectivity 0, so nothing changes.
         let mut cyclic = spec.clone();
         cyclic.edges.push(streamscale_engine::spec::EdgeSpec {
             from: "sink".into(),
             to: "map".into(),
         });
         let v = a.decide(0.0, &win(2, 200.0, 0.0, 1), &cyclic);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
+        // A sink that sends back half of what it gets: λ_map = 200 / (1 − 0.5) = 400 → ⌈400/70⌉ = 6.
+        let half = |sel: f64| {
+            window(
+                &[
+                    Synth::source("src", 1, 200.0, 0.0),
+                    Synth::op("map", 2, 200.0, 100.0, 1.0),
+                    Synth::op("sink", 1, 200.0, 10_000.0, sel),
+                ],
+                &[0.0, 5.0, 10.0, 15.0, 20.0],
+            )
+        };
+        let v = Autoscaler::default().decide(0.0, &half(0.5), &cyclic);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(6), "{v:?}");
+        // A loop gain of 1 or more is a graph error, not an incomplete metric set: no plan, and
+        // the message names the loop and its gain.
+        let v = Autoscaler::default().decide(0.0, &half(1.0), &cyclic);
         assert!(
-            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.starts_with("cannot plan")),
+            matches!(&v, Verdict::Hold { reason, recommendation: None }
+                if reason.starts_with("cannot plan: unstable feedback loop through operators map, sink")
+                    && reason.contains("round-trip gain 1.0000")),
             "{v:?}"
         );
     }

@@ -11,12 +11,15 @@
 //!   latency SLO; every operator is decided at once.
 //! * [`learn`]: per-operator scalability factors learned from past rescales, and
 //!   ineffective-scaling flags.
+//! * [`forecast`]: Holt-Winters forecast of the job's input rate, to scale ahead of ramps.
+//! * [`shed`]: limits (max parallelism, subtask quota) and load shedding (capacity C, headroom H).
 //! * [`guards`]: stabilization, backlog, threshold and scale-down-delay guards around the planner.
 //!
 //! Units everywhere: rates in records/s, times in seconds, backlogs in records.
 
 pub mod estimate;
 mod fmtfast;
+pub mod forecast;
 pub mod guards;
 pub mod learn;
 pub mod network;
@@ -24,6 +27,7 @@ pub mod planner;
 pub mod queueing;
 pub mod sample;
 mod serde_inf;
+pub mod shed;
 
 pub use estimate::{Estimates, MIN_BUSY_SECONDS, OperatorEstimate, SourceEstimate, estimate};
 pub use guards::{Autoscaler, GuardSettings, GuardState, PendingScaleDown, Verdict};
