@@ -13,8 +13,8 @@
 //! when the next backend opens in `DIR`). One table maps `key group << 64 | key` (u128, so a
 //! key group is one contiguous key range) to the key's [`KeyState`] (40 bytes,
 //! [`chunk::encode_value`]). The file is a working copy, not a durable store: recovery always
-//! goes through checkpoints, so commits skip fsync except every 16th (which lets redb reuse
-//! freed pages).
+//! goes through checkpoints, so commits skip fsync except one every 30 s at most (which lets
+//! redb reuse freed pages), never at a checkpoint barrier.
 //!
 //! # Cache
 //! Written keys stay in a write-back cache of at most `cacheEntries` keys; when full (and at
@@ -47,8 +47,9 @@ const TABLE: TableDefinition<u128, [u8; VALUE_BYTES]> = TableDefinition::new("ke
 /// Default size of the write-back cache, in keys.
 pub const DEFAULT_CACHE_ENTRIES: usize = 65_536;
 
-/// Commits between durable commits (which let redb reuse pages freed since).
-const DURABLE_EVERY: u32 = 16;
+/// Least time between durable commits (which let redb reuse pages freed since; they fsync the
+/// working file, so never at a checkpoint barrier).
+const DURABLE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 
@@ -157,7 +158,7 @@ pub struct DiskBackend {
     present: BTreeSet<u32>,
     /// Keys written since the window last fired (every open pane is among them).
     touched: BTreeSet<u128>,
-    commits: u32,
+    last_durable: std::time::Instant,
 }
 
 impl std::fmt::Debug for DiskBackend {
@@ -238,7 +239,7 @@ impl DiskBackend {
         txn.commit()
             .map_err(|e| disk_err(&path, "cannot write the state database")(e.into()))?;
         let reader = Self::read_view(&file)?;
-        let mut backend = DiskBackend {
+        let backend = DiskBackend {
             file,
             cache: HashMap::new(),
             limit: spec.cache_entries.max(1),
@@ -246,22 +247,8 @@ impl DiskBackend {
             pending: restored.groups,
             present: BTreeSet::new(),
             touched: BTreeSet::new(),
-            commits: 0,
+            last_durable: std::time::Instant::now(),
         };
-        // Key groups with open panes are loaded now so that the window fires them.
-        let open: Vec<u32> = backend
-            .pending
-            .iter()
-            .filter(|(_, d)| match d {
-                KeyGroupData::Map(m) => m.values().any(|s| s.pane_count > 0),
-                KeyGroupData::Encoded { open_panes, .. } => *open_panes,
-                KeyGroupData::Disk(_) => true,
-            })
-            .map(|(kg, _)| *kg)
-            .collect();
-        for kg in open {
-            backend.load(kg)?;
-        }
         Ok(backend)
     }
 
@@ -280,11 +267,12 @@ impl DiskBackend {
     }
 
     /// Writes `entries` (and the cache, when `flush_cache`) in one transaction and refreshes
-    /// the read view.
+    /// the read view. `durable_ok`: this commit may be the periodic durable one.
     fn commit(
         &mut self,
         entries: &[(u128, KeyState)],
         flush_cache: bool,
+        durable_ok: bool,
     ) -> Result<(), StateError> {
         let path = self.file.path.clone();
         let mut txn = self
@@ -292,8 +280,11 @@ impl DiskBackend {
             .db
             .begin_write()
             .map_err(|e| disk_err(&path, "cannot write the state database")(e.into()))?;
-        self.commits += 1;
-        let durability = if self.commits.is_multiple_of(DURABLE_EVERY) {
+        let durable = durable_ok && self.last_durable.elapsed() >= DURABLE_EVERY;
+        if durable {
+            self.last_durable = std::time::Instant::now();
+        }
+        let durability = if durable {
             Durability::Immediate
         } else {
             Durability::None
@@ -347,7 +338,7 @@ impl DiskBackend {
             }
         }
         self.present.insert(kg);
-        self.commit(&entries, false)
+        self.commit(&entries, false, true)
     }
 
     fn get_mut(&mut self, k: u128) -> Result<&mut KeyState, StateError> {
@@ -380,7 +371,7 @@ impl KeyedStateBackend for DiskBackend {
             self.load(key_group)?;
         }
         if self.cache.len() >= self.limit {
-            self.commit(&[], true)?;
+            self.commit(&[], true, true)?;
         }
         self.present.insert(key_group);
         let k = composite(key_group, key);
@@ -389,10 +380,43 @@ impl KeyedStateBackend for DiskBackend {
     }
 
     fn fire_panes(&mut self, emit: &mut dyn FnMut(u64, &KeyState)) -> Result<(), StateError> {
+        // Restored key groups not loaded yet that hold open panes: fire those panes in the
+        // encoded form (decode, close, encode again), without loading the key group.
+        let open: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, d)| match d {
+                KeyGroupData::Map(m) => m.values().any(|s| s.pane_count > 0),
+                KeyGroupData::Encoded { open_panes, .. } => *open_panes,
+                KeyGroupData::Disk(_) => true,
+            })
+            .map(|(kg, _)| *kg)
+            .collect();
+        for kg in open {
+            let Some(data) = self.pending.get(&kg) else {
+                continue;
+            };
+            let mut entries = data.entries(kg)?;
+            for (key, s) in &mut entries {
+                if s.pane_count > 0 {
+                    emit(*key, s);
+                    s.pane_count = 0;
+                    s.pane_sum = 0;
+                    s.pane_max_delay_us = 0;
+                }
+            }
+            self.pending.insert(
+                kg,
+                KeyGroupData::Encoded {
+                    bytes: chunk::encode(entries.into_iter()),
+                    open_panes: false,
+                },
+            );
+        }
         let touched = std::mem::take(&mut self.touched);
         for k in touched {
             if self.cache.len() >= self.limit {
-                self.commit(&[], true)?;
+                self.commit(&[], true, true)?;
             }
             // Only read, not cache, keys whose pane is already closed.
             let open = match self.cache.get(&k) {
@@ -414,7 +438,7 @@ impl KeyedStateBackend for DiskBackend {
     }
 
     fn snapshot(&mut self) -> Result<KeyedState, StateError> {
-        self.commit(&[], true)?;
+        self.commit(&[], true, false)?;
         let mut groups: BTreeMap<u32, KeyGroupData> = self.pending.clone();
         for kg in &self.present {
             groups.insert(
@@ -516,13 +540,17 @@ mod tests {
             blobs: BTreeMap::new(),
         };
         let mut d = DiskBackend::open(&spec(dir.path(), 1000), &owner(), encoded).unwrap();
-        // Key 5's group was loaded for its open pane; the others are pending.
-        assert_eq!(d.pending.len(), 7);
+        // Nothing is loaded until used; key 5's open pane fires from the encoded form.
+        assert_eq!(d.pending.len(), 8);
         let mut fired = Vec::new();
         d.fire_panes(&mut |k, _| fired.push(k)).unwrap();
         assert_eq!(fired, vec![5]);
+        let mut again = 0;
+        d.fire_panes(&mut |_, _| again += 1).unwrap();
+        assert_eq!(again, 0);
+        assert_eq!(d.pending.len(), 8);
         d.entry(2, 2).unwrap().total_count += 10;
-        assert_eq!(d.pending.len(), 6);
+        assert_eq!(d.pending.len(), 7);
         let snap = d.snapshot().unwrap();
         assert!(matches!(snap.groups[&3], KeyGroupData::Encoded { .. }));
         let mut expected = state.totals();
