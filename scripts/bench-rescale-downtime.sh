@@ -78,6 +78,9 @@ blob.server.port: 6124
 metrics.internal.query-service.port: 6125-6130
 parallelism.default: 1
 execution.checkpointing.savepoint-dir: file://$RUN/savepoints
+# Snapshots go to files (the default JobManager storage refuses state over 5 MB).
+execution.checkpointing.storage: filesystem
+execution.checkpointing.dir: file://$RUN/checkpoints
 EOC
 
 KJ=$H/keyedstatejob

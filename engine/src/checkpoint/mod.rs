@@ -21,10 +21,12 @@
 //!   replayed before the queue afterwards. Holding back by stashing (rather than by not
 //!   reading the channel, which a merged queue cannot do) is Flink's original `BarrierBuffer`;
 //!   its size is bounded by what upstream sends during one alignment.
-//! - **Snapshot.** On alignment a subtask snapshots its keyed state per key group in
-//!   O(key groups) (copy-on-write, [`crate::state`]), acknowledges it with its counters to
-//!   the coordinator, forwards the barrier and goes on processing. The coordinator merges,
-//!   serializes and writes on its own thread: [`storage`] for checkpoints, the savepoint
+//! - **Snapshot.** On alignment a subtask snapshots its keyed state per key group without
+//!   copying it ([`crate::state`]: the heap backend shares its key groups copy-on-write in
+//!   O(key groups); the disk backend commits its write-back cache and hands over a read
+//!   transaction), acknowledges it with its counters to the coordinator, forwards the barrier
+//!   and goes on processing. The coordinator merges, encodes (key groups in parallel, one
+//!   thread per core) and writes on its own thread: [`storage`] for checkpoints, the savepoint
 //!   directory for savepoints (same format, [`crate::savepoint`]).
 //! - **Stop.** A stop-with-savepoint is the same barrier with a stop flag: sources exit after
 //!   injecting it, every subtask exits after forwarding it (with `drain`, open window panes
