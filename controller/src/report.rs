@@ -133,6 +133,10 @@ pub struct Summary {
     pub records_filtered: Option<u64>,
     /// `records_emitted - records_accounted - records_filtered`.
     pub records_lost: Option<i128>,
+    /// Source records dropped by load shedding (`autoscaler.limits.onLimit: shed`), summed
+    /// over every engine of the run; never emitted, so not part of `records_emitted`.
+    #[serde(default)]
+    pub records_shed: u64,
     /// ∫ total parallelism dt, subtask-seconds.
     pub parallelism_seconds: f64,
     /// Mean total parallelism.
@@ -284,6 +288,7 @@ mod tests {
             records_accounted: Some(10),
             records_filtered: Some(0),
             records_lost: Some(0),
+            records_shed: 0,
             parallelism_seconds: 300.0,
             mean_parallelism: 5.0,
             slo_violation_seconds: 2.0,

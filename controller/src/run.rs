@@ -368,6 +368,10 @@ struct Loop<'a, R: EngineRuntime> {
     rescales: Vec<RescaleRecord>,
     failed_rescales: Vec<RescaleRecord>,
     client: reqwest::Client,
+    /// Records shed by the engines of this run that have stopped.
+    shed_before: u64,
+    /// Records shed by the running engine.
+    shed_now: u64,
 }
 
 /// Runs the autoscaling loop locally and writes the report. Progress lines go to `print`.
@@ -408,6 +412,8 @@ pub async fn run(
         rescales: Vec::new(),
         failed_rescales: Vec::new(),
         client,
+        shed_before: 0,
+        shed_now: 0,
     };
     lp.run(print).await
 }
@@ -444,6 +450,14 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let history_path = self.opts.report_dir.join(HISTORY_FILE);
         let unix_start = unix_now_s();
         let mut history_bins = 0;
+        let shedding = self
+            .job
+            .spec
+            .autoscaler
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.on_limit == streamscale_engine::spec::OnLimit::Shed);
+        let (mut shed_wanted, mut shed_applied) = (0.0f64, 0.0f64);
         if crate::model::forecast::ForecastConfig::of(&self.job.spec).is_some() {
             match load_history(&history_path, &self.job.spec.name) {
                 Ok(Some(h)) => {
@@ -562,6 +576,43 @@ impl<R: EngineRuntime> Loop<'_, R> {
             let spec = self.job.spec.with_parallelism(&engine.parallelism);
             let samples: Vec<MetricSample> = window.iter().cloned().collect();
             let verdict = autoscaler.decide(now_s, &samples, &spec);
+            // Load shedding (`autoscaler.limits.onLimit: shed`): the share the last plan wants
+            // is applied at the sources (kept while no plan is made, e.g. stabilizing).
+            if shedding && self.opts.autoscale {
+                let planned = matches!(
+                    verdict,
+                    Verdict::Rescale(_)
+                        | Verdict::Hold {
+                            recommendation: Some(_),
+                            ..
+                        }
+                );
+                if planned {
+                    shed_wanted = autoscaler.limit_plan().map_or(0.0, |lp| lp.shed_share);
+                }
+                if (shed_wanted - shed_applied).abs() > 1e-3 {
+                    match set_shed(&self.client, &engine.base_url, shed_wanted).await {
+                        Ok(n) => {
+                            let why = autoscaler
+                                .limit_plan()
+                                .map_or("within the limits again".to_string(), |lp| {
+                                    lp.reason.clone()
+                                });
+                            print(&format!(
+                                "t={now_s:>3.0}s SHED {:.1}% of source records: {why}",
+                                100.0 * shed_wanted
+                            ));
+                            shed_applied = shed_wanted;
+                            self.shed_now = n;
+                        }
+                        Err(e) => tracing::warn!("{e}"),
+                    }
+                } else if shed_applied > 0.0
+                    && let Ok(n) = get_shed(&self.client, &engine.base_url).await
+                {
+                    self.shed_now = n;
+                }
+            }
             let h = autoscaler.rate_history();
             if h.bins.len() != history_bins && h.bin_seconds > 0.0 {
                 history_bins = h.bins.len();
@@ -677,12 +728,21 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
             }
             engine = outcome.engine().clone();
+            // A new engine starts without shedding; its counter starts at 0.
+            self.shed_before += self.shed_now;
+            self.shed_now = 0;
+            shed_applied = 0.0;
             window.clear();
             engine_changed = true;
             autoscaler.restarted(done_s);
         }
 
         let final_parallelism = engine.parallelism.clone();
+        if shed_applied > 0.0
+            && let Ok(n) = get_shed(&self.client, &engine.base_url).await
+        {
+            self.shed_now = n;
+        }
         if failure.is_some() {
             let _ = self.executor.runtime().kill(&engine).await;
             return self
@@ -761,6 +821,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             records_accounted: totals.map(|t| t.records_accounted),
             records_filtered: totals.map(|t| t.records_filtered),
             records_lost: totals.map(|t| t.lost()),
+            records_shed: self.shed_before + self.shed_now,
             parallelism_seconds: self.accounting.parallelism_seconds,
             mean_parallelism: self.accounting.mean_parallelism(),
             slo_violation_seconds: self.accounting.slo_violation_seconds,
@@ -819,6 +880,42 @@ impl Terminate {
         }
         std::future::pending::<()>().await;
     }
+}
+
+/// `POST BASE/v1/shed {"share": S}` (see `streamscale_engine::shed`); returns the engine's
+/// records shed so far.
+async fn set_shed(client: &reqwest::Client, base: &str, share: f64) -> Result<u64, String> {
+    let resp = client
+        .post(format!("{base}/v1/shed"))
+        .json(&serde_json::json!({ "share": share }))
+        .send()
+        .await
+        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
+    shed_total(resp, base).await
+}
+
+/// `GET BASE/v1/shed`: the engine's records shed so far.
+async fn get_shed(client: &reqwest::Client, base: &str) -> Result<u64, String> {
+    let resp = client
+        .get(format!("{base}/v1/shed"))
+        .send()
+        .await
+        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
+    shed_total(resp, base).await
+}
+
+async fn shed_total(resp: reqwest::Response, base: &str) -> Result<u64, String> {
+    let status = resp.status();
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("{base}/v1/shed: {status}: {text}"));
+    }
+    serde_json::from_str::<streamscale_engine::shed::ShedStatus>(&text)
+        .map(|s| s.records_shed)
+        .map_err(|e| format!("{base}/v1/shed: {e}"))
 }
 
 /// File in the report directory that keeps the forecast's input-rate history across runs
