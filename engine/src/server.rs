@@ -649,7 +649,10 @@ async fn shed_get() -> Json<crate::shed::ShedStatus> {
 async fn shed_post(
     body: Result<Json<crate::shed::ShedRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    match body.map_err(|e| e.body_text()).and_then(|Json(r)| crate::shed::set_share(r.share)) {
+    match body
+        .map_err(|e| e.body_text())
+        .and_then(|Json(r)| crate::shed::set_share(r.share))
+    {
         Ok(()) => Json(crate::shed::status()).into_response(),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
