@@ -55,7 +55,10 @@ fn run(job: &Path, report: &Path) -> (Value, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(report.join("summary.json")).expect("summary.json");
-    (serde_json::from_str(&text).expect("summary is JSON"), stdout)
+    (
+        serde_json::from_str(&text).expect("summary is JSON"),
+        stdout,
+    )
 }
 
 #[test]
@@ -68,7 +71,9 @@ fn sheds_beyond_the_limit_and_keeps_the_rate_history() {
     let (summary, stdout) = run(&job, &report);
     assert!(stdout.contains("SHED"), "{stdout}");
     let shed = summary["records_shed"].as_u64().expect("records_shed");
-    let emitted = summary["records_emitted"].as_u64().expect("records_emitted");
+    let emitted = summary["records_emitted"]
+        .as_u64()
+        .expect("records_emitted");
     assert!(shed > 200, "shed {shed}: {summary}");
     assert_eq!(summary["records_lost"].as_i64(), Some(0), "{summary}");
     // Every due record (300 rec/s for 12 s) was emitted or shed.
@@ -79,7 +84,12 @@ fn sheds_beyond_the_limit_and_keeps_the_rate_history() {
         serde_json::from_str(&std::fs::read_to_string(&history).expect("history written"))
             .expect("history is JSON");
     assert_eq!(h["job"], "limited");
-    assert!(h["history"]["bins"].as_array().is_some_and(|b| b.len() >= 5), "{h}");
+    assert!(
+        h["history"]["bins"]
+            .as_array()
+            .is_some_and(|b| b.len() >= 5),
+        "{h}"
+    );
 
     // The next run reads it back; a corrupt file is set aside with a warning, never a crash.
     let (_, stdout) = run(&job, &report);
