@@ -92,14 +92,18 @@ impl Accounting {
     }
 }
 
-/// Record totals of a run, from the engine's `/v1/job` after the final draining stop.
+/// Record totals of a run, from the engine's `/v1/job` after the final draining stop
+/// (the engine's record balance, `streamscale_engine::server::RecordBalance`: exact for any
+/// job graph, with fan-out counted once per path to a sink).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct RecordTotals {
-    /// Records emitted by all sources.
+    /// Record deliveries owed to the sinks: source records and records derived by
+    /// aggregations (windows, joins), each times its number of paths to a sink.
     pub records_emitted: u64,
-    /// Source records whose effect reached a sink.
+    /// Source records whose effect reached a sink, over every sink.
     pub records_accounted: u64,
-    /// Source records dropped by filters.
+    /// Records removed on purpose (filter, select) or consumed by aggregations, times the
+    /// operator's number of paths to a sink.
     pub records_filtered: u64,
 }
 
