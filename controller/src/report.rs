@@ -163,6 +163,9 @@ pub struct Summary {
     pub final_savepoint: Option<String>,
     /// Why the run failed, if it did.
     pub failure: Option<String>,
+    /// Whether the run was cut short by SIGINT, SIGTERM or SIGHUP (it then still stops with a
+    /// draining savepoint, so the totals cover what ran).
+    pub interrupted: bool,
 }
 
 impl Summary {
@@ -313,6 +316,7 @@ mod tests {
             downtime_s: 1.5,
             final_savepoint: None,
             failure: None,
+            interrupted: false,
         }
     }
 

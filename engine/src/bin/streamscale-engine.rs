@@ -133,7 +133,10 @@ fn exit_on_stdin_eof() {
                 Ok(_) => {}
             }
         }
-        tracing::warn!("stdin closed (the controller has gone): exiting");
+        // stderr may be a broken pipe now (a killed controller): logging must not stop the exit.
+        let _ = std::panic::catch_unwind(|| {
+            tracing::warn!("stdin closed (the controller has gone): exiting");
+        });
         std::process::exit(1);
     });
 }
