@@ -447,10 +447,7 @@ fn window_and_join_state_survive_rescaling() {
         let (savepoint, view) = engine.stop_with_savepoint(false);
         // Records the source emitted, each once.
         let sent = view["sourceRecords"].as_u64().unwrap();
-        assert!(
-            sent > 0 && sent < EVENTS,
-            "stop was not mid-stream: {view}"
-        );
+        assert!(sent > 0 && sent < EVENTS, "stop was not mid-stream: {view}");
         let restored = EngineProcess::start(
             &job,
             &sp,
