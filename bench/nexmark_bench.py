@@ -53,7 +53,9 @@ def engine(binary, job, events, parallelism):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "job.yaml")
         open(path, "w").write(text)
-        over = ",".join(f"{o}={parallelism}" for o in ops if o != "sink")
+        # Every operator, the sink too, at `parallelism`: Flink's `parallelism.default` also
+        # applies to its sink, so both systems run the same shape.
+        over = ",".join(f"{o}={parallelism}" for o in ops)
         proc = subprocess.Popen([binary, "--job", path, "--savepoint-dir", d, "--parallelism", over],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:

@@ -92,14 +92,18 @@ impl Accounting {
     }
 }
 
-/// Record totals of a run, from the engine's `/v1/job` after the final draining stop.
+/// Record totals of a run, from the engine's `/v1/job` after the final draining stop
+/// (the engine's record balance, `streamscale_engine::server::RecordBalance`: exact for any
+/// job graph, with fan-out counted once per path to a sink).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct RecordTotals {
-    /// Records emitted by all sources.
+    /// Record deliveries owed to the sinks: source records and records derived by
+    /// aggregations (windows, joins), each times its number of paths to a sink.
     pub records_emitted: u64,
-    /// Source records whose effect reached a sink.
+    /// Source records whose effect reached a sink, over every sink.
     pub records_accounted: u64,
-    /// Source records dropped by filters.
+    /// Records removed on purpose (filter, select) or consumed by aggregations, times the
+    /// operator's number of paths to a sink.
     pub records_filtered: u64,
 }
 
@@ -133,6 +137,10 @@ pub struct Summary {
     pub records_filtered: Option<u64>,
     /// `records_emitted - records_accounted - records_filtered`.
     pub records_lost: Option<i128>,
+    /// Source records dropped by load shedding (`autoscaler.limits.onLimit: shed`), summed
+    /// over every engine of the run; never emitted, so not part of `records_emitted`.
+    #[serde(default)]
+    pub records_shed: u64,
     /// ∫ total parallelism dt, subtask-seconds.
     pub parallelism_seconds: f64,
     /// Mean total parallelism.
@@ -155,6 +163,9 @@ pub struct Summary {
     pub final_savepoint: Option<String>,
     /// Why the run failed, if it did.
     pub failure: Option<String>,
+    /// Whether the run was cut short by SIGINT, SIGTERM or SIGHUP (it then still stops with a
+    /// draining savepoint, so the totals cover what ran).
+    pub interrupted: bool,
 }
 
 impl Summary {
@@ -284,6 +295,7 @@ mod tests {
             records_accounted: Some(10),
             records_filtered: Some(0),
             records_lost: Some(0),
+            records_shed: 0,
             parallelism_seconds: 300.0,
             mean_parallelism: 5.0,
             slo_violation_seconds: 2.0,
@@ -304,6 +316,7 @@ mod tests {
             downtime_s: 1.5,
             final_savepoint: None,
             failure: None,
+            interrupted: false,
         }
     }
 

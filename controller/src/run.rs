@@ -61,6 +61,9 @@ pub struct RunOptions {
     pub scale_down_delay_s: f64,
     /// Whether to apply decisions (`false`: run at the job's parallelism, like mode `off`).
     pub autoscale: bool,
+    /// Percentile of end-to-end latency the SLO is on, in (0, 1) (default 0.99, p99); see
+    /// [`crate::model::PlannerSettings::latency_percentile`].
+    pub latency_percentile: Option<f64>,
 }
 
 impl Default for RunOptions {
@@ -79,6 +82,7 @@ impl Default for RunOptions {
             stabilization_s: 3.0,
             scale_down_delay_s: 15.0,
             autoscale: true,
+            latency_percentile: None,
         }
     }
 }
@@ -184,6 +188,16 @@ fn positive(name: &str, v: Option<f64>) -> Result<(), RunError> {
     }
 }
 
+fn non_negative(name: &str, x: f64) -> Result<(), RunError> {
+    if x >= 0.0 && x.is_finite() {
+        Ok(())
+    } else {
+        Err(RunError::Option(format!(
+            "{name}: must be a number of seconds >= 0 (got {x})"
+        )))
+    }
+}
+
 /// Checks the numeric options.
 ///
 /// # Errors
@@ -195,6 +209,15 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
     positive("--interval", Some(opts.interval_s))?;
     positive("--slo", opts.slo_s)?;
     positive("--window", Some(opts.window_s))?;
+    non_negative("--stabilization", opts.stabilization_s)?;
+    non_negative("--scale-down-delay", opts.scale_down_delay_s)?;
+    if let Some(p) = opts.latency_percentile
+        && !(p > 0.0 && p < 1.0)
+    {
+        return Err(RunError::Option(format!(
+            "--latency-percentile: must be in (0, 1), e.g. 0.99 for p99 (got {p})"
+        )));
+    }
     if opts.window_s < 2.0 * opts.interval_s {
         return Err(RunError::Option(format!(
             "--window: {} s must span at least two intervals ({} s)",
@@ -271,6 +294,10 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
         if let RateSpec::Trace(t) = rate {
             if let Some(file) = &opts.trace {
                 t.file = absolute(file)?;
+                // A different trace: replay all of it (the job's window belongs to its own
+                // trace), as `streamscale-sim --trace` does.
+                t.start_seconds = 0.0;
+                t.end_seconds = None;
             }
             if let Some(s) = opts.speedup {
                 t.speedup = s;
@@ -322,6 +349,12 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
         ),
         None => None,
     };
+    if let Some(RateFunction::Trace {
+        trace, settings, ..
+    }) = &rate
+    {
+        check_trace_window(trace, settings, &job_path)?;
+    }
     let duration_s = opts
         .duration_s
         .or_else(|| rate.as_ref().and_then(RateFunction::wall_end))
@@ -335,6 +368,61 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
     })
 }
 
+/// Checks that a source's replay window `[startSeconds, endSeconds)` overlaps its trace: a
+/// window outside the trace would replay nothing (0 records/s throughout).
+fn check_trace_window(
+    trace: &streamscale_engine::trace::Trace,
+    t: &TraceRate,
+    job_path: &Path,
+) -> Result<(), RunError> {
+    let first = trace.times.first().copied().unwrap_or(0.0);
+    let end = trace.end();
+    let window_end = t.end_seconds.unwrap_or(end);
+    if t.start_seconds >= end || window_end <= first || window_end <= t.start_seconds {
+        return Err(RunError::Option(format!(
+            "{}: first source's trace window startSeconds {} .. endSeconds {} lies outside the trace {} (which covers {first} .. {end} s)",
+            job_path.display(),
+            t.start_seconds,
+            t.end_seconds
+                .map_or_else(|| "(end)".to_string(), |e| e.to_string()),
+            t.file.display()
+        )));
+    }
+    Ok(())
+}
+
+/// How a run was cut short: the signal it received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    /// SIGINT (Ctrl-C in a terminal).
+    Int,
+    /// SIGTERM (`kill`).
+    Term,
+    /// SIGHUP (the terminal closed).
+    Hup,
+}
+
+impl Interrupt {
+    /// The signal's name, e.g. `SIGINT`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Interrupt::Int => "SIGINT",
+            Interrupt::Term => "SIGTERM",
+            Interrupt::Hup => "SIGHUP",
+        }
+    }
+
+    /// The exit status shells use for a process ended by this signal: 128 + signal number
+    /// (130, 143, 129).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Interrupt::Int => 130,
+            Interrupt::Term => 143,
+            Interrupt::Hup => 129,
+        }
+    }
+}
+
 /// The result of a run: the summary (already written) and where the report is.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
@@ -342,6 +430,8 @@ pub struct RunOutcome {
     pub summary: Summary,
     /// The report directory.
     pub report_dir: PathBuf,
+    /// The signal that cut the run short, if any (`summary.interrupted` is then true).
+    pub interrupted: Option<Interrupt>,
 }
 
 /// Builds the HTTP client used for loopback engines (no proxy, 5 s timeout).
@@ -368,6 +458,12 @@ struct Loop<'a, R: EngineRuntime> {
     rescales: Vec<RescaleRecord>,
     failed_rescales: Vec<RescaleRecord>,
     client: reqwest::Client,
+    /// Records shed by the engines of this run that have stopped.
+    shed_before: u64,
+    /// Records shed by the running engine.
+    shed_now: u64,
+    /// The signal that cut the run short, if any.
+    interrupted: Option<Interrupt>,
 }
 
 /// Runs the autoscaling loop locally and writes the report. Progress lines go to `print`.
@@ -408,6 +504,9 @@ pub async fn run(
         rescales: Vec::new(),
         failed_rescales: Vec::new(),
         client,
+        shed_before: 0,
+        shed_now: 0,
+        interrupted: None,
     };
     lp.run(print).await
 }
@@ -424,6 +523,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
             self.slo_s,
             self.opts.report_dir.display()
         ));
+        // Registered before the engine starts, so a signal during start-up is not lost.
+        let mut signals = Signals::new();
         let (mut engine, _) = self.executor.launch(&initial, None).await?;
         let started = Instant::now();
         let metrics_url = |e: &EngineHandle| format!("{}/metrics", e.base_url);
@@ -435,6 +536,10 @@ impl<R: EngineRuntime> Loop<'_, R> {
             window_seconds: (3.0 * self.opts.interval_s).min(self.opts.window_s),
             stabilization_seconds: self.opts.stabilization_s,
             scale_down_delay_seconds: self.opts.scale_down_delay_s,
+            planner: crate::model::PlannerSettings {
+                latency_percentile: self.opts.latency_percentile,
+                ..crate::model::PlannerSettings::default()
+            },
             ..GuardSettings::default()
         });
         // Warm-up metrics are not representative: the first start counts as a restart.
@@ -444,6 +549,14 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let history_path = self.opts.report_dir.join(HISTORY_FILE);
         let unix_start = unix_now_s();
         let mut history_bins = 0;
+        let shedding = self
+            .job
+            .spec
+            .autoscaler
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.on_limit == streamscale_engine::spec::OnLimit::Shed);
+        let (mut shed_wanted, mut shed_applied) = (0.0f64, 0.0f64);
         if crate::model::forecast::ForecastConfig::of(&self.job.spec).is_some() {
             match load_history(&history_path, &self.job.spec.name) {
                 Ok(Some(h)) => {
@@ -469,19 +582,20 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let deadline = started + Duration::from_secs_f64(self.job.duration_s);
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        let mut terminate = Terminate::new();
+        // Sources with a record count finish the job on their own: poll the job's state.
+        let bounded = self
+            .job
+            .spec
+            .operators
+            .iter()
+            .any(|o| matches!(o.kind, OperatorKind::Source { count: Some(_), .. }));
 
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
-                _ = &mut ctrl_c => {
-                    print("interrupted: stopping with a draining savepoint");
-                    break;
-                }
-                _ = terminate.recv() => {
-                    print("terminated: stopping with a draining savepoint");
+                sig = signals.recv() => {
+                    self.interrupted = Some(sig);
+                    print(&format!("interrupted ({}): stopping with a draining savepoint", sig.name()));
                     break;
                 }
             }
@@ -537,6 +651,15 @@ impl<R: EngineRuntime> Loop<'_, R> {
             }
             prev = Some(cur);
             engine_changed = false;
+            if bounded
+                && let Ok(job) = self.executor.runtime().job_status(&engine).await
+                && job.state == "finished"
+            {
+                print(&format!(
+                    "t={now_s:>3.0}s job finished: the sources reached their record count and the graph drained"
+                ));
+                break;
+            }
             if Instant::now() >= deadline {
                 // When the replay window is over, let the sources catch up first so the final
                 // state covers the whole window (bounded by DRAIN_GRACE).
@@ -562,6 +685,43 @@ impl<R: EngineRuntime> Loop<'_, R> {
             let spec = self.job.spec.with_parallelism(&engine.parallelism);
             let samples: Vec<MetricSample> = window.iter().cloned().collect();
             let verdict = autoscaler.decide(now_s, &samples, &spec);
+            // Load shedding (`autoscaler.limits.onLimit: shed`): the share the last plan wants
+            // is applied at the sources (kept while no plan is made, e.g. stabilizing).
+            if shedding && self.opts.autoscale {
+                let planned = matches!(
+                    verdict,
+                    Verdict::Rescale(_)
+                        | Verdict::Hold {
+                            recommendation: Some(_),
+                            ..
+                        }
+                );
+                if planned {
+                    shed_wanted = autoscaler.limit_plan().map_or(0.0, |lp| lp.shed_share);
+                }
+                if (shed_wanted - shed_applied).abs() > 1e-3 {
+                    match set_shed(&self.client, &engine.base_url, shed_wanted).await {
+                        Ok(n) => {
+                            let why = autoscaler
+                                .limit_plan()
+                                .map_or("within the limits again".to_string(), |lp| {
+                                    lp.reason.clone()
+                                });
+                            print(&format!(
+                                "t={now_s:>3.0}s SHED {:.1}% of source records: {why}",
+                                100.0 * shed_wanted
+                            ));
+                            shed_applied = shed_wanted;
+                            self.shed_now = n;
+                        }
+                        Err(e) => tracing::warn!("{e}"),
+                    }
+                } else if shed_applied > 0.0
+                    && let Ok(n) = get_shed(&self.client, &engine.base_url).await
+                {
+                    self.shed_now = n;
+                }
+            }
             let h = autoscaler.rate_history();
             if h.bins.len() != history_bins && h.bin_seconds > 0.0 {
                 history_bins = h.bins.len();
@@ -677,12 +837,21 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
             }
             engine = outcome.engine().clone();
+            // A new engine starts without shedding; its counter starts at 0.
+            self.shed_before += self.shed_now;
+            self.shed_now = 0;
+            shed_applied = 0.0;
             window.clear();
             engine_changed = true;
             autoscaler.restarted(done_s);
         }
 
         let final_parallelism = engine.parallelism.clone();
+        if shed_applied > 0.0
+            && let Ok(n) = get_shed(&self.client, &engine.base_url).await
+        {
+            self.shed_now = n;
+        }
         if failure.is_some() {
             let _ = self.executor.runtime().kill(&engine).await;
             return self
@@ -711,7 +880,25 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 .await;
         }
         print("stopping with a draining savepoint…");
-        match self.executor.stop(&engine, true).await {
+        let stopped = tokio::select! {
+            r = self.executor.stop(&engine, true) => r,
+            sig = signals.recv() => {
+                print(&format!(
+                    "interrupted again ({}): killing the engine without a final savepoint",
+                    sig.name()
+                ));
+                self.interrupted = Some(sig);
+                let _ = self.executor.runtime().kill(&engine).await;
+                failure = Some(format!(
+                    "interrupted twice ({}): the engine was killed during the final savepoint",
+                    sig.name()
+                ));
+                return self
+                    .finish(None, started, failure, None, &initial, &final_parallelism)
+                    .await;
+            }
+        };
+        match stopped {
             Ok(stop) => {
                 let totals = stop.final_job.as_ref().map(|j| RecordTotals {
                     records_emitted: j.records_emitted,
@@ -761,6 +948,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             records_accounted: totals.map(|t| t.records_accounted),
             records_filtered: totals.map(|t| t.records_filtered),
             records_lost: totals.map(|t| t.lost()),
+            records_shed: self.shed_before + self.shed_now,
             parallelism_seconds: self.accounting.parallelism_seconds,
             mean_parallelism: self.accounting.mean_parallelism(),
             slo_violation_seconds: self.accounting.slo_violation_seconds,
@@ -777,6 +965,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             failed_rescales: self.failed_rescales.clone(),
             final_savepoint,
             failure,
+            interrupted: self.interrupted.is_some(),
         };
         report::write_summary(dir, &summary)?;
         report::write_timeline(dir, &self.rows, &self.order)?;
@@ -791,34 +980,102 @@ impl<R: EngineRuntime> Loop<'_, R> {
         Ok(RunOutcome {
             summary,
             report_dir: dir.clone(),
+            interrupted: self.interrupted,
         })
     }
 }
 
-/// SIGTERM on Unix (a pending future elsewhere), so `kill` stops the run cleanly and the
-/// engine is not orphaned.
-struct Terminate {
+/// The signals that stop a run cleanly (with a draining savepoint): SIGINT, SIGTERM and SIGHUP
+/// on Unix, Ctrl-C elsewhere. The engine runs in its own process group, so only the controller
+/// receives a terminal's Ctrl-C.
+struct Signals {
     #[cfg(unix)]
-    signal: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
-impl Terminate {
-    fn new() -> Terminate {
-        Terminate {
-            #[cfg(unix)]
-            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+#[cfg(unix)]
+async fn next_signal(s: &mut Option<tokio::signal::unix::Signal>) {
+    if let Some(s) = s
+        && s.recv().await.is_some()
+    {
+        return;
+    }
+    std::future::pending::<()>().await;
+}
+
+impl Signals {
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Signals {
+                int: signal(SignalKind::interrupt()).ok(),
+                term: signal(SignalKind::terminate()).ok(),
+                hup: signal(SignalKind::hangup()).ok(),
+            }
         }
+        #[cfg(not(unix))]
+        Signals {}
     }
 
-    async fn recv(&mut self) {
+    /// Waits for the next signal.
+    async fn recv(&mut self) -> Interrupt {
         #[cfg(unix)]
-        if let Some(s) = &mut self.signal
-            && s.recv().await.is_some()
         {
-            return;
+            tokio::select! {
+                () = next_signal(&mut self.int) => Interrupt::Int,
+                () = next_signal(&mut self.term) => Interrupt::Term,
+                () = next_signal(&mut self.hup) => Interrupt::Hup,
+            }
         }
-        std::future::pending::<()>().await;
+        #[cfg(not(unix))]
+        {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            Interrupt::Int
+        }
     }
+}
+
+/// `POST BASE/v1/shed {"share": S}` (see `streamscale_engine::shed`); returns the engine's
+/// records shed so far.
+async fn set_shed(client: &reqwest::Client, base: &str, share: f64) -> Result<u64, String> {
+    let resp = client
+        .post(format!("{base}/v1/shed"))
+        .json(&serde_json::json!({ "share": share }))
+        .send()
+        .await
+        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
+    shed_total(resp, base).await
+}
+
+/// `GET BASE/v1/shed`: the engine's records shed so far.
+async fn get_shed(client: &reqwest::Client, base: &str) -> Result<u64, String> {
+    let resp = client
+        .get(format!("{base}/v1/shed"))
+        .send()
+        .await
+        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
+    shed_total(resp, base).await
+}
+
+async fn shed_total(resp: reqwest::Response, base: &str) -> Result<u64, String> {
+    let status = resp.status();
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("{base}/v1/shed: {status}: {text}"));
+    }
+    serde_json::from_str::<streamscale_engine::shed::ShedStatus>(&text)
+        .map(|s| s.records_shed)
+        .map_err(|e| format!("{base}/v1/shed: {e}"))
 }
 
 /// File in the report directory that keeps the forecast's input-rate history across runs
@@ -952,6 +1209,23 @@ pub fn rescale_reason(decision: &crate::model::Decision) -> String {
     }
 }
 
+/// Checks that `url` is an absolute `http`/`https` URL.
+///
+/// # Errors
+/// [`RunError::Option`] naming the URL and the reason.
+pub fn check_metrics_url(url: &str) -> Result<(), RunError> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => Ok(()),
+        Ok(u) => Err(RunError::Option(format!(
+            "--metrics-url: `{url}` is not an http(s) URL with a host (scheme `{}`)",
+            u.scheme()
+        ))),
+        Err(e) => Err(RunError::Option(format!(
+            "--metrics-url: `{url}` is not a URL: {e} (expected e.g. http://127.0.0.1:40123/metrics)"
+        ))),
+    }
+}
+
 /// `streamscale plan`: scrapes `metrics_url` twice, `gap_s` seconds apart, and plans the job
 /// (no guards) from those two samples.
 ///
@@ -964,6 +1238,7 @@ pub async fn plan_once(
 ) -> Result<crate::model::Decision, RunError> {
     positive("--interval", Some(gap_s))?;
     let spec = JobSpec::from_file(&resolve_job_path(job))?;
+    check_metrics_url(metrics_url)?;
     let client = http_client()?;
     let first = scrape(&client, metrics_url, 0.0).await?;
     tokio::time::sleep(Duration::from_secs_f64(gap_s)).await;
@@ -1085,6 +1360,87 @@ mod tests {
             msg.starts_with("--trace:") && msg.contains("missing.csv"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn another_trace_replaces_the_jobs_window() {
+        let (dir, mut opts) = setup(JOB);
+        opts.trace = Some(dir.path().join("other.csv"));
+        let job = prepare_job(&opts).expect("prepares");
+        // The job's window (100 .. 700) belongs to its own trace: other.csv is replayed whole,
+        // 0 .. 120 trace-seconds at the job's speedup 10.
+        assert_eq!(job.trace_start(), 0.0);
+        assert!((job.duration_s - 12.0).abs() < 1e-9, "{}", job.duration_s);
+        assert!(job.rate.as_ref().is_some_and(|r| r.rate(0.0) == 5.0));
+    }
+
+    #[test]
+    fn a_window_outside_the_trace_is_an_error() {
+        // The trace covers 1000 .. 1120 trace-seconds; the job's window is 100 .. 700.
+        let (dir, opts) = setup(JOB);
+        std::fs::write(
+            dir.path().join("trace.csv"),
+            "t_seconds,rate\n1000,5\n1060,6\n",
+        )
+        .expect("trace");
+        let err = prepare_job(&opts).expect_err("window before the trace starts");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("startSeconds 100") && msg.contains("outside the trace"),
+            "{msg}"
+        );
+        assert!(matches!(err, RunError::Option(_)), "{err:?}");
+        // Past the trace's end: the job file's own validation names the field.
+        let (_dir, opts) = setup(
+            &JOB.replace("startSeconds: 100", "startSeconds: 5000")
+                .replace("endSeconds: 700", "endSeconds: 6000"),
+        );
+        let err = prepare_job(&opts).expect_err("window after the trace's end");
+        assert!(err.to_string().contains("startSeconds: 5000"), "{err}");
+    }
+
+    #[test]
+    fn negative_delays_and_bad_percentiles_are_rejected() {
+        let (_dir, mut opts) = setup(JOB);
+        opts.stabilization_s = -5.0;
+        let err = prepare_job(&opts).expect_err("negative stabilization");
+        assert!(err.to_string().starts_with("--stabilization:"), "{err}");
+        opts.stabilization_s = 0.0;
+        opts.scale_down_delay_s = -1.0;
+        let err = prepare_job(&opts).expect_err("negative delay");
+        assert!(err.to_string().starts_with("--scale-down-delay:"), "{err}");
+        opts.scale_down_delay_s = 0.0;
+        prepare_job(&opts).expect("zero delays are fine");
+        for p in [0.0, 1.0, 99.0, f64::NAN] {
+            opts.latency_percentile = Some(p);
+            let err = prepare_job(&opts).expect_err("bad percentile");
+            assert!(
+                err.to_string().starts_with("--latency-percentile:"),
+                "{err}"
+            );
+        }
+        opts.latency_percentile = Some(0.95);
+        prepare_job(&opts).expect("p95");
+    }
+
+    #[test]
+    fn a_bad_metrics_url_names_the_url_and_the_reason() {
+        let err = check_metrics_url("notaurl").expect_err("not a URL");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("`notaurl`") && msg.contains("relative URL without a base"),
+            "{msg}"
+        );
+        let err = check_metrics_url("ftp://host/metrics").expect_err("scheme");
+        assert!(err.to_string().contains("scheme `ftp`"), "{err}");
+        check_metrics_url("http://127.0.0.1:40123/metrics").expect("fine");
+    }
+
+    #[test]
+    fn interrupts_exit_like_a_shell() {
+        assert_eq!(Interrupt::Int.exit_code(), 130);
+        assert_eq!(Interrupt::Term.exit_code(), 143);
+        assert_eq!(Interrupt::Hup.exit_code(), 129);
     }
 
     #[test]

@@ -32,6 +32,15 @@ use crate::time::window::WindowSpec;
 pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 /// Largest number of key groups a job may declare (Flink's upper bound, 2^15).
 pub const MAX_KEY_GROUPS: u32 = 32_768;
+/// Largest `channelCapacity`, in records (2^16). Channels are allocated up front, one per
+/// pair of connected subtasks, so a larger value could exhaust memory before the job starts.
+pub const MAX_CHANNEL_CAPACITY: usize = 65_536;
+/// Largest number of sliding windows one record may fall into (`sizeMs / slideMs`); each
+/// record updates that many open windows.
+pub const MAX_WINDOWS_PER_RECORD: u64 = 1_000;
+/// Fields every operator takes, whatever its kind.
+pub const COMMON_OPERATOR_FIELDS: [&str; 6] =
+    ["name", "kind", "parallelism", "cpu", "io", "scaling"];
 
 /// A whole job: operators, edges and job-wide settings.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -44,7 +53,7 @@ pub struct JobSpec {
     #[serde(default = "default_max_parallelism")]
     pub max_parallelism: u32,
     /// Capacity of each channel between operators, in records. A full channel blocks the
-    /// sender (backpressure). Default 1024.
+    /// sender (backpressure). 1..=[`MAX_CHANNEL_CAPACITY`]; default 1024.
     #[serde(default = "default_channel_capacity")]
     pub channel_capacity: usize,
     /// The operators, in any order.
@@ -723,14 +732,47 @@ impl JobSpec {
     ///
     /// # Errors
     /// The parser's message when the text is not a job spec.
+    ///
+    /// Unknown fields are errors for every operator kind (including `map`, whose kind has no
+    /// fields of its own); the message lists the fields common to all kinds too.
     pub fn from_yaml(text: &str) -> Result<JobSpec, String> {
-        serde_saphyr::from_str(text).map_err(|e| {
+        let spec: JobSpec = serde_saphyr::from_str(text).map_err(|e| {
             // The parser's message spans several lines (a source snippet); keep the first,
             // which names the line, column and reason.
             let full = e.to_string();
             let first = full.lines().next().unwrap_or_default();
-            first.strip_prefix("error: ").unwrap_or(first).to_string()
-        })
+            let mut msg = first.strip_prefix("error: ").unwrap_or(first).to_string();
+            if let Some(field) = unknown_field_in(&msg)
+                && operator_keys(text)
+                    .iter()
+                    .any(|(_, _, keys)| keys.iter().any(|k| k == field))
+            {
+                msg.push_str(&format!(
+                    "; every operator also takes {}",
+                    COMMON_OPERATOR_FIELDS.join(", ")
+                ));
+            }
+            msg
+        })?;
+        // `map` has no fields of its own, and serde ignores extra keys on a unit variant of
+        // a flattened enum: check them here.
+        for (i, op) in spec.operators.iter().enumerate() {
+            if !matches!(op.kind, OperatorKind::Map) {
+                continue;
+            }
+            if let Some((_, _, keys)) = operator_keys(text).into_iter().find(|(j, _, _)| *j == i)
+                && let Some(bad) = keys
+                    .iter()
+                    .find(|k| !COMMON_OPERATOR_FIELDS.contains(&k.as_str()))
+            {
+                return Err(format!(
+                    "operators[{i}] ({}): unknown field `{bad}` for kind `map`, expected one of {}",
+                    op.name,
+                    COMMON_OPERATOR_FIELDS.join(", ")
+                ));
+            }
+        }
+        Ok(spec)
     }
 
     /// Serializes the spec back to YAML.
@@ -813,10 +855,17 @@ impl JobSpec {
             }
         }
         if order.len() < self.operators.len() {
-            let on_cycle: Vec<&str> = indegree
+            // Operators left over are on a cycle or downstream of one; keep those that can
+            // reach themselves.
+            let left: BTreeSet<&str> = indegree
                 .iter()
                 .filter(|(_, d)| **d > 0)
                 .map(|(n, _)| *n)
+                .collect();
+            let on_cycle: Vec<&str> = left
+                .iter()
+                .copied()
+                .filter(|n| self.reaches_itself(n, &left))
                 .collect();
             return Err(format!(
                 "edges: the graph has a cycle through operators {}; job graphs must be acyclic",
@@ -824,6 +873,24 @@ impl JobSpec {
             ));
         }
         Ok(order)
+    }
+
+    /// Whether `start` can reach itself along edges that stay within `within`.
+    fn reaches_itself(&self, start: &str, within: &BTreeSet<&str>) -> bool {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![start];
+        while let Some(n) = stack.pop() {
+            for e in self.edges.iter().filter(|e| e.from == n) {
+                let to = e.to.as_str();
+                if to == start {
+                    return true;
+                }
+                if within.contains(to) && seen.insert(to) {
+                    stack.push(to);
+                }
+            }
+        }
+        false
     }
 
     /// A fingerprint of the job's structure (operator names, kinds and edges; not parallelism,
@@ -881,8 +948,11 @@ impl JobSpec {
                 self.max_parallelism
             ));
         }
-        if self.channel_capacity == 0 {
-            return Err("channelCapacity: must be at least 1".into());
+        if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
+            return Err(format!(
+                "channelCapacity: {} is out of range 1..={MAX_CHANNEL_CAPACITY} records",
+                self.channel_capacity
+            ));
         }
         if self.operators.is_empty() {
             return Err("operators: the job has no operators".into());
@@ -1009,6 +1079,12 @@ impl JobSpec {
                     self.max_parallelism
                 ));
             }
+            if !(min..=max).contains(&op.parallelism) {
+                return Err(format!(
+                    "{at}.parallelism: {} is outside scaling bounds min {min} .. max {max}",
+                    op.parallelism
+                ));
+            }
             match &op.kind {
                 OperatorKind::Source {
                     rate,
@@ -1031,6 +1107,13 @@ impl JobSpec {
                 }
                 OperatorKind::EventWindow { window, .. } => {
                     window.validate(&format!("{at}.window"))?;
+                    if let WindowSpec::Sliding { size_ms, slide_ms } = *window
+                        && size_ms.div_ceil(slide_ms.max(1)) > MAX_WINDOWS_PER_RECORD
+                    {
+                        return Err(format!(
+                            "{at}.window.sliding: sizeMs / slideMs = {size_ms} / {slide_ms} puts each record in more than {MAX_WINDOWS_PER_RECORD} windows; use a larger slideMs"
+                        ));
+                    }
                 }
                 OperatorKind::Join { window: Some(w) } => {
                     w.validate(&format!("{at}.window"))?;
@@ -1078,6 +1161,13 @@ impl JobSpec {
                 }
                 OperatorKind::Sink { .. } if outs > 0 => {
                     return Err(format!("edges: sink `{}` cannot have outputs", op.name));
+                }
+                OperatorKind::Sink { .. } => {}
+                _ if outs == 0 => {
+                    return Err(format!(
+                        "edges: operator `{}` has no output; every record must reach a sink (add an edge from `{}` to a sink)",
+                        op.name, op.name
+                    ));
                 }
                 OperatorKind::Source { .. } => {}
                 _ if ins == 0 => {
@@ -1163,6 +1253,12 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
                     t.speedup
                 ));
             }
+            if !(t.start_seconds >= 0.0 && t.start_seconds.is_finite()) {
+                return Err(format!(
+                    "{at}.rate.trace.startSeconds: {} must be a non-negative number of seconds",
+                    t.start_seconds
+                ));
+            }
             if let Some(end) = t.end_seconds
                 && end <= t.start_seconds
             {
@@ -1177,8 +1273,44 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
                     t.file.display()
                 ));
             }
+            // A start at or past the trace's last row would replay nothing.
+            if let Ok(trace) = crate::trace::Trace::from_file(&t.file)
+                && t.start_seconds >= trace.end()
+            {
+                return Err(format!(
+                    "{at}.rate.trace.startSeconds: {} is at or past the end of trace {} ({} s)",
+                    t.start_seconds,
+                    t.file.display(),
+                    trace.end()
+                ));
+            }
             Ok(())
         }
         RateSpec::Constant(_) => Ok(()),
     }
+}
+
+/// The field named by a serde "unknown field `X`" message.
+fn unknown_field_in(msg: &str) -> Option<&str> {
+    let rest = msg.split("unknown field `").nth(1)?;
+    rest.split('`').next()
+}
+
+/// For each entry of `operators` in the YAML `text`: its index, name and keys (empty when the
+/// text cannot be read generically).
+fn operator_keys(text: &str) -> Vec<(usize, String, Vec<String>)> {
+    let Ok(v) = serde_saphyr::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    let Some(ops) = v.get("operators").and_then(|o| o.as_array()) else {
+        return Vec::new();
+    };
+    ops.iter()
+        .enumerate()
+        .filter_map(|(i, o)| {
+            let m = o.as_object()?;
+            let name = m.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+            Some((i, name.to_string(), m.keys().cloned().collect()))
+        })
+        .collect()
 }

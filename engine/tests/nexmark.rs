@@ -445,13 +445,9 @@ fn window_and_join_state_survive_rescaling() {
         let mut engine = EngineProcess::start(&job, &sp, &["--parallelism", first]);
         std::thread::sleep(Duration::from_millis(2000));
         let (savepoint, view) = engine.stop_with_savepoint(false);
-        // Records out of the source, counted once per outgoing edge.
-        let sent = view["recordsEmitted"].as_u64().unwrap();
-        let fanout = spec.outputs_of("events").len() as u64;
-        assert!(
-            sent > 0 && sent < EVENTS * fanout,
-            "stop was not mid-stream: {view}"
-        );
+        // Records the source emitted, each once.
+        let sent = view["sourceRecords"].as_u64().unwrap();
+        assert!(sent > 0 && sent < EVENTS, "stop was not mid-stream: {view}");
         let restored = EngineProcess::start(
             &job,
             &sp,

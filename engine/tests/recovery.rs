@@ -59,6 +59,7 @@ fn sigkill_at_random_moments_then_recover_gives_exactly_once_state() {
     std::fs::create_dir_all(&sub).unwrap();
     let chk = dir.path().join("checkpoints");
     let job = checkpointed_job(&sub, COUNT, RATE, 0.2, 3, &chk);
+    std::fs::create_dir_all(&chk).unwrap();
     let chk_arg = chk.display().to_string();
     let mut rng = Rng(0x5eed_2026);
     let mut restored = Vec::new();
@@ -296,6 +297,7 @@ fn file_sink_is_at_least_once_across_a_sigkill() {
     .unwrap();
     let spec = JobSpec::from_file(&job).unwrap();
     let sps = dir.path().join("savepoints");
+    std::fs::create_dir_all(&chk).unwrap();
     let chk_arg = chk.display().to_string();
     {
         let _engine = EngineProcess::start(&job, &sps, &["--recover-from", &chk_arg]);

@@ -2,7 +2,7 @@
 //! (`streamscale_simulations::des`, record by record): on a few topologies and loads the
 //! planner, fed the DES's own metric window, must predict a p99 at least as high as the p99
 //! the DES measures (it is an upper bound, by the union bound over per-operator tails) and
-//! not absurdly above it (within 2.5×; 1.6–2.2× measured). The ratios are printed (`--nocapture`).
+//! not absurdly above it (within 2.5×; 1.4–2.1× measured). The ratios are printed (`--nocapture`).
 #![allow(missing_docs)]
 
 use std::collections::BTreeMap;

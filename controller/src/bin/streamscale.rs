@@ -61,9 +61,12 @@ enum Command {
         /// Only report decisions; run at the job's parallelism throughout.
         #[arg(long)]
         no_autoscale: bool,
-        /// Engine binary (default: next to this executable, $STREAMSCALE_ENGINE_BIN, or PATH).
+        /// Engine binary (default: $STREAMSCALE_ENGINE_BIN, else next to this executable, else PATH).
         #[arg(long)]
         engine: Option<PathBuf>,
+        /// Percentile of end-to-end latency the SLO is on, in (0, 1) (default 0.99 = p99).
+        #[arg(long, allow_negative_numbers = true)]
+        latency_percentile: Option<f64>,
     },
     /// Scrape a running engine twice and print the planner's decision as JSON.
     Plan {
@@ -141,6 +144,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             stabilization,
             scale_down_delay,
             no_autoscale,
+            latency_percentile,
         } => {
             let opts = RunOptions {
                 job: job.unwrap_or_else(|| PathBuf::from(run::DEFAULT_JOB)),
@@ -156,6 +160,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 stabilization_s: stabilization,
                 scale_down_delay_s: scale_down_delay,
                 autoscale: !no_autoscale,
+                latency_percentile,
             };
             let outcome = run::run(&opts, &mut |line: &str| println!("{line}")).await?;
             let s = &outcome.summary;
@@ -178,6 +183,21 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(failure) = &s.failure {
                 eprintln!("streamscale: run failed: {failure}");
                 return Ok(ExitCode::from(1));
+            }
+            if let Some(sig) = outcome.interrupted {
+                // Like a shell: 128 + the signal's number, after the report is complete.
+                eprintln!(
+                    "streamscale: interrupted by {}; the run stopped early with a draining savepoint (summary.json: \"interrupted\": true)",
+                    sig.name()
+                );
+                if let Some(lost) = s.records_lost.filter(|l| *l != 0) {
+                    eprintln!(
+                        "streamscale: records lost: {lost} of {} emitted were neither accounted at a sink nor filtered",
+                        s.records_emitted.unwrap_or(0)
+                    );
+                    return Ok(ExitCode::from(1));
+                }
+                return Ok(ExitCode::from(sig.exit_code()));
             }
             if let Some(lost) = s.records_lost.filter(|l| *l != 0) {
                 eprintln!(

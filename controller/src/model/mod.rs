@@ -13,6 +13,7 @@
 //!   ineffective-scaling flags.
 //! * [`forecast`]: Holt-Winters forecast of the job's input rate, to scale ahead of ramps.
 //! * [`shed`]: limits (max parallelism, subtask quota) and load shedding (capacity C, headroom H).
+//! * [`quota`]: one subtask quota split across several jobs by marginal benefit.
 //! * [`guards`]: stabilization, backlog, threshold and scale-down-delay guards around the planner.
 //!
 //! Units everywhere: rates in records/s, times in seconds, backlogs in records.
@@ -25,6 +26,7 @@ pub mod learn;
 pub mod network;
 pub mod planner;
 pub mod queueing;
+pub mod quota;
 pub mod sample;
 mod serde_inf;
 pub mod shed;

@@ -317,10 +317,9 @@ pub fn sojourn_quantile_bound(node: TailNode, arrival_cv: f64, service_cv: f64, 
             0.5 * (lo + hi)
         };
         if (t - hi).abs() <= 1e-12 * hi || (t - lo).abs() <= 1e-12 * hi {
-            // Newton has converged onto an end of the bracket.
-            if tail(t).0 <= eps {
-                hi = hi.min(t);
-            }
+            // Newton has converged onto an end of the bracket: the root is within 1e-12 of it
+            // (at `lo` the tail exceeds `eps` by rounding only).
+            hi = hi.min(t.max(lo));
             break;
         }
     }
@@ -554,6 +553,16 @@ mod tests {
         assert!(t < union);
         // Heavier-tailed service (cs = 2): the service rate is taken as μ/cs², a larger quantile.
         assert!(sojourn_quantile_bound(node(3.0, 2.0, 4), 1.0, 2.0, 0.0025) > t);
+        // M/M/1: the sojourn is exponential at μ − λ, the quantile ln(1/ε)/(μ − λ), also when
+        // Newton lands on the root from below (a case found by the planner's proptest).
+        for (l, m) in [
+            (519.2173789454811, 1541.6182646958682),
+            (50.0, 100.0),
+            (0.9, 1.0),
+        ] {
+            let q = sojourn_quantile_bound(node(l, m, 1), 1.0, 1.0, 0.005);
+            assert!((q - 200f64.ln() / (m - l)).abs() < 1e-9 * q, "{l}/{m}: {q}");
+        }
         assert_eq!(
             sojourn_quantile_bound(node(8.0, 2.0, 4), 1.0, 1.0, 0.01),
             f64::INFINITY

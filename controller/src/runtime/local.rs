@@ -66,6 +66,10 @@ impl Default for LocalTimeouts {
 
 struct LocalEngine {
     child: Child,
+    /// The engine's stdin, held open for its lifetime: the engine (started with
+    /// `--exit-on-stdin-eof`) exits when it closes, so it never outlives the controller, even
+    /// when the controller is killed by a signal it cannot handle.
+    stdin: Option<tokio::process::ChildStdin>,
     last_stderr: Arc<StdMutex<LastLines>>,
     log_tasks: Vec<JoinHandle<()>>,
     log_path: PathBuf,
@@ -158,14 +162,16 @@ impl LocalRuntime {
         let last = engine
             .last_stderr
             .lock()
-            .map(|s| s.best().to_string())
-            .unwrap_or_default();
+            .ok()
+            .and_then(|s| s.best().map(str::to_string));
         RuntimeError::Exited {
             status,
-            last_error: if last.is_empty() {
-                format!("no error output (see {})", engine.log_path.display())
-            } else {
-                last
+            last_error: match last {
+                Some(line) => format!("{line} (log: {})", engine.log_path.display()),
+                None => format!(
+                    "no warning or error in its output (log: {})",
+                    engine.log_path.display()
+                ),
             },
         }
     }
@@ -192,32 +198,36 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
-/// The most telling stderr lines seen so far: the last one, and the last one that looks like
-/// an error (mentions `error` or `panicked`).
+/// The most telling stderr line seen so far: the last one at level `WARN` or `ERROR`, an
+/// `error: ...` line (the engine's bad-input exit) or a panic message. Plain `INFO` lines are
+/// never quoted as the reason an engine died: without a warning, the exit status speaks.
 #[derive(Debug, Default)]
 struct LastLines {
-    last: String,
-    last_error: String,
+    last_problem: String,
+}
+
+/// Whether a log line reports a problem: a `WARN`/`ERROR` level among its first tokens
+/// (tracing's format is `TIME LEVEL target: message`), a line starting with `error`, or a panic.
+fn is_problem_line(line: &str) -> bool {
+    let trimmed = line.trim_start();
+    if trimmed.to_ascii_lowercase().starts_with("error") || line.contains("panicked") {
+        return true;
+    }
+    line.split_whitespace()
+        .take(3)
+        .any(|t| t == "WARN" || t == "ERROR")
 }
 
 impl LastLines {
     fn push(&mut self, line: &str) {
-        if line.trim().is_empty() {
-            return;
+        if !line.trim().is_empty() && is_problem_line(line) {
+            self.last_problem = line.trim().to_string();
         }
-        let lower = line.to_ascii_lowercase();
-        if lower.contains("error") || lower.contains("panicked") {
-            self.last_error = line.to_string();
-        }
-        self.last = line.to_string();
     }
 
-    fn best(&self) -> &str {
-        if self.last_error.is_empty() {
-            &self.last
-        } else {
-            &self.last_error
-        }
+    /// The last problem line, if there was one.
+    fn best(&self) -> Option<&str> {
+        (!self.last_problem.is_empty()).then_some(self.last_problem.as_str())
     }
 }
 
@@ -271,17 +281,25 @@ impl EngineRuntime for LocalRuntime {
         if let Some(sp) = restore {
             cmd.arg("--restore").arg(&sp.path);
         }
+        cmd.arg("--exit-on-stdin-eof");
         let _ = writeln!(log, "# {:?}", cmd.as_std());
         cmd.env("NO_COLOR", "1")
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // Its own process group: a terminal's Ctrl-C (SIGINT to the foreground process group)
+        // reaches only the controller, which then stops the engine with a draining savepoint.
+        // The engine still dies with the controller: killed on drop, and it exits when its
+        // stdin (held by the controller) closes.
+        #[cfg(unix)]
+        cmd.process_group(0);
         let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
             binary: self.binary.display().to_string(),
             source,
         })?;
 
+        let stdin = child.stdin.take();
         let log = Arc::new(StdMutex::new(log));
         let last_stderr = Arc::new(StdMutex::new(LastLines::default()));
         let mut log_tasks = Vec::new();
@@ -295,6 +313,7 @@ impl EngineRuntime for LocalRuntime {
         let Some(stdout) = child.stdout.take() else {
             let engine = LocalEngine {
                 child,
+                stdin,
                 last_stderr,
                 log_tasks,
                 log_path,
@@ -306,6 +325,7 @@ impl EngineRuntime for LocalRuntime {
         let read = tokio::time::timeout(self.timeouts.start, stdout.read_line(&mut first)).await;
         let mut engine = LocalEngine {
             child,
+            stdin,
             last_stderr,
             log_tasks,
             log_path,
@@ -376,6 +396,8 @@ impl EngineRuntime for LocalRuntime {
         let Some(mut engine) = self.engines.lock().await.remove(&handle.id) else {
             return Err(RuntimeError::UnknownHandle { id: handle.id });
         };
+        // Stopped engines exit on their own; closing stdin also ends one that lingers.
+        drop(engine.stdin.take());
         if tokio::time::timeout(self.timeouts.exit, engine.child.wait())
             .await
             .is_err()
@@ -462,7 +484,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let bin = script(
             dir.path(),
-            "echo 'starting' >&2\necho 'job.yaml: operators[1].cpu: bad' >&2\nexit 2",
+            "echo 'starting' >&2\necho 'error: job.yaml: operators[1].cpu: bad' >&2\necho '2026-11-30T16:00:00Z  INFO engine: stopped' >&2\nexit 2",
         );
         let rt = runtime(&bin, dir.path());
         let err = rt
@@ -472,6 +494,77 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("exit code 2"), "{msg}");
         assert!(msg.contains("operators[1].cpu: bad"), "{msg}");
+        assert!(!msg.contains("INFO"), "{msg}");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn an_exit_without_warnings_quotes_the_status_not_an_info_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = script(
+            dir.path(),
+            "echo '2026-11-30T16:00:00Z  INFO engine: job started' >&2\nexit 3",
+        );
+        let rt = runtime(&bin, dir.path());
+        let err = rt
+            .start(Path::new("job.yaml"), &BTreeMap::new(), None)
+            .await
+            .expect_err("exits");
+        let msg = err.to_string();
+        assert!(msg.contains("exit code 3"), "{msg}");
+        assert!(msg.contains("no warning or error"), "{msg}");
+        assert!(!msg.contains("job started"), "{msg}");
+    }
+
+    /// Field 5 (`pgrp`) of `/proc/PID/stat` (after the parenthesised command name).
+    #[cfg(target_os = "linux")]
+    fn process_group_of(stat: &str) -> String {
+        let after = stat.rsplit_once(')').map_or(stat, |(_, rest)| rest);
+        after
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_engine_gets_its_own_process_group_and_an_open_stdin() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("pgid.txt");
+        let bin = script(
+            dir.path(),
+            &format!(
+                "cat /proc/$$/stat > {out}.tmp && mv {out}.tmp {out}\necho '{{\"event\":\"listening\",\"address\":\"127.0.0.1:4567\"}}'\n# exits when the runtime closes its stdin\ncat > /dev/null\necho closed >> {out}",
+                out = out.display()
+            ),
+        );
+        let rt = runtime(&bin, dir.path());
+        let h = rt
+            .start(Path::new("job.yaml"), &BTreeMap::new(), None)
+            .await
+            .expect("starts");
+        let stat = std::fs::read_to_string(&out).expect("stat written");
+        let own = std::fs::read_to_string("/proc/self/stat").expect("own stat");
+        let (child_pgid, own_pgid) = (process_group_of(&stat), process_group_of(&own));
+        assert!(
+            !child_pgid.is_empty() && !own_pgid.is_empty(),
+            "{stat} / {own}"
+        );
+        assert_ne!(
+            child_pgid, own_pgid,
+            "the engine must not share our process group"
+        );
+        // The child is its group's leader (process_group(0)): pgid == its pid.
+        let child_pid = stat.split_whitespace().next().unwrap_or_default();
+        assert_eq!(child_pgid, child_pid, "{stat}");
+        // Shutting down waits for the exit; closing stdin is what ends the script here.
+        rt.shutdown(&h).await.expect("shutdown");
+        let text = std::fs::read_to_string(&out).expect("read");
+        assert!(
+            text.ends_with("closed\n"),
+            "the engine saw its stdin close: {text}"
+        );
     }
 
     #[cfg(unix)]
@@ -529,11 +622,22 @@ mod tests {
             "2026  INFO started"
         );
         let mut l = LastLines::default();
-        l.push("INFO starting");
-        assert_eq!(l.best(), "INFO starting");
+        l.push("2026-11-30T16:00:00Z  INFO streamscale_engine: starting");
+        assert_eq!(l.best(), None, "an INFO line is not a reason");
         l.push("error: job.yaml: bad");
-        l.push("INFO shutting down");
+        l.push("2026-11-30T16:00:01Z  INFO streamscale_engine: shutting down (errors=0)");
         l.push("   ");
-        assert_eq!(l.best(), "error: job.yaml: bad");
+        assert_eq!(l.best(), Some("error: job.yaml: bad"));
+        l.push("2026-11-30T16:00:02Z  WARN streamscale_engine::server: subtask work#1 failed");
+        l.push("2026-11-30T16:00:03Z  INFO streamscale_engine: bye");
+        assert_eq!(
+            l.best(),
+            Some("2026-11-30T16:00:02Z  WARN streamscale_engine::server: subtask work#1 failed")
+        );
+        l.push("thread 'work#0' panicked at engine/src/runtime.rs:1:1:");
+        assert_eq!(
+            l.best(),
+            Some("thread 'work#0' panicked at engine/src/runtime.rs:1:1:")
+        );
     }
 }

@@ -50,7 +50,7 @@ pub struct StopOutcome {
 pub enum RuntimeError {
     /// The engine could not be launched at all.
     #[error(
-        "cannot run engine `{binary}`: {source} (build it with `cargo build -p streamscale-engine` or set STREAMSCALE_ENGINE_BIN)"
+        "cannot run engine `{binary}`: {source} (`streamscale run` looks for `streamscale-engine` next to its own executable: build both with `cargo build --release` (target/release), or pass --engine PATH or set STREAMSCALE_ENGINE_BIN)"
     )]
     Spawn {
         /// The engine binary.

@@ -4,7 +4,7 @@
 //! logs go to stderr. Bad input (job file, savepoint, flags) prints one error line and exits 2.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use clap::Parser;
 use streamscale_engine::checkpoint::storage::CheckpointStorage;
 use streamscale_engine::metrics::EngineMetrics;
 use streamscale_engine::runtime::{Job, PanicAt, RuntimeOptions};
-use streamscale_engine::savepoint::Savepoint;
+use streamscale_engine::savepoint::{METADATA_FILE, Savepoint};
 use streamscale_engine::server::{Coordinator, RestartPolicy};
 use streamscale_engine::spec::JobSpec;
 
@@ -39,32 +39,71 @@ struct Args {
     /// Turn off time measurement and metric publication (for the overhead benchmark).
     #[arg(long)]
     no_metrics: bool,
-    /// Directory of periodic checkpoints (overrides the job's `checkpoint.dir`).
+    /// Directory of periodic checkpoints (overrides the job's `checkpoint.dir`). The job
+    /// must have a `checkpoint:` block (which sets the interval); without one this is an
+    /// error, since no checkpoint would ever be taken.
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
-    /// Recover from the latest completed checkpoint in this directory (falling back to older
-    /// ones when the latest is damaged; starting fresh when there is none). Checkpoints keep
-    /// going to this directory unless `--checkpoint-dir` says otherwise.
+    /// Recover from the latest completed checkpoint in this checkpoint directory (the one
+    /// holding `chk-<id>/`), falling back to older ones when the latest is damaged. The
+    /// directory must exist; when it holds no completed checkpoint the job starts fresh with
+    /// a warning. A single checkpoint (`chk-<id>/`, with a manifest) is refused: pass its
+    /// parent, or `--restore` it. Checkpoints keep going to this directory unless
+    /// `--checkpoint-dir` says otherwise.
     #[arg(long, conflicts_with = "restore")]
     recover_from: Option<PathBuf>,
     /// Fault injection for recovery tests: `operator:seq` panics that operator's subtask once
     /// on the record with sequence number `seq`.
     #[arg(long, hide = true)]
     fault_panic_at: Option<String>,
+    /// Exit when stdin reaches end of file: a controller that starts the engine with a pipe
+    /// on stdin (and the engine in its own process group) thereby never leaves it orphaned.
+    #[arg(long, hide = true)]
+    exit_on_stdin_eof: bool,
 }
 
 fn parse_overrides(items: &[String]) -> Result<BTreeMap<String, u32>, String> {
     let mut map = BTreeMap::new();
-    for item in items {
+    for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
         let (name, value) = item
             .split_once('=')
             .ok_or_else(|| format!("--parallelism: `{item}` is not `operator=N`"))?;
+        let (name, value) = (name.trim(), value.trim());
         let p: u32 = value.parse().map_err(|_| {
             format!("--parallelism: `{value}` for `{name}` is not a positive integer")
         })?;
-        map.insert(name.to_string(), p);
+        if map.insert(name.to_string(), p).is_some() {
+            return Err(format!("--parallelism: `{name}` is given more than once"));
+        }
     }
     Ok(map)
+}
+
+/// Checks a local `--recover-from` directory: it must exist and be a checkpoint directory,
+/// not a single checkpoint. Object-store URLs are left to the storage.
+fn check_recover_dir(dir: &Path) -> anyhow::Result<()> {
+    let shown = dir.display().to_string();
+    if shown.contains("://") {
+        return Ok(());
+    }
+    if !dir.exists() {
+        anyhow::bail!(
+            "--recover-from {shown}: no such directory; pass the checkpoint directory that holds chk-<id>/ (create it to start fresh)"
+        );
+    }
+    if !dir.is_dir() {
+        anyhow::bail!("--recover-from {shown}: not a directory");
+    }
+    if dir.join(METADATA_FILE).is_file() {
+        let parent = dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| ".".to_string(), |p| p.display().to_string());
+        anyhow::bail!(
+            "--recover-from {shown}: this is a single checkpoint (it has {METADATA_FILE}); pass the checkpoint directory {parent} to recover from its latest checkpoint, or --restore {shown} to restore exactly this one"
+        );
+    }
+    Ok(())
 }
 
 fn main() {
@@ -82,7 +121,30 @@ fn main() {
     }
 }
 
+/// Exits the process once stdin reaches end of file (or fails): the parent that held the pipe
+/// has closed it or died.
+fn exit_on_stdin_eof() {
+    std::thread::spawn(|| {
+        let mut sink = [0u8; 256];
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            match std::io::Read::read(&mut stdin, &mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        // stderr may be a broken pipe now (a killed controller): logging must not stop the exit.
+        let _ = std::panic::catch_unwind(|| {
+            tracing::warn!("stdin closed (the controller has gone): exiting");
+        });
+        std::process::exit(1);
+    });
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
+    if args.exit_on_stdin_eof {
+        exit_on_stdin_eof();
+    }
     let spec = JobSpec::from_file(&args.job)?;
     let overrides = parse_overrides(&args.parallelism).map_err(anyhow::Error::msg)?;
     for name in overrides.keys() {
@@ -96,6 +158,21 @@ fn run(args: Args) -> anyhow::Result<()> {
     let spec = spec.with_parallelism(&overrides);
     spec.validate()
         .map_err(|p| anyhow::anyhow!("{} (after --parallelism): {p}", args.job.display()))?;
+    if spec.checkpoint.is_none() {
+        if let Some(dir) = &args.checkpoint_dir {
+            anyhow::bail!(
+                "--checkpoint-dir {}: {} has no `checkpoint:` block, so no checkpoint would ever be taken; add e.g. `checkpoint: {{ intervalSeconds: 10 }}` to the job file",
+                dir.display(),
+                args.job.display()
+            );
+        }
+        if let Some(dir) = &args.recover_from {
+            tracing::warn!(dir = %dir.display(), "the job has no `checkpoint:` block: it recovers from this directory but takes no new checkpoints");
+        }
+    }
+    if let Some(dir) = &args.recover_from {
+        check_recover_dir(dir)?;
+    }
     let checkpoint_dir = args
         .checkpoint_dir
         .as_ref()
@@ -124,7 +201,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                     (Some(sp), Some(path.display().to_string()))
                 }
                 None => {
-                    tracing::info!(dir = %dir.display(), "no completed checkpoint yet; starting fresh");
+                    tracing::warn!(dir = %dir.display(), "--recover-from: no completed checkpoint in this directory; starting the job fresh");
                     (None, None)
                 }
             }
@@ -204,4 +281,20 @@ fn run(args: Args) -> anyhow::Result<()> {
             .await
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_overrides;
+
+    #[test]
+    fn parallelism_overrides_are_trimmed_and_names_unique() {
+        let items = vec!["counts=2".to_string(), " m = 3".to_string()];
+        let map = parse_overrides(&items).expect("parses");
+        assert_eq!(map.get("m"), Some(&3));
+        assert_eq!(map.get("counts"), Some(&2));
+        let dup = vec!["m=2".to_string(), "m=3".to_string()];
+        let err = parse_overrides(&dup).expect_err("repeated name");
+        assert!(err.contains("`m` is given more than once"), "{err}");
+    }
 }

@@ -1,0 +1,117 @@
+//! `--recover-from` and `--checkpoint-dir` misuse: a missing directory, a single checkpoint
+//! instead of the checkpoint directory, and a checkpoint directory for a job that takes no
+//! checkpoints are errors (exit 2, one clear line, nothing written); an existing empty
+//! directory starts fresh and says so.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{EngineProcess, bounded_job, checkpointed_job};
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(common::engine_bin())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn missing_recover_dir_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("checkpoints");
+    let job = checkpointed_job(dir.path(), 1000, 1000.0, 0.2, 3, &chk);
+    let missing = dir.path().join("nope");
+    let (code, err) = run(&["--job", &s(&job), "--recover-from", &s(&missing)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--recover-from") && err.contains("no such directory"),
+        "{err}"
+    );
+    assert!(!missing.exists(), "nothing may be written");
+}
+
+#[test]
+fn single_checkpoint_instead_of_its_directory_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("checkpoints");
+    let job = checkpointed_job(dir.path(), 200_000, 2000.0, 0.2, 3, &chk);
+    let sps = dir.path().join("sp");
+    {
+        let _engine = EngineProcess::start(&job, &sps, &["--checkpoint-dir", &s(&chk)]);
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_dir(&chk)
+            .is_ok_and(|mut d| d.any(|e| e.unwrap().path().join("_metadata.json").is_file()))
+        {
+            assert!(std::time::Instant::now() < until, "no checkpoint completed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    } // killed on drop
+    let one = std::fs::read_dir(&chk)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("_metadata.json").is_file())
+        .unwrap();
+    let before: Vec<_> = std::fs::read_dir(&one).unwrap().collect();
+    let (code, err) = run(&["--job", &s(&job), "--recover-from", &s(&one)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("single checkpoint") && err.contains(&s(&chk)),
+        "names the parent to pass: {err}"
+    );
+    let after: Vec<_> = std::fs::read_dir(&one).unwrap().collect();
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "nothing written into the checkpoint"
+    );
+}
+
+#[test]
+fn empty_recover_dir_starts_fresh_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("checkpoints");
+    std::fs::create_dir_all(&chk).unwrap();
+    let job = checkpointed_job(dir.path(), 500, 5000.0, 0.2, 3, &chk);
+    let out = Command::new(common::engine_bin())
+        .args(["--job", &s(&job), "--recover-from", &s(&chk)])
+        .args(["--savepoint-dir", &s(&dir.path().join("sp"))])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut out = out;
+    out.kill().unwrap();
+    let o = out.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("WARN") && err.contains("no completed checkpoint") && err.contains("fresh"),
+        "{err}"
+    );
+}
+
+#[test]
+fn checkpoint_dir_without_checkpoint_block_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = bounded_job(dir.path(), 100, 1000.0);
+    let chk = dir.path().join("chk");
+    let (code, err) = run(&["--job", &s(&job), "--checkpoint-dir", &s(&chk)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--checkpoint-dir") && err.contains("no `checkpoint:` block"),
+        "{err}"
+    );
+    assert!(!chk.exists(), "nothing may be written");
+}

@@ -1,0 +1,209 @@
+//! `streamscale run` end to end with the real engine over loopback, for how a run ends: a
+//! terminal's Ctrl-C (SIGINT to the whole process group) stops it with a draining savepoint
+//! and every record accounted; a controller killed outright takes its engine with it; a job
+//! whose sources have a record count stops once it has finished instead of running out the
+//! duration.
+#![cfg(target_os = "linux")]
+#![allow(missing_docs)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use streamscale_tests::workspace_bin;
+
+const UNBOUNDED: &str = r#"name: forever
+maxParallelism: 16
+operators:
+  - { name: source, kind: source, keys: 100, rate: { constant: 300 } }
+  - { name: work, kind: map, cpu: 100 }
+  - { name: sink, kind: sink }
+edges:
+  - { from: source, to: work }
+  - { from: work, to: sink }
+"#;
+
+const BOUNDED: &str = r#"name: bounded
+maxParallelism: 16
+operators:
+  - { name: source, kind: source, keys: 100, count: 1500, rate: { constant: 500 } }
+  - { name: work, kind: map, cpu: 100 }
+  - { name: sink, kind: sink }
+edges:
+  - { from: source, to: work }
+  - { from: work, to: sink }
+"#;
+
+/// Starts `streamscale run JOB --report REPORT ARGS` as the leader of a new process group (as
+/// a shell does for a foreground job), stdout piped.
+fn start(job: &Path, report: &Path, args: &[&str]) -> Child {
+    Command::new(workspace_bin("streamscale"))
+        .arg("run")
+        .arg(job)
+        .arg("--report")
+        .arg(report)
+        .args(["--interval", "0.5", "--window", "3"])
+        .args(args)
+        .env(
+            "STREAMSCALE_ENGINE_BIN",
+            workspace_bin("streamscale-engine"),
+        )
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start streamscale run")
+}
+
+/// Reads stdout until `n` progress lines (`t=...`) have been printed; returns what was read.
+fn wait_for_progress(
+    child: &mut Child,
+    n: usize,
+) -> (String, BufReader<std::process::ChildStdout>) {
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut seen = String::new();
+    let mut progress = 0;
+    while progress < n {
+        let mut line = String::new();
+        if out.read_line(&mut line).expect("read stdout") == 0 {
+            panic!("streamscale run ended early:\n{seen}");
+        }
+        if line.starts_with("t=") {
+            progress += 1;
+        }
+        seen.push_str(&line);
+    }
+    (seen, out)
+}
+
+/// Pids of live engine processes started for this report directory (their `--savepoint-dir`
+/// lies under it).
+fn engines_of(report: &Path) -> Vec<u32> {
+    let needle = report.display().to_string();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        // A zombie has an empty command line; it is no longer running.
+        if cmdline.contains("streamscale-engine") && cmdline.contains(&needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn wait_until_no_engine(report: &Path) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = engines_of(report);
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn summary(report: &Path) -> Value {
+    let text = std::fs::read_to_string(report.join("summary.json")).expect("summary.json");
+    serde_json::from_str(&text).expect("summary is JSON")
+}
+
+fn signal_group(pgid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, "--", &format!("-{pgid}")])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} -{pgid}: {status}");
+}
+
+#[test]
+fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, UNBOUNDED).expect("write job");
+    let report = dir.path().join("report");
+    let mut child = start(&job, &report, &["--duration", "120"]);
+    let (mut seen, mut out) = wait_for_progress(&mut child, 4);
+    assert_eq!(engines_of(&report).len(), 1, "one engine running");
+    // What a terminal's Ctrl-C does: SIGINT to every process of the foreground group.
+    signal_group(child.id(), "-INT");
+    std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "exit like a shell after SIGINT\n{seen}\n{stderr}"
+    );
+    assert!(seen.contains("interrupted (SIGINT)"), "{seen}");
+    let s = summary(&report);
+    assert_eq!(s["interrupted"], Value::Bool(true), "{s}");
+    assert_eq!(s["failure"], Value::Null, "{s}");
+    let emitted = s["records_emitted"].as_u64().expect("records_emitted");
+    assert!(emitted > 0, "{s}");
+    assert_eq!(s["records_accounted"].as_u64(), Some(emitted), "{s}");
+    assert_eq!(s["records_lost"].as_i64(), Some(0), "{s}");
+    assert!(s["final_savepoint"].is_string(), "{s}");
+    assert_eq!(
+        wait_until_no_engine(&report),
+        Vec::<u32>::new(),
+        "engine left running"
+    );
+}
+
+#[test]
+fn a_killed_controller_takes_its_engine_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, UNBOUNDED).expect("write job");
+    let report = dir.path().join("report");
+    let mut child = start(&job, &report, &["--duration", "120"]);
+    let _ = wait_for_progress(&mut child, 2);
+    assert_eq!(engines_of(&report).len(), 1, "one engine running");
+    // SIGKILL cannot be handled: the engine must notice on its own (its stdin closes).
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    assert_eq!(
+        wait_until_no_engine(&report),
+        Vec::<u32>::new(),
+        "orphaned engine"
+    );
+}
+
+#[test]
+fn a_bounded_job_stops_when_it_has_finished() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, BOUNDED).expect("write job");
+    let report = dir.path().join("report");
+    let child = start(&job, &report, &["--duration", "120"]);
+    let output = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("job finished"), "{stdout}");
+    let s = summary(&report);
+    assert_eq!(s["interrupted"], Value::Bool(false), "{s}");
+    assert_eq!(s["records_emitted"].as_u64(), Some(1500), "{s}");
+    assert_eq!(s["records_accounted"].as_u64(), Some(1500), "{s}");
+    // 1500 records at 500 rec/s take about 3 s; the run stops then, not at --duration 120.
+    let duration = s["duration_s"].as_f64().expect("duration_s");
+    assert!(duration < 120.0, "ran out the duration: {s}");
+    assert_eq!(
+        wait_until_no_engine(&report),
+        Vec::<u32>::new(),
+        "engine left running"
+    );
+}
