@@ -583,7 +583,7 @@ mod tests {
 
     fn spec(name: &str) -> JobSpec {
         let yaml = format!(
-            "name: {name}\noperators:\n  - {{ name: src, kind: source, rate: {{ constant: 1 }} }}\n  - {{ name: w, kind: window, sizeMs: 10 }}\n  - {{ name: out, kind: sink }}\nedges:\n  - {{ from: src, to: w }}\n  - {{ from: w, to: out }}\n"
+            "name: {name}\noperators:\n  - {{ name: src, kind: source, rate: {{ constant: 1 }} }}\n  - {{ name: w, kind: window, sizeMs: 10 }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: src, to: w }}\n  - {{ from: w, to: sink }}\n"
         );
         let s = JobSpec::from_yaml(&yaml).unwrap();
         s.validate().unwrap();

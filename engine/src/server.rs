@@ -882,9 +882,9 @@ mod tests {
 
     #[test]
     fn aggregations_absorb_inputs_and_emit_results() {
-        let s = spec(&format!(
-            "name: j\noperators: [{{ name: src, kind: source, rate: {{ constant: 1 }}, nexmark: {{}} }}, {{ name: bids, kind: select, query: bids }}, {{ name: w, kind: eventWindow, key: auction, window: {{ tumbling: {{ sizeMs: 1000 }} }} }}, {{ name: top, kind: windowTop, key: auction }}, {{ name: sink, kind: sink }}]\nedges: [{{ from: src, to: bids }}, {{ from: bids, to: w }}, {{ from: w, to: top }}, {{ from: top, to: sink }}]\n"
-        ));
+        let s = spec(
+            "name: j\noperators: [{ name: src, kind: source, rate: { constant: 1 }, nexmark: {} }, { name: bids, kind: select, query: bids }, { name: w, kind: eventWindow, key: auction, window: { tumbling: { sizeMs: 1000 } } }, { name: top, kind: windowTop, key: auction }, { name: sink, kind: sink }]\nedges: [{ from: src, to: bids }, { from: bids, to: w }, { from: w, to: top }, { from: top, to: sink }]\n",
+        );
         let c = counters(&[
             ("src", 0, 1000, 0, 0),
             ("bids", 1000, 920, 0, 80),

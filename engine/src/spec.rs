@@ -32,9 +32,13 @@ use crate::time::window::WindowSpec;
 pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 /// Largest number of key groups a job may declare (Flink's upper bound, 2^15).
 pub const MAX_KEY_GROUPS: u32 = 32_768;
-/// Largest `channelCapacity`, in records (2^16). Channels are allocated up front, one per
-/// pair of connected subtasks, so a larger value could exhaust memory before the job starts.
-pub const MAX_CHANNEL_CAPACITY: usize = 65_536;
+/// Largest `channelCapacity`, in records (2^20). Each non-source subtask's input channel is
+/// allocated up front (about 80 bytes per record slot), so a larger value could exhaust
+/// memory before the job starts.
+pub const MAX_CHANNEL_CAPACITY: usize = 1 << 20;
+/// Largest number of record slots over all input channels, `channelCapacity` × Σ parallelism
+/// of the non-source operators (2^24 slots, about 1.3 GB).
+pub const MAX_CHANNEL_SLOTS: u64 = 1 << 24;
 /// Largest number of sliding windows one record may fall into (`sizeMs / slideMs`); each
 /// record updates that many open windows.
 pub const MAX_WINDOWS_PER_RECORD: u64 = 1_000;
@@ -721,10 +725,12 @@ impl JobSpec {
                 *dir = base.join(dir.as_str()).display().to_string();
             }
         }
-        spec.validate().map_err(|problem| SpecError::Invalid {
-            path: path.to_path_buf(),
-            problem,
-        })?;
+        spec.validate()
+            .and_then(|()| spec.validate_job_file())
+            .map_err(|problem| SpecError::Invalid {
+                path: path.to_path_buf(),
+                problem,
+            })?;
         Ok(spec)
     }
 
@@ -873,6 +879,36 @@ impl JobSpec {
             ));
         }
         Ok(order)
+    }
+
+    /// Checks a job a user wrote, beyond [`JobSpec::validate`] (which models built from
+    /// partial graphs and running jobs also use): every operator but a sink has an output
+    /// (else all its records would be lost), and every operator's `parallelism` lies within
+    /// its `scaling` bounds. [`JobSpec::from_file`] applies it.
+    ///
+    /// # Errors
+    /// The first problem, naming the operator and the field.
+    pub fn validate_job_file(&self) -> Result<(), String> {
+        for op in &self.operators {
+            if !matches!(op.kind, OperatorKind::Sink { .. }) && self.outputs_of(&op.name).is_empty()
+            {
+                return Err(format!(
+                    "edges: operator `{}` has no output; every record must reach a sink (add an edge from `{}` to a sink)",
+                    op.name, op.name
+                ));
+            }
+        }
+        for (i, op) in self.operators.iter().enumerate() {
+            let min = op.scaling.min.unwrap_or(1);
+            let max = op.scaling.max.unwrap_or(self.max_parallelism);
+            if !(min..=max).contains(&op.parallelism) {
+                return Err(format!(
+                    "operators[{i}] ({}).parallelism: {} is outside its scaling bounds min {min} .. max {max}",
+                    op.name, op.parallelism
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether `start` can reach itself along edges that stay within `within`.
@@ -1079,12 +1115,6 @@ impl JobSpec {
                     self.max_parallelism
                 ));
             }
-            if !(min..=max).contains(&op.parallelism) {
-                return Err(format!(
-                    "{at}.parallelism: {} is outside scaling bounds min {min} .. max {max}",
-                    op.parallelism
-                ));
-            }
             match &op.kind {
                 OperatorKind::Source {
                     rate,
@@ -1139,6 +1169,19 @@ impl JobSpec {
                 OperatorKind::Map | OperatorKind::Sink { .. } => {}
             }
         }
+        let subtasks: u64 = self
+            .operators
+            .iter()
+            .filter(|o| !matches!(o.kind, OperatorKind::Source { .. }))
+            .map(|o| u64::from(o.parallelism))
+            .sum();
+        let slots = subtasks.saturating_mul(self.channel_capacity as u64);
+        if slots > MAX_CHANNEL_SLOTS {
+            return Err(format!(
+                "channelCapacity: {} records × {subtasks} non-source subtasks = {slots} channel slots exceeds {MAX_CHANNEL_SLOTS}; lower channelCapacity or parallelism",
+                self.channel_capacity
+            ));
+        }
         for (i, e) in self.edges.iter().enumerate() {
             for (field, end) in [("from", &e.from), ("to", &e.to)] {
                 if !names.contains(end.as_str()) {
@@ -1161,13 +1204,6 @@ impl JobSpec {
                 }
                 OperatorKind::Sink { .. } if outs > 0 => {
                     return Err(format!("edges: sink `{}` cannot have outputs", op.name));
-                }
-                OperatorKind::Sink { .. } => {}
-                _ if outs == 0 => {
-                    return Err(format!(
-                        "edges: operator `{}` has no output; every record must reach a sink (add an edge from `{}` to a sink)",
-                        op.name, op.name
-                    ));
                 }
                 OperatorKind::Source { .. } => {}
                 _ if ins == 0 => {

@@ -18,6 +18,16 @@ fn problem(text: &str) -> String {
     }
 }
 
+/// Reads a job file; the error message.
+fn file_problem(text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.yaml");
+    std::fs::write(&path, text).unwrap();
+    JobSpec::from_file(&path)
+        .expect_err("job should be rejected")
+        .to_string()
+}
+
 const TO_SINK: &str = "  - { from: src, to: m }\n  - { from: m, to: sink }\n";
 const SINK: &str = "  - { name: sink, kind: sink }\n";
 
@@ -64,13 +74,23 @@ fn huge_channel_capacity_is_rejected() {
         ));
         assert!(e.starts_with("channelCapacity:") && e.contains(cap), "{e}");
     }
-    // The largest allowed still validates.
+    // A large capacity on a small job still validates ...
     let ok = job(
         &format!("  - {{ name: m, kind: map }}\n{SINK}"),
         TO_SINK,
-        "channelCapacity: 65536\n",
+        "channelCapacity: 1000000\n",
     );
     JobSpec::from_yaml(&ok).unwrap().validate().unwrap();
+    // ... but not times many subtasks.
+    let e = problem(&job(
+        &format!("  - {{ name: m, kind: map, parallelism: 100 }}\n{SINK}"),
+        TO_SINK,
+        "channelCapacity: 1000000\n",
+    ));
+    assert!(
+        e.contains("channelCapacity") && e.contains("101 non-source subtasks"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -82,7 +102,7 @@ fn sliding_window_with_too_many_windows_per_record_is_rejected() {
 
 #[test]
 fn operator_without_output_is_rejected() {
-    let e = problem(&job(
+    let e = file_problem(&job(
         "  - { name: a, kind: map }\n",
         "  - { from: src, to: a }\n",
         "",
@@ -92,7 +112,7 @@ fn operator_without_output_is_rejected() {
 
 #[test]
 fn parallelism_outside_scaling_bounds_is_rejected() {
-    let e = problem(&job(
+    let e = file_problem(&job(
         &format!("  - {{ name: m, kind: map, parallelism: 5, scaling: {{ max: 2 }} }}\n{SINK}"),
         TO_SINK,
         "",
