@@ -180,6 +180,7 @@ fn disk_backend_sigkill_at_random_moments_then_recover_gives_exactly_once_state(
     let sub = dir.path().join("killed");
     std::fs::create_dir_all(&sub).unwrap();
     let chk = dir.path().join("checkpoints");
+    std::fs::create_dir_all(&chk).unwrap();
     let job = checkpointed_job(&sub, COUNT, 1500.0, 0.2, 3, &chk);
     with_disk_state(&job, &state_dir, 64);
     let chk_arg = chk.display().to_string();
