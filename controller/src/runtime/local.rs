@@ -19,6 +19,9 @@ use crate::api::{EngineApi, JobStatus};
 
 /// Environment variable naming the engine binary explicitly.
 pub const ENGINE_BIN_ENV: &str = "STREAMSCALE_ENGINE_BIN";
+/// Environment variable asking the engine to exit when its stdin closes (set for every engine
+/// this runtime starts; see `streamscale-engine --exit-on-stdin-eof`).
+pub const EXIT_ON_STDIN_EOF_ENV: &str = "STREAMSCALE_ENGINE_EXIT_ON_STDIN_EOF";
 /// File name of the engine binary.
 pub const ENGINE_BIN_NAME: &str = "streamscale-engine";
 
@@ -67,7 +70,7 @@ impl Default for LocalTimeouts {
 struct LocalEngine {
     child: Child,
     /// The engine's stdin, held open for its lifetime: the engine (started with
-    /// `--exit-on-stdin-eof`) exits when it closes, so it never outlives the controller, even
+    /// [`EXIT_ON_STDIN_EOF_ENV`]) exits when it closes, so it never outlives the controller, even
     /// when the controller is killed by a signal it cannot handle.
     stdin: Option<tokio::process::ChildStdin>,
     last_stderr: Arc<StdMutex<LastLines>>,
@@ -281,9 +284,11 @@ impl EngineRuntime for LocalRuntime {
         if let Some(sp) = restore {
             cmd.arg("--restore").arg(&sp.path);
         }
-        cmd.arg("--exit-on-stdin-eof");
         let _ = writeln!(log, "# {:?}", cmd.as_std());
-        cmd.env("NO_COLOR", "1")
+        // Exit when our end of its stdin closes (an environment variable, not an argument,
+        // so an older engine binary still starts).
+        cmd.env(EXIT_ON_STDIN_EOF_ENV, "1")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -575,7 +580,7 @@ mod tests {
         let bin = script(
             dir.path(),
             &format!(
-                "echo \"$@\" > {}\necho '{{\"event\":\"listening\",\"address\":\"127.0.0.1:4567\"}}'\necho 'log line' >&2\nexit 0",
+                "echo \"$@\" > {0}\necho \"eof=$STREAMSCALE_ENGINE_EXIT_ON_STDIN_EOF\" >> {0}\necho '{{\"event\":\"listening\",\"address\":\"127.0.0.1:4567\"}}'\necho 'log line' >&2\nexit 0",
                 args.display()
             ),
         );
@@ -595,6 +600,10 @@ mod tests {
         assert!(seen.contains("--parallelism a=2"), "{seen}");
         assert!(seen.contains("--restore /tmp/sp-1"), "{seen}");
         assert!(seen.contains("--bind 127.0.0.1:0"), "{seen}");
+        assert!(
+            seen.contains("eof=1"),
+            "asked to exit when stdin closes: {seen}"
+        );
         let log = std::fs::read_to_string(rt.log_path(h.id)).expect("log");
         assert!(log.contains("log line"), "{log}");
     }

@@ -58,6 +58,7 @@ struct Args {
     fault_panic_at: Option<String>,
     /// Exit when stdin reaches end of file: a controller that starts the engine with a pipe
     /// on stdin (and the engine in its own process group) thereby never leaves it orphaned.
+    /// Also on with `STREAMSCALE_ENGINE_EXIT_ON_STDIN_EOF=1`.
     #[arg(long, hide = true)]
     exit_on_stdin_eof: bool,
 }
@@ -142,7 +143,11 @@ fn exit_on_stdin_eof() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    if args.exit_on_stdin_eof {
+    // The environment variable lets a controller ask for this without an argument an older
+    // engine would reject.
+    if args.exit_on_stdin_eof
+        || std::env::var_os("STREAMSCALE_ENGINE_EXIT_ON_STDIN_EOF").is_some_and(|v| v == "1")
+    {
         exit_on_stdin_eof();
     }
     let spec = JobSpec::from_file(&args.job)?;
