@@ -58,7 +58,8 @@ pub enum RuntimeError {
         /// The launch error.
         source: std::io::Error,
     },
-    /// The engine exited (during start-up or later); `last_error` is the last line it wrote to stderr.
+    /// The engine exited (during start-up or later); `last_error` is its last WARN/ERROR (or
+    /// `error:`/panic) line on stderr, or says there was none, and names its log file.
     #[error("engine exited ({status}): {last_error}")]
     Exited {
         /// Exit status description, e.g. `exit code 2`.
