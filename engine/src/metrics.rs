@@ -7,6 +7,13 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+/// Upper bounds (seconds) of the sinks' end-to-end latency histogram
+/// (`streamscale_sink_latency_seconds`); a +∞ bucket follows. Shared with the simulator, which
+/// reports its p99 through the same buckets to compare like with like.
+pub const SINK_LATENCY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0,
+];
+
 /// The engine's metric families.
 #[derive(Clone)]
 pub struct EngineMetrics {
@@ -111,10 +118,7 @@ impl EngineMetrics {
                 "streamscale_sink_latency_seconds",
                 "End-to-end latency from arrival at the source to the sink.",
             )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0,
-                60.0, 120.0,
-            ]),
+            .buckets(SINK_LATENCY_BUCKETS.to_vec()),
             LABELS,
         )?;
         registry.register(Box::new(sink_latency.clone()))?;

@@ -26,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seed: 1,
             max_rows: 2000,
             threads: 0,
+            engine_p99: false,
         };
         let (summary, runs) = replay_all(&model, &names, &opts, &cfg, &|_| {})?;
         let secs = start.elapsed().as_secs_f64();

@@ -412,6 +412,7 @@ impl Plant for DesPlant<'_> {
         let p99 = (!lat.is_empty())
             .then(|| lat[((0.99 * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1]);
         let late = lat.iter().filter(|&&l| l > m.slo_s).count() as f64;
+        let p99_engine_s = crate::plant::engine_p99_of_samples(&lat);
         self.latencies = lat;
         let mut err: f64 = 0.0;
         let mut queued = 0.0;
@@ -436,6 +437,7 @@ impl Plant for DesPlant<'_> {
         StepStats {
             arrivals,
             p99_s: p99,
+            p99_engine_s,
             late,
             backlog: m
                 .sources
@@ -497,6 +499,48 @@ impl Plant for DesPlant<'_> {
                 backlog: self.backlog[i].len() as f64,
                 ..OpCounters::default()
             };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::config::{ServiceOverride, SimConfig};
+    use streamscale_engine::spec::JobSpec;
+
+    /// Service times are sampled (statrs, seeded) with the configured mean and coefficient of
+    /// variation: gamma for CV ≠ 1, exponential at 1, fixed at 0.
+    #[test]
+    fn service_times_have_the_configured_mean_and_cv() {
+        let spec = JobSpec::from_yaml(
+            "name: s\noperators:\n  - { name: src, kind: source, rate: { constant: 10 } }\n  - { name: a, kind: map, cpu: 1000 }\n  - { name: b, kind: map, cpu: 1000 }\n  - { name: c, kind: map, cpu: 1000 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: a }\n  - { from: a, to: b }\n  - { from: b, to: c }\n  - { from: c, to: sink }\n",
+        )
+        .unwrap();
+        let mut cfg = SimConfig::default();
+        for (op, mean, cv) in [("a", 2000.0, 0.5), ("b", 1000.0, 1.0), ("c", 3000.0, 0.0)] {
+            cfg.operators.insert(
+                op.into(),
+                ServiceOverride {
+                    mean_micros: Some(mean),
+                    cv: Some(cv),
+                },
+            );
+        }
+        let model = JobModel::new(&spec, &cfg, Some(10.0)).unwrap();
+        let mut plant = DesPlant::new(&model, &model.initial_parallelism(), 5);
+        for (i, mean, cv) in [(1, 2e-3, 0.5), (2, 1e-3, 1.0), (3, 3e-3, 0.0)] {
+            let n = 200_000;
+            let xs: Vec<f64> = (0..n).map(|_| plant.sample_service(i)).collect();
+            let m = xs.iter().sum::<f64>() / n as f64;
+            let var = xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n as f64;
+            assert!((m / mean - 1.0).abs() < 0.01, "op {i}: mean {m}");
+            assert!(
+                (var.sqrt() / m - cv).abs() < 0.01,
+                "op {i}: cv {}",
+                var.sqrt() / m
+            );
         }
     }
 }

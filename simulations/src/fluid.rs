@@ -18,9 +18,7 @@
 //! adding the previous step's increments instead of recomputing queueing delays and latency
 //! quantiles. Piecewise-constant traces spend most steps in such stationary stretches.
 
-use std::hash::Hasher;
-
-use crate::model::{JobModel, OpKind};
+use crate::model::{JobModel, OpKind, StepLatency, hash64};
 use crate::plant::{OpCounters, Plant, Snapshot, StepStats, capacity};
 
 /// The fluid deployment.
@@ -48,17 +46,19 @@ pub struct FluidPlant<'m> {
     /// Inputs of the last fully computed step: `[dt, up, still down, arrivals..., queue...,
     /// backlog..., last_rate...]`; empty when invalid (after a rescale).
     key: Vec<f64>,
-    /// Scratch for the next step's key.
-    next_key: Vec<f64>,
+    /// Whether the last computed step left the state (queues, backlogs, rates) as it found it.
+    fixed: bool,
     /// Increments of the last fully computed step: counters, received, processed.
     inc: Vec<OpCounters>,
     inc_received: Vec<f64>,
     inc_processed: Vec<f64>,
     /// Statistics of the last fully computed step.
     last_stats: StepStats,
-    /// Hash of the last computed step's inputs and parallelism: the class of the last step
-    /// ([`Plant::step_class`]).
+    /// Hash of the last computed step's inputs and parallelism (a chain of 64-bit finalizer
+    /// mixes): the class of the last step ([`Plant::step_class`]).
     class: u64,
+    /// Whether steps report [`StepStats::p99_engine_s`].
+    engine_p99: bool,
 }
 
 impl<'m> FluidPlant<'m> {
@@ -84,15 +84,23 @@ impl<'m> FluidPlant<'m> {
             soj: vec![0.0; n],
             gamma: vec![0.0; n],
             key: Vec::new(),
-            next_key: Vec::with_capacity(3 + 4 * n + model.sources.len()),
+            fixed: false,
             inc: vec![OpCounters::default(); n],
             inc_received: vec![0.0; n],
             inc_processed: vec![0.0; n],
             last_stats: StepStats::default(),
             class: 0,
+            engine_p99: false,
         };
         f.set_servers();
         f
+    }
+
+    /// Also report the p99 as the engine's sink histogram would ([`StepStats::p99_engine_s`]:
+    /// the worst path's latency law read through the histogram's buckets).
+    pub fn with_engine_p99(mut self, on: bool) -> Self {
+        self.engine_p99 = on;
+        self
     }
 
     /// A step with the same inputs as the last computed one: the same increments and statistics
@@ -145,24 +153,30 @@ impl Plant for FluidPlant<'_> {
         let up = (t + dt - t.max(self.down_until)).clamp(0.0, dt);
         // Time still down after this step adds to every record's latency.
         let still_down = (self.down_until - (t + dt)).max(0.0);
-        self.next_key.clear();
-        self.next_key.extend_from_slice(&[dt, up, still_down]);
-        self.next_key.extend_from_slice(arrivals_in);
-        self.next_key.extend_from_slice(&self.queue);
-        self.next_key.extend_from_slice(&self.backlog);
-        self.next_key.extend_from_slice(&self.last_rate);
-        if self.next_key == self.key {
+        // A step repeats the last computed one when that one was a fixed point (it left the
+        // state as it found it) and the external inputs are the same: then the whole key is.
+        let ext = 3 + arrivals_in.len();
+        if self.fixed
+            && self.key.len() >= ext
+            && self.key[..3] == [dt, up, still_down]
+            && self.key[3..ext] == *arrivals_in
+        {
             return self.repeat_step();
         }
-        std::mem::swap(&mut self.key, &mut self.next_key);
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.key.clear();
+        self.key.extend_from_slice(&[dt, up, still_down]);
+        self.key.extend_from_slice(arrivals_in);
+        self.key.extend_from_slice(&self.queue);
+        self.key.extend_from_slice(&self.backlog);
+        self.key.extend_from_slice(&self.last_rate);
+        let mut h: u64 = 0x243f_6a88_85a3_08d3;
         for x in &self.key {
-            h.write_u64(x.to_bits());
+            h = hash64(h ^ x.to_bits());
         }
         for p in &self.p {
-            h.write_u32(*p);
+            h = hash64(h ^ u64::from(*p));
         }
-        self.class = h.finish();
+        self.class = h;
         self.inc.iter_mut().for_each(|c| *c = OpCounters::default());
         self.inc_received.iter_mut().for_each(|x| *x = 0.0);
         self.inc_processed.iter_mut().for_each(|x| *x = 0.0);
@@ -246,12 +260,39 @@ impl Plant for FluidPlant<'_> {
             self.delay[i] = self.queue[i] / drain;
             self.soj[i] = m.sojourn(i, rate_in.min(drain), self.p[i], self.servers[i]);
         }
-        let (p99, tail) = m.path_latency(&self.delay, &self.soj);
+        let (mut p99, mut tail) = m.path_latency(&self.delay, &self.soj);
+        // Down for part of the step (a rescale at its start): the records that arrived
+        // meanwhile waited for the restart as well.
+        let down_here = if up > 0.0 { dt - up } else { 0.0 };
+        let law = (down_here > 0.0 || self.engine_p99).then(|| {
+            let (d, mean, var) = m.worst_path_law(&self.delay, &self.soj);
+            StepLatency {
+                d,
+                m: mean,
+                v: var,
+                f: down_here / dt,
+                down: down_here,
+            }
+        });
+        if let Some(l) = law.filter(|_| down_here > 0.0) {
+            p99 = p99.max(l.p99());
+            tail = tail.max(l.tail(m.slo_s));
+        }
         let p99 = p99 + still_down;
         let tail = if still_down > m.slo_s { 1.0 } else { tail };
+        let p99_engine_s = law
+            .filter(|_| self.engine_p99)
+            .and_then(|l| crate::plant::engine_p99_of_cdf(|x| 1.0 - l.tail(x - still_down)));
+        let n_state = self.queue.len();
+        let state = &self.key[ext..];
+        self.fixed = state.len() == 3 * n_state
+            && state[..n_state] == *self.queue
+            && state[n_state..2 * n_state] == *self.backlog
+            && state[2 * n_state..] == *self.last_rate;
         self.last_stats = StepStats {
             arrivals,
             p99_s: Some(p99),
+            p99_engine_s,
             late: arrivals * tail,
             backlog: m.sources.iter().map(|(s, _)| self.backlog[*s]).sum(),
             queued: self.queue.iter().sum(),
@@ -285,6 +326,7 @@ impl Plant for FluidPlant<'_> {
         self.p = p.to_vec();
         self.set_servers();
         self.key.clear();
+        self.fixed = false;
         self.down_until = t + downtime_s;
         for (i, c) in self.counters.iter_mut().enumerate() {
             *c = OpCounters {

@@ -47,6 +47,11 @@ pub struct StepStats {
     /// p99 end-to-end latency estimate (fast mode) or measurement (event mode), seconds;
     /// `None` when no record reached a sink (event mode).
     pub p99_s: Option<f64>,
+    /// The p99 as the engine's sink histogram reports it ([`engine_p99_of_samples`],
+    /// [`engine_p99_of_cdf`]): the same latencies through the same buckets and interpolation,
+    /// to compare with `streamscale run`'s measurements. Event mode: always; fast mode: only
+    /// when asked for ([`crate::fluid::FluidPlant::with_engine_p99`]); seconds.
+    pub p99_engine_s: Option<f64>,
     /// Records that arrived in the step and will exceed (fast) / reached a sink in the step
     /// having exceeded (event) the SLO.
     pub late: f64,
@@ -171,4 +176,89 @@ pub fn metric_samples(model: &JobModel, p: &[u32], window: &[Snapshot]) -> Vec<M
         .iter()
         .map(|s| metric_sample(model, &shares, s))
         .collect()
+}
+
+/// The p99 that the engine reports for these latencies (seconds): the observations counted
+/// into the sinks' histogram buckets ([`SINK_LATENCY_BUCKETS`], then +∞) and the quantile read
+/// back by the controller's linear interpolation within the bucket
+/// ([`LatencyHistogram::quantile_since`]), as `streamscale run` reads it at each scrape.
+/// `None` for no observations.
+///
+/// [`SINK_LATENCY_BUCKETS`]: streamscale_engine::metrics::SINK_LATENCY_BUCKETS
+pub fn engine_p99_of_samples(latencies: &[f64]) -> Option<f64> {
+    use streamscale_engine::metrics::SINK_LATENCY_BUCKETS;
+    let mut cum = [0.0; SINK_LATENCY_BUCKETS.len() + 1];
+    for &l in latencies {
+        let b = SINK_LATENCY_BUCKETS.partition_point(|&le| le < l);
+        cum[b] += 1.0;
+    }
+    for b in 1..cum.len() {
+        cum[b] += cum[b - 1];
+    }
+    engine_quantile(&cum)
+}
+
+/// [`engine_p99_of_samples`] for a latency distribution given by its CDF `cdf(x)` = P(latency
+/// ≤ x) (x in seconds): the histogram's expected cumulative bucket counts are the CDF at the
+/// bucket bounds, read back by the same interpolation. `None` when `cdf` is never positive.
+pub fn engine_p99_of_cdf(cdf: impl Fn(f64) -> f64) -> Option<f64> {
+    use streamscale_engine::metrics::SINK_LATENCY_BUCKETS;
+    let mut cum = [1.0; SINK_LATENCY_BUCKETS.len() + 1];
+    let mut prev: f64 = 0.0;
+    for (c, &le) in cum.iter_mut().zip(&SINK_LATENCY_BUCKETS) {
+        // A CDF never decreases; numerical noise must not make a bucket count negative.
+        prev = prev.max(cdf(le).clamp(0.0, 1.0));
+        *c = prev;
+    }
+    engine_quantile(&cum)
+}
+
+/// The controller's 0.99 quantile of cumulative bucket counts `cum` over
+/// [`SINK_LATENCY_BUCKETS`](streamscale_engine::metrics::SINK_LATENCY_BUCKETS) and +∞.
+fn engine_quantile(cum: &[f64]) -> Option<f64> {
+    use streamscale_controller::scrape::LatencyHistogram;
+    use streamscale_engine::metrics::SINK_LATENCY_BUCKETS;
+    let count = cum.last().copied().unwrap_or(0.0);
+    let h = LatencyHistogram {
+        buckets: SINK_LATENCY_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(cum.iter().copied())
+            .collect(),
+        sum_seconds: 0.0,
+        count,
+    };
+    h.quantile_since(None, 0.99)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Seven records in one scrape interval, all between 10 and 25 ms: the engine's histogram
+    /// puts rank 6.93 of 7 near the top of the 10–25 ms bucket (24.85 ms), whatever the exact
+    /// values; the simulator reports the same.
+    #[test]
+    fn engine_p99_reads_through_the_buckets() {
+        let lat = [0.011, 0.012, 0.012, 0.013, 0.014, 0.015, 0.016];
+        let p = engine_p99_of_samples(&lat).unwrap();
+        assert!((p - (0.01 + 0.015 * 6.93 / 7.0)).abs() < 1e-12, "{p}");
+        assert_eq!(engine_p99_of_samples(&[]), None);
+        // Above the largest bound: the largest finite bound, as the controller reads it.
+        assert_eq!(engine_p99_of_samples(&[500.0; 10]), Some(120.0));
+    }
+
+    /// From a CDF: uniform latency on [0, 0.1 s] has F(0.05) = 0.5 and F(0.1) = 1, so the
+    /// 0.99 rank falls in the 50–100 ms bucket at 0.05 + 0.05 × 0.49 / 0.5.
+    #[test]
+    fn engine_p99_of_a_cdf() {
+        let p = engine_p99_of_cdf(|x| (x / 0.1).clamp(0.0, 1.0)).unwrap();
+        assert!((p - (0.05 + 0.05 * 0.49 / 0.5)).abs() < 1e-12, "{p}");
+        // Samples drawn from the same law agree with it.
+        let lat: Vec<f64> = (0..100_000).map(|k| 0.1 * (k as f64 + 0.5) / 1e5).collect();
+        let q = engine_p99_of_samples(&lat).unwrap();
+        assert!((p - q).abs() < 1e-4, "{p} vs {q}");
+    }
 }

@@ -67,6 +67,11 @@ pub trait Policy {
     fn planner_calls(&self) -> Option<(u64, u64)> {
         None
     }
+    /// Whether the policy reads [`Observation::window_key`] (the replay computes it only then;
+    /// `None` otherwise).
+    fn uses_window_key(&self) -> bool {
+        false
+    }
 }
 
 /// Names accepted by [`make_policy`], in report order.
@@ -289,6 +294,9 @@ impl Streamscale {
 impl Policy for Streamscale {
     fn name(&self) -> &'static str {
         "streamscale"
+    }
+    fn uses_window_key(&self) -> bool {
+        self.use_memo
     }
     fn interval_s(&self) -> f64 {
         self.interval_s
@@ -719,6 +727,24 @@ pub struct Static {
 }
 
 impl Static {
+    /// Sizes from the sources' mean rates over each step of `schedule` (the replay's own steps;
+    /// the 99th percentile by nearest rank per source), for [`Static::sized_for`].
+    pub fn from_schedule(model: &JobModel, schedule: &crate::runner::Schedule) -> Static {
+        let mut gamma = vec![0.0; model.ops.len()];
+        let n = schedule.steps();
+        let mut rates = vec![0.0; n];
+        for (k, (s, _)) in model.sources.iter().enumerate() {
+            for (j, r) in rates.iter_mut().enumerate() {
+                let (_, dt, arrivals) = schedule.step(j);
+                *r = arrivals[k] / dt;
+            }
+            let idx = ((0.99 * n as f64).ceil() as usize).clamp(1, n) - 1;
+            let (_, p99, _) = rates.select_nth_unstable_by(idx, f64::total_cmp);
+            gamma[*s] += *p99;
+        }
+        Static::sized_for(model, &gamma)
+    }
+
     /// Sizes from the sources' rates sampled every simulated second over the replay (at most
     /// 10⁶ samples, evenly spaced).
     pub fn new(model: &JobModel) -> Static {
@@ -739,8 +765,15 @@ impl Static {
             let (_, p99, _) = rates.select_nth_unstable_by(idx, f64::total_cmp);
             gamma[*s] += *p99;
         }
+        Static::sized_for(model, &gamma)
+    }
+
+    /// The least parallelism per operator (within bounds) that keeps every operator at or
+    /// under the job's target utilization ρ when the sources emit `gamma` records/s (indexed
+    /// by operator; traffic equations for the operators' rates). Sources keep the job's.
+    pub fn sized_for(model: &JobModel, gamma: &[f64]) -> Static {
         let rho = model.spec.autoscaler.target_utilization;
-        let lambda = model.traffic(&gamma);
+        let lambda = model.traffic(gamma);
         let p = (0..model.ops.len())
             .map(|i| {
                 if model.ops[i].kind == OpKind::Source {

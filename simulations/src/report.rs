@@ -36,7 +36,8 @@ fn write(path: &Path, text: &str) -> Result<(), SimError> {
 }
 
 /// Writes `summary.json` and `timeseries.csv` (columns `policy,t_s,input_rate,capacity,p99_s,
-/// backlog,queued,p_<operator>...`) into `dir`, creating it.
+/// p99_engine_s,backlog,queued,p_<operator>...`; `p99_engine_s` empty unless computed) into
+/// `dir`, creating it.
 ///
 /// # Errors
 /// [`SimError::Write`] naming the file.
@@ -55,7 +56,7 @@ pub fn write_files(
         message: e.to_string(),
     })?;
     write(&dir.join("summary.json"), &json)?;
-    let mut csv = String::from("policy,t_s,input_rate,capacity,p99_s,backlog,queued");
+    let mut csv = String::from("policy,t_s,input_rate,capacity,p99_s,p99_engine_s,backlog,queued");
     for op in &model.ops {
         let _ = write!(csv, ",p_{}", op.name);
     }
@@ -64,8 +65,15 @@ pub fn write_files(
         for r in &run.rows {
             let _ = write!(
                 csv,
-                "{},{:.3},{:.4},{:.4},{:.6},{:.2},{:.2}",
-                run.name, r.t_s, r.input_rate, r.capacity, r.p99_s, r.backlog, r.queued
+                "{},{:.3},{:.4},{:.4},{:.6},{},{:.2},{:.2}",
+                run.name,
+                r.t_s,
+                r.input_rate,
+                r.capacity,
+                r.p99_s,
+                r.p99_engine_s.map_or(String::new(), |p| format!("{p:.6}")),
+                r.backlog,
+                r.queued
             );
             for p in &r.parallelism {
                 let _ = write!(csv, ",{p}");

@@ -32,6 +32,9 @@ pub struct ReplayOptions {
     pub max_rows: usize,
     /// Threads [`replay_all`] runs policies on; 0 = the machine's available parallelism.
     pub threads: usize,
+    /// Fast mode: also compute each step's p99 as the engine's histogram reports it
+    /// ([`StepStats::p99_engine_s`]; the event mode always does).
+    pub engine_p99: bool,
 }
 
 /// Per-policy results, exactly the fields of `summary.json`.
@@ -66,6 +69,9 @@ pub struct Row {
     pub capacity: f64,
     /// Largest p99 latency of the row's steps, seconds.
     pub p99_s: f64,
+    /// Largest p99 of the row's steps as the engine's sink histogram reports it
+    /// ([`StepStats::p99_engine_s`]), seconds; `None` when not computed or no record arrived.
+    pub p99_engine_s: Option<f64>,
     /// Source backlog at the end, records.
     pub backlog: f64,
     /// Records queued at operators at the end.
@@ -206,7 +212,7 @@ pub fn replay_scheduled(
         .initial()
         .unwrap_or_else(|| model.initial_parallelism());
     let mut plant: Box<dyn Plant + '_> = match opts.mode {
-        Mode::Fast => Box::new(FluidPlant::new(model, &p0)),
+        Mode::Fast => Box::new(FluidPlant::new(model, &p0).with_engine_p99(opts.engine_p99)),
         Mode::Event => Box::new(DesPlant::new(model, &p0, opts.seed)),
     };
     let duration = model.duration_s.max(0.0);
@@ -215,6 +221,7 @@ pub fn replay_scheduled(
     let free = policy.free_rescales();
     let interval = policy.interval_s();
     let window_s = policy.window_s();
+    let uses_key = policy.uses_window_key();
     policy.restarted(0.0);
     let mut started_s = 0.0;
     let mut window = Window::default();
@@ -235,7 +242,11 @@ pub fn replay_scheduled(
                     next_decision += interval;
                 }
             }
-            let window_key = window_key(window.classes());
+            let window_key = if uses_key {
+                window_key(window.classes())
+            } else {
+                None
+            };
             let obs = Observation {
                 now_s: t,
                 model,
@@ -370,16 +381,14 @@ impl Window {
 /// [`Observation::window_key`](crate::policy::Observation::window_key): a hash of the classes of
 /// the steps between the window's snapshots (`classes[1..]`), when every one is known.
 fn window_key(classes: &[Option<u64>]) -> Option<u64> {
-    use std::hash::Hasher;
     if classes.len() < 2 {
         return None;
     }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h: u64 = 0x1319_8a2e_0370_7344;
     for c in classes.iter().skip(1) {
-        h.write_u64((*c)?);
+        h = crate::model::hash64(h ^ (*c)?);
     }
-    h.write_usize(classes.len());
-    Some(h.finish())
+    Some(crate::model::hash64(h ^ classes.len() as u64))
 }
 
 #[derive(Debug, Default)]
@@ -388,6 +397,7 @@ struct RowAcc {
     arrivals: f64,
     capacity: f64,
     p99: f64,
+    p99_engine: Option<f64>,
 }
 
 impl RowAcc {
@@ -396,6 +406,9 @@ impl RowAcc {
         self.arrivals += st.arrivals;
         self.capacity += st.capacity.min(1e12) * dt;
         self.p99 = self.p99.max(st.p99_s.unwrap_or(0.0));
+        if let Some(p) = st.p99_engine_s {
+            self.p99_engine = Some(self.p99_engine.map_or(p, |q| q.max(p)));
+        }
     }
     fn row(&self, t_s: f64, st: &StepStats, p: &[u32]) -> Row {
         Row {
@@ -403,6 +416,7 @@ impl RowAcc {
             input_rate: self.arrivals / self.dt,
             capacity: self.capacity / self.dt,
             p99_s: self.p99,
+            p99_engine_s: self.p99_engine,
             backlog: st.backlog,
             queued: st.queued,
             parallelism: p.to_vec(),
@@ -465,7 +479,16 @@ pub fn replay_all(
             let Some(&i) = order.get(k) else {
                 return done;
             };
-            if let Some(mut policy) = crate::policy::make_policy_with(&all[i], model, cfg) {
+            // Static sizes from the replay's own steps (no second pass over the trace).
+            let made = if all[i] == "static" {
+                Some(
+                    Box::new(crate::policy::Static::from_schedule(model, &schedule))
+                        as Box<dyn Policy>,
+                )
+            } else {
+                crate::policy::make_policy_with(&all[i], model, cfg)
+            };
+            if let Some(mut policy) = made {
                 let run = replay_scheduled(model, &schedule, policy.as_mut(), opts, &mut |n| {
                     on_steps(n)
                 });

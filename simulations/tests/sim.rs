@@ -36,6 +36,7 @@ fn run(model: &JobModel, policy: &str, mode: Mode, step: f64, seed: u64) -> Poli
         seed,
         max_rows: 100_000,
         threads: 1,
+        engine_p99: false,
     };
     replay(model, p.as_mut(), &opts, &mut |_| {})
 }
@@ -148,6 +149,7 @@ fn oracle_is_a_lower_bound_on_every_bundled_trace() {
             seed: 1,
             max_rows: 10,
             threads: 0,
+            engine_p99: false,
         };
         let (summary, _) =
             replay_all(&model, &names, &opts, &SimConfig::default(), &|_| {}).unwrap();
@@ -247,6 +249,7 @@ fn fast_mode_matches_event_mode() {
             seed: 1,
             max_rows: 100_000,
             threads: 1,
+            engine_p99: false,
         };
         let mut p = make_policy("streamscale", &model, 1e9, 30.0).unwrap();
         let fast = replay(&model, p.as_mut(), &opts(Mode::Fast), &mut |_| {});
@@ -355,7 +358,11 @@ fn cli_writes_summary_csv_and_plot() {
         }
     }
     let csv = std::fs::read_to_string(rep.join("timeseries.csv")).unwrap();
-    assert!(csv.starts_with("policy,t_s,input_rate,capacity,p99_s,backlog,queued,p_source"));
+    assert!(
+        csv.starts_with(
+            "policy,t_s,input_rate,capacity,p99_s,p99_engine_s,backlog,queued,p_source"
+        )
+    );
     assert!(std::fs::metadata(rep.join("comparison.png")).unwrap().len() > 1000);
 }
 
@@ -374,6 +381,7 @@ fn memo_and_threads_change_nothing() {
         seed: 1,
         max_rows: 1000,
         threads: 1,
+        engine_p99: false,
     };
     let mut with = Streamscale::new(5.0, 30.0);
     let a = replay(&model, &mut with, &opts, &mut |_| {});
@@ -398,4 +406,173 @@ fn memo_and_threads_change_nothing() {
         .unwrap()
         .0;
     assert_eq!(one.policies, two.policies);
+}
+
+/// `--scale` multiplies the trace's rates, `--speedup` compresses its time, and `--gaps`
+/// decides what a missing row means (`hold` the last rate, `zero`), through the CLI.
+#[test]
+fn cli_scale_speedup_and_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = root().join("examples/jobs/tweets.yaml");
+    // Rows every 60 s; the rows at 120 and 180 s are missing (a gap): 100 rec/s before, 50 after.
+    let trace = dir.path().join("gap.csv");
+    std::fs::write(&trace, "t_seconds,rate\n0,100\n60,100\n240,50\n300,50\n").unwrap();
+    let mean_rate = |extra: &[&str], name: &str| {
+        let rep = dir.path().join(name);
+        let mut args = vec![
+            job.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+            "--policy",
+            "static",
+            "--step",
+            "1",
+            "--quiet",
+            "--report",
+            rep.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = sim(&args);
+        assert_eq!(code, 0, "{err}");
+        let csv = std::fs::read_to_string(rep.join("timeseries.csv")).unwrap();
+        let rows: Vec<(f64, f64)> = csv
+            .lines()
+            .skip(1)
+            .filter(|l| l.starts_with("static,"))
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[1].parse().unwrap(), f[2].parse().unwrap())
+            })
+            .collect();
+        let total: f64 = rows.iter().map(|r| r.1).sum::<f64>();
+        (out, rows.len(), total)
+    };
+    let (_, n_hold, hold) = mean_rate(
+        &["--gaps", "hold", "--speedup", "1", "--scale", "1"],
+        "hold",
+    );
+    let (_, n_zero, zero) = mean_rate(
+        &["--gaps", "zero", "--speedup", "1", "--scale", "1"],
+        "zero",
+    );
+    // The same replay length either way, 1 s steps; the last row's bin lasts to the end.
+    assert_eq!(n_hold, n_zero);
+    let tail = n_hold as f64 - 240.0;
+    assert!(tail > 0.0, "{n_hold}");
+    // hold: 100 rec/s over [0, 240) then 50; zero: 0 over the gap [120, 240).
+    assert!((hold - (240.0 * 100.0 + tail * 50.0)).abs() < 1.0, "{hold}");
+    assert!((zero - (120.0 * 100.0 + tail * 50.0)).abs() < 1.0, "{zero}");
+    let (_, n_fast, fast) = mean_rate(
+        &["--gaps", "hold", "--speedup", "4", "--scale", "1"],
+        "fast",
+    );
+    assert_eq!(n_fast, n_hold / 4, "4 trace-seconds per simulated second");
+    // Rates are per simulated second: 4× compressed time → 4× the rate, the same records.
+    assert!((fast - hold).abs() < 1.0, "{fast} vs {hold}");
+    let (_, _, scaled) = mean_rate(
+        &["--gaps", "hold", "--speedup", "1", "--scale", "3"],
+        "scaled",
+    );
+    assert!((scaled - 3.0 * hold).abs() < 1.0, "{scaled} vs 3 × {hold}");
+}
+
+/// Scaling limits: no policy chooses more parallelism than an operator's `scaling.max` or the
+/// job's `maxParallelism` (the number of key groups), even when the load needs more.
+#[test]
+fn no_policy_exceeds_the_parallelism_limits() {
+    let yaml = chain("{ constant: 20000 }")
+        .replace("maxParallelism: 128", "maxParallelism: 6")
+        .replace("cpu: 495 }", "cpu: 495, scaling: { max: 3 } }");
+    // An hour: flink decides only after its 15-minute metric window.
+    let model = JobModel::new(&job(&yaml), &SimConfig::default(), Some(3600.0)).unwrap();
+    assert_eq!(model.ops[1].bounds, (1, 3));
+    assert_eq!(model.ops[2].bounds, (1, 6));
+    for policy in POLICIES {
+        let r = run(&model, policy, Mode::Fast, 1.0, 1);
+        for row in &r.rows {
+            assert!(
+                row.parallelism[1] <= 3 && row.parallelism[2] <= 6,
+                "{policy}: {:?}",
+                row.parallelism
+            );
+        }
+        assert!(
+            r.rows.iter().any(|x| x.parallelism[2] == 6) || policy == "static",
+            "{policy}: the overloaded window should reach the key-group limit"
+        );
+    }
+}
+
+/// The rescale cost model: downtime = fixed part + seconds per MB × keyed state, with
+/// defaults from what `streamscale run` measured (0.6 s fixed, 0.02 s/MB), charged at every
+/// rescale of a policy that pays for rescales.
+#[test]
+fn rescale_cost_model() {
+    let spec = job(&chain(
+        "{ steps: [{atSeconds: 0, recordsPerSecond: 300}, {atSeconds: 60, recordsPerSecond: 1500}] }",
+    ));
+    let model = JobModel::new(&spec, &SimConfig::default(), Some(150.0)).unwrap();
+    // One keyed operator, 1000 keys × 64 bytes = 0.064 MB of state.
+    assert!((model.rescale_downtime_s - (0.6 + 0.02 * 0.064)).abs() < 1e-12);
+    let mut cfg = SimConfig::default();
+    cfg.rescale.downtime_seconds = 2.0;
+    cfg.rescale.seconds_per_mb = 1.0;
+    cfg.rescale.state_mb = Some(3.0);
+    let model = JobModel::new(&spec, &cfg, Some(150.0)).unwrap();
+    assert_eq!(model.rescale_downtime_s, 5.0);
+    let r = run(&model, "streamscale", Mode::Fast, 1.0, 1);
+    assert!(!r.rescales.is_empty());
+    assert_eq!(r.summary.downtime_s, 5.0 * r.rescales.len() as f64);
+    // The oracle ignores rescale cost.
+    let o = run(&model, "oracle", Mode::Fast, 1.0, 1);
+    assert!(!o.rescales.is_empty() && o.summary.downtime_s == 0.0);
+}
+
+/// The metric samples the planner gets from the simulator have the engine's meaning: per
+/// subtask, busy + idle + backpressured time adds up to the elapsed wall time, records in and
+/// out follow the selectivity, and source arrivals = emitted + backlog.
+#[test]
+fn metric_samples_have_the_engines_meaning() {
+    use streamscale_simulations::fluid::FluidPlant;
+    use streamscale_simulations::plant::{Plant, metric_samples};
+    let yaml = chain("{ constant: 900 }")
+        .replace("cpu: 495 }", "cpu: 495, parallelism: 2 }")
+        .replace("io: 995 }", "io: 995, parallelism: 1 }");
+    let model = JobModel::new(&job(&yaml), &SimConfig::default(), Some(60.0)).unwrap();
+    let p = model.initial_parallelism();
+    let mut plant = FluidPlant::new(&model, &p);
+    // The window's selectivity follows its measured input rate from the second step on.
+    plant.advance(0.0, 1.0, &[900.0]);
+    let first = plant.snapshot(1.0);
+    for k in 1..21 {
+        plant.advance(f64::from(k), 1.0, &[900.0]);
+    }
+    let last = plant.snapshot(21.0);
+    let samples = metric_samples(&model, &p, &[first, last]);
+    let (a, b) = (&samples[0], &samples[1]);
+    for (op, subs) in &b.operators {
+        if op == "src" {
+            let s = &subs[0];
+            let arrived = s.source_arrivals.unwrap();
+            assert!((arrived - 18900.0).abs() < 1e-6);
+            assert!((arrived - s.records_out - s.source_backlog.unwrap()).abs() < 1e-6);
+            continue;
+        }
+        for (i, s) in subs.iter().enumerate() {
+            let s0 = &a.operators[op][i];
+            let time = (s.busy_seconds - s0.busy_seconds)
+                + (s.idle_seconds - s0.idle_seconds)
+                + (s.backpressured_seconds - s0.backpressured_seconds);
+            assert!((time - 20.0).abs() < 1e-6, "{op}[{i}]: {time} s in 20 s");
+        }
+    }
+    let sum = |op: &str, f: fn(&streamscale_controller::model::SubtaskSample) -> f64| {
+        b.operators[op].iter().map(f).sum::<f64>() - a.operators[op].iter().map(f).sum::<f64>()
+    };
+    // The 1 s window over 1000 keys at ~900 rec/s emits one record per active key per window.
+    let sel = model.selectivity(2, 900.0);
+    assert!(
+        (sum("counts", |s| s.records_out) - sel * sum("counts", |s| s.records_in)).abs() < 1e-3
+    );
+    assert!((sum("parse", |s| s.records_out) - sum("parse", |s| s.records_in)).abs() < 1e-6);
 }

@@ -5,7 +5,7 @@
 //! [--report DIR] [--scale X] [--speedup N] [--gaps hold|zero] [--start S] [--end S]
 //! [--duration S] [--mode fast|event] [--step S] [--interval S] [--window S] [--seed N]
 //! [--sim-config FILE] [--downtime S] [--seconds-per-mb S] [--service OP=MEAN_US[:CV],...]
-//! [--threads N]`
+//! [--threads N] [--engine-p99] [--quiet]`
 
 use std::path::PathBuf;
 
@@ -95,6 +95,10 @@ struct Args {
     /// Threads to run policies on (default: the machine's available parallelism).
     #[arg(long)]
     threads: Option<usize>,
+    /// Also write, per time-series row, the p99 as the engine's sink histogram would report
+    /// it (`p99_engine_s`: the same buckets and interpolation as `streamscale run`).
+    #[arg(long)]
+    engine_p99: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -260,6 +264,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         seed: cfg.seed,
         max_rows: 2000,
         threads: a.threads.unwrap_or(0),
+        engine_p99: a.engine_p99,
     };
     let total_steps = (model.duration_s / step).ceil() as u64 * (names.len() as u64 + 1);
     let bar = if a.quiet || total_steps < 200_000 {
