@@ -421,6 +421,12 @@ pub(crate) struct Model {
     /// Keyed operators: estimated share of the input per key group (sums to 1); `None` for
     /// shared-queue operators.
     kg_load: Vec<Option<Vec<f64>>>,
+    /// Keyed operators: prefix sums of `kg_load` (K + 1 entries), so a key-group range's load
+    /// is one subtraction.
+    kg_prefix: Vec<Option<Vec<f64>>>,
+    /// Keyed operators: [`Model::max_share`] by parallelism (index p, NaN = not computed yet);
+    /// a pure memo of a function of the model, it changes no result.
+    share_memo: std::cell::RefCell<Vec<Vec<f64>>>,
     /// Learned scalability factor per operator (1 = linear scaling), applied to μ at
     /// parallelisms above the current one (see [`super::learn`]).
     factor: Vec<f64>,
@@ -487,12 +493,38 @@ impl Model {
             })
             .collect();
         let key_groups = graph.key_groups;
-        let kg_load = (0..n)
+        let kg_load: Vec<Option<Vec<f64>>> = (0..n)
             .map(|i| {
                 (topo.queue[i] == QueueKind::Keyed)
                     .then(|| key_group_load(&est[i].subtask_input_shares, key_groups))
             })
             .collect();
+        let kg_prefix: Vec<Option<Vec<f64>>> = kg_load
+            .iter()
+            .map(|l: &Option<Vec<f64>>| {
+                l.as_ref().map(|l| {
+                    let mut acc = 0.0;
+                    std::iter::once(0.0)
+                        .chain(l.iter().map(|x| {
+                            acc += x;
+                            acc
+                        }))
+                        .collect()
+                })
+            })
+            .collect();
+        let share_memo = std::cell::RefCell::new(
+            kg_load
+                .iter()
+                .map(|l: &Option<Vec<f64>>| {
+                    if l.is_some() {
+                        vec![f64::NAN; key_groups as usize + 1]
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect(),
+        );
         let gain: Vec<f64> = est.iter().map(|e| e.selectivity).collect();
         // A feedback loop whose gain is 1 or more has no finite rates: rejected, naming it.
         let lambda_target = topo.try_traffic(&gamma_target, &gain)?;
@@ -538,6 +570,8 @@ impl Model {
             with_downtime: true,
             lambda_steady,
             spec_parallelism,
+            kg_prefix,
+            share_memo,
             kg_load,
             factor: vec![1.0; n],
             frozen: vec![false; n],
@@ -579,15 +613,26 @@ impl Model {
     /// queue, 1/p.
     fn max_share(&self, i: usize, p: u32) -> f64 {
         let p = p.max(1);
-        let Some(load) = &self.kg_load[i] else {
+        let Some(prefix) = &self.kg_prefix[i] else {
             return 1.0 / f64::from(p);
         };
-        (0..p.min(self.graph.key_groups))
+        let k = self.graph.key_groups;
+        let q = p.min(k);
+        if let Some(&m) = self.share_memo.borrow()[i].get(q as usize)
+            && !m.is_nan()
+        {
+            return m;
+        }
+        let share = (0..q)
             .map(|j| {
-                let r = key_group_range(j, p.min(self.graph.key_groups), self.graph.key_groups);
-                load[r.start as usize..r.end as usize].iter().sum::<f64>()
+                let r = key_group_range(j, q, k);
+                prefix[r.end as usize] - prefix[r.start as usize]
             })
-            .fold(0.0, f64::max)
+            .fold(0.0, f64::max);
+        if let Some(slot) = self.share_memo.borrow_mut()[i].get_mut(q as usize) {
+            *slot = share;
+        }
+        share
     }
 
     /// Arrival rate to size operator `i` against as if its `p` subtasks were evenly loaded:
