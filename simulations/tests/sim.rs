@@ -321,6 +321,34 @@ fn bad_traces_fail_naming_the_line() {
 }
 
 #[test]
+fn contradictory_or_oversized_options_fail_before_simulating() {
+    let job = root().join("examples/jobs/tweets.yaml");
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["--end", "5", "--start", "10"],
+            "endSeconds: 5 must be after startSeconds 10",
+        ),
+        (&["--start", "-100"], "startSeconds: -100"),
+        (&["--start", "9999999999"], "startSeconds 9999999999"),
+        (&["--speedup", "1e-6"], "more than 2e7"),
+        (&["--duration", "1e12"], "more than 2e7"),
+        (
+            &["--step", "100000"],
+            "--step: 100000 s is longer than the whole replay",
+        ),
+        (&["--downtime", "-3"], "downtimeSeconds: -3"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec![job.to_str().unwrap(), "--policy", "static", "--quiet"];
+        all.extend_from_slice(args);
+        let (code, out, err) = sim(&all);
+        assert_ne!(code, 0, "{args:?}: {out}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: nothing simulated: {out}");
+    }
+}
+
+#[test]
 fn cli_writes_summary_csv_and_plot() {
     let dir = tempfile::tempdir().unwrap();
     let job = root().join("examples/jobs/tweets.yaml");

@@ -21,7 +21,7 @@ use streamscale_simulations::runner::{Mode, ReplayOptions, default_step, replay_
 
 /// Replays a trace through a model of a job under several autoscaling policies.
 #[derive(Debug, Parser)]
-#[command(name = "streamscale-sim", version)]
+#[command(name = "streamscale-sim", version, allow_negative_numbers = true)]
 struct Args {
     /// Job spec (YAML), the same file the engine runs.
     job: PathBuf,
@@ -120,6 +120,10 @@ fn positive(name: &str, v: Option<f64>) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Most steps one replay may take: the arrival schedule holds one f64 per step and source, so
+/// this bounds its memory (2·10⁷ steps ≈ 160 MB per source) before it is allocated.
+const MAX_STEPS: f64 = 2e7;
 
 fn run(a: Args) -> anyhow::Result<()> {
     let mut cfg = match &a.sim_config {
@@ -249,7 +253,17 @@ fn run(a: Args) -> anyhow::Result<()> {
             );
         }
     }
+    // The command-line overrides can contradict each other or the trace (`--end` before
+    // `--start`, a start past the trace's end): check the spec again as the engine would.
+    spec.validate()
+        .map_err(|e| anyhow::anyhow!("{} with the command-line overrides: {e}", a.job.display()))?;
     let model = JobModel::new(&spec, &cfg, a.duration)?;
+    if model.duration_s.is_nan() || model.duration_s <= 0.0 {
+        bail!(
+            "nothing to simulate: the replay lasts {} s (check --start/--end/--duration against the trace)",
+            model.duration_s
+        );
+    }
     let names: Vec<String> = if a.policy == "all" {
         POLICIES.iter().map(|s| s.to_string()).collect()
     } else {
@@ -258,6 +272,19 @@ fn run(a: Args) -> anyhow::Result<()> {
     let step = cfg
         .step_seconds
         .unwrap_or_else(|| default_step(model.duration_s));
+    if step > model.duration_s {
+        bail!(
+            "--step: {step} s is longer than the whole replay ({} s)",
+            model.duration_s
+        );
+    }
+    let steps = model.duration_s / step;
+    if steps > MAX_STEPS {
+        bail!(
+            "{:.0} s at a step of {step} s is {steps:.3e} steps, more than {MAX_STEPS:.0e}: raise --step or shorten the replay (--duration, --speedup)",
+            model.duration_s
+        );
+    }
     let opts = ReplayOptions {
         mode,
         step_s: step,
