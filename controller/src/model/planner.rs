@@ -863,7 +863,7 @@ impl Model {
                     format!(
                         " + {} records from the rescale's {} s downtime",
                         Fixed(src.arrival_rate * self.s.downtime, 0),
-                        Short(self.s.downtime)
+                        Fixed(self.s.downtime, 2)
                     )
                 } else {
                     String::new()
@@ -1814,7 +1814,7 @@ edges:
         assert!(
             d.reasons
                 .iter()
-                .any(|r| r.contains("+ 4200 records from the rescale's 4.2 s downtime")),
+                .any(|r| r.contains("+ 4200 records from the rescale's 4.20 s downtime")),
             "{:?}",
             d.reasons
         );
