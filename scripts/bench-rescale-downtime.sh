@@ -31,23 +31,8 @@ log() { echo "[$(date +%T)] $*" >&2; }
 log "building the rescale_downtime bench (release)"
 (cd "$ROOT" && cargo build -q --release -p streamscale-engine --bench rescale_downtime --bin streamscale-engine)
 
-# ------------------------------------------------------------------ Flink home from the wheels
-if [ ! -f "$FH/lib/flink-dist-2.3.0.jar" ]; then
-  log "assembling $FH from the apache-flink wheels"
-  mkdir -p "$H/dl" "$FH"
-  ls "$H"/dl/apache_flink_libraries-2.3.0-*.whl >/dev/null 2>&1 ||
-    pip download --no-deps apache-flink-libraries==2.3.0 -d "$H/dl"
-  ls "$H"/dl/apache_flink-2.3.0-*.whl >/dev/null 2>&1 ||
-    pip download --no-deps apache-flink==2.3.0 -d "$H/dl"
-  rm -rf "$H/libs" "$H/pyflink-wheel"
-  unzip -q "$(ls "$H"/dl/apache_flink_libraries-2.3.0-*.whl | head -1)" \
-    'pyflink/lib/*' 'pyflink/opt/*' 'pyflink/plugins/*' 'pyflink/bin/*' -d "$H/libs"
-  unzip -q "$(ls "$H"/dl/apache_flink-2.3.0-*.whl | head -1)" 'pyflink/bin/*' 'pyflink/conf/*' -d "$H/pyflink-wheel"
-  cp -r "$H/libs/pyflink/lib" "$H/libs/pyflink/opt" "$H/libs/pyflink/plugins" "$FH/"
-  mkdir -p "$FH/bin"; cp "$H"/pyflink-wheel/pyflink/bin/* "$H"/libs/pyflink/bin/* "$FH/bin/"
-  cp -r "$H/pyflink-wheel/pyflink/conf" "$FH/"; cp "$FH/conf/config.yaml" "$FH/conf/config.yaml.orig"
-  chmod +x "$FH"/bin/*.sh "$FH/bin/flink"
-fi
+# shellcheck source=../bench/flink/home.sh
+. "$ROOT/bench/flink/home.sh"
 export FLINK_HOME=$FH FLINK_CONF_DIR=$H/conf-downtime
 mkdir -p "$RUN"/{log,pid,tmp,web} "$FLINK_CONF_DIR"
 cp "$FH"/conf/log4j*.properties "$FLINK_CONF_DIR"/ 2>/dev/null || true
