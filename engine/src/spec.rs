@@ -489,9 +489,13 @@ pub struct AutoscalerSpec {
     /// Utilization ρ = λ / (p μ) every operator must stay at or under. Default 0.7.
     #[serde(default = "default_target_utilization")]
     pub target_utilization: f64,
-    /// End-to-end latency SLO in seconds (mean sojourn along the worst path). Default 1.0.
+    /// End-to-end latency SLO in seconds, on the [`Self::latency_percentile`]-quantile of
+    /// every source-to-sink path's latency. Default 1.0.
     #[serde(default = "default_latency_slo")]
     pub latency_slo_seconds: f64,
+    /// Percentile of end-to-end latency the SLO is on, in (0, 1). Default 0.99 (p99).
+    #[serde(default = "default_latency_percentile")]
+    pub latency_percentile: f64,
     /// Time within which a backlog must be drained, in seconds. Default 30.
     #[serde(default = "default_catch_up")]
     pub catch_up_seconds: f64,
@@ -509,6 +513,7 @@ impl Default for AutoscalerSpec {
         AutoscalerSpec {
             target_utilization: default_target_utilization(),
             latency_slo_seconds: default_latency_slo(),
+            latency_percentile: default_latency_percentile(),
             catch_up_seconds: default_catch_up(),
             forecast: None,
             limits: None,
@@ -649,6 +654,11 @@ fn default_latency_slo() -> f64 {
 }
 fn default_catch_up() -> f64 {
     DEFAULT_CATCH_UP_SECONDS
+}
+/// Default percentile of end-to-end latency the SLO is on (p99).
+pub const DEFAULT_LATENCY_PERCENTILE: f64 = 0.99;
+fn default_latency_percentile() -> f64 {
+    DEFAULT_LATENCY_PERCENTILE
 }
 fn one() -> u32 {
     1
@@ -1004,6 +1014,12 @@ impl JobSpec {
             return Err(format!(
                 "autoscaler.latencySloSeconds: {} must be a positive number of seconds",
                 a.latency_slo_seconds
+            ));
+        }
+        if !(a.latency_percentile > 0.0 && a.latency_percentile < 1.0) {
+            return Err(format!(
+                "autoscaler.latencyPercentile: {} is not in (0, 1) (0.99 is p99)",
+                a.latency_percentile
             ));
         }
         if !(a.catch_up_seconds > 0.0 && a.catch_up_seconds.is_finite()) {

@@ -150,3 +150,23 @@ fn trace_start_outside_the_trace_is_rejected() {
         );
     }
 }
+
+#[test]
+fn latency_percentile_outside_zero_one_is_rejected() {
+    for bad in ["1.5", "0", "1"] {
+        let e = problem(&job(
+            &format!("  - {{ name: m, kind: map }}\n{SINK}"),
+            TO_SINK,
+            &format!("autoscaler: {{ latencyPercentile: {bad} }}\n"),
+        ));
+        assert!(e.contains("autoscaler.latencyPercentile"), "{bad}: {e}");
+    }
+    let ok = job(
+        &format!("  - {{ name: m, kind: map }}\n{SINK}"),
+        TO_SINK,
+        "autoscaler: { latencyPercentile: 0.95 }\n",
+    );
+    let spec = JobSpec::from_yaml(&ok).unwrap();
+    spec.validate().unwrap();
+    assert_eq!(spec.autoscaler.latency_percentile, 0.95);
+}

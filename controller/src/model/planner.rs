@@ -58,7 +58,8 @@ pub struct PlannerSettings {
     /// time, so a scale-up is sized to absorb the rescale it causes. `None` = 0.
     pub rescale_downtime_seconds: Option<f64>,
     /// Percentile of end-to-end latency the SLO is on (reported as
-    /// [`Decision::predicted_latency_percentile_seconds`]), in (0, 1). `None` = 0.99 (p99).
+    /// [`Decision::predicted_latency_percentile_seconds`]), in (0, 1). Default:
+    /// `autoscaler.latencyPercentile` (0.99, p99).
     #[serde(default)]
     pub latency_percentile: Option<f64>,
 }
@@ -83,7 +84,7 @@ impl PlannerSettings {
             ca: self.arrival_cv.unwrap_or(1.0),
             cs: self.service_cv.unwrap_or(1.0),
             downtime: self.rescale_downtime_seconds.unwrap_or(0.0),
-            percentile: self.latency_percentile.unwrap_or(0.99),
+            percentile: self.latency_percentile.unwrap_or(a.latency_percentile),
         };
         if !(r.percentile > 0.0 && r.percentile < 1.0) {
             return Err(ModelError::InvalidSettings(format!(
@@ -1462,6 +1463,24 @@ edges:
         let b = d.bottleneck.as_deref().expect("bottleneck");
         assert!(b.starts_with("map: ρ=0.80 at p=2, μ=62.50"), "{b}");
         assert!(d.slo_met());
+    }
+
+    #[test]
+    fn the_job_files_latency_percentile_is_used_unless_overridden() {
+        let mut spec = job(CHAIN);
+        spec.autoscaler.latency_percentile = 0.9;
+        let p99 = plan(&job(CHAIN), &ds2_window(), &PlannerSettings::default()).expect("plans");
+        let p90 = plan(&spec, &ds2_window(), &PlannerSettings::default()).expect("plans");
+        assert_eq!(p90.latency_percentile, 0.9);
+        assert!(
+            p90.predicted_latency_percentile_seconds < p99.predicted_latency_percentile_seconds
+        );
+        let settings = PlannerSettings {
+            latency_percentile: Some(0.99),
+            ..PlannerSettings::default()
+        };
+        let overridden = plan(&spec, &ds2_window(), &settings).expect("plans");
+        assert_eq!(overridden.latency_percentile, 0.99);
     }
 
     #[test]
