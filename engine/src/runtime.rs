@@ -1347,8 +1347,12 @@ impl SourceTask {
                 .nexmark
                 .as_mut()
                 .map(|g| g.batch(start, claimed).into_iter());
+            // Read once per batch: a share changed mid-batch applies from the next batch.
+            let shed_share = crate::shed::share();
+            let mut shed = 0u64;
             for seq in start..start + claimed {
-                if crate::shed::drop_record(seq, &l) {
+                if shed_share > 0.0 && crate::shed::drops(seq, shed_share) {
+                    shed += 1;
                     continue;
                 }
                 let rec = match (&mut self.nexmark, events.as_mut().and_then(Iterator::next)) {
@@ -1363,11 +1367,13 @@ impl SourceTask {
                     },
                 };
                 if !ctx.outputs.send(rec, &mut ctx.meter) {
+                    crate::shed::count_shed(&l, shed);
                     let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                     ctx.meter.flush(0);
                     return ctx.finish(None, Some(err));
                 }
             }
+            crate::shed::count_shed(&l, shed);
             let wm = self
                 .nexmark
                 .as_mut()

@@ -67,19 +67,13 @@ pub fn set_share(share: f64) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether the source subtask `labels` = `[operator, subtask]` drops record `seq`; counts it
-/// when it does.
-#[inline]
-pub fn drop_record(seq: u64, labels: &[&str; 2]) -> bool {
-    let bits = SHARE.load(Ordering::Relaxed);
-    if bits == 0 {
-        return false;
+/// Counts `n` records shed by the source subtask `labels` = `[operator, subtask]`. Called once
+/// per emitted batch (not per record), so shedding adds no per-record label lookup to the
+/// source's loop.
+pub fn count_shed(labels: &[&str; 2], n: u64) {
+    if n > 0 {
+        metrics().shed.with_label_values(labels).inc_by(n);
     }
-    let drop = drops(seq, f64::from_bits(bits));
-    if drop {
-        metrics().shed.with_label_values(labels).inc();
-    }
-    drop
 }
 
 /// Whether record `seq` is among the dropped ones at share `s`: ⌊(seq + 1)·s⌋ > ⌊seq·s⌋.
