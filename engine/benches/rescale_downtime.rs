@@ -4,8 +4,12 @@
 //!
 //! Set-up (not measured): a savepoint holding `keys = size / 48 bytes` keys of the `counts`
 //! window operator is written, the job starts from it at `counts=2` and runs until every key
-//! group has been used (so the disk backend holds its state in its database, the heap backend
-//! in decoded maps) plus one second. Measured: `Job::stop_with_savepoint` → completed and
+//! group has been used (the heap backend then holds its state in decoded maps) and, with
+//! `--setup loaded` (the default), until the disk backend has loaded every restored key into
+//! its database (its `streamscale_state_restored_unloaded_bytes` gauges are 0: the state of a
+//! job that has run for a while), plus one second. `--setup restored` skips that wait: the
+//! disk backend then still serves most keys from the restored chunks, as right after a
+//! restore. Measured: `Job::stop_with_savepoint` → completed and
 //! written (fsynced) → `Job::join` → `Savepoint::read` (verified) → `Job::start` at
 //! `counts=3` → the keyed operator's first record (its live records-in counter, flushed every
 //! millisecond, passes the savepoint's). This is the engine's own path inside one process;
@@ -15,6 +19,7 @@
 //! ```text
 //! cargo bench -p streamscale-engine --bench rescale_downtime -- [--sizes-mb 1,100,1000]
 //!     [--backends heap,disk] [--repeat 3] [--dir target/bench-rescale-downtime]
+//!     [--setup loaded|restored]
 //! ```
 //! Prints one JSON object per measurement on stdout.
 #![allow(missing_docs)]
@@ -125,8 +130,21 @@ struct Measured {
     savepoint_bytes: u64,
 }
 
-/// One rescale 2 → 3 of a job holding `keys` keys in `backend`.
-fn measure(dir: &Path, backend: &str, keys: u64) -> Measured {
+/// Bytes of restored state the disk backend's `counts` subtasks have not loaded yet.
+fn unloaded_bytes(metrics: &EngineMetrics) -> f64 {
+    (0..2)
+        .map(|i| {
+            metrics
+                .state_restored_unloaded_bytes
+                .with_label_values(&["counts", &i.to_string()])
+                .get()
+        })
+        .sum()
+}
+
+/// One rescale 2 → 3 of a job holding `keys` keys in `backend`; `wait_loaded`: first wait
+/// until the disk backend has loaded its restored state into its database.
+fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool) -> Measured {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).unwrap_or_else(|e| fail("bench dir", e));
     let state_dir = dir.join("state");
@@ -138,8 +156,8 @@ fn measure(dir: &Path, backend: &str, keys: u64) -> Measured {
         .unwrap_or_else(|e| fail("initial savepoint", e));
     let sp0 = Savepoint::read(&initial, &spec2).unwrap_or_else(|e| fail("initial savepoint", e));
     let metrics = EngineMetrics::new().unwrap_or_else(|e| fail("metrics", e));
-    let job =
-        Job::start(spec2, Some(&sp0), metrics, options()).unwrap_or_else(|e| fail("start", e));
+    let job = Job::start(spec2, Some(&sp0), metrics.clone(), options())
+        .unwrap_or_else(|e| fail("start", e));
     drop(sp0);
     // Every key group used (and so loaded) at least once, then one more second.
     let until = Instant::now() + Duration::from_secs(600);
@@ -148,6 +166,15 @@ fn measure(dir: &Path, backend: &str, keys: u64) -> Measured {
             fail("set-up", "the job did not process 20 000 records");
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+    if wait_loaded && backend == "disk" {
+        let until = Instant::now() + Duration::from_secs(3600);
+        while unloaded_bytes(&metrics) > 0.0 {
+            if Instant::now() > until || job.has_failed() {
+                fail("set-up", "the disk backend did not load its restored state");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     std::thread::sleep(Duration::from_secs(1));
 
@@ -253,6 +280,10 @@ fn main() {
         .parse()
         .unwrap_or_else(|e| fail("--repeat", e));
     let root = PathBuf::from(arg(&args, "--dir", "target/bench-rescale-downtime"));
+    let setup = arg(&args, "--setup", "loaded");
+    if setup != "loaded" && setup != "restored" {
+        fail("--setup", format!("`{setup}` is not loaded or restored"));
+    }
     let starts: Vec<f64> = (0..5).map(|_| process_start(&root.join("start"))).collect();
     let mut sorted = starts.clone();
     sorted.sort_by(f64::total_cmp);
@@ -265,12 +296,18 @@ fn main() {
         let keys = size * 1_000_000 / ENTRY_BYTES as u64;
         for backend in &backends {
             for run in 0..repeat {
-                let m = measure(&root.join(format!("{backend}-{size}")), backend, keys);
+                let m = measure(
+                    &root.join(format!("{backend}-{size}")),
+                    backend,
+                    keys,
+                    setup == "loaded",
+                );
                 println!(
                     "{}",
                     serde_json::json!({
                         "system": "streamscale",
                         "backend": backend,
+                        "setup": setup,
                         "state_mb": size,
                         "keys": keys,
                         "run": run,

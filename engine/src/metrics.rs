@@ -54,6 +54,9 @@ pub struct EngineMetrics {
     pub checkpoint_size: Gauge,
     /// In-process restarts from a checkpoint after a subtask failure (counter, no labels).
     pub restarts: IntCounter,
+    /// Disk state backend: bytes of restored keyed state still served from the savepoint's
+    /// chunks in memory, not yet loaded into the subtask's database (gauge; 0 once loaded).
+    pub state_restored_unloaded_bytes: GaugeVec,
 }
 
 /// Errors building the registry (only on a programming error such as a duplicate name).
@@ -130,6 +133,10 @@ impl EngineMetrics {
             "streamscale_late_records_dropped_total",
             "Records dropped by an event-time operator because they arrived after the watermark closed their windows.",
         )?;
+        let state_restored_unloaded_bytes = gauge(
+            "streamscale_state_restored_unloaded_bytes",
+            "Disk state backend: bytes of restored keyed state not yet loaded into the database.",
+        )?;
         let checkpoints_completed = IntCounter::new(
             "streamscale_checkpoints_completed_total",
             "Checkpoints and savepoints completed and written.",
@@ -174,6 +181,7 @@ impl EngineMetrics {
             checkpoint_duration,
             checkpoint_size,
             restarts,
+            state_restored_unloaded_bytes,
         })
     }
 

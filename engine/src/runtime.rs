@@ -814,6 +814,11 @@ impl Job {
                         job: spec.name.clone(),
                         operator: name.clone(),
                         subtask: index,
+                        unloaded_gauge: Some(
+                            metrics
+                                .state_restored_unloaded_bytes
+                                .with_label_values(&[name.as_str(), &index.to_string()]),
+                        ),
                     };
                     let open = || StateBackend::open(&spec.state, &owner, k, restored_state());
                     Behaviour::for_kind(&op.kind, open, sinks.get(name).cloned()).map_err(

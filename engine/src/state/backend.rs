@@ -41,6 +41,9 @@ pub struct StateOwner {
     pub operator: String,
     /// Subtask index.
     pub subtask: u32,
+    /// Where the disk backend reports the bytes of restored state it has not loaded into its
+    /// database yet (the subtask's `streamscale_state_restored_unloaded_bytes`), if anywhere.
+    pub unloaded_gauge: Option<prometheus::Gauge>,
 }
 
 /// The backend of one keyed subtask, as chosen by the job's `state` section.
@@ -49,7 +52,7 @@ pub enum StateBackend {
     /// In memory.
     Heap(HeapBackend),
     /// On disk (redb), with a write-back cache.
-    Disk(DiskBackend),
+    Disk(Box<DiskBackend>),
 }
 
 impl StateBackend {
@@ -68,7 +71,9 @@ impl StateBackend {
             StateBackendKind::Heap => {
                 StateBackend::Heap(HeapBackend::new(max_parallelism, restored))
             }
-            StateBackendKind::Disk => StateBackend::Disk(DiskBackend::open(spec, owner, restored)?),
+            StateBackendKind::Disk => {
+                StateBackend::Disk(Box::new(DiskBackend::open(spec, owner, restored)?))
+            }
         })
     }
 }

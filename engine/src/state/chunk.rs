@@ -35,13 +35,7 @@ fn word(b: &[u8], at: usize) -> [u8; 8] {
 
 /// Decodes a value written by [`encode_value`] (`b` must be [`VALUE_BYTES`] long).
 pub fn decode_value(b: &[u8; VALUE_BYTES]) -> KeyState {
-    KeyState {
-        total_count: u64::from_le_bytes(word(b, 0)),
-        total_sum: i64::from_le_bytes(word(b, 8)),
-        pane_count: u64::from_le_bytes(word(b, 16)),
-        pane_sum: i64::from_le_bytes(word(b, 24)),
-        pane_max_delay_us: u64::from_le_bytes(word(b, 32)),
-    }
+    decode_slice(b)
 }
 
 /// Encodes entries (in key order) into a chunk.
@@ -87,6 +81,89 @@ pub fn decode(key_group: u32, bytes: &[u8]) -> Result<Vec<(u64, KeyState)>, Stat
     Ok(out)
 }
 
+/// The key of entry `i` of a chunk (`bytes` must hold more than `i` entries).
+fn key_at(bytes: &[u8], i: usize) -> u64 {
+    entry_key(bytes, i * ENTRY_BYTES)
+}
+
+/// The key of the entry starting at byte `at` of a chunk (`at + 8 <= bytes.len()`).
+pub fn entry_key(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(word(bytes, at))
+}
+
+/// Decodes a value from a slice of at least [`VALUE_BYTES`] bytes (as [`decode_value`]).
+pub fn decode_slice(v: &[u8]) -> KeyState {
+    KeyState {
+        total_count: u64::from_le_bytes(word(v, 0)),
+        total_sum: i64::from_le_bytes(word(v, 8)),
+        pane_count: u64::from_le_bytes(word(v, 16)),
+        pane_sum: i64::from_le_bytes(word(v, 24)),
+        pane_max_delay_us: u64::from_le_bytes(word(v, 32)),
+    }
+}
+
+/// The state of `key` in a chunk whose keys are strictly increasing (as checked by
+/// [`check`]), found by binary search: O(log n) reads of the encoded bytes, nothing decoded
+/// but the one entry.
+pub fn find(bytes: &[u8], key: u64) -> Option<KeyState> {
+    let n = bytes.len() / ENTRY_BYTES;
+    let (mut lo, mut hi) = (0usize, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match key_at(bytes, mid).cmp(&key) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => {
+                return Some(decode_slice(&bytes[mid * ENTRY_BYTES + 8..]));
+            }
+        }
+    }
+    None
+}
+
+/// Whether the encoded value `v` (a [`VALUE_BYTES`]-long slice) has an open window pane.
+pub fn value_has_open_pane(v: &[u8]) -> bool {
+    v[16..24] != [0u8; 8]
+}
+
+/// Checks a chunk of key group `key_group` without decoding it: a whole number of entries,
+/// keys strictly increasing. Returns whether some key has an open window pane.
+///
+/// # Errors
+/// [`StateError::Decode`] as [`decode`].
+pub fn check(key_group: u32, bytes: &[u8]) -> Result<bool, StateError> {
+    if !bytes.len().is_multiple_of(ENTRY_BYTES) {
+        return Err(StateError::Decode {
+            key_group,
+            reason: format!(
+                "{} bytes is not a whole number of {ENTRY_BYTES}-byte entries",
+                bytes.len()
+            ),
+        });
+    }
+    let mut open = false;
+    let mut last: Option<u64> = None;
+    for e in bytes.chunks_exact(ENTRY_BYTES) {
+        let key = u64::from_le_bytes(word(e, 0));
+        if last.is_some_and(|l| l >= key) {
+            return Err(StateError::Decode {
+                key_group,
+                reason: format!("keys out of order at key {key}"),
+            });
+        }
+        last = Some(key);
+        open |= value_has_open_pane(&e[8..]);
+    }
+    Ok(open)
+}
+
+/// Calls `f(key, value)` for every entry of a chunk, in chunk order.
+pub fn for_each(bytes: &[u8], mut f: impl FnMut(u64, &[u8])) {
+    for e in bytes.chunks_exact(ENTRY_BYTES) {
+        f(u64::from_le_bytes(word(e, 0)), &e[8..]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -116,5 +193,23 @@ mod tests {
         );
         let err = decode(7, &bytes[..50]).unwrap_err().to_string();
         assert!(err.contains("50 bytes"), "{err}");
+        let err = check(7, &bytes).unwrap_err().to_string();
+        assert!(err.contains("out of order"), "{err}");
+        assert!(check(7, &bytes[..50]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn finds_every_key_and_no_other(keys in proptest::collection::btree_set(0u64..1000, 0..60), probe in 0u64..1000) {
+            let entries: Vec<(u64, KeyState)> = keys.iter().map(|k| (*k, KeyState {
+                total_count: k + 1, pane_count: k % 3, ..KeyState::default()
+            })).collect();
+            let bytes = encode(entries.clone().into_iter());
+            prop_assert_eq!(check(1, &bytes).unwrap(), entries.iter().any(|(_, s)| s.pane_count > 0));
+            for (k, s) in &entries {
+                prop_assert_eq!(find(&bytes, *k), Some(*s));
+            }
+            prop_assert_eq!(find(&bytes, probe), entries.iter().find(|(k, _)| *k == probe).map(|(_, s)| *s));
+        }
     }
 }
