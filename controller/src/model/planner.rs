@@ -271,6 +271,8 @@ pub(crate) struct JobGraph {
     depth: u32,
     /// Number of key groups (the job's maxParallelism).
     key_groups: u32,
+    /// Operators without outputs (sinks), in increasing index order.
+    sinks: Vec<usize>,
     /// What the graph was built from: per operator (name, kind, keyed, scaling min, max) in
     /// spec order, the edges, and maxParallelism.
     key: GraphKey,
@@ -337,6 +339,7 @@ impl JobGraph {
                 .collect(),
             spec.max_parallelism,
         );
+        let sinks = (0..n).filter(|&i| topo.outputs[i].is_empty()).collect();
         Ok(JobGraph {
             topo,
             kind,
@@ -344,6 +347,7 @@ impl JobGraph {
             window,
             depth,
             key_groups: max_p,
+            sinks,
             key,
         })
     }
@@ -428,6 +432,9 @@ pub(crate) struct Model {
     /// Keyed operators: [`Model::max_share`] by parallelism (index p, NaN = not computed yet);
     /// a pure memo of a function of the model, it changes no result.
     share_memo: std::cell::RefCell<Vec<Vec<f64>>>,
+    /// [`Model::tail`] by (operator, parallelism): a pure memo (tail depends on the model
+    /// and the learned factors only, and is cleared when those change); it changes no result.
+    tail_memo: std::cell::RefCell<TailMemo>,
     /// Learned scalability factor per operator (1 = linear scaling), applied to μ at
     /// parallelisms above the current one (see [`super::learn`]).
     factor: Vec<f64>,
@@ -435,6 +442,28 @@ pub(crate) struct Model {
     /// and their sojourn is left out of the latency allocation so that no other operator is
     /// scaled to make up for them.
     frozen: Vec<bool>,
+}
+
+/// Memo of [`Model::tail`], keyed by operator index << 32 | parallelism.
+type TailMemo = std::collections::HashMap<u64, f64, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// A hasher for the memo's integer keys (a multiplicative hash: Knuth's Fibonacci hashing of
+/// the key's bits); the keys are not adversarial.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// A key group is hot when its estimated load is at least this multiple of the mean.
@@ -573,6 +602,7 @@ impl Model {
             spec_parallelism,
             kg_prefix,
             share_memo,
+            tail_memo: std::cell::RefCell::new(TailMemo::default()),
             kg_load,
             factor: vec![1.0; n],
             frozen: vec![false; n],
@@ -606,6 +636,7 @@ impl Model {
             self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
             self.frozen[i] = learned.is_ineffective(name);
         }
+        self.tail_memo.borrow_mut().clear();
     }
 
     /// Share of operator `i`'s input that its busiest subtask receives at parallelism `p`:
@@ -720,6 +751,17 @@ impl Model {
     /// batch waits longer than the busiest subtask's share of it, in the fluid view). 0 for
     /// sources; the window period alone for unknown μ.
     fn tail(&self, i: usize, p: u32) -> f64 {
+        let key = ((i as u64) << 32) | u64::from(p);
+        if let Some(&t) = self.tail_memo.borrow().get(&key) {
+            return t;
+        }
+        let t = self.tail_uncached(i, p);
+        self.tail_memo.borrow_mut().insert(key, t);
+        t
+    }
+
+    /// [`Model::tail`] without the memo.
+    fn tail_uncached(&self, i: usize, p: u32) -> f64 {
         let window = self.period(i);
         let Some(mu) = self.mu_at(i, p) else {
             return window;
@@ -831,13 +873,14 @@ impl Model {
     pub(crate) fn plan(&mut self) -> Decision {
         if self.s.downtime > 0.0 {
             self.use_downtime(false);
-            let hold = self.plan_once();
+            let hold = self.plan_once(true);
             self.use_downtime(true);
-            if !hold.changed() {
+            if let Some(hold) = hold {
                 return hold;
             }
         }
-        self.plan_once()
+        self.plan_once(false)
+            .expect("a plan not limited to holds always decides")
     }
 
     /// Switches the targets between including the rescale's downtime backlog and not.
@@ -849,7 +892,11 @@ impl Model {
         }
     }
 
-    fn plan_once(&self) -> Decision {
+    /// One plan at the targets in use. With `hold_only`, `None` as soon as it is known that the
+    /// plan changes some operator's parallelism (DS2 sizing above the current parallelism, or
+    /// the latency allocation raising one above it: neither step lowers a parallelism again),
+    /// and otherwise the decision only if it keeps every operator's parallelism.
+    fn plan_once(&self, hold_only: bool) -> Option<Decision> {
         let n = self.graph.topo.len();
         let rho_t = self.s.rho;
         let mut p = vec![1u32; n];
@@ -998,6 +1045,11 @@ impl Model {
             }
         }
 
+        let grown = |p: &[u32], i: usize| p[i] > self.est[i].parallelism;
+        if hold_only && (0..n).any(|i| grown(&p, i)) {
+            return None;
+        }
+
         // 2. Greedy marginal allocation for the latency SLO (on the percentile bound of the
         // slowest path) at the steady rates. Operators flagged for ineffective scaling count 0
         // here: nothing else is scaled for them.
@@ -1037,6 +1089,7 @@ impl Model {
                 // Next candidate (parallelism, sojourn) per operator.
                 let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
                 let mut added = vec![0u32; n];
+                let mut dirty = vec![false; n];
                 while lat > self.s.slo {
                     let mut best: Option<(f64, usize)> = None;
                     let mut at = end;
@@ -1080,10 +1133,17 @@ impl Model {
                     added[i] += q - p[i];
                     p[i] = q;
                     w[i] = wq;
-                    (lat, end) = self
-                        .graph
-                        .topo
-                        .longest_path_update(&w, &mut dist, &mut via, i);
+                    if hold_only && grown(&p, i) {
+                        return None;
+                    }
+                    (lat, end) = self.graph.topo.longest_path_propagate(
+                        &w,
+                        &mut dist,
+                        &mut via,
+                        i,
+                        &mut dirty,
+                        &self.graph.sinks,
+                    );
                 }
                 let list: Vec<String> = (0..n)
                     .filter(|&i| added[i] > 0)
@@ -1110,7 +1170,10 @@ impl Model {
                 }
             }
         }
-        self.decision(&p, &clamped, why, reasons)
+        if hold_only && (0..n).any(|i| p[i] != self.est[i].parallelism) {
+            return None;
+        }
+        Some(self.decision(&p, &clamped, why, reasons))
     }
 
     /// Assembles a decision for parallelism `p` (indexed like the topology).
