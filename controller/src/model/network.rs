@@ -399,63 +399,6 @@ impl Topology {
         }
     }
 
-    /// [`Topology::longest_path_update`] after only operator `changed` changed its sojourn,
-    /// visiting only the operators whose longest-path distance can change: `changed` and,
-    /// transitively, the downstream operators of any operator whose distance changed (no
-    /// other distance or predecessor differs from a full update, so the result is the same
-    /// bit for bit). `dirty` is scratch space of [`Topology::len`] `false`s (left all `false`);
-    /// `sinks` lists the operators without outputs in increasing index order.
-    pub(crate) fn longest_path_propagate(
-        &self,
-        sojourn: &[f64],
-        dist: &mut [f64],
-        via: &mut [usize],
-        changed: usize,
-        dirty: &mut [bool],
-        sinks: &[usize],
-    ) -> (f64, usize) {
-        let n = self.len();
-        if changed < n {
-            dirty[changed] = true;
-        }
-        for i in changed..n {
-            if !std::mem::take(&mut dirty[i]) {
-                continue;
-            }
-            let mut d = 0.0;
-            let mut arg = usize::MAX;
-            for &j in self.inputs[i].iter().filter(|&&j| j < i) {
-                if arg == usize::MAX || dist[j] > d {
-                    d = dist[j];
-                    arg = j;
-                }
-            }
-            let own = if self.is_source[i] { 0.0 } else { sojourn[i] };
-            let new = d + own;
-            via[i] = arg;
-            if new.to_bits() != dist[i].to_bits() {
-                dist[i] = new;
-                for &k in &self.outputs[i] {
-                    if k > i {
-                        dirty[k] = true;
-                    }
-                }
-            }
-        }
-        let mut best = (f64::NEG_INFINITY, usize::MAX);
-        for &i in sinks {
-            let d = dist[i];
-            if best.1 == usize::MAX || d > best.0 {
-                best = (d, i);
-            }
-        }
-        if best.1 == usize::MAX {
-            (0.0, usize::MAX)
-        } else {
-            best
-        }
-    }
-
     /// Indices along the path ending at `end`, source first (from `via` of
     /// [`Topology::longest_path_into`]).
     pub(crate) fn path_to(&self, end: usize, via: &[usize]) -> Vec<usize> {

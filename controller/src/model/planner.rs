@@ -273,6 +273,13 @@ pub(crate) struct JobGraph {
     key_groups: u32,
     /// Operators without outputs (sinks), in increasing index order.
     sinks: Vec<usize>,
+    /// Forward edges (lower to higher index; feedback edges left out) in compressed rows:
+    /// the inputs of operator i are `fwd_in[fwd_in_at[i]..fwd_in_at[i + 1]]` in the order of
+    /// `topo.inputs[i]`, its outputs likewise in `fwd_out`.
+    fwd_in_at: Vec<u32>,
+    fwd_in: Vec<u32>,
+    fwd_out_at: Vec<u32>,
+    fwd_out: Vec<u32>,
     /// What the graph was built from: per operator (name, kind, keyed, scaling min, max) in
     /// spec order, the edges, and maxParallelism.
     key: GraphKey,
@@ -340,6 +347,17 @@ impl JobGraph {
             spec.max_parallelism,
         );
         let sinks = (0..n).filter(|&i| topo.outputs[i].is_empty()).collect();
+        let csr = |rows: &[Vec<usize>], keep: fn(usize, usize) -> bool| {
+            let mut at = vec![0u32];
+            let mut list = Vec::new();
+            for (i, row) in rows.iter().enumerate() {
+                list.extend(row.iter().filter(|&&j| keep(i, j)).map(|&j| j as u32));
+                at.push(list.len() as u32);
+            }
+            (at, list)
+        };
+        let (fwd_in_at, fwd_in) = csr(&topo.inputs, |i, j| j < i);
+        let (fwd_out_at, fwd_out) = csr(&topo.outputs, |i, k| k > i);
         Ok(JobGraph {
             topo,
             kind,
@@ -348,8 +366,65 @@ impl JobGraph {
             depth,
             key_groups: max_p,
             sinks,
+            fwd_in_at,
+            fwd_in,
+            fwd_out_at,
+            fwd_out,
             key,
         })
+    }
+
+    /// [`Topology::longest_path_update`](super::network::Topology) after only operator
+    /// `changed` changed its term `w[changed]`, visiting only the operators whose distance can
+    /// change (`changed` and, transitively, the downstream operators of any operator whose
+    /// distance changed) over the graph's compressed forward edges. Every distance and
+    /// predecessor is computed as the full update computes it (same inputs in the same
+    /// order), so the result is the same bit for bit. `dirty`: all `false`, left all `false`.
+    fn propagate(
+        &self,
+        w: &[f64],
+        dist: &mut [f64],
+        via: &mut [usize],
+        changed: usize,
+        dirty: &mut [bool],
+    ) -> (f64, usize) {
+        let g = self;
+        let n = dist.len();
+        dirty[changed] = true;
+        for i in changed..n {
+            if !std::mem::take(&mut dirty[i]) {
+                continue;
+            }
+            let mut d = 0.0;
+            let mut arg = usize::MAX;
+            for &j in &g.fwd_in[g.fwd_in_at[i] as usize..g.fwd_in_at[i + 1] as usize] {
+                let j = j as usize;
+                if arg == usize::MAX || dist[j] > d {
+                    d = dist[j];
+                    arg = j;
+                }
+            }
+            let own = if g.topo.is_source[i] { 0.0 } else { w[i] };
+            let new = d + own;
+            via[i] = arg;
+            if new.to_bits() != dist[i].to_bits() {
+                dist[i] = new;
+                for &k in &g.fwd_out[g.fwd_out_at[i] as usize..g.fwd_out_at[i + 1] as usize] {
+                    dirty[k as usize] = true;
+                }
+            }
+        }
+        let mut best = (f64::NEG_INFINITY, usize::MAX);
+        for &i in &g.sinks {
+            if best.1 == usize::MAX || dist[i] > best.0 {
+                best = (dist[i], i);
+            }
+        }
+        if best.1 == usize::MAX {
+            (0.0, usize::MAX)
+        } else {
+            best
+        }
     }
 
     /// Whether this graph was built from a spec with the same operators (names, kinds,
@@ -1136,14 +1211,7 @@ impl Model {
                     if hold_only && grown(&p, i) {
                         return None;
                     }
-                    (lat, end) = self.graph.topo.longest_path_propagate(
-                        &w,
-                        &mut dist,
-                        &mut via,
-                        i,
-                        &mut dirty,
-                        &self.graph.sinks,
-                    );
+                    (lat, end) = self.graph.propagate(&w, &mut dist, &mut via, i, &mut dirty);
                 }
                 let list: Vec<String> = (0..n)
                     .filter(|&i| added[i] > 0)
@@ -2085,6 +2153,78 @@ edges:
             prop_assume!(!gave_up(&hi) || gave_up(&lo));
             for (name, p) in &lo.parallelism {
                 prop_assert!(hi.parallelism[name] >= *p, "{}: {} → {} with ×{}", name, p, hi.parallelism[name], factor);
+            }
+        }
+    }
+
+    /// A random DAG of `n` operators (operator i fed by up to three earlier ones; those
+    /// without inputs are sources) as a job spec.
+    fn random_dag(n: usize, picks: &[(usize, usize)]) -> JobSpec {
+        let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for &(i, j) in picks {
+            let i = 1 + i % (n - 1);
+            let j = j % i;
+            if !inputs[i].contains(&j) && inputs[i].len() < 3 {
+                inputs[i].push(j);
+            }
+        }
+        let mut yaml = String::from("name: dag\noperators:\n");
+        for (i, ins) in inputs.iter().enumerate() {
+            if ins.is_empty() {
+                yaml.push_str(&format!(
+                    "  - {{ name: op{i}, kind: source, rate: {{ constant: 1 }} }}\n"
+                ));
+            } else {
+                yaml.push_str(&format!("  - {{ name: op{i}, kind: map }}\n"));
+            }
+        }
+        yaml.push_str("edges:\n");
+        for (i, ins) in inputs.iter().enumerate() {
+            for j in ins {
+                yaml.push_str(&format!("  - {{ from: op{j}, to: op{i} }}\n"));
+            }
+        }
+        if inputs.iter().skip(1).all(Vec::is_empty) {
+            yaml.push_str("  []\n");
+            yaml = yaml.replace("edges:\n  []\n", "edges: []\n");
+        }
+        JobSpec::from_yaml(&yaml).expect("the random DAG parses")
+    }
+
+    proptest! {
+        /// The greedy allocation's incremental longest-path update gives the same distances,
+        /// predecessors, latency and end as recomputing every operator, after every change of
+        /// one operator's term (decreases, as in the allocation, and increases, with ties).
+        #[test]
+        fn incremental_longest_path_equals_the_full_update(
+            n in 2usize..40,
+            picks in proptest::collection::vec((0usize..1000, 0usize..1000), 1..100),
+            w0 in proptest::collection::vec(0u32..8, 40),
+            changes in proptest::collection::vec((0usize..1000, 0u32..8, proptest::bool::ANY), 1..30),
+        ) {
+            let spec = random_dag(n, &picks);
+            let g = JobGraph::new(&spec).expect("a DAG");
+            let n = g.topo.len();
+            // Small integer terms (and ∞) so that ties between paths are common.
+            let term = |x: u32, inf: bool| if inf { f64::INFINITY } else { f64::from(x) * 0.5 };
+            let mut w: Vec<f64> = (0..n).map(|i| term(w0[i], false)).collect();
+            let (mut dist, mut via) = (Vec::new(), Vec::new());
+            g.topo.longest_path_into(&w, &mut dist, &mut via);
+            let mut dirty = vec![false; n];
+            for (i, x, inf) in changes {
+                let i = i % n;
+                w[i] = term(x, inf && x == 0);
+                let fast = g.propagate(&w, &mut dist, &mut via, i, &mut dirty);
+                let (mut d2, mut v2) = (Vec::new(), Vec::new());
+                let full = g.topo.longest_path_into(&w, &mut d2, &mut v2);
+                prop_assert_eq!(fast.1, full.1);
+                prop_assert_eq!(fast.0.to_bits(), full.0.to_bits());
+                prop_assert_eq!(&via, &v2);
+                prop_assert_eq!(
+                    dist.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    d2.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                );
+                prop_assert!(dirty.iter().all(|d| !d));
             }
         }
     }
