@@ -8,10 +8,12 @@
 //! * [`reconciler`]: the kube-runtime `Controller`.
 //! * [`metrics`]: the operator's own Prometheus metrics.
 //! * [`prometheus`]: the engine's metrics read from a Prometheus server's HTTP API.
+//! * [`quota`]: one `StreamQuota` split across its StreamJobs by marginal benefit.
 
 pub mod crd;
 pub mod metrics;
 pub mod prometheus;
+pub mod quota;
 pub mod reconciler;
 pub mod rescale;
 pub mod resources;

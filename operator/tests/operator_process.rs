@@ -27,6 +27,11 @@
 //!   pod at the new parallelism does not fit the node (stays Pending); after
 //!   `restoreTimeoutSeconds` the old parallelism is redeployed from the same savepoint.
 //!
+//! * `jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes`: two StreamJobs share a
+//!   StreamQuota; one spikes far past its share, the other still gets (and runs) what it needs,
+//!   and the spiking one holds at its share, reported in status and Events; the two never hold
+//!   more subtasks than the quota;
+//!
 //! Without the control-plane binaries the tests are skipped with a printed reason, except under
 //! CI=true, where they fail.
 
@@ -51,7 +56,9 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use streamscale_controller::api::{EngineApi, JobStatus};
-use streamscale_operator::crd::{Phase, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus};
+use streamscale_operator::crd::{
+    Phase, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus, StreamQuota,
+};
 
 const RELEASE: &str = "op";
 const RELEASE_NS: &str = "streamscale-op";
@@ -167,6 +174,19 @@ impl Kubelet {
         port: u16,
         cpu_millis: Option<u32>,
     ) -> Kubelet {
+        Self::start_for(admin, ns, dir, port, cpu_millis, JOB)
+    }
+
+    /// [`Kubelet::start_on_node`] for the StreamJob named `job`.
+    fn start_for(
+        admin: Client,
+        ns: &str,
+        dir: &Path,
+        port: u16,
+        cpu_millis: Option<u32>,
+        job: &str,
+    ) -> Kubelet {
+        let job = job.to_string();
         let stop = Arc::new(AtomicBool::new(false));
         let pod: Arc<Mutex<Option<Pod>>> = Arc::new(Mutex::new(None));
         let starts = Arc::new(AtomicU32::new(0));
@@ -178,6 +198,7 @@ impl Kubelet {
         let task = tokio::spawn(async move {
             while !s.load(Ordering::SeqCst) {
                 tick(
+                    &job,
                     &deployments,
                     &configmaps,
                     &dir,
@@ -220,6 +241,7 @@ impl Drop for Kubelet {
 
 #[allow(clippy::too_many_arguments)]
 async fn tick(
+    job: &str,
     deployments: &Api<Deployment>,
     configmaps: &Api<ConfigMap>,
     dir: &Path,
@@ -229,7 +251,7 @@ async fn tick(
     pod: &Mutex<Option<Pod>>,
     starts: &AtomicU32,
 ) {
-    let Ok(d) = deployments.get_opt(&format!("{JOB}-engine")).await else {
+    let Ok(d) = deployments.get_opt(&format!("{job}-engine")).await else {
         return;
     };
     let template = d.as_ref().and_then(|d| {
@@ -237,7 +259,7 @@ async fn tick(
         (spec.replicas != Some(0)).then(|| serde_json::to_string(&spec.template).ok())?
     });
     let job_yaml = match &template {
-        Some(_) => match configmaps.get_opt(&format!("{JOB}-job")).await {
+        Some(_) => match configmaps.get_opt(&format!("{job}-job")).await {
             Ok(Some(cm)) => cm.data.and_then(|mut d| d.remove("job.yaml")),
             _ => return,
         },
@@ -378,6 +400,13 @@ impl World {
         )
         .await
         .expect("apply the StreamJob CRD");
+        crds.patch(
+            "streamquotas.streamscale.dev",
+            &PatchParams::apply("streamscale-tests").force(),
+            &Patch::Apply(StreamQuota::crd()),
+        )
+        .await
+        .expect("apply the StreamQuota CRD");
 
         // A token for the chart's ServiceAccount from the TokenRequest API.
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), RELEASE_NS);
@@ -1638,4 +1667,206 @@ async fn prometheus_api_gives_the_planner_what_the_engine_exports() {
     assert!(work_in > 0.0, "{p:#?}");
     drop(prom);
     drop(engine);
+}
+
+/// A StreamJob `name` in `world`'s namespace whose engine the test's kubelet runs on `port`,
+/// with savepoints under `dir`: `source` at the given rate steps `(at s, records/s)`, `work`
+/// (1 ms of I/O per record: about 1000 records/s per subtask, at most 8) and `sink`.
+fn named_job(
+    world: &World,
+    name: &str,
+    port: u16,
+    dir: &Path,
+    steps: &[(u32, u32)],
+    autoscaler: serde_json::Value,
+) -> StreamJob {
+    let steps: Vec<serde_json::Value> = steps
+        .iter()
+        .map(|(at, r)| serde_json::json!({"atSeconds": at, "recordsPerSecond": r}))
+        .collect();
+    let mut job = serde_json::json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "StreamJob",
+        "metadata": {
+            "name": name,
+            "namespace": world.ns,
+            "annotations": {
+                "streamscale.dev/engine-url": format!("http://127.0.0.1:{port}"),
+                "streamscale.dev/savepoint-dir": dir.join("savepoints"),
+            },
+        },
+        "spec": {
+            "job": {
+                "name": name,
+                "maxParallelism": 32,
+                "operators": [
+                    {"name": "source", "kind": "source", "keys": 200, "rate": {"steps": steps}},
+                    {"name": "work", "kind": "map", "io": 1000, "scaling": {"min": 1, "max": 8}},
+                    {"name": "sink", "kind": "sink"},
+                ],
+                "edges": [{"from": "source", "to": "work"}, {"from": "work", "to": "sink"}],
+            },
+            "storage": {"size": "64Mi"},
+            "autoscaler": {
+                "mode": "auto",
+                "metricsIntervalSeconds": 1,
+                "metricsWindowSeconds": 4,
+                "stabilizationSeconds": 2,
+                "scaleDownDelaySeconds": 600,
+                "catchUpSeconds": 30,
+            },
+        },
+    });
+    if let Some(extra) = autoscaler.as_object() {
+        for (k, v) in extra {
+            job["spec"]["autoscaler"][k] = v.clone();
+        }
+    }
+    serde_json::from_value(job).expect("StreamJob")
+}
+
+/// Non-source subtasks a job holds (the larger of from/to during a rescale).
+fn held_subtasks(job: &StreamJob) -> u32 {
+    streamscale_operator::quota::non_source_total(
+        &job.spec.job,
+        &streamscale_operator::quota::held(job),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut world) = World::new("quota", false).await else {
+        return;
+    };
+    // Quota 6 (an equal share is 3): `steady` at 800 records/s needs work 2 + sink 1 = 3;
+    // `spiky` steps to 4000 records/s and would need about 6 + 1.
+    let quotas: Api<StreamQuota> = Api::namespaced(world.admin.clone(), &world.ns);
+    let quota: StreamQuota = serde_json::from_value(serde_json::json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "StreamQuota",
+        "metadata": {"name": "team", "namespace": world.ns},
+        "spec": {"subtasks": 6},
+    }))
+    .expect("StreamQuota");
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create StreamQuota");
+    let mut kubelets = Vec::new();
+    let names = ["steady", "spiky"];
+    for (name, steps) in [
+        ("steady", vec![(0, 800)]),
+        ("spiky", vec![(0, 200), (4, 4000)]),
+    ] {
+        let port = free_port();
+        let dir = world.dir.path().join(name);
+        std::fs::create_dir_all(dir.join("savepoints")).expect("job dir");
+        kubelets.push(Kubelet::start_for(
+            world.admin.clone(),
+            &world.ns,
+            &dir,
+            port,
+            None,
+            name,
+        ));
+        let job = named_job(
+            &world,
+            name,
+            port,
+            &dir,
+            &steps,
+            serde_json::json!({"quota": "team"}),
+        );
+        world
+            .jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create StreamJob");
+    }
+    world.start_operator();
+
+    let start = Instant::now();
+    let mut most_held = 0;
+    let (steady, spiky) = loop {
+        let steady = world.jobs().get("steady").await.expect("steady");
+        let spiky = world.jobs().get("spiky").await.expect("spiky");
+        most_held = most_held.max(held_subtasks(&steady) + held_subtasks(&spiky));
+        let (a, b) = (
+            steady.status.clone().unwrap_or_default(),
+            spiky.status.clone().unwrap_or_default(),
+        );
+        let settled = a.rescale.is_none()
+            && b.rescale.is_none()
+            && a.current_parallelism.get("work") == Some(&2)
+            && a.limit.is_none()
+            && a.quota.as_ref().is_some_and(|q| {
+                q.allocated_subtasks == 3 && q.running_subtasks == 3 && q.admitted_share == 1.0
+            })
+            && b.limit.is_some()
+            && b.quota
+                .as_ref()
+                .is_some_and(|q| q.allocated_subtasks == 3 && q.running_subtasks <= 3);
+        if settled {
+            break (steady, spiky);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "timed out: steady {a:#?}\nspiky {b:#?}\n{}",
+            world.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        most_held <= 6,
+        "the two jobs held {most_held} subtasks under a quota of 6\n{}",
+        world.logs()
+    );
+    let (a, b) = (
+        steady.status.clone().unwrap_or_default(),
+        spiky.status.clone().unwrap_or_default(),
+    );
+    // The spiking job got the rest of the quota, admits under half its load and holds at its
+    // share (no `onLimit: shed` configured), saying so.
+    let bq = b.quota.clone().expect("spiky quota status");
+    assert!(bq.admitted_share < 0.6, "{bq:#?}");
+    assert!(
+        bq.demand.iter().any(|d| d.name == "work" && d.need > 4.0),
+        "spiky's demand should show its spike: {bq:#?}"
+    );
+    let limit = b.limit.clone().expect("spiky limit");
+    assert_eq!(limit.action, "Hold", "{limit:#?}");
+    assert!(limit.capacity_records_per_second < limit.load_records_per_second);
+    assert!(
+        limit.reason.contains("quota 3 subtasks"),
+        "the reason names the share: {limit:#?}"
+    );
+    assert!(a.limit.is_none(), "steady is within its share: {a:#?}");
+    let events = event_reasons(&world.admin, &world.ns).await;
+    for want in ["QuotaShare", "LimitHold", "RescaleStarted"] {
+        assert!(
+            events.iter().any(|(r, _)| r == want),
+            "no {want} event: {events:?}"
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "QuotaShare" && n.contains("StreamQuota team")),
+        "{events:?}"
+    );
+    world.kill_operator();
+    drop(kubelets);
+    for name in names {
+        let _ = world.jobs().delete(name, &DeleteParams::default()).await;
+        let _ = world
+            .jobs()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
+    world.cleanup().await;
 }
