@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -41,6 +42,7 @@ use crate::quota;
 use crate::rescale::{self, Action, EngineObs, Observation, Outcome, SavepointObs};
 use crate::resources::{self, FIELD_MANAGER};
 use crate::runtime::{ApplyError, KubeRuntime};
+use crate::state::{self, SavedState};
 
 /// Errors of one reconcile (retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -59,8 +61,10 @@ pub enum Error {
     Engine(String),
 }
 
-/// What the autoscaler remembers about one job between reconciles (not persisted: after an
-/// operator restart the window refills and the guards' stabilization applies).
+/// What the autoscaler remembers about one job between reconciles. The metric window is not
+/// persisted (after an operator restart it refills and the guards' stabilization applies);
+/// what is learned (rate history, scalability factors, rescale downtime) is, in the job's
+/// `NAME-autoscaler` ConfigMap ([`crate::state`]).
 struct JobMemory {
     autoscaler: Autoscaler,
     window: VecDeque<MetricSample>,
@@ -71,6 +75,119 @@ struct JobMemory {
     /// Shed share last applied at the engine's sources (`None`: not since this engine started
     /// or since the operator started).
     shed_applied: Option<f64>,
+    /// What the state ConfigMap holds (as last loaded or written).
+    saved: Option<StateFingerprint>,
+}
+
+/// The parts of the persisted state whose change is worth a write: the history's bins (a new
+/// bin every `binSeconds`), the learned factors and flags, the downtime.
+#[derive(Debug, Clone, PartialEq)]
+struct StateFingerprint {
+    bins: usize,
+    last_bin: Option<i64>,
+    factors: BTreeMap<String, f64>,
+    ineffective: Vec<String>,
+    downtime: Option<f64>,
+}
+
+impl StateFingerprint {
+    fn of(s: &SavedState) -> StateFingerprint {
+        let bins = s.history.as_ref().map_or(&[][..], |h| &h.bins[..]);
+        StateFingerprint {
+            bins: bins.len(),
+            last_bin: bins.last().map(|b| b.0),
+            factors: s.scalability.factors.clone(),
+            ineffective: s.scalability.ineffective.keys().cloned().collect(),
+            downtime: s.rescale_downtime_seconds,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bins == 0
+            && self.factors.is_empty()
+            && self.ineffective.is_empty()
+            && self.downtime.is_none()
+    }
+}
+
+/// The state to persist from `autoscaler` (history moved to Unix time by `unix0`, the Unix
+/// time of the operator's clock zero).
+fn snapshot(job: &StreamJob, autoscaler: &Autoscaler, unix0: f64) -> SavedState {
+    let h = autoscaler.rate_history();
+    SavedState {
+        version: state::VERSION,
+        job: job.name_any(),
+        history: (h.bin_seconds > 0.0 && (!h.bins.is_empty() || h.open.is_some()))
+            .then(|| h.shifted(unix0)),
+        scalability: autoscaler.scalability().clone(),
+        rescale_downtime_seconds: autoscaler.settings().planner.rescale_downtime_seconds,
+    }
+}
+
+/// Puts a persisted state into a fresh `autoscaler`.
+fn restore(autoscaler: &mut Autoscaler, s: &SavedState, unix0: f64) {
+    if let Some(h) = &s.history {
+        autoscaler.set_rate_history(h.shifted(-unix0));
+    }
+    autoscaler.set_scalability(s.scalability.clone());
+    if let Some(d) = s.rescale_downtime_seconds {
+        autoscaler.observe_rescale_downtime(d);
+    }
+}
+
+/// Reads the job's state ConfigMap; `None` when there is none or it cannot be used (a
+/// warning Event names the problem; the job starts with nothing learned).
+async fn load_state(job: &StreamJob, ctx: &Context) -> Option<SavedState> {
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let name = state::configmap_name(job);
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let cm = match cms.get_opt(&name).await {
+        Ok(cm) => cm?,
+        Err(e) => {
+            tracing::warn!(job = %key(job), "cannot read ConfigMap {name}: {e}");
+            return None;
+        }
+    };
+    let text = cm.data.and_then(|mut d| d.remove(state::STATE_KEY))?;
+    match state::decode(&name, &text, &job.name_any()) {
+        Ok(s) => {
+            if let Some(s) = &s {
+                tracing::info!(
+                    job = %key(job),
+                    bins = s.history.as_ref().map_or(0, |h| h.bins.len()),
+                    factors = s.scalability.factors.len(),
+                    "autoscaler state loaded from ConfigMap {name}"
+                );
+            }
+            s
+        }
+        Err(e) => {
+            publish(
+                ctx,
+                job,
+                true,
+                "AutoscalerStateIgnored",
+                format!("{e}; starting with nothing learned (it is overwritten)"),
+            )
+            .await;
+            None
+        }
+    }
+}
+
+/// Writes the job's state ConfigMap (server-side apply, owned by the StreamJob).
+async fn save_state(job: &StreamJob, ctx: &Context, text: String) -> Result<(), String> {
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let cm = state::configmap(job, text).map_err(|e| e.to_string())?;
+    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &state::configmap_name(job),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Shared state of the reconciler.
@@ -89,6 +206,8 @@ pub struct Context {
     /// into the same free subtasks.
     quota_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     clock: tokio::time::Instant,
+    /// Unix time (s) of `clock`'s zero: persisted times are Unix times.
+    unix0: f64,
 }
 
 impl Context {
@@ -105,6 +224,7 @@ impl Context {
             memory: Mutex::new(HashMap::new()),
             quota_locks: Mutex::new(HashMap::new()),
             clock: tokio::time::Instant::now(),
+            unix0: Timestamp::now().as_millisecond() as f64 / 1000.0,
         }
     }
 
@@ -554,23 +674,41 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
             .get_or_insert_with(LimitsSpec::default);
         limits.quota_subtasks = Some(limits.quota_subtasks.map_or(cap, |own| own.min(cap)));
     }
-    let (verdict, limit, shed_applied) = {
+    // The first time this operator process sees the job: what was learned before it started.
+    let known = ctx
+        .memory
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&key(job));
+    let loaded = if known {
+        None
+    } else {
+        load_state(job, ctx).await
+    };
+    let (verdict, limit, shed_applied, to_save) = {
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
         let settings = guard_settings(job);
         let m = memory.entry(key(job)).or_insert_with(|| {
             let mut autoscaler = Autoscaler::new(settings.clone());
             autoscaler.restarted(now_s);
+            if let Some(s) = &loaded {
+                restore(&mut autoscaler, s, ctx.unix0);
+            }
             JobMemory {
                 autoscaler,
                 window: VecDeque::new(),
                 settings: settings.clone(),
                 last_scrape_unix_s: None,
                 shed_applied: None,
+                saved: loaded.as_ref().map(StateFingerprint::of),
             }
         });
         if m.settings != settings {
-            m.autoscaler = Autoscaler::new(settings.clone());
-            m.autoscaler.restarted(now_s);
+            // New settings, same job: what was learned carries over.
+            let mut fresh = Autoscaler::new(settings.clone());
+            fresh.restarted(now_s);
+            restore(&mut fresh, &snapshot(job, &m.autoscaler, 0.0), 0.0);
+            m.autoscaler = fresh;
             m.settings = settings;
         }
         // A window from another parallelism is not about this deployment.
@@ -594,8 +732,28 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
         }
         let window: Vec<MetricSample> = m.window.iter().cloned().collect();
         let verdict = m.autoscaler.decide(now_s, &window, &spec);
-        (verdict, m.autoscaler.limit_plan().cloned(), m.shed_applied)
+        let snap = snapshot(job, &m.autoscaler, ctx.unix0);
+        let fp = StateFingerprint::of(&snap);
+        let to_save =
+            (m.saved.as_ref() != Some(&fp) && !fp.is_empty()).then(|| (fp, state::encode(&snap)));
+        (
+            verdict,
+            m.autoscaler.limit_plan().cloned(),
+            m.shed_applied,
+            to_save,
+        )
     };
+    if let Some((fp, text)) = to_save {
+        match save_state(job, ctx, text).await {
+            Ok(()) => {
+                let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(m) = memory.get_mut(&key(job)) {
+                    m.saved = Some(fp);
+                }
+            }
+            Err(e) => tracing::warn!(job = %key(job), "cannot save the autoscaler state: {e}"),
+        }
+    }
     let planned = match &verdict {
         Verdict::Rescale(d) => Some(d),
         Verdict::Hold { recommendation, .. } => recommendation.as_ref(),

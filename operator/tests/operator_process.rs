@@ -31,6 +31,9 @@
 //!   StreamQuota; one spikes far past its share, the other still gets (and runs) what it needs,
 //!   and the spiking one holds at its share, reported in status and Events; the two never hold
 //!   more subtasks than the quota;
+//! * `operator_restart_keeps_the_rate_history_and_what_it_learned`: the forecast's rate
+//!   history, the learned scalability factor and the rescale downtime go to the job's
+//!   `NAME-autoscaler` ConfigMap; a restarted operator loads them and goes on from there.
 //!
 //! Without the control-plane binaries the tests are skipped with a printed reason, except under
 //! CI=true, where they fail.
@@ -1868,5 +1871,121 @@ async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
             )
             .await;
     }
+    world.cleanup().await;
+}
+
+/// The job's `NAME-autoscaler` ConfigMap, decoded.
+async fn saved_state(world: &World) -> Option<streamscale_operator::state::SavedState> {
+    let cm = Api::<ConfigMap>::namespaced(world.admin.clone(), &world.ns)
+        .get_opt(&format!("{JOB}-autoscaler"))
+        .await
+        .ok()??;
+    let text = cm.data?.remove(streamscale_operator::state::STATE_KEY)?;
+    streamscale_operator::state::decode("cm", &text, JOB).ok()?
+}
+
+/// Polls the state ConfigMap until `done` holds, failing with the logs after 180 s.
+async fn wait_state(
+    world: &World,
+    what: &str,
+    done: impl Fn(&streamscale_operator::state::SavedState) -> bool,
+) -> streamscale_operator::state::SavedState {
+    let start = Instant::now();
+    loop {
+        let s = saved_state(world).await;
+        if let Some(s) = s.as_ref().filter(|s| done(s)) {
+            return s.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "timed out waiting for {what}: {s:#?}\n{}",
+            world.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_restart_keeps_the_rate_history_and_what_it_learned() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut world) = World::new("state", false).await else {
+        return;
+    };
+    let kubelet = Kubelet::start(world.admin.clone(), &world.ns, world.dir.path(), world.port);
+    // Forecasting in mode `recommend` keeps a rate history (1 s bins) without changing the
+    // decisions; the step to 1500 records/s makes a rescale to learn a scalability factor from.
+    let mut job = named_job(
+        &world,
+        JOB,
+        world.port,
+        world.dir.path(),
+        &[(0, 200), (4, 1500)],
+        serde_json::json!({}),
+    );
+    job.spec.job.autoscaler.forecast = Some(
+        serde_json::from_value(serde_json::json!({
+            "mode": "recommend", "seasonSeconds": 600, "binSeconds": 1,
+        }))
+        .expect("forecast"),
+    );
+    world
+        .jobs()
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create StreamJob");
+    world.start_operator();
+    let before = wait_state(
+        &world,
+        "8 history bins and a learned factor for work",
+        |s| {
+            s.history.as_ref().is_some_and(|h| h.bins.len() >= 8)
+                && s.scalability.factors.contains_key("work")
+                && s.rescale_downtime_seconds.is_some()
+        },
+    )
+    .await;
+    let first = before
+        .history
+        .as_ref()
+        .and_then(|h| h.bins.first().copied());
+    let bins = before.history.as_ref().map_or(0, |h| h.bins.len());
+    world.kill_operator();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    world.start_operator();
+    // The restarted operator adds bins to the history it loaded (a fresh one would start
+    // later and shorter) and keeps the factor and downtime it did not relearn.
+    let after = wait_state(&world, "the restarted operator's bins", |s| {
+        s.history.as_ref().is_some_and(|h| h.bins.len() >= bins + 4)
+    })
+    .await;
+    let h = after.history.as_ref().expect("history");
+    assert_eq!(
+        h.bins.first().copied(),
+        first,
+        "the history restarted: {h:?}"
+    );
+    assert_eq!(
+        after.scalability.factors.get("work"),
+        before.scalability.factors.get("work"),
+        "{after:#?}"
+    );
+    assert_eq!(
+        after.rescale_downtime_seconds,
+        before.rescale_downtime_seconds
+    );
+    let log = std::fs::read_to_string(world.operator_log()).unwrap_or_default();
+    assert!(
+        log.contains("autoscaler state loaded from ConfigMap demo-autoscaler"),
+        "{}",
+        world.logs()
+    );
+    // The ConfigMap goes with the job (owner reference).
+    let cm = Api::<ConfigMap>::namespaced(world.admin.clone(), &world.ns)
+        .get(&format!("{JOB}-autoscaler"))
+        .await
+        .expect("state ConfigMap");
+    let (job, _) = world.status().await.expect("job");
+    assert!(owned_by(&cm.metadata, &job), "{:?}", cm.metadata);
+    drop(kubelet);
     world.cleanup().await;
 }

@@ -206,6 +206,11 @@ impl Autoscaler {
         &self.learned
     }
 
+    /// Replaces what was learned from past rescales (e.g. one persisted before a restart).
+    pub fn set_scalability(&mut self, learned: ScalabilityTracker) {
+        self.learned = learned;
+    }
+
     /// Reports that the job (re)started at `now_s` (seconds): starts the stabilization period
     /// and forgets pending scale-downs (they were measured on the old deployment).
     pub fn restarted(&mut self, now_s: f64) {
