@@ -478,7 +478,11 @@ pub async fn run(
     opts: &RunOptions,
     print: &mut (dyn FnMut(&str) + Send),
 ) -> Result<RunOutcome, RunError> {
+    let earlier = earlier_report(&opts.report_dir);
     let job = prepare_job(opts)?;
+    if let Some(warning) = earlier {
+        print(&warning);
+    }
     let client = http_client()?;
     let binary = opts
         .engine_bin
@@ -1078,6 +1082,27 @@ async fn shed_total(resp: reqwest::Response, base: &str) -> Result<u64, String> 
         .map_err(|e| format!("{base}/v1/shed: {e}"))
 }
 
+/// Files of a run's report that the next run in the same directory replaces.
+pub const REPORT_FILES: [&str; 4] = ["summary.json", "timeline.csv", "timeline.png", "job.yaml"];
+
+/// The warning for a report directory that holds an earlier run's report (any of
+/// [`REPORT_FILES`]), `None` for a new or empty one. A reused directory is not refused: it is
+/// also where the forecast's history ([`HISTORY_FILE`]) is kept between runs of a job.
+pub fn earlier_report(dir: &Path) -> Option<String> {
+    let found: Vec<&str> = REPORT_FILES
+        .iter()
+        .copied()
+        .filter(|f| dir.join(f).is_file())
+        .collect();
+    (!found.is_empty()).then(|| {
+        format!(
+            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs (savepoints stay; {HISTORY_FILE} is read and kept). Use --report DIR to keep it.",
+            dir.display(),
+            found.join(", ")
+        )
+    })
+}
+
 /// File in the report directory that keeps the forecast's input-rate history across runs
 /// (JSON: `{"version": 1, "job": NAME, "history": RateHistory}`, times in Unix seconds).
 pub const HISTORY_FILE: &str = "forecast-history.json";
@@ -1441,6 +1466,70 @@ mod tests {
         assert_eq!(Interrupt::Int.exit_code(), 130);
         assert_eq!(Interrupt::Term.exit_code(), 143);
         assert_eq!(Interrupt::Hup.exit_code(), 129);
+    }
+
+    #[test]
+    fn relative_paths_are_relative_to_the_job_file() {
+        // The sink's output, like the trace, is relative to the job file, not to the working
+        // directory nor to the report directory the effective job.yaml is written to.
+        let job = JOB.replace(
+            "{ name: sink, kind: sink }",
+            "{ name: sink, kind: sink, output: out/results.csv }",
+        );
+        let (dir, opts) = setup(&job);
+        let prepared = prepare_job(&opts).expect("prepares");
+        let output = prepared.spec.operators.iter().find_map(|o| match &o.kind {
+            OperatorKind::Sink { output } => output.clone(),
+            _ => None,
+        });
+        assert_eq!(output, Some(dir.path().join("out/results.csv")));
+        let trace = prepared.spec.operators.iter().find_map(|o| match &o.kind {
+            OperatorKind::Source {
+                rate: RateSpec::Trace(t),
+                ..
+            } => Some(t.file.clone()),
+            _ => None,
+        });
+        assert_eq!(trace, Some(dir.path().join("trace.csv")));
+    }
+
+    #[test]
+    fn a_trace_with_a_byte_order_mark_reads_like_one_without() {
+        let (dir, opts) = setup(JOB);
+        std::fs::write(
+            dir.path().join("trace.csv"),
+            "\u{feff}t_seconds,rate\n0,1\n300,2\n600,3\n900,4\n",
+        )
+        .expect("trace");
+        let job = prepare_job(&opts).expect("a BOM is not part of the header");
+        assert!((job.duration_s - 60.0).abs() < 1e-9, "{}", job.duration_s);
+    }
+
+    #[test]
+    fn a_duplicate_key_is_named_without_parser_internals() {
+        let (_dir, opts) = setup(&format!("name: u\n{JOB}"));
+        let e = prepare_job(&opts).expect_err("duplicate key").to_string();
+        assert!(e.contains("duplicate mapping key: name"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("each key may appear only once"), "{e}");
+        assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+    }
+
+    #[test]
+    fn a_reused_report_directory_is_named_in_a_warning() {
+        let (dir, opts) = setup(JOB);
+        assert_eq!(earlier_report(&opts.report_dir), None, "no directory yet");
+        std::fs::create_dir_all(&opts.report_dir).expect("report dir");
+        std::fs::write(opts.report_dir.join(HISTORY_FILE), "{}").expect("history");
+        assert_eq!(earlier_report(&opts.report_dir), None, "only a history");
+        std::fs::write(opts.report_dir.join("summary.json"), "{}").expect("summary");
+        let w = earlier_report(&opts.report_dir).expect("warning");
+        assert!(w.starts_with("warning: "), "{w}");
+        assert!(
+            w.contains(&dir.path().join("report").display().to_string()),
+            "{w}"
+        );
+        assert!(w.contains("summary.json"), "{w}");
     }
 
     #[test]
