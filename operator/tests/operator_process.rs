@@ -30,7 +30,8 @@
 //! * `jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes`: two StreamJobs share a
 //!   StreamQuota; one spikes far past its share, the other still gets (and runs) what it needs,
 //!   and the spiking one holds at its share, reported in status and Events; the two never hold
-//!   more subtasks than the quota;
+//!   more subtasks than the quota; `a_job_over_its_quota_share_sheds_load_at_its_sources`: the
+//!   same with `onLimit: shed` on the spiking job, whose engine then drops the excess;
 //! * `operator_restart_keeps_the_rate_history_and_what_it_learned`: the forecast's rate
 //!   history, the learned scalability factor and the rescale downtime go to the job's
 //!   `NAME-autoscaler` ConfigMap; a restarted operator loads them and goes on from there.
@@ -1738,8 +1739,19 @@ fn held_subtasks(job: &StreamJob) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
+    quota_scenario("quota", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_over_its_quota_share_sheds_load_at_its_sources() {
+    quota_scenario("quota-shed", Some(0.9)).await;
+}
+
+/// Two jobs under a StreamQuota of 6 subtasks, `spiky` spiking far past its share; with
+/// `shed = Some(max share)` spiky has `onLimit: shed` and must drop the excess at its sources.
+async fn quota_scenario(tag: &str, shed: Option<f64>) {
     let _serial = SERIAL.lock().await;
-    let Some(mut world) = World::new("quota", false).await else {
+    let Some(mut world) = World::new(tag, false).await else {
         return;
     };
     // Quota 6 (an equal share is 3): `steady` at 800 records/s needs work 2 + sink 1 = 3;
@@ -1757,6 +1769,7 @@ async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
         .await
         .expect("create StreamQuota");
     let mut kubelets = Vec::new();
+    let mut ports = Vec::new();
     let names = ["steady", "spiky"];
     for (name, steps) in [
         ("steady", vec![(0, 800)]),
@@ -1773,7 +1786,7 @@ async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
             None,
             name,
         ));
-        let job = named_job(
+        let mut job = named_job(
             &world,
             name,
             port,
@@ -1781,6 +1794,13 @@ async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
             &steps,
             serde_json::json!({"quota": "team"}),
         );
+        if let (Some(max), "spiky") = (shed, name) {
+            job.spec.job.autoscaler.limits = Some(
+                serde_json::from_value(serde_json::json!({"onLimit": "shed", "maxShedShare": max}))
+                    .expect("limits"),
+            );
+        }
+        ports.push(port);
         world
             .jobs()
             .create(&PostParams::default(), &job)
@@ -1838,7 +1858,35 @@ async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
         "spiky's demand should show its spike: {bq:#?}"
     );
     let limit = b.limit.clone().expect("spiky limit");
-    assert_eq!(limit.action, "Hold", "{limit:#?}");
+    if shed.is_some() {
+        // The excess is dropped at spiky's sources: the engine sheds the share status shows.
+        assert_eq!(limit.action, "Shed", "{limit:#?}");
+        assert!(limit.shed_share > 0.3, "{limit:#?}");
+        let url = format!("http://127.0.0.1:{}/v1/shed", ports[1]);
+        let start = Instant::now();
+        loop {
+            let engine: serde_json::Value = reqwest::get(&url)
+                .await
+                .expect("GET /v1/shed")
+                .json()
+                .await
+                .expect("shed JSON");
+            let share = engine["share"].as_f64().unwrap_or(0.0);
+            let shed_records = engine["recordsShed"].as_u64().unwrap_or(0);
+            if share > 0.3 && shed_records > 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the engine does not shed: {engine}\n{}",
+                world.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        assert_eq!(limit.action, "Hold", "{limit:#?}");
+        assert_eq!(limit.shed_share, 0.0);
+    }
     assert!(limit.capacity_records_per_second < limit.load_records_per_second);
     assert!(
         limit.reason.contains("quota 3 subtasks"),
@@ -1846,7 +1894,12 @@ async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
     );
     assert!(a.limit.is_none(), "steady is within its share: {a:#?}");
     let events = event_reasons(&world.admin, &world.ns).await;
-    for want in ["QuotaShare", "LimitHold", "RescaleStarted"] {
+    let limit_event = if shed.is_some() {
+        "LoadShed"
+    } else {
+        "LimitHold"
+    };
+    for want in ["QuotaShare", limit_event, "RescaleStarted"] {
         assert!(
             events.iter().any(|(r, _)| r == want),
             "no {want} event: {events:?}"
