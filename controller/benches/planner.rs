@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use streamscale_controller::model::forecast::{ForecastConfig, RateHistory};
 use streamscale_controller::model::{
     Autoscaler, GuardSettings, MetricSample, PlannerSettings, SubtaskSample, Verdict, plan,
 };
 use streamscale_engine::spec::{
-    AutoscalerSpec, EdgeSpec, JobSpec, OperatorKind, OperatorSpec, RateSpec, ScalingBounds,
+    AutoscalerSpec, EdgeSpec, ForecastMode, ForecastSpec, JobSpec, OperatorKind, OperatorSpec,
+    RateSpec, ScalingBounds,
 };
 
 /// Marsaglia's xorshift64: a tiny deterministic generator (no `rand` dependency).
@@ -37,10 +39,34 @@ impl XorShift {
 const OPERATORS: usize = 200;
 const SOURCES: usize = 4;
 
+/// The 200-operator job and the rates its metric windows are made from.
+struct Dag {
+    spec: JobSpec,
+    gamma: Vec<f64>,
+    lambda: Vec<f64>,
+    sel: Vec<f64>,
+    mu: Vec<f64>,
+    par: Vec<u32>,
+    outdeg: Vec<usize>,
+    keyed: Vec<bool>,
+}
+
+/// Seconds of the bench window's first sample: two days and a bit into the forecast's
+/// history, on the rising side of its daily cycle.
+const T0: f64 = 2.0 * 86_400.0 + 1_000.0;
+
 /// A 200-operator DAG (4 sources, every other operator fed by 1–3 earlier ones) and a
 /// 6-sample window whose counters follow flow-conserving rates (each operator splits its
-/// output evenly over its outgoing edges, so rates stay bounded through the graph).
+/// output evenly over its outgoing edges, so rates stay bounded through the graph). Keyed
+/// (window) operators get skewed subtasks: odd subtasks take twice the input of even ones.
+/// Forecasting is on (`autoscaler.forecast.mode: on`, a daily season).
 fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
+    let dag = build_dag(seed);
+    let window = dag.window(&dag.par, 1.0, T0);
+    (dag.spec, window)
+}
+
+fn build_dag(seed: u64) -> Dag {
     let mut rng = XorShift(seed);
     let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); OPERATORS];
     for (i, ins) in inputs.iter_mut().enumerate().skip(SOURCES) {
@@ -63,6 +89,7 @@ fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
         }
     }
     let name = |i: usize| format!("op{i:03}");
+    let mut keyed = vec![false; OPERATORS];
     let mut operators = Vec::new();
     let mut gamma = vec![0.0; OPERATORS];
     let mut lambda = vec![0.0; OPERATORS];
@@ -87,6 +114,7 @@ fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
             if outdeg[i] == 0 {
                 OperatorKind::Sink { output: None }
             } else if rng.below(4) == 0 {
+                keyed[i] = true;
                 OperatorKind::Window { size_ms: 1000 }
             } else {
                 OperatorKind::Map
@@ -127,42 +155,104 @@ fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
         target_utilization: 0.7,
         latency_slo_seconds: 0.09,
         catch_up_seconds: 30.0,
+        forecast: Some(ForecastSpec {
+            mode: ForecastMode::On,
+            ..ForecastSpec::default()
+        }),
         ..AutoscalerSpec::default()
     };
-    let window = [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
-        .iter()
-        .map(|&t| MetricSample {
-            at_seconds: 1000.0 + t,
-            operators: (0..OPERATORS)
-                .map(|i| {
-                    let p = f64::from(par[i]);
-                    let subs = (0..par[i])
-                        .map(|_| {
-                            if i < SOURCES {
-                                SubtaskSample {
-                                    records_out: gamma[i] * t / p,
-                                    source_arrivals: Some(gamma[i] * t / p),
-                                    source_backlog: Some(gamma[i] * 2.0 / p),
-                                    ..SubtaskSample::default()
-                                }
+    Dag {
+        spec,
+        gamma,
+        lambda,
+        sel,
+        mu,
+        par,
+        outdeg,
+        keyed,
+    }
+}
+
+impl Dag {
+    /// Six scrapes 5 s apart from `t0` at parallelism `par`, every μ times `mu_scale`.
+    fn window(&self, par: &[u32], mu_scale: f64, t0: f64) -> Vec<MetricSample> {
+        let name = |i: usize| format!("op{i:03}");
+        [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
+            .iter()
+            .map(|&t| MetricSample {
+                at_seconds: t0 + t,
+                operators: (0..OPERATORS)
+                    .map(|i| {
+                        let p = par[i];
+                        // Subtask weights: skewed for keyed operators, even otherwise.
+                        let w = |j: u32| {
+                            if self.keyed[i] {
+                                f64::from(1 + j % 2)
                             } else {
-                                let rin = lambda[i] * t / p;
-                                SubtaskSample {
-                                    records_in: rin,
-                                    // Gain per edge sel/outdeg: flow is conserved overall.
-                                    records_out: rin * sel[i] / outdeg[i].max(1) as f64,
-                                    busy_seconds: rin / mu[i],
-                                    ..SubtaskSample::default()
-                                }
+                                1.0
                             }
-                        })
-                        .collect();
-                    (name(i), subs)
-                })
-                .collect::<BTreeMap<_, _>>(),
-        })
-        .collect();
-    (spec, window)
+                        };
+                        let total: f64 = (0..p).map(w).sum();
+                        let subs = (0..p)
+                            .map(|j| {
+                                let share = w(j) / total;
+                                if i < SOURCES {
+                                    SubtaskSample {
+                                        records_out: self.gamma[i] * t * share,
+                                        source_arrivals: Some(self.gamma[i] * t * share),
+                                        source_backlog: Some(self.gamma[i] * 2.0 * share),
+                                        ..SubtaskSample::default()
+                                    }
+                                } else {
+                                    let rin = self.lambda[i] * t * share;
+                                    SubtaskSample {
+                                        records_in: rin,
+                                        // Gain per edge sel/outdeg: flow is conserved overall.
+                                        records_out: rin * self.sel[i]
+                                            / self.outdeg[i].max(1) as f64,
+                                        busy_seconds: rin / (self.mu[i] * mu_scale),
+                                        ..SubtaskSample::default()
+                                    }
+                                }
+                            })
+                            .collect();
+                        (name(i), subs)
+                    })
+                    .collect::<BTreeMap<_, _>>(),
+            })
+            .collect()
+    }
+
+    /// Two days of the sources' total input rate with a daily cycle (±20% around the bench
+    /// window's rate, rising at the bench window), scraped every 5 min, as the forecast's
+    /// history.
+    fn history(&self) -> RateHistory {
+        let cfg = ForecastConfig::of(&self.spec).expect("forecasting is on");
+        let total: f64 = self.gamma.iter().sum();
+        let mut h = RateHistory::new(&cfg);
+        let mut arrivals = 0.0;
+        let mut t = 0.0;
+        while t < T0 - 300.0 {
+            let rate = total * (1.0 + 0.2 * (2.0 * std::f64::consts::PI * t / 86_400.0).sin());
+            arrivals += rate * 300.0;
+            t += 300.0;
+            let sample = MetricSample {
+                at_seconds: t,
+                operators: (0..SOURCES)
+                    .map(|i| {
+                        let sub = SubtaskSample {
+                            source_arrivals: Some(arrivals * self.gamma[i] / total),
+                            source_backlog: Some(0.0),
+                            ..SubtaskSample::default()
+                        };
+                        (format!("op{i:03}"), vec![sub])
+                    })
+                    .collect(),
+            };
+            h.observe(&cfg, &[sample], &self.spec);
+        }
+        h
+    }
 }
 
 /// Planner settings for the 200-operator DAG with everything on: the SLO on the p99 bound
@@ -195,6 +285,7 @@ fn dag_settings(spec: &JobSpec, window: &[MetricSample]) -> PlannerSettings {
 }
 
 fn bench_plan(c: &mut Criterion) {
+    let dag = build_dag(0x5eed_cafe_f00d_d00d);
     let (spec, window) = build(0x5eed_cafe_f00d_d00d);
     let settings = dag_settings(&spec, &window);
     let d = plan(&spec, &window, &settings).expect("the benchmark job plans");
@@ -216,14 +307,34 @@ fn bench_plan(c: &mut Criterion) {
     c.bench_function("plan_200_operator_dag", |b| {
         b.iter(|| plan(black_box(&spec), black_box(&window), black_box(&settings)))
     });
-    // The guarded policy on the same job: planner, learned correction, guards and the
-    // rescale-cost check (a fresh Autoscaler per call would rebuild the graph; this one keeps
-    // it, as the operator and the simulator do).
+    // The guarded policy on the same job with everything on: forecasting (two days of
+    // history, a usable forecast above the measured rate), the learned correction (the
+    // previous window ran one subtask fewer of every operator with more than one, 5% faster
+    // per subtask: factors below 1), skewed keyed operators, guards and the rescale-cost check
+    // (a fresh Autoscaler per call would rebuild the graph; this one keeps it, as the operator
+    // and the simulator do).
     let mut auto = Autoscaler::new(GuardSettings {
         planner: settings.clone(),
         ..GuardSettings::default()
     });
-    let v = auto.decide(2000.0, &window, &spec);
+    auto.set_rate_history(dag.history());
+    let before: Vec<u32> = dag
+        .par
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| if i < SOURCES { p } else { p.max(2) - 1 })
+        .collect();
+    let mut spec_before = spec.clone();
+    for (o, &p) in spec_before.operators.iter_mut().zip(&before) {
+        o.parallelism = p;
+    }
+    let _ = auto.decide(
+        T0 - 40.0,
+        &dag.window(&before, 1.05, T0 - 70.0),
+        &spec_before,
+    );
+    let now = T0 + 30.0;
+    let v = auto.decide(now, &window, &spec);
     eprintln!(
         "decide_200_operator_dag: {}",
         match &v {
@@ -232,8 +343,27 @@ fn bench_plan(c: &mut Criterion) {
             Verdict::Hold { reason, .. } => format!("hold: {reason}"),
         }
     );
+    let all_on = match &v {
+        Verdict::Rescale(d) => d
+            .reasons
+            .iter()
+            .chain(d.operators.values().map(|o| &o.reason))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Verdict::Hold { .. } => String::new(),
+    };
+    for want in ["forecast (Holt-Winters", "scalability factor", "key groups"] {
+        assert!(
+            all_on.contains(want),
+            "the decide bench runs with `{want}` on"
+        );
+    }
+    for r in all_on.lines().filter(|r| r.starts_with("forecast")) {
+        eprintln!("  {}", r.chars().take(300).collect::<String>());
+    }
     c.bench_function("decide_200_operator_dag", |b| {
-        b.iter(|| auto.decide(black_box(2000.0), black_box(&window), black_box(&spec)))
+        b.iter(|| auto.decide(black_box(now), black_box(&window), black_box(&spec)))
     });
 }
 

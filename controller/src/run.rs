@@ -478,7 +478,11 @@ pub async fn run(
     opts: &RunOptions,
     print: &mut (dyn FnMut(&str) + Send),
 ) -> Result<RunOutcome, RunError> {
+    let earlier = earlier_report(&opts.report_dir);
     let job = prepare_job(opts)?;
+    if let Some(warning) = earlier {
+        print(&warning);
+    }
     let client = http_client()?;
     let binary = opts
         .engine_bin
@@ -572,6 +576,24 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 Err(warning) => print(&format!("warning: {warning}")),
             }
         }
+        // What was learned about the job's operators in earlier runs (same report directory).
+        let learned_path = self.opts.report_dir.join(LEARNED_FILE);
+        let mut learned_saved = match load_learned(&learned_path, &self.job.spec.name) {
+            Ok(Some(t)) => {
+                print(&format!(
+                    "learned: scalability factors of {} operator(s) from {}",
+                    t.factors.len(),
+                    learned_path.display()
+                ));
+                autoscaler.set_scalability(t.clone());
+                Some(t)
+            }
+            Ok(None) => None,
+            Err(warning) => {
+                print(&format!("warning: {warning}"));
+                None
+            }
+        };
         let mut window: VecDeque<MetricSample> = VecDeque::new();
         let mut prev: Option<EngineMetrics> = None;
         let mut capacity = CapacityEstimator::default();
@@ -727,6 +749,16 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 history_bins = h.bins.len();
                 if let Err(e) = save_history(&history_path, &spec.name, &h.shifted(unix_start)) {
                     tracing::warn!("{e}");
+                }
+            }
+            let learned = autoscaler.scalability();
+            let learned_changed = learned_saved.as_ref().is_none_or(|t| {
+                t.factors != learned.factors || t.ineffective != learned.ineffective
+            });
+            if learned_changed && !(learned.factors.is_empty() && learned.ineffective.is_empty()) {
+                match save_learned(&learned_path, &spec.name, learned) {
+                    Ok(saved) => learned_saved = Some(saved),
+                    Err(e) => tracing::warn!("{e}"),
                 }
             }
             let Verdict::Rescale(decision) = verdict else {
@@ -1078,9 +1110,129 @@ async fn shed_total(resp: reqwest::Response, base: &str) -> Result<u64, String> 
         .map_err(|e| format!("{base}/v1/shed: {e}"))
 }
 
+/// Files of a run's report that the next run in the same directory replaces.
+pub const REPORT_FILES: [&str; 4] = ["summary.json", "timeline.csv", "timeline.png", "job.yaml"];
+
+/// The warning for a report directory that holds an earlier run's report (any of
+/// [`REPORT_FILES`]), `None` for a new or empty one. A reused directory is not refused: it is
+/// also where the forecast's history ([`HISTORY_FILE`]) is kept between runs of a job.
+pub fn earlier_report(dir: &Path) -> Option<String> {
+    let found: Vec<&str> = REPORT_FILES
+        .iter()
+        .copied()
+        .filter(|f| dir.join(f).is_file())
+        .collect();
+    (!found.is_empty()).then(|| {
+        format!(
+            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs (savepoints stay; {HISTORY_FILE} is read and kept). Use --report DIR to keep it.",
+            dir.display(),
+            found.join(", ")
+        )
+    })
+}
+
 /// File in the report directory that keeps the forecast's input-rate history across runs
 /// (JSON: `{"version": 1, "job": NAME, "history": RateHistory}`, times in Unix seconds).
 pub const HISTORY_FILE: &str = "forecast-history.json";
+
+/// File in the report directory that keeps the per-operator scalability factors and
+/// ineffective-scaling flags learned from rescales across runs (JSON: `{"version": 1, "job":
+/// NAME, "scalability": {"factors", "ineffective"}}`).
+pub const LEARNED_FILE: &str = "scalability.json";
+
+/// The on-disk form of the learned scalability.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct LearnedFile {
+    version: u32,
+    job: String,
+    scalability: crate::model::learn::ScalabilityTracker,
+}
+
+/// Reads the scalability learned by earlier runs of job `job` from `path`. `Ok(None)` when the
+/// file does not exist or belongs to another job; a file that cannot be read or parsed, or
+/// holds a factor outside [`FACTOR_MIN`](crate::model::learn::FACTOR_MIN)..=
+/// [`FACTOR_MAX`](crate::model::learn::FACTOR_MAX), is moved aside to `PATH.corrupt` and
+/// reported as `Err` with a warning naming it (the run starts with nothing learned).
+///
+/// # Errors
+/// The warning text, when the file exists but cannot be used.
+pub fn load_learned(
+    path: &Path,
+    job: &str,
+) -> Result<Option<crate::model::learn::ScalabilityTracker>, String> {
+    use crate::model::learn::{FACTOR_MAX, FACTOR_MIN};
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: cannot read: {e}", path.display())),
+    };
+    let parsed = serde_json::from_str::<LearnedFile>(&text)
+        .map_err(|e| e.to_string())
+        .and_then(|f| {
+            if f.version != 1 {
+                return Err(format!("version {} is not 1", f.version));
+            }
+            if let Some((op, v)) = f
+                .scalability
+                .factors
+                .iter()
+                .find(|(_, v)| !(FACTOR_MIN..=FACTOR_MAX).contains(*v))
+            {
+                return Err(format!(
+                    "factor {v} of `{op}` is outside [{FACTOR_MIN}, {FACTOR_MAX}]"
+                ));
+            }
+            Ok(f)
+        });
+    match parsed {
+        Ok(f) if f.job == job => Ok(Some(f.scalability)),
+        Ok(_) => Ok(None),
+        Err(problem) => {
+            let aside = path.with_extension("json.corrupt");
+            let moved = std::fs::rename(path, &aside).is_ok();
+            Err(format!(
+                "{}: learned scalability ignored ({problem}){}; starting with nothing learned",
+                path.display(),
+                if moved {
+                    format!(", moved to {}", aside.display())
+                } else {
+                    String::new()
+                }
+            ))
+        }
+    }
+}
+
+/// Writes the learned factors and flags of job `job` to `path` atomically (temporary file,
+/// then rename) and returns what was written. The last observation per operator is left out:
+/// the next run starts at the job's initial parallelism, which is not a rescale to learn from.
+///
+/// # Errors
+/// [`RunError::Io`] naming the file.
+pub fn save_learned(
+    path: &Path,
+    job: &str,
+    learned: &crate::model::learn::ScalabilityTracker,
+) -> Result<crate::model::learn::ScalabilityTracker, RunError> {
+    let io = |source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let scalability = crate::model::learn::ScalabilityTracker {
+        last: BTreeMap::new(),
+        ..learned.clone()
+    };
+    let file = LearnedFile {
+        version: 1,
+        job: job.to_string(),
+        scalability,
+    };
+    let text = serde_json::to_vec(&file).map_err(|e| io(std::io::Error::other(e)))?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(file.scalability)
+}
 
 /// The on-disk form of the rate history.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -1444,6 +1596,70 @@ mod tests {
     }
 
     #[test]
+    fn relative_paths_are_relative_to_the_job_file() {
+        // The sink's output, like the trace, is relative to the job file, not to the working
+        // directory nor to the report directory the effective job.yaml is written to.
+        let job = JOB.replace(
+            "{ name: sink, kind: sink }",
+            "{ name: sink, kind: sink, output: out/results.csv }",
+        );
+        let (dir, opts) = setup(&job);
+        let prepared = prepare_job(&opts).expect("prepares");
+        let output = prepared.spec.operators.iter().find_map(|o| match &o.kind {
+            OperatorKind::Sink { output } => output.clone(),
+            _ => None,
+        });
+        assert_eq!(output, Some(dir.path().join("out/results.csv")));
+        let trace = prepared.spec.operators.iter().find_map(|o| match &o.kind {
+            OperatorKind::Source {
+                rate: RateSpec::Trace(t),
+                ..
+            } => Some(t.file.clone()),
+            _ => None,
+        });
+        assert_eq!(trace, Some(dir.path().join("trace.csv")));
+    }
+
+    #[test]
+    fn a_trace_with_a_byte_order_mark_reads_like_one_without() {
+        let (dir, opts) = setup(JOB);
+        std::fs::write(
+            dir.path().join("trace.csv"),
+            "\u{feff}t_seconds,rate\n0,1\n300,2\n600,3\n900,4\n",
+        )
+        .expect("trace");
+        let job = prepare_job(&opts).expect("a BOM is not part of the header");
+        assert!((job.duration_s - 60.0).abs() < 1e-9, "{}", job.duration_s);
+    }
+
+    #[test]
+    fn a_duplicate_key_is_named_without_parser_internals() {
+        let (_dir, opts) = setup(&format!("name: u\n{JOB}"));
+        let e = prepare_job(&opts).expect_err("duplicate key").to_string();
+        assert!(e.contains("duplicate mapping key: name"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("each key may appear only once"), "{e}");
+        assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+    }
+
+    #[test]
+    fn a_reused_report_directory_is_named_in_a_warning() {
+        let (dir, opts) = setup(JOB);
+        assert_eq!(earlier_report(&opts.report_dir), None, "no directory yet");
+        std::fs::create_dir_all(&opts.report_dir).expect("report dir");
+        std::fs::write(opts.report_dir.join(HISTORY_FILE), "{}").expect("history");
+        assert_eq!(earlier_report(&opts.report_dir), None, "only a history");
+        std::fs::write(opts.report_dir.join("summary.json"), "{}").expect("summary");
+        let w = earlier_report(&opts.report_dir).expect("warning");
+        assert!(w.starts_with("warning: "), "{w}");
+        assert!(
+            w.contains(&dir.path().join("report").display().to_string()),
+            "{w}"
+        );
+        assert!(w.contains("summary.json"), "{w}");
+    }
+
+    #[test]
     fn a_missing_job_file_is_named() {
         let opts = RunOptions {
             job: PathBuf::from("/nonexistent/job.yaml"),
@@ -1458,6 +1674,42 @@ mod tests {
         let p = resolve_job_path(Path::new(DEFAULT_JOB));
         // Exists once the example is in the tree; the fallback path is under the workspace.
         assert!(p.ends_with(DEFAULT_JOB));
+    }
+
+    #[test]
+    fn learned_scalability_round_trips_without_its_baseline_and_bad_files_are_set_aside() {
+        use crate::model::learn::{Observed, ScalabilityTracker};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(LEARNED_FILE);
+        assert_eq!(load_learned(&path, "j"), Ok(None));
+        let t = ScalabilityTracker {
+            last: [(
+                "work".to_string(),
+                Observed {
+                    parallelism: 3,
+                    true_processing_rate: Some(900.0),
+                    input_rate: 1500.0,
+                },
+            )]
+            .into(),
+            factors: [("work".to_string(), 0.8)].into(),
+            ..ScalabilityTracker::default()
+        };
+        let saved = save_learned(&path, "j", &t).expect("saved");
+        assert!(saved.last.is_empty());
+        let back = load_learned(&path, "j").expect("loads").expect("same job");
+        assert_eq!(back.factor("work"), 0.8);
+        assert!(back.last.is_empty(), "no baseline across runs");
+        assert_eq!(load_learned(&path, "other"), Ok(None));
+        let mut bad = t;
+        bad.factors.insert("work".into(), 7.0);
+        save_learned(&path, "j", &bad).expect("saved");
+        let err = load_learned(&path, "j").expect_err("out of range");
+        assert!(
+            err.contains("factor 7 of `work`") && err.contains("ignored"),
+            "{err}"
+        );
+        assert!(!path.exists() && path.with_extension("json.corrupt").exists());
     }
 
     #[test]

@@ -306,7 +306,8 @@ pub enum OperatorKind {
     /// Consumes records: discards them, or appends one line per record to `output`.
     Sink {
         /// File to append records to: `key,count,sum` per line, or for Nexmark events and
-        /// query rows one JSON object per line. Discards when absent. Delivery: records are
+        /// query rows one JSON object per line (a relative path is relative to the job
+        /// file's directory). Discards when absent. Delivery: records are
         /// written as they arrive and the file is flushed before a stop-with-savepoint
         /// completes, so a stop and restore writes every result exactly once; after a crash
         /// the job restarts from its latest completed checkpoint or savepoint and replays, so
@@ -697,8 +698,9 @@ pub enum SpecError {
 }
 
 impl JobSpec {
-    /// Reads, parses and validates a job file. Relative trace paths are resolved against the
-    /// job file's directory.
+    /// Reads, parses and validates a job file. Relative paths in it (trace files, sink
+    /// `output`, checkpoint and disk-state directories) are resolved against the job file's
+    /// directory.
     ///
     /// # Errors
     /// [`SpecError::Read`] if the file is unreadable, [`SpecError::Parse`] if it is not a job
@@ -714,13 +716,15 @@ impl JobSpec {
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         for op in &mut spec.operators {
-            if let OperatorKind::Source {
-                rate: RateSpec::Trace(trace),
-                ..
-            } = &mut op.kind
-                && trace.file.is_relative()
-            {
-                trace.file = base.join(&trace.file);
+            match &mut op.kind {
+                OperatorKind::Source {
+                    rate: RateSpec::Trace(trace),
+                    ..
+                } if trace.file.is_relative() => trace.file = base.join(&trace.file),
+                OperatorKind::Sink {
+                    output: Some(out), ..
+                } if out.is_relative() => *out = base.join(&*out),
+                _ => {}
             }
         }
         if let Some(c) = &mut spec.checkpoint {
@@ -758,6 +762,10 @@ impl JobSpec {
             let full = e.to_string();
             let first = full.lines().next().unwrap_or_default();
             let mut msg = first.strip_prefix("error: ").unwrap_or(first).to_string();
+            // The parser's hint about its own options means nothing to a job file's author.
+            if let Some(m) = msg.strip_suffix(", set DuplicateKeyPolicy in Options if acceptable") {
+                msg = format!("{m} (each key may appear only once in a mapping)");
+            }
             if let Some(field) = unknown_field_in(&msg)
                 && operator_keys(text)
                     .iter()

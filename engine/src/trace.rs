@@ -72,6 +72,8 @@ impl Trace {
     }
 
     fn parse(text: &str) -> Result<Trace, ParseFailure> {
+        // A UTF-8 byte order mark (spreadsheets write one) is not part of the header.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut lines = text.lines().enumerate();
         match lines.next() {
             Some((_, h)) if h.trim() == "t_seconds,rate" => {}

@@ -211,6 +211,14 @@ pub struct AutoscalerSettings {
     /// engine's `/metrics` (absent: scrape the engine through its Service).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusSource>,
+    /// Name of a `StreamQuota` in this namespace whose subtasks this job shares with every
+    /// other StreamJob naming it. Each reconcile the operator splits the quota across those
+    /// jobs by marginal benefit (each job is first guaranteed what it needs up to an equal
+    /// share) and plans this job within its share; beyond it the job holds at the limit or
+    /// sheds load as `job.autoscaler.limits.onLimit` says. Absent: no shared quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub quota: Option<String>,
 }
 
 /// A Prometheus server that scrapes the engine.
@@ -244,6 +252,7 @@ impl Default for AutoscalerSettings {
             savepoint_timeout_seconds: default_step_timeout(),
             restore_timeout_seconds: default_step_timeout(),
             prometheus: None,
+            quota: None,
         }
     }
 }
@@ -381,6 +390,91 @@ pub struct StreamJobStatus {
     /// `Ready`, `Scaling` and `Degraded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// This job's share of its `StreamQuota` (with `spec.autoscaler.quota`).
+    #[serde(default)]
+    pub quota: Option<QuotaShareStatus>,
+    /// The limit the last plan ran into (max parallelism or the quota share), and whether the
+    /// job holds at it or sheds load; absent when the last plan fit.
+    #[serde(default)]
+    pub limit: Option<LimitStatus>,
+}
+
+/// One operator's demand on a shared quota.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorDemandStatus {
+    /// Operator name.
+    pub name: String,
+    /// Subtasks needed for the job's whole target load at the target utilization, λ / (ρ μ)
+    /// before rounding (the current parallelism while μ is unknown).
+    pub need: f64,
+    /// Fewest subtasks.
+    pub min: u32,
+    /// Most subtasks.
+    pub max: u32,
+}
+
+/// This job's share of a `StreamQuota`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaShareStatus {
+    /// The StreamQuota.
+    pub name: String,
+    /// Its size in subtasks (0 when it was not found).
+    pub quota_subtasks: u32,
+    /// Subtasks (of non-source operators) this job may run: its share by marginal benefit.
+    pub allocated_subtasks: u32,
+    /// Subtasks of this job's non-source operators running now.
+    pub running_subtasks: u32,
+    /// Share of this job's load its allocation takes at the target utilization, in [0, 1].
+    pub admitted_share: f64,
+    /// This job's demand as of its last plan (what the allocation used).
+    #[serde(default)]
+    pub demand: Vec<OperatorDemandStatus>,
+    /// The allocation in words, or why there is none.
+    pub message: String,
+}
+
+/// A limit the plan ran into.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitStatus {
+    /// `Hold` (run at the limit; the backlog grows) or `Shed` (drop `shedShare` at the sources).
+    pub action: String,
+    /// Share of source records dropped, in [0, 1] (0 when holding).
+    pub shed_share: f64,
+    /// Offered load at the sources, records/s.
+    pub load_records_per_second: f64,
+    /// Load the allowed parallelism takes at the target utilization, records/s.
+    pub capacity_records_per_second: f64,
+    /// Operators whose limit binds.
+    #[serde(default)]
+    pub limited_by: Vec<String>,
+    /// In words.
+    pub reason: String,
+}
+
+/// A subtask quota shared by the StreamJobs of its namespace whose `spec.autoscaler.quota`
+/// names it (like a `ResourceQuota`, but split by the autoscaler by marginal benefit).
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "streamscale.dev",
+    version = "v1alpha1",
+    kind = "StreamQuota",
+    plural = "streamquotas",
+    shortname = "sq",
+    category = "streamscale",
+    namespaced,
+    printcolumn = r#"{"name":"Subtasks","type":"integer","jsonPath":".spec.subtasks"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamQuotaSpec {
+    /// Most subtasks of all non-source operators of the member jobs together (a CPU quota
+    /// counted in subtasks; each subtask gets `engine.cpuMillisPerSubtask`). It must cover
+    /// every member operator's lower bound.
+    #[schemars(range(min = 1, max = 1000000))]
+    pub subtasks: u32,
 }
 
 fn default_image() -> String {
@@ -517,10 +611,16 @@ fn merge_tagged_unions(value: &mut serde_json::Value) {
     }
 }
 
-/// The CRD as YAML, as checked in at `crds/streamjob.yaml`.
+/// The CRDs (StreamJob, then StreamQuota) as one multi-document YAML, as checked in at
+/// `crds/streamjob.yaml`.
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
-    let crd = StreamJob::crd();
-    let body = serde_saphyr::to_string(&crd).unwrap_or_else(|e| format!("# cannot serialize: {e}"));
-    format!("# Generated by `cargo run -p streamscale-operator --bin crdgen`; do not edit.\n{body}")
+    fn doc<T: Serialize>(v: &T) -> String {
+        serde_saphyr::to_string(v).unwrap_or_else(|e| format!("# cannot serialize: {e}\n"))
+    }
+    let jobs = doc(&StreamJob::crd());
+    let quotas = doc(&StreamQuota::crd());
+    format!(
+        "# Generated by `cargo run -p streamscale-operator --bin crdgen`; do not edit.\n{jobs}---\n{quotas}"
+    )
 }

@@ -8,11 +8,16 @@
 //! * [`reconciler`]: the kube-runtime `Controller`.
 //! * [`metrics`]: the operator's own Prometheus metrics.
 //! * [`prometheus`]: the engine's metrics read from a Prometheus server's HTTP API.
+//! * [`quota`]: one `StreamQuota` split across its StreamJobs by marginal benefit.
+//! * [`state`]: the autoscaler's learned state (rate history, scalability factors) in a
+//!   ConfigMap, kept across operator restarts.
 
 pub mod crd;
 pub mod metrics;
 pub mod prometheus;
+pub mod quota;
 pub mod reconciler;
 pub mod rescale;
 pub mod resources;
 pub mod runtime;
+pub mod state;

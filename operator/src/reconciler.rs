@@ -8,7 +8,9 @@
 //! 3. otherwise the owned objects are applied at the current parallelism, the engine's
 //!    `/metrics` are scraped into a window and the same guarded planner as `streamscale run`
 //!    ([`Autoscaler`]) decides: mode `auto` starts a rescale, `recommend` writes the
-//!    recommendation to status, `off` does neither.
+//!    recommendation to status, `off` does neither. A job naming a `StreamQuota` plans within
+//!    its share of it ([`crate::quota`]), and a limit it runs into (hold or shed) goes to
+//!    `status.limit` and Events.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -24,19 +27,22 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use streamscale_controller::model::shed::LimitPlan;
 use streamscale_controller::model::{
     Autoscaler, GuardSettings, MetricSample, PlannerSettings, Verdict,
 };
-use streamscale_engine::spec::JobSpec;
+use streamscale_engine::spec::{JobSpec, LimitsSpec, OnLimit};
 
 use crate::crd::{
-    AutoscalerMode, DecisionStatus, FINALIZER, Phase, RescaleStatus, RescaleStep, StreamJob,
-    StreamJobStatus,
+    AutoscalerMode, DecisionStatus, FINALIZER, LimitStatus, OperatorDemandStatus, Phase,
+    QuotaShareStatus, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus, StreamQuota,
 };
 use crate::metrics::Metrics;
+use crate::quota;
 use crate::rescale::{self, Action, EngineObs, Observation, Outcome, SavepointObs};
 use crate::resources::{self, FIELD_MANAGER};
 use crate::runtime::{ApplyError, KubeRuntime};
+use crate::state::{self, SavedState};
 
 /// Errors of one reconcile (retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +61,10 @@ pub enum Error {
     Engine(String),
 }
 
-/// What the autoscaler remembers about one job between reconciles (not persisted: after an
-/// operator restart the window refills and the guards' stabilization applies).
+/// What the autoscaler remembers about one job between reconciles. The metric window is not
+/// persisted (after an operator restart it refills and the guards' stabilization applies);
+/// what is learned (rate history, scalability factors, rescale downtime) is, in the job's
+/// `NAME-autoscaler` ConfigMap ([`crate::state`]).
 struct JobMemory {
     autoscaler: Autoscaler,
     window: VecDeque<MetricSample>,
@@ -64,6 +72,122 @@ struct JobMemory {
     /// Unix seconds of the last Prometheus scrape put into `window` (a query that returns the
     /// same scrape again adds nothing).
     last_scrape_unix_s: Option<f64>,
+    /// Shed share last applied at the engine's sources (`None`: not since this engine started
+    /// or since the operator started).
+    shed_applied: Option<f64>,
+    /// What the state ConfigMap holds (as last loaded or written).
+    saved: Option<StateFingerprint>,
+}
+
+/// The parts of the persisted state whose change is worth a write: the history's bins (a new
+/// bin every `binSeconds`), the learned factors and flags, the downtime.
+#[derive(Debug, Clone, PartialEq)]
+struct StateFingerprint {
+    bins: usize,
+    last_bin: Option<i64>,
+    factors: BTreeMap<String, f64>,
+    ineffective: Vec<String>,
+    downtime: Option<f64>,
+}
+
+impl StateFingerprint {
+    fn of(s: &SavedState) -> StateFingerprint {
+        let bins = s.history.as_ref().map_or(&[][..], |h| &h.bins[..]);
+        StateFingerprint {
+            bins: bins.len(),
+            last_bin: bins.last().map(|b| b.0),
+            factors: s.scalability.factors.clone(),
+            ineffective: s.scalability.ineffective.keys().cloned().collect(),
+            downtime: s.rescale_downtime_seconds,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bins == 0
+            && self.factors.is_empty()
+            && self.ineffective.is_empty()
+            && self.downtime.is_none()
+    }
+}
+
+/// The state to persist from `autoscaler` (history moved to Unix time by `unix0`, the Unix
+/// time of the operator's clock zero).
+fn snapshot(job: &StreamJob, autoscaler: &Autoscaler, unix0: f64) -> SavedState {
+    let h = autoscaler.rate_history();
+    SavedState {
+        version: state::VERSION,
+        job: job.name_any(),
+        history: (h.bin_seconds > 0.0 && (!h.bins.is_empty() || h.open.is_some()))
+            .then(|| h.shifted(unix0)),
+        scalability: autoscaler.scalability().clone(),
+        rescale_downtime_seconds: autoscaler.settings().planner.rescale_downtime_seconds,
+    }
+}
+
+/// Puts a persisted state into a fresh `autoscaler`.
+fn restore(autoscaler: &mut Autoscaler, s: &SavedState, unix0: f64) {
+    if let Some(h) = &s.history {
+        autoscaler.set_rate_history(h.shifted(-unix0));
+    }
+    autoscaler.set_scalability(s.scalability.clone());
+    if let Some(d) = s.rescale_downtime_seconds {
+        autoscaler.observe_rescale_downtime(d);
+    }
+}
+
+/// Reads the job's state ConfigMap; `None` when there is none or it cannot be used (a
+/// warning Event names the problem; the job starts with nothing learned).
+async fn load_state(job: &StreamJob, ctx: &Context) -> Option<SavedState> {
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let name = state::configmap_name(job);
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let cm = match cms.get_opt(&name).await {
+        Ok(cm) => cm?,
+        Err(e) => {
+            tracing::warn!(job = %key(job), "cannot read ConfigMap {name}: {e}");
+            return None;
+        }
+    };
+    let text = cm.data.and_then(|mut d| d.remove(state::STATE_KEY))?;
+    match state::decode(&name, &text, &job.name_any()) {
+        Ok(s) => {
+            if let Some(s) = &s {
+                tracing::info!(
+                    job = %key(job),
+                    bins = s.history.as_ref().map_or(0, |h| h.bins.len()),
+                    factors = s.scalability.factors.len(),
+                    "autoscaler state loaded from ConfigMap {name}"
+                );
+            }
+            s
+        }
+        Err(e) => {
+            publish(
+                ctx,
+                job,
+                true,
+                "AutoscalerStateIgnored",
+                format!("{e}; starting with nothing learned (it is overwritten)"),
+            )
+            .await;
+            None
+        }
+    }
+}
+
+/// Writes the job's state ConfigMap (server-side apply, owned by the StreamJob).
+async fn save_state(job: &StreamJob, ctx: &Context, text: String) -> Result<(), String> {
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let cm = state::configmap(job, text).map_err(|e| e.to_string())?;
+    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &state::configmap_name(job),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Shared state of the reconciler.
@@ -77,7 +201,13 @@ pub struct Context {
     /// Event recorder.
     pub recorder: Recorder,
     memory: Mutex<HashMap<String, JobMemory>>,
+    /// One lock per StreamQuota (`NAMESPACE/NAME`): the reconciles of its members take it from
+    /// reading each other's status to writing their own, so that two members never both grow
+    /// into the same free subtasks.
+    quota_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     clock: tokio::time::Instant,
+    /// Unix time (s) of `clock`'s zero: persisted times are Unix times.
+    unix0: f64,
 }
 
 impl Context {
@@ -92,12 +222,22 @@ impl Context {
                 .unwrap_or_default(),
             metrics,
             memory: Mutex::new(HashMap::new()),
+            quota_locks: Mutex::new(HashMap::new()),
             clock: tokio::time::Instant::now(),
+            unix0: Timestamp::now().as_millisecond() as f64 / 1000.0,
         }
     }
 
     fn now_s(&self) -> f64 {
         self.clock.elapsed().as_secs_f64()
+    }
+
+    /// The lock of `job`'s StreamQuota, when it names one.
+    fn quota_lock(&self, job: &StreamJob) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        let name = job.spec.autoscaler.quota.as_ref()?;
+        let k = format!("{}/{name}", job.namespace().unwrap_or_default());
+        let mut locks = self.quota_locks.lock().unwrap_or_else(|p| p.into_inner());
+        Some(Arc::clone(locks.entry(k).or_default()))
     }
 }
 
@@ -368,6 +508,12 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     )
     .await?;
     let old_conditions = status.conditions.clone();
+    // Held until this reconcile's status is written (see `Context::quota_locks`).
+    let quota_lock = ctx.quota_lock(&job);
+    let _quota_guard = match &quota_lock {
+        Some(l) => Some(l.lock().await),
+        None => None,
+    };
     let interval = Duration::from_secs(job.spec.autoscaler.metrics_interval_seconds.max(1) as u64);
     let mut requeue = Requeue::requeue(interval);
     match &engine {
@@ -513,23 +659,56 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
             }
         }
     };
-    let spec = planning_spec(job, &status.current_parallelism);
-    let verdict = {
+    let mut spec = planning_spec(job, &status.current_parallelism);
+    // A shared StreamQuota: this job plans within its share (its planning quota).
+    let quota = match &job.spec.autoscaler.quota {
+        Some(name) => Some(quota_share(job, ctx, name, &spec, status).await),
+        None => None,
+    };
+    if let Some(q) = &quota {
+        let running = quota::non_source_total(&spec, &status.current_parallelism);
+        let cap = q.share.as_ref().map_or(running, |s| s.cap).max(1);
+        let limits = spec
+            .autoscaler
+            .limits
+            .get_or_insert_with(LimitsSpec::default);
+        limits.quota_subtasks = Some(limits.quota_subtasks.map_or(cap, |own| own.min(cap)));
+    }
+    // The first time this operator process sees the job: what was learned before it started.
+    let known = ctx
+        .memory
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&key(job));
+    let loaded = if known {
+        None
+    } else {
+        load_state(job, ctx).await
+    };
+    let (verdict, limit, shed_applied, to_save) = {
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
         let settings = guard_settings(job);
         let m = memory.entry(key(job)).or_insert_with(|| {
             let mut autoscaler = Autoscaler::new(settings.clone());
             autoscaler.restarted(now_s);
+            if let Some(s) = &loaded {
+                restore(&mut autoscaler, s, ctx.unix0);
+            }
             JobMemory {
                 autoscaler,
                 window: VecDeque::new(),
                 settings: settings.clone(),
                 last_scrape_unix_s: None,
+                shed_applied: None,
+                saved: loaded.as_ref().map(StateFingerprint::of),
             }
         });
         if m.settings != settings {
-            m.autoscaler = Autoscaler::new(settings.clone());
-            m.autoscaler.restarted(now_s);
+            // New settings, same job: what was learned carries over.
+            let mut fresh = Autoscaler::new(settings.clone());
+            fresh.restarted(now_s);
+            restore(&mut fresh, &snapshot(job, &m.autoscaler, 0.0), 0.0);
+            m.autoscaler = fresh;
             m.settings = settings;
         }
         // A window from another parallelism is not about this deployment.
@@ -552,9 +731,43 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
             m.window.pop_front();
         }
         let window: Vec<MetricSample> = m.window.iter().cloned().collect();
-        m.autoscaler.decide(now_s, &window, &spec)
+        let verdict = m.autoscaler.decide(now_s, &window, &spec);
+        let snap = snapshot(job, &m.autoscaler, ctx.unix0);
+        let fp = StateFingerprint::of(&snap);
+        let to_save =
+            (m.saved.as_ref() != Some(&fp) && !fp.is_empty()).then(|| (fp, state::encode(&snap)));
+        (
+            verdict,
+            m.autoscaler.limit_plan().cloned(),
+            m.shed_applied,
+            to_save,
+        )
     };
-    let (decision, rescale) = match verdict {
+    if let Some((fp, text)) = to_save {
+        match save_state(job, ctx, text).await {
+            Ok(()) => {
+                let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(m) = memory.get_mut(&key(job)) {
+                    m.saved = Some(fp);
+                }
+            }
+            Err(e) => tracing::warn!(job = %key(job), "cannot save the autoscaler state: {e}"),
+        }
+    }
+    let planned = match &verdict {
+        Verdict::Rescale(d) => Some(d),
+        Verdict::Hold { recommendation, .. } => recommendation.as_ref(),
+    };
+    if let Some(mut q) = quota {
+        if let Some(d) = planned {
+            q.demand = quota::demand_from_decision(d, &spec);
+        }
+        report_quota(job, ctx, status, q).await;
+    }
+    if planned.is_some() {
+        report_limit(job, ctx, rt, status, limit.as_ref(), shed_applied).await;
+    }
+    let (mut decision, mut rescale) = match verdict {
         Verdict::Rescale(d) => (d, true),
         Verdict::Hold {
             recommendation: Some(d),
@@ -566,6 +779,25 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
             return;
         }
     };
+    // A job holding more than its quota share is rescaled down to it, whatever the
+    // scale-down guards say (the other members wait for those subtasks).
+    if let Some(q) = &status.quota
+        && q.running_subtasks > q.allocated_subtasks
+        && quota::non_source_total(&spec, &decision.parallelism) > q.allocated_subtasks
+        && let Some(lp) = &limit
+        && quota::non_source_total(&spec, &lp.parallelism) <= q.allocated_subtasks
+        && lp.parallelism != status.current_parallelism
+    {
+        decision.parallelism.clone_from(&lp.parallelism);
+        decision.reasons.insert(
+            0,
+            format!(
+                "quota {}: {} subtasks held, the share is {}; rescaling down to it",
+                q.name, q.running_subtasks, q.allocated_subtasks
+            ),
+        );
+        rescale = true;
+    }
     let auto = job.spec.autoscaler.mode == AutoscalerMode::Auto;
     let reason = std::iter::once(decision.bottleneck.clone().unwrap_or_default())
         .chain(decision.reasons.iter().cloned())
@@ -660,6 +892,241 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
             )
             .await;
         }
+    }
+}
+
+/// The quota part of one reconcile: the StreamQuota's size, this job's share, and the demand
+/// this job reports (its previous one until a new plan replaces it).
+struct QuotaOutcome {
+    name: String,
+    subtasks: u32,
+    share: Result<quota::Share, String>,
+    held: u32,
+    demand: Vec<OperatorDemandStatus>,
+}
+
+/// Reads the StreamQuota `name` and its member StreamJobs (of this namespace) and computes
+/// this job's share (see [`crate::quota`]). `spec` is this job's planning spec, `status` its
+/// status as this reconcile has it.
+async fn quota_share(
+    job: &StreamJob,
+    ctx: &Context,
+    name: &str,
+    spec: &JobSpec,
+    status: &StreamJobStatus,
+) -> QuotaOutcome {
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let own = job.name_any();
+    let held = quota::non_source_total(spec, &status.current_parallelism);
+    let demand = status
+        .quota
+        .as_ref()
+        .filter(|q| q.name == name && !q.demand.is_empty())
+        .map_or_else(
+            || quota::demand_from_parallelism(spec, &status.current_parallelism),
+            |q| q.demand.clone(),
+        );
+    let mut out = QuotaOutcome {
+        name: name.to_string(),
+        subtasks: 0,
+        share: Err(String::new()),
+        held,
+        demand: demand.clone(),
+    };
+    let quotas: Api<StreamQuota> = Api::namespaced(ctx.client.clone(), &ns);
+    let q = match quotas.get_opt(name).await {
+        Ok(Some(q)) => q,
+        Ok(None) => {
+            out.share = Err(format!(
+                "StreamQuota {name} not found in namespace {ns}: the job does not grow"
+            ));
+            return out;
+        }
+        Err(e) => {
+            out.share = Err(format!("cannot read StreamQuota {name}: {e}"));
+            return out;
+        }
+    };
+    out.subtasks = q.spec.subtasks;
+    let jobs: Api<StreamJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let list = match jobs.list(&kube::api::ListParams::default()).await {
+        Ok(l) => l,
+        Err(e) => {
+            out.share = Err(format!("cannot list the StreamJobs of quota {name}: {e}"));
+            return out;
+        }
+    };
+    let mut members = vec![quota::Member {
+        name: own.clone(),
+        demand,
+        held,
+    }];
+    for other in list.items {
+        if other.name_any() == own || other.spec.autoscaler.quota.as_deref() != Some(name) {
+            continue;
+        }
+        let p = quota::held(&other);
+        let other_spec = planning_spec(&other, &p);
+        let demand = other
+            .status
+            .as_ref()
+            .and_then(|s| s.quota.as_ref())
+            .filter(|q| q.name == name && !q.demand.is_empty())
+            .map_or_else(
+                || quota::demand_from_parallelism(&other_spec, &p),
+                |q| q.demand.clone(),
+            );
+        members.push(quota::Member {
+            name: other.name_any(),
+            demand,
+            held: quota::non_source_total(&other_spec, &p),
+        });
+    }
+    out.share = quota::share(&own, &members, q.spec.subtasks).map_err(|e| e.to_string());
+    out
+}
+
+/// Writes this job's quota share to `status.quota`, with an Event when the share changes.
+async fn report_quota(
+    job: &StreamJob,
+    ctx: &Context,
+    status: &mut StreamJobStatus,
+    q: QuotaOutcome,
+) {
+    let old = status.quota.clone();
+    let new = match &q.share {
+        Ok(s) => QuotaShareStatus {
+            name: q.name.clone(),
+            quota_subtasks: q.subtasks,
+            allocated_subtasks: s.allocated,
+            running_subtasks: q.held,
+            admitted_share: s.allocation.admitted_share,
+            demand: q.demand,
+            message: s.message.clone(),
+        },
+        Err(e) => QuotaShareStatus {
+            name: q.name.clone(),
+            quota_subtasks: q.subtasks,
+            allocated_subtasks: q.held,
+            running_subtasks: q.held,
+            admitted_share: old.as_ref().map_or(1.0, |o| o.admitted_share),
+            demand: q.demand,
+            message: e.clone(),
+        },
+    };
+    let changed = old.as_ref().is_none_or(|o| {
+        o.name != new.name
+            || o.quota_subtasks != new.quota_subtasks
+            || o.allocated_subtasks != new.allocated_subtasks
+            || (q.share.is_err() && o.message != new.message)
+    });
+    if changed {
+        match &q.share {
+            Ok(s) => {
+                publish(
+                    ctx,
+                    job,
+                    false,
+                    "QuotaShare",
+                    format!(
+                        "share of StreamQuota {}: {} of {} subtasks, admitting {:.0}% of the load ({})",
+                        q.name,
+                        s.allocated,
+                        q.subtasks,
+                        100.0 * s.allocation.admitted_share,
+                        s.message
+                    ),
+                )
+                .await;
+            }
+            Err(e) => publish(ctx, job, true, "QuotaUnavailable", e.clone()).await,
+        }
+    }
+    status.quota = Some(new);
+}
+
+/// Writes the limit the last plan ran into to `status.limit` (with an Event when it starts,
+/// changes or ends) and, under `onLimit: shed`, applies the plan's shed share at the engine's
+/// sources (`POST /v1/shed`; a restarted engine starts at 0, so it is applied again after a
+/// rescale).
+async fn report_limit(
+    job: &StreamJob,
+    ctx: &Context,
+    rt: &KubeRuntime,
+    status: &mut StreamJobStatus,
+    limit: Option<&LimitPlan>,
+    shed_applied: Option<f64>,
+) {
+    let new = limit
+        .filter(|lp| lp.capacity < lp.load * (1.0 - 1e-9))
+        .map(|lp| LimitStatus {
+            action: format!("{:?}", lp.action),
+            shed_share: lp.shed_share,
+            load_records_per_second: lp.load,
+            capacity_records_per_second: lp.capacity,
+            limited_by: lp.limited_by.clone(),
+            reason: lp.reason.clone(),
+        });
+    let old = status.limit.take();
+    let same = |a: &LimitStatus, b: &LimitStatus| {
+        a.action == b.action
+            && a.limited_by == b.limited_by
+            && (a.shed_share - b.shed_share).abs() < 1e-3
+    };
+    match (&old, &new) {
+        (Some(o), Some(n)) if same(o, n) => {}
+        (_, Some(n)) => {
+            let reason = if n.action == "Shed" {
+                "LoadShed"
+            } else {
+                "LimitHold"
+            };
+            publish(ctx, job, true, reason, n.reason.clone()).await;
+        }
+        (Some(_), None) => {
+            publish(
+                ctx,
+                job,
+                false,
+                "WithinLimits",
+                "the plan fits the limits again".to_string(),
+            )
+            .await;
+        }
+        (None, None) => {}
+    }
+    status.limit = new;
+    let shedding = job
+        .spec
+        .job
+        .autoscaler
+        .limits
+        .as_ref()
+        .is_some_and(|l| l.on_limit == OnLimit::Shed);
+    if !shedding || job.spec.autoscaler.mode != AutoscalerMode::Auto {
+        return;
+    }
+    let wanted = limit.map_or(0.0, |lp| lp.shed_share);
+    if shed_applied.is_some_and(|a| (a - wanted).abs() < 1e-3) {
+        return;
+    }
+    let url = format!("{}/v1/shed", rt.api().base_url());
+    let sent = ctx
+        .http
+        .post(&url)
+        .json(&serde_json::json!({ "share": wanted }))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status);
+    match sent {
+        Ok(_) => {
+            tracing::info!(job = %key(job), share = wanted, "shed share applied");
+            let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(m) = memory.get_mut(&key(job)) {
+                m.shed_applied = Some(wanted);
+            }
+        }
+        Err(e) => tracing::warn!(job = %key(job), "{url}: {e}"),
     }
 }
 
@@ -835,6 +1302,7 @@ async fn drive_rescale(
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = memory.get_mut(&key(job)) {
             m.window.clear();
+            m.shed_applied = None;
             m.autoscaler.restarted(ctx.now_s());
             if let Some(s) = downtime_s {
                 tracing::info!(job = %key(job), downtime_s = s, "rescale downtime observed");

@@ -76,6 +76,15 @@ pub fn engine_url(job: &StreamJob) -> String {
     )
 }
 
+/// Metadata of an object `name` owned by `job` (namespace, labels, controller owner
+/// reference).
+///
+/// # Errors
+/// [`ResourceError::Incomplete`] when the StreamJob has no uid yet.
+pub fn owned_meta(job: &StreamJob, name: String) -> Result<ObjectMeta, ResourceError> {
+    meta(job, name)
+}
+
 fn meta(job: &StreamJob, name: String) -> Result<ObjectMeta, ResourceError> {
     let owner = job
         .controller_owner_ref(&())

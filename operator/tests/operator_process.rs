@@ -27,6 +27,15 @@
 //!   pod at the new parallelism does not fit the node (stays Pending); after
 //!   `restoreTimeoutSeconds` the old parallelism is redeployed from the same savepoint.
 //!
+//! * `jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes`: two StreamJobs share a
+//!   StreamQuota; one spikes far past its share, the other still gets (and runs) what it needs,
+//!   and the spiking one holds at its share, reported in status and Events; the two never hold
+//!   more subtasks than the quota; `a_job_over_its_quota_share_sheds_load_at_its_sources`: the
+//!   same with `onLimit: shed` on the spiking job, whose engine then drops the excess;
+//! * `operator_restart_keeps_the_rate_history_and_what_it_learned`: the forecast's rate
+//!   history, the learned scalability factor and the rescale downtime go to the job's
+//!   `NAME-autoscaler` ConfigMap; a restarted operator loads them and goes on from there.
+//!
 //! Without the control-plane binaries the tests are skipped with a printed reason, except under
 //! CI=true, where they fail.
 
@@ -51,7 +60,9 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use streamscale_controller::api::{EngineApi, JobStatus};
-use streamscale_operator::crd::{Phase, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus};
+use streamscale_operator::crd::{
+    Phase, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus, StreamQuota,
+};
 
 const RELEASE: &str = "op";
 const RELEASE_NS: &str = "streamscale-op";
@@ -167,6 +178,19 @@ impl Kubelet {
         port: u16,
         cpu_millis: Option<u32>,
     ) -> Kubelet {
+        Self::start_for(admin, ns, dir, port, cpu_millis, JOB)
+    }
+
+    /// [`Kubelet::start_on_node`] for the StreamJob named `job`.
+    fn start_for(
+        admin: Client,
+        ns: &str,
+        dir: &Path,
+        port: u16,
+        cpu_millis: Option<u32>,
+        job: &str,
+    ) -> Kubelet {
+        let job = job.to_string();
         let stop = Arc::new(AtomicBool::new(false));
         let pod: Arc<Mutex<Option<Pod>>> = Arc::new(Mutex::new(None));
         let starts = Arc::new(AtomicU32::new(0));
@@ -178,6 +202,7 @@ impl Kubelet {
         let task = tokio::spawn(async move {
             while !s.load(Ordering::SeqCst) {
                 tick(
+                    &job,
                     &deployments,
                     &configmaps,
                     &dir,
@@ -220,6 +245,7 @@ impl Drop for Kubelet {
 
 #[allow(clippy::too_many_arguments)]
 async fn tick(
+    job: &str,
     deployments: &Api<Deployment>,
     configmaps: &Api<ConfigMap>,
     dir: &Path,
@@ -229,7 +255,7 @@ async fn tick(
     pod: &Mutex<Option<Pod>>,
     starts: &AtomicU32,
 ) {
-    let Ok(d) = deployments.get_opt(&format!("{JOB}-engine")).await else {
+    let Ok(d) = deployments.get_opt(&format!("{job}-engine")).await else {
         return;
     };
     let template = d.as_ref().and_then(|d| {
@@ -237,7 +263,7 @@ async fn tick(
         (spec.replicas != Some(0)).then(|| serde_json::to_string(&spec.template).ok())?
     });
     let job_yaml = match &template {
-        Some(_) => match configmaps.get_opt(&format!("{JOB}-job")).await {
+        Some(_) => match configmaps.get_opt(&format!("{job}-job")).await {
             Ok(Some(cm)) => cm.data.and_then(|mut d| d.remove("job.yaml")),
             _ => return,
         },
@@ -378,6 +404,13 @@ impl World {
         )
         .await
         .expect("apply the StreamJob CRD");
+        crds.patch(
+            "streamquotas.streamscale.dev",
+            &PatchParams::apply("streamscale-tests").force(),
+            &Patch::Apply(StreamQuota::crd()),
+        )
+        .await
+        .expect("apply the StreamQuota CRD");
 
         // A token for the chart's ServiceAccount from the TokenRequest API.
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), RELEASE_NS);
@@ -1638,4 +1671,374 @@ async fn prometheus_api_gives_the_planner_what_the_engine_exports() {
     assert!(work_in > 0.0, "{p:#?}");
     drop(prom);
     drop(engine);
+}
+
+/// A StreamJob `name` in `world`'s namespace whose engine the test's kubelet runs on `port`,
+/// with savepoints under `dir`: `source` at the given rate steps `(at s, records/s)`, `work`
+/// (1 ms of I/O per record: about 1000 records/s per subtask, at most 8) and `sink`.
+fn named_job(
+    world: &World,
+    name: &str,
+    port: u16,
+    dir: &Path,
+    steps: &[(u32, u32)],
+    autoscaler: serde_json::Value,
+) -> StreamJob {
+    let steps: Vec<serde_json::Value> = steps
+        .iter()
+        .map(|(at, r)| serde_json::json!({"atSeconds": at, "recordsPerSecond": r}))
+        .collect();
+    let mut job = serde_json::json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "StreamJob",
+        "metadata": {
+            "name": name,
+            "namespace": world.ns,
+            "annotations": {
+                "streamscale.dev/engine-url": format!("http://127.0.0.1:{port}"),
+                "streamscale.dev/savepoint-dir": dir.join("savepoints"),
+            },
+        },
+        "spec": {
+            "job": {
+                "name": name,
+                "maxParallelism": 32,
+                "operators": [
+                    {"name": "source", "kind": "source", "keys": 200, "rate": {"steps": steps}},
+                    {"name": "work", "kind": "map", "io": 1000, "scaling": {"min": 1, "max": 8}},
+                    {"name": "sink", "kind": "sink"},
+                ],
+                "edges": [{"from": "source", "to": "work"}, {"from": "work", "to": "sink"}],
+            },
+            "storage": {"size": "64Mi"},
+            "autoscaler": {
+                "mode": "auto",
+                "metricsIntervalSeconds": 1,
+                "metricsWindowSeconds": 4,
+                "stabilizationSeconds": 2,
+                "scaleDownDelaySeconds": 600,
+                "catchUpSeconds": 30,
+            },
+        },
+    });
+    if let Some(extra) = autoscaler.as_object() {
+        for (k, v) in extra {
+            job["spec"]["autoscaler"][k] = v.clone();
+        }
+    }
+    serde_json::from_value(job).expect("StreamJob")
+}
+
+/// Non-source subtasks a job holds (the larger of from/to during a rescale).
+fn held_subtasks(job: &StreamJob) -> u32 {
+    streamscale_operator::quota::non_source_total(
+        &job.spec.job,
+        &streamscale_operator::quota::held(job),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes() {
+    quota_scenario("quota", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_over_its_quota_share_sheds_load_at_its_sources() {
+    quota_scenario("quota-shed", Some(0.9)).await;
+}
+
+/// Two jobs under a StreamQuota of 6 subtasks, `spiky` spiking far past its share; with
+/// `shed = Some(max share)` spiky has `onLimit: shed` and must drop the excess at its sources.
+async fn quota_scenario(tag: &str, shed: Option<f64>) {
+    let _serial = SERIAL.lock().await;
+    let Some(mut world) = World::new(tag, false).await else {
+        return;
+    };
+    // Quota 6 (an equal share is 3): `steady` at 800 records/s needs work 2 + sink 1 = 3;
+    // `spiky` steps to 4000 records/s and would need about 6 + 1.
+    let quotas: Api<StreamQuota> = Api::namespaced(world.admin.clone(), &world.ns);
+    let quota: StreamQuota = serde_json::from_value(serde_json::json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "StreamQuota",
+        "metadata": {"name": "team", "namespace": world.ns},
+        "spec": {"subtasks": 6},
+    }))
+    .expect("StreamQuota");
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create StreamQuota");
+    let mut kubelets = Vec::new();
+    let mut ports = Vec::new();
+    let names = ["steady", "spiky"];
+    for (name, steps) in [
+        ("steady", vec![(0, 800)]),
+        ("spiky", vec![(0, 200), (4, 4000)]),
+    ] {
+        let port = free_port();
+        let dir = world.dir.path().join(name);
+        std::fs::create_dir_all(dir.join("savepoints")).expect("job dir");
+        kubelets.push(Kubelet::start_for(
+            world.admin.clone(),
+            &world.ns,
+            &dir,
+            port,
+            None,
+            name,
+        ));
+        let mut job = named_job(
+            &world,
+            name,
+            port,
+            &dir,
+            &steps,
+            serde_json::json!({"quota": "team"}),
+        );
+        if let (Some(max), "spiky") = (shed, name) {
+            job.spec.job.autoscaler.limits = Some(
+                serde_json::from_value(serde_json::json!({"onLimit": "shed", "maxShedShare": max}))
+                    .expect("limits"),
+            );
+        }
+        ports.push(port);
+        world
+            .jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create StreamJob");
+    }
+    world.start_operator();
+
+    let start = Instant::now();
+    let mut most_held = 0;
+    let (steady, spiky) = loop {
+        let steady = world.jobs().get("steady").await.expect("steady");
+        let spiky = world.jobs().get("spiky").await.expect("spiky");
+        most_held = most_held.max(held_subtasks(&steady) + held_subtasks(&spiky));
+        let (a, b) = (
+            steady.status.clone().unwrap_or_default(),
+            spiky.status.clone().unwrap_or_default(),
+        );
+        let settled = a.rescale.is_none()
+            && b.rescale.is_none()
+            && a.current_parallelism.get("work") == Some(&2)
+            && a.limit.is_none()
+            && a.quota.as_ref().is_some_and(|q| {
+                q.allocated_subtasks == 3 && q.running_subtasks == 3 && q.admitted_share == 1.0
+            })
+            && b.limit.is_some()
+            && b.quota
+                .as_ref()
+                .is_some_and(|q| q.allocated_subtasks == 3 && q.running_subtasks <= 3);
+        if settled {
+            break (steady, spiky);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "timed out: steady {a:#?}\nspiky {b:#?}\n{}",
+            world.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        most_held <= 6,
+        "the two jobs held {most_held} subtasks under a quota of 6\n{}",
+        world.logs()
+    );
+    let (a, b) = (
+        steady.status.clone().unwrap_or_default(),
+        spiky.status.clone().unwrap_or_default(),
+    );
+    // The spiking job got the rest of the quota, admits under half its load and holds at its
+    // share (no `onLimit: shed` configured), saying so.
+    let bq = b.quota.clone().expect("spiky quota status");
+    assert!(bq.admitted_share < 0.6, "{bq:#?}");
+    assert!(
+        bq.demand.iter().any(|d| d.name == "work" && d.need > 4.0),
+        "spiky's demand should show its spike: {bq:#?}"
+    );
+    let limit = b.limit.clone().expect("spiky limit");
+    if shed.is_some() {
+        // The excess is dropped at spiky's sources: the engine sheds the share status shows.
+        assert_eq!(limit.action, "Shed", "{limit:#?}");
+        assert!(limit.shed_share > 0.3, "{limit:#?}");
+        let url = format!("http://127.0.0.1:{}/v1/shed", ports[1]);
+        let start = Instant::now();
+        loop {
+            let engine: serde_json::Value = reqwest::get(&url)
+                .await
+                .expect("GET /v1/shed")
+                .json()
+                .await
+                .expect("shed JSON");
+            let share = engine["share"].as_f64().unwrap_or(0.0);
+            let shed_records = engine["recordsShed"].as_u64().unwrap_or(0);
+            if share > 0.3 && shed_records > 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the engine does not shed: {engine}\n{}",
+                world.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        assert_eq!(limit.action, "Hold", "{limit:#?}");
+        assert_eq!(limit.shed_share, 0.0);
+    }
+    assert!(limit.capacity_records_per_second < limit.load_records_per_second);
+    assert!(
+        limit.reason.contains("quota 3 subtasks"),
+        "the reason names the share: {limit:#?}"
+    );
+    assert!(a.limit.is_none(), "steady is within its share: {a:#?}");
+    let events = event_reasons(&world.admin, &world.ns).await;
+    let limit_event = if shed.is_some() {
+        "LoadShed"
+    } else {
+        "LimitHold"
+    };
+    for want in ["QuotaShare", limit_event, "RescaleStarted"] {
+        assert!(
+            events.iter().any(|(r, _)| r == want),
+            "no {want} event: {events:?}"
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "QuotaShare" && n.contains("StreamQuota team")),
+        "{events:?}"
+    );
+    world.kill_operator();
+    drop(kubelets);
+    for name in names {
+        let _ = world.jobs().delete(name, &DeleteParams::default()).await;
+        let _ = world
+            .jobs()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
+    world.cleanup().await;
+}
+
+/// The job's `NAME-autoscaler` ConfigMap, decoded.
+async fn saved_state(world: &World) -> Option<streamscale_operator::state::SavedState> {
+    let cm = Api::<ConfigMap>::namespaced(world.admin.clone(), &world.ns)
+        .get_opt(&format!("{JOB}-autoscaler"))
+        .await
+        .ok()??;
+    let text = cm.data?.remove(streamscale_operator::state::STATE_KEY)?;
+    streamscale_operator::state::decode("cm", &text, JOB).ok()?
+}
+
+/// Polls the state ConfigMap until `done` holds, failing with the logs after 180 s.
+async fn wait_state(
+    world: &World,
+    what: &str,
+    done: impl Fn(&streamscale_operator::state::SavedState) -> bool,
+) -> streamscale_operator::state::SavedState {
+    let start = Instant::now();
+    loop {
+        let s = saved_state(world).await;
+        if let Some(s) = s.as_ref().filter(|s| done(s)) {
+            return s.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "timed out waiting for {what}: {s:#?}\n{}",
+            world.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_restart_keeps_the_rate_history_and_what_it_learned() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut world) = World::new("state", false).await else {
+        return;
+    };
+    let kubelet = Kubelet::start(world.admin.clone(), &world.ns, world.dir.path(), world.port);
+    // Forecasting in mode `recommend` keeps a rate history (1 s bins) without changing the
+    // decisions; the step to 1500 records/s makes a rescale to learn a scalability factor from.
+    let mut job = named_job(
+        &world,
+        JOB,
+        world.port,
+        world.dir.path(),
+        &[(0, 200), (4, 1500)],
+        serde_json::json!({}),
+    );
+    job.spec.job.autoscaler.forecast = Some(
+        serde_json::from_value(serde_json::json!({
+            "mode": "recommend", "seasonSeconds": 600, "binSeconds": 1,
+        }))
+        .expect("forecast"),
+    );
+    world
+        .jobs()
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create StreamJob");
+    world.start_operator();
+    let before = wait_state(
+        &world,
+        "8 history bins and a learned factor for work",
+        |s| {
+            s.history.as_ref().is_some_and(|h| h.bins.len() >= 8)
+                && s.scalability.factors.contains_key("work")
+                && s.rescale_downtime_seconds.is_some()
+        },
+    )
+    .await;
+    let first = before
+        .history
+        .as_ref()
+        .and_then(|h| h.bins.first().copied());
+    let bins = before.history.as_ref().map_or(0, |h| h.bins.len());
+    world.kill_operator();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    world.start_operator();
+    // The restarted operator adds bins to the history it loaded (a fresh one would start
+    // later and shorter) and keeps the factor and downtime it did not relearn.
+    let after = wait_state(&world, "the restarted operator's bins", |s| {
+        s.history.as_ref().is_some_and(|h| h.bins.len() >= bins + 4)
+    })
+    .await;
+    let h = after.history.as_ref().expect("history");
+    assert_eq!(
+        h.bins.first().copied(),
+        first,
+        "the history restarted: {h:?}"
+    );
+    assert_eq!(
+        after.scalability.factors.get("work"),
+        before.scalability.factors.get("work"),
+        "{after:#?}"
+    );
+    assert_eq!(
+        after.rescale_downtime_seconds,
+        before.rescale_downtime_seconds
+    );
+    let log = std::fs::read_to_string(world.operator_log()).unwrap_or_default();
+    assert!(
+        log.contains("autoscaler state loaded from ConfigMap demo-autoscaler"),
+        "{}",
+        world.logs()
+    );
+    // The ConfigMap goes with the job (owner reference).
+    let cm = Api::<ConfigMap>::namespaced(world.admin.clone(), &world.ns)
+        .get(&format!("{JOB}-autoscaler"))
+        .await
+        .expect("state ConfigMap");
+    let (job, _) = world.status().await.expect("job");
+    assert!(owned_by(&cm.metadata, &job), "{:?}", cm.metadata);
+    drop(kubelet);
+    world.cleanup().await;
 }

@@ -37,6 +37,7 @@ fn helm_installs_the_chart_and_the_api_server_validates_streamjobs() {
     assert!(ok, "helm install: {out}");
     for (kind, name, ns) in [
         ("crd", "streamjobs.streamscale.dev", None),
+        ("crd", "streamquotas.streamscale.dev", None),
         ("serviceaccount", "it-streamscale", Some("streamscale-it")),
         ("deployment", "it-streamscale", Some("streamscale-it")),
         ("clusterrole", "it-streamscale", None),

@@ -354,8 +354,12 @@ impl Plant for DesPlant<'_> {
             gamma[*s] += rate;
             rates.push((*s, rate));
         }
-        for &(s, rate) in &rates {
-            self.next_arrival[s] = if rate > 0.0 {
+        // A bounded source that reached its `count` emits nothing more.
+        let done = |received: &[u64], k: usize, s: usize| {
+            m.source_counts[k].is_some_and(|c| received[s] as f64 >= c)
+        };
+        for (k, &(s, rate)) in rates.iter().enumerate() {
+            self.next_arrival[s] = if rate > 0.0 && !done(&self.received, k, s) {
                 t + Exp::new(rate).map_or(f64::INFINITY, |e| e.sample(&mut self.rng))
             } else {
                 f64::INFINITY
@@ -398,8 +402,11 @@ impl Plant for DesPlant<'_> {
                 let (s, rate) = rates[src_i];
                 self.arrive(s, next);
                 arrivals += 1.0;
-                self.next_arrival[s] =
-                    next + Exp::new(rate).map_or(f64::INFINITY, |e| e.sample(&mut self.rng));
+                self.next_arrival[s] = if done(&self.received, src_i, s) {
+                    f64::INFINITY
+                } else {
+                    next + Exp::new(rate).map_or(f64::INFINITY, |e| e.sample(&mut self.rng))
+                };
             } else if let Some(Reverse((_, op, server, _))) = self.events.pop() {
                 self.complete(op, server);
             }

@@ -9,6 +9,7 @@
 //! * [`policy`]: streamscale (the controller's planner, unchanged), ds2, flink, threshold,
 //!   static, oracle.
 //! * [`runner`]: the replay loop and accounting. [`report`]: summary.json, CSV, table, plots.
+//!   [`progress`]: the progress bar of long replays.
 
 pub mod config;
 pub mod des;
@@ -16,6 +17,7 @@ pub mod fluid;
 pub mod model;
 pub mod plant;
 pub mod policy;
+pub mod progress;
 pub mod report;
 pub mod runner;
 
@@ -71,7 +73,8 @@ pub struct TraceSummary {
     pub p99: f64,
     /// Largest rate.
     pub max: f64,
-    /// Records a replay of the configured window would emit (∫ rate over wall time).
+    /// Records a replay of the configured window would emit (∫ rate over wall time, at most
+    /// the source's `count`).
     pub records_in_window: f64,
 }
 
@@ -102,13 +105,15 @@ pub fn load(job: &Path) -> Result<(JobSpec, Vec<(String, TraceSummary)>), SimErr
     for op in &spec.operators {
         if let OperatorKind::Source {
             rate: rate @ RateSpec::Trace(t),
+            count,
             ..
         } = &op.kind
         {
             let trace = Trace::from_file(&t.file)?;
             let mut summary = summarize(&trace, t.scale);
             let f = RateFunction::from_spec(rate)?;
-            summary.records_in_window = f.cumulative(f.wall_end().unwrap_or(0.0));
+            let window = f.cumulative(f.wall_end().unwrap_or(0.0));
+            summary.records_in_window = count.map_or(window, |c| window.min(c as f64));
             out.push((op.name.clone(), summary));
         }
     }

@@ -68,6 +68,10 @@ pub struct JobModel {
     pub ops: Vec<OpModel>,
     /// Source operator index → its rate function (records/s over simulated seconds).
     pub sources: Vec<(usize, RateFunction)>,
+    /// Per source (`sources` order): the job file's `count`, records in total after which the
+    /// source stops (the engine's bounded source); `None` = unbounded. See
+    /// [`JobModel::source_cumulative`].
+    pub source_counts: Vec<Option<f64>>,
     /// Number of key groups (maxParallelism).
     pub key_groups: u32,
     /// Distinct keys (largest over the sources).
@@ -112,6 +116,7 @@ impl JobModel {
         let index = |n: &str| order.iter().position(|o| o == n);
         let mut ops = Vec::with_capacity(order.len());
         let mut sources = Vec::new();
+        let mut source_counts = Vec::new();
         let mut keys = 1u64;
         let mut ends = Vec::new();
         for (i, name) in order.iter().enumerate() {
@@ -119,13 +124,23 @@ impl JobModel {
                 return Err(SimError::Model(format!("unknown operator `{name}`")));
             };
             let kind = match &op.kind {
-                OperatorKind::Source { rate, keys: k, .. } => {
+                OperatorKind::Source {
+                    rate,
+                    keys: k,
+                    count,
+                    ..
+                } => {
                     keys = keys.max(*k);
                     let f = RateFunction::from_spec(rate)?;
-                    if let Some(e) = f.wall_end() {
-                        ends.push(e);
-                    }
+                    let limit = count.map(|c| c as f64);
+                    // A bounded source is over when it reached its count or the trace ended.
+                    let end = match (f.wall_end(), limit.and_then(|c| finish_time(&f, c))) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    ends.push(end);
                     sources.push((i, f));
+                    source_counts.push(limit);
                     OpKind::Source
                 }
                 OperatorKind::Map => OpKind::Map,
@@ -212,21 +227,30 @@ impl JobModel {
         let state_mb = cfg.rescale.state_mb.unwrap_or_else(|| {
             ops.iter().filter(|o| o.keyed).count() as f64 * keys as f64 * 64.0 / 1e6
         });
+        // Default length: until the last source that ends is over (its trace window ended or,
+        // for a bounded source, it reached its count; then plus the SLO, by which a job
+        // meeting it has drained what the sources emitted last); 3600 s when none ends.
+        let bounded = source_counts.iter().any(Option::is_some);
+        let slo_s = cfg
+            .slo_seconds
+            .unwrap_or(spec.autoscaler.latency_slo_seconds);
         let duration_s = duration_s
-            .or_else(|| ends.iter().copied().reduce(f64::max))
+            .or_else(|| {
+                let last = ends.iter().flatten().copied().reduce(f64::max)?;
+                Some(if bounded { last + slo_s } else { last })
+            })
             .unwrap_or(3600.0);
         let mut model = JobModel {
             spec: spec.clone(),
             ops,
             sources,
+            source_counts,
             key_groups: g,
             keys,
             group_share,
             channel_capacity: spec.channel_capacity as f64,
             paths,
-            slo_s: cfg
-                .slo_seconds
-                .unwrap_or(spec.autoscaler.latency_slo_seconds),
+            slo_s,
             rescale_downtime_s: cfg.rescale.downtime_seconds
                 + cfg.rescale.seconds_per_mb * state_mb,
             duration_s,
@@ -318,13 +342,35 @@ impl JobModel {
         lambda
     }
 
-    /// Sources' total target rate at simulated second `t`, records/s, indexed by operator.
+    /// Sources' total target rate at simulated second `t`, records/s, indexed by operator
+    /// (0 for a bounded source that reached its count, [`JobModel::source_rate`]).
     pub fn gamma_at(&self, t: f64) -> Vec<f64> {
         let mut g = vec![0.0; self.ops.len()];
-        for (i, f) in &self.sources {
-            g[*i] += f.rate(t);
+        for (k, (i, _)) in self.sources.iter().enumerate() {
+            g[*i] += self.source_rate(k, t);
         }
         g
+    }
+
+    /// Records source `k` (index into `sources`) is due to emit by simulated second `t`:
+    /// ∫₀ᵗ rate, capped at its `count` for a bounded source (the engine's source emits
+    /// min(⌊∫ rate⌋, count) records and then stops; the fluid model drops the floor).
+    pub fn source_cumulative(&self, k: usize, t: f64) -> f64 {
+        let a = self.sources[k].1.cumulative(t);
+        match self.source_counts[k] {
+            Some(c) => a.min(c),
+            None => a,
+        }
+    }
+
+    /// Rate of source `k` at simulated second `t`, records/s: the rate function's, or 0 once a
+    /// bounded source has reached its count.
+    pub fn source_rate(&self, k: usize, t: f64) -> f64 {
+        let f = &self.sources[k].1;
+        match self.source_counts[k] {
+            Some(c) if f.cumulative(t) >= c => 0.0,
+            _ => f.rate(t),
+        }
     }
 
     /// Mean sojourn (waiting + service) of operator `i` at arrival rate `lambda` and
@@ -487,6 +533,34 @@ pub fn gamma_p99_and_tail(m: f64, v: f64, x: f64) -> (f64, f64) {
         0.5 * statrs::function::erf::erfc(z / std::f64::consts::SQRT_2)
     };
     (q, tail)
+}
+
+/// Simulated second at which `f` has emitted `count` records (∫₀ᵗ rate = count), by doubling
+/// then bisection to 1 ms; `None` when it never does (the trace ends first or the rate stays 0
+/// over 10⁹ s).
+fn finish_time(f: &RateFunction, count: f64) -> Option<f64> {
+    let mut hi = 1.0;
+    while f.cumulative(hi) < count {
+        if let Some(end) = f.wall_end()
+            && hi >= end
+        {
+            return None;
+        }
+        hi *= 2.0;
+        if hi > 1e9 {
+            return None;
+        }
+    }
+    let mut lo = 0.0;
+    while hi - lo > 1e-3 {
+        let mid = 0.5 * (lo + hi);
+        if f.cumulative(mid) >= count {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }
 
 /// A deterministic 64-bit hash for per-record decisions (record sequence numbers).

@@ -750,12 +750,12 @@ impl Static {
     pub fn new(model: &JobModel) -> Static {
         let n = (model.duration_s.ceil() as usize).clamp(1, 1_000_000);
         let mut gamma = vec![0.0; model.ops.len()];
-        for (s, f) in &model.sources {
+        for (j, (s, _)) in model.sources.iter().enumerate() {
             let dt = model.duration_s / n as f64;
-            let mut before = f.cumulative(0.0);
+            let mut before = model.source_cumulative(j, 0.0);
             let mut rates: Vec<f64> = (0..n)
                 .map(|k| {
-                    let after = f.cumulative((k + 1) as f64 * dt);
+                    let after = model.source_cumulative(j, (k + 1) as f64 * dt);
                     let r = (after - before) / dt;
                     before = after;
                     r

@@ -1,4 +1,5 @@
-//! Outputs: `summary.json`, `timeseries.csv`, `comparison.png` and the terminal table.
+//! Outputs: `summary.json`, `timeseries.csv`, `comparison.png` (or `.svg`) and the terminal
+//! table.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -118,29 +119,81 @@ pub fn table(summary: &Summary, order: &[String]) -> String {
     s
 }
 
-/// Draws `comparison.png`: one column per policy, rows: input rate vs capacity, parallelism per
-/// operator, p99 latency with the SLO line. Time axis in hours.
+/// Width of one policy's column of panels, pixels.
+pub const PANEL_WIDTH: u32 = 440;
+/// Height of the three stacked panels together, pixels.
+pub const PANELS_HEIGHT: u32 = 960;
+
+/// Draws the comparison figure: one column of panels per policy, side by side (in `runs`
+/// order), rows: input rate vs capacity, parallelism per operator, p99 latency with the SLO
+/// line; each panel has axis titles and a legend. Time axis in minutes (replays under an hour)
+/// or hours; every column shares the
+/// same axes so that the policies compare at a glance. Size: [`PANEL_WIDTH`] × number of
+/// policies by [`PANELS_HEIGHT`] pixels. PNG, or SVG when `path` ends in `.svg`.
 ///
 /// # Errors
 /// [`SimError::Write`] when the file or fonts cannot be used.
 pub fn plot(path: &Path, runs: &[PolicyRun], model: &JobModel) -> Result<(), SimError> {
-    draw(path, runs, model).map_err(|message| SimError::Write {
+    let cols = runs.len().max(1) as u32;
+    let size = (PANEL_WIDTH * cols, PANELS_HEIGHT);
+    let svg = path
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("svg"));
+    let drawn = if svg {
+        draw(SVGBackend::new(path, size).into_drawing_area(), runs, model)
+    } else {
+        draw(
+            BitMapBackend::new(path, size).into_drawing_area(),
+            runs,
+            model,
+        )
+    };
+    drawn.map_err(|message| SimError::Write {
         path: path.display().to_string(),
         message,
     })
 }
 
-fn draw(path: &Path, runs: &[PolicyRun], model: &JobModel) -> Result<(), String> {
+/// A tick label without crowding: 1200 → "1.2k", 3 000 000 → "3M".
+fn compact(v: f64) -> String {
+    let a = v.abs();
+    let (x, unit) = if a >= 1e6 {
+        (v / 1e6, "M")
+    } else if a >= 1e3 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    let s = format!("{x:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("{s}{unit}")
+}
+
+/// Font sizes: panel titles, axis titles, tick labels and legends.
+const TITLE_FONT: u32 = 16;
+const AXIS_FONT: u32 = 13;
+const TICK_FONT: u32 = 11;
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    runs: &[PolicyRun],
+    model: &JobModel,
+) -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let cols = runs.len().max(1);
-    let root = BitMapBackend::new(path, ((420 * cols) as u32, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let grid = root.split_evenly((3, cols));
-    let t_max = runs
+    let t_end = runs
         .iter()
         .flat_map(|r| r.rows.last().map(|x| x.t_s))
-        .fold(1.0_f64, f64::max)
-        / 3600.0;
+        .fold(1.0_f64, f64::max);
+    // Minutes for replays under an hour, else hours.
+    let (unit_s, t_desc) = if t_end < 3600.0 {
+        (60.0, "t (min)")
+    } else {
+        (3600.0, "t (h)")
+    };
+    let t_max = t_end / unit_s;
     let finite_max =
         |v: &mut dyn Iterator<Item = f64>| v.filter(|x| x.is_finite()).fold(0.0_f64, f64::max);
     let in_max = finite_max(
@@ -158,43 +211,73 @@ fn draw(path: &Path, runs: &[PolicyRun], model: &JobModel) -> Result<(), String>
     let lat_max = (slo * 5.0).min(
         finite_max(&mut runs.iter().flat_map(|r| r.rows.iter().map(|x| x.p99_s))).max(slo) * 1.2,
     );
+    // Room below the plot for the tick labels and, under them, the axis title; left of it for
+    // the tick labels and the rotated axis title.
+    let (x_area, y_area) = (44, 62);
+    let legend = |x: i32, y: i32, c: RGBColor| PathElement::new(vec![(x, y), (x + 15, y)], c);
     for (c, run) in runs.iter().enumerate() {
         let mut ch = ChartBuilder::on(&grid[c])
             .caption(
-                format!("{}: input vs capacity (rec/s)", run.name),
-                ("sans-serif", 16),
+                format!("{}: input vs capacity", run.name),
+                ("sans-serif", TITLE_FONT),
             )
-            .margin(6)
-            .x_label_area_size(25)
-            .y_label_area_size(50)
+            .margin(8)
+            .x_label_area_size(x_area)
+            .y_label_area_size(y_area)
             .build_cartesian_2d(0.0..t_max, 0.0..y_rate)
             .map_err(|x| e(&x))?;
         ch.configure_mesh()
-            .x_desc("t (h)")
+            .x_desc(t_desc)
+            .y_desc("records/s")
+            .axis_desc_style(("sans-serif", AXIS_FONT))
+            .label_style(("sans-serif", TICK_FONT))
+            .x_labels(5)
+            .y_labels(6)
+            .y_label_formatter(&|v| compact(*v))
             .draw()
             .map_err(|x| e(&x))?;
         ch.draw_series(LineSeries::new(
-            run.rows.iter().map(|r| (r.t_s / 3600.0, r.input_rate)),
+            run.rows.iter().map(|r| (r.t_s / unit_s, r.input_rate)),
             COLORS[0],
         ))
-        .map_err(|x| e(&x))?;
+        .map_err(|x| e(&x))?
+        .label("input rate")
+        .legend(move |(x, y)| legend(x, y, COLORS[0]));
         ch.draw_series(LineSeries::new(
             run.rows
                 .iter()
-                .map(|r| (r.t_s / 3600.0, r.capacity.min(y_rate))),
+                .map(|r| (r.t_s / unit_s, r.capacity.min(y_rate))),
             COLORS[3],
         ))
-        .map_err(|x| e(&x))?;
+        .map_err(|x| e(&x))?
+        .label("capacity")
+        .legend(move |(x, y)| legend(x, y, COLORS[3]));
+        ch.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", TICK_FONT))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|x| e(&x))?;
 
         let mut ch = ChartBuilder::on(&grid[cols + c])
-            .caption(format!("{}: parallelism", run.name), ("sans-serif", 16))
-            .margin(6)
-            .x_label_area_size(25)
-            .y_label_area_size(50)
+            .caption(
+                format!("{}: parallelism", run.name),
+                ("sans-serif", TITLE_FONT),
+            )
+            .margin(8)
+            .x_label_area_size(x_area)
+            .y_label_area_size(y_area)
             .build_cartesian_2d(0.0..t_max, 0.0..f64::from(p_max + 1))
             .map_err(|x| e(&x))?;
         ch.configure_mesh()
-            .x_desc("t (h)")
+            .x_desc(t_desc)
+            .y_desc("subtasks")
+            .axis_desc_style(("sans-serif", AXIS_FONT))
+            .label_style(("sans-serif", TICK_FONT))
+            .x_labels(5)
+            .y_labels(6)
+            .y_label_formatter(&|v| compact(*v))
             .draw()
             .map_err(|x| e(&x))?;
         for (i, op) in model.ops.iter().enumerate() {
@@ -202,14 +285,16 @@ fn draw(path: &Path, runs: &[PolicyRun], model: &JobModel) -> Result<(), String>
             ch.draw_series(LineSeries::new(
                 run.rows
                     .iter()
-                    .map(|r| (r.t_s / 3600.0, f64::from(r.parallelism[i]))),
+                    .map(|r| (r.t_s / unit_s, f64::from(r.parallelism[i]))),
                 color,
             ))
             .map_err(|x| e(&x))?
             .label(op.name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+            .legend(move |(x, y)| legend(x, y, color));
         }
         ch.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", TICK_FONT))
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()
@@ -217,28 +302,58 @@ fn draw(path: &Path, runs: &[PolicyRun], model: &JobModel) -> Result<(), String>
 
         let mut ch = ChartBuilder::on(&grid[2 * cols + c])
             .caption(
-                format!("{}: p99 latency (s) vs SLO", run.name),
-                ("sans-serif", 16),
+                format!("{}: p99 latency vs SLO", run.name),
+                ("sans-serif", TITLE_FONT),
             )
-            .margin(6)
-            .x_label_area_size(25)
-            .y_label_area_size(50)
+            .margin(8)
+            .x_label_area_size(x_area)
+            .y_label_area_size(y_area)
             .build_cartesian_2d(0.0..t_max, 0.0..lat_max.max(1e-3))
             .map_err(|x| e(&x))?;
         ch.configure_mesh()
-            .x_desc("t (h)")
+            .x_desc(t_desc)
+            .y_desc("seconds")
+            .axis_desc_style(("sans-serif", AXIS_FONT))
+            .label_style(("sans-serif", TICK_FONT))
+            .x_labels(5)
+            .y_labels(6)
             .draw()
             .map_err(|x| e(&x))?;
         ch.draw_series(LineSeries::new(
             run.rows
                 .iter()
-                .map(|r| (r.t_s / 3600.0, r.p99_s.min(lat_max))),
+                .map(|r| (r.t_s / unit_s, r.p99_s.min(lat_max))),
             COLORS[0],
         ))
-        .map_err(|x| e(&x))?;
+        .map_err(|x| e(&x))?
+        .label("p99 latency")
+        .legend(move |(x, y)| legend(x, y, COLORS[0]));
         ch.draw_series(LineSeries::new([(0.0, slo), (t_max, slo)], COLORS[3]))
+            .map_err(|x| e(&x))?
+            .label("SLO")
+            .legend(move |(x, y)| legend(x, y, COLORS[3]));
+        ch.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", TICK_FONT))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
             .map_err(|x| e(&x))?;
     }
     root.present().map_err(|x| e(&x))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compact;
+
+    #[test]
+    fn compact_tick_labels() {
+        assert_eq!(compact(0.0), "0");
+        assert_eq!(compact(250.0), "250");
+        assert_eq!(compact(1200.0), "1.2k");
+        assert_eq!(compact(3_000_000.0), "3M");
+        assert_eq!(compact(0.5), "0.5");
+    }
 }

@@ -115,7 +115,8 @@ pub struct PolicyRun {
 /// rate functions and shared by the replays of all policies.
 ///
 /// Step `k` covers simulated seconds `[k·step, min((k+1)·step, duration))`. Its arrivals are
-/// ∫ rate over the step ([`RateFunction::cumulative`] differences); when the rate is one
+/// ∫ rate over the step ([`RateFunction::cumulative`] differences, capped at a bounded
+/// source's `count`: [`JobModel::source_cumulative`]); when the rate is one
 /// constant `r` over the step (the usual case for a piecewise-constant trace) they are exactly
 /// `r × dt`, so that stationary stretches repeat bit for bit (see [`Plant::step_class`]).
 ///
@@ -138,18 +139,19 @@ impl Schedule {
         let steps = (duration_s / step_s).ceil().max(1.0) as usize;
         let sources = model.sources.len();
         let mut arrivals = vec![0.0; steps * sources];
-        for (s, (_, f)) in model.sources.iter().enumerate() {
-            let mut before = f.cumulative(0.0);
+        for s in 0..sources {
+            let mut before = model.source_cumulative(s, 0.0);
             for k in 0..steps {
                 let t = k as f64 * step_s;
                 let dt = step_s.min(duration_s - t).max(1e-9);
-                let after = f.cumulative(t + dt);
+                let after = model.source_cumulative(s, t + dt);
                 let a = (after - before).max(0.0);
                 before = after;
                 // The rate at both ends of the step: one constant rate when they agree and the
-                // integral says so (a bin narrower than the step could hide a change).
-                let r = f.rate(t);
-                let flat = r == f.rate(t + dt * (1.0 - 1e-9));
+                // integral says so (a bin narrower than the step, or a bounded source reaching
+                // its count within the step, could hide a change).
+                let r = model.source_rate(s, t);
+                let flat = r == model.source_rate(s, t + dt * (1.0 - 1e-9));
                 arrivals[k * sources + s] = if flat && (a - r * dt).abs() <= 1e-9 * a.max(1.0) {
                     r * dt
                 } else {
@@ -435,6 +437,18 @@ const COST_ORDER: [&str; 6] = [
     "oracle",
 ];
 
+/// The policies [`replay_all`] replays for `names`: each name once, in order, and the oracle
+/// (last unless named).
+pub fn replayed_policies(names: &[String]) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for n in names.iter().map(String::as_str).chain(["oracle"]) {
+        if !all.iter().any(|a| a == n) {
+            all.push(n.to_string());
+        }
+    }
+    all
+}
+
 /// Replays every named policy (and the oracle, for `resource_vs_oracle`) and assembles the
 /// summary. Returns the runs of the named policies in the order given. Policies run on
 /// `opts.threads` threads (each replay is independent and deterministic, so the results do not
@@ -449,12 +463,7 @@ pub fn replay_all(
     cfg: &crate::config::SimConfig,
     on_steps: &(dyn Fn(u64) + Sync),
 ) -> Result<(crate::report::Summary, Vec<PolicyRun>), crate::SimError> {
-    let mut all: Vec<String> = Vec::new();
-    for n in names.iter().map(String::as_str).chain(["oracle"]) {
-        if !all.iter().any(|a| a == n) {
-            all.push(n.to_string());
-        }
-    }
+    let all = replayed_policies(names);
     for name in &all {
         if !crate::policy::POLICIES.contains(&name.as_str()) {
             return Err(crate::SimError::Model(format!(

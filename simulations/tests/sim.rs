@@ -611,3 +611,287 @@ fn metric_samples_have_the_engines_meaning() {
     );
     assert!((sum("parse", |s| s.records_out) - sum("parse", |s| s.records_in)).abs() < 1e-6);
 }
+
+/// A bounded source (`count`) stops after its count, as the engine's does: 500 records/s with
+/// `count: 7250` emits 7250 records in 14.5 s and nothing after (event mode: Poisson arrivals
+/// cut at the count), under several policies; by default the replay lasts until then plus the SLO (1 s). An unbounded source at
+/// the same rate keeps emitting for the whole (explicit) replay length.
+#[test]
+fn bounded_source_stops_after_its_count() {
+    let bounded = chain("{ constant: 500 }").replace("keys: 1000,", "keys: 1000, count: 7250,");
+    assert!(bounded.contains("count: 7250"));
+    let model = JobModel::new(&job(&bounded), &SimConfig::default(), None).unwrap();
+    assert!(
+        (model.duration_s - 15.5).abs() < 0.01,
+        "default length {}",
+        model.duration_s
+    );
+    for (mode, policy) in [
+        (Mode::Fast, "streamscale"),
+        (Mode::Fast, "ds2"),
+        (Mode::Fast, "oracle"),
+        (Mode::Event, "streamscale"),
+    ] {
+        let r = run(&model, policy, mode, 0.5, 2);
+        // Event mode: Poisson arrivals at the schedule's rates, cut at the count (so a few
+        // standard deviations, σ ≈ 85, below it at most).
+        let ok = match mode {
+            Mode::Fast => (r.arrivals - 7250.0).abs() < 1e-6,
+            Mode::Event => r.arrivals <= 7250.0 && r.arrivals >= 7250.0 - 400.0,
+        };
+        assert!(ok, "{mode:?} {policy}: {} records arrived", r.arrivals);
+        // The last two steps (after 14.5 s) have no arrivals.
+        let tail: Vec<f64> = r
+            .rows
+            .iter()
+            .filter(|row| row.t_s > 14.5 + 1e-9)
+            .map(|row| row.input_rate)
+            .collect();
+        assert_eq!(tail, vec![0.0, 0.0], "{mode:?} {policy}");
+        assert!(r.max_conservation_error < 1e-6 || mode == Mode::Event);
+    }
+    // Longer than the source lasts: still 7250 records, and the unbounded one keeps going.
+    let long = JobModel::new(&job(&bounded), &SimConfig::default(), Some(60.0)).unwrap();
+    let r = run(&long, "streamscale", Mode::Fast, 1.0, 1);
+    assert!((r.arrivals - 7250.0).abs() < 1e-6, "{}", r.arrivals);
+    let free = JobModel::new(
+        &job(&chain("{ constant: 500 }")),
+        &SimConfig::default(),
+        Some(60.0),
+    )
+    .unwrap();
+    let r = run(&free, "streamscale", Mode::Fast, 1.0, 1);
+    assert!((r.arrivals - 30_000.0).abs() < 1e-6, "{}", r.arrivals);
+}
+
+/// An in-memory terminal for the progress bar: keeps everything written to it.
+#[derive(Debug, Clone, Default)]
+struct Screen(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl indicatif::TermLike for Screen {
+    fn width(&self) -> u16 {
+        120
+    }
+    fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        let mut t = self.0.lock().unwrap();
+        t.push_str(s);
+        t.push('\n');
+        Ok(())
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.0.lock().unwrap().push_str(s);
+        Ok(())
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A long replay (2 × 150 000 steps: ds2 and the oracle) shows a progress bar sized for every
+/// policy's steps, which the replay drives to its end; a short or quiet one shows none.
+#[test]
+fn long_replays_show_a_progress_bar_driven_to_the_end() {
+    use streamscale_simulations::progress::{LONG_REPLAY_STEPS, replay_bar, total_steps};
+    let spec = job(&chain(
+        "{ steps: [{atSeconds: 0, recordsPerSecond: 300}, {atSeconds: 50000, recordsPerSecond: 900}] }",
+    ));
+    let model = JobModel::new(&spec, &SimConfig::default(), Some(150_000.0)).unwrap();
+    let names = vec!["ds2".to_string()];
+    let total = total_steps(&model, 1.0, &names);
+    assert_eq!(total, 300_000);
+    assert!(total >= LONG_REPLAY_STEPS);
+    let screen = Screen::default();
+    let bar = replay_bar(
+        total,
+        false,
+        indicatif::ProgressDrawTarget::term_like(Box::new(screen.clone())),
+    );
+    assert!(!bar.is_hidden());
+    let opts = ReplayOptions {
+        mode: Mode::Fast,
+        step_s: 1.0,
+        seed: 1,
+        max_rows: 100,
+        threads: 2,
+        engine_p99: false,
+    };
+    let (_, runs) = replay_all(&model, &names, &opts, &SimConfig::default(), &|n| {
+        bar.inc(n)
+    })
+    .unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(bar.position(), total, "every step reported once");
+    bar.finish();
+    let drawn = screen.0.lock().unwrap().clone();
+    assert!(
+        drawn.contains("100%") && drawn.contains("300000/300000 steps"),
+        "{drawn:?}"
+    );
+    // Short or quiet: nothing drawn.
+    for (steps, quiet) in [(LONG_REPLAY_STEPS - 1, false), (total, true)] {
+        let screen = Screen::default();
+        let bar = replay_bar(
+            steps,
+            quiet,
+            indicatif::ProgressDrawTarget::term_like(Box::new(screen.clone())),
+        );
+        bar.inc(steps);
+        bar.finish();
+        assert!(bar.is_hidden());
+        assert!(screen.0.lock().unwrap().is_empty());
+    }
+    // `all` names the oracle: it is replayed once, and counted once.
+    let all: Vec<String> = POLICIES.iter().map(|s| s.to_string()).collect();
+    assert_eq!(
+        total_steps(&model, 1.0, &all),
+        150_000 * POLICIES.len() as u64
+    );
+}
+
+/// A text element of an SVG file: its box (x0, y0, x1, y1) in pixels, estimated from its
+/// anchor, font size, length and rotation, and its text.
+fn svg_texts(svg: &str) -> Vec<((f64, f64, f64, f64), String)> {
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        Some(tag[at..at + tag[at..].find('"')?].to_string())
+    };
+    let mut out = Vec::new();
+    for piece in svg.split("<text").skip(1) {
+        let (tag, rest) = piece.split_once('>').unwrap();
+        let text = rest.split("</text>").next().unwrap().trim().to_string();
+        let num = |n: &str| attr(tag, n).unwrap().parse::<f64>().unwrap();
+        let (x, y, size) = (num("x"), num("y"), num("font-size") * 1.24);
+        let len = 0.55 * size * text.chars().count() as f64;
+        let (along0, along1) = match attr(tag, "text-anchor").as_deref() {
+            Some("start") => (0.0, len),
+            Some("end") => (-len, 0.0),
+            _ => (-len / 2.0, len / 2.0),
+        };
+        let (across0, across1) = match attr(tag, "dy").as_deref() {
+            Some("0.76em") => (0.0, size),
+            Some("-0.5ex") => (-size, 0.0),
+            _ => (-size / 2.0, size / 2.0),
+        };
+        let rotated = attr(tag, "transform").is_some_and(|t| t.starts_with("rotate(270"));
+        let b = if rotated {
+            (x + across0, y - along1, x + across1, y - along0)
+        } else {
+            (x + along0, y + across0, x + along1, y + across1)
+        };
+        out.push((b, text));
+    }
+    out
+}
+
+/// The comparison figure: one column of three panels per policy, side by side in the order
+/// given (titles left to right), each with axis titles and a legend, and no two labels
+/// overlapping; PNG of the documented size from the command line.
+#[test]
+fn comparison_figure_has_one_panel_column_per_policy() {
+    use streamscale_simulations::report::{PANEL_WIDTH, PANELS_HEIGHT, plot};
+    let spec = job(&chain(
+        "{ steps: [{atSeconds: 0, recordsPerSecond: 300}, {atSeconds: 60, recordsPerSecond: 1500}, {atSeconds: 150, recordsPerSecond: 200}] }",
+    ));
+    let model = JobModel::new(&spec, &SimConfig::default(), Some(240.0)).unwrap();
+    let names: Vec<String> = ["streamscale", "flink", "threshold"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let opts = ReplayOptions {
+        mode: Mode::Fast,
+        step_s: 1.0,
+        seed: 1,
+        max_rows: 500,
+        threads: 1,
+        engine_p99: false,
+    };
+    let (_, runs) = replay_all(&model, &names, &opts, &SimConfig::default(), &|_| {}).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("comparison.svg");
+    plot(&file, &runs, &model).unwrap();
+    let svg = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        svg.contains(&format!(
+            "width=\"{}\" height=\"{PANELS_HEIGHT}\"",
+            3 * PANEL_WIDTH
+        )),
+        "{}",
+        &svg[..200]
+    );
+    let texts = svg_texts(&svg);
+    for panel in ["input vs capacity", "parallelism", "p99 latency vs SLO"] {
+        let xs: Vec<f64> = names
+            .iter()
+            .map(|n| {
+                let title = format!("{n}: {panel}");
+                let found: Vec<_> = texts.iter().filter(|(_, t)| *t == title).collect();
+                assert_eq!(found.len(), 1, "{title}");
+                let (x0, _, x1, _) = found[0].0;
+                (x0 + x1) / 2.0
+            })
+            .collect();
+        for (k, x) in xs.iter().enumerate() {
+            let col = f64::from(PANEL_WIDTH) * k as f64;
+            assert!(
+                *x > col && *x < col + f64::from(PANEL_WIDTH),
+                "{panel}: column {k} at {x}"
+            );
+        }
+    }
+    let count = |s: &str| texts.iter().filter(|(_, t)| t == s).count();
+    for label in [
+        "input rate",
+        "capacity",
+        "p99 latency",
+        "SLO",
+        "parse",
+        "counts",
+    ] {
+        assert_eq!(count(label), 3, "legend entry {label}");
+    }
+    assert_eq!(count("t (min)"), 9);
+    for axis in ["records/s", "subtasks", "seconds"] {
+        assert_eq!(count(axis), 3, "axis title {axis}");
+    }
+    for (i, (a, ta)) in texts.iter().enumerate() {
+        for (b, tb) in &texts[i + 1..] {
+            let apart = a.2 <= b.0 || b.2 <= a.0 || a.3 <= b.1 || b.3 <= a.1;
+            assert!(apart, "`{ta}` {a:?} overlaps `{tb}` {b:?}");
+        }
+    }
+    // The command line's PNG: 440 px per policy by 960 (IHDR width and height, big-endian).
+    let rep = dir.path().join("rep");
+    let (code, _, err) = sim(&[
+        root().join("examples/jobs/tweets.yaml").to_str().unwrap(),
+        "--policy",
+        "ds2,flink",
+        "--report",
+        rep.to_str().unwrap(),
+        "--step",
+        "2",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let png = std::fs::read(rep.join("comparison.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    assert_eq!(
+        (be(&png[16..20]), be(&png[20..24])),
+        (2 * PANEL_WIDTH, PANELS_HEIGHT)
+    );
+}

@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::io::Write as _;
+
 use clap::{Parser, Subcommand};
 use streamscale_controller::run::{self, RunError, RunOptions};
 
@@ -101,6 +103,34 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Standard output for the run's lines. A closed stdout (the terminal went away: SIGHUP, or a
+/// pipe whose reader exited) must not end the run before its draining savepoint and report:
+/// the first failed write is reported once on stderr and later lines are dropped.
+#[derive(Default)]
+struct Console {
+    closed: bool,
+}
+
+impl Console {
+    fn line(&mut self, line: &str) {
+        if self.closed {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+            self.closed = true;
+            err(&format!(
+                "streamscale: standard output closed ({e}); the run goes on, see the report"
+            ));
+        }
+    }
+}
+
+/// Writes one line to stderr; a closed stderr is ignored (nothing else can be told).
+fn err(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 fn exit_code(e: &RunError) -> u8 {
     match e {
         RunError::Option(_) | RunError::Spec(_) => 2,
@@ -122,7 +152,7 @@ async fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             let code = e.downcast_ref::<RunError>().map_or(1, exit_code);
-            eprintln!("streamscale: {e}");
+            err(&format!("streamscale: {e}"));
             ExitCode::from(code)
         }
     }
@@ -162,9 +192,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 autoscale: !no_autoscale,
                 latency_percentile,
             };
-            let outcome = run::run(&opts, &mut |line: &str| println!("{line}")).await?;
+            let mut console = Console::default();
+            let outcome = run::run(&opts, &mut |line: &str| console.line(line)).await?;
             let s = &outcome.summary;
-            println!(
+            console.line(&format!(
                 "done in {:.0} s: {} rescale(s) ({} failed), {:.0} subtask·s (mean parallelism {:.2}), p99 above the {} s SLO for {:.0} s; report in {}",
                 s.duration_s,
                 s.rescales.len(),
@@ -174,36 +205,38 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 s.slo_s,
                 s.slo_violation_seconds,
                 outcome.report_dir.display()
-            );
+            ));
             if let (Some(e), Some(a), Some(f)) =
                 (s.records_emitted, s.records_accounted, s.records_filtered)
             {
-                println!("records: {e} emitted, {a} accounted at sinks, {f} filtered");
+                console.line(&format!(
+                    "records: {e} emitted, {a} accounted at sinks, {f} filtered"
+                ));
             }
             if let Some(failure) = &s.failure {
-                eprintln!("streamscale: run failed: {failure}");
+                err(&format!("streamscale: run failed: {failure}"));
                 return Ok(ExitCode::from(1));
             }
             if let Some(sig) = outcome.interrupted {
                 // Like a shell: 128 + the signal's number, after the report is complete.
-                eprintln!(
+                err(&format!(
                     "streamscale: interrupted by {}; the run stopped early with a draining savepoint (summary.json: \"interrupted\": true)",
                     sig.name()
-                );
+                ));
                 if let Some(lost) = s.records_lost.filter(|l| *l != 0) {
-                    eprintln!(
+                    err(&format!(
                         "streamscale: records lost: {lost} of {} emitted were neither accounted at a sink nor filtered",
                         s.records_emitted.unwrap_or(0)
-                    );
+                    ));
                     return Ok(ExitCode::from(1));
                 }
                 return Ok(ExitCode::from(sig.exit_code()));
             }
             if let Some(lost) = s.records_lost.filter(|l| *l != 0) {
-                eprintln!(
+                err(&format!(
                     "streamscale: records lost: {lost} of {} emitted were neither accounted at a sink nor filtered",
                     s.records_emitted.unwrap_or(0)
-                );
+                ));
                 return Ok(ExitCode::from(1));
             }
             Ok(ExitCode::SUCCESS)
@@ -214,7 +247,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             interval,
         } => {
             let decision = run::plan_once(&job, &metrics_url, interval).await?;
-            println!("{}", serde_json::to_string_pretty(&decision)?);
+            Console::default().line(&serde_json::to_string_pretty(&decision)?);
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -5,8 +5,10 @@
 //! (warm-up metrics are not representative, as DS2 and the Flink autoscaler note); no
 //! scale-down while sources have a backlog (the Flink autoscaler's backlog mode); ignore
 //! insignificant changes (HPA-style tolerance); delay scale-downs and then apply the highest
-//! recommendation seen over the delay (Flink autoscaler / HPA scale-down stabilization);
-//! scale-ups apply immediately. Time comes in only as `now_s` arguments (seconds on any
+//! recommendation seen over the delay (Flink autoscaler / HPA scale-down stabilization),
+//! counting only the metric windows that began after the scale-down was first wanted (a window
+//! that straddles a drop in load mixes both rates, and its recommendation would stop the
+//! scale-down half-way); scale-ups apply immediately. Time comes in only as `now_s` arguments (seconds on any
 //! monotonic clock, the same clock for every call).
 
 use std::collections::BTreeMap;
@@ -43,7 +45,9 @@ pub struct GuardSettings {
     pub min_change_subtasks: u32,
     /// Smallest relative scale-down (Δp / p) that counts. Default 0.1 (10%).
     pub min_scale_down_fraction: f64,
-    /// Seconds a scale-down must be wanted continuously before it applies. Default 30 s.
+    /// Seconds a scale-down must be wanted continuously, in metric windows that began after
+    /// it was first wanted, before it applies (so the wait after a drop in load is the window
+    /// length plus this delay). 0: scale-downs apply at once. Default 30 s.
     pub scale_down_delay_seconds: f64,
     /// Horizon over which a rescale's benefit is weighed against its cost, seconds (see
     /// [`Autoscaler::decide`]). Default 600 s.
@@ -74,8 +78,13 @@ impl Default for GuardSettings {
 pub struct PendingScaleDown {
     /// When the planner first wanted it (seconds, the `now_s` clock).
     pub since_s: f64,
-    /// Highest parallelism recommended since then.
+    /// Highest parallelism recommended from the settled windows (those that began at or after
+    /// `since_s`) once there is one; before that, the highest recommended since `since_s`.
     pub highest: u32,
+    /// When the first settled window's recommendation came (seconds, the `now_s` clock);
+    /// `None` while every window since `since_s` still reaches back before it.
+    #[serde(default)]
+    pub settled_s: Option<f64>,
 }
 
 /// Memory of the guards between calls.
@@ -195,6 +204,11 @@ impl Autoscaler {
     /// [`super::learn`].
     pub fn scalability(&self) -> &ScalabilityTracker {
         &self.learned
+    }
+
+    /// Replaces what was learned from past rescales (e.g. one persisted before a restart).
+    pub fn set_scalability(&mut self, learned: ScalabilityTracker) {
+        self.learned = learned;
     }
 
     /// Reports that the job (re)started at `now_s` (seconds): starts the stabilization period
@@ -405,12 +419,23 @@ impl Autoscaler {
                 .or_insert(PendingScaleDown {
                     since_s: now_s,
                     highest: *new,
+                    settled_s: None,
                 });
+            // This window began at now − span: at or after `since_s` it holds no sample from
+            // before the load dropped, so its recommendation is the settled one.
+            if now_s - span >= pending.since_s || g.scale_down_delay_seconds <= 0.0 {
+                if pending.settled_s.is_none() {
+                    pending.settled_s = Some(now_s);
+                    pending.highest = *new;
+                }
+            }
             pending.highest = pending.highest.max(*new);
             let waited = now_s - pending.since_s;
-            if waited >= g.scale_down_delay_seconds {
+            let settled_for = pending.settled_s.map(|s| now_s - s);
+            if settled_for.is_some_and(|s| s >= g.scale_down_delay_seconds) {
                 notes.push((name.clone(), format!(
-                    "scale-down wanted for {waited:.1} s; applying the highest recommendation over the delay, {}",
+                    "scale-down wanted for {waited:.1} s; applying the highest recommendation over the last {} s of windows that began after it was first wanted, {}",
+                    Fixed(settled_for.unwrap_or(0.0), 1),
                     pending.highest
                 )));
                 *new = pending.highest;
@@ -418,10 +443,16 @@ impl Autoscaler {
             } else {
                 notes.push((
                     name.clone(),
-                    format!(
-                        "scale-down {cur}→{new} delayed ({waited:.1} of {} s)",
-                        g.scale_down_delay_seconds
-                    ),
+                    match settled_for {
+                        Some(s) => format!(
+                            "scale-down {cur}→{new} delayed ({s:.1} of {} s in windows that began after it was first wanted {waited:.1} s ago)",
+                            g.scale_down_delay_seconds
+                        ),
+                        None => format!(
+                            "scale-down {cur}→{new} delayed (wanted for {waited:.1} s; waiting for a metric window that began after that, then {} s)",
+                            g.scale_down_delay_seconds
+                        ),
+                    },
                 ));
                 *new = cur;
             }
@@ -587,6 +618,7 @@ fn drop_incomplete(window: &[MetricSample], err: &ModelError) -> Option<Vec<Metr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::sample::SubtaskSample;
     use crate::model::testutil::{Synth, job, window};
 
     const CHAIN: &str = r"
@@ -877,8 +909,16 @@ edges:
     fn scale_down_delayed_then_highest_recommendation_applied() {
         let spec = job(CHAIN);
         let mut a = Autoscaler::default();
-        // map runs 8 subtasks; the plan wants 3, 4, 2, 3 at t = 0, 10, 20, 30.
-        for (t, gamma) in [(0.0, 200.0), (10.0, 250.0), (20.0, 120.0)] {
+        // map runs 8 subtasks; every window spans 20 s. The plan wants 4 at t = 0 (a window
+        // that reaches back before the scale-down was first wanted: not counted), then 2, 3,
+        // 2, 3 at t = 20..50 from windows that began at or after t = 0.
+        for (t, gamma) in [
+            (0.0, 250.0),
+            (10.0, 200.0),
+            (20.0, 120.0),
+            (30.0, 200.0),
+            (40.0, 120.0),
+        ] {
             let v = a.decide(t, &win(8, gamma, 0.0, 1), &spec);
             let Verdict::Hold {
                 reason,
@@ -890,11 +930,132 @@ edges:
             assert!(reason.contains("delayed"), "{reason}");
             assert!(rec.parallelism["map"] < 8);
         }
-        assert_eq!(a.state().pending_scale_downs["map"].highest, 4);
-        // After 30 s of continuously wanting it: the highest recommendation (4), not the latest (3).
-        let v = a.decide(30.0, &win(8, 200.0, 0.0, 1), &spec);
-        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+        let pending = a.state().pending_scale_downs["map"];
+        assert_eq!((pending.settled_s, pending.highest), (Some(20.0), 3));
+        // 30 s of settled windows: the highest of their recommendations (3), neither the
+        // straddling window's 4 nor the latest 2.
+        let v = a.decide(50.0, &win(8, 120.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
         assert!(a.state().pending_scale_downs.is_empty());
+    }
+
+    /// A fluid replay of `CHAIN` (map μ = 100 rec/s per subtask, sink μ = 10 000) under the
+    /// guards: input rate `gamma(t)`, a scrape every 5 s, a decision every 5 s on the last
+    /// 30 s of scrapes since the last (re)start, rescales applied at once (counters restart).
+    /// The map's subtasks take at most their capacity; the excess waits as source backlog.
+    /// Returns the rescales `(t, map parallelism)` and the final map parallelism.
+    fn replay(map_p: u32, until: f64, gamma: impl Fn(f64) -> f64) -> (Vec<(f64, u32)>, u32) {
+        let spec = job(CHAIN);
+        let mut a = Autoscaler::default();
+        let mut p = map_p;
+        let (mut arrived, mut done, mut backlog) = (0.0, 0.0, 0.0);
+        let mut since = 0.0;
+        let mut samples: Vec<MetricSample> = Vec::new();
+        let mut rescales = Vec::new();
+        let sample = |t: f64, p: u32, arrived: f64, done: f64, backlog: f64| {
+            let pf = f64::from(p);
+            let busy = done / (100.0 * pf);
+            let op = |rin: f64, busy: f64, elapsed: f64| SubtaskSample {
+                records_in: rin,
+                records_out: rin,
+                busy_seconds: busy,
+                idle_seconds: (elapsed - busy).max(0.0),
+                ..SubtaskSample::default()
+            };
+            MetricSample {
+                at_seconds: t,
+                operators: [
+                    (
+                        "src".to_string(),
+                        vec![SubtaskSample {
+                            records_out: done,
+                            source_arrivals: Some(arrived),
+                            source_backlog: Some(backlog),
+                            ..SubtaskSample::default()
+                        }],
+                    ),
+                    ("map".to_string(), vec![op(done / pf, busy, t); p as usize]),
+                    ("sink".to_string(), vec![op(done, done / 10_000.0, t)]),
+                ]
+                .into_iter()
+                .collect(),
+            }
+        };
+        let mut t = 0.0;
+        while t < until {
+            // One second of fluid flow.
+            let g = gamma(t);
+            let cap = 100.0 * f64::from(p);
+            let served = (backlog + g).min(cap);
+            arrived += g;
+            done += served;
+            backlog += g - served;
+            t += 1.0;
+            if (t % 5.0).abs() > 1e-9 {
+                continue;
+            }
+            samples.push(sample(t - since, p, arrived, done, backlog));
+            samples.retain(|s| s.at_seconds >= t - since - 30.0);
+            let shifted: Vec<MetricSample> = samples
+                .iter()
+                .map(|s| MetricSample {
+                    at_seconds: s.at_seconds + since,
+                    ..s.clone()
+                })
+                .collect();
+            if let Verdict::Rescale(d) = a.decide(t, &shifted, &spec) {
+                p = d.parallelism["map"];
+                rescales.push((t, p));
+                a.restarted(t);
+                since = t;
+                (arrived, done) = (0.0, 0.0);
+                samples.clear();
+            }
+        }
+        (rescales, p)
+    }
+
+    #[test]
+    fn a_step_down_reaches_the_final_parallelism_in_one_decision() {
+        // 600 rec/s needs 9 subtasks at ρ 0.7, 120 rec/s needs 2. The windows after the step
+        // mix both rates (their recommendations fall 8, 7, ... 2): only the settled ones count.
+        let (rescales, p) = replay(9, 600.0, |t| if t < 200.0 { 600.0 } else { 120.0 });
+        assert_eq!(rescales.len(), 1, "{rescales:?}");
+        assert_eq!(p, 2);
+        let (at, _) = rescales[0];
+        // After the window length (30 s) and the delay (30 s), not before.
+        assert!((260.0..=300.0).contains(&at), "{rescales:?}");
+    }
+
+    #[test]
+    fn a_step_up_reaches_the_final_parallelism_in_one_decision() {
+        // 120 rec/s on 2 subtasks, then 500 rec/s (8 subtasks at ρ 0.7, also with the
+        // backlog built up before the first decision).
+        let (rescales, p) = replay(2, 600.0, |t| if t < 200.0 { 120.0 } else { 500.0 });
+        assert_eq!(rescales, vec![(205.0, 8)]);
+        assert_eq!(p, 8);
+    }
+
+    #[test]
+    fn noisy_stationary_load_is_not_rescaled() {
+        // 300 rec/s (5 subtasks at ρ 0.7) with ±12% noise every 5 s (xorshift, fixed seed):
+        // single windows dip to 4 subtasks' worth, but no settled 30 s stays there.
+        let noise: Vec<f64> = {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            (0..1000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+                })
+                .collect()
+        };
+        let (rescales, p) = replay(5, 3000.0, |t| {
+            300.0 * (1.0 + 0.12 * noise[(t / 5.0) as usize % noise.len()])
+        });
+        assert!(rescales.is_empty(), "{rescales:?}");
+        assert_eq!(p, 5);
     }
 
     #[test]
@@ -906,8 +1067,10 @@ edges:
         assert!(parallelism(&a.decide(10.0, &win(8, 540.0, 0.0, 1), &spec)).is_none());
         assert!(a.state().pending_scale_downs.is_empty());
         assert!(parallelism(&a.decide(20.0, &win(8, 200.0, 0.0, 1), &spec)).is_none());
+        // Wanted again since t = 20; the 20 s windows settle from t = 40, applied at t = 70.
         assert!(parallelism(&a.decide(40.0, &win(8, 200.0, 0.0, 1), &spec)).is_none());
-        let v = a.decide(50.0, &win(8, 200.0, 0.0, 1), &spec);
+        assert!(parallelism(&a.decide(60.0, &win(8, 200.0, 0.0, 1), &spec)).is_none());
+        let v = a.decide(70.0, &win(8, 200.0, 0.0, 1), &spec);
         assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
     }
 
@@ -940,9 +1103,11 @@ edges:
         assert_eq!(p["sink"], 2);
         // Without the backlog the same plan scales the map down once the delay has passed.
         let mut b = Autoscaler::default();
+        // (The 20 s windows begin after the scale-down was first wanted from t = 20 on.)
         assert!(parallelism(&b.decide(0.0, &win(8, 60.0, 0.0, 1), &spec)).is_none());
+        assert!(parallelism(&b.decide(20.0, &win(8, 60.0, 0.0, 1), &spec)).is_none());
         assert_eq!(
-            parallelism(&b.decide(30.0, &win(8, 60.0, 0.0, 1), &spec)).map(|p| p["map"]),
+            parallelism(&b.decide(50.0, &win(8, 60.0, 0.0, 1), &spec)).map(|p| p["map"]),
             Some(1)
         );
     }

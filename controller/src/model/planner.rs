@@ -271,6 +271,15 @@ pub(crate) struct JobGraph {
     depth: u32,
     /// Number of key groups (the job's maxParallelism).
     key_groups: u32,
+    /// Operators without outputs (sinks), in increasing index order.
+    sinks: Vec<usize>,
+    /// Forward edges (lower to higher index; feedback edges left out) in compressed rows:
+    /// the inputs of operator i are `fwd_in[fwd_in_at[i]..fwd_in_at[i + 1]]` in the order of
+    /// `topo.inputs[i]`, its outputs likewise in `fwd_out`.
+    fwd_in_at: Vec<u32>,
+    fwd_in: Vec<u32>,
+    fwd_out_at: Vec<u32>,
+    fwd_out: Vec<u32>,
     /// What the graph was built from: per operator (name, kind, keyed, scaling min, max) in
     /// spec order, the edges, and maxParallelism.
     key: GraphKey,
@@ -337,6 +346,18 @@ impl JobGraph {
                 .collect(),
             spec.max_parallelism,
         );
+        let sinks = (0..n).filter(|&i| topo.outputs[i].is_empty()).collect();
+        let csr = |rows: &[Vec<usize>], keep: fn(usize, usize) -> bool| {
+            let mut at = vec![0u32];
+            let mut list = Vec::new();
+            for (i, row) in rows.iter().enumerate() {
+                list.extend(row.iter().filter(|&&j| keep(i, j)).map(|&j| j as u32));
+                at.push(list.len() as u32);
+            }
+            (at, list)
+        };
+        let (fwd_in_at, fwd_in) = csr(&topo.inputs, |i, j| j < i);
+        let (fwd_out_at, fwd_out) = csr(&topo.outputs, |i, k| k > i);
         Ok(JobGraph {
             topo,
             kind,
@@ -344,8 +365,66 @@ impl JobGraph {
             window,
             depth,
             key_groups: max_p,
+            sinks,
+            fwd_in_at,
+            fwd_in,
+            fwd_out_at,
+            fwd_out,
             key,
         })
+    }
+
+    /// [`Topology::longest_path_update`](super::network::Topology) after only operator
+    /// `changed` changed its term `w[changed]`, visiting only the operators whose distance can
+    /// change (`changed` and, transitively, the downstream operators of any operator whose
+    /// distance changed) over the graph's compressed forward edges. Every distance and
+    /// predecessor is computed as the full update computes it (same inputs in the same
+    /// order), so the result is the same bit for bit. `dirty`: all `false`, left all `false`.
+    fn propagate(
+        &self,
+        w: &[f64],
+        dist: &mut [f64],
+        via: &mut [usize],
+        changed: usize,
+        dirty: &mut [bool],
+    ) -> (f64, usize) {
+        let g = self;
+        let n = dist.len();
+        dirty[changed] = true;
+        for i in changed..n {
+            if !std::mem::take(&mut dirty[i]) {
+                continue;
+            }
+            let mut d = 0.0;
+            let mut arg = usize::MAX;
+            for &j in &g.fwd_in[g.fwd_in_at[i] as usize..g.fwd_in_at[i + 1] as usize] {
+                let j = j as usize;
+                if arg == usize::MAX || dist[j] > d {
+                    d = dist[j];
+                    arg = j;
+                }
+            }
+            let own = if g.topo.is_source[i] { 0.0 } else { w[i] };
+            let new = d + own;
+            via[i] = arg;
+            if new.to_bits() != dist[i].to_bits() {
+                dist[i] = new;
+                for &k in &g.fwd_out[g.fwd_out_at[i] as usize..g.fwd_out_at[i + 1] as usize] {
+                    dirty[k as usize] = true;
+                }
+            }
+        }
+        let mut best = (f64::NEG_INFINITY, usize::MAX);
+        for &i in &g.sinks {
+            if best.1 == usize::MAX || dist[i] > best.0 {
+                best = (dist[i], i);
+            }
+        }
+        if best.1 == usize::MAX {
+            (0.0, usize::MAX)
+        } else {
+            best
+        }
     }
 
     /// Whether this graph was built from a spec with the same operators (names, kinds,
@@ -428,6 +507,9 @@ pub(crate) struct Model {
     /// Keyed operators: [`Model::max_share`] by parallelism (index p, NaN = not computed yet);
     /// a pure memo of a function of the model, it changes no result.
     share_memo: std::cell::RefCell<Vec<Vec<f64>>>,
+    /// [`Model::tail`] by (operator, parallelism): a pure memo (tail depends on the model
+    /// and the learned factors only, and is cleared when those change); it changes no result.
+    tail_memo: std::cell::RefCell<TailMemo>,
     /// Learned scalability factor per operator (1 = linear scaling), applied to μ at
     /// parallelisms above the current one (see [`super::learn`]).
     factor: Vec<f64>,
@@ -435,6 +517,28 @@ pub(crate) struct Model {
     /// and their sojourn is left out of the latency allocation so that no other operator is
     /// scaled to make up for them.
     frozen: Vec<bool>,
+}
+
+/// Memo of [`Model::tail`], keyed by operator index << 32 | parallelism.
+type TailMemo = std::collections::HashMap<u64, f64, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// A hasher for the memo's integer keys (a multiplicative hash: Knuth's Fibonacci hashing of
+/// the key's bits); the keys are not adversarial.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// A key group is hot when its estimated load is at least this multiple of the mean.
@@ -573,6 +677,7 @@ impl Model {
             spec_parallelism,
             kg_prefix,
             share_memo,
+            tail_memo: std::cell::RefCell::new(TailMemo::default()),
             kg_load,
             factor: vec![1.0; n],
             frozen: vec![false; n],
@@ -606,6 +711,7 @@ impl Model {
             self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
             self.frozen[i] = learned.is_ineffective(name);
         }
+        self.tail_memo.borrow_mut().clear();
     }
 
     /// Share of operator `i`'s input that its busiest subtask receives at parallelism `p`:
@@ -720,6 +826,17 @@ impl Model {
     /// batch waits longer than the busiest subtask's share of it, in the fluid view). 0 for
     /// sources; the window period alone for unknown μ.
     fn tail(&self, i: usize, p: u32) -> f64 {
+        let key = ((i as u64) << 32) | u64::from(p);
+        if let Some(&t) = self.tail_memo.borrow().get(&key) {
+            return t;
+        }
+        let t = self.tail_uncached(i, p);
+        self.tail_memo.borrow_mut().insert(key, t);
+        t
+    }
+
+    /// [`Model::tail`] without the memo.
+    fn tail_uncached(&self, i: usize, p: u32) -> f64 {
         let window = self.period(i);
         let Some(mu) = self.mu_at(i, p) else {
             return window;
@@ -831,13 +948,14 @@ impl Model {
     pub(crate) fn plan(&mut self) -> Decision {
         if self.s.downtime > 0.0 {
             self.use_downtime(false);
-            let hold = self.plan_once();
+            let hold = self.plan_once(true);
             self.use_downtime(true);
-            if !hold.changed() {
+            if let Some(hold) = hold {
                 return hold;
             }
         }
-        self.plan_once()
+        self.plan_once(false)
+            .expect("a plan not limited to holds always decides")
     }
 
     /// Switches the targets between including the rescale's downtime backlog and not.
@@ -849,7 +967,11 @@ impl Model {
         }
     }
 
-    fn plan_once(&self) -> Decision {
+    /// One plan at the targets in use. With `hold_only`, `None` as soon as it is known that the
+    /// plan changes some operator's parallelism (DS2 sizing above the current parallelism, or
+    /// the latency allocation raising one above it: neither step lowers a parallelism again),
+    /// and otherwise the decision only if it keeps every operator's parallelism.
+    fn plan_once(&self, hold_only: bool) -> Option<Decision> {
         let n = self.graph.topo.len();
         let rho_t = self.s.rho;
         let mut p = vec![1u32; n];
@@ -998,6 +1120,11 @@ impl Model {
             }
         }
 
+        let grown = |p: &[u32], i: usize| p[i] > self.est[i].parallelism;
+        if hold_only && (0..n).any(|i| grown(&p, i)) {
+            return None;
+        }
+
         // 2. Greedy marginal allocation for the latency SLO (on the percentile bound of the
         // slowest path) at the steady rates. Operators flagged for ineffective scaling count 0
         // here: nothing else is scaled for them.
@@ -1037,6 +1164,7 @@ impl Model {
                 // Next candidate (parallelism, sojourn) per operator.
                 let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
                 let mut added = vec![0u32; n];
+                let mut dirty = vec![false; n];
                 while lat > self.s.slo {
                     let mut best: Option<(f64, usize)> = None;
                     let mut at = end;
@@ -1080,10 +1208,10 @@ impl Model {
                     added[i] += q - p[i];
                     p[i] = q;
                     w[i] = wq;
-                    (lat, end) = self
-                        .graph
-                        .topo
-                        .longest_path_update(&w, &mut dist, &mut via, i);
+                    if hold_only && grown(&p, i) {
+                        return None;
+                    }
+                    (lat, end) = self.graph.propagate(&w, &mut dist, &mut via, i, &mut dirty);
                 }
                 let list: Vec<String> = (0..n)
                     .filter(|&i| added[i] > 0)
@@ -1110,7 +1238,10 @@ impl Model {
                 }
             }
         }
-        self.decision(&p, &clamped, why, reasons)
+        if hold_only && (0..n).any(|i| p[i] != self.est[i].parallelism) {
+            return None;
+        }
+        Some(self.decision(&p, &clamped, why, reasons))
     }
 
     /// Assembles a decision for parallelism `p` (indexed like the topology).
@@ -2022,6 +2153,78 @@ edges:
             prop_assume!(!gave_up(&hi) || gave_up(&lo));
             for (name, p) in &lo.parallelism {
                 prop_assert!(hi.parallelism[name] >= *p, "{}: {} → {} with ×{}", name, p, hi.parallelism[name], factor);
+            }
+        }
+    }
+
+    /// A random DAG of `n` operators (operator i fed by up to three earlier ones; those
+    /// without inputs are sources) as a job spec.
+    fn random_dag(n: usize, picks: &[(usize, usize)]) -> JobSpec {
+        let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for &(i, j) in picks {
+            let i = 1 + i % (n - 1);
+            let j = j % i;
+            if !inputs[i].contains(&j) && inputs[i].len() < 3 {
+                inputs[i].push(j);
+            }
+        }
+        let mut yaml = String::from("name: dag\noperators:\n");
+        for (i, ins) in inputs.iter().enumerate() {
+            if ins.is_empty() {
+                yaml.push_str(&format!(
+                    "  - {{ name: op{i}, kind: source, rate: {{ constant: 1 }} }}\n"
+                ));
+            } else {
+                yaml.push_str(&format!("  - {{ name: op{i}, kind: map }}\n"));
+            }
+        }
+        yaml.push_str("edges:\n");
+        for (i, ins) in inputs.iter().enumerate() {
+            for j in ins {
+                yaml.push_str(&format!("  - {{ from: op{j}, to: op{i} }}\n"));
+            }
+        }
+        if inputs.iter().skip(1).all(Vec::is_empty) {
+            yaml.push_str("  []\n");
+            yaml = yaml.replace("edges:\n  []\n", "edges: []\n");
+        }
+        JobSpec::from_yaml(&yaml).expect("the random DAG parses")
+    }
+
+    proptest! {
+        /// The greedy allocation's incremental longest-path update gives the same distances,
+        /// predecessors, latency and end as recomputing every operator, after every change of
+        /// one operator's term (decreases, as in the allocation, and increases, with ties).
+        #[test]
+        fn incremental_longest_path_equals_the_full_update(
+            n in 2usize..40,
+            picks in proptest::collection::vec((0usize..1000, 0usize..1000), 1..100),
+            w0 in proptest::collection::vec(0u32..8, 40),
+            changes in proptest::collection::vec((0usize..1000, 0u32..8, proptest::bool::ANY), 1..30),
+        ) {
+            let spec = random_dag(n, &picks);
+            let g = JobGraph::new(&spec).expect("a DAG");
+            let n = g.topo.len();
+            // Small integer terms (and ∞) so that ties between paths are common.
+            let term = |x: u32, inf: bool| if inf { f64::INFINITY } else { f64::from(x) * 0.5 };
+            let mut w: Vec<f64> = (0..n).map(|i| term(w0[i], false)).collect();
+            let (mut dist, mut via) = (Vec::new(), Vec::new());
+            g.topo.longest_path_into(&w, &mut dist, &mut via);
+            let mut dirty = vec![false; n];
+            for (i, x, inf) in changes {
+                let i = i % n;
+                w[i] = term(x, inf && x == 0);
+                let fast = g.propagate(&w, &mut dist, &mut via, i, &mut dirty);
+                let (mut d2, mut v2) = (Vec::new(), Vec::new());
+                let full = g.topo.longest_path_into(&w, &mut d2, &mut v2);
+                prop_assert_eq!(fast.1, full.1);
+                prop_assert_eq!(fast.0.to_bits(), full.0.to_bits());
+                prop_assert_eq!(&via, &v2);
+                prop_assert_eq!(
+                    dist.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    d2.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                );
+                prop_assert!(dirty.iter().all(|d| !d));
             }
         }
     }

@@ -5,19 +5,19 @@
 //! [--report DIR] [--scale X] [--speedup N] [--gaps hold|zero] [--start S] [--end S]
 //! [--duration S] [--mode fast|event] [--step S] [--interval S] [--window S] [--seed N]
 //! [--sim-config FILE] [--downtime S] [--seconds-per-mb S] [--service OP=MEAN_US[:CV],...]
-//! [--threads N] [--engine-p99] [--quiet]`
+//! [--threads N] [--engine-p99] [--quiet] [--plot png|svg]`
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressDrawTarget;
 use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec};
 use streamscale_simulations::config::SimConfig;
 use streamscale_simulations::model::JobModel;
 use streamscale_simulations::policy::POLICIES;
-use streamscale_simulations::report;
 use streamscale_simulations::runner::{Mode, ReplayOptions, default_step, replay_all};
+use streamscale_simulations::{progress, report};
 
 /// Replays a trace through a model of a job under several autoscaling policies.
 #[derive(Debug, Parser)]
@@ -102,6 +102,10 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Format of the comparison figure in the report directory: `png` (comparison.png) or
+    /// `svg` (comparison.svg).
+    #[arg(long, default_value = "png", value_parser = ["png", "svg"])]
+    plot: String,
 }
 
 fn main() {
@@ -293,17 +297,11 @@ fn run(a: Args) -> anyhow::Result<()> {
         threads: a.threads.unwrap_or(0),
         engine_p99: a.engine_p99,
     };
-    let total_steps = (model.duration_s / step).ceil() as u64 * (names.len() as u64 + 1);
-    let bar = if a.quiet || total_steps < 200_000 {
-        ProgressBar::hidden()
-    } else {
-        let b = ProgressBar::new(total_steps);
-        b.set_style(
-            ProgressStyle::with_template("{bar:40} {percent:>3}% {pos}/{len} steps, eta {eta}")
-                .map_err(|e| anyhow::anyhow!("{e}"))?,
-        );
-        b
-    };
+    let bar = progress::replay_bar(
+        progress::total_steps(&model, step, &names),
+        a.quiet,
+        ProgressDrawTarget::stderr(),
+    );
     let started = std::time::Instant::now();
     let (summary, runs) = replay_all(&model, &names, &opts, &cfg, &|n| {
         bar.inc(n);
@@ -321,7 +319,7 @@ fn run(a: Args) -> anyhow::Result<()> {
     print!("{}", report::table(&summary, &names));
     if let Some(dir) = &a.report {
         report::write_files(dir, &summary, &runs, &model)?;
-        report::plot(&dir.join("comparison.png"), &runs, &model)?;
+        report::plot(&dir.join(format!("comparison.{}", a.plot)), &runs, &model)?;
         println!("report in {}", dir.display());
     }
     Ok(())
