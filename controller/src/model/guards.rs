@@ -423,11 +423,11 @@ impl Autoscaler {
                 });
             // This window began at now − span: at or after `since_s` it holds no sample from
             // before the load dropped, so its recommendation is the settled one.
-            if now_s - span >= pending.since_s || g.scale_down_delay_seconds <= 0.0 {
-                if pending.settled_s.is_none() {
-                    pending.settled_s = Some(now_s);
-                    pending.highest = *new;
-                }
+            if (now_s - span >= pending.since_s || g.scale_down_delay_seconds <= 0.0)
+                && pending.settled_s.is_none()
+            {
+                pending.settled_s = Some(now_s);
+                pending.highest = *new;
             }
             pending.highest = pending.highest.max(*new);
             let waited = now_s - pending.since_s;

@@ -730,12 +730,7 @@ impl Model {
         {
             return m;
         }
-        let share = (0..q)
-            .map(|j| {
-                let r = key_group_range(j, q, k);
-                prefix[r.end as usize] - prefix[r.start as usize]
-            })
-            .fold(0.0, f64::max);
+        let share = busiest_range_load(prefix, q, k);
         if let Some(slot) = self.share_memo.borrow_mut()[i].get_mut(q as usize) {
             *slot = share;
         }
@@ -1426,6 +1421,22 @@ impl Model {
         }
         self.refresh_latency(d);
     }
+}
+
+/// The largest load of one subtask's key-group range when `k` key groups (loads' prefix sums
+/// `prefix`, k + 1 entries) are split over `q` ≤ k subtasks: subtask j owns key groups
+/// [⌈jK/q⌉, ⌈(j+1)K/q⌉), Flink's contiguous assignment ([`key_group_range`]); each range
+/// starts where the previous one ended, so one division per subtask.
+fn busiest_range_load(prefix: &[f64], q: u32, k: u32) -> f64 {
+    let (k64, q64) = (u64::from(k), u64::from(q));
+    let mut start = 0usize;
+    let mut share = 0.0;
+    for j in 1..=q64 {
+        let end = (j * k64).div_ceil(q64) as usize;
+        share = f64::max(share, prefix[end] - prefix[start]);
+        start = end;
+    }
+    share
 }
 
 /// Estimated input share per key group (sums to 1) of a keyed operator from its subtasks'
@@ -2225,6 +2236,29 @@ edges:
                     d2.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                 );
                 prop_assert!(dirty.iter().all(|d| !d));
+            }
+        }
+    }
+
+    #[test]
+    fn busiest_range_load_follows_the_key_group_assignment() {
+        for k in [1u32, 7, 128, 1000] {
+            let load: Vec<f64> = (0..k).map(|g| f64::from(1 + g % 5)).collect();
+            let mut prefix = vec![0.0];
+            for l in &load {
+                prefix.push(prefix.last().copied().unwrap_or(0.0) + l);
+            }
+            for q in 1..=k.min(200) {
+                let reference = (0..q)
+                    .map(|j| {
+                        let r = key_group_range(j, q, k);
+                        prefix[r.end as usize] - prefix[r.start as usize]
+                    })
+                    .fold(0.0, f64::max);
+                assert_eq!(
+                    busiest_range_load(&prefix, q, k).to_bits(),
+                    reference.to_bits()
+                );
             }
         }
     }
