@@ -12,7 +12,9 @@
 # Knobs: SIZES_MB (default "1 100 1000"; streamscale state = SIZE MB / 48 bytes per key keys,
 #        Flink the same number of keys), REPEAT (default 3), FLINK_SIZES_MB (default: SIZES_MB),
 #        FLINK_TM_MB (TaskManager process memory, default 12288), OUT (default
-#        target/bench-rescale-downtime.jsonl).
+#        target/bench-rescale-downtime.jsonl), SETUP (streamscale disk backend before the stop:
+#        `loaded`, the default: every restored key loaded into redb first; `restored`: right
+#        after the restore; see engine/benches/rescale_downtime.rs).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +25,7 @@ B=http://127.0.0.1:8081
 SIZES_MB=${SIZES_MB:-1 100 1000}
 FLINK_SIZES_MB=${FLINK_SIZES_MB:-$SIZES_MB}
 REPEAT=${REPEAT:-3}
+SETUP=${SETUP:-loaded}
 FLINK_TM_MB=${FLINK_TM_MB:-12288}
 OUT=${OUT:-$ROOT/target/bench-rescale-downtime.jsonl}
 PY=$ROOT/bench/flink/downtime.py
@@ -98,7 +101,7 @@ for size in $SIZES_MB; do
   keys=$(( size * 1000000 / 48 ))
   for backend in heap disk; do
     log "streamscale $backend ${size} MB ($keys keys)"
-    (cd "$ROOT" && "$BENCH" --sizes-mb "$size" --backends "$backend" --repeat "$REPEAT" \
+    (cd "$ROOT" && "$BENCH" --sizes-mb "$size" --backends "$backend" --repeat "$REPEAT" --setup "$SETUP" \
        --dir "$ROOT/target/bench-rescale-downtime") | tee -a "$OUT" >&2
     if [[ " $FLINK_SIZES_MB " == *" $size "* ]]; then
       fb=hashmap; [ $backend = disk ] && fb=rocksdb
