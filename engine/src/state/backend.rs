@@ -57,7 +57,9 @@ pub enum StateBackend {
 
 impl StateBackend {
     /// Opens the backend `spec` selects for `owner`, holding `restored` (the key groups this
-    /// subtask owns; loaded lazily, key group by key group, on first use).
+    /// subtask owns, kept encoded: the heap backend decodes a key group on first use, the disk
+    /// backend reads keys through from the encoded chunks and loads them into its database
+    /// after the first records, a slice per commit).
     ///
     /// # Errors
     /// [`StateError::Disk`] when the disk backend's directory or file cannot be created.
