@@ -44,6 +44,16 @@ for mode in fast event; do
   done
 done
 echo "calibrated service times (µs, from the real run's measured μ): ${service:-none}"
+# The real service rates move with the load of the machine (CPU contention); the simulator's
+# are constant. Their spread per operator over the real run's decisions:
+python3 -c '
+import re, sys
+mu = {}
+for m in re.finditer(r"(\w+): DS2: [^;|]*?μ (\d+(?:\.\d+)?) rec/s", open(sys.argv[1]).read()):
+    mu.setdefault(m.group(1), []).append(float(m.group(2)))
+for op, v in sorted(mu.items()):
+    v.sort()
+    print(f"real μ {op}: min {v[0]:.0f}, median {v[len(v) // 2]:.0f}, max {v[-1]:.0f} rec/s over {len(v)} decisions")' "$OUT/real.log"
 python3 - "$OUT" "$downtime" <<'PY'
 import csv, json, sys
 out, downtime = sys.argv[1], float(sys.argv[2])

@@ -55,8 +55,16 @@ pub struct FluidPlant<'m> {
     /// Statistics of the last fully computed step.
     last_stats: StepStats,
     /// Hash of the last computed step's inputs and parallelism (a chain of 64-bit finalizer
-    /// mixes): the class of the last step ([`Plant::step_class`]).
-    class: u64,
+    /// mixes): the class of the last step ([`Plant::step_class`]), computed when first asked
+    /// for (most policies never ask).
+    class: std::cell::Cell<Option<u64>>,
+    /// Selectivity of each operator in the step being computed (at its last input rate).
+    sel: Vec<f64>,
+    /// Per operator: the last sojourn computed, as (arrival rate, sojourn); valid for the
+    /// running parallelism only (cleared on rescale).
+    soj_memo: Vec<Option<(f64, f64)>>,
+    /// The last capacity computed and the source rates it was for (cleared on rescale).
+    cap_memo: Option<(Vec<f64>, f64)>,
     /// Whether steps report [`StepStats::p99_engine_s`].
     engine_p99: bool,
 }
@@ -89,7 +97,10 @@ impl<'m> FluidPlant<'m> {
             inc_received: vec![0.0; n],
             inc_processed: vec![0.0; n],
             last_stats: StepStats::default(),
-            class: 0,
+            class: std::cell::Cell::new(None),
+            sel: vec![0.0; n],
+            soj_memo: vec![None; n],
+            cap_memo: None,
             engine_p99: false,
         };
         f.set_servers();
@@ -169,14 +180,7 @@ impl Plant for FluidPlant<'_> {
         self.key.extend_from_slice(&self.queue);
         self.key.extend_from_slice(&self.backlog);
         self.key.extend_from_slice(&self.last_rate);
-        let mut h: u64 = 0x243f_6a88_85a3_08d3;
-        for x in &self.key {
-            h = hash64(h ^ x.to_bits());
-        }
-        for p in &self.p {
-            h = hash64(h ^ u64::from(*p));
-        }
-        self.class = h;
+        self.class.set(None);
         self.inc.iter_mut().for_each(|c| *c = OpCounters::default());
         self.inc_received.iter_mut().for_each(|x| *x = 0.0);
         self.inc_processed.iter_mut().for_each(|x| *x = 0.0);
@@ -193,6 +197,7 @@ impl Plant for FluidPlant<'_> {
             }
             let cap = self.servers[i] * up / op.service_s;
             let sel = m.selectivity(i, self.last_rate[i]);
+            self.sel[i] = sel;
             let by_output = if sel > 0.0 { out / sel } else { f64::INFINITY };
             self.limit[i] = cap.min(by_output);
             let qcap = m.channel_capacity * f64::from(self.p[i]);
@@ -239,7 +244,8 @@ impl Plant for FluidPlant<'_> {
             self.queue[i] = avail - done;
             self.inc_processed[i] += done;
             let rate_in = inflow / dt;
-            let sel = m.selectivity(i, self.last_rate[i]);
+            // The selectivity at the last rate, as the reverse pass computed it.
+            let sel = self.sel[i];
             self.last_rate[i] = rate_in;
             let out = done * sel;
             for &j in &op.outputs {
@@ -258,7 +264,15 @@ impl Plant for FluidPlant<'_> {
             // Latency pieces: drain time of the queue ahead plus the stochastic sojourn.
             let drain = self.servers[i] / op.service_s;
             self.delay[i] = self.queue[i] / drain;
-            self.soj[i] = m.sojourn(i, rate_in.min(drain), self.p[i], self.servers[i]);
+            let lambda = rate_in.min(drain);
+            self.soj[i] = match self.soj_memo[i] {
+                Some((l, soj)) if l == lambda => soj,
+                _ => {
+                    let soj = m.sojourn(i, lambda, self.p[i], self.servers[i]);
+                    self.soj_memo[i] = Some((lambda, soj));
+                    soj
+                }
+            };
         }
         let (mut p99, mut tail) = m.path_latency(&self.delay, &self.soj);
         // Down for part of the step (a rescale at its start): the records that arrived
@@ -296,14 +310,32 @@ impl Plant for FluidPlant<'_> {
             late: arrivals * tail,
             backlog: m.sources.iter().map(|(s, _)| self.backlog[*s]).sum(),
             queued: self.queue.iter().sum(),
-            capacity: capacity(m, &self.servers, &self.gamma, &mut self.limit),
+            capacity: match &self.cap_memo {
+                Some((g, c)) if *g == self.gamma => *c,
+                _ => {
+                    let c = capacity(m, &self.servers, &self.gamma, &mut self.limit);
+                    self.cap_memo = Some((self.gamma.clone(), c));
+                    c
+                }
+            },
             conservation_error: 0.0,
         };
         self.apply_increments()
     }
 
     fn step_class(&self) -> Option<u64> {
-        Some(self.class)
+        if let Some(c) = self.class.get() {
+            return Some(c);
+        }
+        let mut h: u64 = 0x243f_6a88_85a3_08d3;
+        for x in &self.key {
+            h = hash64(h ^ x.to_bits());
+        }
+        for p in &self.p {
+            h = hash64(h ^ u64::from(*p));
+        }
+        self.class.set(Some(h));
+        Some(h)
     }
 
     fn snapshot(&self, at_s: f64) -> Snapshot {
@@ -326,6 +358,9 @@ impl Plant for FluidPlant<'_> {
         self.p = p.to_vec();
         self.set_servers();
         self.key.clear();
+        self.class.set(None);
+        self.soj_memo.iter_mut().for_each(|x| *x = None);
+        self.cap_memo = None;
         self.fixed = false;
         self.down_until = t + downtime_s;
         for (i, c) in self.counters.iter_mut().enumerate() {

@@ -168,6 +168,48 @@ pub fn metric_sample(model: &JobModel, shares: &[Vec<f64>], s: &Snapshot) -> Met
     }
 }
 
+/// [`metric_sample`] written into `out`, reusing its operators' subtask vectors when it holds
+/// the same operators (by name, in the same order) with the same numbers of subtasks (no
+/// allocation then); rebuilt otherwise.
+pub fn metric_sample_into(
+    model: &JobModel,
+    shares: &[Vec<f64>],
+    s: &Snapshot,
+    out: &mut MetricSample,
+) {
+    let same_shape = out.operators.len() == model.ops.len()
+        && model.ops.iter().zip(shares).all(|(op, sh)| {
+            out.operators
+                .get(&op.name)
+                .is_some_and(|subs| subs.len() == sh.len())
+        });
+    if !same_shape {
+        *out = metric_sample(model, shares, s);
+        return;
+    }
+    out.at_seconds = s.at_s;
+    for (i, op) in model.ops.iter().enumerate() {
+        let Some(subs) = out.operators.get_mut(&op.name) else {
+            continue;
+        };
+        let c = &s.ops[i];
+        let is_source = op.kind == OpKind::Source;
+        let n = shares[i].len() as f64;
+        for (sub, &w) in subs.iter_mut().zip(&shares[i]) {
+            *sub = SubtaskSample {
+                records_in: c.records_in * w,
+                records_out: c.records_out * w,
+                busy_seconds: c.busy_s * w,
+                idle_seconds: c.idle_s / n,
+                backpressured_seconds: c.backpressured_s / n,
+                queue_length: c.queue * w,
+                source_backlog: is_source.then_some(c.backlog * w),
+                source_arrivals: is_source.then_some(c.arrivals * w),
+            };
+        }
+    }
+}
+
 /// Converts a window of snapshots into the planner's metric samples ([`metric_sample`] for
 /// each, at parallelism `p`).
 pub fn metric_samples(model: &JobModel, p: &[u32], window: &[Snapshot]) -> Vec<MetricSample> {

@@ -13,7 +13,7 @@ use streamscale_engine::spec::JobSpec;
 
 use crate::config::SimConfig;
 use crate::model::{JobModel, OpKind};
-use crate::plant::{Snapshot, metric_sample, subtask_shares};
+use crate::plant::{Snapshot, metric_sample, metric_sample_into, subtask_shares};
 
 /// What a policy sees at a decision point.
 #[derive(Debug)]
@@ -118,6 +118,9 @@ pub fn make_policy_with(name: &str, model: &JobModel, cfg: &SimConfig) -> Option
         "ds2" => Box::new(Ds2 {
             interval_s,
             window_s,
+            deltas: Vec::new(),
+            target_out: Vec::new(),
+            p: Vec::new(),
         }),
         "flink" => Box::new(Flink::default()),
         "threshold" => Box::new(Threshold::new(model, HPA_SYNC_S)),
@@ -153,28 +156,25 @@ struct Delta {
     backlog_last: f64,
 }
 
-fn deltas(window: &[Snapshot]) -> Option<Vec<Delta>> {
+/// The window's per-operator deltas, written into `out` (reused, no allocation once sized);
+/// `None` for fewer than two snapshots or no time between them.
+fn deltas<'a>(window: &[Snapshot], out: &'a mut Vec<Delta>) -> Option<&'a [Delta]> {
     let (first, last) = (window.first()?, window.last()?);
     let dt = last.at_s - first.at_s;
     if dt <= 0.0 {
         return None;
     }
-    Some(
-        first
-            .ops
-            .iter()
-            .zip(&last.ops)
-            .map(|(a, b)| Delta {
-                dt,
-                records_in: b.records_in - a.records_in,
-                records_out: b.records_out - a.records_out,
-                busy: b.busy_s - a.busy_s,
-                arrivals: b.arrivals - a.arrivals,
-                backlog_first: a.backlog,
-                backlog_last: b.backlog,
-            })
-            .collect(),
-    )
+    out.clear();
+    out.extend(first.ops.iter().zip(&last.ops).map(|(a, b)| Delta {
+        dt,
+        records_in: b.records_in - a.records_in,
+        records_out: b.records_out - a.records_out,
+        busy: b.busy_s - a.busy_s,
+        arrivals: b.arrivals - a.arrivals,
+        backlog_first: a.backlog,
+        backlog_last: b.backlog,
+    }));
+    Some(out)
 }
 
 /// The controller's planner with its guards, unchanged ([`Autoscaler`]), set up as the
@@ -206,6 +206,8 @@ pub struct Streamscale {
     shares: Vec<Vec<f64>>,
     /// Metric samples of the window's snapshots converted so far, oldest first.
     samples: VecDeque<MetricSample>,
+    /// Samples dropped from `samples`, refilled for new snapshots.
+    spare: Vec<MetricSample>,
     /// Window keys that held without guard memory under `memo_settings`.
     memo: HashSet<u64>,
     /// The settings `memo` was filled under.
@@ -240,6 +242,7 @@ impl Streamscale {
             spec: None,
             shares: Vec::new(),
             samples: VecDeque::new(),
+            spare: Vec::new(),
             memo: HashSet::new(),
             memo_settings: None,
             use_memo: true,
@@ -265,22 +268,32 @@ impl Streamscale {
             .front()
             .is_some_and(|s| s.at_seconds < first.at_s)
         {
-            self.samples.pop_front();
+            if let Some(old) = self.samples.pop_front() {
+                self.spare.push(old);
+            }
         }
         if self
             .samples
             .front()
             .is_some_and(|s| s.at_seconds != first.at_s)
         {
-            self.samples.clear();
+            self.spare.extend(self.samples.drain(..));
         }
         let last = self
             .samples
             .back()
             .map_or(f64::NEG_INFINITY, |s| s.at_seconds);
         for snap in window.iter().filter(|s| s.at_s > last) {
-            self.samples
-                .push_back(metric_sample(model, &self.shares, snap));
+            // Samples dropped from the window are refilled (same operators and parallelism:
+            // no allocation).
+            let sample = match self.spare.pop() {
+                Some(mut old) => {
+                    metric_sample_into(model, &self.shares, snap, &mut old);
+                    old
+                }
+                None => metric_sample(model, &self.shares, snap),
+            };
+            self.samples.push_back(sample);
         }
         if self.samples.len() != window.len() {
             self.samples = window
@@ -471,6 +484,10 @@ impl Policy for StreamscaleForecast {
 pub struct Ds2 {
     interval_s: f64,
     window_s: f64,
+    /// Reused buffers: the window's deltas, target output rates, the new parallelism.
+    deltas: Vec<Delta>,
+    target_out: Vec<f64>,
+    p: Vec<u32>,
 }
 
 impl Policy for Ds2 {
@@ -488,10 +505,14 @@ impl Policy for Ds2 {
         if obs.now_s - obs.started_s < self.window_s {
             return None;
         }
-        let d = deltas(obs.window)?;
+        let d = deltas(obs.window, &mut self.deltas)?;
         let n = m.ops.len();
-        let mut target_out = vec![0.0; n];
-        let mut p = obs.parallelism.to_vec();
+        let target_out = &mut self.target_out;
+        target_out.clear();
+        target_out.resize(n, 0.0);
+        let p = &mut self.p;
+        p.clear();
+        p.extend_from_slice(obs.parallelism);
         for i in 0..n {
             let op = &m.ops[i];
             if op.kind == OpKind::Source {
@@ -510,7 +531,7 @@ impl Policy for Ds2 {
                 p[i] = bound(m, i, ceil(r / mu));
             }
         }
-        Some(p)
+        (p.as_slice() != obs.parallelism).then(|| p.clone())
     }
 }
 
@@ -522,6 +543,8 @@ impl Policy for Ds2 {
 #[derive(Debug, Default)]
 pub struct Flink {
     pending: BTreeMap<usize, (f64, u32)>,
+    /// Reused buffer of the window's deltas.
+    deltas: Vec<Delta>,
 }
 
 const FLINK_INTERVAL_S: f64 = 60.0;
@@ -550,7 +573,7 @@ impl Policy for Flink {
         if w.len() < 2 {
             return None;
         }
-        let d = deltas(w)?;
+        let d = deltas(w, &mut self.deltas)?;
         let n = m.ops.len();
         let (mut target, mut catch) = (vec![0.0; n], vec![0.0; n]);
         let mut backlog_mode = false;
@@ -573,9 +596,10 @@ impl Policy for Flink {
             let p = obs.parallelism[i];
             if di.records_in > 0.0 {
                 ratio[i] = di.records_out / di.records_in;
-                // busyTimeMsPerSecond: the maximum over subtasks (the hottest key-group share).
-                let shares = m.subtask_shares(i, p);
-                let hot = shares.iter().fold(0.0_f64, |a, &b| a.max(b)) * f64::from(p);
+                // busyTimeMsPerSecond: the maximum over subtasks (the hottest key-group share
+                // times p: p / effective servers, which are 1 / hottest share for a keyed
+                // operator and p otherwise).
+                let hot = f64::from(p) / m.effective_servers(i, p);
                 let busy_max_per_s = di.busy / di.dt / f64::from(p) * hot;
                 if busy_max_per_s > 1e-9 {
                     tpr[i] = di.records_in / di.dt / busy_max_per_s;
@@ -650,6 +674,10 @@ pub struct Threshold {
     interval_s: f64,
     target: f64,
     history: VecDeque<(f64, Vec<u32>)>,
+    /// Recommendation vectors dropped from `history`, for reuse.
+    spare: Vec<Vec<u32>>,
+    /// Reused buffer of the window's deltas.
+    deltas: Vec<Delta>,
 }
 
 const HPA_TOLERANCE: f64 = 0.1;
@@ -664,6 +692,8 @@ impl Threshold {
             interval_s,
             target: model.spec.autoscaler.target_utilization,
             history: VecDeque::new(),
+            spare: Vec::new(),
+            deltas: Vec::new(),
         }
     }
 }
@@ -680,8 +710,11 @@ impl Policy for Threshold {
     }
     fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
         let m = obs.model;
-        let d = deltas(obs.window)?;
-        let mut rec = obs.parallelism.to_vec();
+        let d = deltas(obs.window, &mut self.deltas)?;
+        // The recommendation goes into a vector the history dropped (no allocation).
+        let mut rec = self.spare.pop().unwrap_or_default();
+        rec.clear();
+        rec.extend_from_slice(obs.parallelism);
         for i in 0..m.ops.len() {
             if m.ops[i].kind == OpKind::Source {
                 continue;
@@ -693,17 +726,19 @@ impl Policy for Threshold {
                 rec[i] = bound(m, i, ceil(p * ratio));
             }
         }
-        self.history.push_back((obs.now_s, rec.clone()));
+        self.history.push_back((obs.now_s, rec));
         while self
             .history
             .front()
             .is_some_and(|(t, _)| obs.now_s - t > HPA_STABILIZATION_S)
         {
-            self.history.pop_front();
+            if let Some((_, old)) = self.history.pop_front() {
+                self.spare.push(old);
+            }
         }
-        let mut p = obs.parallelism.to_vec();
-        for i in 0..m.ops.len() {
-            p[i] = if rec[i] >= obs.parallelism[i] {
+        let rec = &self.history.back()?.1;
+        let pick = |i: usize| {
+            if rec[i] >= obs.parallelism[i] {
                 rec[i]
             } else {
                 let high = self
@@ -713,9 +748,12 @@ impl Policy for Threshold {
                     .max()
                     .unwrap_or(rec[i]);
                 high.min(obs.parallelism[i])
-            };
-        }
-        (p != obs.parallelism).then_some(p)
+            }
+        };
+        // Allocate only for a change.
+        (0..m.ops.len())
+            .any(|i| pick(i) != obs.parallelism[i])
+            .then(|| (0..m.ops.len()).map(pick).collect())
     }
 }
 
@@ -821,6 +859,8 @@ impl Policy for Static {
 pub struct Oracle {
     /// Last sizing: (source rates, parallelism), reused while the rates are unchanged.
     last: Option<(Vec<f64>, Vec<u32>)>,
+    /// The step's source rates (reused buffer).
+    gamma: Vec<f64>,
 }
 
 impl Oracle {
@@ -885,15 +925,21 @@ impl Policy for Oracle {
     }
     fn decide(&mut self, obs: &Observation) -> Option<Vec<u32>> {
         let m = obs.model;
-        let mut gamma = vec![0.0; m.ops.len()];
+        self.gamma.clear();
+        self.gamma.resize(m.ops.len(), 0.0);
         for ((s, _), a) in m.sources.iter().zip(obs.next_arrivals) {
-            gamma[*s] += a / obs.step_s;
+            self.gamma[*s] += a / obs.step_s;
         }
-        let p = match &self.last {
-            Some((g, p)) if *g == gamma => p.clone(),
-            _ => Oracle::size(m, &gamma, obs.parallelism),
-        };
-        self.last = Some((gamma, p.clone()));
-        (p != obs.parallelism).then_some(p)
+        // Most steps repeat the last step's rates: no sizing and no allocation then.
+        if let Some((g, p)) = &self.last
+            && *g == self.gamma
+        {
+            return (p.as_slice() != obs.parallelism).then(|| p.clone());
+        }
+        let p = Oracle::size(m, &self.gamma, obs.parallelism);
+        let changed = p.as_slice() != obs.parallelism;
+        let out = changed.then(|| p.clone());
+        self.last = Some((self.gamma.clone(), p));
+        out
     }
 }

@@ -299,7 +299,9 @@ pub fn replay_scheduled(
         let now = t + dt;
         // Policies without a metric window (static, oracle) get no snapshots.
         if window_s > 0.0 && now + 1e-9 >= started_s {
-            window.push(plant.as_ref(), now, plant.step_class());
+            // Step classes only for policies that read the window key.
+            let class = if uses_key { plant.step_class() } else { None };
+            window.push(plant.as_ref(), now, class);
             window.drop_older(now, window_s);
         }
         acc.add(&st, dt);
