@@ -191,8 +191,10 @@ pub struct CheckpointSpec {
     #[serde(default = "default_retain")]
     pub retain: u32,
     /// Where checkpoints are written: a directory (relative to the job file's directory) or
-    /// an object-store URL (`file:///abs/path`, `s3://bucket/prefix`). Default `checkpoints`
-    /// beside the job file. The engine's `--checkpoint-dir` overrides it.
+    /// an object-store URL (`file:///abs/path`, `s3://bucket/prefix`). Default
+    /// `checkpoints/<job name>` beside the job file, so that two jobs started from one directory
+    /// never write into each other's checkpoints (Flink likewise nests them under the job id).
+    /// The engine's `--checkpoint-dir` overrides it.
     #[serde(default)]
     pub dir: Option<String>,
     /// Seconds after which a checkpoint that has not completed is declared failed. Must be
@@ -728,7 +730,10 @@ impl JobSpec {
             }
         }
         if let Some(c) = &mut spec.checkpoint {
-            let dir = c.dir.get_or_insert_with(|| "checkpoints".into());
+            let job_name = spec.name.clone();
+            let dir = c
+                .dir
+                .get_or_insert_with(|| format!("checkpoints/{job_name}"));
             if !dir.contains("://") && Path::new(dir.as_str()).is_relative() {
                 *dir = base.join(dir.as_str()).display().to_string();
             }

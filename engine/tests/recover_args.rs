@@ -1,7 +1,8 @@
 //! `--recover-from` and `--checkpoint-dir` misuse: a missing directory, a single checkpoint
 //! instead of the checkpoint directory, and a checkpoint directory for a job that takes no
 //! checkpoints are errors (exit 2, one clear line, nothing written); an existing empty
-//! directory starts fresh and says so.
+//! directory starts fresh and says so; a directory of savepoints is refused with the savepoint to
+//! `--restore`; the default checkpoint directory is one per job name.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod common;
@@ -114,4 +115,55 @@ fn checkpoint_dir_without_checkpoint_block_is_an_error() {
         "{err}"
     );
     assert!(!chk.exists(), "nothing may be written");
+}
+
+#[test]
+fn savepoint_directory_is_not_a_checkpoint_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("checkpoints");
+    let job = checkpointed_job(dir.path(), 200_000, 2000.0, 5.0, 3, &chk);
+    let sps = dir.path().join("sp");
+    let sp = {
+        let mut engine = EngineProcess::start(&job, &sps, &[]);
+        engine.wait_state("running", Duration::from_secs(30));
+        engine.stop_with_savepoint(false).0
+    };
+    // The directory of savepoints: refused, naming the savepoint to restore instead.
+    let (code, err) = run(&["--job", &s(&job), "--recover-from", &s(&sps)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("holds savepoints") && err.contains(&format!("--restore {}", s(&sp))),
+        "names the savepoint to pass to --restore: {err}"
+    );
+    // One savepoint: refused with the --restore hint, not the checkpoint-directory one.
+    let (code, err) = run(&["--job", &s(&job), "--recover-from", &s(&sp)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("is a savepoint") && err.contains(&format!("--restore {}", s(&sp))),
+        "{err}"
+    );
+}
+
+#[test]
+fn default_checkpoint_directory_is_one_per_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("unused");
+    let job = checkpointed_job(dir.path(), 100, 1000.0, 1.0, 3, &chk);
+    let text = std::fs::read_to_string(&job).unwrap();
+    let without_dir = text.replace(&format!("dir: \"{}\", ", s(&chk)), "");
+    assert_ne!(text, without_dir, "the job file names its directory");
+    let first = dir.path().join("first.yaml");
+    let second = dir.path().join("second.yaml");
+    std::fs::write(&first, &without_dir).unwrap();
+    std::fs::write(&second, without_dir.replace("name: bounded", "name: other")).unwrap();
+    let dir_of = |p: &Path| {
+        streamscale_engine::spec::JobSpec::from_file(p)
+            .unwrap()
+            .checkpoint
+            .unwrap()
+            .dir
+            .unwrap()
+    };
+    assert_eq!(dir_of(&first), s(&dir.path().join("checkpoints/bounded")));
+    assert_eq!(dir_of(&second), s(&dir.path().join("checkpoints/other")));
 }

@@ -95,6 +95,16 @@ fn check_recover_dir(dir: &Path) -> anyhow::Result<()> {
     if !dir.is_dir() {
         anyhow::bail!("--recover-from {shown}: not a directory");
     }
+    let is_savepoint = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("sp-"))
+    };
+    if dir.join(METADATA_FILE).is_file() && is_savepoint(dir) {
+        anyhow::bail!(
+            "--recover-from {shown}: this is a savepoint, not a checkpoint directory; pass --restore {shown} to start from it"
+        );
+    }
     if dir.join(METADATA_FILE).is_file() {
         let parent = dir
             .parent()
@@ -102,6 +112,31 @@ fn check_recover_dir(dir: &Path) -> anyhow::Result<()> {
             .map_or_else(|| ".".to_string(), |p| p.display().to_string());
         anyhow::bail!(
             "--recover-from {shown}: this is a single checkpoint (it has {METADATA_FILE}); pass the checkpoint directory {parent} to recover from its latest checkpoint, or --restore {shown} to restore exactly this one"
+        );
+    }
+    let mut checkpoints = 0usize;
+    let mut savepoints = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("--recover-from {shown}: cannot list it: {e}"))?
+        .flatten()
+    {
+        let path = entry.path();
+        if !path.join(METADATA_FILE).is_file() {
+            continue;
+        }
+        if is_savepoint(&path) {
+            savepoints.push(path);
+        } else {
+            checkpoints += 1;
+        }
+    }
+    if checkpoints == 0 && !savepoints.is_empty() {
+        savepoints.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+        let newest = savepoints
+            .last()
+            .map_or_else(String::new, |p| p.display().to_string());
+        anyhow::bail!(
+            "--recover-from {shown}: this directory holds savepoints (sp-<id>/), not checkpoints (chk-<id>/); recovering from it would start the job without its state. Pass --restore with one savepoint, e.g. --restore {newest} (the newest)"
         );
     }
     Ok(())
