@@ -551,6 +551,15 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // The forecast's rate history survives runs: kept in the report directory on the
         // Unix-time clock, moved to this run's clock (seconds since `started`).
         let history_path = self.opts.report_dir.join(HISTORY_FILE);
+        let learned_path = self.opts.report_dir.join(LEARNED_FILE);
+        // Another job's learned state in a shared report directory is set aside, never
+        // overwritten, and this job's own is brought back.
+        for path in [&history_path, &learned_path] {
+            match claim_job_file(path, &self.job.spec.name) {
+                Ok(notes) => notes.iter().for_each(|n| print(n)),
+                Err(warning) => print(&format!("warning: {warning}")),
+            }
+        }
         let unix_start = unix_now_s();
         let mut history_bins = 0;
         let shedding = self
@@ -577,7 +586,6 @@ impl<R: EngineRuntime> Loop<'_, R> {
             }
         }
         // What was learned about the job's operators in earlier runs (same report directory).
-        let learned_path = self.opts.report_dir.join(LEARNED_FILE);
         let mut learned_saved = match load_learned(&learned_path, &self.job.spec.name) {
             Ok(Some(t)) => {
                 print(&format!(
@@ -1124,11 +1132,66 @@ pub fn earlier_report(dir: &Path) -> Option<String> {
         .collect();
     (!found.is_empty()).then(|| {
         format!(
-            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs (savepoints stay; {HISTORY_FILE} is read and kept). Use --report DIR to keep it.",
+            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs (savepoints stay; this job's {HISTORY_FILE} and {LEARNED_FILE} are read and kept, another job's are set aside). Use --report DIR to keep it.",
             dir.display(),
             found.join(", ")
         )
     })
+}
+
+/// Makes `path` (a [`HISTORY_FILE`] or [`LEARNED_FILE`] in a report directory) the file of
+/// job `job` before a run reads or writes it, so that two jobs sharing a report directory never
+/// overwrite each other's learned state: a file of another job (its `"job"` field) is renamed to
+/// `STEM.<that job>.json`, and this job's file set aside that way by an earlier run is renamed
+/// back. A file that is not JSON is left for the loader to set aside. Returns the lines to
+/// print (each move, naming both files).
+///
+/// # Errors
+/// The text of a rename that failed, naming the file.
+pub fn claim_job_file(path: &Path, job: &str) -> Result<Vec<String>, String> {
+    let aside_of = |name: &str| {
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("learned");
+        path.with_file_name(format!("{stem}.{name}.json"))
+    };
+    let job_of = |p: &Path| -> Option<String> {
+        let text = std::fs::read_to_string(p).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v.get("job")?.as_str().map(str::to_string)
+    };
+    let rename = |from: &Path, to: &Path| {
+        std::fs::rename(from, to)
+            .map_err(|e| format!("cannot move {} to {}: {e}", from.display(), to.display()))
+    };
+    let mut notes = Vec::new();
+    if let Some(other) = job_of(path).filter(|o| o != job) {
+        // Only job names that the engine accepts become file names.
+        if other
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            && !other.is_empty()
+        {
+            let aside = aside_of(&other);
+            rename(path, &aside)?;
+            notes.push(format!(
+                "{} belongs to job `{other}`: kept as {} for that job's next run",
+                path.display(),
+                aside.display()
+            ));
+        }
+    }
+    let mine = aside_of(job);
+    if !path.exists() && mine.is_file() {
+        rename(&mine, path)?;
+        notes.push(format!(
+            "{} of this job restored from {}",
+            path.display(),
+            mine.display()
+        ));
+    }
+    Ok(notes)
 }
 
 /// File in the report directory that keeps the forecast's input-rate history across runs
@@ -1674,6 +1737,41 @@ mod tests {
         let p = resolve_job_path(Path::new(DEFAULT_JOB));
         // Exists once the example is in the tree; the fallback path is under the workspace.
         assert!(p.ends_with(DEFAULT_JOB));
+    }
+
+    #[test]
+    fn a_shared_report_directory_keeps_each_jobs_learned_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(HISTORY_FILE);
+        let file_of = |job: &str| format!(r#"{{"version": 1, "job": "{job}", "history": {{}}}}"#);
+        // Nothing there: nothing moved.
+        assert_eq!(claim_job_file(&path, "a"), Ok(vec![]));
+        std::fs::write(&path, file_of("a")).expect("write");
+        assert_eq!(claim_job_file(&path, "a"), Ok(vec![]), "a's own file stays");
+        // Job b runs in the same directory: a's file is set aside, not left to be overwritten.
+        let notes = claim_job_file(&path, "b").expect("claim");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("job `a`"), "{notes:?}");
+        assert!(!path.exists());
+        let aside_a = dir.path().join("forecast-history.a.json");
+        assert_eq!(
+            std::fs::read_to_string(&aside_a).expect("aside"),
+            file_of("a")
+        );
+        std::fs::write(&path, file_of("b")).expect("b writes its own");
+        // Job a again: b's file is set aside and a's comes back.
+        let notes = claim_job_file(&path, "a").expect("claim");
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(std::fs::read_to_string(&path).expect("back"), file_of("a"));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("forecast-history.b.json")).expect("b"),
+            file_of("b")
+        );
+        assert!(!aside_a.exists());
+        // A file that is not JSON is left for the loader to set aside as corrupt.
+        std::fs::write(&path, "{ not json").expect("write");
+        assert_eq!(claim_job_file(&path, "b"), Ok(vec![]));
+        assert!(path.exists());
     }
 
     #[test]
