@@ -176,6 +176,15 @@ impl SimConfig {
         }
         pos("intervalSeconds", self.interval_seconds)?;
         pos("windowSeconds", self.window_seconds)?;
+        // As in `streamscale run`: a window with fewer than two samples gives no rate, so the
+        // policies that read it would never decide.
+        if self.window_seconds < 2.0 * self.interval_seconds {
+            return Err(format!(
+                "windowSeconds: {} s must span at least two intervals (2 × intervalSeconds = {} s)",
+                self.window_seconds,
+                2.0 * self.interval_seconds
+            ));
+        }
         nonneg("overheadMicros", self.overhead_micros)?;
         nonneg("stabilizationSeconds", self.stabilization_seconds)?;
         nonneg("scaleDownDelaySeconds", self.scale_down_delay_seconds)?;

@@ -323,7 +323,7 @@ fn bad_traces_fail_naming_the_line() {
 #[test]
 fn contradictory_or_oversized_options_fail_before_simulating() {
     let job = root().join("examples/jobs/tweets.yaml");
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["--end", "5", "--start", "10"],
             "endSeconds: 5 must be after startSeconds 10",
@@ -337,6 +337,10 @@ fn contradictory_or_oversized_options_fail_before_simulating() {
             "--step: 100000 s is longer than the whole replay",
         ),
         (&["--downtime", "-3"], "downtimeSeconds: -3"),
+        (
+            &["--window", "1", "--interval", "5"],
+            "windowSeconds: 1 s must span at least two intervals",
+        ),
     ];
     for (args, want) in cases {
         let mut all = vec![job.to_str().unwrap(), "--policy", "static", "--quiet"];
