@@ -251,8 +251,13 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
         && !trace.is_file()
     {
         return Err(RunError::Option(format!(
-            "--trace: trace file {} does not exist",
-            trace.display()
+            "--trace: trace file {} {}",
+            trace.display(),
+            if trace.is_dir() {
+                "is a directory, not a trace CSV"
+            } else {
+                "does not exist"
+            }
         )));
     }
     let wants_trace = opts.trace.is_some() || opts.speedup.is_some() || opts.scale.is_some();
@@ -1573,6 +1578,13 @@ mod tests {
         let msg = err.to_string();
         assert!(
             msg.starts_with("--trace:") && msg.contains("missing.csv"),
+            "{msg}"
+        );
+        assert!(msg.contains("does not exist"), "{msg}");
+        opts.trace = Some(dir.path().to_path_buf());
+        let msg = prepare_job(&opts).expect_err("a directory").to_string();
+        assert!(
+            msg.starts_with("--trace:") && msg.contains("is a directory"),
             "{msg}"
         );
     }

@@ -1334,8 +1334,13 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
             }
             if !t.file.is_file() {
                 return Err(format!(
-                    "{at}.rate.trace.file: trace file {} does not exist",
-                    t.file.display()
+                    "{at}.rate.trace.file: trace file {} {}",
+                    t.file.display(),
+                    if t.file.is_dir() {
+                        "is a directory, not a trace CSV"
+                    } else {
+                        "does not exist"
+                    }
                 ));
             }
             // A start at or past the trace's last row would replay nothing.
