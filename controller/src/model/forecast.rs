@@ -805,8 +805,11 @@ autoscaler: {{ forecast: {forecast} }}
 
     #[test]
     fn scales_ahead_of_the_ramp_only_when_on() {
-        let on = chain("{ mode: on, seasonSeconds: 1440, horizonSeconds: 60 }");
-        let rec = chain("{ mode: recommend, seasonSeconds: 1440, horizonSeconds: 60 }");
+        // 120 s ahead the rate (≈ 342 rec/s) puts map's 4 subtasks at ρ ≈ 0.85, above the
+        // planner's scale-up tolerance band (ρ_target 0.7 · 1.1); the reactive rate (≈ 238)
+        // keeps them at ρ ≈ 0.6.
+        let on = chain("{ mode: on, seasonSeconds: 1440, horizonSeconds: 120 }");
+        let rec = chain("{ mode: recommend, seasonSeconds: 1440, horizonSeconds: 120 }");
         let off = chain("{ mode: off }");
         let mut runs = Vec::new();
         for spec in [&on, &rec, &off] {
@@ -824,7 +827,7 @@ autoscaler: {{ forecast: {forecast} }}
             } => d.reasons.join(" | "),
             Verdict::Hold { reason, .. } => reason.clone(),
         };
-        // On the ramp: the forecast plans for the rate 60 s ahead, so map runs more subtasks.
+        // On the ramp: the forecast plans for the rate 120 s ahead, so map runs more subtasks.
         assert!(
             runs[0].0 > runs[2].0,
             "on {} vs off {}",

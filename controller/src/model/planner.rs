@@ -547,6 +547,16 @@ pub const HOT_KEY_GROUP_FACTOR: f64 = 2.0;
 /// Relative slack when rounding λ/(ρμ) up, so that 2.0000000001 from float noise is 2.
 const CEIL_SLACK: f64 = 1e-9;
 
+/// Scale-up tolerance band, relative to the target utilization ρ_target: an operator whose
+/// busiest subtask would run at ρ ≤ ρ_target · (1 + this) at its current parallelism (and the
+/// target rate, backlog drain included) is not scaled up by the utilization sizing; the target
+/// is then a sizing target, and the trigger for a scale-up is ρ above the band or the latency
+/// SLO at risk (the greedy latency allocation still adds subtasks when the tail bound exceeds
+/// the SLO). The value is the Kubernetes HPA's default tolerance (0.1, the
+/// `--horizontal-pod-autoscaler-tolerance` flag), so a job sized by both rules flaps no more
+/// than under HPA. Scale-downs are not affected.
+pub const SCALE_UP_TOLERANCE: f64 = 0.1;
+
 /// A rate as the reasons print it: no decimals from 100 records/s up, two below.
 fn fmt_rate(x: f64) -> Fixed {
     if x.abs() >= 100.0 {
@@ -1022,6 +1032,16 @@ impl Model {
                 continue;
             }
             let Some(mu) = self.mu(i) else {
+                if self.lambda_target[i] <= 0.0 && self.lambda_steady[i] <= 0.0 {
+                    // No input at all (a pause in the stream): μ cannot be measured, but DS2
+                    // needs no subtask for λ = 0, so the operator goes to its minimum.
+                    p[i] = lo.max(1).min(hi);
+                    why[i] = format!(
+                        "no input in the window (λ_target 0 rec/s): DS2 needs no capacity → p={} (minimum)",
+                        p[i]
+                    );
+                    continue;
+                }
                 p[i] = cur.clamp(lo, hi);
                 why[i] = format!(
                     "true processing rate unknown (no measurable busy time in the window): keeps p={}",
@@ -1089,6 +1109,19 @@ impl Model {
                 let _ = write!(
                     why[i],
                     "; ineffective scaling: not scaled up, keeps p={cur}"
+                );
+                need_u = cur;
+            }
+            if need_u > cur
+                && (lo..=hi).contains(&cur)
+                && let Some(rho_cur) = self.predicted_rho(i, cur)
+                && rho_cur <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
+            {
+                let _ = write!(
+                    why[i],
+                    "; ρ={} at the current p={cur} is within the scale-up tolerance ({}% above ρ_target): keeps p={cur} unless the latency SLO needs more",
+                    Fixed(rho_cur, 3),
+                    Fixed(100.0 * SCALE_UP_TOLERANCE, 0)
                 );
                 need_u = cur;
             }
@@ -1605,6 +1638,83 @@ edges:
         let b = d.bottleneck.as_deref().expect("bottleneck");
         assert!(b.starts_with("map: ρ=0.80 at p=2, μ=62.50"), "{b}");
         assert!(d.slo_met());
+    }
+
+    /// CHAIN with `map` at p=2, μ = 200 rec/s per subtask, and the source at `gamma` rec/s
+    /// without backlog (so λ_target = γ), planned at `slo` seconds.
+    fn tolerance_plan(gamma: f64, slo: f64) -> Decision {
+        let ops = [
+            Synth::source("src", 1, gamma, 0.0),
+            Synth::op("map", 2, gamma, 200.0, 1.0),
+            Synth::op("sink", 1, gamma, 10_000.0, 0.0),
+        ];
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(slo),
+            ..PlannerSettings::default()
+        };
+        plan(&job(CHAIN), &window(&ops, &[0.0, 10.0]), &settings).expect("plans")
+    }
+
+    #[test]
+    fn inside_the_scale_up_tolerance_with_the_slo_met_holds() {
+        // ρ at p=2: 300/(2·200) = 0.75 > ρ_target 0.7 but ≤ 0.7·1.1 = 0.77; DS2 alone would
+        // ask ⌈300/(0.7·200)⌉ = ⌈2.14⌉ = 3.
+        let d = tolerance_plan(300.0, 1.0);
+        assert!(d.slo_met());
+        assert_eq!(d.parallelism["map"], 2);
+        assert!(!d.changed());
+        let map = &d.operators["map"];
+        assert!((map.predicted_utilization.expect("ρ") - 0.75).abs() < 1e-9);
+        assert!(
+            map.reason.contains("within the scale-up tolerance"),
+            "{}",
+            map.reason
+        );
+    }
+
+    #[test]
+    fn above_the_scale_up_tolerance_scales_to_the_target() {
+        // ρ at p=2: 316/400 = 0.79 > 0.77 → DS2 sizing ⌈316/140⌉ = 3 (ρ 0.527).
+        let d = tolerance_plan(316.0, 1.0);
+        assert_eq!(d.parallelism["map"], 3);
+        assert!(!d.operators["map"].reason.contains("tolerance"));
+    }
+
+    #[test]
+    fn inside_the_scale_up_tolerance_with_the_slo_at_risk_scales() {
+        // Same ρ 0.75 at p=2, but an SLO the p99 bound at p=2 misses: the latency allocation
+        // adds subtasks to map (the only operator that can cut it much) despite the band.
+        let loose = tolerance_plan(300.0, 1.0);
+        let bound_at_2 = loose.predicted_latency_percentile_seconds;
+        let d = tolerance_plan(300.0, 0.8 * bound_at_2);
+        assert!(
+            d.slo_met(),
+            "{} > {}",
+            d.predicted_latency_percentile_seconds,
+            0.8 * bound_at_2
+        );
+        assert!(d.parallelism["map"] >= 3, "{:?}", d.parallelism);
+        assert!(d.operators["map"].reason.contains("for the latency SLO"));
+    }
+
+    #[test]
+    fn no_input_scales_down_to_the_minimum() {
+        // A pause in the stream: no records anywhere, so no busy time and no μ; DS2 needs
+        // no capacity for λ = 0 and map goes from 4 to its minimum 1.
+        let ops = [
+            Synth::source("src", 1, 0.0, 0.0),
+            Synth::op("map", 4, 0.0, 200.0, 1.0),
+            Synth::op("sink", 1, 0.0, 10_000.0, 0.0),
+        ];
+        let d = plan(
+            &job(CHAIN),
+            &window(&ops, &[0.0, 10.0]),
+            &PlannerSettings::default(),
+        )
+        .expect("plans");
+        assert_eq!(d.operators["map"].true_processing_rate, None);
+        assert_eq!(d.parallelism["map"], 1);
+        assert!(d.operators["map"].reason.contains("no input"));
     }
 
     #[test]
@@ -2134,6 +2244,9 @@ edges:
                     prop_assert!(u > rho);
                     let prefix = format!("{name}: needs p=");
                     prop_assert!(dec.reasons.iter().any(|r| r.starts_with(&prefix)));
+                } else if op.parallelism == op.current_parallelism {
+                    // Held inside the scale-up tolerance band, or sized at the target.
+                    prop_assert!(u <= rho * (1.0 + SCALE_UP_TOLERANCE) * (1.0 + 1e-6), "{}: ρ={} > {}", name, u, rho);
                 } else {
                     prop_assert!(u <= rho * (1.0 + 1e-6), "{}: ρ={} > {}", name, u, rho);
                 }

@@ -396,7 +396,14 @@ autoscaler: {{ limits: {limits} }}
                 };
                 for (name, m) in [("map", mu), ("sink", 10_000.0)] {
                     let rho = x * gamma / (f64::from(d.parallelism[name]) * m);
-                    prop_assert!(rho <= 0.7 + 1e-9, "{} at ρ {} (x {})", name, rho, x);
+                    // An operator kept at its current parallelism may sit inside the planner's
+                    // scale-up tolerance band above the target.
+                    let bound = if d.parallelism[name] == d.current[name] {
+                        0.7 * (1.0 + crate::model::planner::SCALE_UP_TOLERANCE)
+                    } else {
+                        0.7
+                    };
+                    prop_assert!(rho <= bound + 1e-9, "{} at ρ {} (x {})", name, rho, x);
                 }
                 prop_assert!(x + 1e-9 >= prev_x, "more quota admitted less: {} < {}", x, prev_x);
                 prev_x = x;
