@@ -1173,11 +1173,7 @@ pub fn claim_job_file(path: &Path, job: &str) -> Result<Vec<String>, String> {
     let mut notes = Vec::new();
     if let Some(other) = job_of(path).filter(|o| o != job) {
         // Only job names that the engine accepts become file names.
-        if other
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            && !other.is_empty()
-        {
+        if streamscale_engine::spec::valid_job_name(&other) {
             let aside = aside_of(&other);
             rename(path, &aside)?;
             notes.push(format!(

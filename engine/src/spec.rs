@@ -699,6 +699,15 @@ pub enum SpecError {
     },
 }
 
+/// Whether `name` is a valid job (or operator) name: non-empty, ASCII letters, digits, `-`
+/// and `_` only, so that it can name files and directories (checkpoints, learned state).
+pub fn valid_job_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 impl JobSpec {
     /// Reads, parses and validates a job file. Relative paths in it (trace files, sink
     /// `output`, checkpoint and disk-state directories) are resolved against the job file's
@@ -990,12 +999,7 @@ impl JobSpec {
     /// # Errors
     /// The first problem found, naming the field (e.g. `operators[2] (enrich).parallelism`).
     pub fn validate(&self) -> Result<(), String> {
-        let valid_name = |s: &str| {
-            !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        };
-        if !valid_name(&self.name) {
+        if !valid_job_name(&self.name) {
             return Err(format!(
                 "name: `{}` is not a valid job name (use letters, digits, `-` and `_`)",
                 self.name
@@ -1111,7 +1115,7 @@ impl JobSpec {
         let mut names = BTreeSet::new();
         for (i, op) in self.operators.iter().enumerate() {
             let at = format!("operators[{i}] ({})", op.name);
-            if !valid_name(&op.name) {
+            if !valid_job_name(&op.name) {
                 return Err(format!(
                     "operators[{i}].name: `{}` is not a valid operator name (use letters, digits, `-` and `_`)",
                     op.name

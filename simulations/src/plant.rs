@@ -135,6 +135,22 @@ pub fn subtask_shares(model: &JobModel, p: &[u32]) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// One subtask's sample from its operator's counters `c`: records, busy time, queue and source
+/// figures split by the subtask's load share `w`, idle and backpressured time evenly over the
+/// operator's `n` subtasks (they are per-subtask times, not loads).
+fn subtask_sample(c: &OpCounters, w: f64, n: f64, is_source: bool) -> SubtaskSample {
+    SubtaskSample {
+        records_in: c.records_in * w,
+        records_out: c.records_out * w,
+        busy_seconds: c.busy_s * w,
+        idle_seconds: c.idle_s / n,
+        backpressured_seconds: c.backpressured_s / n,
+        queue_length: c.queue * w,
+        source_backlog: is_source.then_some(c.backlog * w),
+        source_arrivals: is_source.then_some(c.arrivals * w),
+    }
+}
+
 /// Converts one snapshot into the planner's metric sample: each operator's counters split over
 /// its subtasks by their input `shares` ([`subtask_shares`]); idle and backpressured time split
 /// evenly (they are per-subtask clocks).
@@ -151,16 +167,7 @@ pub fn metric_sample(model: &JobModel, shares: &[Vec<f64>], s: &Snapshot) -> Met
                 let n = shares[i].len() as f64;
                 let subs = shares[i]
                     .iter()
-                    .map(|&w| SubtaskSample {
-                        records_in: c.records_in * w,
-                        records_out: c.records_out * w,
-                        busy_seconds: c.busy_s * w,
-                        idle_seconds: c.idle_s / n,
-                        backpressured_seconds: c.backpressured_s / n,
-                        queue_length: c.queue * w,
-                        source_backlog: is_source.then_some(c.backlog * w),
-                        source_arrivals: is_source.then_some(c.arrivals * w),
-                    })
+                    .map(|&w| subtask_sample(c, w, n, is_source))
                     .collect();
                 (op.name.clone(), subs)
             })
@@ -196,16 +203,7 @@ pub fn metric_sample_into(
         let is_source = op.kind == OpKind::Source;
         let n = shares[i].len() as f64;
         for (sub, &w) in subs.iter_mut().zip(&shares[i]) {
-            *sub = SubtaskSample {
-                records_in: c.records_in * w,
-                records_out: c.records_out * w,
-                busy_seconds: c.busy_s * w,
-                idle_seconds: c.idle_s / n,
-                backpressured_seconds: c.backpressured_s / n,
-                queue_length: c.queue * w,
-                source_backlog: is_source.then_some(c.backlog * w),
-                source_arrivals: is_source.then_some(c.arrivals * w),
-            };
+            *sub = subtask_sample(c, w, n, is_source);
         }
     }
 }

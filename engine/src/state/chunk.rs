@@ -54,6 +54,23 @@ pub fn encode(entries: impl ExactSizeIterator<Item = (u64, KeyState)>) -> Bytes 
 /// [`StateError::Decode`] when the length is not a multiple of [`ENTRY_BYTES`] or keys are
 /// not strictly increasing.
 pub fn decode(key_group: u32, bytes: &[u8]) -> Result<Vec<(u64, KeyState)>, StateError> {
+    let mut out = Vec::with_capacity(bytes.len() / ENTRY_BYTES);
+    for_each_entry(key_group, bytes, |key, value| {
+        let mut v = [0u8; VALUE_BYTES];
+        v.copy_from_slice(value);
+        out.push((key, decode_value(&v)));
+    })?;
+    Ok(out)
+}
+
+/// Calls `f(key, encoded value)` for every entry of a chunk of key group `key_group`, in
+/// order, after checking that the chunk is a whole number of entries and failing at the first
+/// key that is not greater than the one before.
+fn for_each_entry(
+    key_group: u32,
+    bytes: &[u8],
+    mut f: impl FnMut(u64, &[u8]),
+) -> Result<(), StateError> {
     if !bytes.len().is_multiple_of(ENTRY_BYTES) {
         return Err(StateError::Decode {
             key_group,
@@ -63,7 +80,6 @@ pub fn decode(key_group: u32, bytes: &[u8]) -> Result<Vec<(u64, KeyState)>, Stat
             ),
         });
     }
-    let mut out = Vec::with_capacity(bytes.len() / ENTRY_BYTES);
     let mut last: Option<u64> = None;
     for e in bytes.chunks_exact(ENTRY_BYTES) {
         let key = u64::from_le_bytes(word(e, 0));
@@ -74,11 +90,9 @@ pub fn decode(key_group: u32, bytes: &[u8]) -> Result<Vec<(u64, KeyState)>, Stat
             });
         }
         last = Some(key);
-        let mut v = [0u8; VALUE_BYTES];
-        v.copy_from_slice(&e[8..]);
-        out.push((key, decode_value(&v)));
+        f(key, &e[8..]);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The key of entry `i` of a chunk (`bytes` must hold more than `i` entries).
@@ -132,28 +146,10 @@ pub fn value_has_open_pane(v: &[u8]) -> bool {
 /// # Errors
 /// [`StateError::Decode`] as [`decode`].
 pub fn check(key_group: u32, bytes: &[u8]) -> Result<bool, StateError> {
-    if !bytes.len().is_multiple_of(ENTRY_BYTES) {
-        return Err(StateError::Decode {
-            key_group,
-            reason: format!(
-                "{} bytes is not a whole number of {ENTRY_BYTES}-byte entries",
-                bytes.len()
-            ),
-        });
-    }
     let mut open = false;
-    let mut last: Option<u64> = None;
-    for e in bytes.chunks_exact(ENTRY_BYTES) {
-        let key = u64::from_le_bytes(word(e, 0));
-        if last.is_some_and(|l| l >= key) {
-            return Err(StateError::Decode {
-                key_group,
-                reason: format!("keys out of order at key {key}"),
-            });
-        }
-        last = Some(key);
-        open |= value_has_open_pane(&e[8..]);
-    }
+    for_each_entry(key_group, bytes, |_, value| {
+        open |= value_has_open_pane(value)
+    })?;
     Ok(open)
 }
 
