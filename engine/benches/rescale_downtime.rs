@@ -5,11 +5,12 @@
 //! Set-up (not measured): a savepoint holding `keys = size / 48 bytes` keys of the `counts`
 //! window operator is written, the job starts from it at `counts=2` and runs until every key
 //! group has been used (the heap backend then holds its state in decoded maps) and, with
-//! `--setup loaded` (the default), until the disk backend has loaded every restored key into
-//! its database (its `streamscale_state_restored_unloaded_bytes` gauges are 0: the state of a
-//! job that has run for a while), plus one second. `--setup restored` skips that wait: the
-//! disk backend then still serves most keys from the restored chunks, as right after a
-//! restore. Measured: `Job::stop_with_savepoint` → completed and
+//! `--setup loaded` (the default), until the disk backend has written every restored key
+//! group out as its own segment files (its `streamscale_state_restored_unloaded_bytes` gauges
+//! are 0: the state of a job that has run for a while, keys written since in its database),
+//! plus one second (`--settle-seconds`: longer runs let the disk backend's delta grow to its
+//! compacted steady state). `--setup restored` skips that wait: the disk backend then still serves most
+//! keys from the restored chunks in memory, as right after a restore. Measured: `Job::stop_with_savepoint` → completed and
 //! written (fsynced) → `Job::join` → `Savepoint::read` (verified) → `Job::start` at
 //! `counts=3` → the keyed operator's first record (its live records-in counter, flushed every
 //! millisecond, passes the savepoint's). This is the engine's own path inside one process;
@@ -19,7 +20,7 @@
 //! ```text
 //! cargo bench -p streamscale-engine --bench rescale_downtime -- [--sizes-mb 1,100,1000]
 //!     [--backends heap,disk] [--repeat 3] [--dir target/bench-rescale-downtime]
-//!     [--setup loaded|restored]
+//!     [--setup loaded|restored] [--settle-seconds 1]
 //! ```
 //! Prints one JSON object per measurement on stdout.
 #![allow(missing_docs)]
@@ -130,7 +131,7 @@ struct Measured {
     savepoint_bytes: u64,
 }
 
-/// Bytes of restored state the disk backend's `counts` subtasks have not loaded yet.
+/// Bytes of restored state the disk backend's `counts` subtasks have not written out yet.
 fn unloaded_bytes(metrics: &EngineMetrics) -> f64 {
     (0..2)
         .map(|i| {
@@ -143,8 +144,8 @@ fn unloaded_bytes(metrics: &EngineMetrics) -> f64 {
 }
 
 /// One rescale 2 → 3 of a job holding `keys` keys in `backend`; `wait_loaded`: first wait
-/// until the disk backend has loaded its restored state into its database.
-fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool) -> Measured {
+/// until the disk backend has written its restored state out as segment files.
+fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool, settle: f64) -> Measured {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).unwrap_or_else(|e| fail("bench dir", e));
     let state_dir = dir.join("state");
@@ -171,12 +172,15 @@ fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool) -> Measured 
         let until = Instant::now() + Duration::from_secs(3600);
         while unloaded_bytes(&metrics) > 0.0 {
             if Instant::now() > until || job.has_failed() {
-                fail("set-up", "the disk backend did not load its restored state");
+                fail(
+                    "set-up",
+                    "the disk backend did not write out its restored state",
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs_f64(settle));
 
     let sp_dir = dir.join("sp-rescale");
     let t0 = Instant::now();
@@ -284,6 +288,11 @@ fn main() {
     if setup != "loaded" && setup != "restored" {
         fail("--setup", format!("`{setup}` is not loaded or restored"));
     }
+    let settle: f64 = arg(&args, "--settle-seconds", "1")
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+        .unwrap_or_else(|| fail("--settle-seconds", "not a number of seconds >= 0"));
     let starts: Vec<f64> = (0..5).map(|_| process_start(&root.join("start"))).collect();
     let mut sorted = starts.clone();
     sorted.sort_by(f64::total_cmp);
@@ -301,6 +310,7 @@ fn main() {
                     backend,
                     keys,
                     setup == "loaded",
+                    settle,
                 );
                 println!(
                     "{}",
@@ -308,6 +318,7 @@ fn main() {
                         "system": "streamscale",
                         "backend": backend,
                         "setup": setup,
+                        "settle_s": settle,
                         "state_mb": size,
                         "keys": keys,
                         "run": run,

@@ -55,7 +55,8 @@ pub struct EngineMetrics {
     /// In-process restarts from a checkpoint after a subtask failure (counter, no labels).
     pub restarts: IntCounter,
     /// Disk state backend: bytes of restored keyed state still served from the savepoint's
-    /// chunks in memory, not yet loaded into the subtask's database (gauge; 0 once loaded).
+    /// chunks in memory, not yet written out as the subtask's segment files (gauge; 0 once
+    /// written).
     pub state_restored_unloaded_bytes: GaugeVec,
 }
 
@@ -135,7 +136,7 @@ impl EngineMetrics {
         )?;
         let state_restored_unloaded_bytes = gauge(
             "streamscale_state_restored_unloaded_bytes",
-            "Disk state backend: bytes of restored keyed state not yet loaded into the database.",
+            "Disk state backend: bytes of restored keyed state not yet written out as segment files.",
         )?;
         let checkpoints_completed = IntCounter::new(
             "streamscale_checkpoints_completed_total",

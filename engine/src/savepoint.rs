@@ -397,6 +397,19 @@ impl Savepoint {
                 metadata.format_version
             )));
         }
+        let same_but_key_groups = metadata.max_parallelism != spec.max_parallelism && {
+            let mut other = spec.clone();
+            other.max_parallelism = metadata.max_parallelism;
+            other.fingerprint() == metadata.fingerprint
+        };
+        if same_but_key_groups {
+            // The fingerprint covers maxParallelism too: name the setting that changed rather
+            // than calling the savepoint another job's.
+            return Err(bad(format!(
+                "savepoint was taken with maxParallelism {} but the job declares maxParallelism {}; keyed state is split into maxParallelism key groups, which cannot change across a restore: set `maxParallelism: {}` in the job file to restore it",
+                metadata.max_parallelism, spec.max_parallelism, metadata.max_parallelism
+            )));
+        }
         if metadata.fingerprint != spec.fingerprint() {
             return Err(bad(format!(
                 "savepoint belongs to another job (job `{}`, fingerprint {}…), not to `{}` ({}…)",
@@ -682,6 +695,27 @@ mod tests {
             })
             .count();
         assert_eq!(hidden, 0);
+    }
+
+    #[test]
+    fn a_changed_max_parallelism_is_named_with_both_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec("a");
+        let sp_dir = dir.path().join("sp");
+        savepoint(&spec).write(&sp_dir).unwrap();
+        let mut changed = spec.clone();
+        changed.max_parallelism = 256;
+        let err = Savepoint::read(&sp_dir, &changed).unwrap_err().to_string();
+        assert!(
+            err.contains("taken with maxParallelism 128")
+                && err.contains("the job declares maxParallelism 256"),
+            "{err}"
+        );
+        // Another job keeps its own message.
+        let err = Savepoint::read(&sp_dir, &super::tests::spec("b"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("another job"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod backend;
 pub mod chunk;
 pub mod disk;
 pub mod heap;
+pub mod segment;
 
 use std::collections::BTreeMap;
 use std::ops::Range;

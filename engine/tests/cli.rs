@@ -63,7 +63,16 @@ fn bad_jobs_fail_with_one_clear_line() {
             "name: j\noperators:\n  - { name: src, kind: source, rate: { trace: { file: missing.csv } } }\nedges: []\n".to_string(),
             "missing.csv does not exist",
         ),
+        (
+            base(
+                "  - { name: w, kind: window, sizeMs: 10 }\n  - { name: k, kind: sink }\n",
+                "  - { from: src, to: w }\n  - { from: w, to: k }\n",
+            )
+            .replace("name: j\n", "name: j\nstate: { backend: disk, dir: blocker/state }\n"),
+            "state.dir: ",
+        ),
     ];
+    std::fs::write(dir.path().join("blocker"), b"a file, not a directory").unwrap();
     for (i, (yaml, expected)) in cases.iter().enumerate() {
         let job = write(dir.path(), &format!("job{i}.yaml"), yaml);
         let (code, stdout, stderr) = run(&["--job", &job]);
@@ -78,6 +87,12 @@ fn bad_jobs_fail_with_one_clear_line() {
             stderr.contains(expected),
             "case {i}: expected `{expected}` in {stderr}"
         );
+        if expected.starts_with("state.dir") {
+            assert!(
+                stderr.contains("blocker/state: cannot create the state directory"),
+                "{stderr}"
+            );
+        }
         assert!(
             stderr.contains(&job),
             "case {i}: the error names the file: {stderr}"

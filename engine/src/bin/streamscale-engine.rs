@@ -198,6 +198,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     let spec = spec.with_parallelism(&overrides);
     spec.validate()
         .map_err(|p| anyhow::anyhow!("{} (after --parallelism): {p}", args.job.display()))?;
+    if spec.state.backend == streamscale_engine::spec::StateBackendKind::Disk {
+        streamscale_engine::state::disk::prepare_dir(&spec.state)
+            .map_err(|e| anyhow::anyhow!("{}: state.dir: {e}", args.job.display()))?;
+    }
     if spec.checkpoint.is_none() {
         if let Some(dir) = &args.checkpoint_dir {
             anyhow::bail!(

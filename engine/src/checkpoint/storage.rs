@@ -43,11 +43,13 @@ pub enum StorageError {
         /// The store's error.
         source: object_store::Error,
     },
-    /// A local file could not be synced to disk.
-    #[error("{path}: cannot fsync: {source}")]
+    /// A local file or directory could not be created or synced to disk.
+    #[error("{path}: {action}: {source}")]
     Sync {
         /// The file or directory.
         path: PathBuf,
+        /// What was being done (`cannot fsync`, `cannot create the checkpoint directory`).
+        action: &'static str,
         /// The I/O error.
         source: std::io::Error,
     },
@@ -243,7 +245,11 @@ impl CheckpointStorage {
         let path = name.map_or(dir.clone(), |n| dir.join(n));
         std::fs::File::open(&path)
             .and_then(|f| f.sync_all())
-            .map_err(|source| StorageError::Sync { path, source })
+            .map_err(|source| StorageError::Sync {
+                path,
+                action: "cannot fsync",
+                source,
+            })
     }
 
     /// Writes checkpoint `id` (state files, then the manifest), then deletes completed
@@ -263,6 +269,15 @@ impl CheckpointStorage {
                 location: self.path_of(id).join(METADATA_FILE).display().to_string(),
             });
         }
+        if let Some(dir) = &self.local {
+            // Created first, so that an uncreatable directory is named as such.
+            let chk = dir.join(format!("{CHECKPOINT_PREFIX}{id}"));
+            std::fs::create_dir_all(&chk).map_err(|source| StorageError::Sync {
+                path: chk.clone(),
+                action: "cannot create the checkpoint directory",
+                source,
+            })?;
+        }
         let encoded = snapshot.encode(&self.path_of(id))?;
         for (name, bytes) in encoded.files {
             let object = self.object(id, &name);
@@ -270,18 +285,7 @@ impl CheckpointStorage {
                 .map_err(self.store_err(&object, "cannot write checkpoint file"))?;
             self.fsync(id, Some(&name))?;
         }
-        if self.local.is_some() {
-            if let Some(dir) = &self.local {
-                // The checkpoint directory exists once a file was written; without state
-                // files, create it for the manifest.
-                let chk = dir.join(format!("{CHECKPOINT_PREFIX}{id}"));
-                std::fs::create_dir_all(&chk).map_err(|source| StorageError::Sync {
-                    path: chk.clone(),
-                    source,
-                })?;
-            }
-            self.fsync(id, None)?;
-        }
+        self.fsync(id, None)?;
         self.block_on(
             self.store
                 .put(&manifest, PutPayload::from(encoded.manifest)),
@@ -447,5 +451,39 @@ mod tests {
         std::fs::write(storage.path_of(4).join("state-w.bin"), b"partial").unwrap();
         assert_eq!(storage.completed_ids().unwrap(), Vec::<u64>::new());
         assert_eq!(storage.next_id(), 5);
+    }
+
+    #[test]
+    fn an_uncreatable_directory_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, b"not a directory").unwrap();
+        let storage = CheckpointStorage::new(blocker.join("chk"), 1);
+        let snapshot = Savepoint {
+            metadata: crate::savepoint::SavepointMetadata {
+                format_version: crate::savepoint::FORMAT_VERSION,
+                job_name: "j".into(),
+                fingerprint: "f".into(),
+                max_parallelism: 128,
+                parallelism: Default::default(),
+                job_started_unix_ms: 0,
+                created_unix_ms: 0,
+                sources: Default::default(),
+                counters: Default::default(),
+                files: vec![],
+                checkpoint_id: Some(1),
+                key_groups: Default::default(),
+            },
+            state: Default::default(),
+        };
+        let err = storage
+            .write_checkpoint(1, &snapshot)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot create the checkpoint directory")
+                && err.contains(&blocker.join("chk").join("chk-1").display().to_string()),
+            "{err}"
+        );
     }
 }

@@ -1,40 +1,55 @@
-//! The disk state backend: keyed state in an embedded on-disk B-tree, for state larger than
-//! memory.
+//! The disk state backend: keyed state in sorted per-key-group segment files plus an embedded
+//! on-disk B-tree for the keys written since, for state larger than memory.
 //!
-//! # Store
-//! [`redb`]: a pure-Rust embedded key-value store (copy-on-write B-trees, ACID transactions,
-//! MVCC readers that never block the writer). Chosen over RocksDB (the `rocksdb` crate) because
-//! it needs no C++ toolchain, builds in seconds rather than minutes in CI, and its read
-//! transactions give exactly the consistent snapshot an asynchronous checkpoint needs.
+//! # Layout (a two-level log-structured merge tree)
+//! - **Segments** ([`segment`]): one immutable file per key group holding its entries in the
+//!   savepoint chunk format ([`chunk`]: fixed 48-byte entries in key order), read by point
+//!   reads through a sparse index (`pread`, no mmap). A checkpoint or savepoint copies a
+//!   segment's bytes as they are: no key is decoded or re-encoded (as Flink's RocksDB native
+//!   savepoints copy SST files).
+//! - **Delta**: a [`redb`] database (a pure-Rust embedded key-value store: copy-on-write
+//!   B-trees, ACID transactions, MVCC readers that never block the writer) holding only the
+//!   keys written since their key group's segment was last rewritten. One table maps
+//!   `key group << 64 | key` (u128, so a key group is one contiguous key range) to the key's
+//!   [`KeyState`] (40 bytes, [`chunk::encode_value`]). Chosen over RocksDB (the `rocksdb`
+//!   crate) because it needs no C++ toolchain and its read transactions give exactly the
+//!   consistent snapshot an asynchronous checkpoint needs.
+//! - **Cache**: written keys stay in a write-back cache of at most `cacheEntries` keys; when
+//!   full, the cache is committed to the delta in one write transaction and emptied.
 //!
-//! # Layout
-//! One database file per subtask, `DIR/<job>-<operator>-<subtask>-<pid>-<n>.redb`, deleted
-//! when the subtask's state is dropped (files of processes that no longer exist are removed
-//! when the next backend opens in `DIR`). One table maps `key group << 64 | key` (u128, so a
-//! key group is one contiguous key range) to the key's [`KeyState`] (40 bytes,
-//! [`chunk::encode_value`]). The file is a working copy, not a durable store: recovery always
-//! goes through checkpoints, so commits skip fsync except one every 30 s at most (which lets
-//! redb reuse freed pages), never at a checkpoint barrier.
+//! A key is read from the cache, else the delta, else the segment. Keys are never deleted, so
+//! the delta needs no tombstones.
 //!
-//! # Cache
-//! Written keys stay in a write-back cache of at most `cacheEntries` keys; when full (and at
-//! every snapshot) the cache is committed in one write transaction and emptied.
+//! # Compaction
+//! Each commit of the cache also merges the delta of a few key groups into new segments (the
+//! ones whose delta is largest relative to their segment, at least 1/16 of it, rewriting at
+//! most 4 × `cacheEntries` entries per commit), and removes those keys from the database in
+//! the same transaction: the delta stays a small share of the state, so a snapshot encodes
+//! few keys. This runs on the subtask's thread between records (bounded work per commit), not
+//! at a checkpoint barrier.
+//!
+//! # Files
+//! Per subtask, `DIR/<job>-<operator>-<subtask>-<pid>-<n>.redb` and the segment directory
+//! `DIR/<same>.seg/` (files `<key group>-<generation>`), all deleted when the subtask's state
+//! and the last snapshot reading them are dropped (files of processes that no longer exist are
+//! removed when the next backend opens in `DIR`). They are a working copy, not a durable store:
+//! recovery always goes through checkpoints, so segments are never fsynced and database commits
+//! skip fsync except one every 30 s at most (which lets redb reuse freed pages).
 //!
 //! # Snapshots
-//! [`KeyedStateBackend::snapshot`] commits the cache and opens a read transaction: a view of
-//! the database as of that commit, which the checkpoint writer reads key group by key group
-//! ([`GroupView`]) while the subtask keeps writing.
+//! [`KeyedStateBackend::snapshot`] commits nothing: it copies the cache (sorted) and keeps the
+//! database's read view as of the last commit and the current segments (immutable, shared).
+//! A key group with neither cache nor delta keys is its segment's bytes; one with either is a
+//! view that merges them into the segment in key order ([`GroupView`]), read by the checkpoint
+//! writer on its own threads while the subtask keeps writing.
 //!
 //! # Restore
-//! Restored key groups are not loaded into the database: each stays a read-only base layer,
-//! its savepoint chunk ([`chunk`] form, checked once at open: whole entries, keys strictly
-//! increasing), and the database holds only the keys written since (the delta). A key is read
-//! from the cache, else the database, else the chunk (binary search). A snapshot hands the
-//! checkpoint a key group without writes as its chunk unchanged, and one with writes as a
-//! view that merges the database's keys into the chunk in key order. Open panes in a chunk
-//! are listed when the window next fires; firing reads those keys into the cache with their
-//! pane closed, which overrides the chunk from then on. Keys are never deleted, so the delta
-//! needs no tombstones.
+//! Restored key groups start as their savepoint chunks in memory (checked once: whole entries,
+//! keys strictly increasing) and are read through by binary search; nothing is loaded before
+//! the first record. After the first records they are written out as segment files, several
+//! megabytes per commit, and dropped from memory; a snapshot hands a restored key group without
+//! writes to the checkpoint as its chunk unchanged. Open panes in a chunk are listed when the
+//! window next fires.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -46,6 +61,7 @@ use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, ReadableTable,
 
 use super::backend::{KeyedStateBackend, StateOwner};
 use super::chunk::{self, ENTRY_BYTES, VALUE_BYTES};
+use super::segment::{Segment, SegmentDir};
 use super::{KeyGroupData, KeyState, KeyedState, StateError};
 use crate::spec::StateSpec;
 
@@ -57,6 +73,14 @@ pub const DEFAULT_CACHE_ENTRIES: usize = 65_536;
 /// Least time between durable commits (which let redb reuse pages freed since; they fsync the
 /// working file, so never at a checkpoint barrier).
 const DURABLE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A key group's delta is merged into its segment once it holds at least 1/`COMPACT_RATIO`
+/// of the segment's keys (and at least [`COMPACT_MIN_KEYS`]).
+const COMPACT_RATIO: u64 = 16;
+/// Least delta of a key group worth a segment rewrite (or `cacheEntries`, if smaller).
+const COMPACT_MIN_KEYS: u64 = 64;
+/// Entries (segment and delta) rewritten per commit, in units of `cacheEntries`.
+const COMPACT_BUDGET_CACHES: usize = 4;
 
 static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 
@@ -91,15 +115,57 @@ fn disk_err(path: &Path, action: &'static str) -> impl FnOnce(redb::Error) -> St
     }
 }
 
-/// One key group inside a disk backend's snapshot (a read transaction), over the key group's
-/// restored chunk when it has one (the database then holds only the keys written since).
+/// The bottom layer of a key group: a restored chunk still in memory, or a segment file.
+#[derive(Debug, Clone)]
+enum Layer {
+    /// A restored savepoint chunk ([`chunk`] form, checked), and whether it has open panes.
+    Restored(Bytes, bool),
+    /// A segment file.
+    File(Arc<Segment>),
+}
+
+impl Layer {
+    /// The layer's bytes ([`chunk`] form); a segment is read from its file.
+    fn bytes(&self) -> Result<Bytes, StateError> {
+        match self {
+            Layer::Restored(b, _) => Ok(b.clone()),
+            Layer::File(s) => s.read_all(),
+        }
+    }
+
+    fn find(&self, key: u64) -> Result<Option<KeyState>, StateError> {
+        match self {
+            Layer::Restored(b, _) => Ok(chunk::find(b, key)),
+            Layer::File(s) => s.find(key),
+        }
+    }
+
+    fn keys(&self) -> usize {
+        match self {
+            Layer::Restored(b, _) => b.len() / ENTRY_BYTES,
+            Layer::File(s) => s.keys(),
+        }
+    }
+
+    fn open_panes(&self) -> bool {
+        match self {
+            Layer::Restored(_, open) => *open,
+            Layer::File(s) => s.open_panes(),
+        }
+    }
+}
+
+/// One key group inside a disk backend's snapshot: the cache as of the snapshot over the
+/// database's read view over the key group's segment (or restored chunk).
 #[derive(Clone)]
 pub struct GroupView {
     table: Arc<ReadOnlyTable<u128, [u8; VALUE_BYTES]>>,
     key_group: u32,
     file: Arc<DbFile>,
-    /// The restored chunk ([`chunk`] form, checked); keys in the database override it.
-    base: Option<Bytes>,
+    /// The bottom layer, if the key group has one.
+    base: Option<Layer>,
+    /// Whether the read view holds keys of this key group (else it is not read).
+    in_db: bool,
     /// The write-back cache as of the snapshot, sorted by composite key (every key group's);
     /// overrides the database.
     overlay: Arc<Vec<(u128, [u8; VALUE_BYTES])>>,
@@ -115,21 +181,31 @@ impl std::fmt::Debug for GroupView {
 }
 
 impl GroupView {
+    /// The cache's entries of this key group.
+    fn overlay(&self) -> &[(u128, [u8; VALUE_BYTES])] {
+        let lo = composite(self.key_group, 0);
+        let hi = composite(self.key_group, u64::MAX);
+        &self.overlay[self.overlay.partition_point(|(k, _)| *k < lo)
+            ..self.overlay.partition_point(|(k, _)| *k <= hi)]
+    }
+
     /// Calls `f(key, value)` for every key of the key group in key order: the cache as of the
-    /// snapshot over the database over the restored chunk (the upper layer wins on equal keys).
+    /// snapshot over the database over the segment (the upper layer wins on equal keys).
     fn scan(&self, mut f: impl FnMut(u64, &[u8])) -> Result<(), StateError> {
         let err = |e: redb::StorageError| StateError::Disk {
             path: self.file.path.clone(),
             action: "cannot read a key group of a snapshot",
             reason: e.to_string(),
         };
-        let lo = composite(self.key_group, 0);
-        let hi = composite(self.key_group, u64::MAX);
-        let ov = &self.overlay[self.overlay.partition_point(|(k, _)| *k < lo)
-            ..self.overlay.partition_point(|(k, _)| *k <= hi)];
+        let ov = self.overlay();
+        let base = match &self.base {
+            Some(l) => l.bytes()?,
+            None => Bytes::new(),
+        };
         let mut oi = 0usize;
         {
-            // Database and chunk merged arrive here in key order; the cache's keys go in between.
+            // Database and segment merged arrive here in key order; the cache's keys go in
+            // between.
             let mut put = |key: u64, v: &[u8]| {
                 while oi < ov.len() && (ov[oi].0 as u64) < key {
                     f(ov[oi].0 as u64, &ov[oi].1);
@@ -142,20 +218,23 @@ impl GroupView {
                     f(key, v);
                 }
             };
-            let base: &[u8] = self.base.as_deref().unwrap_or(&[]);
             let mut at = 0usize;
-            let base_key = |at: usize| chunk::entry_key(base, at);
-            for item in self.table.range(lo..=hi).map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                let key = k.value() as u64;
-                while at < base.len() && base_key(at) < key {
-                    put(base_key(at), &base[at + 8..at + ENTRY_BYTES]);
-                    at += ENTRY_BYTES;
+            if self.in_db {
+                let base_key = |at: usize| chunk::entry_key(&base, at);
+                let lo = composite(self.key_group, 0);
+                let hi = composite(self.key_group, u64::MAX);
+                for item in self.table.range(lo..=hi).map_err(err)? {
+                    let (k, v) = item.map_err(err)?;
+                    let key = k.value() as u64;
+                    while at < base.len() && base_key(at) < key {
+                        put(base_key(at), &base[at + 8..at + ENTRY_BYTES]);
+                        at += ENTRY_BYTES;
+                    }
+                    if at < base.len() && base_key(at) == key {
+                        at += ENTRY_BYTES;
+                    }
+                    put(key, &v.value());
                 }
-                if at < base.len() && base_key(at) == key {
-                    at += ENTRY_BYTES;
-                }
-                put(key, &v.value());
             }
             chunk::for_each(&base[at..], &mut put);
         }
@@ -175,13 +254,23 @@ impl GroupView {
         Ok(out)
     }
 
-    /// The key group in [`chunk`] form and whether a key has an open pane, read straight from
-    /// the stored values.
+    /// The key group in [`chunk`] form and whether a key has an open pane. A key group with
+    /// neither cache nor database keys is its segment's bytes as they are (one file read, no
+    /// key decoded); otherwise the layers are merged.
     ///
     /// # Errors
     /// [`StateError::Disk`] when the read fails.
     pub fn encode(&self) -> Result<(Bytes, bool), StateError> {
-        let mut out = Vec::with_capacity(self.base.as_ref().map_or(0, Bytes::len));
+        if !self.in_db && self.overlay().is_empty() {
+            return match &self.base {
+                Some(l) => Ok((l.bytes()?, l.open_panes())),
+                None => Ok((Bytes::new(), false)),
+            };
+        }
+        let mut out = Vec::with_capacity(
+            self.base.as_ref().map_or(0, Layer::keys) * ENTRY_BYTES
+                + self.overlay().len() * ENTRY_BYTES,
+        );
         let mut open = false;
         self.scan(|k, v| {
             out.extend_from_slice(&k.to_le_bytes());
@@ -192,37 +281,29 @@ impl GroupView {
     }
 }
 
-/// A restored key group: its savepoint chunk, read through by binary search.
-#[derive(Debug, Clone)]
-struct Base {
-    /// The chunk ([`chunk`] form; checked: whole entries, keys increasing).
-    bytes: Bytes,
-    /// Some entry of the chunk has an open window pane.
-    open_panes: bool,
-}
-
-/// Keyed state of one subtask in a redb database file with a write-back cache, over the
-/// restored key groups' chunks.
+/// Keyed state of one subtask: a write-back cache over a redb database (the delta) over
+/// per-key-group segment files.
 pub struct DiskBackend {
     file: Arc<DbFile>,
+    segments: Arc<SegmentDir>,
     /// Keys written since the last commit (authoritative over the database).
     cache: HashMap<u128, KeyState>,
     limit: usize,
     /// The database as of the last commit (cache misses read it).
     reader: Arc<ReadOnlyTable<u128, [u8; VALUE_BYTES]>>,
-    /// Restored key groups: a key not in the cache or the database is read from here.
-    base: HashMap<u32, Base>,
+    /// Key group → its bottom layer (segment, or restored chunk not yet written out).
+    base: HashMap<u32, Layer>,
     /// Restored key groups with open panes not yet listed in `touched`.
     base_open: Vec<u32>,
-    /// Restored key groups still to be loaded into the database, in order; the first one is
-    /// loaded up to byte `loaded` of its chunk.
-    to_load: std::collections::VecDeque<u32>,
-    loaded: usize,
-    /// Bytes of restored chunks not loaded yet, and where to report them.
+    /// Restored key groups still in memory, to be written out as segments, in order.
+    to_write: std::collections::VecDeque<u32>,
+    /// Bytes of restored chunks not written out yet, and where to report them.
     unloaded: u64,
     unloaded_gauge: Option<prometheus::Gauge>,
-    /// Key groups with keys in the database.
-    in_db: BTreeSet<u32>,
+    /// Key group → keys it has in the database (its delta).
+    delta: HashMap<u32, u64>,
+    /// Segment files written so far (names them).
+    generation: u64,
     /// Keys written since the window last fired (every open pane is among them).
     touched: BTreeSet<u128>,
     last_durable: std::time::Instant,
@@ -233,13 +314,14 @@ impl std::fmt::Debug for DiskBackend {
         f.debug_struct("DiskBackend")
             .field("file", &self.file.path)
             .field("cached", &self.cache.len())
-            .field("restored", &self.base.len())
+            .field("key_groups", &self.base.len())
             .finish()
     }
 }
 
-/// Removes database files in `dir` left by processes that no longer run (a SIGKILL skips the
-/// cleanup on drop). Linux only (checks `/proc/<pid>`); elsewhere nothing is removed.
+/// Removes database files and segment directories in `dir` left by processes that no longer
+/// run (a SIGKILL skips the cleanup on drop). Linux only (checks `/proc/<pid>`); elsewhere
+/// nothing is removed.
 fn remove_stale(dir: &Path) {
     if !Path::new("/proc/self").exists() {
         return;
@@ -249,8 +331,10 @@ fn remove_stale(dir: &Path) {
     };
     for e in entries.filter_map(Result::ok) {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(stem) = name.strip_suffix(".redb") else {
-            continue;
+        let (stem, is_dir) = match (name.strip_suffix(".redb"), name.strip_suffix(".seg")) {
+            (Some(stem), _) => (stem, false),
+            (None, Some(stem)) => (stem, true),
+            _ => continue,
         };
         let mut parts = stem.rsplit('-');
         let _n = parts.next();
@@ -258,17 +342,45 @@ fn remove_stale(dir: &Path) {
             continue;
         };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(e.path());
+            let _ = if is_dir {
+                std::fs::remove_dir_all(e.path())
+            } else {
+                std::fs::remove_file(e.path())
+            };
         }
     }
 }
 
+/// Creates the disk backend's directory `spec.dir` (when missing) and checks that files can be
+/// created in it, so that a job fails at start, before any subtask runs, rather than when its
+/// first keyed subtask opens its state.
+///
+/// # Errors
+/// [`StateError::Disk`] naming the directory when it cannot be created or written.
+pub fn prepare_dir(spec: &StateSpec) -> Result<PathBuf, StateError> {
+    let dir = spec.dir_or_default();
+    let err = |action: &'static str| {
+        let dir = dir.clone();
+        move |e: std::io::Error| StateError::Disk {
+            path: dir,
+            action,
+            reason: e.to_string(),
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(err("cannot create the state directory"))?;
+    let probe = dir.join(format!(".streamscale-probe-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(err("cannot create files in the state directory"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(dir)
+}
+
 impl DiskBackend {
-    /// Creates a fresh database file for `owner` in `spec.dir` holding `restored` (loaded
-    /// lazily).
+    /// Creates a fresh database file and segment directory for `owner` in `spec.dir` holding
+    /// `restored` (written out as segments lazily).
     ///
     /// # Errors
-    /// [`StateError::Disk`] when the directory or the file cannot be created.
+    /// [`StateError::Disk`] when the directory or the files cannot be created;
+    /// [`StateError::Decode`] when a restored key group is malformed.
     pub fn open(
         spec: &StateSpec,
         owner: &StateOwner,
@@ -281,14 +393,16 @@ impl DiskBackend {
             reason: e.to_string(),
         })?;
         remove_stale(&dir);
-        let path = dir.join(format!(
-            "{}-{}-{}-{}-{}.redb",
+        let stem = format!(
+            "{}-{}-{}-{}-{}",
             owner.job,
             owner.operator,
             owner.subtask,
             std::process::id(),
             NEXT_FILE.fetch_add(1, Ordering::Relaxed)
-        ));
+        );
+        let path = dir.join(format!("{stem}.redb"));
+        let segments = SegmentDir::create(dir.join(format!("{stem}.seg")))?;
         let db = Database::builder()
             .create(&path)
             .map_err(|e| disk_err(&path, "cannot create the state database")(e.into()))?;
@@ -320,30 +434,33 @@ impl DiskBackend {
             if open_panes {
                 base_open.push(kg);
             }
-            base.insert(kg, Base { bytes, open_panes });
+            base.insert(kg, Layer::Restored(bytes, open_panes));
         }
-        let mut to_load: Vec<u32> = base.keys().copied().collect();
-        to_load.sort_unstable();
-        let unloaded = base.values().map(|b| b.bytes.len() as u64).sum::<u64>();
+        let mut to_write: Vec<u32> = base.keys().copied().collect();
+        to_write.sort_unstable();
+        let unloaded = base
+            .values()
+            .map(|l| (l.keys() * ENTRY_BYTES) as u64)
+            .sum::<u64>();
         if let Some(g) = &owner.unloaded_gauge {
             g.set(unloaded as f64);
         }
-        let backend = DiskBackend {
+        Ok(DiskBackend {
             file,
+            segments,
             cache: HashMap::new(),
             limit: spec.cache_entries.max(1),
             reader,
             base,
             base_open,
-            to_load: to_load.into(),
-            loaded: 0,
+            to_write: to_write.into(),
             unloaded,
             unloaded_gauge: owner.unloaded_gauge.clone(),
-            in_db: BTreeSet::new(),
+            delta: HashMap::new(),
+            generation: 0,
             touched: BTreeSet::new(),
             last_durable: std::time::Instant::now(),
-        };
-        Ok(backend)
+        })
     }
 
     fn read_view(
@@ -361,35 +478,70 @@ impl DiskBackend {
     }
 
     /// Lists the open panes of restored key group `kg`'s chunk in `touched`, once.
-    fn list_open_panes(&mut self, kg: u32) {
+    fn list_open_panes(&mut self, kg: u32) -> Result<(), StateError> {
         let Some(i) = self.base_open.iter().position(|g| *g == kg) else {
-            return;
+            return Ok(());
         };
         self.base_open.swap_remove(i);
-        if let Some(b) = self.base.get(&kg) {
-            chunk::for_each(&b.bytes, |key, v| {
+        if let Some(l) = self.base.get(&kg) {
+            chunk::for_each(&l.bytes()?, |key, v| {
                 if chunk::value_has_open_pane(v) {
                     self.touched.insert(composite(kg, key));
                 }
             });
         }
+        Ok(())
     }
 
-    /// Writes the cache in one transaction, empties it and refreshes the read view. The same
-    /// transaction first loads up to `cacheEntries` keys of restored chunks into the database
-    /// (keys the database already holds are newer and stay), so that restored state moves to
-    /// disk a slice at a time after the restore instead of before the first record; a chunk
-    /// is dropped from memory once wholly loaded. `durable_ok`: this commit may be the
-    /// periodic durable one.
-    fn commit(&mut self, durable_ok: bool) -> Result<(), StateError> {
-        let loading = self.to_load.front().copied();
-        if let Some(kg) = loading
-            && self.loaded == 0
-        {
-            // From now on the database holds some of this key group's keys: the window must
-            // know the chunk's open panes before they are copied there.
-            self.list_open_panes(kg);
+    /// A new segment of key group `kg` holding `bytes`.
+    fn new_segment(&mut self, kg: u32, bytes: &[u8]) -> Result<Arc<Segment>, StateError> {
+        self.generation += 1;
+        Ok(Arc::new(Segment::write(
+            &self.segments,
+            &format!("{kg}-{}", self.generation),
+            bytes,
+        )?))
+    }
+
+    /// Key groups whose delta is to be merged into their segment at this commit: the largest
+    /// delta relative to the segment first, while the rewrite budget lasts.
+    fn pick_compactions(&self) -> Vec<u32> {
+        let min = COMPACT_MIN_KEYS.min(self.limit as u64);
+        let mut candidates: Vec<(u32, u64, u64)> = self
+            .delta
+            .iter()
+            .map(|(kg, d)| {
+                let seg = self.base.get(kg).map_or(0, |l| l.keys() as u64);
+                (*kg, *d, seg)
+            })
+            .filter(|(_, d, seg)| *d >= min && d * COMPACT_RATIO >= *seg)
+            .collect();
+        // Largest delta / segment ratio first (compared as d1 / s1 > d2 / s2).
+        candidates.sort_unstable_by(|a, b| {
+            (u128::from(b.1) * u128::from(a.2 + 1))
+                .cmp(&(u128::from(a.1) * u128::from(b.2 + 1)))
+                .then(a.0.cmp(&b.0))
+        });
+        let mut budget = self.limit * COMPACT_BUDGET_CACHES;
+        let mut out = Vec::new();
+        for (kg, d, seg) in candidates {
+            let cost = (d + seg) as usize;
+            if !out.is_empty() && cost > budget {
+                break;
+            }
+            budget = budget.saturating_sub(cost);
+            out.push(kg);
         }
+        out
+    }
+
+    /// Writes the cache in one transaction and empties it; in the same transaction merges the
+    /// delta of the key groups [`DiskBackend::pick_compactions`] names into new segments and
+    /// removes it from the database; then writes out restored chunks as segments (several
+    /// megabytes per commit) and refreshes the read view. New segments replace the old ones
+    /// only once the transaction has committed. `durable_ok`: this commit may be the periodic
+    /// durable one.
+    fn commit(&mut self, durable_ok: bool) -> Result<(), StateError> {
         let path = self.file.path.clone();
         let mut txn = self
             .file
@@ -411,65 +563,88 @@ impl DiskBackend {
                 action: "cannot set commit durability",
                 reason: e.to_string(),
             })?;
+        let mut replaced: Vec<(u32, Arc<Segment>)> = Vec::new();
+        let mut delta = self.delta.clone();
         {
             let mut table = txn
                 .open_table(TABLE)
                 .map_err(|e| disk_err(&path, "cannot open the state table")(e.into()))?;
-            let put = |table: &mut redb::Table<u128, [u8; VALUE_BYTES]>, k: u128, s: &KeyState| {
-                table
-                    .insert(k, chunk::encode_value(s))
-                    .map(|_| ())
-                    .map_err(|e| disk_err(&path, "cannot write a key")(e.into()))
-            };
-            if let Some(kg) = loading
-                && let Some(b) = self.base.get(&kg)
-            {
-                let end = (self.loaded + self.limit * ENTRY_BYTES).min(b.bytes.len());
-                let read_err =
-                    |e: redb::StorageError| disk_err(&path, "cannot read a key")(e.into());
-                for e in b.bytes[self.loaded..end].chunks_exact(ENTRY_BYTES) {
-                    let k = composite(kg, chunk::entry_key(e, 0));
-                    if table.get(k).map_err(read_err)?.is_none() {
-                        let mut v = [0u8; VALUE_BYTES];
-                        v.copy_from_slice(&e[8..]);
-                        table
-                            .insert(k, v)
-                            .map_err(|e| disk_err(&path, "cannot write a key")(e.into()))?;
-                    }
-                }
-                self.unloaded = self.unloaded.saturating_sub((end - self.loaded) as u64);
-                self.loaded = end;
-                self.in_db.insert(kg);
-            }
             let mut dirty: Vec<(u128, KeyState)> = self.cache.drain().collect();
             dirty.sort_unstable_by_key(|(k, _)| *k);
-            let mut last_group = None;
             for (k, s) in &dirty {
-                put(&mut table, *k, s)?;
-                let kg = (k >> 64) as u32;
-                if last_group != Some(kg) {
-                    self.in_db.insert(kg);
-                    last_group = Some(kg);
+                let old = table
+                    .insert(*k, chunk::encode_value(s))
+                    .map_err(|e| disk_err(&path, "cannot write a key")(e.into()))?;
+                if old.is_none() {
+                    *delta.entry((k >> 64) as u32).or_insert(0) += 1;
                 }
             }
+            self.delta = delta;
+            let read_err = |e: redb::StorageError| disk_err(&path, "cannot read a key")(e.into());
+            for kg in self.pick_compactions() {
+                let base = match self.base.get(&kg) {
+                    Some(l) => l.bytes()?,
+                    None => Bytes::new(),
+                };
+                let lo = composite(kg, 0);
+                let hi = composite(kg, u64::MAX);
+                let mut out = Vec::with_capacity(
+                    base.len() + self.delta.get(&kg).copied().unwrap_or(0) as usize * ENTRY_BYTES,
+                );
+                let mut at = 0usize;
+                for item in table.range(lo..=hi).map_err(read_err)? {
+                    let (k, v) = item.map_err(read_err)?;
+                    let key = k.value() as u64;
+                    while at < base.len() && chunk::entry_key(&base, at) < key {
+                        out.extend_from_slice(&base[at..at + ENTRY_BYTES]);
+                        at += ENTRY_BYTES;
+                    }
+                    if at < base.len() && chunk::entry_key(&base, at) == key {
+                        at += ENTRY_BYTES;
+                    }
+                    out.extend_from_slice(&key.to_le_bytes());
+                    out.extend_from_slice(&v.value());
+                }
+                out.extend_from_slice(&base[at..]);
+                replaced.push((kg, self.new_segment(kg, &out)?));
+                table
+                    .retain_in(lo..=hi, |_, _| false)
+                    .map_err(|e| disk_err(&path, "cannot remove merged keys")(e.into()))?;
+            }
         }
-        txn.commit()
-            .map_err(|e| disk_err(&path, "cannot commit to the state database")(e.into()))?;
+        if let Err(e) = txn.commit() {
+            // The delta counts were raised for keys that are not in the database after all;
+            // they only steer compaction.
+            return Err(disk_err(&path, "cannot commit to the state database")(
+                e.into(),
+            ));
+        }
         self.reader = Self::read_view(&self.file)?;
-        if let Some(kg) = loading {
-            if self
-                .base
-                .get(&kg)
-                .is_none_or(|b| self.loaded >= b.bytes.len())
-            {
-                // Wholly in the database (and visible to the new read view).
-                self.base.remove(&kg);
-                self.to_load.pop_front();
-                self.loaded = 0;
+        for (kg, seg) in replaced {
+            self.delta.remove(&kg);
+            if let Some(Layer::Restored(b, _)) = self.base.insert(kg, Layer::File(seg)) {
+                self.unloaded = self.unloaded.saturating_sub(b.len() as u64);
             }
-            if let Some(g) = &self.unloaded_gauge {
-                g.set(self.unloaded as f64);
+        }
+        // Restored chunks still in memory become segment files, a few cache's worth of
+        // entries per commit.
+        let mut budget = self.limit * COMPACT_BUDGET_CACHES * ENTRY_BYTES;
+        while let Some(&kg) = self.to_write.front() {
+            let Some(Layer::Restored(bytes, _)) = self.base.get(&kg).cloned() else {
+                self.to_write.pop_front();
+                continue;
+            };
+            if budget == 0 {
+                break;
             }
+            budget = budget.saturating_sub(bytes.len());
+            let seg = self.new_segment(kg, &bytes)?;
+            self.base.insert(kg, Layer::File(seg));
+            self.unloaded = self.unloaded.saturating_sub(bytes.len() as u64);
+            self.to_write.pop_front();
+        }
+        if let Some(g) = &self.unloaded_gauge {
+            g.set(self.unloaded as f64);
         }
         Ok(())
     }
@@ -480,7 +655,7 @@ impl DiskBackend {
             Entry::Occupied(o) => Ok(o.into_mut()),
             Entry::Vacant(v) => {
                 let kg = (k >> 64) as u32;
-                let stored = if self.in_db.contains(&kg) {
+                let stored = if self.delta.contains_key(&kg) {
                     self.reader.get(k).map_err(|e| StateError::Disk {
                         path: self.file.path.clone(),
                         action: "cannot read a key",
@@ -491,11 +666,10 @@ impl DiskBackend {
                 };
                 let s = match stored {
                     Some(g) => chunk::decode_value(&g.value()),
-                    None => self
-                        .base
-                        .get(&kg)
-                        .and_then(|b| chunk::find(&b.bytes, k as u64))
-                        .unwrap_or_default(),
+                    None => match self.base.get(&kg) {
+                        Some(l) => l.find(k as u64)?.unwrap_or_default(),
+                        None => KeyState::default(),
+                    },
                 };
                 Ok(v.insert(s))
             }
@@ -505,6 +679,11 @@ impl DiskBackend {
     /// Path of the database file.
     pub fn path(&self) -> &Path {
         &self.file.path
+    }
+
+    /// Directory of the segment files.
+    pub fn segment_dir(&self) -> &Path {
+        self.segments.path()
     }
 }
 
@@ -522,7 +701,7 @@ impl KeyedStateBackend for DiskBackend {
         // Open panes of restored chunks: listed once (a key read from a chunk goes into the
         // cache with its pane closed, and the cache overrides the chunk from then on).
         while let Some(&kg) = self.base_open.last() {
-            self.list_open_panes(kg);
+            self.list_open_panes(kg)?;
         }
         let touched = std::mem::take(&mut self.touched);
         for k in touched {
@@ -545,8 +724,8 @@ impl KeyedStateBackend for DiskBackend {
                 s.pane_max_delay_us = 0;
             }
         }
-        if !self.to_load.is_empty() {
-            // Restored state keeps moving to disk even when few keys are written.
+        if !self.to_write.is_empty() {
+            // Restored state keeps moving to segment files even when few keys are written.
             self.commit(true)?;
         }
         Ok(())
@@ -554,37 +733,49 @@ impl KeyedStateBackend for DiskBackend {
 
     fn snapshot(&mut self) -> Result<KeyedState, StateError> {
         // No commit at the barrier: the snapshot reads the cache as copied now over the
-        // database as of the last commit (both consistent with this instant).
+        // database as of the last commit over the current segments (all consistent with this
+        // instant).
         let mut overlay: Vec<(u128, [u8; VALUE_BYTES])> = self
             .cache
             .iter()
             .map(|(k, s)| (*k, chunk::encode_value(s)))
             .collect();
         overlay.sort_unstable_by_key(|(k, _)| *k);
-        let mut viewed: BTreeSet<u32> = self.in_db.clone();
-        viewed.extend(overlay.iter().map(|(k, _)| (k >> 64) as u32));
+        let cached: BTreeSet<u32> = overlay.iter().map(|(k, _)| (k >> 64) as u32).collect();
         let overlay = Arc::new(overlay);
         let mut groups: BTreeMap<u32, KeyGroupData> = BTreeMap::new();
-        // Restored key groups neither written nor loaded since: their chunk as it came.
-        for (kg, b) in &self.base {
-            if !viewed.contains(kg) {
+        let all: BTreeSet<u32> = self
+            .base
+            .keys()
+            .chain(self.delta.keys())
+            .chain(cached.iter())
+            .copied()
+            .collect();
+        for kg in all {
+            let in_db = self.delta.contains_key(&kg);
+            let base = self.base.get(&kg).cloned();
+            if !in_db
+                && !cached.contains(&kg)
+                && let Some(Layer::Restored(bytes, open_panes)) = &base
+            {
+                // A restored key group neither written nor written out since: its chunk.
                 groups.insert(
-                    *kg,
+                    kg,
                     KeyGroupData::Encoded {
-                        bytes: b.bytes.clone(),
-                        open_panes: b.open_panes,
+                        bytes: bytes.clone(),
+                        open_panes: *open_panes,
                     },
                 );
+                continue;
             }
-        }
-        for kg in viewed {
             groups.insert(
                 kg,
                 KeyGroupData::Disk(GroupView {
                     table: self.reader.clone(),
                     key_group: kg,
                     file: self.file.clone(),
-                    base: self.base.get(&kg).map(|b| b.bytes.clone()),
+                    base,
+                    in_db,
                     overlay: overlay.clone(),
                 }),
             );
@@ -683,19 +874,10 @@ mod tests {
             s.pane_count = u64::from(key == 5);
         }
         let mut d = DiskBackend::open(&spec(dir.path(), 1000), &owner(), encoded(&state)).unwrap();
-        // Nothing goes into the database on restore; key 5's open pane fires once, read from
-        // the chunk; each firing loads one more key group (a cache's worth of keys).
-        assert_eq!(d.base.len(), 8);
-        assert!(d.in_db.is_empty());
-        let mut fired = Vec::new();
-        d.fire_panes(&mut |k, s| fired.push((k, s.pane_count)))
-            .unwrap();
-        assert_eq!(fired, vec![(5, 1)]);
-        let mut again = 0;
-        d.fire_panes(&mut |_, _| again += 1).unwrap();
-        assert_eq!(again, 0);
-        assert_eq!(d.in_db, BTreeSet::from([0, 1, 5]));
-        assert_eq!(d.base.len(), 6);
+        // Nothing is written on restore: a snapshot hands untouched key groups over as they
+        // came, a written one as a view.
+        assert_eq!(d.to_write.len(), 8);
+        assert!(d.delta.is_empty());
         d.entry(2, 2).unwrap().total_count += 10;
         let snap = d.snapshot().unwrap();
         assert!(matches!(snap.groups[&3], KeyGroupData::Encoded { .. }));
@@ -703,12 +885,100 @@ mod tests {
         let mut expected = state.totals();
         expected.insert(2, (13, 0));
         assert_eq!(snap.try_totals().unwrap(), expected);
-        // The fired pane stays closed in the snapshot (the database overrides the chunk).
-        let five = snap.groups[&5].entries(5).unwrap();
+        // Key 5's open pane fires once, read from the chunk; the firing's commit writes the
+        // restored chunks out as segment files.
+        let mut fired = Vec::new();
+        d.fire_panes(&mut |k, s| fired.push((k, s.pane_count)))
+            .unwrap();
+        assert_eq!(fired, vec![(5, 1)]);
+        let mut again = 0;
+        d.fire_panes(&mut |_, _| again += 1).unwrap();
+        assert_eq!(again, 0);
+        assert!(d.to_write.is_empty() && d.unloaded == 0);
+        assert!(d.base.values().all(|l| matches!(l, Layer::File(_))));
+        assert_eq!(std::fs::read_dir(d.segment_dir()).unwrap().count(), 8);
+        let later = d.snapshot().unwrap();
+        assert_eq!(later.try_totals().unwrap(), expected);
+        assert_eq!(snap.try_totals().unwrap(), expected);
+        // The fired pane stays closed (the database overrides the chunk).
+        let five = later.groups[&5].entries(5).unwrap();
         assert_eq!(five.len(), 8);
         assert!(five.iter().all(|(_, s)| s.pane_count == 0));
-        let (_, open) = snap.groups[&5].encode().unwrap();
+        let (_, open) = later.groups[&5].encode().unwrap();
         assert!(!open);
+        // A segment with no newer keys is handed over as its bytes.
+        let (bytes, _) = later.groups[&3].encode().unwrap();
+        assert_eq!(bytes, state.groups[&3].encode().unwrap().0);
+        let seg_dir = d.segment_dir().to_path_buf();
+        drop(d);
+        drop(snap);
+        assert!(seg_dir.exists(), "a live snapshot keeps the segments");
+        drop(later);
+        assert!(!seg_dir.exists());
+    }
+
+    #[test]
+    fn an_unusable_state_directory_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, b"x").unwrap();
+        let err = prepare_dir(&spec(&blocker.join("state"), 8))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot create the state directory")
+                && err.contains(&blocker.join("state").display().to_string()),
+            "{err}"
+        );
+        assert_eq!(
+            prepare_dir(&spec(&dir.path().join("a/b"), 8)).unwrap(),
+            dir.path().join("a/b")
+        );
+    }
+
+    #[test]
+    fn compaction_bounds_the_delta_and_keeps_older_snapshots_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut model = KeyedState::default();
+        let mut d =
+            DiskBackend::open(&spec(dir.path(), 16), &owner(), KeyedState::default()).unwrap();
+        type Totals = BTreeMap<u64, (u64, i64)>;
+        let mut old: Vec<(KeyedState, Totals)> = Vec::new();
+        for round in 0..40u64 {
+            for key in 0..200u64 {
+                if (key + round) % 3 == 0 {
+                    continue;
+                }
+                let kg = (key % 5) as u32;
+                d.entry(kg, key).unwrap().total_count += round + 1;
+                model.entry(kg, key).unwrap().total_count += round + 1;
+            }
+            if round % 10 == 0 {
+                old.push((d.snapshot().unwrap(), model.totals()));
+            }
+        }
+        assert!(
+            d.base.values().all(|l| matches!(l, Layer::File(_))) && d.base.len() == 5,
+            "every key group has a segment"
+        );
+        let in_db: u64 = d.delta.values().sum();
+        assert!(
+            in_db <= 200 / COMPACT_RATIO * 5 + 5 * 16,
+            "delta of {in_db} keys"
+        );
+        let snap = d.snapshot().unwrap();
+        assert_eq!(snap, model);
+        for (kg, data) in &snap.groups {
+            assert_eq!(
+                data.encode().unwrap().0,
+                model.groups[kg].encode().unwrap().0,
+                "key group {kg}"
+            );
+        }
+        // Snapshots taken before later compactions still read their own point in time.
+        for (s, totals) in &old {
+            assert_eq!(&s.try_totals().unwrap(), totals);
+        }
     }
 
     #[test]
@@ -749,7 +1019,7 @@ mod tests {
     }
 
     #[test]
-    fn restored_chunks_move_to_the_database_in_slices_and_panes_fire_once() {
+    fn restored_chunks_become_segments_in_slices_and_panes_fire_once() {
         let dir = tempfile::tempdir().unwrap();
         let mut model = KeyedState::default();
         for key in 0..100u64 {
@@ -760,7 +1030,7 @@ mod tests {
         let gauge = prometheus::Gauge::new("g", "g").unwrap();
         let mut o = owner();
         o.unloaded_gauge = Some(gauge.clone());
-        // Cache of 4 keys: slices of 4 keys per commit.
+        // Cache of 4 keys: one key group per commit.
         let mut d = DiskBackend::open(&spec(dir.path(), 4), &o, encoded(&model)).unwrap();
         assert_eq!(gauge.get(), (100 * chunk::ENTRY_BYTES) as f64);
         // Writes (and so commits, and so loading) before the window first fires.
@@ -779,7 +1049,8 @@ mod tests {
             let snap = d.snapshot().unwrap();
             assert_eq!(snap.try_totals().unwrap(), model.totals());
         }
-        assert!(d.base.is_empty() && d.to_load.is_empty());
+        assert!(d.to_write.is_empty());
+        assert!(d.base.values().all(|l| matches!(l, Layer::File(_))));
         assert_eq!(gauge.get(), 0.0);
         let snap = d.snapshot().unwrap();
         assert!(
