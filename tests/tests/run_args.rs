@@ -66,3 +66,90 @@ fn a_bad_number_in_the_job_names_the_field_and_the_value() {
         assert!(!dir.path().join("report").exists(), "{stderr}");
     }
 }
+
+#[test]
+fn a_report_path_that_is_a_file_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
+    fixtures::write(dir.path(), "afile", "keep me");
+    let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "afile"]);
+    assert_refused(&out, &["--report", "afile", "is not a directory"]);
+    let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "afile/sub"]);
+    assert_refused(&out, &["--report", "afile/sub", "afile is not a directory"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("afile")).expect("still there"),
+        "keep me"
+    );
+}
+
+#[test]
+fn an_absurd_duration_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
+    for d in ["1e300h", "400d", "8761h"] {
+        let out = streamscale(
+            dir.path(),
+            &["run", "job.yaml", "--report", "report", "--duration", d],
+        );
+        let needles: &[&str] = if d == "400d" {
+            &["--duration", "not a duration"]
+        } else {
+            &["--duration", d, "longer than a year"]
+        };
+        assert_refused(&out, needles);
+    }
+    // Other seconds options too (a timer cannot even hold 1e300 s).
+    let out = streamscale(
+        dir.path(),
+        &[
+            "run",
+            "job.yaml",
+            "--report",
+            "report",
+            "--interval",
+            "1e300",
+            "--window",
+            "1e301",
+        ],
+    );
+    assert_refused(&out, &["--interval", "longer than a year"]);
+    assert!(!dir.path().join("report").exists());
+}
+
+#[test]
+fn a_missing_engine_binary_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
+    let out = streamscale(
+        dir.path(),
+        &[
+            "run",
+            "job.yaml",
+            "--report",
+            "report",
+            "--engine",
+            "no-such-engine",
+        ],
+    );
+    assert_refused(&out, &["--engine", "no-such-engine", "does not exist"]);
+    assert!(!dir.path().join("report").exists());
+}
+
+#[test]
+fn plan_with_a_negative_interval_names_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
+    let out = streamscale(
+        dir.path(),
+        &[
+            "plan",
+            "job.yaml",
+            "--metrics-url",
+            "http://127.0.0.1:9/metrics",
+            "--interval",
+            "-1",
+        ],
+    );
+    let stderr = assert_refused(&out, &["--interval", "must be > 0", "-1"]);
+    assert!(!stderr.contains("unexpected argument"), "{stderr}");
+}
