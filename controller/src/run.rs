@@ -263,6 +263,22 @@ pub fn check_report_dir(dir: &Path) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Checks that `path`, given with an option (`what` starts the message), is a file.
+///
+/// # Errors
+/// [`RunError::Option`]: `WHAT PATH does not exist`, or `is a directory, not EXPECTED`.
+fn existing_file(what: &str, path: &Path, expected: &str) -> Result<(), RunError> {
+    if path.is_file() {
+        return Ok(());
+    }
+    let why = if path.is_dir() {
+        format!("is a directory, not {expected}")
+    } else {
+        "does not exist".to_string()
+    };
+    Err(RunError::Option(format!("{what} {} {why}", path.display())))
+}
+
 /// Checks the numeric options, the report directory and the engine binary given with
 /// `--engine`.
 ///
@@ -288,18 +304,8 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
         at_most_a_year(name, v)?;
     }
     check_report_dir(&opts.report_dir)?;
-    if let Some(engine) = &opts.engine_bin
-        && !engine.is_file()
-    {
-        return Err(RunError::Option(format!(
-            "--engine: {} {}",
-            engine.display(),
-            if engine.is_dir() {
-                "is a directory, not the engine binary"
-            } else {
-                "does not exist"
-            }
-        )));
+    if let Some(engine) = &opts.engine_bin {
+        existing_file("--engine:", engine, "the engine binary")?;
     }
     if let Some(p) = opts.latency_percentile
         && !(p > 0.0 && p < 1.0)
@@ -338,18 +344,8 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
     let job_path = absolute(&resolve_job_path(&opts.job))?;
     let mut spec = JobSpec::from_file(&job_path)?;
 
-    if let Some(trace) = &opts.trace
-        && !trace.is_file()
-    {
-        return Err(RunError::Option(format!(
-            "--trace: trace file {} {}",
-            trace.display(),
-            if trace.is_dir() {
-                "is a directory, not a trace CSV"
-            } else {
-                "does not exist"
-            }
-        )));
+    if let Some(trace) = &opts.trace {
+        existing_file("--trace: trace file", trace, "a trace CSV")?;
     }
     let wants_trace = opts.trace.is_some() || opts.speedup.is_some() || opts.scale.is_some();
     if wants_trace {

@@ -7,21 +7,17 @@ use std::process::{Command, Stdio};
 
 use crate::workspace_bin;
 
-/// An unbounded job: one source at a constant 300 records/s over 100 keys, a `map` costing
-/// 100 µs of CPU per record, a sink (`output: FILE` when `sink_output` is given, relative to
-/// the job file). Never finishes on its own.
-pub fn unbounded_job(sink_output: Option<&str>) -> String {
-    let sink = match sink_output {
-        Some(file) => format!("{{ name: sink, kind: sink, output: {file} }}"),
-        None => "{ name: sink, kind: sink }".to_string(),
-    };
+/// A three-operator job `name`: `source` (its fields after `name` and `kind`) → `work` (a
+/// `map` costing `cpu_us` µs of CPU per record) → `sink` (its fields after `name` and `kind`,
+/// empty for none).
+pub fn pipeline(name: &str, source: &str, cpu_us: u32, sink: &str) -> String {
     format!(
-        "name: forever
+        "name: {name}
 maxParallelism: 16
 operators:
-  - {{ name: source, kind: source, keys: 100, rate: {{ constant: 300 }} }}
-  - {{ name: work, kind: map, cpu: 100 }}
-  - {sink}
+  - {{ name: source, kind: source, {source} }}
+  - {{ name: work, kind: map, cpu: {cpu_us} }}
+  - {{ name: sink, kind: sink{sink} }}
 edges:
   - {{ from: source, to: work }}
   - {{ from: work, to: sink }}
@@ -29,29 +25,34 @@ edges:
     )
 }
 
+/// An unbounded job: one source at a constant 300 records/s over 100 keys, a `map` costing
+/// 100 µs of CPU per record, a sink (`output: FILE` when `sink_output` is given, relative to
+/// the job file). Never finishes on its own.
+pub fn unbounded_job(sink_output: Option<&str>) -> String {
+    let sink = sink_output.map_or_else(String::new, |f| format!(", output: {f}"));
+    pipeline("forever", "keys: 100, rate: { constant: 300 }", 100, &sink)
+}
+
 /// A bounded job: the source stops after 1500 records (500 records/s), then the job
 /// finishes by itself.
-pub const BOUNDED: &str = r#"name: bounded
-maxParallelism: 16
-operators:
-  - { name: source, kind: source, keys: 100, count: 1500, rate: { constant: 500 } }
-  - { name: work, kind: map, cpu: 100 }
-  - { name: sink, kind: sink }
-edges:
-  - { from: source, to: work }
-  - { from: work, to: sink }
-"#;
+pub fn bounded_job() -> String {
+    pipeline(
+        "bounded",
+        "keys: 100, count: 1500, rate: { constant: 500 }",
+        100,
+        "",
+    )
+}
 
 /// A small job for the simulator, following `trace.csv` ([`SIM_TRACE`]) next to it.
-pub const SIM_JOB: &str = r#"name: small
-operators:
-  - { name: source, kind: source, keys: 100, rate: { trace: { file: trace.csv } } }
-  - { name: work, kind: map, cpu: 1000 }
-  - { name: sink, kind: sink }
-edges:
-  - { from: source, to: work }
-  - { from: work, to: sink }
-"#;
+pub fn sim_job() -> String {
+    pipeline(
+        "small",
+        "keys: 100, rate: { trace: { file: trace.csv } }",
+        1000,
+        "",
+    )
+}
 
 /// 30 minutes of trace (`t_seconds,rate`) with a step up and back down.
 pub const SIM_TRACE: &str = "t_seconds,rate\n0,100\n600,2000\n1200,300\n1800,300\n";
@@ -118,4 +119,16 @@ pub fn summary(report: &Path) -> serde_json::Value {
     let path = report.join("summary.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A new temporary directory holding `text` as `job.yaml`; returns it, the job file and the
+/// report directory `report` in it (not created).
+///
+/// # Panics
+/// When the directory or the file cannot be created.
+pub fn job_dir(text: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = write(dir.path(), "job.yaml", text);
+    let report = dir.path().join("report");
+    (dir, job, report)
 }

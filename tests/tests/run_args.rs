@@ -67,43 +67,48 @@ fn a_bad_number_in_the_job_names_the_field_and_the_value() {
     }
 }
 
+/// `streamscale run job.yaml ARGS` in a new directory holding the unbounded job; returns the
+/// directory and what the run wrote to stderr, after checking that it was refused (exit 2)
+/// with every one of `needles` and created no report.
+fn refused_run(args: &[&str], needles: &[&str]) -> (tempfile::TempDir, String) {
+    let (dir, _, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let out = streamscale(dir.path(), &[&["run", "job.yaml"][..], args].concat());
+    let stderr = assert_refused(&out, needles);
+    assert!(!report.exists(), "{stderr}");
+    (dir, stderr)
+}
+
 #[test]
 fn a_report_path_that_is_a_file_is_refused_and_left_alone() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
-    fixtures::write(dir.path(), "afile", "keep me");
-    let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "afile"]);
-    assert_refused(&out, &["--report", "afile", "is not a directory"]);
-    let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "afile/sub"]);
-    assert_refused(&out, &["--report", "afile/sub", "afile is not a directory"]);
+    let (dir, _) = refused_run(
+        &["--report", "job.yaml"],
+        &["--report", "job.yaml", "is not a directory"],
+    );
+    refused_run(
+        &["--report", "job.yaml/sub"],
+        &["--report", "job.yaml/sub", "job.yaml is not a directory"],
+    );
     assert_eq!(
-        std::fs::read_to_string(dir.path().join("afile")).expect("still there"),
-        "keep me"
+        std::fs::read_to_string(dir.path().join("job.yaml")).expect("still there"),
+        fixtures::unbounded_job(None)
     );
 }
 
 #[test]
 fn an_absurd_duration_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
-    for d in ["1e300h", "400d", "8761h"] {
-        let out = streamscale(
-            dir.path(),
-            &["run", "job.yaml", "--report", "report", "--duration", d],
+    for d in ["1e300h", "8761h"] {
+        refused_run(
+            &["--report", "report", "--duration", d],
+            &["--duration", d, "longer than a year"],
         );
-        let needles: &[&str] = if d == "400d" {
-            &["--duration", "not a duration"]
-        } else {
-            &["--duration", d, "longer than a year"]
-        };
-        assert_refused(&out, needles);
     }
+    refused_run(
+        &["--report", "report", "--duration", "400d"],
+        &["--duration", "not a duration"],
+    );
     // Other seconds options too (a timer cannot even hold 1e300 s).
-    let out = streamscale(
-        dir.path(),
+    refused_run(
         &[
-            "run",
-            "job.yaml",
             "--report",
             "report",
             "--interval",
@@ -111,34 +116,21 @@ fn an_absurd_duration_is_refused() {
             "--window",
             "1e301",
         ],
+        &["--interval", "longer than a year"],
     );
-    assert_refused(&out, &["--interval", "longer than a year"]);
-    assert!(!dir.path().join("report").exists());
 }
 
 #[test]
 fn a_missing_engine_binary_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
-    let out = streamscale(
-        dir.path(),
-        &[
-            "run",
-            "job.yaml",
-            "--report",
-            "report",
-            "--engine",
-            "no-such-engine",
-        ],
+    refused_run(
+        &["--report", "report", "--engine", "no-such-engine"],
+        &["--engine", "no-such-engine", "does not exist"],
     );
-    assert_refused(&out, &["--engine", "no-such-engine", "does not exist"]);
-    assert!(!dir.path().join("report").exists());
 }
 
 #[test]
 fn plan_with_a_negative_interval_names_the_flag() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let out = streamscale(
         dir.path(),
         &[

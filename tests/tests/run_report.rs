@@ -52,15 +52,20 @@ fn staging_dirs(report: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A two-second run of `job` into `report`; checks its exit status and returns its stderr.
+fn run_2s(job: &Path, report: &Path, code: i32) -> String {
+    let out = fixtures::streamscale_run_fast(job, report, &["--duration", "2"])
+        .output()
+        .expect("streamscale run");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
+    stderr
+}
+
 #[test]
 fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
-    let report = dir.path().join("report");
-    let first = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
-        .output()
-        .expect("first run");
-    assert!(first.status.success(), "{first:?}");
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    run_2s(&job, &report, 0);
     let before = snapshot(&report);
     for f in [
         "summary.json",
@@ -78,11 +83,7 @@ fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
         "bad.yaml",
         &fixtures::unbounded_job(Some("afile/results.csv")),
     );
-    let out = fixtures::streamscale_run_fast(&bad, &report, &["--duration", "2"])
-        .output()
-        .expect("second run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = run_2s(&bad, &report, 1);
     assert!(stderr.contains("cannot open sink output"), "{stderr}");
     assert!(stderr.contains("was left as it was"), "{stderr}");
     assert!(
@@ -108,20 +109,13 @@ fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
             "rate: { trace: { file: trace.csv, startSeconds: 100, endSeconds: 700 } }",
         ),
     );
-    let out = fixtures::streamscale_run_fast(&outside, &report, &["--duration", "2"])
-        .output()
-        .expect("third run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = run_2s(&outside, &report, 2);
     assert!(stderr.contains("outside the trace"), "{stderr}");
     assert!(snapshot(&report) == before, "the earlier report changed");
     assert_eq!(staging_dirs(&report).len(), 1, "nothing new beside it");
 
     // A run that starts replaces the report as a whole.
-    let out = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
-        .output()
-        .expect("fourth run");
-    assert!(out.status.success(), "{out:?}");
+    run_2s(&job, &report, 0);
     let after = snapshot(&report);
     assert_ne!(
         after[Path::new("summary.json")],
@@ -148,18 +142,13 @@ fn a_run_into_a_new_report_directory_that_cannot_start_creates_nothing() {
         &fixtures::unbounded_job(Some("afile/results.csv")),
     );
     let report = dir.path().join("report");
-    let out = fixtures::streamscale_run_fast(&bad, &report, &["--duration", "2"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(!report.exists(), "{out:?}");
+    let stderr = run_2s(&bad, &report, 1);
+    assert!(!report.exists(), "{stderr}");
 }
 
 #[test]
 fn the_totals_cover_the_last_partial_interval_and_the_final_stop() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
     // Long intervals, interrupted in the middle of the second one.
     let mut child = fixtures::streamscale_run(
         &job,

@@ -13,7 +13,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use streamscale_tests::fixtures::{self, BOUNDED, summary};
+use streamscale_tests::fixtures::{self, summary};
 
 /// Starts `streamscale run JOB --report REPORT ARGS` as the leader of a new process group (as
 /// a shell does for a foreground job), stdout piped.
@@ -76,9 +76,7 @@ fn signal_group(pgid: u32, signal: &str) {
 
 #[test]
 fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let mut child = start(&job, &report, &["--duration", "120"]);
     let (mut seen, mut out) = wait_for_progress(&mut child, 4);
     assert_eq!(engines_of(&report).len(), 1, "one engine running");
@@ -110,9 +108,7 @@ fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
 
 #[test]
 fn a_killed_controller_takes_its_engine_with_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fixtures::write(dir.path(), "job.yaml", &fixtures::unbounded_job(None));
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let mut child = start(&job, &report, &["--duration", "120"]);
     let _ = wait_for_progress(&mut child, 2);
     assert_eq!(engines_of(&report).len(), 1, "one engine running");
@@ -128,9 +124,7 @@ fn a_killed_controller_takes_its_engine_with_it() {
 
 #[test]
 fn a_bounded_job_stops_when_it_has_finished() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fixtures::write(dir.path(), "job.yaml", BOUNDED);
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::bounded_job());
     let child = start(&job, &report, &["--duration", "120"]);
     let output = child.wait_with_output().expect("wait");
     let stdout = String::from_utf8_lossy(&output.stdout);

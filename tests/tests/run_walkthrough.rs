@@ -13,13 +13,7 @@ use streamscale_tests::fixtures;
 
 #[test]
 fn sighup_after_stdout_closed_drains_and_writes_the_report() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fixtures::write(
-        dir.path(),
-        "job.yaml",
-        &fixtures::unbounded_job(Some("results.csv")),
-    );
-    let report = dir.path().join("report");
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results.csv")));
     // Run from another directory: the sink's relative output is next to the job file.
     let mut child = fixtures::streamscale_run_fast(&job, &report, &["--duration", "120"])
         .current_dir(std::env::temp_dir())
@@ -63,13 +57,7 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
 
 #[test]
 fn a_second_run_into_the_same_report_directory_warns_that_it_replaces_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = fixtures::write(
-        dir.path(),
-        "job.yaml",
-        &fixtures::unbounded_job(Some("results.csv")),
-    );
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results.csv")));
     let first = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
         .output()
         .expect("first run");

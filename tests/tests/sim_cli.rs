@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use streamscale_tests::fixtures::{self, SIM_JOB, SIM_TRACE};
+use streamscale_tests::fixtures::{self, SIM_TRACE};
 use streamscale_tests::workspace_bin;
 
 fn sim(dir: &Path, args: &[&str]) -> Output {
@@ -21,7 +21,7 @@ fn sim(dir: &Path, args: &[&str]) -> Output {
 
 fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    fixtures::write(dir.path(), "job.yaml", SIM_JOB);
+    fixtures::write(dir.path(), "job.yaml", &fixtures::sim_job());
     fixtures::write(dir.path(), "trace.csv", SIM_TRACE);
     dir
 }
@@ -51,17 +51,14 @@ fn zero_threads_is_refused() {
 #[test]
 fn an_empty_sim_config_is_refused() {
     let dir = setup();
-    fixtures::write(dir.path(), "empty.yaml", "");
-    assert_refused(
-        &sim(dir.path(), &["--sim-config", "empty.yaml"]),
-        &["--sim-config", "empty.yaml", "is empty"],
-    );
-    // Only comments is as empty.
-    fixtures::write(dir.path(), "comments.yaml", "# nothing yet\n\n");
-    assert_refused(
-        &sim(dir.path(), &["--sim-config", "comments.yaml"]),
-        &["comments.yaml", "is empty"],
-    );
+    // Nothing, or only comments.
+    for (file, text) in [("empty.yaml", ""), ("comments.yaml", "# nothing yet\n\n")] {
+        fixtures::write(dir.path(), file, text);
+        assert_refused(
+            &sim(dir.path(), &["--sim-config", file]),
+            &["--sim-config", file, "is empty"],
+        );
+    }
 }
 
 #[test]
