@@ -132,3 +132,15 @@ pub fn job_dir(text: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let report = dir.path().join("report");
     (dir, job, report)
 }
+
+/// Sends `signal` (e.g. `-INT`) to `target`: a pid, or `-PGID` for a whole process group.
+///
+/// # Panics
+/// When `kill` fails.
+pub fn kill(signal: &str, target: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, "--", target])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {target}: {status}");
+}

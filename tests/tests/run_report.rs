@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use streamscale_tests::fixtures::{self, summary};
@@ -168,11 +167,7 @@ fn the_totals_cover_the_last_partial_interval_and_the_final_stop() {
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     fixtures::read_progress(&mut out, 1);
     std::thread::sleep(Duration::from_millis(1500));
-    let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    fixtures::kill("-INT", &child.id().to_string());
     let output = child.wait_with_output().expect("wait");
     assert_eq!(output.status.code(), Some(130), "{output:?}");
     let s = summary(&report);

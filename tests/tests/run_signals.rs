@@ -9,7 +9,7 @@
 use std::io::BufReader;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -66,14 +66,6 @@ fn wait_until_no_engine(report: &Path) -> Vec<u32> {
     }
 }
 
-fn signal_group(pgid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, "--", &format!("-{pgid}")])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {signal} -{pgid}: {status}");
-}
-
 #[test]
 fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
     let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
@@ -81,7 +73,7 @@ fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
     let (mut seen, mut out) = wait_for_progress(&mut child, 4);
     assert_eq!(engines_of(&report).len(), 1, "one engine running");
     // What a terminal's Ctrl-C does: SIGINT to every process of the foreground group.
-    signal_group(child.id(), "-INT");
+    fixtures::kill("-INT", &format!("-{}", child.id()));
     std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
     let output = child.wait_with_output().expect("wait");
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -6,7 +6,6 @@
 #![allow(missing_docs)]
 
 use std::io::BufReader;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use streamscale_tests::fixtures;
@@ -24,11 +23,7 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
     // The terminal goes away: its end of stdout closes, then the hangup arrives.
     drop(out);
     std::thread::sleep(Duration::from_millis(1200));
-    let status = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    fixtures::kill("-HUP", &child.id().to_string());
     let deadline = Instant::now() + Duration::from_secs(90);
     let code = loop {
         if let Some(s) = child.try_wait().expect("wait") {
