@@ -581,8 +581,16 @@ pub async fn run(
         .engine_bin
         .clone()
         .unwrap_or_else(crate::runtime::local::locate_engine_binary);
-    let report_dir = absolute(&opts.report_dir)?;
-    let report_existed = report_dir.exists();
+    // Symbolic links resolved: the staging directory must lie on the report's file system.
+    let report_existed = opts.report_dir.exists();
+    let report_dir = if report_existed {
+        std::fs::canonicalize(&opts.report_dir).map_err(|source| RunError::Io {
+            path: opts.report_dir.clone(),
+            source,
+        })?
+    } else {
+        absolute(&opts.report_dir)?
+    };
     // Until the first engine runs, its job file and log live in a directory beside the
     // report's, so a run that cannot start leaves an earlier report as it was.
     let staging = Staging::create(&report_dir, &job.yaml)?;
@@ -704,16 +712,22 @@ impl Staging {
         }
     }
 
-    /// Makes the report directory this run's: removes the earlier run's report files
-    /// ([`REPORT_FILES`], `summary.json` first, so that a `summary.json` always belongs to the
-    /// rest) and engine logs, then moves this run's `job.yaml` and `logs/` in. Savepoints and
-    /// learned state stay.
+    /// Makes the report directory this run's: moves this run's `job.yaml` and `logs/` into it
+    /// under temporary names (nothing of an earlier report is touched if that fails), removes
+    /// the earlier run's report files ([`REPORT_FILES`], `summary.json` first, so that a
+    /// `summary.json` always belongs to the rest) and engine logs, then gives the new ones
+    /// their names. Savepoints and learned state stay.
     async fn commit(self, report_dir: &Path, runtime: &LocalRuntime) -> Result<(), RunError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| RunError::Io { path, source }
         };
         std::fs::create_dir_all(report_dir).map_err(io(report_dir))?;
+        let pid = std::process::id();
+        let new_logs = report_dir.join(format!(".logs.starting-{pid}"));
+        let new_job = report_dir.join(format!(".job.yaml.starting-{pid}"));
+        runtime.move_logs(&new_logs).await?;
+        std::fs::rename(self.dir.join("job.yaml"), &new_job).map_err(io(&new_job))?;
         for file in REPORT_FILES {
             let path = report_dir.join(file);
             match std::fs::remove_file(&path) {
@@ -727,7 +741,7 @@ impl Staging {
             _ => {}
         }
         let job = report_dir.join("job.yaml");
-        std::fs::rename(self.dir.join("job.yaml"), &job).map_err(io(&job))?;
+        std::fs::rename(&new_job, &job).map_err(io(&job))?;
         runtime.move_logs(&logs).await?;
         std::fs::remove_dir(&self.dir).map_err(io(&self.dir))
     }
@@ -2026,6 +2040,12 @@ mod tests {
         staging.commit(&report, &runtime).await.expect("commit");
         assert!(!staged.exists());
         assert_eq!(runtime.log_dir(), report.join("logs"));
+        let hidden: Vec<_> = std::fs::read_dir(&report)
+            .expect("report")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(hidden.is_empty(), "temporary names left: {hidden:?}");
         let read = |f: &str| std::fs::read_to_string(report.join(f)).ok();
         assert_eq!(read("job.yaml").as_deref(), Some("new job"));
         assert_eq!(read("logs/engine-1.log").as_deref(), Some("new"));
