@@ -1,7 +1,9 @@
 //! `streamscale run`: the local autoscaling loop.
 //!
-//! Prepares an effective job file (trace overrides applied) in the report directory, starts
-//! the engine locally, scrapes it every interval, asks the guarded autoscaler for a verdict,
+//! Prepares an effective job file (trace overrides applied), starts the engine locally (from
+//! a staging directory beside the report directory, whose files move into the report only
+//! once the engine runs, so a run that cannot start leaves an earlier report as it was),
+//! scrapes it every interval, asks the guarded autoscaler for a verdict,
 //! rescales by stop-with-savepoint and restore, and finally stops with a draining savepoint and
 //! writes the report.
 
@@ -567,9 +569,14 @@ struct Loop<'a, R: EngineRuntime> {
 /// An engine failure during the run does not return an error: the report is still written and
 /// `summary.failure` says what happened.
 ///
+/// Nothing in the report directory changes before the first engine runs: its job file and
+/// log start in a directory `NAME.starting-PID-N` beside it and replace the earlier report's files only
+/// then.
+///
 /// # Errors
-/// [`RunError`] when the job cannot be prepared, the first engine cannot start, or the report
-/// cannot be written.
+/// [`RunError::Option`] / [`RunError::Spec`] when the options or the job are invalid,
+/// [`RunError::Start`] when the first engine cannot start (the report directory as it was),
+/// another [`RunError`] when the report cannot be written.
 pub async fn run(
     opts: &RunOptions,
     print: &mut (dyn FnMut(&str) + Send),
