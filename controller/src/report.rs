@@ -67,12 +67,21 @@ impl Accounting {
         if !(dt_s > 0.0 && dt_s.is_finite()) {
             return;
         }
-        self.seconds += dt_s;
-        self.parallelism_seconds += dt_s * f64::from(total_parallelism);
+        self.add_cost(dt_s, total_parallelism);
         match p99_s {
             Some(p) if p > slo_s => self.slo_violation_seconds += dt_s,
             Some(_) => {}
             None => self.no_output_seconds += dt_s,
+        }
+    }
+
+    /// Adds `dt_s` seconds at `total_parallelism` subtasks to the cost alone ([`Self::seconds`]
+    /// and [`Self::parallelism_seconds`]): time in which no latency was measured, such as the
+    /// final draining stop.
+    pub fn add_cost(&mut self, dt_s: f64, total_parallelism: u32) {
+        if dt_s > 0.0 && dt_s.is_finite() {
+            self.seconds += dt_s;
+            self.parallelism_seconds += dt_s * f64::from(total_parallelism);
         }
     }
 
@@ -141,9 +150,10 @@ pub struct Summary {
     /// over every engine of the run; never emitted, so not part of `records_emitted`.
     #[serde(default)]
     pub records_shed: u64,
-    /// ∫ total parallelism dt, subtask-seconds.
+    /// ∫ total parallelism dt, subtask-seconds, over the whole run: every metric interval (the
+    /// last, partial one included) and the final draining stop.
     pub parallelism_seconds: f64,
-    /// Mean total parallelism.
+    /// Mean total parallelism over the same time.
     pub mean_parallelism: f64,
     /// Seconds with interval p99 latency above the SLO.
     pub slo_violation_seconds: f64,
@@ -266,6 +276,19 @@ mod tests {
         assert_eq!(a.slo_violation_seconds, 2.0);
         assert_eq!(a.no_output_seconds, 0.5);
         assert!((a.mean_parallelism() - 25.0 / 3.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cost_alone_adds_time_and_subtask_seconds_but_no_latency_verdict() {
+        let mut a = Accounting::default();
+        a.add(2.0, 3, Some(0.2), 1.0);
+        a.add_cost(0.5, 3);
+        a.add_cost(-1.0, 3);
+        a.add_cost(f64::NAN, 3);
+        assert_eq!(a.seconds, 2.5);
+        assert_eq!(a.parallelism_seconds, 7.5);
+        assert_eq!((a.slo_violation_seconds, a.no_output_seconds), (0.0, 0.0));
+        assert_eq!(a.mean_parallelism(), 3.0);
     }
 
     #[test]

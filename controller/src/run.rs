@@ -1,7 +1,9 @@
 //! `streamscale run`: the local autoscaling loop.
 //!
-//! Prepares an effective job file (trace overrides applied) in the report directory, starts
-//! the engine locally, scrapes it every interval, asks the guarded autoscaler for a verdict,
+//! Prepares an effective job file (trace overrides applied), starts the engine locally (from
+//! a staging directory beside the report directory, whose files move into the report only
+//! once the engine runs, so a run that cannot start leaves an earlier report as it was),
+//! scrapes it every interval, asks the guarded autoscaler for a verdict,
 //! rescales by stop-with-savepoint and restore, and finally stops with a draining savepoint and
 //! writes the report.
 
@@ -116,6 +118,27 @@ pub enum RunError {
     /// The planner rejected the metric window.
     #[error("planner: {0}")]
     Model(#[from] crate::model::ModelError),
+    /// The run's first engine did not start; the report directory was left as it was.
+    #[error("engine: {error}; {}", start_note(.report, .kept.as_deref()))]
+    Start {
+        /// Why the engine did not start.
+        error: RuntimeError,
+        /// The report directory, unchanged.
+        report: PathBuf,
+        /// Where this attempt's job file and engine log were kept, if anywhere.
+        kept: Option<PathBuf>,
+    },
+}
+
+fn start_note(report: &Path, kept: Option<&Path>) -> String {
+    let mut note = format!("{} was left as it was", report.display());
+    if let Some(k) = kept {
+        note.push_str(&format!(
+            " (this attempt's job.yaml and engine log are in {})",
+            k.display()
+        ));
+    }
+    note
 }
 
 /// The job as it will run: the effective spec, where it was written, and its time base.
@@ -123,8 +146,10 @@ pub enum RunError {
 pub struct PreparedJob {
     /// The effective spec (overrides applied, trace path absolute).
     pub spec: JobSpec,
-    /// The effective job file the engine is started with.
+    /// Where the effective job file goes: `job.yaml` in the report directory (absolute).
     pub path: PathBuf,
+    /// The effective job file's text (what the engines are started with).
+    pub yaml: String,
     /// Run length, seconds.
     pub duration_s: f64,
     /// The first source's rate function (for the trace time).
@@ -198,7 +223,66 @@ fn non_negative(name: &str, x: f64) -> Result<(), RunError> {
     }
 }
 
-/// Checks the numeric options.
+/// Longest span a seconds option (`--duration`, `--interval`, `--slo`, `--window`,
+/// `--stabilization`, `--scale-down-delay`) may give: 365 days, in seconds. Longer is a typo
+/// (`1e300h`), and past about 584 billion years not even a timer can hold it.
+pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
+fn at_most_a_year(name: &str, v: Option<f64>) -> Result<(), RunError> {
+    match v {
+        Some(x) if x > MAX_SECONDS => Err(RunError::Option(format!(
+            "{name}: {x:e} s is longer than a year; give at most {MAX_SECONDS} s (365 days, 8760h)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `dir` can be a report directory: it is a directory, or the nearest of its
+/// ancestors that exists is one (so it can be created).
+///
+/// # Errors
+/// [`RunError::Option`] naming `--report`, the path and why.
+pub fn check_report_dir(dir: &Path) -> Result<(), RunError> {
+    for a in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        match std::fs::metadata(a) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) if a == dir => {
+                return Err(RunError::Option(format!(
+                    "--report: {} exists and is not a directory (a report is a directory: summary.json, timeline.csv, job.yaml, logs/, ...)",
+                    dir.display()
+                )));
+            }
+            Ok(_) => {
+                return Err(RunError::Option(format!(
+                    "--report: {} cannot be created: {} is not a directory",
+                    dir.display(),
+                    a.display()
+                )));
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `path`, given with an option (`what` starts the message), is a file.
+///
+/// # Errors
+/// [`RunError::Option`]: `WHAT PATH does not exist`, or `is a directory, not EXPECTED`.
+fn existing_file(what: &str, path: &Path, expected: &str) -> Result<(), RunError> {
+    if path.is_file() {
+        return Ok(());
+    }
+    let why = if path.is_dir() {
+        format!("is a directory, not {expected}")
+    } else {
+        "does not exist".to_string()
+    };
+    Err(RunError::Option(format!("{what} {} {why}", path.display())))
+}
+
+/// Checks the numeric options, the report directory and the engine binary given with
+/// `--engine`.
 ///
 /// # Errors
 /// [`RunError::Option`] naming the first option out of range.
@@ -211,6 +295,20 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
     positive("--window", Some(opts.window_s))?;
     non_negative("--stabilization", opts.stabilization_s)?;
     non_negative("--scale-down-delay", opts.scale_down_delay_s)?;
+    for (name, v) in [
+        ("--duration", opts.duration_s),
+        ("--interval", Some(opts.interval_s)),
+        ("--slo", opts.slo_s),
+        ("--window", Some(opts.window_s)),
+        ("--stabilization", Some(opts.stabilization_s)),
+        ("--scale-down-delay", Some(opts.scale_down_delay_s)),
+    ] {
+        at_most_a_year(name, v)?;
+    }
+    check_report_dir(&opts.report_dir)?;
+    if let Some(engine) = &opts.engine_bin {
+        existing_file("--engine:", engine, "the engine binary")?;
+    }
     if let Some(p) = opts.latency_percentile
         && !(p > 0.0 && p < 1.0)
     {
@@ -235,30 +333,21 @@ fn absolute(path: &Path) -> Result<PathBuf, RunError> {
     })
 }
 
-/// Reads the job file, applies the trace/SLO overrides to the first source, validates the
-/// result and writes it to `<report_dir>/job.yaml`.
+/// Reads the job file, applies the trace/SLO overrides to the first source and validates the
+/// result exactly as the engine will read it. Writes nothing: [`run`] puts the effective job
+/// file into the report directory only once its engine has started.
 ///
 /// # Errors
-/// [`RunError::Option`] for out-of-range options or trace overrides without a source,
-/// [`RunError::Spec`] when the job (or the overridden one) is invalid, [`RunError::Io`] when the
-/// report directory cannot be written.
+/// [`RunError::Option`] for out-of-range options (a `--report` that is not a directory
+/// included) or trace overrides without a source, [`RunError::Spec`] when the job (or the
+/// overridden one) is invalid.
 pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
     check_options(opts)?;
     let job_path = absolute(&resolve_job_path(&opts.job))?;
     let mut spec = JobSpec::from_file(&job_path)?;
 
-    if let Some(trace) = &opts.trace
-        && !trace.is_file()
-    {
-        return Err(RunError::Option(format!(
-            "--trace: trace file {} {}",
-            trace.display(),
-            if trace.is_dir() {
-                "is a directory, not a trace CSV"
-            } else {
-                "does not exist"
-            }
-        )));
+    if let Some(trace) = &opts.trace {
+        existing_file("--trace: trace file", trace, "a trace CSV")?;
     }
     let wants_trace = opts.trace.is_some() || opts.speedup.is_some() || opts.scale.is_some();
     if wants_trace {
@@ -331,17 +420,20 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
         problem,
     })?;
 
-    std::fs::create_dir_all(&opts.report_dir).map_err(|source| RunError::Io {
-        path: opts.report_dir.clone(),
-        source,
-    })?;
     let path = absolute(&opts.report_dir.join("job.yaml"))?;
-    std::fs::write(&path, spec.to_yaml()).map_err(|source| RunError::Io {
-        path: path.clone(),
-        source,
+    // Validate exactly what the engine will read (this also checks the trace file exists);
+    // every path in it is absolute, so where the file will lie does not matter.
+    let yaml = spec.to_yaml();
+    let spec = JobSpec::from_yaml(&yaml).map_err(|message| SpecError::Parse {
+        path: job_path.clone(),
+        message,
     })?;
-    // Validate exactly what the engine will read (this also checks the trace file exists).
-    let spec = JobSpec::from_file(&path)?;
+    spec.validate()
+        .and_then(|()| spec.validate_job_file())
+        .map_err(|problem| SpecError::Invalid {
+            path: job_path.clone(),
+            problem,
+        })?;
 
     let rate = spec.operators.iter().find_map(|o| match &o.kind {
         OperatorKind::Source { rate, .. } => Some(rate.clone()),
@@ -368,6 +460,7 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
     Ok(PreparedJob {
         spec,
         path,
+        yaml,
         duration_s,
         rate,
     })
@@ -476,31 +569,85 @@ struct Loop<'a, R: EngineRuntime> {
 /// An engine failure during the run does not return an error: the report is still written and
 /// `summary.failure` says what happened.
 ///
+/// Nothing in the report directory changes before the first engine runs: its job file and
+/// log start in a directory `NAME.starting-PID-N` beside it and replace the earlier report's files only
+/// then.
+///
 /// # Errors
-/// [`RunError`] when the job cannot be prepared, the first engine cannot start, or the report
-/// cannot be written.
+/// [`RunError::Option`] / [`RunError::Spec`] when the options or the job are invalid,
+/// [`RunError::Start`] when the first engine cannot start (the report directory as it was),
+/// another [`RunError`] when the report cannot be written.
 pub async fn run(
     opts: &RunOptions,
     print: &mut (dyn FnMut(&str) + Send),
 ) -> Result<RunOutcome, RunError> {
     let earlier = earlier_report(&opts.report_dir);
     let job = prepare_job(opts)?;
-    if let Some(warning) = earlier {
-        print(&warning);
-    }
     let client = http_client()?;
     let binary = opts
         .engine_bin
         .clone()
         .unwrap_or_else(crate::runtime::local::locate_engine_binary);
+    // Symbolic links resolved: the staging directory must lie on the report's file system.
+    let report_existed = opts.report_dir.exists();
+    let report_dir = if report_existed {
+        std::fs::canonicalize(&opts.report_dir).map_err(|source| RunError::Io {
+            path: opts.report_dir.clone(),
+            source,
+        })?
+    } else {
+        absolute(&opts.report_dir)?
+    };
+    // Until the first engine runs, its job file and log live in a directory beside the
+    // report's, so a run that cannot start leaves an earlier report as it was.
+    let staging = Staging::create(&report_dir, &job.yaml)?;
+    let savepoints = report_dir.join("savepoints");
     let runtime = LocalRuntime::new(
         binary,
-        absolute(&opts.report_dir.join("savepoints"))?,
-        absolute(&opts.report_dir.join("logs"))?,
+        savepoints.clone(),
+        staging.dir.join("logs"),
         client.clone(),
     );
-    let executor = Executor::new(&runtime, &job.path);
+    if let Some(warning) = earlier {
+        print(&warning);
+    }
     let slo_s = job.spec.autoscaler.latency_slo_seconds;
+    print(&format!(
+        "streamscale run: job `{}` ({}), {:.0} s, interval {} s, SLO {} s, report in {}",
+        job.spec.name,
+        job.path.display(),
+        job.duration_s,
+        opts.interval_s,
+        slo_s,
+        opts.report_dir.display()
+    ));
+    // Registered before the engine starts, so a signal during start-up is not lost.
+    let signals = Signals::new();
+    let launched = Executor::new(&runtime, &staging.dir.join("job.yaml"))
+        .launch(&job.spec.parallelism(), None)
+        .await;
+    let engine = match launched {
+        Ok((engine, _)) => engine,
+        Err(error) => {
+            if !report_existed {
+                // Only what this run created, and only when empty.
+                let _ = std::fs::remove_dir(&savepoints);
+                let _ = std::fs::remove_dir(&report_dir);
+            }
+            let kept = staging.abandon(&error);
+            return Err(RunError::Start {
+                error,
+                report: opts.report_dir.clone(),
+                kept,
+            });
+        }
+    };
+    let started = Instant::now();
+    if let Err(e) = staging.commit(&report_dir, &runtime).await {
+        let _ = runtime.kill(&engine).await;
+        return Err(e);
+    }
+    let executor = Executor::new(&runtime, &job.path);
     let mut lp = Loop {
         job: &job,
         opts,
@@ -517,25 +664,105 @@ pub async fn run(
         shed_now: 0,
         interrupted: None,
     };
-    lp.run(print).await
+    lp.run(engine, started, signals, print).await
+}
+
+/// The first engine's job file and log directory until it has started: a new directory
+/// `NAME.starting-PID-N` beside the report directory `NAME` (same file system, so its files
+/// can be renamed into the report).
+struct Staging {
+    dir: PathBuf,
+}
+
+impl Staging {
+    /// Creates the directory (and the report directory's parent) and writes `job.yaml`.
+    fn create(report_dir: &Path, yaml: &str) -> Result<Staging, RunError> {
+        let (Some(parent), Some(name)) = (report_dir.parent(), report_dir.file_name()) else {
+            return Err(RunError::Option(format!(
+                "--report: {} does not name a directory",
+                report_dir.display()
+            )));
+        };
+        let cannot = |path: &Path, e: std::io::Error| {
+            RunError::Option(format!("--report: cannot create {}: {e}", path.display()))
+        };
+        std::fs::create_dir_all(parent).map_err(|e| cannot(parent, e))?;
+        let mut n = 0u32;
+        let dir = loop {
+            let dir = parent.join(format!(
+                "{}.starting-{}-{n}",
+                name.to_string_lossy(),
+                std::process::id()
+            ));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break dir,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+                Err(e) => return Err(cannot(&dir, e)),
+            }
+        };
+        let job = dir.join("job.yaml");
+        if let Err(source) = std::fs::write(&job, yaml) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(RunError::Io { path: job, source });
+        }
+        Ok(Staging { dir })
+    }
+
+    /// After a failed start: keeps the directory when the engine ran long enough to log
+    /// something (returns it), else removes it.
+    fn abandon(self, error: &RuntimeError) -> Option<PathBuf> {
+        if matches!(error, RuntimeError::Spawn { .. }) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            None
+        } else {
+            Some(self.dir)
+        }
+    }
+
+    /// Makes the report directory this run's: moves this run's `job.yaml` and `logs/` into it
+    /// under temporary names (nothing of an earlier report is touched if that fails), removes
+    /// the earlier run's report files ([`REPORT_FILES`], `summary.json` first, so that a
+    /// `summary.json` always belongs to the rest) and engine logs, then gives the new ones
+    /// their names. Savepoints and learned state stay.
+    async fn commit(self, report_dir: &Path, runtime: &LocalRuntime) -> Result<(), RunError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| RunError::Io { path, source }
+        };
+        std::fs::create_dir_all(report_dir).map_err(io(report_dir))?;
+        let pid = std::process::id();
+        let new_logs = report_dir.join(format!(".logs.starting-{pid}"));
+        let new_job = report_dir.join(format!(".job.yaml.starting-{pid}"));
+        runtime.move_logs(&new_logs).await?;
+        std::fs::rename(self.dir.join("job.yaml"), &new_job).map_err(io(&new_job))?;
+        for file in REPORT_FILES {
+            let path = report_dir.join(file);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path)(e)),
+                _ => {}
+            }
+        }
+        let logs = report_dir.join("logs");
+        match std::fs::remove_dir_all(&logs) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&logs)(e)),
+            _ => {}
+        }
+        let job = report_dir.join("job.yaml");
+        std::fs::rename(&new_job, &job).map_err(io(&job))?;
+        runtime.move_logs(&logs).await?;
+        std::fs::remove_dir(&self.dir).map_err(io(&self.dir))
+    }
 }
 
 impl<R: EngineRuntime> Loop<'_, R> {
-    async fn run(&mut self, print: &mut (dyn FnMut(&str) + Send)) -> Result<RunOutcome, RunError> {
+    async fn run(
+        &mut self,
+        mut engine: EngineHandle,
+        started: Instant,
+        mut signals: Signals,
+        print: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<RunOutcome, RunError> {
         let initial = self.job.spec.parallelism();
-        print(&format!(
-            "streamscale run: job `{}` ({}), {:.0} s, interval {} s, SLO {} s, report in {}",
-            self.job.spec.name,
-            self.job.path.display(),
-            self.job.duration_s,
-            self.opts.interval_s,
-            self.slo_s,
-            self.opts.report_dir.display()
-        ));
-        // Registered before the engine starts, so a signal during start-up is not lost.
-        let mut signals = Signals::new();
-        let (mut engine, _) = self.executor.launch(&initial, None).await?;
-        let started = Instant::now();
         let metrics_url = |e: &EngineHandle| format!("{}/metrics", e.base_url);
 
         // The engine's rates are exact counter deltas from the first second after a restore
@@ -625,13 +852,20 @@ impl<R: EngineRuntime> Loop<'_, R> {
             .iter()
             .any(|o| matches!(o.kind, OperatorKind::Source { count: Some(_), .. }));
 
+        // A signal or the deadline ends the last interval early: it is still scraped and
+        // counted, so that the run's totals cover the whole run.
+        let mut stopping = false;
+        let mut deadline_seen = false;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
+                () = tokio::time::sleep_until(deadline), if !deadline_seen => {
+                    deadline_seen = true;
+                }
                 sig = signals.recv() => {
                     self.interrupted = Some(sig);
                     print(&format!("interrupted ({}): stopping with a draining savepoint", sig.name()));
-                    break;
+                    stopping = true;
                 }
             }
             let now_s = started.elapsed().as_secs_f64();
@@ -643,6 +877,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 Err(e) => {
                     if let Some(exit) = self.executor.runtime().exited(&engine).await {
                         failure = Some(format!("engine failed at t={now_s:.0}s: {exit}"));
+                        break;
+                    }
+                    if stopping {
                         break;
                     }
                     scrape_failures += 1;
@@ -686,6 +923,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
             }
             prev = Some(cur);
             engine_changed = false;
+            if stopping {
+                break;
+            }
             if bounded
                 && let Ok(job) = self.executor.runtime().job_status(&engine).await
                 && job.state == "finished"
@@ -696,6 +936,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 break;
             }
             if Instant::now() >= deadline {
+                deadline_seen = true;
                 // When the replay window is over, let the sources catch up first so the final
                 // state covers the whole window (bounded by DRAIN_GRACE).
                 let backlog = self.rows.last().map_or(0.0, |r| r.backlog);
@@ -983,10 +1224,18 @@ impl<R: EngineRuntime> Loop<'_, R> {
         final_parallelism: &BTreeMap<String, u32>,
     ) -> Result<RunOutcome, RunError> {
         let dir = &self.opts.report_dir;
+        let duration_s = started.elapsed().as_secs_f64();
+        if failure.is_none() {
+            // From the last scrape to the end of the final stop the engine still held its
+            // subtasks: counted in the cost (no latency was measured then).
+            let last_s = self.rows.last().map_or(0.0, |r| r.t_s);
+            self.accounting
+                .add_cost(duration_s - last_s, final_parallelism.values().sum());
+        }
         let summary = Summary {
             job: self.job.spec.name.clone(),
             job_file: self.job.path.display().to_string(),
-            duration_s: started.elapsed().as_secs_f64(),
+            duration_s,
             interval_s: self.opts.interval_s,
             slo_s: self.slo_s,
             records_emitted: totals.map(|t| t.records_emitted),
@@ -1012,7 +1261,6 @@ impl<R: EngineRuntime> Loop<'_, R> {
             failure,
             interrupted: self.interrupted.is_some(),
         };
-        report::write_summary(dir, &summary)?;
         report::write_timeline(dir, &self.rows, &self.order)?;
         if let Err(e) = plot_timeline(
             &dir.join("timeline.png"),
@@ -1022,6 +1270,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
         ) {
             tracing::warn!("{e}");
         }
+        // Last: a summary.json marks a complete report.
+        report::write_summary(dir, &summary)?;
         Ok(RunOutcome {
             summary,
             report_dir: dir.clone(),
@@ -1123,8 +1373,15 @@ async fn shed_total(resp: reqwest::Response, base: &str) -> Result<u64, String> 
         .map_err(|e| format!("{base}/v1/shed: {e}"))
 }
 
-/// Files of a run's report that the next run in the same directory replaces.
-pub const REPORT_FILES: [&str; 4] = ["summary.json", "timeline.csv", "timeline.png", "job.yaml"];
+/// Files of a run's report that the next run in the same directory replaces, `summary.json`
+/// first: it is written last, so a `summary.json` marks a complete report.
+pub const REPORT_FILES: [&str; 5] = [
+    "summary.json",
+    "timeline.csv",
+    "timeline.png",
+    "service_rates.csv",
+    "job.yaml",
+];
 
 /// The warning for a report directory that holds an earlier run's report (any of
 /// [`REPORT_FILES`]), `None` for a new or empty one. A reused directory is not refused: it is
@@ -1137,7 +1394,7 @@ pub fn earlier_report(dir: &Path) -> Option<String> {
         .collect();
     (!found.is_empty()).then(|| {
         format!(
-            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs (savepoints stay; this job's {HISTORY_FILE} and {LEARNED_FILE} are read and kept, another job's are set aside). Use --report DIR to keep it.",
+            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs once its engine has started (savepoints stay; this job's {HISTORY_FILE} and {LEARNED_FILE} are read and kept, another job's are set aside). Use --report DIR to keep it.",
             dir.display(),
             found.join(", ")
         )
@@ -1496,7 +1753,12 @@ mod tests {
         let (dir, opts) = setup(JOB);
         let job = prepare_job(&opts).expect("prepares");
         assert_eq!(job.path, dir.path().join("report").join("job.yaml"));
-        assert!(job.path.is_file());
+        // Nothing is written before the engine has started.
+        assert!(!dir.path().join("report").exists());
+        assert_eq!(
+            JobSpec::from_yaml(&job.yaml).expect("effective job"),
+            job.spec
+        );
         // (700 - 100) / 10
         assert!((job.duration_s - 60.0).abs() < 1e-9, "{}", job.duration_s);
         assert_eq!(job.trace_start(), 100.0);
@@ -1728,6 +1990,80 @@ mod tests {
             "{w}"
         );
         assert!(w.contains("summary.json"), "{w}");
+    }
+
+    #[tokio::test]
+    async fn the_first_engines_files_replace_the_earlier_report_only_when_committed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = dir.path().join("report");
+        for (f, text) in [
+            ("summary.json", "old"),
+            ("timeline.csv", "old"),
+            ("job.yaml", "old"),
+            ("logs/engine-1.log", "old"),
+            ("logs/engine-2.log", "old"),
+            ("savepoints/sp-a/_metadata.json", "kept"),
+            (HISTORY_FILE, "kept"),
+        ] {
+            let path = report.join(f);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("dir");
+            std::fs::write(&path, text).expect("write");
+        }
+        // A failed start: removed when the engine never ran, else kept; the report unchanged.
+        let spawn = RuntimeError::Spawn {
+            binary: "x".into(),
+            source: std::io::Error::other("no"),
+        };
+        let staging = Staging::create(&report, "new job").expect("staging");
+        assert!(staging.dir.starts_with(dir.path()) && !staging.dir.starts_with(&report));
+        let kept = staging.dir.clone();
+        assert_eq!(staging.abandon(&spawn), None);
+        assert!(!kept.exists());
+        let staging = Staging::create(&report, "new job").expect("staging");
+        let exited = RuntimeError::Exited {
+            status: "exit code 2".into(),
+            last_error: "error: bad".into(),
+        };
+        let kept = staging.abandon(&exited).expect("kept");
+        assert_eq!(
+            std::fs::read_to_string(kept.join("job.yaml")).expect("job"),
+            "new job"
+        );
+        assert_eq!(
+            std::fs::read_to_string(report.join("summary.json")).expect("old"),
+            "old"
+        );
+        // A started engine: its job file and logs replace the earlier report's.
+        let staging = Staging::create(&report, "new job").expect("staging");
+        let runtime = LocalRuntime::new(
+            PathBuf::from("streamscale-engine"),
+            report.join("savepoints"),
+            staging.dir.join("logs"),
+            http_client().expect("client"),
+        );
+        std::fs::create_dir_all(staging.dir.join("logs")).expect("logs");
+        std::fs::write(staging.dir.join("logs/engine-1.log"), "new").expect("log");
+        let staged = staging.dir.clone();
+        staging.commit(&report, &runtime).await.expect("commit");
+        assert!(!staged.exists());
+        assert_eq!(runtime.log_dir(), report.join("logs"));
+        let hidden: Vec<_> = std::fs::read_dir(&report)
+            .expect("report")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(hidden.is_empty(), "temporary names left: {hidden:?}");
+        let read = |f: &str| std::fs::read_to_string(report.join(f)).ok();
+        assert_eq!(read("job.yaml").as_deref(), Some("new job"));
+        assert_eq!(read("logs/engine-1.log").as_deref(), Some("new"));
+        for gone in ["summary.json", "timeline.csv", "logs/engine-2.log"] {
+            assert_eq!(read(gone), None, "{gone}");
+        }
+        assert_eq!(
+            read("savepoints/sp-a/_metadata.json").as_deref(),
+            Some("kept")
+        );
+        assert_eq!(read(HISTORY_FILE).as_deref(), Some("kept"));
     }
 
     #[test]

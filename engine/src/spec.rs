@@ -780,6 +780,9 @@ impl JobSpec {
             if let Some(m) = msg.strip_suffix(", set DuplicateKeyPolicy in Options if acceptable") {
                 msg = format!("{m} (each key may appear only once in a mapping)");
             }
+            if let Some(better) = bad_value_in(text, &msg) {
+                msg = better;
+            }
             if let Some(field) = unknown_field_in(&msg)
                 && operator_keys(text)
                     .iter()
@@ -1136,7 +1139,7 @@ impl JobSpec {
             for (field, v) in [("cpu", op.cpu), ("io", op.io)] {
                 if !(v >= 0.0 && v.is_finite()) {
                     return Err(format!(
-                        "{at}.{field}: {v} must be a non-negative number of microseconds"
+                        "{at}.{field}: {v} is not allowed, it must be a finite number of microseconds >= 0"
                     ));
                 }
             }
@@ -1362,6 +1365,44 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
         }
         RateSpec::Constant(_) => Ok(()),
     }
+}
+
+/// Rewrites the parser's "line L column C: invalid floating point" (or `invalid u32`, or
+/// "non-finite float ... rejected by the configured policy") to name the field and the
+/// value: `line 4 column 32: operators[1] (m).cpu: expected a number, got "ten"`.
+fn bad_value_in(text: &str, msg: &str) -> Option<String> {
+    let (at, problem) = msg.split_once(": ")?;
+    let mut nums = at.strip_prefix("line ")?.split(" column ");
+    let (line, col): (usize, usize) = (nums.next()?.parse().ok()?, nums.next()?.parse().ok()?);
+    let src = text.lines().nth(line.checked_sub(1)?)?;
+    let (before, after) = src.split_at(src.char_indices().nth(col.checked_sub(1)?)?.0);
+    let key = before.trim_end().strip_suffix(':')?;
+    let key = key.rsplit(['{', ',', ' ', '-']).next()?.trim();
+    let value = after.split([',', '}', '#']).next()?.trim();
+    let value = value.trim_matches(['"', '\'']);
+    // The operator whose entry holds the line: the `- ` items of the `operators:` block.
+    let mut op = String::new();
+    if let Some(start) = text.lines().position(|l| l.trim_end() == "operators:")
+        && start < line
+    {
+        let block = text.lines().take(line).skip(start + 1);
+        let i = block.filter(|l| l.trim_start().starts_with("- ")).count();
+        if let Some(i) = i.checked_sub(1) {
+            let name = operator_keys(text).into_iter().find(|(j, _, _)| *j == i);
+            let name = name.map(|(_, n, _)| format!(" ({n})")).unwrap_or_default();
+            op = format!("operators[{i}]{name}.");
+        }
+    }
+    let why = if problem.starts_with("non-finite float") {
+        format!("{value} is not allowed, it must be a finite number")
+    } else if problem.starts_with("invalid u") {
+        format!("expected a whole number >= 0, got \"{value}\"")
+    } else if problem.starts_with("invalid floating point") || problem.starts_with("invalid i") {
+        format!("expected a number, got \"{value}\"")
+    } else {
+        return None;
+    };
+    Some(format!("{at}: {op}{key}: {why}"))
 }
 
 /// The field named by a serde "unknown field `X`" message.

@@ -86,9 +86,18 @@ pub fn write_files(
 }
 
 /// The comparison table printed on the terminal.
+///
+/// The policy column is as wide as the longest policy name (`streamscale-forecast`), so the
+/// other columns line up whatever policies are compared.
 pub fn table(summary: &Summary, order: &[String]) -> String {
+    let w = order
+        .iter()
+        .map(|n| n.chars().count())
+        .chain(std::iter::once("policy".len()))
+        .max()
+        .unwrap_or(0);
     let mut s = format!(
-        "{:<12} {:>14} {:>9} {:>10} {:>9} {:>12} {:>12} {:>10} {:>13}\n",
+        "{:<w$} {:>14} {:>9} {:>10} {:>9} {:>12} {:>12} {:>10} {:>13}\n",
         "policy",
         "resource-h",
         "vs oracle",
@@ -103,7 +112,7 @@ pub fn table(summary: &Summary, order: &[String]) -> String {
         if let Some(p) = summary.policies.get(name) {
             let _ = writeln!(
                 s,
-                "{:<12} {:>14.2} {:>9.3} {:>9.2}% {:>9.0} {:>12.0} {:>12.1} {:>10.1} {:>13.0}",
+                "{:<w$} {:>14.2} {:>9.3} {:>9.2}% {:>9.0} {:>12.0} {:>12.1} {:>10.1} {:>13.0}",
                 name,
                 p.resource_hours,
                 p.resource_vs_oracle,

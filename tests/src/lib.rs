@@ -1,4 +1,5 @@
-//! Helpers for the cross-crate tests in `tests/tests/`: locating the workspace's binaries.
+//! Helpers for the cross-crate tests in `tests/tests/`: locating the workspace's binaries, and
+//! the job files and commands several tests share ([`fixtures`]).
 //!
 //! The tests run the real `streamscale` and `streamscale-engine` binaries, built by
 //! `cargo build --workspace --bins` (which `scripts/test.sh` runs before the tests).
@@ -24,3 +25,5 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     );
     bin
 }
+
+pub mod fixtures;

@@ -6,76 +6,31 @@
 #![cfg(target_os = "linux")]
 #![allow(missing_docs)]
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use streamscale_tests::workspace_bin;
-
-const UNBOUNDED: &str = r#"name: forever
-maxParallelism: 16
-operators:
-  - { name: source, kind: source, keys: 100, rate: { constant: 300 } }
-  - { name: work, kind: map, cpu: 100 }
-  - { name: sink, kind: sink }
-edges:
-  - { from: source, to: work }
-  - { from: work, to: sink }
-"#;
-
-const BOUNDED: &str = r#"name: bounded
-maxParallelism: 16
-operators:
-  - { name: source, kind: source, keys: 100, count: 1500, rate: { constant: 500 } }
-  - { name: work, kind: map, cpu: 100 }
-  - { name: sink, kind: sink }
-edges:
-  - { from: source, to: work }
-  - { from: work, to: sink }
-"#;
+use streamscale_tests::fixtures::{self, summary};
 
 /// Starts `streamscale run JOB --report REPORT ARGS` as the leader of a new process group (as
 /// a shell does for a foreground job), stdout piped.
 fn start(job: &Path, report: &Path, args: &[&str]) -> Child {
-    Command::new(workspace_bin("streamscale"))
-        .arg("run")
-        .arg(job)
-        .arg("--report")
-        .arg(report)
-        .args(["--interval", "0.5", "--window", "3"])
-        .args(args)
-        .env(
-            "STREAMSCALE_ENGINE_BIN",
-            workspace_bin("streamscale-engine"),
-        )
+    fixtures::streamscale_run_fast(job, report, args)
         .process_group(0)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start streamscale run")
 }
 
-/// Reads stdout until `n` progress lines (`t=...`) have been printed; returns what was read.
+/// Reads stdout until `n` progress lines have been printed; returns what was read.
 fn wait_for_progress(
     child: &mut Child,
     n: usize,
 ) -> (String, BufReader<std::process::ChildStdout>) {
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut seen = String::new();
-    let mut progress = 0;
-    while progress < n {
-        let mut line = String::new();
-        if out.read_line(&mut line).expect("read stdout") == 0 {
-            panic!("streamscale run ended early:\n{seen}");
-        }
-        if line.starts_with("t=") {
-            progress += 1;
-        }
-        seen.push_str(&line);
-    }
+    let seen = fixtures::read_progress(&mut out, n);
     (seen, out)
 }
 
@@ -111,30 +66,14 @@ fn wait_until_no_engine(report: &Path) -> Vec<u32> {
     }
 }
 
-fn summary(report: &Path) -> Value {
-    let text = std::fs::read_to_string(report.join("summary.json")).expect("summary.json");
-    serde_json::from_str(&text).expect("summary is JSON")
-}
-
-fn signal_group(pgid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, "--", &format!("-{pgid}")])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {signal} -{pgid}: {status}");
-}
-
 #[test]
 fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = dir.path().join("job.yaml");
-    std::fs::write(&job, UNBOUNDED).expect("write job");
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let mut child = start(&job, &report, &["--duration", "120"]);
     let (mut seen, mut out) = wait_for_progress(&mut child, 4);
     assert_eq!(engines_of(&report).len(), 1, "one engine running");
     // What a terminal's Ctrl-C does: SIGINT to every process of the foreground group.
-    signal_group(child.id(), "-INT");
+    fixtures::kill("-INT", &format!("-{}", child.id()));
     std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
     let output = child.wait_with_output().expect("wait");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -161,10 +100,7 @@ fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
 
 #[test]
 fn a_killed_controller_takes_its_engine_with_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = dir.path().join("job.yaml");
-    std::fs::write(&job, UNBOUNDED).expect("write job");
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let mut child = start(&job, &report, &["--duration", "120"]);
     let _ = wait_for_progress(&mut child, 2);
     assert_eq!(engines_of(&report).len(), 1, "one engine running");
@@ -180,10 +116,7 @@ fn a_killed_controller_takes_its_engine_with_it() {
 
 #[test]
 fn a_bounded_job_stops_when_it_has_finished() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = dir.path().join("job.yaml");
-    std::fs::write(&job, BOUNDED).expect("write job");
-    let report = dir.path().join("report");
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::bounded_job());
     let child = start(&job, &report, &["--duration", "120"]);
     let output = child.wait_with_output().expect("wait");
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -5,70 +5,25 @@
 #![cfg(target_os = "linux")]
 #![allow(missing_docs)]
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::io::BufReader;
 use std::time::{Duration, Instant};
 
-use streamscale_tests::workspace_bin;
-
-const UNBOUNDED: &str = r#"name: forever
-maxParallelism: 16
-operators:
-  - { name: source, kind: source, keys: 100, rate: { constant: 300 } }
-  - { name: work, kind: map, cpu: 100 }
-  - { name: sink, kind: sink, output: results.csv }
-edges:
-  - { from: source, to: work }
-  - { from: work, to: sink }
-"#;
-
-fn command(job: &Path, report: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(workspace_bin("streamscale"));
-    cmd.arg("run")
-        .arg(job)
-        .arg("--report")
-        .arg(report)
-        .args(["--interval", "0.5", "--window", "3"])
-        .args(args)
-        .env(
-            "STREAMSCALE_ENGINE_BIN",
-            workspace_bin("streamscale-engine"),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
+use streamscale_tests::fixtures;
 
 #[test]
 fn sighup_after_stdout_closed_drains_and_writes_the_report() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = dir.path().join("job.yaml");
-    std::fs::write(&job, UNBOUNDED).expect("write job");
-    let report = dir.path().join("report");
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results.csv")));
     // Run from another directory: the sink's relative output is next to the job file.
-    let mut child = command(&job, &report, &["--duration", "120"])
+    let mut child = fixtures::streamscale_run_fast(&job, &report, &["--duration", "120"])
         .current_dir(std::env::temp_dir())
         .spawn()
         .expect("start streamscale run");
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut progress = 0;
-    while progress < 2 {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).expect("read stdout") > 0,
-            "streamscale run ended early"
-        );
-        progress += usize::from(line.starts_with("t="));
-    }
+    fixtures::read_progress(&mut out, 2);
     // The terminal goes away: its end of stdout closes, then the hangup arrives.
     drop(out);
     std::thread::sleep(Duration::from_millis(1200));
-    let status = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    fixtures::kill("-HUP", &child.id().to_string());
     let deadline = Instant::now() + Duration::from_secs(90);
     let code = loop {
         if let Some(s) = child.try_wait().expect("wait") {
@@ -87,10 +42,7 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
         stderr.contains("standard output closed"),
         "the closed stdout is reported once on stderr: {stderr}"
     );
-    let summary: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(report.join("summary.json")).expect("summary.json"),
-    )
-    .expect("summary is JSON");
+    let summary = fixtures::summary(&report);
     assert_eq!(summary["interrupted"], true, "{summary}");
     assert_eq!(summary["records_lost"], 0, "{summary}");
     let results = std::fs::read_to_string(dir.path().join("results.csv"))
@@ -100,17 +52,14 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
 
 #[test]
 fn a_second_run_into_the_same_report_directory_warns_that_it_replaces_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let job = dir.path().join("job.yaml");
-    std::fs::write(&job, UNBOUNDED).expect("write job");
-    let report = dir.path().join("report");
-    let first = command(&job, &report, &["--duration", "2"])
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results.csv")));
+    let first = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
         .output()
         .expect("first run");
     assert!(first.status.success(), "{first:?}");
     let text = String::from_utf8_lossy(&first.stdout);
     assert!(!text.contains("warning:"), "{text}");
-    let second = command(&job, &report, &["--duration", "2"])
+    let second = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
         .output()
         .expect("second run");
     assert!(second.status.success(), "{second:?}");

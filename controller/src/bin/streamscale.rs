@@ -78,7 +78,7 @@ enum Command {
         #[arg(long)]
         metrics_url: String,
         /// Seconds between the two scrapes.
-        #[arg(long, default_value_t = 2.0)]
+        #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
         interval: f64,
     },
 }
@@ -96,11 +96,17 @@ fn parse_duration(s: &str) -> Result<f64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not a duration (seconds, or e.g. 90s, 10m, 1h)"))?;
-    if v > 0.0 && v.is_finite() {
-        Ok(v * factor)
-    } else {
-        Err(format!("must be > 0 (got {s})"))
+    if !(v > 0.0 && v.is_finite()) {
+        return Err(format!("must be > 0 (got {s})"));
     }
+    let seconds = v * factor;
+    if seconds > run::MAX_SECONDS {
+        return Err(format!(
+            "`{s}` is longer than a year; give at most 365 days (8760h, {} s)",
+            run::MAX_SECONDS
+        ));
+    }
+    Ok(seconds)
 }
 
 /// Standard output for the run's lines. A closed stdout (the terminal went away: SIGHUP, or a
@@ -266,5 +272,9 @@ mod tests {
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("-5s").is_err());
         assert!(parse_duration("abc").is_err());
+        assert_eq!(parse_duration("8760h"), Ok(run::MAX_SECONDS));
+        for absurd in ["1e300h", "8761h", "1e308", "inf"] {
+            assert!(parse_duration(absurd).is_err(), "{absurd}");
+        }
     }
 }

@@ -84,7 +84,7 @@ struct LocalEngine {
 pub struct LocalRuntime {
     binary: PathBuf,
     savepoint_dir: PathBuf,
-    log_dir: PathBuf,
+    log_dir: StdMutex<PathBuf>,
     timeouts: LocalTimeouts,
     client: reqwest::Client,
     engines: Mutex<HashMap<u64, LocalEngine>>,
@@ -123,7 +123,7 @@ impl LocalRuntime {
         LocalRuntime {
             binary,
             savepoint_dir,
-            log_dir,
+            log_dir: StdMutex::new(log_dir),
             timeouts: LocalTimeouts::default(),
             client,
             engines: Mutex::new(HashMap::new()),
@@ -144,7 +144,36 @@ impl LocalRuntime {
 
     /// Path of the log file of the engine with handle id `id`.
     pub fn log_path(&self, id: u64) -> PathBuf {
-        self.log_dir.join(format!("engine-{id}.log"))
+        self.log_dir().join(format!("engine-{id}.log"))
+    }
+
+    /// The directory the engines' logs are written to.
+    pub fn log_dir(&self) -> PathBuf {
+        self.log_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Moves the log directory (with the logs of running engines, which keep writing to
+    /// them) to `to`, which must not exist and must be on the same file system; later engines
+    /// log there too.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Io`] naming `to` when the rename fails (nothing moved).
+    pub async fn move_logs(&self, to: &Path) -> Result<(), RuntimeError> {
+        let from = self.log_dir();
+        std::fs::rename(&from, to).map_err(io_err(to))?;
+        *self
+            .log_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = to.to_path_buf();
+        for engine in self.engines.lock().await.values_mut() {
+            if let Ok(rest) = engine.log_path.strip_prefix(&from) {
+                engine.log_path = to.join(rest);
+            }
+        }
+        Ok(())
     }
 
     async fn exit_error(&self, mut engine: LocalEngine, status: Option<String>) -> RuntimeError {
@@ -266,7 +295,8 @@ impl EngineRuntime for LocalRuntime {
         restore: Option<&Savepoint>,
     ) -> Result<EngineHandle, RuntimeError> {
         std::fs::create_dir_all(&self.savepoint_dir).map_err(io_err(&self.savepoint_dir))?;
-        std::fs::create_dir_all(&self.log_dir).map_err(io_err(&self.log_dir))?;
+        let log_dir = self.log_dir();
+        std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let log_path = self.log_path(id);
         let mut log = std::fs::File::create(&log_path).map_err(io_err(&log_path))?;

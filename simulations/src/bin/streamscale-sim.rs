@@ -92,7 +92,7 @@ struct Args {
     /// Service-time overrides: `op=MEAN_US[:CV],...`.
     #[arg(long)]
     service: Option<String>,
-    /// Threads to run policies on (default: the machine's available parallelism).
+    /// Threads to run policies on, at least 1 (default: the machine's available parallelism).
     #[arg(long)]
     threads: Option<usize>,
     /// Also write, per time-series row, the p99 as the engine's sink histogram would report
@@ -130,6 +130,31 @@ fn positive(name: &str, v: Option<f64>) -> anyhow::Result<()> {
 const MAX_STEPS: f64 = 2e7;
 
 fn run(a: Args) -> anyhow::Result<()> {
+    if a.threads == Some(0) {
+        bail!(
+            "--threads: must be at least 1 (leave it out to use the machine's available parallelism)"
+        );
+    }
+    if let Some(dir) = &a.report
+        && dir.exists()
+        && !dir.is_dir()
+    {
+        bail!(
+            "--report: {} exists and is not a directory (the report is a directory: summary.json, timeseries.csv, comparison.png)",
+            dir.display()
+        );
+    }
+    if let Some(p) = &a.sim_config
+        && std::fs::read_to_string(p).is_ok_and(|text| {
+            text.lines()
+                .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        })
+    {
+        bail!(
+            "--sim-config: {} is empty (no settings); leave --sim-config out to use the defaults",
+            p.display()
+        );
+    }
     let mut cfg = match &a.sim_config {
         Some(p) => SimConfig::from_file(p)?,
         None => SimConfig::default(),

@@ -1,0 +1,147 @@
+//! `streamscale run` and `streamscale plan` refusing bad input as a user meets it, with the
+//! real binaries: exit status 2, one message naming the option, file or field and the reason,
+//! and nothing written.
+#![allow(missing_docs)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use streamscale_tests::fixtures;
+use streamscale_tests::workspace_bin;
+
+fn streamscale(dir: &Path, args: &[&str]) -> Output {
+    Command::new(workspace_bin("streamscale"))
+        .current_dir(dir)
+        .args(args)
+        .env(
+            "STREAMSCALE_ENGINE_BIN",
+            workspace_bin("streamscale-engine"),
+        )
+        .output()
+        .expect("run streamscale")
+}
+
+/// Exit status 2 and a stderr holding every one of `needles`.
+fn assert_refused(out: &Output, needles: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "`{n}` missing in: {stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+#[test]
+fn a_bad_number_in_the_job_names_the_field_and_the_value() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let job = fixtures::unbounded_job(None);
+    let cases = [
+        (
+            job.replace("cpu: 100", "cpu: \"ten\""),
+            "operators[1] (work).cpu: expected a number, got \"ten\"",
+        ),
+        (
+            job.replace("cpu: 100", "cpu: ten"),
+            "operators[1] (work).cpu: expected a number, got \"ten\"",
+        ),
+        (
+            job.replace("cpu: 100", "cpu: .nan"),
+            "operators[1] (work).cpu: NaN is not allowed, it must be a finite number",
+        ),
+        (
+            job.replace("constant: 300", "constant: .nan"),
+            "operators[0].constant: .nan is not allowed, it must be a finite number",
+        ),
+        (
+            job.replace("maxParallelism: 16", "maxParallelism: lots"),
+            "maxParallelism: expected a whole number >= 0, got \"lots\"",
+        ),
+    ];
+    for (text, want) in cases {
+        fixtures::write(dir.path(), "job.yaml", &text);
+        let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "report"]);
+        let stderr = assert_refused(&out, &["job.yaml", want]);
+        assert!(!stderr.contains("configured policy"), "{stderr}");
+        assert!(!dir.path().join("report").exists(), "{stderr}");
+    }
+}
+
+/// `streamscale run job.yaml ARGS` in a new directory holding the unbounded job; returns the
+/// directory and what the run wrote to stderr, after checking that it was refused (exit 2)
+/// with every one of `needles` and created no report.
+fn refused_run(args: &[&str], needles: &[&str]) -> (tempfile::TempDir, String) {
+    let (dir, _, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let out = streamscale(dir.path(), &[&["run", "job.yaml"][..], args].concat());
+    let stderr = assert_refused(&out, needles);
+    assert!(!report.exists(), "{stderr}");
+    (dir, stderr)
+}
+
+#[test]
+fn a_report_path_that_is_a_file_is_refused_and_left_alone() {
+    let (dir, _) = refused_run(
+        &["--report", "job.yaml"],
+        &["--report", "job.yaml", "is not a directory"],
+    );
+    refused_run(
+        &["--report", "job.yaml/sub"],
+        &["--report", "job.yaml/sub", "job.yaml is not a directory"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("job.yaml")).expect("still there"),
+        fixtures::unbounded_job(None)
+    );
+}
+
+#[test]
+fn an_absurd_duration_is_refused() {
+    for d in ["1e300h", "8761h"] {
+        refused_run(
+            &["--report", "report", "--duration", d],
+            &["--duration", d, "longer than a year"],
+        );
+    }
+    refused_run(
+        &["--report", "report", "--duration", "400d"],
+        &["--duration", "not a duration"],
+    );
+    // Other seconds options too (a timer cannot even hold 1e300 s).
+    refused_run(
+        &[
+            "--report",
+            "report",
+            "--interval",
+            "1e300",
+            "--window",
+            "1e301",
+        ],
+        &["--interval", "longer than a year"],
+    );
+}
+
+#[test]
+fn a_missing_engine_binary_is_refused() {
+    refused_run(
+        &["--report", "report", "--engine", "no-such-engine"],
+        &["--engine", "no-such-engine", "does not exist"],
+    );
+}
+
+#[test]
+fn plan_with_a_negative_interval_names_the_flag() {
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let out = streamscale(
+        dir.path(),
+        &[
+            "plan",
+            "job.yaml",
+            "--metrics-url",
+            "http://127.0.0.1:9/metrics",
+            "--interval",
+            "-1",
+        ],
+    );
+    let stderr = assert_refused(&out, &["--interval", "must be > 0", "-1"]);
+    assert!(!stderr.contains("unexpected argument"), "{stderr}");
+}

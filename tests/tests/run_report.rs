@@ -1,0 +1,188 @@
+//! `streamscale run`'s report directory with the real engine over loopback: a run that fails
+//! before its engine runs leaves an earlier report exactly as it was (nothing lost, nothing
+//! mixed), and the run's totals cover the whole run, the last partial interval and the final
+//! draining stop included.
+#![cfg(target_os = "linux")]
+#![allow(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use streamscale_tests::fixtures::{self, summary};
+
+/// Every file below `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).expect("below dir").to_path_buf();
+                files.insert(rel, std::fs::read(&path).expect("read"));
+            }
+        }
+    }
+    files
+}
+
+/// Directories `NAME.starting-*` beside the report directory `NAME`.
+fn staging_dirs(report: &Path) -> Vec<PathBuf> {
+    let name = report
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .to_string();
+    let parent = report.parent().expect("parent");
+    std::fs::read_dir(parent)
+        .expect("read_dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with(&format!("{name}.starting-"))
+            })
+        })
+        .collect()
+}
+
+/// A two-second run of `job` into `report`; checks its exit status and returns its stderr.
+fn run_2s(job: &Path, report: &Path, code: i32) -> String {
+    let out = fixtures::streamscale_run_fast(job, report, &["--duration", "2"])
+        .output()
+        .expect("streamscale run");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
+    stderr
+}
+
+#[test]
+fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    run_2s(&job, &report, 0);
+    let before = snapshot(&report);
+    for f in [
+        "summary.json",
+        "timeline.csv",
+        "job.yaml",
+        "logs/engine-1.log",
+    ] {
+        assert!(before.contains_key(Path::new(f)), "{f} missing: {before:?}");
+    }
+
+    // A job the engine refuses when it starts: its sink's output lies under a regular file.
+    fixtures::write(dir.path(), "afile", "not a directory");
+    let bad = fixtures::write(
+        dir.path(),
+        "bad.yaml",
+        &fixtures::unbounded_job(Some("afile/results.csv")),
+    );
+    let stderr = run_2s(&bad, &report, 1);
+    assert!(stderr.contains("cannot open sink output"), "{stderr}");
+    assert!(stderr.contains("was left as it was"), "{stderr}");
+    assert!(
+        snapshot(&report) == before,
+        "the earlier report changed: {stderr}"
+    );
+    // This attempt's job file and engine log are kept beside it, and named.
+    let kept = staging_dirs(&report);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(stderr.contains(&kept[0].display().to_string()), "{stderr}");
+    let log = std::fs::read_to_string(kept[0].join("logs/engine-1.log")).expect("kept log");
+    assert!(log.contains("cannot open sink output"), "{log}");
+    assert!(kept[0].join("job.yaml").is_file());
+
+    // A job that fails validation after its overrides (its trace window lies outside the
+    // trace): exit 2, nothing written at all.
+    fixtures::write(dir.path(), "trace.csv", "t_seconds,rate\n1000,5\n1060,6\n");
+    let outside = fixtures::write(
+        dir.path(),
+        "outside.yaml",
+        &fixtures::unbounded_job(None).replace(
+            "rate: { constant: 300 }",
+            "rate: { trace: { file: trace.csv, startSeconds: 100, endSeconds: 700 } }",
+        ),
+    );
+    let stderr = run_2s(&outside, &report, 2);
+    assert!(stderr.contains("outside the trace"), "{stderr}");
+    assert!(snapshot(&report) == before, "the earlier report changed");
+    assert_eq!(staging_dirs(&report).len(), 1, "nothing new beside it");
+
+    // A run that starts replaces the report as a whole.
+    run_2s(&job, &report, 0);
+    let after = snapshot(&report);
+    assert_ne!(
+        after[Path::new("summary.json")],
+        before[Path::new("summary.json")]
+    );
+    assert_ne!(
+        after[Path::new("logs/engine-1.log")],
+        before[Path::new("logs/engine-1.log")]
+    );
+    assert_eq!(
+        staging_dirs(&report).len(),
+        1,
+        "the started run left nothing beside it"
+    );
+}
+
+#[test]
+fn a_run_into_a_new_report_directory_that_cannot_start_creates_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixtures::write(dir.path(), "afile", "not a directory");
+    let bad = fixtures::write(
+        dir.path(),
+        "bad.yaml",
+        &fixtures::unbounded_job(Some("afile/results.csv")),
+    );
+    let report = dir.path().join("report");
+    let stderr = run_2s(&bad, &report, 1);
+    assert!(!report.exists(), "{stderr}");
+}
+
+#[test]
+fn the_totals_cover_the_last_partial_interval_and_the_final_stop() {
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    // Long intervals, interrupted in the middle of the second one.
+    let mut child = fixtures::streamscale_run(
+        &job,
+        &report,
+        &[
+            "--interval",
+            "3",
+            "--window",
+            "6",
+            "--duration",
+            "120",
+            "--no-autoscale",
+        ],
+    )
+    .spawn()
+    .expect("start streamscale run");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    fixtures::read_progress(&mut out, 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    fixtures::kill("-INT", &child.id().to_string());
+    let output = child.wait_with_output().expect("wait");
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    let s = summary(&report);
+    let duration = s["duration_s"].as_f64().expect("duration_s");
+    let cost = s["parallelism_seconds"]
+        .as_f64()
+        .expect("parallelism_seconds");
+    // Three subtasks (source, work, sink) throughout: the cost is 3 × the run's length, but
+    // for the moment between the engine's start and the first scrape.
+    assert!(
+        (cost - 3.0 * duration).abs() < 3.0 * 0.5,
+        "{cost} subtask·s over {duration} s: {s}"
+    );
+    assert!(
+        (s["mean_parallelism"].as_f64().expect("mean") - 3.0).abs() < 1e-9,
+        "{s}"
+    );
+}
