@@ -4,10 +4,11 @@
 //!   snapshot copies only the key-group table (one pointer per key group) and the subtask keeps
 //!   processing; the first write to a key group after a snapshot copies that key group alone
 //!   (copy-on-write through [`Arc::make_mut`]).
-//! - [`disk::DiskBackend`]: key groups in an embedded on-disk B-tree ([`redb`]) with a bounded
-//!   write-back cache, for state larger than memory. A snapshot commits the cache and keeps a
-//!   read transaction open: a consistent view (MVCC) that the checkpoint writer reads while the
-//!   subtask goes on writing.
+//! - [`disk::DiskBackend`]: key groups as sorted segment files ([`segment`], in the savepoint
+//!   chunk format) with the keys written since in an embedded on-disk B-tree ([`redb`]) and a
+//!   bounded write-back cache, for state larger than memory. A snapshot keeps the current
+//!   segments and a read transaction open (MVCC) while the subtask goes on writing; the
+//!   checkpoint writer copies a segment's bytes and encodes only the keys written since.
 //!
 //! Both hand a checkpoint a [`KeyedState`]: key group → [`KeyGroupData`]. The checkpoint writer
 //! encodes each key group separately ([`chunk`], in parallel), so a savepoint restores at any
