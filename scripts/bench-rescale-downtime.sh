@@ -14,7 +14,8 @@
 #        FLINK_TM_MB (TaskManager process memory, default 12288), OUT (default
 #        target/bench-rescale-downtime.jsonl), SETUP (streamscale disk backend before the stop:
 #        `loaded`, the default: every restored key loaded into redb first; `restored`: right
-#        after the restore; see engine/benches/rescale_downtime.rs).
+#        after the restore; see engine/benches/rescale_downtime.rs), SETTLE (seconds the
+#        streamscale job runs after that before the stop, default 1).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,6 +27,7 @@ SIZES_MB=${SIZES_MB:-1 100 1000}
 FLINK_SIZES_MB=${FLINK_SIZES_MB:-$SIZES_MB}
 REPEAT=${REPEAT:-3}
 SETUP=${SETUP:-loaded}
+SETTLE=${SETTLE:-1}
 FLINK_TM_MB=${FLINK_TM_MB:-12288}
 OUT=${OUT:-$ROOT/target/bench-rescale-downtime.jsonl}
 PY=$ROOT/bench/flink/downtime.py
@@ -101,7 +103,7 @@ for size in $SIZES_MB; do
   keys=$(( size * 1000000 / 48 ))
   for backend in heap disk; do
     log "streamscale $backend ${size} MB ($keys keys)"
-    (cd "$ROOT" && "$BENCH" --sizes-mb "$size" --backends "$backend" --repeat "$REPEAT" --setup "$SETUP" \
+    (cd "$ROOT" && "$BENCH" --sizes-mb "$size" --backends "$backend" --repeat "$REPEAT" --setup "$SETUP" --settle-seconds "$SETTLE" \
        --dir "$ROOT/target/bench-rescale-downtime") | tee -a "$OUT" >&2
     if [[ " $FLINK_SIZES_MB " == *" $size "* ]]; then
       fb=hashmap; [ $backend = disk ] && fb=rocksdb
