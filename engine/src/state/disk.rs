@@ -410,11 +410,17 @@ impl DiskBackend {
             db,
             path: path.clone(),
         });
-        // Create the table so that readers can open it.
-        let txn = file
+        // Create the table so that readers can open it (no fsync: a working copy).
+        let mut txn = file
             .db
             .begin_write()
             .map_err(|e| disk_err(&path, "cannot write the state database")(e.into()))?;
+        txn.set_durability(Durability::None)
+            .map_err(|e| StateError::Disk {
+                path: path.clone(),
+                action: "cannot set commit durability",
+                reason: e.to_string(),
+            })?;
         txn.open_table(TABLE)
             .map_err(|e| disk_err(&path, "cannot create the state table")(e.into()))?;
         txn.commit()
