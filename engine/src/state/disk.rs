@@ -44,9 +44,9 @@
 //! writer on its own threads while the subtask keeps writing.
 //!
 //! # Restore
-//! Restored key groups start as their savepoint chunks in memory (checked once: whole entries,
-//! keys strictly increasing) and are read through by binary search; nothing is loaded before
-//! the first record. After the first records they are written out as segment files, several
+//! Restored key groups start as their savepoint chunks in memory and are read through by binary
+//! search; nothing is read before the first record (a chunk's key order is checked on its
+//! first read, write-out or merge; its length and checksum were checked with the savepoint). After the first records they are written out as segment files, several
 //! megabytes per commit, and dropped from memory; a snapshot hands a restored key group without
 //! writes to the checkpoint as its chunk unchanged. Open panes in a chunk are listed when the
 //! window next fires.
@@ -295,6 +295,9 @@ pub struct DiskBackend {
     base: HashMap<u32, Layer>,
     /// Restored key groups with open panes not yet listed in `touched`.
     base_open: Vec<u32>,
+    /// Restored key groups whose chunk has not been checked yet (keys strictly increasing):
+    /// checked before their first read, write-out or merge.
+    unchecked: BTreeSet<u32>,
     /// Restored key groups still in memory, to be written out as segments, in order.
     to_write: std::collections::VecDeque<u32>,
     /// Bytes of restored chunks not written out yet, and where to report them.
@@ -428,13 +431,25 @@ impl DiskBackend {
         let reader = Self::read_view(&file)?;
         let mut base = HashMap::with_capacity(restored.groups.len());
         let mut base_open = Vec::new();
+        let mut unchecked = BTreeSet::new();
         for (kg, data) in restored.groups {
-            let bytes = match data {
-                KeyGroupData::Encoded { bytes, .. } => bytes,
-                other => other.encode()?.0,
+            // A savepoint's chunk (whole entries, as its index says) is checked for key
+            // order on its first use, so that a restore reads no state before the first record.
+            let (bytes, open_panes) = match data {
+                KeyGroupData::Encoded { bytes, open_panes }
+                    if bytes.len().is_multiple_of(ENTRY_BYTES) =>
+                {
+                    unchecked.insert(kg);
+                    (bytes, open_panes)
+                }
+                other => {
+                    let (bytes, _) = other.encode()?;
+                    let open = chunk::check(kg, &bytes)?;
+                    (bytes, open)
+                }
             };
-            let open_panes = chunk::check(kg, &bytes)?;
             if bytes.is_empty() {
+                unchecked.remove(&kg);
                 continue;
             }
             if open_panes {
@@ -459,6 +474,7 @@ impl DiskBackend {
             reader,
             base,
             base_open,
+            unchecked,
             to_write: to_write.into(),
             unloaded,
             unloaded_gauge: owner.unloaded_gauge.clone(),
@@ -495,6 +511,17 @@ impl DiskBackend {
                     self.touched.insert(composite(kg, key));
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// Checks restored key group `kg`'s chunk on its first use.
+    fn ensure_checked(&mut self, kg: u32) -> Result<(), StateError> {
+        if self.unchecked.contains(&kg) {
+            if let Some(Layer::Restored(bytes, _)) = self.base.get(&kg) {
+                chunk::check(kg, bytes)?;
+            }
+            self.unchecked.remove(&kg);
         }
         Ok(())
     }
@@ -588,6 +615,7 @@ impl DiskBackend {
             self.delta = delta;
             let read_err = |e: redb::StorageError| disk_err(&path, "cannot read a key")(e.into());
             for kg in self.pick_compactions() {
+                self.ensure_checked(kg)?;
                 let base = match self.base.get(&kg) {
                     Some(l) => l.bytes()?,
                     None => Bytes::new(),
@@ -643,6 +671,7 @@ impl DiskBackend {
             if budget == 0 {
                 break;
             }
+            self.ensure_checked(kg)?;
             budget = budget.saturating_sub(bytes.len());
             let seg = self.new_segment(kg, &bytes)?;
             self.base.insert(kg, Layer::File(seg));
@@ -656,30 +685,28 @@ impl DiskBackend {
     }
 
     fn get_mut(&mut self, k: u128) -> Result<&mut KeyState, StateError> {
-        use std::collections::hash_map::Entry;
-        match self.cache.entry(k) {
-            Entry::Occupied(o) => Ok(o.into_mut()),
-            Entry::Vacant(v) => {
-                let kg = (k >> 64) as u32;
-                let stored = if self.delta.contains_key(&kg) {
-                    self.reader.get(k).map_err(|e| StateError::Disk {
-                        path: self.file.path.clone(),
-                        action: "cannot read a key",
-                        reason: e.to_string(),
-                    })?
-                } else {
-                    None
-                };
-                let s = match stored {
-                    Some(g) => chunk::decode_value(&g.value()),
-                    None => match self.base.get(&kg) {
-                        Some(l) => l.find(k as u64)?.unwrap_or_default(),
-                        None => KeyState::default(),
-                    },
-                };
-                Ok(v.insert(s))
-            }
+        if self.cache.contains_key(&k) {
+            return Ok(self.cache.entry(k).or_default());
         }
+        let kg = (k >> 64) as u32;
+        self.ensure_checked(kg)?;
+        let stored = if self.delta.contains_key(&kg) {
+            self.reader.get(k).map_err(|e| StateError::Disk {
+                path: self.file.path.clone(),
+                action: "cannot read a key",
+                reason: e.to_string(),
+            })?
+        } else {
+            None
+        };
+        let s = match stored {
+            Some(g) => chunk::decode_value(&g.value()),
+            None => match self.base.get(&kg) {
+                Some(l) => l.find(k as u64)?.unwrap_or_default(),
+                None => KeyState::default(),
+            },
+        };
+        Ok(self.cache.entry(k).or_insert(s))
     }
 
     /// Path of the database file.
@@ -921,6 +948,40 @@ mod tests {
         assert!(seg_dir.exists(), "a live snapshot keeps the segments");
         drop(later);
         assert!(!seg_dir.exists());
+    }
+
+    #[test]
+    fn a_restored_chunk_out_of_order_fails_on_first_use_not_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = KeyState::default();
+        let good = chunk::encode([(1u64, s), (2u64, s)].into_iter());
+        let bad = chunk::encode([(9u64, s), (4u64, s)].into_iter());
+        let restored = KeyedState {
+            groups: BTreeMap::from([
+                (
+                    0,
+                    KeyGroupData::Encoded {
+                        bytes: good,
+                        open_panes: false,
+                    },
+                ),
+                (
+                    1,
+                    KeyGroupData::Encoded {
+                        bytes: bad,
+                        open_panes: false,
+                    },
+                ),
+            ]),
+            blobs: BTreeMap::new(),
+        };
+        let mut d = DiskBackend::open(&spec(dir.path(), 8), &owner(), restored).unwrap();
+        d.entry(0, 1).unwrap().total_count += 1;
+        let err = d.entry(1, 4).unwrap_err().to_string();
+        assert!(
+            err.contains("key group 1") && err.contains("out of order"),
+            "{err}"
+        );
     }
 
     #[test]
