@@ -5,7 +5,9 @@
 # interval 1 s, window 10 s, guard history 3 s, stabilization 3 s, scale-down delay 15 s; the
 # rescale downtime measured in the real run), in the fast and the event mode. Prints the gap:
 # rescales and parallelism timeline, p99 latency error, backlog error. "nominal" uses the job
-# file's per-record costs (cpu + io + 5 µs); "calibrated" the service times the real run measured.
+# file's per-record costs (cpu + io + 5 µs); "calibrated" the service times the real run measured
+# (the median of its planner's μ, constant); "replayed" the true processing rates the real run
+# measured in every interval (OUT_DIR/real/service_rates.csv, `--service-rates`), over time.
 # Usage: scripts/sim-vs-real.sh [OUT_DIR]   (from the repository root; OUT_DIR default
 # target/sim-vs-real). REUSE=1 reuses OUT_DIR/real from an earlier run.
 set -euo pipefail
@@ -34,9 +36,10 @@ for m in re.finditer(r"(\w+): DS2: [^;|]*?μ (\d+(?:\.\d+)?) rec/s", open(sys.ar
     mu.setdefault(m.group(1), []).append(float(m.group(2)))
 print(",".join(f"{op}={1e6 / sorted(v)[len(v) // 2]:.0f}" for op, v in sorted(mu.items())))' "$OUT/real.log")
 for mode in fast event; do
-  for variant in nominal calibrated; do
+  for variant in nominal calibrated replayed; do
     extra=()
     if [ "$variant" = calibrated ] && [ -n "$service" ]; then extra=(--service "$service"); fi
+    if [ "$variant" = replayed ]; then extra=(--service-rates "$OUT/real/service_rates.csv"); fi
     ./target/release/streamscale-sim "$JOB" --policy streamscale --speedup "$SPEEDUP" --mode "$mode" \
       --step 1 --interval 1 --window 10 --guard-window 3 --stabilization 3 --scale-down-delay 15 \
       --downtime "$downtime" --seconds-per-mb 0 --engine-p99 "${extra[@]}" --report "$OUT/sim-$mode-$variant" \
@@ -75,7 +78,7 @@ print(f"job examples/jobs/tweets.yaml, 600 s (speedup 24); rescale downtime {dow
 print(f"operators: {', '.join(ops)}")
 rr = rescales(real)
 print(f"real: {len(rr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in rr))
-for mode in ("fast-nominal", "event-nominal", "fast-calibrated", "event-calibrated"):
+for mode in ("fast-nominal", "event-nominal", "fast-calibrated", "event-calibrated", "fast-replayed", "event-replayed"):
     sim = [r for r in csv.DictReader(open(f"{out}/sim-{mode}/timeseries.csv")) if r["policy"] == "streamscale"]
     sr = rescales(sim)
     print(f"\n{mode}: {len(sr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in sr))

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::hint::black_box;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use streamscale_controller::model::forecast::{ForecastConfig, RateHistory};
 use streamscale_controller::model::{
     Autoscaler, GuardSettings, MetricSample, PlannerSettings, SubtaskSample, Verdict, plan,
@@ -284,29 +284,21 @@ fn dag_settings(spec: &JobSpec, window: &[MetricSample]) -> PlannerSettings {
     chosen
 }
 
-fn bench_plan(c: &mut Criterion) {
+/// The 200-operator bench inputs: the job, its window, the planner settings, and the
+/// guarded policy with everything on, primed with a previous window, and the time of the
+/// benched decision.
+struct DagBench {
+    spec: JobSpec,
+    window: Vec<MetricSample>,
+    settings: PlannerSettings,
+    auto: Autoscaler,
+    now: f64,
+}
+
+fn dag_bench() -> DagBench {
     let dag = build_dag(0x5eed_cafe_f00d_d00d);
     let (spec, window) = build(0x5eed_cafe_f00d_d00d);
     let settings = dag_settings(&spec, &window);
-    let d = plan(&spec, &window, &settings).expect("the benchmark job plans");
-    eprintln!(
-        "plan_200_operator_dag: {} operators, {} edges, {} subtasks planned (from {}), p99 bound {:.4} s (SLO {} s), mean {:.4} s",
-        spec.operators.len(),
-        spec.edges.len(),
-        d.parallelism.values().sum::<u32>(),
-        d.current.values().sum::<u32>(),
-        d.predicted_latency_percentile_seconds,
-        d.latency_slo_seconds,
-        d.predicted_latency_seconds
-    );
-    for r in &d.reasons {
-        if r.contains("latency") || r.contains("downtime") {
-            eprintln!("  {}", r.chars().take(300).collect::<String>());
-        }
-    }
-    c.bench_function("plan_200_operator_dag", |b| {
-        b.iter(|| plan(black_box(&spec), black_box(&window), black_box(&settings)))
-    });
     // The guarded policy on the same job with everything on: forecasting (two days of
     // history, a usable forecast above the measured rate), the learned correction (the
     // previous window ran one subtask fewer of every operator with more than one, 5% faster
@@ -333,7 +325,74 @@ fn bench_plan(c: &mut Criterion) {
         &dag.window(&before, 1.05, T0 - 70.0),
         &spec_before,
     );
-    let now = T0 + 30.0;
+    DagBench {
+        spec,
+        window,
+        settings,
+        auto,
+        now: T0 + 30.0,
+    }
+}
+
+/// `STREAMSCALE_BENCH_CALLS=N`: instead of criterion, N calls of `plan` and then N of
+/// `Autoscaler::decide` on the 200-operator DAG, each inside [`count_plan`] / [`count_decide`]
+/// so that `valgrind --tool=callgrind` can count instructions per call exactly (the number
+/// of calls under criterion depends on the time they take).
+fn count_calls(n: usize) {
+    let mut b = dag_bench();
+    // One uncounted decision first: the learned correction takes its notes from the change
+    // since the priming window once, as under criterion, whose later calls see none.
+    black_box(b.auto.decide(b.now, &b.window, &b.spec));
+    for _ in 0..n {
+        black_box(count_plan(&b.spec, &b.window, &b.settings));
+    }
+    for _ in 0..n {
+        black_box(count_decide(&mut b.auto, b.now, &b.window, &b.spec));
+    }
+}
+
+#[inline(never)]
+fn count_plan(spec: &JobSpec, window: &[MetricSample], settings: &PlannerSettings) -> Option<u32> {
+    plan(black_box(spec), black_box(window), black_box(settings))
+        .ok()
+        .map(|d| d.parallelism.values().sum())
+}
+
+#[inline(never)]
+fn count_decide(auto: &mut Autoscaler, now: f64, window: &[MetricSample], spec: &JobSpec) -> bool {
+    matches!(
+        auto.decide(black_box(now), black_box(window), black_box(spec)),
+        Verdict::Rescale(_)
+    )
+}
+
+fn bench_plan(c: &mut Criterion) {
+    let DagBench {
+        spec,
+        window,
+        settings,
+        mut auto,
+        now,
+    } = dag_bench();
+    let d = plan(&spec, &window, &settings).expect("the benchmark job plans");
+    eprintln!(
+        "plan_200_operator_dag: {} operators, {} edges, {} subtasks planned (from {}), p99 bound {:.4} s (SLO {} s), mean {:.4} s",
+        spec.operators.len(),
+        spec.edges.len(),
+        d.parallelism.values().sum::<u32>(),
+        d.current.values().sum::<u32>(),
+        d.predicted_latency_percentile_seconds,
+        d.latency_slo_seconds,
+        d.predicted_latency_seconds
+    );
+    for r in &d.reasons {
+        if r.contains("latency") || r.contains("downtime") {
+            eprintln!("  {}", r.chars().take(300).collect::<String>());
+        }
+    }
+    c.bench_function("plan_200_operator_dag", |b| {
+        b.iter(|| plan(black_box(&spec), black_box(&window), black_box(&settings)))
+    });
     let v = auto.decide(now, &window, &spec);
     eprintln!(
         "decide_200_operator_dag: {}",
@@ -462,4 +521,15 @@ fn bench_decide(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench_plan, bench_decide);
-criterion_main!(benches);
+
+fn main() {
+    if let Some(n) = std::env::var("STREAMSCALE_BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        count_calls(n);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

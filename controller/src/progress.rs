@@ -159,6 +159,7 @@ mod tests {
                 .collect(),
             backlog: 120.0,
             p99_s: Some(0.08),
+            ..IntervalStats::default()
         };
         assert_eq!(
             progress_line(&stats, &order(), 1.0, 1000.0),

@@ -259,6 +259,46 @@ pub fn write_timeline(
     Ok(path)
 }
 
+/// Renders the measured true processing rates per interval in the simulator's
+/// `--service-rates` format (`streamscale-sim`, `simulations/src/rates.rs`): a header
+/// `t_s,<op>...` naming the operators that were measured at least once (in `operators` order),
+/// then one row per interval: its start (seconds since the run started) and each operator's μ
+/// over the interval (records per busy second per subtask, [`IntervalStats::service_rate`]),
+/// empty where it was not measured (the simulator then holds the previous value).
+pub fn service_rates_csv(rows: &[IntervalStats], operators: &[String]) -> String {
+    let ops: Vec<&String> = operators
+        .iter()
+        .filter(|op| rows.iter().any(|r| r.service_rate.contains_key(*op)))
+        .collect();
+    let mut out = String::from("t_s");
+    for op in &ops {
+        let _ = write!(out, ",{op}");
+    }
+    out.push('\n');
+    for r in rows {
+        let _ = write!(out, "{:.3}", (r.t_s - r.dt_s).max(0.0));
+        for op in &ops {
+            let _ = write!(out, ",{}", opt(r.service_rate.get(*op).copied()));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes `service_rates.csv` ([`service_rates_csv`]) into `dir`.
+///
+/// # Errors
+/// [`ReportError`] when the file cannot be written.
+pub fn write_service_rates(
+    dir: &Path,
+    rows: &[IntervalStats],
+    operators: &[String],
+) -> Result<PathBuf, ReportError> {
+    let path = dir.join("service_rates.csv");
+    write_file(&path, service_rates_csv(rows, operators).as_bytes())?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,8 +424,9 @@ mod tests {
             utilization: [("enrich".to_string(), 0.5)].into_iter().collect(),
             backlog: 4.0,
             p99_s: None,
+            service_rate: [("enrich".to_string(), 190.5)].into_iter().collect(),
         };
-        let csv = timeline_csv(&[row], &ops);
+        let csv = timeline_csv(std::slice::from_ref(&row), &ops);
         let mut lines = csv.lines();
         assert_eq!(
             lines.next(),
@@ -397,5 +438,8 @@ mod tests {
             lines.next(),
             Some("1.000,300.000000,10.000,10.000,50.000000,1,3,,0.500000,,4")
         );
+        // The measured μ of the interval starting at t_s − dt_s, only for measured operators.
+        let rates = service_rates_csv(&[row], &ops);
+        assert_eq!(rates, "t_s,enrich\n0.000,190.500000\n");
     }
 }

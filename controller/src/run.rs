@@ -901,7 +901,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 );
                 // Counters restart with a new engine: an interval spanning a restore says
                 // nothing about service rates.
-                if !engine_changed {
+                if engine_changed {
+                    stats.service_rate.clear();
+                } else {
                     capacity.observe(p, &cur, &self.sources);
                 }
                 stats.capacity = capacity.capacity(&engine.parallelism);
@@ -1262,6 +1264,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             interrupted: self.interrupted.is_some(),
         };
         report::write_timeline(dir, &self.rows, &self.order)?;
+        report::write_service_rates(dir, &self.rows, &self.order)?;
         if let Err(e) = plot_timeline(
             &dir.join("timeline.png"),
             &self.rows,

@@ -38,6 +38,10 @@ pub struct IntervalStats {
     /// 99th percentile end-to-end latency of the records that reached a sink in the interval,
     /// seconds.
     pub p99_s: Option<f64>,
+    /// Measured true processing rate μ per operator in this interval alone (DS2's rate: Σ Δrecords
+    /// in / Σ Δbusy seconds over its subtasks, records/s per subtask), for operators that took at
+    /// least [`MIN_RECORDS_FOR_CAPACITY`] records; unsmoothed (see [`CapacityEstimator`]).
+    pub service_rate: BTreeMap<String, f64>,
 }
 
 fn sum(subtasks: &[SubtaskSample], f: impl Fn(&SubtaskSample) -> f64) -> f64 {
@@ -76,7 +80,17 @@ impl IntervalStats {
             target_rate
         };
         let mut utilization = BTreeMap::new();
+        let mut service_rate = BTreeMap::new();
         for op in cur.sample.operators.keys() {
+            if let (Some(n), Some(b)) = (
+                delta(prev, cur, op, |s| s.records_in),
+                delta(prev, cur, op, |s| s.busy_seconds),
+            ) && n >= MIN_RECORDS_FOR_CAPACITY
+                && b > 0.0
+                && !sources.contains(op)
+            {
+                service_rate.insert(op.clone(), n / b);
+            }
             let busy = delta(prev, cur, op, |s| s.busy_seconds);
             let total = delta(prev, cur, op, |s| {
                 s.busy_seconds + s.idle_seconds + s.backpressured_seconds
@@ -101,6 +115,7 @@ impl IntervalStats {
             utilization,
             backlog: cur.total_backlog(),
             p99_s: cur.latency.quantile_since(Some(&prev.latency), 0.99),
+            service_rate,
         }
     }
 }
@@ -240,6 +255,9 @@ mod tests {
         // p·μ = 2 × 100 = 200 records/s; enrich sees every source record.
         let cap = s.capacity.expect("measured");
         assert!((cap - 200.0).abs() < 1e-6, "{cap}");
+        // This interval's own μ (180 records in 1.8 busy seconds); none for the source.
+        assert!((s.service_rate["enrich"] - 100.0).abs() < 1e-9);
+        assert!(!s.service_rate.contains_key("source"));
         assert!(s.p99_s.is_some());
         assert_eq!(s.trace_time_s, Some(3600.0));
     }
@@ -253,6 +271,7 @@ mod tests {
         assert_eq!(s.capacity, None);
         assert_eq!(s.p99_s, None);
         assert_eq!(s.utilization["enrich"], 0.0);
+        assert!(s.service_rate.is_empty());
         // No arrivals counted yet: fall back to the target rate.
         assert_eq!(s.input_rate, 100.0);
     }

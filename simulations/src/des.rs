@@ -178,12 +178,22 @@ impl<'m> DesPlant<'m> {
         self.queues[j][q].len() < self.queue_cap(j)
     }
 
+    /// A service time of operator `i` starting now, seconds: drawn from the operator's law
+    /// (mean [`OpModel::service_s`](crate::model::OpModel::service_s)) and, when its rate is
+    /// replayed ([`JobModel::with_service_rates`]), scaled by the replayed mean service time
+    /// at this instant over the nominal one (the CV is kept).
     fn sample_service(&mut self, i: usize) -> f64 {
         use rand::distr::Distribution;
-        match &self.service[i] {
+        let x = match &self.service[i] {
             Service::Fixed(m) => *m,
             Service::Gamma(g) => g.sample(&mut self.rng),
             Service::Exp(e) => e.sample(&mut self.rng),
+        };
+        let m = self.model;
+        if m.has_service_series() {
+            x * (m.service_s_over(i, self.now, self.now) / m.ops[i].service_s)
+        } else {
+            x
         }
     }
 
@@ -441,6 +451,8 @@ impl Plant for DesPlant<'_> {
             err = err.max((self.received[i] as f64 - self.processed[i] as f64 - here as f64).abs());
         }
         let mut scratch = vec![0.0; m.ops.len()];
+        let mut service = Vec::with_capacity(m.ops.len());
+        m.service_times_over(t, end, &mut service);
         StepStats {
             arrivals,
             p99_s: p99,
@@ -452,7 +464,7 @@ impl Plant for DesPlant<'_> {
                 .map(|(s, _)| self.backlog[*s].len() as f64)
                 .sum(),
             queued,
-            capacity: capacity(m, &self.servers_eff, &gamma, &mut scratch),
+            capacity: capacity(m, &self.servers_eff, &service, &gamma, &mut scratch),
             conservation_error: err,
         }
     }

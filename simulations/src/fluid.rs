@@ -10,8 +10,12 @@
 //!
 //! Latency: deterministic queueing delay (queued records / drain rate, source backlog / rate)
 //! plus the stochastic sojourn of the planner's own formulas (Allen-Cunneen / Kingman) at the
-//! step's arrival rate, combined along every source-to-sink path
-//! ([`JobModel::path_latency`]).
+//! step's arrival rate, with the variance of [`JobModel::sojourn_variance`], combined along
+//! every source-to-sink path ([`JobModel::path_latency`]).
+//!
+//! Service rates: constant per operator, or replayed over time
+//! ([`JobModel::with_service_rates`]); a step uses each operator's mean service time over the
+//! step ([`JobModel::service_s_over`]).
 //!
 //! Speed: a step whose inputs (state at its start, arrivals, length, time still down) are
 //! bit-for-bit those of the previous step has the very same outputs, so it is replayed by
@@ -42,9 +46,13 @@ pub struct FluidPlant<'m> {
     inflow: Vec<f64>,
     delay: Vec<f64>,
     soj: Vec<f64>,
+    /// Variance of each operator's sojourn, s² ([`JobModel::sojourn_variance`]).
+    soj_var: Vec<f64>,
     gamma: Vec<f64>,
-    /// Inputs of the last fully computed step: `[dt, up, still down, arrivals..., queue...,
-    /// backlog..., last_rate...]`; empty when invalid (after a rescale).
+    /// Mean service time of each operator over the step, seconds ([`JobModel::service_s_over`]).
+    svc: Vec<f64>,
+    /// Inputs of the last fully computed step: `[dt, up, still down, arrivals..., service
+    /// times..., queue..., backlog..., last_rate...]`; empty when invalid (after a rescale).
     key: Vec<f64>,
     /// Whether the last computed step left the state (queues, backlogs, rates) as it found it.
     fixed: bool,
@@ -60,11 +68,12 @@ pub struct FluidPlant<'m> {
     class: std::cell::Cell<Option<u64>>,
     /// Selectivity of each operator in the step being computed (at its last input rate).
     sel: Vec<f64>,
-    /// Per operator: the last sojourn computed, as (arrival rate, sojourn); valid for the
-    /// running parallelism only (cleared on rescale).
-    soj_memo: Vec<Option<(f64, f64)>>,
-    /// The last capacity computed and the source rates it was for (cleared on rescale).
-    cap_memo: Option<(Vec<f64>, f64)>,
+    /// Per operator: the last sojourn computed, as (arrival rate, service time, sojourn, its
+    /// variance); valid for the running parallelism only (cleared on rescale).
+    soj_memo: Vec<Option<(f64, f64, f64, f64)>>,
+    /// The last capacity computed and the source rates and service times it was for (cleared
+    /// on rescale).
+    cap_memo: Option<(Vec<f64>, Vec<f64>, f64)>,
     /// Whether steps report [`StepStats::p99_engine_s`].
     engine_p99: bool,
 }
@@ -90,7 +99,9 @@ impl<'m> FluidPlant<'m> {
             inflow: vec![0.0; n],
             delay: vec![0.0; n],
             soj: vec![0.0; n],
+            soj_var: vec![0.0; n],
             gamma: vec![0.0; n],
+            svc: model.ops.iter().map(|o| o.service_s).collect(),
             key: Vec::new(),
             fixed: false,
             inc: vec![OpCounters::default(); n],
@@ -164,19 +175,25 @@ impl Plant for FluidPlant<'_> {
         let up = (t + dt - t.max(self.down_until)).clamp(0.0, dt);
         // Time still down after this step adds to every record's latency.
         let still_down = (self.down_until - (t + dt)).max(0.0);
+        // Replayed service rates: each operator's mean service time over the step.
+        if m.has_service_series() {
+            m.service_times_over(t, t + dt, &mut self.svc);
+        }
         // A step repeats the last computed one when that one was a fixed point (it left the
         // state as it found it) and the external inputs are the same: then the whole key is.
-        let ext = 3 + arrivals_in.len();
+        let ext = 3 + arrivals_in.len() + n;
         if self.fixed
             && self.key.len() >= ext
             && self.key[..3] == [dt, up, still_down]
-            && self.key[3..ext] == *arrivals_in
+            && self.key[3..3 + arrivals_in.len()] == *arrivals_in
+            && self.key[3 + arrivals_in.len()..ext] == *self.svc
         {
             return self.repeat_step();
         }
         self.key.clear();
         self.key.extend_from_slice(&[dt, up, still_down]);
         self.key.extend_from_slice(arrivals_in);
+        self.key.extend_from_slice(&self.svc);
         self.key.extend_from_slice(&self.queue);
         self.key.extend_from_slice(&self.backlog);
         self.key.extend_from_slice(&self.last_rate);
@@ -195,7 +212,7 @@ impl Plant for FluidPlant<'_> {
             if op.kind == OpKind::Source {
                 continue;
             }
-            let cap = self.servers[i] * up / op.service_s;
+            let cap = self.servers[i] * up / self.svc[i];
             let sel = m.selectivity(i, self.last_rate[i]);
             self.sel[i] = sel;
             let by_output = if sel > 0.0 { out / sel } else { f64::INFINITY };
@@ -228,6 +245,7 @@ impl Plant for FluidPlant<'_> {
                 self.backlog[i] = avail - e;
                 self.delay[i] = self.backlog[i] / self.gamma[i].max(e / dt).max(1e-9);
                 self.soj[i] = 0.0;
+                self.soj_var[i] = 0.0;
                 c.records_out += e;
                 c.backpressured_s += if e < avail { slots } else { 0.0 };
                 c.idle_s += if e < avail { 0.0 } else { slots };
@@ -251,35 +269,37 @@ impl Plant for FluidPlant<'_> {
             for &j in &op.outputs {
                 self.inflow[j] += out;
             }
-            let busy = (done * op.service_s).min(slots);
+            let service_s = self.svc[i];
+            let busy = (done * service_s).min(slots);
             c.records_in += done;
             c.records_out += out;
             c.busy_s += busy;
-            let cap = self.servers[i] * up / op.service_s;
+            let cap = self.servers[i] * up / service_s;
             if self.limit[i] < cap && done >= self.limit[i] && avail > done {
                 c.backpressured_s += slots - busy;
             } else {
                 c.idle_s += slots - busy;
             }
             // Latency pieces: drain time of the queue ahead plus the stochastic sojourn.
-            let drain = self.servers[i] / op.service_s;
+            let drain = self.servers[i] / service_s;
             self.delay[i] = self.queue[i] / drain;
             let lambda = rate_in.min(drain);
-            self.soj[i] = match self.soj_memo[i] {
-                Some((l, soj)) if l == lambda => soj,
+            (self.soj[i], self.soj_var[i]) = match self.soj_memo[i] {
+                Some((l, sv, soj, var)) if l == lambda && sv == service_s => (soj, var),
                 _ => {
-                    let soj = m.sojourn(i, lambda, self.p[i], self.servers[i]);
-                    self.soj_memo[i] = Some((lambda, soj));
-                    soj
+                    let soj = m.sojourn(i, lambda, self.p[i], self.servers[i], service_s);
+                    let var = m.sojourn_variance(i, soj, service_s);
+                    self.soj_memo[i] = Some((lambda, service_s, soj, var));
+                    (soj, var)
                 }
             };
         }
-        let (mut p99, mut tail) = m.path_latency(&self.delay, &self.soj);
+        let (mut p99, mut tail) = m.path_latency(&self.delay, &self.soj, &self.soj_var);
         // Down for part of the step (a rescale at its start): the records that arrived
         // meanwhile waited for the restart as well.
         let down_here = if up > 0.0 { dt - up } else { 0.0 };
         let law = (down_here > 0.0 || self.engine_p99).then(|| {
-            let (d, mean, var) = m.worst_path_law(&self.delay, &self.soj);
+            let (d, mean, var) = m.worst_path_law(&self.delay, &self.soj, &self.soj_var);
             StepLatency {
                 d,
                 m: mean,
@@ -311,10 +331,10 @@ impl Plant for FluidPlant<'_> {
             backlog: m.sources.iter().map(|(s, _)| self.backlog[*s]).sum(),
             queued: self.queue.iter().sum(),
             capacity: match &self.cap_memo {
-                Some((g, c)) if *g == self.gamma => *c,
+                Some((g, sv, c)) if *g == self.gamma && *sv == self.svc => *c,
                 _ => {
-                    let c = capacity(m, &self.servers, &self.gamma, &mut self.limit);
-                    self.cap_memo = Some((self.gamma.clone(), c));
+                    let c = capacity(m, &self.servers, &self.svc, &self.gamma, &mut self.limit);
+                    self.cap_memo = Some((self.gamma.clone(), self.svc.clone(), c));
                     c
                 }
             },

@@ -10,6 +10,7 @@
 //!   static, oracle.
 //! * [`runner`]: the replay loop and accounting. [`report`]: summary.json, CSV, table, plots.
 //!   [`progress`]: the progress bar of long replays.
+//! * [`rates`]: replayed service rates (`--service-rates`), measured μ over time.
 
 pub mod config;
 pub mod des;
@@ -18,6 +19,7 @@ pub mod model;
 pub mod plant;
 pub mod policy;
 pub mod progress;
+pub mod rates;
 pub mod report;
 pub mod runner;
 
@@ -40,6 +42,16 @@ pub enum SimError {
     Config {
         /// The settings file.
         path: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A service-rates file ([`rates`]) is malformed.
+    #[error("{path}: line {line}: {problem}")]
+    ServiceRates {
+        /// The file.
+        path: String,
+        /// 1-based line number.
+        line: usize,
         /// What is wrong.
         problem: String,
     },

@@ -10,6 +10,7 @@ use streamscale_engine::trace::RateFunction;
 
 use crate::SimError;
 use crate::config::SimConfig;
+use crate::rates::{RateSeries, ServiceRates};
 
 /// Largest number of source-to-sink paths enumerated for the latency model.
 const MAX_PATHS: usize = 4096;
@@ -91,6 +92,9 @@ pub struct JobModel {
     /// Simulated seconds covered by the replay (the trace window / speedup; 3600 s without a
     /// trace unless set).
     pub duration_s: f64,
+    /// Per operator: its replayed true processing rate over time ([`JobModel::with_service_rates`]),
+    /// `None` = the constant [`OpModel::service_s`].
+    service_series: Vec<Option<RateSeries>>,
 }
 
 impl JobModel {
@@ -255,7 +259,9 @@ impl JobModel {
                 + cfg.rescale.seconds_per_mb * state_mb,
             duration_s,
             servers_table: Vec::new(),
+            service_series: Vec::new(),
         };
+        model.service_series = vec![None; model.ops.len()];
         model.servers_table = (0..model.ops.len())
             .map(|i| {
                 let top = model.ops[i].bounds.1.max(model.ops[i].initial).min(1024);
@@ -263,6 +269,55 @@ impl JobModel {
             })
             .collect();
         Ok(model)
+    }
+
+    /// Replays `rates` ([`crate::rates`]): each named operator's service time follows the
+    /// measured true processing rate over time instead of its constant mean (which still applies
+    /// before the operator's first value). The coefficient of variation is kept.
+    ///
+    /// # Errors
+    /// [`SimError::ServiceRates`] (line 1, the header) when a column names no operator of the
+    /// job or a source (sources have no service time).
+    pub fn with_service_rates(mut self, rates: &ServiceRates) -> Result<JobModel, SimError> {
+        for name in &rates.operators {
+            let problem = match self.ops.iter().find(|o| &o.name == name) {
+                None => format!("operator `{name}` is not in job `{}`", self.spec.name),
+                Some(o) if o.kind == OpKind::Source => {
+                    format!("operator `{name}` is a source, which has no service rate")
+                }
+                Some(_) => continue,
+            };
+            return Err(SimError::ServiceRates {
+                path: rates.source.clone(),
+                line: 1,
+                problem,
+            });
+        }
+        for (i, op) in self.ops.iter().enumerate() {
+            self.service_series[i] = rates.series(&op.name, 1.0 / op.service_s);
+        }
+        Ok(self)
+    }
+
+    /// Whether any operator's service rate is replayed ([`JobModel::with_service_rates`]).
+    pub fn has_service_series(&self) -> bool {
+        self.service_series.iter().any(Option::is_some)
+    }
+
+    /// Mean service time of operator `i` over simulated seconds `[a, b)`, seconds: the
+    /// constant [`OpModel::service_s`], or for a replayed rate (b − a) / ∫ₐᵇ μ
+    /// ([`RateSeries::mean_service_s`]).
+    pub fn service_s_over(&self, i: usize, a: f64, b: f64) -> f64 {
+        match &self.service_series[i] {
+            Some(s) => s.mean_service_s(a, b),
+            None => self.ops[i].service_s,
+        }
+    }
+
+    /// Writes [`JobModel::service_s_over`]`(i, a, b)` of every operator into `out`.
+    pub fn service_times_over(&self, a: f64, b: f64, out: &mut Vec<f64>) {
+        out.clear();
+        out.extend((0..self.ops.len()).map(|i| self.service_s_over(i, a, b)));
     }
 
     /// Parallelism of every operator in the job file.
@@ -379,13 +434,14 @@ impl JobModel {
     /// Allen-Cunneen for a shared queue), with ρ capped at 0.99 (beyond that the fluid queue
     /// carries the delay). Sources: 0.
     /// `servers` is [`JobModel::effective_servers`] at `p` (passed in to keep the step loop
-    /// free of allocation).
-    pub fn sojourn(&self, i: usize, lambda: f64, p: u32, servers: f64) -> f64 {
+    /// free of allocation); `service_s` the mean service time in effect (seconds,
+    /// [`JobModel::service_s_over`]).
+    pub fn sojourn(&self, i: usize, lambda: f64, p: u32, servers: f64, service_s: f64) -> f64 {
         let op = &self.ops[i];
         if op.kind == OpKind::Source {
             return 0.0;
         }
-        let mu = 1.0 / op.service_s;
+        let mu = 1.0 / service_s;
         let lambda = lambda.min(0.99 * servers * mu).max(0.0);
         if op.keyed {
             // The hottest subtask sees λ / servers; model it as p queues at that rate.
@@ -402,20 +458,34 @@ impl JobModel {
         }
     }
 
+    /// Variance of operator `i`'s sojourn (seconds²) given its mean `sojourn` and mean service
+    /// time `service_s` (seconds): the exponential law's (mean²; M/M/1's sojourn is exponential)
+    /// with the exponential service's variance s² replaced by the operator's own cs²·s², i.e.
+    /// mean² − (1 − cs²)·s², at least 0 (waiting and own service independent, as in FCFS
+    /// queues). At cs = 1 it is exactly the exponential law's; at cs = 0 and no waiting, 0 (a
+    /// fixed per-record cost, like the engine's spin + sleep).
+    pub fn sojourn_variance(&self, i: usize, sojourn: f64, service_s: f64) -> f64 {
+        let cv = self.ops[i].cv;
+        if self.ops[i].kind == OpKind::Source {
+            return 0.0;
+        }
+        (sojourn * sojourn - (1.0 - cv * cv) * service_s * service_s).max(0.0)
+    }
+
     /// p99 end-to-end latency (seconds) and the probability that a record's latency exceeds
     /// the SLO, for the worst source-to-sink path. Per operator: a deterministic delay
     /// `delay[i]` (queued records ahead / drain rate, source backlog / rate) plus a random
-    /// sojourn with mean `sojourn[i]` treated as exponential (M/M/1's sojourn law); the sum along
-    /// a path is matched to a gamma distribution by mean and variance, whose quantiles come
-    /// from the Wilson-Hilferty cube-root normal approximation.
-    pub fn path_latency(&self, delay: &[f64], sojourn: &[f64]) -> (f64, f64) {
+    /// sojourn with mean `sojourn[i]` and variance `var[i]` ([`JobModel::sojourn_variance`]);
+    /// the sum along a path is matched to a gamma distribution by mean and variance, whose
+    /// quantiles come from the Wilson-Hilferty cube-root normal approximation.
+    pub fn path_latency(&self, delay: &[f64], sojourn: &[f64], var: &[f64]) -> (f64, f64) {
         let mut worst = (0.0_f64, 0.0_f64);
         for path in &self.paths {
             let (mut d, mut m, mut v) = (0.0, 0.0, 0.0);
             for &i in path {
                 d += delay[i];
                 m += sojourn[i];
-                v += sojourn[i] * sojourn[i];
+                v += var[i];
             }
             let (q99, tail) = gamma_p99_and_tail(m, v, self.slo_s - d);
             worst.0 = worst.0.max(d + q99);
@@ -429,15 +499,15 @@ impl JobModel {
     /// The latency law of the path with the largest p99 ([`JobModel::path_latency`]): its
     /// deterministic delay `d` and the mean `m` and variance `v` of its random sojourn (seconds,
     /// s²), so that P(latency ≤ x) = 1 − tail(x − d) of the gamma law matched to (m, v)
-    /// ([`gamma_p99_and_tail`]).
-    pub fn worst_path_law(&self, delay: &[f64], sojourn: &[f64]) -> (f64, f64, f64) {
+    /// ([`gamma_p99_and_tail`]); `var` as in [`JobModel::path_latency`].
+    pub fn worst_path_law(&self, delay: &[f64], sojourn: &[f64], var: &[f64]) -> (f64, f64, f64) {
         let mut worst = (f64::NEG_INFINITY, (0.0, 0.0, 0.0));
         for path in &self.paths {
             let (mut d, mut m, mut v) = (0.0, 0.0, 0.0);
             for &i in path {
                 d += delay[i];
                 m += sojourn[i];
-                v += sojourn[i] * sojourn[i];
+                v += var[i];
             }
             let q = d + gamma_p99_and_tail(m, v, f64::INFINITY).0;
             if q > worst.0 {

@@ -93,10 +93,17 @@ pub trait Plant {
 }
 
 /// Source-rate capacity with `servers` effective servers per operator at source rates
-/// `gamma` (records/s, indexed by operator): the largest factor x with x·λ_i ≤ servers_i μ_i
-/// for every operator (traffic equations at `gamma`), times the total source rate; with no
-/// input, the capacity at unit source rates. `scratch` is overwritten (length = operators).
-pub fn capacity(model: &JobModel, servers: &[f64], gamma: &[f64], scratch: &mut [f64]) -> f64 {
+/// `gamma` (records/s, indexed by operator) and mean service times `service` (seconds, 1/μ_i,
+/// indexed by operator): the largest factor x with x·λ_i ≤ servers_i μ_i for every operator
+/// (traffic equations at `gamma`), times the total source rate; with no input, the capacity at
+/// unit source rates. `scratch` is overwritten (length = operators).
+pub fn capacity(
+    model: &JobModel,
+    servers: &[f64],
+    service: &[f64],
+    gamma: &[f64],
+    scratch: &mut [f64],
+) -> f64 {
     let total: f64 = gamma.iter().sum();
     let is_source = |i: usize| model.ops[i].kind == OpKind::Source;
     let lambda = scratch;
@@ -119,9 +126,9 @@ pub fn capacity(model: &JobModel, servers: &[f64], gamma: &[f64], scratch: &mut 
         model.sources.len().max(1) as f64
     };
     let mut x = f64::INFINITY;
-    for (i, op) in model.ops.iter().enumerate() {
+    for i in 0..model.ops.len() {
         if lambda[i] > 0.0 && !is_source(i) {
-            x = x.min(servers[i] / op.service_s / lambda[i]);
+            x = x.min(servers[i] / service[i] / lambda[i]);
         }
     }
     x * scale

@@ -817,17 +817,18 @@ impl Static {
                 if model.ops[i].kind == OpKind::Source {
                     return model.ops[i].initial;
                 }
-                smallest_servers(model, i, lambda[i], rho)
+                smallest_servers(model, i, lambda[i], rho, model.ops[i].service_s)
             })
             .collect();
         Static { p }
     }
 }
 
-/// Smallest p within bounds with λ ≤ ρ · servers(p) · μ (the bound's max when none).
-fn smallest_servers(model: &JobModel, i: usize, lambda: f64, rho: f64) -> u32 {
+/// Smallest p within bounds with λ ≤ ρ · servers(p) · μ, μ = 1 / `service_s` (the bound's max
+/// when none).
+fn smallest_servers(model: &JobModel, i: usize, lambda: f64, rho: f64, service_s: f64) -> u32 {
     let (lo, hi) = model.ops[i].bounds;
-    let mu = 1.0 / model.ops[i].service_s;
+    let mu = 1.0 / service_s;
     (lo..=hi)
         .find(|&p| lambda <= rho * model.effective_servers(i, p) * mu * (1.0 + 1e-9))
         .unwrap_or(hi)
@@ -857,15 +858,19 @@ impl Policy for Static {
 /// rescales.
 #[derive(Debug, Default)]
 pub struct Oracle {
-    /// Last sizing: (source rates, parallelism), reused while the rates are unchanged.
-    last: Option<(Vec<f64>, Vec<u32>)>,
+    /// Last sizing: (source rates, service times, parallelism), reused while they are
+    /// unchanged.
+    last: Option<(Vec<f64>, Vec<f64>, Vec<u32>)>,
     /// The step's source rates (reused buffer).
     gamma: Vec<f64>,
+    /// The step's mean service times (reused buffer; [`JobModel::service_s_over`]).
+    service: Vec<f64>,
 }
 
 impl Oracle {
-    /// The oracle's parallelism for source rates `gamma` (records/s, indexed by operator).
-    pub fn size(model: &JobModel, gamma: &[f64], current: &[u32]) -> Vec<u32> {
+    /// The oracle's parallelism for source rates `gamma` (records/s, indexed by operator) and
+    /// mean service times `service` (seconds, indexed by operator; [`JobModel::service_s_over`]).
+    pub fn size(model: &JobModel, gamma: &[f64], service: &[f64], current: &[u32]) -> Vec<u32> {
         let lambda = model.traffic(gamma);
         let n = model.ops.len();
         let mut p: Vec<u32> = (0..n)
@@ -873,17 +878,27 @@ impl Oracle {
                 if model.ops[i].kind == OpKind::Source {
                     current[i]
                 } else {
-                    smallest_servers(model, i, lambda[i], 1.0)
+                    smallest_servers(model, i, lambda[i], 1.0, service[i])
                 }
             })
             .collect();
         let soj = |p: &[u32], i: usize| {
-            model.sojourn(i, lambda[i], p[i], model.effective_servers(i, p[i]))
+            model.sojourn(
+                i,
+                lambda[i],
+                p[i],
+                model.effective_servers(i, p[i]),
+                service[i],
+            )
         };
         let zero = vec![0.0; n];
         let mut s: Vec<f64> = (0..n).map(|i| soj(&p, i)).collect();
+        let mut var = vec![0.0; n];
         for _ in 0..10_000 {
-            let (p99, _) = model.path_latency(&zero, &s);
+            for i in 0..n {
+                var[i] = model.sojourn_variance(i, s[i], service[i]);
+            }
+            let (p99, _) = model.path_latency(&zero, &s, &var);
             if p99 <= model.slo_s {
                 break;
             }
@@ -930,16 +945,18 @@ impl Policy for Oracle {
         for ((s, _), a) in m.sources.iter().zip(obs.next_arrivals) {
             self.gamma[*s] += a / obs.step_s;
         }
+        m.service_times_over(obs.now_s, obs.now_s + obs.step_s, &mut self.service);
         // Most steps repeat the last step's rates: no sizing and no allocation then.
-        if let Some((g, p)) = &self.last
+        if let Some((g, sv, p)) = &self.last
             && *g == self.gamma
+            && *sv == self.service
         {
             return (p.as_slice() != obs.parallelism).then(|| p.clone());
         }
-        let p = Oracle::size(m, &self.gamma, obs.parallelism);
+        let p = Oracle::size(m, &self.gamma, &self.service, obs.parallelism);
         let changed = p.as_slice() != obs.parallelism;
         let out = changed.then(|| p.clone());
-        self.last = Some((self.gamma.clone(), p));
+        self.last = Some((self.gamma.clone(), self.service.clone(), p));
         out
     }
 }

@@ -126,7 +126,11 @@ impl ScalabilityTracker {
     ) -> Vec<String> {
         let mut notes = Vec::new();
         for (op, cur) in now {
-            let prev = self.last.insert(op.to_string(), cur);
+            // Replaced in place when known (no new key string per operator and call).
+            let prev = match self.last.get_mut(op) {
+                Some(slot) => Some(std::mem::replace(slot, cur)),
+                None => self.last.insert(op.to_string(), cur),
+            };
             // Lift a flag whose metrics changed.
             if let (Some(flag), Some(mu)) = (self.ineffective.get(op), cur.true_processing_rate)
                 && (changed_by(mu, flag.mu, METRICS_CHANGE)

@@ -26,7 +26,9 @@ use super::estimate::{OperatorEstimate, estimate_indexed};
 use super::fmtfast::{Fixed, Short};
 use super::learn::{Observed, ScalabilityTracker};
 use super::network::Topology;
-use super::queueing::{QueueKind, TailNode, operator_sojourn_time, sojourn_quantile_bound};
+use super::queueing::{
+    QueueKind, TailNode, operator_sojourn_time, sojourn_quantile_bound, sojourn_quantile_upper,
+};
 use super::sample::MetricSample;
 use streamscale_engine::keygroup::key_group_range;
 use streamscale_engine::spec::OperatorKind;
@@ -280,6 +282,8 @@ pub(crate) struct JobGraph {
     fwd_in: Vec<u32>,
     fwd_out_at: Vec<u32>,
     fwd_out: Vec<u32>,
+    /// Operator indices in name order (the order of a [`Decision`]'s maps).
+    by_name: Vec<usize>,
     /// What the graph was built from: per operator (name, kind, keyed, scaling min, max) in
     /// spec order, the edges, and maxParallelism.
     key: GraphKey,
@@ -358,6 +362,8 @@ impl JobGraph {
         };
         let (fwd_in_at, fwd_in) = csr(&topo.inputs, |i, j| j < i);
         let (fwd_out_at, fwd_out) = csr(&topo.outputs, |i, k| k > i);
+        let mut by_name: Vec<usize> = (0..n).collect();
+        by_name.sort_by(|&a, &b| topo.names[a].cmp(&topo.names[b]));
         Ok(JobGraph {
             topo,
             kind,
@@ -370,6 +376,7 @@ impl JobGraph {
             fwd_in,
             fwd_out_at,
             fwd_out,
+            by_name,
             key,
         })
     }
@@ -425,6 +432,26 @@ impl JobGraph {
         } else {
             best
         }
+    }
+
+    /// The operator index of each entry of `map` (keyed by operator name, in its order) when
+    /// its keys are exactly this graph's operators, else `None`: one string comparison per
+    /// entry instead of a lookup.
+    fn indices_of<'a, V>(
+        &'a self,
+        map: &'a BTreeMap<String, V>,
+    ) -> Option<impl Iterator<Item = (usize, &'a V)> + 'a> {
+        self.keys_match(map)
+            .then(|| self.by_name.iter().copied().zip(map.values()))
+    }
+
+    /// Whether the keys of `map` are exactly this graph's operator names.
+    fn keys_match<V>(&self, map: &BTreeMap<String, V>) -> bool {
+        map.len() == self.by_name.len()
+            && map
+                .keys()
+                .zip(&self.by_name)
+                .all(|(k, &i)| *k == self.topo.names[i])
     }
 
     /// Whether this graph was built from a spec with the same operators (names, kinds,
@@ -519,27 +546,13 @@ pub(crate) struct Model {
     frozen: Vec<bool>,
 }
 
-/// Memo of [`Model::tail`], keyed by operator index << 32 | parallelism.
-type TailMemo = std::collections::HashMap<u64, f64, std::hash::BuildHasherDefault<KeyHasher>>;
+/// Memo of [`Model::tail`]: per operator, by parallelism (NaN = not computed yet; a NaN
+/// tail is recomputed, which gives the same NaN). Parallelisms above [`TAIL_MEMO_MAX`] are
+/// not kept.
+type TailMemo = Vec<Vec<f64>>;
 
-/// A hasher for the memo's integer keys (a multiplicative hash: Knuth's Fibonacci hashing of
-/// the key's bits); the keys are not adversarial.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (self.0 ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
+/// Largest parallelism kept in the tail memo (beyond the usual maxParallelism bounds).
+const TAIL_MEMO_MAX: u32 = 1 << 15;
 
 /// A key group is hot when its estimated load is at least this multiple of the mean.
 pub const HOT_KEY_GROUP_FACTOR: f64 = 2.0;
@@ -687,7 +700,7 @@ impl Model {
             spec_parallelism,
             kg_prefix,
             share_memo,
-            tail_memo: std::cell::RefCell::new(TailMemo::default()),
+            tail_memo: std::cell::RefCell::new(vec![Vec::new(); n]),
             kg_load,
             factor: vec![1.0; n],
             frozen: vec![false; n],
@@ -721,7 +734,9 @@ impl Model {
             self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
             self.frozen[i] = learned.is_ineffective(name);
         }
-        self.tail_memo.borrow_mut().clear();
+        for m in self.tail_memo.borrow_mut().iter_mut() {
+            m.clear();
+        }
     }
 
     /// Share of operator `i`'s input that its busiest subtask receives at parallelism `p`:
@@ -831,17 +846,34 @@ impl Model {
     /// batch waits longer than the busiest subtask's share of it, in the fluid view). 0 for
     /// sources; the window period alone for unknown μ.
     fn tail(&self, i: usize, p: u32) -> f64 {
-        let key = ((i as u64) << 32) | u64::from(p);
-        if let Some(&t) = self.tail_memo.borrow().get(&key) {
+        if p > TAIL_MEMO_MAX {
+            return self.tail_uncached(i, p);
+        }
+        if let Some(&t) = self.tail_memo.borrow()[i].get(p as usize)
+            && !t.is_nan()
+        {
             return t;
         }
         let t = self.tail_uncached(i, p);
-        self.tail_memo.borrow_mut().insert(key, t);
+        let mut memo = self.tail_memo.borrow_mut();
+        let m = &mut memo[i];
+        if m.len() <= p as usize {
+            m.resize(p as usize + 1, f64::NAN);
+        }
+        m[p as usize] = t;
         t
     }
 
-    /// [`Model::tail`] without the memo.
-    fn tail_uncached(&self, i: usize, p: u32) -> f64 {
+    /// An upper bound on [`Model::tail`] that skips the quantile's root finding (the
+    /// quantile's starting bracket end, [`sojourn_quantile_upper`]): the same terms added in
+    /// the same order to a term that is at least the quantile, so never below `tail(i, p)`.
+    fn tail_upper(&self, i: usize, p: u32) -> f64 {
+        if p <= TAIL_MEMO_MAX
+            && let Some(&t) = self.tail_memo.borrow()[i].get(p as usize)
+            && !t.is_nan()
+        {
+            return t;
+        }
         let window = self.period(i);
         let Some(mu) = self.mu_at(i, p) else {
             return window;
@@ -849,7 +881,15 @@ impl Model {
         if self.overloaded(i, p, mu) {
             return f64::INFINITY;
         }
-        let node = if self.kg_load[i].is_some() {
+        sojourn_quantile_upper(self.tail_node(i, p, mu), self.s.ca, self.s.cs, self.eps)
+            + window
+            + self.drain(i, p, mu)
+    }
+
+    /// The queue a record of operator `i` joins at `p` subtasks of μ each: a keyed
+    /// operator's busiest subtask (one server), else the shared queue of p servers.
+    fn tail_node(&self, i: usize, p: u32, mu: f64) -> TailNode {
+        if self.kg_load[i].is_some() {
             TailNode {
                 lambda: self.lambda_smooth[i] * self.max_share(i, p),
                 mu,
@@ -861,7 +901,19 @@ impl Model {
                 mu,
                 servers: p.max(1),
             }
+        }
+    }
+
+    /// [`Model::tail`] without the memo.
+    fn tail_uncached(&self, i: usize, p: u32) -> f64 {
+        let window = self.period(i);
+        let Some(mu) = self.mu_at(i, p) else {
+            return window;
         };
+        if self.overloaded(i, p, mu) {
+            return f64::INFINITY;
+        }
+        let node = self.tail_node(i, p, mu);
         sojourn_quantile_bound(node, self.s.ca, self.s.cs, self.eps) + window + self.drain(i, p, mu)
     }
 
@@ -879,6 +931,7 @@ impl Model {
         i: usize,
         from: u32,
         mu: f64,
+        explain: bool,
         why: &mut String,
         reasons: &mut Vec<String>,
     ) -> u32 {
@@ -892,6 +945,9 @@ impl Model {
         let skewed = hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR;
         if skewed && lambda * hottest > cap * (1.0 + CEIL_SLACK) {
             let cur = self.est[i].parallelism;
+            if !explain {
+                return cur;
+            }
             reasons.push(format!(
                 "{}: hot-key bottleneck: one key group takes {:.1}% of {} rec/s, more than one subtask's {} rec/s at ρ {:.2}; more parallelism cannot help, keeps p={cur}",
                 self.name(i),
@@ -916,7 +972,7 @@ impl Model {
         while p > 1 && self.max_share(i, p - 1) <= share * (1.0 + 1e-12) {
             p -= 1;
         }
-        if p != from {
+        if explain && p != from {
             let _ = write!(
                 why,
                 "; key groups: the busiest subtask takes {:.1}% of the input at p={p} → p={p}",
@@ -972,19 +1028,21 @@ impl Model {
         }
     }
 
-    /// One plan at the targets in use. With `hold_only`, `None` as soon as it is known that the
-    /// plan changes some operator's parallelism (DS2 sizing above the current parallelism, or
-    /// the latency allocation raising one above it: neither step lowers a parallelism again),
-    /// and otherwise the decision only if it keeps every operator's parallelism.
-    fn plan_once(&self, hold_only: bool) -> Option<Decision> {
+    /// Step 1 of a plan: the sources' reasons and DS2 sizing at the target utilization into
+    /// `p` (with `clamped`, each operator's `why` and the job-wide `reasons`). With `explain`
+    /// false no text is written (the parallelism is the same).
+    fn size(
+        &self,
+        explain: bool,
+        p: &mut [u32],
+        clamped: &mut [bool],
+        why: &mut [String],
+        reasons: &mut Vec<String>,
+    ) {
         let n = self.graph.topo.len();
         let rho_t = self.s.rho;
-        let mut p = vec![1u32; n];
-        let mut clamped = vec![false; n];
-        let mut why = vec![String::new(); n];
-        let mut reasons = Vec::new();
 
-        for i in 0..n {
+        for i in (0..n).filter(|_| explain) {
             let e = &self.est[i];
             if let Some(src) = e.source {
                 let downtime = if self.with_downtime && self.s.downtime > 0.0 {
@@ -1028,7 +1086,9 @@ impl Model {
             let (lo, hi) = self.graph.bounds[i];
             if self.graph.topo.is_source[i] {
                 p[i] = cur;
-                why[i] = format!("source: not rescaled, keeps p={cur}");
+                if explain {
+                    why[i] = format!("source: not rescaled, keeps p={cur}");
+                }
                 continue;
             }
             let Some(mu) = self.mu(i) else {
@@ -1036,13 +1096,18 @@ impl Model {
                     // No input at all (a pause in the stream): μ cannot be measured, but DS2
                     // needs no subtask for λ = 0, so the operator goes to its minimum.
                     p[i] = lo.max(1).min(hi);
-                    why[i] = format!(
-                        "no input in the window (λ_target 0 rec/s): DS2 needs no capacity → p={} (minimum)",
-                        p[i]
-                    );
+                    if explain {
+                        why[i] = format!(
+                            "no input in the window (λ_target 0 rec/s): DS2 needs no capacity → p={} (minimum)",
+                            p[i]
+                        );
+                    }
                     continue;
                 }
                 p[i] = cur.clamp(lo, hi);
+                if !explain {
+                    continue;
+                }
                 why[i] = format!(
                     "true processing rate unknown (no measurable busy time in the window): keeps p={}",
                     p[i]
@@ -1069,14 +1134,16 @@ impl Model {
             } else {
                 need as u32
             };
-            why[i] = format!(
-                "DS2: λ_target {} rec/s / (ρ_target {} × μ {} rec/s) = {} → p={}",
-                fmt_rate(lambda),
-                Fixed(rho_t, 2),
-                fmt_rate(mu),
-                Fixed(x, 2),
-                need_u
-            );
+            if explain {
+                why[i] = format!(
+                    "DS2: λ_target {} rec/s / (ρ_target {} × μ {} rec/s) = {} → p={}",
+                    fmt_rate(lambda),
+                    Fixed(rho_t, 2),
+                    fmt_rate(mu),
+                    Fixed(x, 2),
+                    need_u
+                );
+            }
             // Above the current parallelism μ is corrected by the learned scalability factor.
             let mut mu_size = mu;
             let f = self.factor[i];
@@ -1093,23 +1160,27 @@ impl Model {
                 } else {
                     (needf as u32).max(cur.saturating_add(1))
                 };
-                let _ = write!(
-                    why[i],
-                    "; scalability factor {} (μ {} rec/s per subtask above p={cur}) → p={need_u}",
-                    Fixed(f, 2),
-                    fmt_rate(mu_size)
-                );
+                if explain {
+                    let _ = write!(
+                        why[i],
+                        "; scalability factor {} (μ {} rec/s per subtask above p={cur}) → p={need_u}",
+                        Fixed(f, 2),
+                        fmt_rate(mu_size)
+                    );
+                }
             }
             let mut need_u = if self.kg_load[i].is_some() {
-                self.size_keyed(i, need_u, mu_size, &mut why[i], &mut reasons)
+                self.size_keyed(i, need_u, mu_size, explain, &mut why[i], reasons)
             } else {
                 need_u
             };
             if self.frozen[i] && need_u > cur {
-                let _ = write!(
-                    why[i],
-                    "; ineffective scaling: not scaled up, keeps p={cur}"
-                );
+                if explain {
+                    let _ = write!(
+                        why[i],
+                        "; ineffective scaling: not scaled up, keeps p={cur}"
+                    );
+                }
                 need_u = cur;
             }
             if need_u > cur
@@ -1117,17 +1188,22 @@ impl Model {
                 && let Some(rho_cur) = self.predicted_rho(i, cur)
                 && rho_cur <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
             {
-                let _ = write!(
-                    why[i],
-                    "; ρ={} at the current p={cur} is within the scale-up tolerance ({}% above ρ_target): keeps p={cur} unless the latency SLO needs more",
-                    Fixed(rho_cur, 3),
-                    Fixed(100.0 * SCALE_UP_TOLERANCE, 0)
-                );
+                if explain {
+                    let _ = write!(
+                        why[i],
+                        "; ρ={} at the current p={cur} is within the scale-up tolerance ({}% above ρ_target): keeps p={cur} unless the latency SLO needs more",
+                        Fixed(rho_cur, 3),
+                        Fixed(100.0 * SCALE_UP_TOLERANCE, 0)
+                    );
+                }
                 need_u = cur;
             }
             p[i] = need_u.clamp(lo, hi);
             if need_u > hi {
                 clamped[i] = true;
+                if !explain {
+                    continue;
+                }
                 let rho = self.predicted_rho(i, hi).unwrap_or(f64::INFINITY);
                 let _ = write!(why[i], "; clamped to max {hi}: predicted ρ={rho:.2}");
                 reasons.push(format!(
@@ -1143,15 +1219,32 @@ impl Model {
                         ""
                     }
                 ));
-            } else if need_u < lo {
+            } else if explain && need_u < lo {
                 let _ = write!(why[i], "; raised to min {lo}");
             }
         }
+    }
 
+    /// One plan at the targets in use. With `hold_only`, `None` as soon as it is known that the
+    /// plan changes some operator's parallelism (DS2 sizing above the current parallelism, or
+    /// the latency allocation raising one above it: neither step lowers a parallelism again),
+    /// and otherwise the decision only if it keeps every operator's parallelism.
+    fn plan_once(&self, hold_only: bool) -> Option<Decision> {
+        let n = self.graph.topo.len();
+        let mut p = vec![1u32; n];
+        let mut clamped = vec![false; n];
+        let mut why = vec![String::new(); n];
+        let mut reasons = Vec::new();
         let grown = |p: &[u32], i: usize| p[i] > self.est[i].parallelism;
-        if hold_only && (0..n).any(|i| grown(&p, i)) {
-            return None;
+        if hold_only {
+            // Most plans that may only hold stop at the sizing: size without the reasons' text
+            // first (same parallelism: the text never feeds back into a number).
+            self.size(false, &mut p, &mut clamped, &mut why, &mut reasons);
+            if (0..n).any(|i| grown(&p, i)) {
+                return None;
+            }
         }
+        self.size(true, &mut p, &mut clamped, &mut why, &mut reasons);
 
         // 2. Greedy marginal allocation for the latency SLO (on the percentile bound of the
         // slowest path) at the steady rates. Operators flagged for ineffective scaling count 0
@@ -1169,19 +1262,35 @@ impl Model {
         let (mut lat, mut end) = self.graph.topo.longest_path_into(&w, &mut dist, &mut via);
         let adjustable = |i: usize| self.mu(i).is_some() && !self.frozen[i];
         if lat > self.s.slo {
-            let w_max: Vec<f64> = (0..n)
+            // Attainable at maximum parallelism? Upper bounds on the tails first (the
+            // longest path is monotone in its terms): when they meet the SLO so do the exact
+            // tails, which are then not needed.
+            let mut w_max: Vec<f64> = (0..n)
                 .map(|i| {
                     if adjustable(i) {
-                        self.tail(i, self.graph.bounds[i].1.max(p[i]))
+                        self.tail_upper(i, self.graph.bounds[i].1.max(p[i]))
                     } else {
                         w[i]
                     }
                 })
                 .collect();
-            let (lat_max, _) =
+            let (mut max_dist, mut max_via) = (Vec::new(), Vec::new());
+            let (mut lat_max, _) =
                 self.graph
                     .topo
-                    .longest_path_into(&w_max, &mut Vec::new(), &mut Vec::new());
+                    .longest_path_into(&w_max, &mut max_dist, &mut max_via);
+            // (NaN included: then the exact tails decide, as before.)
+            if lat_max.is_nan() || lat_max > self.s.slo {
+                for (i, x) in w_max.iter_mut().enumerate() {
+                    if adjustable(i) {
+                        *x = self.tail(i, self.graph.bounds[i].1.max(p[i]));
+                    }
+                }
+                (lat_max, _) =
+                    self.graph
+                        .topo
+                        .longest_path_into(&w_max, &mut max_dist, &mut max_via);
+            }
             if lat_max > self.s.slo {
                 reasons.push(format!(
                     "latency SLO {} s unattainable: even at maximum parallelism the {} bound is {:.4} s; no subtasks added for latency",
@@ -1385,17 +1494,27 @@ impl Model {
     }
 
     fn refresh_latency(&self, d: &mut Decision) {
-        let per_op = |f: fn(&OperatorPlan) -> f64| -> Vec<f64> {
-            self.graph
-                .topo
-                .names
-                .iter()
-                .map(|name| d.operators.get(name).map_or(0.0, f))
-                .collect()
-        };
-        let mean = per_op(|o| o.predicted_sojourn_seconds);
-        let tail = per_op(|o| o.predicted_sojourn_percentile_seconds);
-        d.predicted_latency_seconds = self.graph.topo.longest_path(&mean).seconds;
+        let n = self.graph.topo.len();
+        let (mut mean, mut tail) = (vec![0.0; n], vec![0.0; n]);
+        if let Some(ops) = self.graph.indices_of(&d.operators) {
+            for (i, o) in ops {
+                mean[i] = o.predicted_sojourn_seconds;
+                tail[i] = o.predicted_sojourn_percentile_seconds;
+            }
+        } else {
+            for (i, name) in self.graph.topo.names.iter().enumerate() {
+                if let Some(o) = d.operators.get(name) {
+                    mean[i] = o.predicted_sojourn_seconds;
+                    tail[i] = o.predicted_sojourn_percentile_seconds;
+                }
+            }
+        }
+        let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        d.predicted_latency_seconds = self
+            .graph
+            .topo
+            .longest_path_into(&mean, &mut dist, &mut via)
+            .0;
         let path = self.graph.topo.longest_path(&tail);
         d.predicted_latency_percentile_seconds = path.seconds;
         d.critical_path = path.path;
@@ -1411,13 +1530,21 @@ impl Model {
     /// the percentile bound of the slowest path, seconds). Used to weigh a rescale's cost.
     pub(crate) fn assess(&self, p: &BTreeMap<String, u32>) -> (f64, f64, f64) {
         let n = self.graph.topo.len();
-        let pv: Vec<u32> = (0..n)
-            .map(|i| {
-                p.get(self.name(i))
-                    .copied()
-                    .unwrap_or(self.est[i].parallelism)
-            })
-            .collect();
+        let pv: Vec<u32> = if let Some(ps) = self.graph.indices_of(p) {
+            let mut pv = vec![0; n];
+            for (i, &x) in ps {
+                pv[i] = x;
+            }
+            pv
+        } else {
+            (0..n)
+                .map(|i| {
+                    p.get(self.name(i))
+                        .copied()
+                        .unwrap_or(self.est[i].parallelism)
+                })
+                .collect()
+        };
         let (mut rho_target, mut rho_steady) = (0.0f64, 0.0f64);
         for (i, &pi) in pv.iter().enumerate() {
             if let Some(mu) = self.mu_at(i, pi) {
@@ -1428,11 +1555,11 @@ impl Model {
             }
         }
         let tail: Vec<f64> = (0..n).map(|i| self.tail(i, pv[i])).collect();
-        (
-            rho_target,
-            rho_steady,
-            self.graph.topo.longest_path(&tail).seconds,
-        )
+        let (seconds, _) =
+            self.graph
+                .topo
+                .longest_path_into(&tail, &mut Vec::new(), &mut Vec::new());
+        (rho_target, rho_steady, seconds)
     }
 
     /// Sources' total steady arrival rate γ, records/s.
@@ -1442,6 +1569,22 @@ impl Model {
 
     /// Recomputes every prediction of `d` after its `parallelism` was edited (by the guards).
     pub(crate) fn refresh(&self, d: &mut Decision) {
+        let g = &self.graph;
+        if g.keys_match(&d.operators) && g.keys_match(&d.parallelism) {
+            for ((plan, &p), &i) in d
+                .operators
+                .values_mut()
+                .zip(d.parallelism.values())
+                .zip(&g.by_name)
+            {
+                plan.parallelism = p;
+                plan.predicted_utilization = self.predicted_rho(i, p);
+                plan.predicted_sojourn_seconds = self.sojourn(i, p);
+                plan.predicted_sojourn_percentile_seconds = self.tail(i, p);
+            }
+            self.refresh_latency(d);
+            return;
+        }
         for (name, plan) in d.operators.iter_mut() {
             let Some(&i) = self.graph.topo.index.get(name) else {
                 continue;

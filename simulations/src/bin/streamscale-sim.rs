@@ -5,6 +5,7 @@
 //! [--report DIR] [--scale X] [--speedup N] [--gaps hold|zero] [--start S] [--end S]
 //! [--duration S] [--mode fast|event] [--step S] [--interval S] [--window S] [--seed N]
 //! [--sim-config FILE] [--downtime S] [--seconds-per-mb S] [--service OP=MEAN_US[:CV],...]
+//! [--service-rates FILE]
 //! [--threads N] [--engine-p99] [--quiet] [--plot png|svg]`
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec};
 use streamscale_simulations::config::SimConfig;
 use streamscale_simulations::model::JobModel;
 use streamscale_simulations::policy::POLICIES;
+use streamscale_simulations::rates::ServiceRates;
 use streamscale_simulations::runner::{Mode, ReplayOptions, default_step, replay_all};
 use streamscale_simulations::{progress, report};
 
@@ -92,6 +94,11 @@ struct Args {
     /// Service-time overrides: `op=MEAN_US[:CV],...`.
     #[arg(long)]
     service: Option<String>,
+    /// Measured true processing rates over time to replay instead of the constant service
+    /// times (CSV `t_s,<op>...`, records/s per subtask; `streamscale run --report DIR` writes
+    /// DIR/service_rates.csv; format in `simulations/src/rates.rs`).
+    #[arg(long)]
+    service_rates: Option<PathBuf>,
     /// Threads to run policies on, at least 1 (default: the machine's available parallelism).
     #[arg(long)]
     threads: Option<usize>,
@@ -286,7 +293,10 @@ fn run(a: Args) -> anyhow::Result<()> {
     // `--start`, a start past the trace's end): check the spec again as the engine would.
     spec.validate()
         .map_err(|e| anyhow::anyhow!("{} with the command-line overrides: {e}", a.job.display()))?;
-    let model = JobModel::new(&spec, &cfg, a.duration)?;
+    let mut model = JobModel::new(&spec, &cfg, a.duration)?;
+    if let Some(p) = &a.service_rates {
+        model = model.with_service_rates(&ServiceRates::from_file(p)?)?;
+    }
     if model.duration_s.is_nan() || model.duration_s <= 0.0 {
         bail!(
             "nothing to simulate: the replay lasts {} s (check --start/--end/--duration against the trace)",
