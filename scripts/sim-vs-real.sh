@@ -8,6 +8,12 @@
 # file's per-record costs (cpu + io + 5 µs); "calibrated" the service times the real run measured
 # (the median of its planner's μ, constant); "replayed" the true processing rates the real run
 # measured in every interval (OUT_DIR/real/service_rates.csv, `--service-rates`), over time.
+# Each with the simulator's default service-time CV of 1 (exponential) and, suffix "-cv0", with
+# fixed per-record service times (CV 0), as the engine spends them (a spin of `cpu` µs and a
+# sleep of `io` µs per record; their variation over time is what the replayed rates carry).
+# "replayed-cv0-paced" (event mode) also spaces arrivals evenly, as the engine's source emits them
+# (nothing random is left). The event-mode replayed variants also run with seeds 2..5 (SEEDS) to
+# show the sampling spread.
 # Usage: scripts/sim-vs-real.sh [OUT_DIR]   (from the repository root; OUT_DIR default
 # target/sim-vs-real). REUSE=1 reuses OUT_DIR/real from an earlier run.
 set -euo pipefail
@@ -35,16 +41,33 @@ mu = {}
 for m in re.finditer(r"(\w+): DS2: [^;|]*?μ (\d+(?:\.\d+)?) rec/s", open(sys.argv[1]).read()):
     mu.setdefault(m.group(1), []).append(float(m.group(2)))
 print(",".join(f"{op}={1e6 / sorted(v)[len(v) // 2]:.0f}" for op, v in sorted(mu.items())))' "$OUT/real.log")
-for mode in fast event; do
-  for variant in nominal calibrated replayed; do
-    extra=()
-    if [ "$variant" = calibrated ] && [ -n "$service" ]; then extra=(--service "$service"); fi
-    if [ "$variant" = replayed ]; then extra=(--service-rates "$OUT/real/service_rates.csv"); fi
-    ./target/release/streamscale-sim "$JOB" --policy streamscale --speedup "$SPEEDUP" --mode "$mode" \
-      --step 1 --interval 1 --window 10 --guard-window 3 --stabilization 3 --scale-down-delay 15 \
-      --downtime "$downtime" --seconds-per-mb 0 --engine-p99 "${extra[@]}" --report "$OUT/sim-$mode-$variant" \
-      --quiet > /dev/null
-  done
+runs=()
+sim() { # sim MODE VARIANT SEED
+  local mode=$1 variant=$2 seed=$3 extra=() name="sim-$1-$2"
+  case "$variant" in calibrated*) [ -n "$service" ] && extra+=(--service "$service") ;; esac
+  case "$variant" in replayed*) extra+=(--service-rates "$OUT/real/service_rates.csv") ;; esac
+  # "-cv0": fixed per-record service times; "-paced": evenly spaced arrivals (event mode), as
+  # the engine's source emits them.
+  : > "$OUT/$variant.yaml"
+  case "$variant" in *-cv0*)
+    printf 'operators:\n' >> "$OUT/$variant.yaml"
+    for op in parse enrich counts sink; do printf '  %s: { cv: 0 }\n' "$op" >> "$OUT/$variant.yaml"; done ;;
+  esac
+  case "$variant" in *-paced) printf 'arrivals: paced\n' >> "$OUT/$variant.yaml" ;; esac
+  [ -s "$OUT/$variant.yaml" ] && extra+=(--sim-config "$OUT/$variant.yaml")
+  if [ "$seed" != 1 ]; then name="$name-seed$seed"; fi
+  ./target/release/streamscale-sim "$JOB" --policy streamscale --speedup "$SPEEDUP" --mode "$mode" \
+    --step 1 --interval 1 --window 10 --guard-window 3 --stabilization 3 --scale-down-delay 15 \
+    --downtime "$downtime" --seconds-per-mb 0 --engine-p99 --seed "$seed" "${extra[@]}" \
+    --report "$OUT/$name" --quiet > /dev/null
+  runs+=("$name")
+}
+for variant in nominal calibrated replayed nominal-cv0 calibrated-cv0 replayed-cv0; do
+  for mode in fast event; do sim "$mode" "$variant" 1; done
+done
+sim event replayed-cv0-paced 1
+for seed in ${SEEDS:-2 3 4 5}; do
+  for variant in replayed replayed-cv0; do sim event "$variant" "$seed"; done
 done
 echo "calibrated service times (µs, from the real run's measured μ): ${service:-none}"
 # The real service rates move with the load of the machine (CPU contention); the simulator's
@@ -57,9 +80,17 @@ for m in re.finditer(r"(\w+): DS2: [^;|]*?μ (\d+(?:\.\d+)?) rec/s", open(sys.ar
 for op, v in sorted(mu.items()):
     v.sort()
     print(f"real μ {op}: min {v[0]:.0f}, median {v[len(v) // 2]:.0f}, max {v[-1]:.0f} rec/s over {len(v)} decisions")' "$OUT/real.log"
-python3 - "$OUT" "$downtime" <<'PY'
+# The same spread per interval (the replayed series; intervals with at least 20 records).
+python3 -c '
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for op in list(rows[0])[1:]:
+    v = sorted(float(r[op]) for r in rows if r[op])
+    if v:
+        print(f"real μ {op} per interval: min {v[0]:.0f}, median {v[len(v) // 2]:.0f}, max {v[-1]:.0f} rec/s over {len(v)} of {len(rows)} intervals")' "$OUT/real/service_rates.csv"
+python3 - "$OUT" "$downtime" "${runs[@]}" <<'PY'
 import csv, json, sys
-out, downtime = sys.argv[1], float(sys.argv[2])
+out, downtime, names = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 real = list(csv.DictReader(open(f"{out}/real/timeline.csv")))
 ops = [k[2:] for k in real[0] if k.startswith("p_")]
 def num(x):
@@ -78,8 +109,10 @@ print(f"job examples/jobs/tweets.yaml, 600 s (speedup 24); rescale downtime {dow
 print(f"operators: {', '.join(ops)}")
 rr = rescales(real)
 print(f"real: {len(rr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in rr))
-for mode in ("fast-nominal", "event-nominal", "fast-calibrated", "event-calibrated", "fast-replayed", "event-replayed"):
-    sim = [r for r in csv.DictReader(open(f"{out}/sim-{mode}/timeseries.csv")) if r["policy"] == "streamscale"]
+table = []
+for name in names:
+    mode = name[len("sim-"):]
+    sim = [r for r in csv.DictReader(open(f"{out}/{name}/timeseries.csv")) if r["policy"] == "streamscale"]
     sr = rescales(sim)
     print(f"\n{mode}: {len(sr)} rescales: " + "; ".join(f"t={t}s {a}->{b}" for t, a, b in sr))
     pr = {o: series(real, f"p_{o}") for o in ops}
@@ -104,6 +137,7 @@ for mode in ("fast-nominal", "event-nominal", "fast-calibrated", "event-calibrat
     # so aligning seconds would pair the real spike with an ordinary simulated second);
     # "between rescales": the seconds both runs have, more than 3 s after any rescale of either.
     near = {t + k for t, _, _ in rr + sr for k in range(0, 4)}
+    p99 = {}
     first, last = min(lr), max(lr)
     for label, col in (("exact", "p99_s"), ("engine", "p99_engine_s")):
         ls = series(sim, col)
@@ -118,6 +152,8 @@ for mode in ("fast-nominal", "event-nominal", "fast-calibrated", "event-calibrat
             medr, meds = srt(a), srt(b)
             print(f"  p99 ({label}, {what}: {len(a)} / {len(b)} s): mean real {mr*1000:.1f} ms, sim {ms*1000:.1f} ms ({(ms-mr)/mr*100:+.0f} %); "
                   f"median real {medr*1000:.1f} ms, sim {meds*1000:.1f} ms ({(meds-medr)/medr*100:+.0f} %)")
+            if label == "engine":
+                p99[what] = (ms, (ms - mr) / mr * 100, meds, (meds - medr) / medr * 100)
     br, bs = series(real, "backlog"), series(sim, "backlog")
     bt = [t for t in br if br[t] is not None and bs.get(t) is not None]
     mae = sum(abs(br[t] - bs[t]) for t in bt) / len(bt)
@@ -125,4 +161,18 @@ for mode in ("fast-nominal", "event-nominal", "fast-calibrated", "event-calibrat
     print(f"  source backlog over {len(bt)} s: mean real {sum(br[t] for t in bt)/len(bt):.1f} / sim {sum(bs[t] for t in bt)/len(bt):.1f} records, "
           f"max real {max(br[t] for t in bt):.0f} / sim {max(bs[t] for t in bt):.0f} records, "
           f"seconds with >= 10 records real {nz(br)} / sim {nz(bs)}, mean absolute error {mae:.1f} records")
+    table.append((mode, len(sr), shifted, p99, max(bs[t] for t in bt), nz(bs), mae))
+# One line per simulation, for BENCHMARKS.md.
+lr = [v for v in series(real, "p99_s").values() if v is not None]
+br = [v for v in series(real, "backlog").values() if v is not None]
+gaps = " / ".join(o for o in ops if o not in ("source", "sink"))
+print(f"\n| run | rescales | worst gap ±3 s ({gaps}) | engine-read p99 mean, median: all (vs real) | between rescales (vs real) | backlog max, s ≥ 10, MAE |")
+print("|---|---|---|---|---|---|")
+print(f"| real | {len(rr)} | — | {sum(lr)/len(lr)*1000:.1f} ms, {sorted(lr)[len(lr)//2]*1000:.1f} ms | — | {max(br):.0f}, {sum(1 for b in br if b >= 10)}, — |")
+for mode, n, shifted, p99, bmax, bn, mae in table:
+    g = " / ".join(f"{shifted[o]:.0f}" for o in ops if o not in ("source", "sink"))
+    a, q = p99.get("all"), p99.get("between rescales")
+    fa = f"{a[0]*1000:.1f} ms ({a[1]:+.0f} %), {a[2]*1000:.1f} ms ({a[3]:+.0f} %)" if a else "—"
+    fq = f"{q[1]:+.0f} %, {q[3]:+.0f} %" if q else "—"
+    print(f"| {mode} | {n} | {g} | {fa} | {fq} | {bmax:.0f}, {bn}, {mae:.1f} |")
 PY

@@ -12,6 +12,7 @@
 //! scaleDownDelaySeconds: 30 # streamscale: a scale-down must be wanted this long
 //! guardWindowSeconds: 15   # streamscale: least history before a decision (default below)
 //! overheadMicros: 5        # per-record framework overhead added to cpu + io, µs
+//! arrivals: poisson        # event mode: `poisson` (default) or `paced` (as the engine's source)
 //! operators:
 //!   enrich: { meanMicros: 5200, cv: 1.5 }   # per-record service time: mean (µs) and CV
 //! rescale:
@@ -62,6 +63,18 @@ impl Default for RescaleCost {
     }
 }
 
+/// Arrival process of the event-level mode's sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arrivals {
+    /// Poisson arrivals at the step's rate (exponential gaps): the queueing models' assumption.
+    #[default]
+    Poisson,
+    /// Evenly spaced arrivals, as the engine's source emits: record k is due when ∫ rate reaches
+    /// k (`due = ⌊∫ rate⌋`), so the gaps are 1 / rate.
+    Paced,
+}
+
 /// All simulator settings. Times are simulated seconds (trace seconds / speedup).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -90,6 +103,8 @@ pub struct SimConfig {
     pub guard_window_seconds: Option<f64>,
     /// Per-record overhead added to `cpu + io`, µs. Default 5 µs.
     pub overhead_micros: f64,
+    /// Event mode's arrival process. Default Poisson.
+    pub arrivals: Arrivals,
     /// Service-time overrides by operator name.
     pub operators: BTreeMap<String, ServiceOverride>,
     /// Rescale cost model.
@@ -109,6 +124,7 @@ impl Default for SimConfig {
             scale_down_delay_seconds: 30.0,
             guard_window_seconds: None,
             overhead_micros: 5.0,
+            arrivals: Arrivals::Poisson,
             operators: BTreeMap::new(),
             rescale: RescaleCost::default(),
             slo_seconds: None,

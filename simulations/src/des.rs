@@ -2,7 +2,9 @@
 //! windows; it checks the fast mode.
 //!
 //! Arrivals at each source are Poisson at the step's mean trace rate (exponential gaps,
-//! resampled at step boundaries, which is exact for a piecewise-constant rate). Each operator
+//! resampled at step boundaries, which is exact for a piecewise-constant rate), or, with
+//! `arrivals: paced` ([`crate::config::Arrivals`]), evenly spaced as the engine's source emits
+//! them (record k when ∫ rate reaches k; the fraction of a record due carries across steps). Each operator
 //! has `p` servers; service times are gamma-distributed with the configured mean and
 //! coefficient of variation (exponential at CV 1; statrs sampling, seeded). Keyed operators
 //! have one queue per subtask and route each record by its key's key group (Flink's
@@ -60,6 +62,9 @@ pub struct DesPlant<'m> {
     service: Vec<Service>,
     backlog: Vec<VecDeque<Rec>>,
     next_arrival: Vec<f64>,
+    /// Paced arrivals: per source operator, the records due but not emitted at the step's start
+    /// (in [0, 1], up to rounding).
+    phase: Vec<f64>,
     seq: Vec<u64>,
     counters: Vec<OpCounters>,
     received: Vec<u64>,
@@ -107,6 +112,7 @@ impl<'m> DesPlant<'m> {
             service,
             backlog: vec![VecDeque::new(); n],
             next_arrival: vec![f64::INFINITY; n],
+            phase: vec![0.0; n],
             seq: vec![0; n],
             counters: vec![OpCounters::default(); n],
             received: vec![0; n],
@@ -368,9 +374,18 @@ impl Plant for DesPlant<'_> {
         let done = |received: &[u64], k: usize, s: usize| {
             m.source_counts[k].is_some_and(|c| received[s] as f64 >= c)
         };
+        let paced = m.paced_arrivals;
+        // Paced: arrival j (from 0) of the step at t + (j + 1 − phase) / rate, from the phase at
+        // the step's start (no accumulated rounding).
+        let mut paced_at: Vec<(f64, u64)> = vec![(0.0, 0); m.ops.len()];
         for (k, &(s, rate)) in rates.iter().enumerate() {
+            paced_at[s] = (self.phase[s], 0);
             self.next_arrival[s] = if rate > 0.0 && !done(&self.received, k, s) {
-                t + Exp::new(rate).map_or(f64::INFINITY, |e| e.sample(&mut self.rng))
+                if paced {
+                    t + (1.0 - self.phase[s]) / rate
+                } else {
+                    t + Exp::new(rate).map_or(f64::INFINITY, |e| e.sample(&mut self.rng))
+                }
             } else {
                 f64::INFINITY
             };
@@ -414,6 +429,10 @@ impl Plant for DesPlant<'_> {
                 arrivals += 1.0;
                 self.next_arrival[s] = if done(&self.received, src_i, s) {
                     f64::INFINITY
+                } else if paced {
+                    let (phase, j) = &mut paced_at[s];
+                    *j += 1;
+                    t + (*j as f64 + 1.0 - *phase) / rate
                 } else {
                     next + Exp::new(rate).map_or(f64::INFINITY, |e| e.sample(&mut self.rng))
                 };
@@ -422,6 +441,14 @@ impl Plant for DesPlant<'_> {
             }
         }
         self.now = end;
+        if paced {
+            // What was due and not emitted in the step carries over (a record due exactly at
+            // the step's end arrives at the next step's start).
+            for &(s, rate) in &rates {
+                let (phase, j) = paced_at[s];
+                self.phase[s] = (phase + rate * dt - j as f64).max(0.0);
+            }
+        }
         let lam = m.traffic(&gamma);
         self.rate_in.copy_from_slice(&lam);
         let mut lat = std::mem::take(&mut self.latencies);

@@ -92,6 +92,9 @@ pub struct JobModel {
     /// Simulated seconds covered by the replay (the trace window / speedup; 3600 s without a
     /// trace unless set).
     pub duration_s: f64,
+    /// Event mode: evenly spaced arrivals as the engine's source emits them (`arrivals: paced`)
+    /// instead of Poisson ones.
+    pub paced_arrivals: bool,
     /// Per operator: its replayed true processing rate over time ([`JobModel::with_service_rates`]),
     /// `None` = the constant [`OpModel::service_s`].
     service_series: Vec<Option<RateSeries>>,
@@ -260,6 +263,7 @@ impl JobModel {
             duration_s,
             servers_table: Vec::new(),
             service_series: Vec::new(),
+            paced_arrivals: cfg.arrivals == crate::config::Arrivals::Paced,
         };
         model.service_series = vec![None; model.ops.len()];
         model.servers_table = (0..model.ops.len())
