@@ -1005,17 +1005,30 @@ impl Model {
     /// parallelism there is no rescale and no downtime, and it is the decision; otherwise the
     /// rescale happens, and the plan is made again with its backlog added to what must drain
     /// within the catch-up time. (Always adding it would let a plan scale up only to absorb
-    /// the downtime of the very rescale it asks for.)
+    /// the downtime of the very rescale it asks for.) Likewise that backlog does not block a
+    /// scale-down the plan without it makes: an operator keeps the lower parallelism when its
+    /// busiest subtask there stays within the scale-up tolerance band at the rate with the
+    /// backlog (see [`SCALE_UP_TOLERANCE`]), since from there the planner would not scale it
+    /// back up. (Without this, the backlog of a scale-down's own downtime could keep the
+    /// operator at the higher parallelism, so that no rescale and no downtime happen at all.)
     pub(crate) fn plan(&mut self) -> Decision {
+        let mut free = None;
         if self.s.downtime > 0.0 {
             self.use_downtime(false);
-            let hold = self.plan_once(true);
+            let hold = self.plan_once(true, None);
+            if hold.is_none() {
+                let n = self.graph.topo.len();
+                let (mut p, mut clamped) = (vec![1u32; n], vec![false; n]);
+                let (mut why, mut reasons) = (vec![String::new(); n], Vec::new());
+                self.size(false, None, &mut p, &mut clamped, &mut why, &mut reasons);
+                free = Some(p);
+            }
             self.use_downtime(true);
             if let Some(hold) = hold {
                 return hold;
             }
         }
-        self.plan_once(false)
+        self.plan_once(false, free.as_deref())
             .expect("a plan not limited to holds always decides")
     }
 
@@ -1030,10 +1043,12 @@ impl Model {
 
     /// Step 1 of a plan: the sources' reasons and DS2 sizing at the target utilization into
     /// `p` (with `clamped`, each operator's `why` and the job-wide `reasons`). With `explain`
-    /// false no text is written (the parallelism is the same).
+    /// false no text is written (the parallelism is the same). `free`: the sizing without the
+    /// rescale's downtime backlog, when these targets include it (see [`Model::plan`]).
     fn size(
         &self,
         explain: bool,
+        free: Option<&[u32]>,
         p: &mut [u32],
         clamped: &mut [bool],
         why: &mut [String],
@@ -1198,6 +1213,24 @@ impl Model {
                 }
                 need_u = cur;
             }
+            // A scale-down the plan without the rescale's downtime backlog makes, kept when the
+            // lower parallelism stays within the scale-up tolerance band with that backlog.
+            if let Some(&down) = free.and_then(|f| f.get(i))
+                && down < cur
+                && down < need_u
+                && let Some(rho_down) = self.predicted_rho(i, down)
+                && rho_down <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
+            {
+                if explain {
+                    let _ = write!(
+                        why[i],
+                        "; scale-down to p={down}: with the rescale's downtime backlog its busiest subtask runs at ρ={} there, within the scale-up tolerance ({}% above ρ_target) → p={down}",
+                        Fixed(rho_down, 3),
+                        Fixed(100.0 * SCALE_UP_TOLERANCE, 0)
+                    );
+                }
+                need_u = down;
+            }
             p[i] = need_u.clamp(lo, hi);
             if need_u > hi {
                 clamped[i] = true;
@@ -1229,7 +1262,7 @@ impl Model {
     /// plan changes some operator's parallelism (DS2 sizing above the current parallelism, or
     /// the latency allocation raising one above it: neither step lowers a parallelism again),
     /// and otherwise the decision only if it keeps every operator's parallelism.
-    fn plan_once(&self, hold_only: bool) -> Option<Decision> {
+    fn plan_once(&self, hold_only: bool, free: Option<&[u32]>) -> Option<Decision> {
         let n = self.graph.topo.len();
         let mut p = vec![1u32; n];
         let mut clamped = vec![false; n];
@@ -1239,12 +1272,12 @@ impl Model {
         if hold_only {
             // Most plans that may only hold stop at the sizing: size without the reasons' text
             // first (same parallelism: the text never feeds back into a number).
-            self.size(false, &mut p, &mut clamped, &mut why, &mut reasons);
+            self.size(false, free, &mut p, &mut clamped, &mut why, &mut reasons);
             if (0..n).any(|i| grown(&p, i)) {
                 return None;
             }
         }
-        self.size(true, &mut p, &mut clamped, &mut why, &mut reasons);
+        self.size(true, free, &mut p, &mut clamped, &mut why, &mut reasons);
 
         // 2. Greedy marginal allocation for the latency SLO (on the percentile bound of the
         // slowest path) at the steady rates. Operators flagged for ineffective scaling count 0
@@ -2207,6 +2240,44 @@ edges:
                 && msg.contains("round-trip gain 1.0000"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_scale_down_is_not_blocked_by_its_own_downtime_backlog_within_the_band() {
+        // map: μ = 100 per subtask at p = 2, γ = 69 rec/s. Without the downtime backlog DS2
+        // needs ⌈69/70⌉ = 1. A 5 s rescale adds 69·5/60 = 5.75 rec/s of catch-up: ⌈74.75/70⌉
+        // = 2, so the backlog of the scale-down's own downtime would keep p = 2 (and then no
+        // rescale, no downtime). At p = 1 that rate runs at ρ 0.7475 ≤ 0.7 · 1.1: scale down.
+        let spec = job(CHAIN);
+        let ops = |gamma: f64| {
+            vec![
+                Synth::source("src", 1, gamma, 0.0),
+                Synth::op("map", 2, gamma, 100.0, 1.0),
+                Synth::op("sink", 1, gamma, 50_000.0, 0.0),
+            ]
+        };
+        let settings = |downtime: f64| PlannerSettings {
+            catch_up_seconds: Some(60.0),
+            latency_slo_seconds: Some(1e9),
+            rescale_downtime_seconds: Some(downtime),
+            ..PlannerSettings::default()
+        };
+        let w = window(&ops(69.0), &[0.0, 30.0]);
+        let d = plan(&spec, &w, &settings(5.0)).expect("plans");
+        assert_eq!(d.parallelism["map"], 1, "{}", d.operators["map"].reason);
+        assert!(
+            d.operators["map"].reason.contains("scale-down to p=1"),
+            "{}",
+            d.operators["map"].reason
+        );
+        assert!(d.operators["map"].predicted_utilization.expect("μ") <= 0.77);
+        // A 30 s rescale adds 34.5 rec/s: ρ 1.035 at p = 1, outside the band: stays at 2.
+        let d = plan(&spec, &w, &settings(30.0)).expect("plans");
+        assert_eq!(d.parallelism["map"], 2, "{}", d.operators["map"].reason);
+        // Without a downtime the rule does not apply: DS2 alone scales down.
+        let d = plan(&spec, &w, &settings(0.0)).expect("plans");
+        assert_eq!(d.parallelism["map"], 1);
+        assert!(!d.operators["map"].reason.contains("scale-down to"));
     }
 
     #[test]
