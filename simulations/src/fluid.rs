@@ -52,7 +52,8 @@ pub struct FluidPlant<'m> {
     /// Mean service time of each operator over the step, seconds ([`JobModel::service_s_over`]).
     svc: Vec<f64>,
     /// Inputs of the last fully computed step: `[dt, up, still down, arrivals..., service
-    /// times..., queue..., backlog..., last_rate...]`; empty when invalid (after a rescale).
+    /// times (replayed rates only)..., queue..., backlog..., last_rate...]`; empty when invalid
+    /// (after a rescale).
     key: Vec<f64>,
     /// Whether the last computed step left the state (queues, backlogs, rates) as it found it.
     fixed: bool,
@@ -175,25 +176,28 @@ impl Plant for FluidPlant<'_> {
         let up = (t + dt - t.max(self.down_until)).clamp(0.0, dt);
         // Time still down after this step adds to every record's latency.
         let still_down = (self.down_until - (t + dt)).max(0.0);
-        // Replayed service rates: each operator's mean service time over the step.
-        if m.has_service_series() {
+        // Replayed service rates: each operator's mean service time over the step, an external
+        // input of the step (constant otherwise, and then not part of the key).
+        let replayed = m.has_service_series();
+        if replayed {
             m.service_times_over(t, t + dt, &mut self.svc);
         }
+        let svc_len = if replayed { n } else { 0 };
         // A step repeats the last computed one when that one was a fixed point (it left the
         // state as it found it) and the external inputs are the same: then the whole key is.
-        let ext = 3 + arrivals_in.len() + n;
+        let ext = 3 + arrivals_in.len() + svc_len;
         if self.fixed
             && self.key.len() >= ext
             && self.key[..3] == [dt, up, still_down]
             && self.key[3..3 + arrivals_in.len()] == *arrivals_in
-            && self.key[3 + arrivals_in.len()..ext] == *self.svc
+            && self.key[3 + arrivals_in.len()..ext] == self.svc[..svc_len]
         {
             return self.repeat_step();
         }
         self.key.clear();
         self.key.extend_from_slice(&[dt, up, still_down]);
         self.key.extend_from_slice(arrivals_in);
-        self.key.extend_from_slice(&self.svc);
+        self.key.extend_from_slice(&self.svc[..svc_len]);
         self.key.extend_from_slice(&self.queue);
         self.key.extend_from_slice(&self.backlog);
         self.key.extend_from_slice(&self.last_rate);

@@ -98,6 +98,8 @@ pub struct JobModel {
     /// Per operator: its replayed true processing rate over time ([`JobModel::with_service_rates`]),
     /// `None` = the constant [`OpModel::service_s`].
     service_series: Vec<Option<RateSeries>>,
+    /// Whether any entry of `service_series` is set.
+    replayed: bool,
 }
 
 impl JobModel {
@@ -263,6 +265,7 @@ impl JobModel {
             duration_s,
             servers_table: Vec::new(),
             service_series: Vec::new(),
+            replayed: false,
             paced_arrivals: cfg.arrivals == crate::config::Arrivals::Paced,
         };
         model.service_series = vec![None; model.ops.len()];
@@ -300,12 +303,13 @@ impl JobModel {
         for (i, op) in self.ops.iter().enumerate() {
             self.service_series[i] = rates.series(&op.name, 1.0 / op.service_s);
         }
+        self.replayed = self.service_series.iter().any(Option::is_some);
         Ok(self)
     }
 
     /// Whether any operator's service rate is replayed ([`JobModel::with_service_rates`]).
     pub fn has_service_series(&self) -> bool {
-        self.service_series.iter().any(Option::is_some)
+        self.replayed
     }
 
     /// Mean service time of operator `i` over simulated seconds `[a, b)`, seconds: the

@@ -945,7 +945,9 @@ impl Policy for Oracle {
         for ((s, _), a) in m.sources.iter().zip(obs.next_arrivals) {
             self.gamma[*s] += a / obs.step_s;
         }
-        m.service_times_over(obs.now_s, obs.now_s + obs.step_s, &mut self.service);
+        if m.has_service_series() || self.service.len() != m.ops.len() {
+            m.service_times_over(obs.now_s, obs.now_s + obs.step_s, &mut self.service);
+        }
         // Most steps repeat the last step's rates: no sizing and no allocation then.
         if let Some((g, sv, p)) = &self.last
             && *g == self.gamma
