@@ -22,7 +22,7 @@ use streamscale_controller::model::quota::{
 };
 use streamscale_engine::spec::{JobSpec, OperatorKind};
 
-use crate::crd::{OperatorDemandStatus, StreamJob};
+use crate::crd::{OperatorDemandStatus, QuotaShareStatus, StreamJob};
 
 /// Whether `name` is a source of `spec` (sources do not count against a quota).
 fn is_source(spec: &JobSpec, name: &str) -> bool {
@@ -37,6 +37,37 @@ pub fn non_source_total(spec: &JobSpec, p: &BTreeMap<String, u32>) -> u32 {
         .filter(|(n, _)| !is_source(spec, n))
         .map(|(_, v)| *v)
         .sum()
+}
+
+/// The parallelism a job that runs more non-source subtasks than its quota share
+/// (`q.running_subtasks > q.allocated_subtasks`) must be rescaled down to now, or `None` when
+/// no forced rescale is needed.
+///
+/// * `planned`: the planner's decision or recommendation; used when it already fits the share
+///   and differs from `current` but the planner held it back (`rescaling == false`, e.g. a
+///   scale-down guard or its rescale-cost check);
+/// * `limit`: the limit plan sized to the share; used when `planned` does not fit.
+///
+/// `None` when the job is within its share, when neither plan fits, when the fitting plan is the
+/// current parallelism, or when the planner already rescales to a plan that fits.
+pub fn forced_scale_down(
+    spec: &JobSpec,
+    q: &QuotaShareStatus,
+    current: &BTreeMap<String, u32>,
+    planned: &BTreeMap<String, u32>,
+    rescaling: bool,
+    limit: Option<&BTreeMap<String, u32>>,
+) -> Option<BTreeMap<String, u32>> {
+    if q.running_subtasks <= q.allocated_subtasks {
+        return None;
+    }
+    let fits = |p: &BTreeMap<String, u32>| {
+        non_source_total(spec, p) <= q.allocated_subtasks && p != current
+    };
+    if fits(planned) {
+        return (!rescaling).then(|| planned.clone());
+    }
+    limit.filter(|lp| fits(lp)).cloned()
 }
 
 /// The parallelism `job` holds now: its current one, or during a rescale the larger of the
@@ -286,5 +317,80 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert_eq!((d[0].need, d[0].min, d[0].max), (3.0, 2, 3));
         assert_eq!(non_source_total(&spec, &p), 6);
+    }
+
+    fn three_operator_spec() -> JobSpec {
+        JobSpec::from_yaml(
+            "name: q\noperators:\n  - {name: source, kind: source, rate: {constant: 100}}\n  \
+             - {name: work, kind: map}\n  - {name: sink, kind: sink}\nedges:\n  \
+             - {from: source, to: work}\n  - {from: work, to: sink}\n",
+        )
+        .expect("spec")
+    }
+
+    fn quota_status(allocated: u32, running: u32) -> QuotaShareStatus {
+        QuotaShareStatus {
+            name: "team".into(),
+            quota_subtasks: 6,
+            allocated_subtasks: allocated,
+            running_subtasks: running,
+            admitted_share: 0.5,
+            demand: Vec::new(),
+            message: String::new(),
+        }
+    }
+
+    fn par(work: u32) -> BTreeMap<String, u32> {
+        [("source", 1), ("work", work), ("sink", 1)]
+            .into_iter()
+            .map(|(n, p)| (n.to_string(), p))
+            .collect()
+    }
+
+    #[test]
+    fn a_held_back_recommendation_within_the_share_is_forced() {
+        // The CI failure of 2026-12-01: spiky ran work 3 + sink 1 = 4 of a share of 3, its
+        // planner recommended work 2 (fits) but held (a scale-down guard), and the other job
+        // waited for the subtask forever.
+        let spec = three_operator_spec();
+        let q = quota_status(3, 4);
+        assert_eq!(
+            forced_scale_down(&spec, &q, &par(3), &par(2), false, Some(&par(2))),
+            Some(par(2))
+        );
+        // Already rescaling to a plan that fits: nothing to force.
+        assert_eq!(
+            forced_scale_down(&spec, &q, &par(3), &par(2), true, Some(&par(2))),
+            None
+        );
+    }
+
+    #[test]
+    fn a_plan_over_the_share_falls_back_to_the_limit_plan() {
+        let spec = three_operator_spec();
+        let q = quota_status(3, 4);
+        assert_eq!(
+            forced_scale_down(&spec, &q, &par(3), &par(6), true, Some(&par(2))),
+            Some(par(2))
+        );
+        // No limit plan, or one over the share or equal to what runs: no forced rescale.
+        assert_eq!(
+            forced_scale_down(&spec, &q, &par(3), &par(6), true, None),
+            None
+        );
+        assert_eq!(
+            forced_scale_down(&spec, &q, &par(3), &par(6), true, Some(&par(3))),
+            None
+        );
+    }
+
+    #[test]
+    fn a_job_within_its_share_is_never_forced() {
+        let spec = three_operator_spec();
+        let q = quota_status(3, 3);
+        assert_eq!(
+            forced_scale_down(&spec, &q, &par(2), &par(1), false, Some(&par(1))),
+            None
+        );
     }
 }

@@ -782,13 +782,16 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
     // A job holding more than its quota share is rescaled down to it, whatever the
     // scale-down guards say (the other members wait for those subtasks).
     if let Some(q) = &status.quota
-        && q.running_subtasks > q.allocated_subtasks
-        && quota::non_source_total(&spec, &decision.parallelism) > q.allocated_subtasks
-        && let Some(lp) = &limit
-        && quota::non_source_total(&spec, &lp.parallelism) <= q.allocated_subtasks
-        && lp.parallelism != status.current_parallelism
+        && let Some(target) = quota::forced_scale_down(
+            &spec,
+            q,
+            &status.current_parallelism,
+            &decision.parallelism,
+            rescale,
+            limit.as_ref().map(|lp| &lp.parallelism),
+        )
     {
-        decision.parallelism.clone_from(&lp.parallelism);
+        decision.parallelism = target;
         decision.reasons.insert(
             0,
             format!(
