@@ -95,7 +95,7 @@ pub struct Estimates {
 /// [`ModelError::InvalidValue`], [`ModelError::SourceWithoutBacklog`], [`ModelError::Cycle`].
 pub fn estimate(spec: &JobSpec, window: &[MetricSample]) -> Result<Estimates, ModelError> {
     let topo = Topology::from_spec(spec)?;
-    let (elapsed, ests) = estimate_indexed(&topo, window)?;
+    let (elapsed, ests) = estimate_indexed(&topo, window, None)?;
     Ok(Estimates {
         elapsed_seconds: elapsed,
         operators: topo.names.iter().cloned().zip(ests).collect(),
@@ -123,10 +123,15 @@ pub(crate) fn window_elapsed(window: &[MetricSample]) -> Result<f64, ModelError>
     Ok(elapsed)
 }
 
-/// [`estimate`] indexed like `topo.names` (topological order).
+/// [`estimate`] indexed like `topo.names` (topological order). With `arrival_scale` f, every
+/// source subtask's `source_arrivals` a is read as a₀ + f·(a − a₀) (a₀ its value in the first
+/// sample, when both are reported): the estimate of the window that
+/// [`scale_arrivals`](super::forecast::scale_arrivals) would return, value for value, without
+/// copying the window.
 pub(crate) fn estimate_indexed(
     topo: &Topology,
     window: &[MetricSample],
+    arrival_scale: Option<f64>,
 ) -> Result<(f64, Vec<OperatorEstimate>), ModelError> {
     let elapsed = window_elapsed(window)?;
     let s = window.len();
@@ -155,7 +160,14 @@ pub(crate) fn estimate_indexed(
         .zip(&topo.is_source)
         .enumerate()
         .map(|(i, (name, &is_source))| {
-            estimate_operator(name, is_source, &table[i * s..(i + 1) * s], elapsed, recent)
+            estimate_operator(
+                name,
+                is_source,
+                &table[i * s..(i + 1) * s],
+                elapsed,
+                recent,
+                arrival_scale,
+            )
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((elapsed, ests))
@@ -195,11 +207,30 @@ fn check_value(
     }
 }
 
+/// Subtask `k`'s `source_arrivals` in `s`, read through the arrival scale of
+/// [`estimate_indexed`] (`base`: the operator's subtasks in the window's first sample).
+fn scaled_arrivals(
+    s: &SubtaskSample,
+    k: usize,
+    base: &[SubtaskSample],
+    scale: Option<f64>,
+) -> Option<f64> {
+    match (
+        scale,
+        s.source_arrivals,
+        base.get(k).and_then(|b| b.source_arrivals),
+    ) {
+        (Some(f), Some(a), Some(a0)) => Some(a0 + f * (a - a0)),
+        _ => s.source_arrivals,
+    }
+}
+
 fn source_fields(
     name: &str,
     subtask: usize,
     sample: usize,
     s: &SubtaskSample,
+    arrivals: Option<f64>,
 ) -> Result<(f64, f64), ModelError> {
     let missing = |missing| ModelError::SourceWithoutBacklog {
         operator: name.to_string(),
@@ -208,9 +239,7 @@ fn source_fields(
         sample,
     };
     let backlog = s.source_backlog.ok_or_else(|| missing("source_backlog"))?;
-    let arrivals = s
-        .source_arrivals
-        .ok_or_else(|| missing("source_arrivals"))?;
+    let arrivals = arrivals.ok_or_else(|| missing("source_arrivals"))?;
     check_value(name, subtask, sample, "source_backlog", backlog)?;
     check_value(name, subtask, sample, "source_arrivals", arrivals)?;
     Ok((backlog, arrivals))
@@ -232,8 +261,10 @@ fn estimate_operator(
     rows: &[Option<&[SubtaskSample]>],
     elapsed: f64,
     recent: Option<(usize, f64)>,
+    arrival_scale: Option<f64>,
 ) -> Result<OperatorEstimate, ModelError> {
     let first = subtasks(rows, 0, name)?;
+    let arr = |k: usize, s: &SubtaskSample| scaled_arrivals(s, k, first, arrival_scale);
     let p = first.len();
     if p == 0 {
         return Err(ModelError::NoSubtasks {
@@ -252,7 +283,7 @@ fn estimate_operator(
         }
         check_value(name, k, 0, "queue_length", s.queue_length)?;
         if is_source {
-            source_fields(name, k, 0, s)?;
+            source_fields(name, k, 0, s, arr(k, s))?;
         }
     }
     for i in 1..rows.len() {
@@ -268,8 +299,8 @@ fn estimate_operator(
         for (k, (a, b)) in prev.iter().zip(cur).enumerate() {
             check_value(name, k, i, "queue_length", b.queue_length)?;
             let arrivals = if is_source {
-                let (_, arr_a) = source_fields(name, k, i - 1, a)?;
-                let (_, arr_b) = source_fields(name, k, i, b)?;
+                let (_, arr_a) = source_fields(name, k, i - 1, a, arr(k, a))?;
+                let (_, arr_b) = source_fields(name, k, i, b, arr(k, b))?;
                 Some(("source_arrivals", arr_a, arr_b))
             } else {
                 None
@@ -321,7 +352,10 @@ fn estimate_operator(
     let pf = p as f64;
     let source = if is_source {
         let arrivals = |row: &[SubtaskSample]| -> f64 {
-            row.iter().map(|s| s.source_arrivals.unwrap_or(0.0)).sum()
+            row.iter()
+                .enumerate()
+                .map(|(k, s)| arr(k, s).unwrap_or(0.0))
+                .sum()
         };
         let window_rate = (arrivals(last) - arrivals(first)) / elapsed;
         let recent_rate = match recent {
@@ -591,7 +625,66 @@ edges:
             let src = est.operators["src"].source.expect("source");
             proptest::prop_assert!(close(src.window_arrival_rate, gamma));
         }
+
+        /// Reading the sources' arrivals through a scale gives the estimate (or the error) of
+        /// the window `scale_arrivals` returns, bit for bit: two sources of 1–3 subtasks, some
+        /// arrivals missing, reset, NaN or infinite, subtasks added in later samples.
+        #[test]
+        fn scaled_arrivals_read_in_place_equal_the_scaled_copy(
+            factor in proptest::prop_oneof![0.5f64..3.0, proptest::strategy::Just(1.0), proptest::strategy::Just(0.0)],
+            subs in proptest::collection::vec(1usize..4, 2),
+            extra in proptest::collection::vec(proptest::bool::weighted(0.1), 8),
+            edits in proptest::collection::vec((0usize..4, 0usize..2, 0usize..3, 0u8..6), 0..3),
+            rates in proptest::collection::vec(1.0f64..1e4, 2),
+        ) {
+            let spec = job(TWO_SOURCES);
+            let o = vec![
+                Synth::source("a", subs[0] as u32, rates[0], 3.0),
+                Synth::source("b", subs[1] as u32, rates[1], 0.0),
+                Synth::op("m", 1, rates[0] + rates[1], 1e5, 1.0),
+            ];
+            let mut w = window(&o, &[0.0, 5.0, 10.0, 15.0]);
+            for (k, s) in w.iter_mut().enumerate().skip(1) {
+                for (j, name) in ["a", "b"].into_iter().enumerate() {
+                    if extra[2 * (k - 1) + j] {
+                        let row = s.operators.get_mut(name).expect("source");
+                        let mut sub = row[0].clone();
+                        sub.source_arrivals = sub.source_arrivals.map(|a| a * 0.5);
+                        row.push(sub);
+                    }
+                }
+            }
+            for (k, op, sub, how) in edits {
+                let row = w[k].operators.get_mut(["a", "b"][op]).expect("source");
+                let n = row.len();
+                let a = &mut row[sub % n].source_arrivals;
+                *a = match how {
+                    0 => None,
+                    1 => a.map(|x| x * 0.25),
+                    2 => Some(f64::NAN),
+                    3 => Some(f64::INFINITY),
+                    4 => a.map(|x| x + 7.0),
+                    _ => Some(-1.0),
+                };
+            }
+            let topo = Topology::from_spec(&spec).expect("a DAG");
+            let copy = crate::model::forecast::scale_arrivals(&w, &spec, factor);
+            let in_place = format!("{:?}", estimate_indexed(&topo, &w, Some(factor)));
+            let reference = format!("{:?}", estimate_indexed(&topo, &copy, None));
+            proptest::prop_assert_eq!(in_place, reference);
+        }
     }
+
+    const TWO_SOURCES: &str = r"
+name: two
+operators:
+  - { name: a, kind: source, rate: { constant: 1 } }
+  - { name: b, kind: source, rate: { constant: 1 } }
+  - { name: m, kind: map }
+edges:
+  - { from: a, to: m }
+  - { from: b, to: m }
+";
 
     #[test]
     fn unknown_rate_and_prior_selectivity() {

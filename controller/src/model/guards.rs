@@ -289,21 +289,31 @@ impl Autoscaler {
             let downtime = g.planner.rescale_downtime_seconds.unwrap_or(0.0);
             Some(self.history.advise(cfg, now_s, measured, downtime))
         });
-        let scaled = advice
-            .as_ref()
-            .and_then(|a| a.factor)
-            .map(|f| forecast::scale_arrivals(window, spec, f));
-        let window = scaled.as_deref().unwrap_or(window);
+        // A usable forecast scales the sources' arrivals in the window
+        // ([`forecast::scale_arrivals`]); the model reads them scaled in place, and the scaled
+        // copy is made only when an incomplete window is repaired from it.
+        let factor = advice.as_ref().and_then(|a| a.factor);
         // An incomplete metric set (a subtask or operator missing from a scrape, a counter
         // reset, a source without a backlog figure) is planned from the complete samples only,
         // and then may scale up but never down: a missing figure is not read as zero.
         let mut repaired: Option<Vec<MetricSample>> = None;
         let mut incomplete: Vec<String> = Vec::new();
         let mut model = loop {
-            let w = repaired.as_deref().unwrap_or(window);
-            match Model::with_graph(Arc::clone(&graph), spec, w, &g.planner) {
+            let (w, scale) = match &repaired {
+                Some(kept) => (kept.as_slice(), None),
+                None => (window, factor),
+            };
+            match Model::with_graph(Arc::clone(&graph), spec, w, scale, &g.planner) {
                 Ok(m) => break m,
                 Err(e) => {
+                    let scaled;
+                    let w = match scale {
+                        Some(f) => {
+                            scaled = forecast::scale_arrivals(w, spec, f);
+                            scaled.as_slice()
+                        }
+                        None => w,
+                    };
                     let Some(kept) = drop_incomplete(w, &e) else {
                         return hold(format!("cannot plan: {e}"));
                     };

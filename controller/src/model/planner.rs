@@ -585,20 +585,23 @@ impl Model {
         window: &[MetricSample],
         settings: &PlannerSettings,
     ) -> Result<Model, ModelError> {
-        Model::with_graph(Arc::new(JobGraph::new(spec)?), spec, window, settings)
+        Model::with_graph(Arc::new(JobGraph::new(spec)?), spec, window, None, settings)
     }
 
     /// [`Model::new`] for a graph built from `spec` (or from a spec it
-    /// [matches](JobGraph::matches)).
+    /// [matches](JobGraph::matches)), with the sources' arrivals read through `arrival_scale`
+    /// (see [`estimate_indexed`]: the model of the window
+    /// [`scale_arrivals`](super::forecast::scale_arrivals) would return, without the copy).
     pub(crate) fn with_graph(
         graph: Arc<JobGraph>,
         spec: &JobSpec,
         window: &[MetricSample],
+        arrival_scale: Option<f64>,
         settings: &PlannerSettings,
     ) -> Result<Model, ModelError> {
         let s = settings.resolve(&spec.autoscaler)?;
         let topo = &graph.topo;
-        let (_, est) = estimate_indexed(topo, window)?;
+        let (_, est) = estimate_indexed(topo, window, arrival_scale)?;
         let n = topo.len();
         let mut spec_parallelism = vec![1; n];
         for op in &spec.operators {
