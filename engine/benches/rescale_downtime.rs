@@ -22,7 +22,11 @@
 //!     [--backends heap,disk] [--repeat 3] [--dir target/bench-rescale-downtime]
 //!     [--setup loaded|restored] [--settle-seconds 1]
 //! ```
-//! Prints one JSON object per measurement on stdout.
+//! Prints one JSON object per measurement on stdout, with the process's resident memory just
+//! before the restore (the stopped job's state dropped) and its peak from there to the first
+//! record (`rss_before_restore_bytes`, `restore_peak_rss_bytes`: `VmRSS` and `VmHWM` after
+//! resetting the peak through `/proc/self/clear_refs`; Linux only, else null). `RUST_LOG`
+//! (e.g. `streamscale_engine::savepoint=debug,rescale_downtime=debug`) logs the phases.
 #![allow(missing_docs)]
 
 use std::collections::BTreeMap;
@@ -129,6 +133,36 @@ struct Measured {
     read: f64,
     start: f64,
     savepoint_bytes: u64,
+    /// Resident bytes before the restore and the peak from there to the first record.
+    rss_before_restore: Option<u64>,
+    restore_peak_rss: Option<u64>,
+}
+
+/// A field of `/proc/self/status` in bytes (`VmRSS`, `VmHWM`); Linux only.
+fn proc_status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line
+        .trim_start_matches(field)
+        .trim_start_matches(':')
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets the process's peak resident set size to its current one (`5` to
+/// `/proc/self/clear_refs`, Linux 4.0+) and returns the current one.
+fn reset_peak_rss() -> Option<u64> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    proc_status_bytes("VmRSS")
+}
+
+/// Peak resident set size since the last [`reset_peak_rss`].
+fn peak_rss() -> Option<u64> {
+    proc_status_bytes("VmHWM")
 }
 
 /// Bytes of restored state the disk backend's `counts` subtasks have not written out yet.
@@ -183,6 +217,7 @@ fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool, settle: f64)
     std::thread::sleep(Duration::from_secs_f64(settle));
 
     let sp_dir = dir.join("sp-rescale");
+    tracing::debug!("stop-with-savepoint requested");
     let t0 = Instant::now();
     let outcome = job
         .stop_with_savepoint(StopKind::Stop, sp_dir.clone())
@@ -193,7 +228,11 @@ fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool, settle: f64)
     if !finished.errors.is_empty() {
         fail("stop", finished.errors.join("; "));
     }
+    // The stopped job's state is gone in a real rescale (the engine process restarts).
+    drop(finished);
     let t_saved = t0.elapsed().as_secs_f64();
+    let rss_before = reset_peak_rss();
+    tracing::debug!("stopped, savepoint written");
     let sp = Savepoint::read(&sp_dir, &spec3).unwrap_or_else(|e| fail("read savepoint", e));
     let t_read = t0.elapsed().as_secs_f64();
     let base = sp
@@ -212,6 +251,8 @@ fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool, settle: f64)
         std::thread::sleep(Duration::from_micros(100));
     }
     let downtime = t0.elapsed().as_secs_f64();
+    let restore_peak = peak_rss();
+    tracing::debug!("first record after the restore");
     job.cancel();
     let done = job.join();
     if !done.errors.is_empty() {
@@ -225,6 +266,8 @@ fn measure(dir: &Path, backend: &str, keys: u64, wait_loaded: bool, settle: f64)
         read: t_read - t_saved,
         start: t_started - t_read,
         savepoint_bytes: written.metadata.files.iter().map(|f| f.bytes).sum(),
+        rss_before_restore: rss_before,
+        restore_peak_rss: restore_peak,
     }
 }
 
@@ -266,6 +309,12 @@ fn arg(args: &[String], name: &str, default: &str) -> String {
 }
 
 fn main() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .init();
+    }
     let args: Vec<String> = std::env::args().collect();
     let sizes: Vec<u64> = arg(&args, "--sizes-mb", "1,100")
         .split(',')
@@ -328,6 +377,8 @@ fn main() {
                         "read_savepoint_s": m.read,
                         "start_job_s": m.start,
                         "downtime_with_process_start_s": m.downtime + process_start_s,
+                        "rss_before_restore_bytes": m.rss_before_restore,
+                        "restore_peak_rss_bytes": m.restore_peak_rss,
                     })
                 );
             }

@@ -89,6 +89,40 @@ pub enum KeyGroupData {
     },
     /// In a disk backend's consistent snapshot; read when the checkpoint is written.
     Disk(disk::GroupView),
+    /// A restored chunk ([`chunk`] form, key order checked) with the keys written since over
+    /// it (heap backend): a key is read from `delta`, else found in `base` by binary search,
+    /// so a restored key group is never decoded as a whole before it has had many writes.
+    Layered {
+        /// The restored chunk.
+        base: Bytes,
+        /// Whether some key of `base` not in `delta` may have an open window pane.
+        open_panes: bool,
+        /// Keys written since the restore (override `base`); shared copy-on-write.
+        delta: Arc<BTreeMap<u64, KeyState>>,
+    },
+}
+
+/// Calls `f(key, value)` for the entries of `base` ([`chunk`] form) and `delta` merged in key
+/// order, `delta` winning on equal keys; `value` is `Err(state)` for a key from `delta`,
+/// `Ok(encoded value)` for one from `base`.
+fn merge_layers(
+    base: &[u8],
+    delta: &BTreeMap<u64, KeyState>,
+    mut f: impl FnMut(u64, Result<&[u8], &KeyState>),
+) {
+    let mut d = delta.iter().peekable();
+    chunk::for_each(base, |key, v| {
+        while let Some((dk, ds)) = d.next_if(|(dk, _)| **dk < key) {
+            f(*dk, Err(ds));
+        }
+        match d.next_if(|(dk, _)| **dk == key) {
+            Some((_, ds)) => f(key, Err(ds)),
+            None => f(key, Ok(v)),
+        }
+    });
+    for (dk, ds) in d {
+        f(*dk, Err(ds));
+    }
 }
 
 impl KeyGroupData {
@@ -101,6 +135,13 @@ impl KeyGroupData {
             KeyGroupData::Map(m) => Ok(m.iter().map(|(k, s)| (*k, *s)).collect()),
             KeyGroupData::Encoded { bytes, .. } => chunk::decode(key_group, bytes),
             KeyGroupData::Disk(view) => view.entries(),
+            KeyGroupData::Layered { base, delta, .. } => {
+                let mut out = Vec::with_capacity(base.len() / chunk::ENTRY_BYTES + delta.len());
+                merge_layers(base, delta, |k, v| {
+                    out.push((k, v.map_or_else(|s| *s, chunk::decode_slice)));
+                });
+                Ok(out)
+            }
         }
     }
 
@@ -128,6 +169,48 @@ impl KeyGroupData {
             )),
             KeyGroupData::Encoded { bytes, open_panes } => Ok((bytes.clone(), *open_panes)),
             KeyGroupData::Disk(view) => view.encode(),
+            KeyGroupData::Layered { .. } => {
+                let mut out = Vec::new();
+                let (_, open) = self.encode_into(&mut out)?;
+                Ok((Bytes::from(out), open))
+            }
+        }
+    }
+
+    /// As [`KeyGroupData::encode`], but into a caller's buffer (reused across key groups by
+    /// the savepoint writer, so that writing a savepoint allocates no memory per byte of
+    /// state): appends the chunk to `out` and returns `(None, open panes)`, or returns
+    /// `(Some(bytes), open panes)` without touching `out` when the key group is already held
+    /// encoded in memory (no copy).
+    ///
+    /// # Errors
+    /// As [`KeyGroupData::entries`].
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(Option<Bytes>, bool), StateError> {
+        match self {
+            KeyGroupData::Map(m) => {
+                chunk::encode_into(out, m.iter().map(|(k, s)| (*k, *s)));
+                Ok((None, m.values().any(|s| s.pane_count > 0)))
+            }
+            KeyGroupData::Encoded { bytes, open_panes } => Ok((Some(bytes.clone()), *open_panes)),
+            KeyGroupData::Disk(view) => view.encode_into(out),
+            KeyGroupData::Layered { base, delta, .. } => {
+                out.reserve(base.len() + delta.len() * chunk::ENTRY_BYTES);
+                let mut open = false;
+                merge_layers(base, delta, |k, v| {
+                    out.extend_from_slice(&k.to_le_bytes());
+                    match v {
+                        Ok(v) => {
+                            open |= chunk::value_has_open_pane(v);
+                            out.extend_from_slice(v);
+                        }
+                        Err(s) => {
+                            open |= s.pane_count > 0;
+                            out.extend_from_slice(&chunk::encode_value(s));
+                        }
+                    }
+                });
+                Ok((None, open))
+            }
         }
     }
 
@@ -140,6 +223,11 @@ impl KeyGroupData {
             KeyGroupData::Map(m) => Ok(m.len()),
             KeyGroupData::Encoded { bytes, .. } => Ok(bytes.len() / chunk::ENTRY_BYTES),
             KeyGroupData::Disk(_) => Ok(self.entries(key_group)?.len()),
+            KeyGroupData::Layered { base, delta, .. } => Ok(base.len() / chunk::ENTRY_BYTES
+                + delta
+                    .keys()
+                    .filter(|k| chunk::find(base, **k).is_none())
+                    .count()),
         }
     }
 }

@@ -367,6 +367,10 @@ fn assemble(ctx: &JobContext, p: &mut Pending) -> Savepoint {
 }
 
 fn complete(ctx: &JobContext, mut p: Pending) {
+    tracing::info!(
+        acked_s = p.started.elapsed().as_secs_f64(),
+        "PROFILE all acks"
+    );
     let snapshot = assemble(ctx, &mut p);
     let written = match &p.target {
         Target::Savepoint(dir) => snapshot

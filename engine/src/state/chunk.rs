@@ -40,12 +40,19 @@ pub fn decode_value(b: &[u8; VALUE_BYTES]) -> KeyState {
 
 /// Encodes entries (in key order) into a chunk.
 pub fn encode(entries: impl ExactSizeIterator<Item = (u64, KeyState)>) -> Bytes {
-    let mut out = Vec::with_capacity(entries.len() * ENTRY_BYTES);
+    let mut out = Vec::new();
+    encode_into(&mut out, entries);
+    Bytes::from(out)
+}
+
+/// Appends entries (in key order) in chunk form to `out` (reserving their size first), so
+/// that a checkpoint writer can reuse one buffer for many key groups.
+pub fn encode_into(out: &mut Vec<u8>, entries: impl ExactSizeIterator<Item = (u64, KeyState)>) {
+    out.reserve(entries.len() * ENTRY_BYTES);
     for (k, s) in entries {
         out.extend_from_slice(&k.to_le_bytes());
         out.extend_from_slice(&encode_value(&s));
     }
-    Bytes::from(out)
 }
 
 /// Decodes a chunk of key group `key_group`.

@@ -146,13 +146,6 @@ impl Layer {
             Layer::File(s) => s.keys(),
         }
     }
-
-    fn open_panes(&self) -> bool {
-        match self {
-            Layer::Restored(_, open) => *open,
-            Layer::File(s) => s.open_panes(),
-        }
-    }
 }
 
 /// One key group inside a disk backend's snapshot: the cache as of the snapshot over the
@@ -261,13 +254,32 @@ impl GroupView {
     /// # Errors
     /// [`StateError::Disk`] when the read fails.
     pub fn encode(&self) -> Result<(Bytes, bool), StateError> {
+        let mut out = Vec::new();
+        match self.encode_into(&mut out)? {
+            (Some(bytes), open) => Ok((bytes, open)),
+            (None, open) => Ok((Bytes::from(out), open)),
+        }
+    }
+
+    /// As [`GroupView::encode`], into a caller's buffer: appends the chunk to `out` and
+    /// returns `(None, open panes)`, or returns `(Some(bytes), open panes)` for a restored
+    /// chunk still in memory without writes since (no copy). A segment is read straight into
+    /// `out`.
+    ///
+    /// # Errors
+    /// [`StateError::Disk`] when the read fails.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(Option<Bytes>, bool), StateError> {
         if !self.in_db && self.overlay().is_empty() {
             return match &self.base {
-                Some(l) => Ok((l.bytes()?, l.open_panes())),
-                None => Ok((Bytes::new(), false)),
+                Some(Layer::Restored(b, open)) => Ok((Some(b.clone()), *open)),
+                Some(Layer::File(s)) => {
+                    s.read_into(out)?;
+                    Ok((None, s.open_panes()))
+                }
+                None => Ok((None, false)),
             };
         }
-        let mut out = Vec::with_capacity(
+        out.reserve(
             self.base.as_ref().map_or(0, Layer::keys) * ENTRY_BYTES
                 + self.overlay().len() * ENTRY_BYTES,
         );
@@ -277,7 +289,7 @@ impl GroupView {
             out.extend_from_slice(v);
             open |= chunk::value_has_open_pane(v);
         })?;
-        Ok((Bytes::from(out), open))
+        Ok((None, open))
     }
 }
 

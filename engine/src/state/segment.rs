@@ -156,6 +156,22 @@ impl Segment {
         Ok(Bytes::from(self.read_at(0, self.len)?))
     }
 
+    /// Appends the whole segment ([`chunk`] form) to `out`, read from the file.
+    ///
+    /// # Errors
+    /// [`StateError::Disk`] when the read fails.
+    pub fn read_into(&self, out: &mut Vec<u8>) -> Result<(), StateError> {
+        let at = out.len();
+        out.resize(at + self.len, 0);
+        self.file
+            .read_exact_at(&mut out[at..], 0)
+            .map_err(|e| StateError::Disk {
+                path: self.path.clone(),
+                action: "cannot read a segment file",
+                reason: e.to_string(),
+            })
+    }
+
     /// The state of `key`: a binary search of the sparse index, then one read of the block.
     ///
     /// # Errors
@@ -197,6 +213,9 @@ mod tests {
         assert_eq!(seg.keys(), 1000);
         assert!(seg.open_panes());
         assert_eq!(seg.read_all().unwrap(), bytes);
+        let mut into = vec![7u8];
+        seg.read_into(&mut into).unwrap();
+        assert_eq!((into[0], &into[1..]), (7, &bytes[..]));
         for (k, s) in &entries {
             assert_eq!(seg.find(*k).unwrap(), Some(*s));
             assert_eq!(seg.find(k + 1).unwrap(), None);
