@@ -12,7 +12,7 @@
 //! scaleDownDelaySeconds: 30 # streamscale: a scale-down must be wanted this long
 //! guardWindowSeconds: 15   # streamscale: least history before a decision (default below)
 //! overheadMicros: 5        # per-record framework overhead added to cpu + io, µs
-//! arrivals: poisson        # event mode: `poisson` (default) or `paced` (as the engine's source)
+//! arrivals: poisson        # `poisson` (default) or `paced` (as the engine's source)
 //! operators:
 //!   enrich: { meanMicros: 5200, cv: 1.5 }   # per-record service time: mean (µs) and CV
 //! rescale:
@@ -63,7 +63,9 @@ impl Default for RescaleCost {
     }
 }
 
-/// Arrival process of the event-level mode's sources.
+/// Arrival process of the sources: the event mode draws (or spaces) its arrivals by it; the
+/// fast mode takes its squared coefficient of variation (1 or 0) as the sources' ca² in the
+/// queueing formulas ([`crate::model::JobModel::source_scv`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arrivals {

@@ -11,7 +11,11 @@
 //! Latency: deterministic queueing delay (queued records / drain rate, source backlog / rate)
 //! plus the stochastic sojourn of the planner's own formulas (Allen-Cunneen / Kingman) at the
 //! step's arrival rate, with the variance of [`JobModel::sojourn_variance`], combined along
-//! every source-to-sink path ([`JobModel::path_latency`]).
+//! every source-to-sink path ([`JobModel::path_latency`]). The formulas' arrival variability
+//! ca² is the sources' (1 for Poisson arrivals, 0 for `arrivals: paced`) carried through the
+//! network with the Queueing Network Analyzer's departure, splitting and merging rules
+//! ([`JobModel::input_scv`], [`JobModel::output_scv`]): exactly 1 everywhere with Poisson
+//! arrivals and exponential service.
 //!
 //! Service rates: constant per operator, or replayed over time
 //! ([`JobModel::with_service_rates`]); a step uses each operator's mean service time over the
@@ -24,6 +28,10 @@
 
 use crate::model::{JobModel, OpKind, StepLatency, hash64};
 use crate::plant::{OpCounters, Plant, Snapshot, StepStats, capacity};
+
+/// A memoized sojourn: (arrival rate records/s, service time s, arrival SCV, sojourn s, its
+/// variance s²).
+type SojournMemo = (f64, f64, f64, f64, f64);
 
 /// The fluid deployment.
 #[derive(Debug, Clone)]
@@ -48,6 +56,11 @@ pub struct FluidPlant<'m> {
     soj: Vec<f64>,
     /// Variance of each operator's sojourn, s² ([`JobModel::sojourn_variance`]).
     soj_var: Vec<f64>,
+    /// Squared coefficient of variation of each operator's output stream in the step
+    /// ([`JobModel::output_scv`]).
+    out_scv: Vec<f64>,
+    /// Records/s leaving each operator in the step (its input's rate for a source).
+    out_rate: Vec<f64>,
     gamma: Vec<f64>,
     /// Mean service time of each operator over the step, seconds ([`JobModel::service_s_over`]).
     svc: Vec<f64>,
@@ -69,9 +82,9 @@ pub struct FluidPlant<'m> {
     class: std::cell::Cell<Option<u64>>,
     /// Selectivity of each operator in the step being computed (at its last input rate).
     sel: Vec<f64>,
-    /// Per operator: the last sojourn computed, as (arrival rate, service time, sojourn, its
-    /// variance); valid for the running parallelism only (cleared on rescale).
-    soj_memo: Vec<Option<(f64, f64, f64, f64)>>,
+    /// Per operator: the last sojourn computed, as (arrival rate, service time, arrival SCV,
+    /// sojourn, its variance); valid for the running parallelism only (cleared on rescale).
+    soj_memo: Vec<Option<SojournMemo>>,
     /// The last capacity computed and the source rates and service times it was for (cleared
     /// on rescale).
     cap_memo: Option<(Vec<f64>, Vec<f64>, f64)>,
@@ -101,6 +114,8 @@ impl<'m> FluidPlant<'m> {
             delay: vec![0.0; n],
             soj: vec![0.0; n],
             soj_var: vec![0.0; n],
+            out_scv: vec![0.0; n],
+            out_rate: vec![0.0; n],
             gamma: vec![0.0; n],
             svc: model.ops.iter().map(|o| o.service_s).collect(),
             key: Vec::new(),
@@ -250,6 +265,8 @@ impl Plant for FluidPlant<'_> {
                 self.delay[i] = self.backlog[i] / self.gamma[i].max(e / dt).max(1e-9);
                 self.soj[i] = 0.0;
                 self.soj_var[i] = 0.0;
+                self.out_rate[i] = e / dt;
+                self.out_scv[i] = m.source_scv();
                 c.records_out += e;
                 c.backpressured_s += if e < avail { slots } else { 0.0 };
                 c.idle_s += if e < avail { 0.0 } else { slots };
@@ -288,15 +305,23 @@ impl Plant for FluidPlant<'_> {
             let drain = self.servers[i] / service_s;
             self.delay[i] = self.queue[i] / drain;
             let lambda = rate_in.min(drain);
+            // Variability of the input stream: the sources' (Poisson or paced) carried through
+            // the upstream queues (QNA's departure, splitting and merging rules).
+            let ca2 = m.input_scv(i, &self.out_rate, &self.out_scv);
             (self.soj[i], self.soj_var[i]) = match self.soj_memo[i] {
-                Some((l, sv, soj, var)) if l == lambda && sv == service_s => (soj, var),
+                Some((l, sv, c, soj, var)) if l == lambda && sv == service_s && c == ca2 => {
+                    (soj, var)
+                }
                 _ => {
-                    let soj = m.sojourn(i, lambda, self.p[i], self.servers[i], service_s);
+                    let soj = m.sojourn(i, lambda, self.p[i], self.servers[i], service_s, ca2);
                     let var = m.sojourn_variance(i, soj, service_s);
-                    self.soj_memo[i] = Some((lambda, service_s, soj, var));
+                    self.soj_memo[i] = Some((lambda, service_s, ca2, soj, var));
                     (soj, var)
                 }
             };
+            self.out_rate[i] = out / dt;
+            let rho = done * service_s / (self.servers[i] * dt).max(1e-12);
+            self.out_scv[i] = m.output_scv(i, ca2, rho, self.servers[i], sel);
         }
         let (mut p99, mut tail) = m.path_latency(&self.delay, &self.soj, &self.soj_var);
         // Down for part of the step (a rescale at its start): the records that arrived

@@ -92,8 +92,9 @@ pub struct JobModel {
     /// Simulated seconds covered by the replay (the trace window / speedup; 3600 s without a
     /// trace unless set).
     pub duration_s: f64,
-    /// Event mode: evenly spaced arrivals as the engine's source emits them (`arrivals: paced`)
-    /// instead of Poisson ones.
+    /// Evenly spaced arrivals as the engine's source emits them (`arrivals: paced`) instead of
+    /// Poisson ones: the event mode spaces them so, the fast mode's formulas take ca² = 0 at
+    /// the sources ([`JobModel::source_scv`]).
     pub paced_arrivals: bool,
     /// Per operator: its replayed true processing rate over time ([`JobModel::with_service_rates`]),
     /// `None` = the constant [`OpModel::service_s`].
@@ -443,8 +444,19 @@ impl JobModel {
     /// carries the delay). Sources: 0.
     /// `servers` is [`JobModel::effective_servers`] at `p` (passed in to keep the step loop
     /// free of allocation); `service_s` the mean service time in effect (seconds,
-    /// [`JobModel::service_s_over`]).
-    pub fn sojourn(&self, i: usize, lambda: f64, p: u32, servers: f64, service_s: f64) -> f64 {
+    /// [`JobModel::service_s_over`]); `arrival_scv` the squared coefficient of variation ca²
+    /// of the operator's input stream ([`JobModel::input_scv`]; 1 = Poisson, the planner's
+    /// assumption). A keyed operator's hottest subtask gets the share 1 / `servers` of the
+    /// input, picked by key hash: a random split ([`split_scv`]).
+    pub fn sojourn(
+        &self,
+        i: usize,
+        lambda: f64,
+        p: u32,
+        servers: f64,
+        service_s: f64,
+        arrival_scv: f64,
+    ) -> f64 {
         let op = &self.ops[i];
         if op.kind == OpKind::Source {
             return 0.0;
@@ -453,17 +465,62 @@ impl JobModel {
         let lambda = lambda.min(0.99 * servers * mu).max(0.0);
         if op.keyed {
             // The hottest subtask sees λ / servers; model it as p queues at that rate.
+            let ca = split_scv(arrival_scv.max(0.0), 1.0 / servers).sqrt();
             operator_sojourn_time(
                 QueueKind::Keyed,
                 lambda / servers * f64::from(p),
                 mu,
                 p,
-                1.0,
+                ca,
                 op.cv,
             )
         } else {
-            operator_sojourn_time(QueueKind::Shared, lambda, mu, p, 1.0, op.cv)
+            let ca = arrival_scv.max(0.0).sqrt();
+            operator_sojourn_time(QueueKind::Shared, lambda, mu, p, ca, op.cv)
         }
+    }
+
+    /// Squared coefficient of variation of the sources' inter-arrival times: 0 for evenly
+    /// spaced arrivals (`arrivals: paced`, as the engine's source emits), 1 for Poisson ones.
+    pub fn source_scv(&self) -> f64 {
+        if self.paced_arrivals { 0.0 } else { 1.0 }
+    }
+
+    /// Squared coefficient of variation ca² of operator `i`'s input stream, from its inputs'
+    /// output streams: `flow[u]` records/s leave upstream `u` with SCV `out_scv[u]`
+    /// ([`JobModel::output_scv`]); merged streams take the rate-weighted average of their SCVs
+    /// (the asymptotic superposition rule of Whitt's Queueing Network Analyzer, Bell System
+    /// Technical Journal 62(9), 1983). No flow (or a source): [`JobModel::source_scv`].
+    pub fn input_scv(&self, i: usize, flow: &[f64], out_scv: &[f64]) -> f64 {
+        let (mut w, mut x) = (0.0, 0.0);
+        for &u in &self.ops[i].inputs {
+            if flow[u] > 0.0 {
+                w += flow[u];
+                x += flow[u] * out_scv[u];
+            }
+        }
+        if w > 0.0 { x / w } else { self.source_scv() }
+    }
+
+    /// Squared coefficient of variation of operator `i`'s output stream, given its input's
+    /// `arrival_scv`, its utilization `rho` per server (λ·s / servers, capped at 1) and its
+    /// effective `servers`: the QNA departure SCV ([`departure_scv`]; per keyed subtask, whose
+    /// input is a random split, with one server each; the subtasks' outputs merge back with
+    /// the same SCV), then thinned by the operator's selectivity `sel` ([`split_scv`]).
+    /// Sources: their input's SCV.
+    pub fn output_scv(&self, i: usize, arrival_scv: f64, rho: f64, servers: f64, sel: f64) -> f64 {
+        let op = &self.ops[i];
+        if op.kind == OpKind::Source {
+            return arrival_scv;
+        }
+        let cs2 = op.cv * op.cv;
+        let rho = rho.clamp(0.0, 1.0);
+        let d = if op.keyed {
+            departure_scv(split_scv(arrival_scv, 1.0 / servers), cs2, rho, 1.0)
+        } else {
+            departure_scv(arrival_scv, cs2, rho, servers)
+        };
+        split_scv(d, sel.clamp(0.0, 1.0))
     }
 
     /// Variance of operator `i`'s sojourn (seconds²) given its mean `sojourn` and mean service
@@ -591,6 +648,26 @@ impl StepLatency {
         }
         hi
     }
+}
+
+/// SCV of the departures of a G/G/c queue with arrival SCV `ca2`, service SCV `cs2`,
+/// utilization `rho` per server and `servers` servers: cd² = 1 + (1 − ρ²)(ca² − 1) +
+/// ρ²(cs² − 1)/√c (the departure approximation of Whitt, The Queueing Network Analyzer, Bell
+/// System Technical Journal 62(9), 1983). Exactly 1 for Poisson arrivals and exponential
+/// service (M/M/c: Burke's theorem); ca² at ρ → 0; cs² at ρ → 1 with one server. At least 0.
+pub fn departure_scv(ca2: f64, cs2: f64, rho: f64, servers: f64) -> f64 {
+    let r2 = rho * rho;
+    (1.0 + (1.0 - r2) * (ca2 - 1.0) + r2 * (cs2 - 1.0) / servers.max(1.0).sqrt()).max(0.0)
+}
+
+/// SCV of the stream left when each record of a stream with SCV `c2` is kept independently
+/// with probability `q` (random splitting; records routed by key hash, or kept by a filter):
+/// 1 + q(c² − 1) (the splitting rule of the same Queueing Network Analyzer). A Poisson stream stays Poisson; a sparse share of an even
+/// stream is nearly Poisson.
+/// `q` is taken within [0, 1] (a hottest share 1 / servers may exceed 1 by rounding), the result
+/// at least 0.
+pub fn split_scv(c2: f64, q: f64) -> f64 {
+    (1.0 + q.clamp(0.0, 1.0) * (c2 - 1.0)).max(0.0)
 }
 
 /// For a gamma variable with mean `m` and variance `v`: its 99th percentile and P(X > x), by

@@ -889,6 +889,8 @@ impl Oracle {
                 p[i],
                 model.effective_servers(i, p[i]),
                 service[i],
+                // Sized for Poisson arrivals, as the planner assumes.
+                1.0,
             )
         };
         let zero = vec![0.0; n];
