@@ -101,6 +101,12 @@ pub fn rescale_started_line(t_s: f64, change: &str, reason: &str) -> String {
     format!("t={t_s:>4.0}s RESCALE {change} | {reason}")
 }
 
+/// The line printed with `--no-autoscale` when the planner decides a rescale the run does not
+/// apply: `t= 123s WOULD RESCALE enrich 4→6 (--no-autoscale) | reason`.
+pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String {
+    format!("t={t_s:>4.0}s WOULD RESCALE {change} (--no-autoscale) | {reason}")
+}
+
 /// The line printed when a rescale finished: `t= 123s RESCALED enrich 4→6 in 2.31s (downtime)`.
 pub fn rescale_done_line(t_s: f64, change: &str, downtime_s: f64) -> String {
     format!(

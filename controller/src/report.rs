@@ -37,7 +37,8 @@ pub struct RescaleRecord {
     pub reason: String,
     /// Seconds from the savepoint request until the new engine was running.
     pub downtime_s: f64,
-    /// `rescaled`, `savepoint_failed` or `restore_failed`.
+    /// `rescaled`, `savepoint_failed`, `restore_failed`, `unrecoverable`, or `recommended`
+    /// (decided but not applied: `--no-autoscale`).
     pub outcome: String,
     /// What went wrong, for failed attempts.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -167,6 +168,10 @@ pub struct Summary {
     pub rescales: Vec<RescaleRecord>,
     /// Failed rescale attempts (the job continued at the old parallelism).
     pub failed_rescales: Vec<RescaleRecord>,
+    /// With `--no-autoscale`: the rescales the planner decided but the run did not apply
+    /// (outcome `recommended`, downtime 0), one per change of the recommended parallelism.
+    #[serde(default)]
+    pub recommendations: Vec<RescaleRecord>,
     /// Total rescale downtime, seconds.
     pub downtime_s: f64,
     /// The final (drained) savepoint.
@@ -376,6 +381,7 @@ mod tests {
                 savepoint: Some("/tmp/sp".into()),
             }],
             failed_rescales: vec![],
+            recommendations: vec![],
             downtime_s: 1.5,
             final_savepoint: None,
             failure: None,

@@ -555,6 +555,8 @@ struct Loop<'a, R: EngineRuntime> {
     accounting: Accounting,
     rescales: Vec<RescaleRecord>,
     failed_rescales: Vec<RescaleRecord>,
+    /// Rescales decided but not applied (`--no-autoscale`).
+    recommendations: Vec<RescaleRecord>,
     client: reqwest::Client,
     /// Records shed by the engines of this run that have stopped.
     shed_before: u64,
@@ -659,6 +661,7 @@ pub async fn run(
         accounting: Accounting::default(),
         rescales: Vec::new(),
         failed_rescales: Vec::new(),
+        recommendations: Vec::new(),
         client,
         shed_before: 0,
         shed_now: 0,
@@ -1020,15 +1023,29 @@ impl<R: EngineRuntime> Loop<'_, R> {
             let Verdict::Rescale(decision) = verdict else {
                 continue;
             };
-            if !self.opts.autoscale {
-                continue;
-            }
             if decision.parallelism == engine.parallelism {
                 continue;
             }
             let reason = rescale_reason(&decision);
             let change =
                 progress::format_change(&engine.parallelism, &decision.parallelism, &self.order);
+            if !self.opts.autoscale {
+                // Report the decision once per change of the recommendation; run on as is.
+                if self.recommendations.last().map(|r| &r.to) != Some(&decision.parallelism) {
+                    print(&progress::rescale_recommended_line(now_s, &change, &reason));
+                    self.recommendations.push(RescaleRecord {
+                        at_s: now_s,
+                        from: engine.parallelism.clone(),
+                        to: decision.parallelism.clone(),
+                        reason,
+                        downtime_s: 0.0,
+                        outcome: "recommended".into(),
+                        error: None,
+                        savepoint: None,
+                    });
+                }
+                continue;
+            }
             print(&progress::rescale_started_line(now_s, &change, &reason));
             let from = engine.parallelism.clone();
             let outcome = match self
@@ -1259,6 +1276,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 .fold(0.0, |a, b| a + b),
             rescales: self.rescales.clone(),
             failed_rescales: self.failed_rescales.clone(),
+            recommendations: self.recommendations.clone(),
             final_savepoint,
             failure,
             interrupted: self.interrupted.is_some(),

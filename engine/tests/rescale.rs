@@ -187,3 +187,17 @@ fn stopped_engine_exits_even_if_nobody_reads_the_savepoint_status() {
     assert!(status.success(), "{status}");
     assert!(sps.join("unread").join("_metadata.json").is_file());
 }
+
+/// The engine logs to stderr; a reader that went away (`streamscale-engine 2>&1 | head -1`)
+/// must cost log lines only: a stop-with-savepoint still completes and the engine exits.
+#[test]
+fn stop_with_savepoint_completes_after_the_stderr_reader_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = bounded_job(dir.path(), 1_000_000, 500.0);
+    let sps = dir.path().join("savepoints");
+    let mut engine =
+        EngineProcess::start_with_stderr(&job, &sps, &[], std::process::Stdio::piped());
+    engine.wait_state("running", Duration::from_secs(30));
+    let (path, _) = engine.stop_with_savepoint(false);
+    assert!(path.join("_metadata.json").is_file(), "{}", path.display());
+}

@@ -142,6 +142,16 @@ fn scales_up_on_the_step_and_down_after_it_without_losing_records() {
         Some(0),
         "{fixed}"
     );
+    // It still reports what it would have done: the scale-up the step needs.
+    let recommended = fixed["recommendations"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no recommendations: {fixed}"));
+    assert!(
+        recommended
+            .iter()
+            .any(|r| r["outcome"] == "recommended" && lookup(r, "to") >= 3),
+        "{fixed}"
+    );
     assert_eq!(fixed["records_emitted"].as_u64(), Some(emitted));
     assert_eq!(fixed["records_accounted"].as_u64(), Some(emitted));
     assert_eq!(final_totals(&auto, &spec), final_totals(&fixed, &spec));

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 
 use clap::{Parser, Subcommand};
 use streamscale_controller::run::{self, RunError, RunOptions};
@@ -152,6 +152,9 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // A closed stderr drops log lines instead of panicking in tracing's own error report.
+        .log_internal_errors(false)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     match main_inner(cli).await {

@@ -4,6 +4,7 @@
 //! logs go to stderr. Bad input (job file, savepoint, flags) prints one error line and exits 2.
 
 use std::collections::BTreeMap;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -144,15 +145,22 @@ fn check_recover_dir(dir: &Path) -> anyhow::Result<()> {
 
 fn main() {
     let args = Args::parse();
+    // A log line that cannot be written (stderr closed by a reader such as `head` that
+    // exited) is dropped: tracing-subscriber's own report of that error would `eprintln!`,
+    // which panics on the same closed stderr and kills the logging thread (a savepoint then
+    // never completes). Colours only on a terminal.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
     if let Err(e) = run(args) {
-        eprintln!("error: {e}");
+        // Ignore a closed stderr here too: the exit status still says it failed.
+        let _ = writeln!(std::io::stderr(), "error: {e}");
         std::process::exit(2);
     }
 }

@@ -21,6 +21,17 @@ pub fn engine_bin() -> PathBuf {
 
 impl EngineProcess {
     pub fn start(job: &Path, savepoints: &Path, extra: &[&str]) -> EngineProcess {
+        Self::start_with_stderr(job, savepoints, extra, Stdio::null())
+    }
+
+    /// As [`EngineProcess::start`], with the engine's stderr going to `stderr`; a pipe's read
+    /// end is dropped (closed) at once, as when the reader of the engine's log exited.
+    pub fn start_with_stderr(
+        job: &Path,
+        savepoints: &Path,
+        extra: &[&str],
+        stderr: Stdio,
+    ) -> EngineProcess {
         let mut child = Command::new(engine_bin())
             .arg("--job")
             .arg(job)
@@ -28,9 +39,10 @@ impl EngineProcess {
             .arg(savepoints)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn engine");
+        drop(child.stderr.take());
         let stdout = child.stdout.take().unwrap();
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).unwrap();
