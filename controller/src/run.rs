@@ -600,6 +600,8 @@ pub async fn run(
     } else {
         absolute(&opts.report_dir)?
     };
+    // One run per report directory: held until this function returns.
+    let _lock = lock_report_dir(&report_dir)?;
     // Until the first engine runs, its job file and log live in a directory beside the
     // report's, so a run that cannot start leaves an earlier report as it was.
     let staging = Staging::create(&report_dir, &job.yaml)?;
@@ -668,6 +670,46 @@ pub async fn run(
         interrupted: None,
     };
     lp.run(engine, started, signals, print).await
+}
+
+/// Takes the lock file `.NAME.lock` beside the report directory `NAME` (created if missing,
+/// left in place afterwards; an exclusive advisory lock, released when the file is closed or
+/// the process exits), so that two runs never write into one report directory.
+///
+/// # Errors
+/// [`RunError::Option`] naming `--report` when another process holds the lock or the lock file
+/// cannot be created.
+fn lock_report_dir(report_dir: &Path) -> Result<std::fs::File, RunError> {
+    let (Some(parent), Some(name)) = (report_dir.parent(), report_dir.file_name()) else {
+        return Err(RunError::Option(format!(
+            "--report: {} does not name a directory",
+            report_dir.display()
+        )));
+    };
+    std::fs::create_dir_all(parent).map_err(|e| {
+        RunError::Option(format!("--report: cannot create {}: {e}", parent.display()))
+    })?;
+    let path = parent.join(format!(".{}.lock", name.to_string_lossy()));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| {
+            RunError::Option(format!("--report: cannot create {}: {e}", path.display()))
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(RunError::Option(format!(
+            "--report: {} is in use by another streamscale run (it holds {}); give another --report",
+            report_dir.display(),
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(RunError::Option(format!(
+            "--report: cannot lock {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 /// The first engine's job file and log directory until it has started: a new directory

@@ -166,6 +166,12 @@ fn the_totals_cover_the_last_partial_interval_and_the_final_stop() {
     .expect("start streamscale run");
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     fixtures::read_progress(&mut out, 1);
+    // A second run into the same report directory is refused while this one runs.
+    let stderr = run_2s(&job, &report, 2);
+    assert!(
+        stderr.contains("is in use by another streamscale run"),
+        "{stderr}"
+    );
     std::thread::sleep(Duration::from_millis(1500));
     fixtures::kill("-INT", &child.id().to_string());
     let output = child.wait_with_output().expect("wait");
