@@ -57,17 +57,41 @@ pub fn progress_line(
         }
     }
     line.push_str(&format!(" | backlog={:.0} | p99=", stats.backlog));
-    match stats.p99_s {
-        Some(p99) => {
-            line.push_str(&format_seconds(p99));
-            if p99 > slo_s {
+    let (q, at_q) = stats.slo_latency();
+    let mark = |line: &mut String, value: Option<f64>, graded: bool| match value {
+        Some(v) => {
+            line.push_str(&format_seconds(v));
+            if graded && v > slo_s {
                 line.push('!');
             }
         }
         None => line.push('-'),
+    };
+    match stats.slo_percentile {
+        None => {
+            mark(&mut line, stats.p99_s, true);
+            line.push_str(&format!(" (SLO {slo_s:.1}s)"));
+        }
+        Some(_) => {
+            // The SLO is on another percentile: p99 for reference, the graded one beside it.
+            mark(&mut line, stats.p99_s, false);
+            let label = percentile_label(q);
+            line.push_str(&format!(" {label}="));
+            mark(&mut line, at_q, true);
+            line.push_str(&format!(" (SLO {slo_s:.1}s on {label})"));
+        }
     }
-    line.push_str(&format!(" (SLO {slo_s:.1}s)"));
     line
+}
+
+/// `p95` for 0.95, `p99.9` for 0.999.
+fn percentile_label(q: f64) -> String {
+    let pct = 100.0 * q;
+    if (pct - pct.round()).abs() < 1e-9 {
+        format!("p{pct:.0}")
+    } else {
+        format!("p{}", format!("{pct:.3}").trim_end_matches('0'))
+    }
 }
 
 /// Describes a parallelism change, listing only operators that change:
@@ -187,6 +211,27 @@ mod tests {
         assert!(!line.contains("trace="), "{line}");
         stats.p99_s = None;
         assert!(progress_line(&stats, &order(), 1.0, 0.0).contains("p99=- "));
+    }
+
+    #[test]
+    fn grades_the_slo_on_its_own_percentile() {
+        let mut stats = IntervalStats {
+            t_s: 5.0,
+            p99_s: Some(1.5),
+            slo_percentile: Some(0.95),
+            slo_latency_s: Some(0.4),
+            ..IntervalStats::default()
+        };
+        // p99 above the SLO, p95 under it: no violation mark.
+        let line = progress_line(&stats, &order(), 1.0, 0.0);
+        assert!(
+            line.ends_with("p99=1.50s p95=0.40s (SLO 1.0s on p95)"),
+            "{line}"
+        );
+        stats.slo_latency_s = Some(1.2);
+        let line = progress_line(&stats, &order(), 1.0, 0.0);
+        assert!(line.ends_with("p95=1.20s! (SLO 1.0s on p95)"), "{line}");
+        assert_eq!(percentile_label(0.999), "p99.9");
     }
 
     #[test]

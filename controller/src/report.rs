@@ -55,7 +55,8 @@ pub struct Accounting {
     pub seconds: f64,
     /// ∫ total parallelism dt, in subtask-seconds.
     pub parallelism_seconds: f64,
-    /// Seconds of intervals whose p99 latency exceeded the SLO.
+    /// Seconds of intervals whose latency at the SLO's percentile (p99 by default) exceeded
+    /// the SLO.
     pub slo_violation_seconds: f64,
     /// Seconds of intervals in which no record reached a sink.
     pub no_output_seconds: f64,
@@ -89,7 +90,7 @@ impl Accounting {
     /// Adds an [`IntervalStats`].
     pub fn add_interval(&mut self, stats: &IntervalStats, slo_s: f64) {
         let total = stats.parallelism.values().sum();
-        self.add(stats.dt_s, total, stats.p99_s, slo_s);
+        self.add(stats.dt_s, total, stats.slo_latency().1, slo_s);
     }
 
     /// Mean total parallelism over the covered time (0 when nothing was covered).
@@ -139,6 +140,8 @@ pub struct Summary {
     pub interval_s: f64,
     /// Latency SLO, seconds.
     pub slo_s: f64,
+    /// The percentile of end-to-end latency the SLO is on (0.99 = p99).
+    pub latency_percentile: f64,
     /// Records emitted by all sources (`null` when the final totals could not be read).
     pub records_emitted: Option<u64>,
     /// Source records whose effect reached a sink.
@@ -156,7 +159,7 @@ pub struct Summary {
     pub parallelism_seconds: f64,
     /// Mean total parallelism over the same time.
     pub mean_parallelism: f64,
-    /// Seconds with interval p99 latency above the SLO.
+    /// Seconds with the interval's latency at [`Self::latency_percentile`] above the SLO.
     pub slo_violation_seconds: f64,
     /// Seconds in which no record reached a sink.
     pub no_output_seconds: f64,
@@ -359,6 +362,7 @@ mod tests {
             duration_s: 60.0,
             interval_s: 1.0,
             slo_s: 1.0,
+            latency_percentile: 0.99,
             records_emitted: Some(10),
             records_accounted: Some(10),
             records_filtered: Some(0),
@@ -415,6 +419,31 @@ mod tests {
     }
 
     #[test]
+    fn slo_violations_are_graded_at_the_slo_percentile() {
+        let p95_slo = |p99_s, p95_s| IntervalStats {
+            dt_s: 2.0,
+            p99_s: Some(p99_s),
+            slo_percentile: Some(0.95),
+            slo_latency_s: Some(p95_s),
+            ..IntervalStats::default()
+        };
+        let mut a = Accounting::default();
+        // p99 over a 1 s SLO but p95 under it: not a violation of a p95 SLO.
+        a.add_interval(&p95_slo(1.5, 0.5), 1.0);
+        assert_eq!(a.slo_violation_seconds, 0.0);
+        a.add_interval(&p95_slo(1.5, 1.1), 1.0);
+        assert_eq!(a.slo_violation_seconds, 2.0);
+        // Without a percentile of its own the SLO is on p99.
+        let p99_slo = IntervalStats {
+            dt_s: 1.0,
+            p99_s: Some(1.5),
+            ..IntervalStats::default()
+        };
+        a.add_interval(&p99_slo, 1.0);
+        assert_eq!(a.slo_violation_seconds, 3.0);
+    }
+
+    #[test]
     fn timeline_csv_has_a_column_per_operator() {
         let ops = vec!["source".to_string(), "enrich".to_string()];
         let row = IntervalStats {
@@ -430,6 +459,8 @@ mod tests {
             utilization: [("enrich".to_string(), 0.5)].into_iter().collect(),
             backlog: 4.0,
             p99_s: None,
+            slo_percentile: None,
+            slo_latency_s: None,
             service_rate: [("enrich".to_string(), 190.5)].into_iter().collect(),
         };
         let csv = timeline_csv(std::slice::from_ref(&row), &ops);

@@ -549,6 +549,9 @@ struct Loop<'a, R: EngineRuntime> {
     opts: &'a RunOptions,
     executor: Executor<'a, R>,
     slo_s: f64,
+    /// The percentile the SLO is on (`--latency-percentile`, else the job's
+    /// `autoscaler.latencyPercentile`), in (0, 1).
+    slo_percentile: f64,
     order: Vec<String>,
     sources: Vec<String>,
     rows: Vec<IntervalStats>,
@@ -657,6 +660,9 @@ pub async fn run(
         opts,
         executor,
         slo_s,
+        slo_percentile: opts
+            .latency_percentile
+            .unwrap_or(job.spec.autoscaler.latency_percentile),
         order: job.order(),
         sources: job.sources(),
         rows: Vec::new(),
@@ -952,6 +958,12 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     capacity.observe(p, &cur, &self.sources);
                 }
                 stats.capacity = capacity.capacity(&engine.parallelism);
+                if (self.slo_percentile - 0.99).abs() > 1e-12 {
+                    stats.slo_percentile = Some(self.slo_percentile);
+                    stats.slo_latency_s = cur
+                        .latency
+                        .quantile_since(Some(&p.latency), self.slo_percentile);
+                }
                 self.accounting.add_interval(&stats, self.slo_s);
                 print(&progress::progress_line(
                     &stats,
@@ -1299,6 +1311,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             duration_s,
             interval_s: self.opts.interval_s,
             slo_s: self.slo_s,
+            latency_percentile: self.slo_percentile,
             records_emitted: totals.map(|t| t.records_emitted),
             records_accounted: totals.map(|t| t.records_accounted),
             records_filtered: totals.map(|t| t.records_filtered),

@@ -38,6 +38,11 @@ pub struct IntervalStats {
     /// 99th percentile end-to-end latency of the records that reached a sink in the interval,
     /// seconds.
     pub p99_s: Option<f64>,
+    /// The percentile the latency SLO is on when it is not p99 (`--latency-percentile`,
+    /// `autoscaler.latencyPercentile`), in (0, 1); `None` for p99.
+    pub slo_percentile: Option<f64>,
+    /// End-to-end latency of the interval at [`Self::slo_percentile`], seconds (set with it).
+    pub slo_latency_s: Option<f64>,
     /// Measured true processing rate μ per operator in this interval alone (DS2's rate: Σ Δrecords
     /// in / Σ Δbusy seconds over its subtasks, records/s per subtask), for operators that took at
     /// least [`MIN_RECORDS_FOR_CAPACITY`] records; unsmoothed (see [`CapacityEstimator`]).
@@ -62,6 +67,15 @@ fn delta(
 }
 
 impl IntervalStats {
+    /// The percentile the SLO is on (0.99 unless [`Self::slo_percentile`] says otherwise) and
+    /// the interval's latency at it, seconds (`None` when no record reached a sink).
+    pub fn slo_latency(&self) -> (f64, Option<f64>) {
+        match self.slo_percentile {
+            Some(q) => (q, self.slo_latency_s),
+            None => (0.99, self.p99_s),
+        }
+    }
+
     /// Statistics of the interval from `prev` to `cur`. `sources` names the source operators;
     /// `parallelism` is the parallelism in effect; `trace_time_s` is computed by the caller.
     pub fn between(
@@ -115,6 +129,8 @@ impl IntervalStats {
             utilization,
             backlog: cur.total_backlog(),
             p99_s: cur.latency.quantile_since(Some(&prev.latency), 0.99),
+            slo_percentile: None,
+            slo_latency_s: None,
             service_rate,
         }
     }
