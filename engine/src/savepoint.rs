@@ -297,6 +297,41 @@ impl Savepoint {
         tmp: &Path,
         how: writer::Streaming,
     ) -> Result<SavepointMetadata, SavepointError> {
+        let meta = self.write_state_files_with(tmp, how)?;
+        let manifest = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
+            path: tmp.join(METADATA_FILE),
+            reason: format!("cannot encode metadata: {e}"),
+        })?;
+        write_synced(&tmp.join(METADATA_FILE), &[Bytes::from(manifest)])?;
+        Ok(meta)
+    }
+
+    /// Streams the state files (no manifest) into the existing directory `dir`, each fsynced,
+    /// as [`Savepoint::write`] does, and returns the manifest to write after them. A file of
+    /// the same name left in `dir` by an attempt that crashed is replaced. For checkpoint
+    /// storage on the local filesystem.
+    ///
+    /// # Errors
+    /// [`SavepointError::Io`] when a file cannot be removed, created, written or synced;
+    /// [`SavepointError::Invalid`] when a key group cannot be encoded.
+    pub fn write_state_files(&self, dir: &Path) -> Result<SavepointMetadata, SavepointError> {
+        for op in self.state.keys() {
+            let path = dir.join(format!("state-{op}.bin"));
+            match fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io(&path, "cannot remove a partial file")(e));
+                }
+                _ => {}
+            }
+        }
+        self.write_state_files_with(dir, writer::Streaming::for_this_machine())
+    }
+
+    fn write_state_files_with(
+        &self,
+        tmp: &Path,
+        how: writer::Streaming,
+    ) -> Result<SavepointMetadata, SavepointError> {
         let mut meta = self.metadata.clone();
         meta.format_version = FORMAT_VERSION;
         meta.files.clear();
@@ -308,11 +343,6 @@ impl Savepoint {
             tracing::debug!(file = %name, bytes = entry.bytes, seconds = started.elapsed().as_secs_f64(), "savepoint state file written and synced");
             meta.files.push(entry);
         }
-        let manifest = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
-            path: tmp.join(METADATA_FILE),
-            reason: format!("cannot encode metadata: {e}"),
-        })?;
-        write_synced(&tmp.join(METADATA_FILE), &[Bytes::from(manifest)])?;
         Ok(meta)
     }
 
