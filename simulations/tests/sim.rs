@@ -350,6 +350,21 @@ fn contradictory_or_oversized_options_fail_before_simulating() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(out.is_empty(), "{args:?}: nothing simulated: {out}");
     }
+    // A report directory that cannot be created fails before the replay, not after it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("afile"), "x").unwrap();
+    let under_a_file = dir.path().join("afile/sub");
+    let (code, out, err) = sim(&[
+        job.to_str().unwrap(),
+        "--policy",
+        "static",
+        "--quiet",
+        "--report",
+        under_a_file.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("--report: cannot create"), "{err}");
+    assert!(out.is_empty(), "nothing simulated: {out}");
 }
 
 #[test]

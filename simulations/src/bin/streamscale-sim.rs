@@ -151,6 +151,15 @@ fn run(a: Args) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    // The report directory must be writable before hours of traffic are replayed into it.
+    if let Some(dir) = &a.report {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--report: cannot create {}", dir.display()))?;
+        let probe = dir.join(format!(".streamscale-sim-probe-{}", std::process::id()));
+        std::fs::write(&probe, b"")
+            .with_context(|| format!("--report: cannot write into {}", dir.display()))?;
+        let _ = std::fs::remove_file(&probe);
+    }
     if let Some(p) = &a.sim_config
         && std::fs::read_to_string(p).is_ok_and(|text| {
             text.lines()
