@@ -1105,6 +1105,22 @@ fn cli_service_rates_input() {
     );
 }
 
+/// The default sim config with fixed (CV 0) service times for the chain's parse, counts and
+/// sink operators.
+fn fixed_service_times() -> SimConfig {
+    let mut cfg = SimConfig::default();
+    for op in ["parse", "counts", "sink"] {
+        cfg.operators.insert(
+            op.into(),
+            streamscale_simulations::config::ServiceOverride {
+                mean_micros: None,
+                cv: Some(0.0),
+            },
+        );
+    }
+    cfg
+}
+
 /// `arrivals: paced`: the event mode's sources emit evenly spaced records, as the engine's
 /// source does (record k when ∫ rate reaches k): 100 records/s for 20 s is exactly one record
 /// every 10 ms whatever the seed, and with fixed service times (CV 0) far below saturation no record
@@ -1112,18 +1128,9 @@ fn cli_service_rates_input() {
 /// sink 5 µs). Poisson arrivals at the same rate queue now and then.
 #[test]
 fn paced_arrivals_are_evenly_spaced() {
-    use streamscale_simulations::config::{Arrivals, ServiceOverride};
+    use streamscale_simulations::config::Arrivals;
     let yaml = chain("{ constant: 100 }");
-    let mut cfg = SimConfig::default();
-    for op in ["parse", "counts", "sink"] {
-        cfg.operators.insert(
-            op.into(),
-            ServiceOverride {
-                mean_micros: None,
-                cv: Some(0.0),
-            },
-        );
-    }
+    let mut cfg = fixed_service_times();
     let poisson = JobModel::new(&job(&yaml), &cfg, Some(20.0)).unwrap();
     cfg.arrivals = Arrivals::Paced;
     let paced = JobModel::new(&job(&yaml), &cfg, Some(20.0)).unwrap();
@@ -1152,20 +1159,11 @@ fn paced_arrivals_are_evenly_spaced() {
 /// arrivals, which it assumed for every configuration before.
 #[test]
 fn fast_mode_carries_the_arrival_variability() {
-    use streamscale_simulations::config::{Arrivals, ServiceOverride};
+    use streamscale_simulations::config::Arrivals;
     let yaml = chain("{ constant: 1400 }")
         .replace("kind: map, cpu: 495", "kind: map, cpu: 495, parallelism: 1")
         .replace("kind: window,", "kind: window, parallelism: 4,");
-    let mut cfg = SimConfig::default();
-    for op in ["parse", "counts", "sink"] {
-        cfg.operators.insert(
-            op.into(),
-            ServiceOverride {
-                mean_micros: None,
-                cv: Some(0.0),
-            },
-        );
-    }
+    let mut cfg = fixed_service_times();
     let poisson = JobModel::new(&job(&yaml), &cfg, Some(60.0)).unwrap();
     cfg.arrivals = Arrivals::Paced;
     let paced = JobModel::new(&job(&yaml), &cfg, Some(60.0)).unwrap();
