@@ -678,14 +678,12 @@ pub async fn run(
     lp.run(engine, started, signals, print).await
 }
 
-/// Takes the lock file `.NAME.lock` beside the report directory `NAME` (created if missing,
-/// left in place afterwards; an exclusive advisory lock, released when the file is closed or
-/// the process exits), so that two runs never write into one report directory.
+/// The report directory's parent (created if missing) and its name.
 ///
 /// # Errors
-/// [`RunError::Option`] naming `--report` when another process holds the lock or the lock file
-/// cannot be created.
-fn lock_report_dir(report_dir: &Path) -> Result<std::fs::File, RunError> {
+/// [`RunError::Option`] naming `--report` when the path has no name or the parent cannot be
+/// created.
+fn report_parent(report_dir: &Path) -> Result<(&Path, &std::ffi::OsStr), RunError> {
     let (Some(parent), Some(name)) = (report_dir.parent(), report_dir.file_name()) else {
         return Err(RunError::Option(format!(
             "--report: {} does not name a directory",
@@ -695,6 +693,18 @@ fn lock_report_dir(report_dir: &Path) -> Result<std::fs::File, RunError> {
     std::fs::create_dir_all(parent).map_err(|e| {
         RunError::Option(format!("--report: cannot create {}: {e}", parent.display()))
     })?;
+    Ok((parent, name))
+}
+
+/// Takes the lock file `.NAME.lock` beside the report directory `NAME` (created if missing,
+/// left in place afterwards; an exclusive advisory lock, released when the file is closed or
+/// the process exits), so that two runs never write into one report directory.
+///
+/// # Errors
+/// [`RunError::Option`] naming `--report` when another process holds the lock or the lock file
+/// cannot be created.
+fn lock_report_dir(report_dir: &Path) -> Result<std::fs::File, RunError> {
+    let (parent, name) = report_parent(report_dir)?;
     let path = parent.join(format!(".{}.lock", name.to_string_lossy()));
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -728,16 +738,10 @@ struct Staging {
 impl Staging {
     /// Creates the directory (and the report directory's parent) and writes `job.yaml`.
     fn create(report_dir: &Path, yaml: &str) -> Result<Staging, RunError> {
-        let (Some(parent), Some(name)) = (report_dir.parent(), report_dir.file_name()) else {
-            return Err(RunError::Option(format!(
-                "--report: {} does not name a directory",
-                report_dir.display()
-            )));
-        };
+        let (parent, name) = report_parent(report_dir)?;
         let cannot = |path: &Path, e: std::io::Error| {
             RunError::Option(format!("--report: cannot create {}: {e}", path.display()))
         };
-        std::fs::create_dir_all(parent).map_err(|e| cannot(parent, e))?;
         let mut n = 0u32;
         let dir = loop {
             let dir = parent.join(format!(
