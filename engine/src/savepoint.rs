@@ -195,6 +195,7 @@ fn write_synced(path: &Path, chunks: &[Bytes]) -> Result<(), SavepointError> {
     f.sync_all().map_err(io(path, "cannot fsync file"))
 }
 
+pub mod reader;
 mod writer;
 
 use writer::Work;
@@ -413,7 +414,13 @@ impl Savepoint {
 
     /// Reads and fully verifies a savepoint for `spec`: metadata present and parsable, known
     /// format version, same job fingerprint and key-group count, every listed file present
-    /// with the right size and checksum, every keyed operator's state present and decodable.
+    /// with the right size and checksum, every keyed operator's state present, every chunk's
+    /// key order checked.
+    ///
+    /// Bounded memory ([`reader`]): each state file is read once through one buffer of
+    /// [`reader::READ_BUFFER_BYTES`], and its `window` key groups are returned as regions of
+    /// the open file ([`KeyGroupData::Stored`]), read on demand by the subtask that owns them
+    /// after the restore. Only event-time operators' blobs are loaded into memory.
     ///
     /// # Errors
     /// [`SavepointError`] naming the offending file and the reason. Nothing is partially loaded.
@@ -424,38 +431,36 @@ impl Savepoint {
                 reason: "savepoint directory does not exist".into(),
             });
         }
-        Savepoint::decode(dir, |name| fs::read(dir.join(name)), spec)
-    }
-
-    /// Reads and fully verifies a savepoint whose files `fetch` returns by name (a directory,
-    /// or objects under a prefix of an object store), as [`Savepoint::read`]. `location`
-    /// names files in errors.
-    ///
-    /// # Errors
-    /// [`SavepointError`] naming the offending file and the reason. Nothing is partially loaded.
-    pub fn decode(
-        dir: &Path,
-        fetch: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
-        spec: &JobSpec,
-    ) -> Result<Savepoint, SavepointError> {
-        let fetch = std::cell::RefCell::new(fetch);
-        Savepoint::decode_with(
+        Savepoint::read_from(
             dir,
-            |name| (fetch.borrow_mut())(name),
+            |name| fs::read(dir.join(name)),
+            |name| File::open(dir.join(name)),
             spec,
-            |entry, path| {
-                let bytes =
-                    (fetch.borrow_mut())(&entry.name).map_err(|e| SavepointError::Invalid {
-                        path: path.to_path_buf(),
-                        reason: format!("cannot read state file listed in the metadata: {e}"),
-                    })?;
-                verify_file(path, entry, &bytes)?;
-                decode_state_file(path, entry, Bytes::from(bytes))
-            },
         )
     }
 
-    /// As [`Savepoint::decode`], with the metadata from `fetch` and each state file loaded
+    /// Reads and fully verifies a savepoint as [`Savepoint::read`], with the metadata from
+    /// `fetch(name)` and each state file opened by `open(name)` (a local file, or an object
+    /// spooled to an unlinked temporary file). `dir` names files in errors.
+    ///
+    /// # Errors
+    /// [`SavepointError`] naming the offending file and the reason. Nothing is partially loaded.
+    pub fn read_from(
+        dir: &Path,
+        fetch: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
+        mut open: impl FnMut(&str) -> std::io::Result<File>,
+        spec: &JobSpec,
+    ) -> Result<Savepoint, SavepointError> {
+        Savepoint::decode_with(dir, fetch, spec, |entry, path| {
+            let file = open(&entry.name).map_err(|e| SavepointError::Invalid {
+                path: path.to_path_buf(),
+                reason: format!("cannot read state file listed in the metadata: {e}"),
+            })?;
+            reader::load_state_file(path, entry, file)
+        })
+    }
+
+    /// As [`Savepoint::read_from`], with the metadata from `fetch` and each state file loaded
     /// and verified (size, CRC-32, chunk index) by `load`.
     fn decode_with(
         dir: &Path,
@@ -597,8 +602,7 @@ fn crc32_parallel(bytes: &[u8]) -> u32 {
     }
 }
 
-/// Splits a verified state file into key groups (slices of `bytes`, nothing decoded), or
-/// decodes a file of an earlier version.
+/// Decodes a verified state file of an earlier version (one postcard value, no chunk index).
 fn decode_state_file(
     path: &Path,
     entry: &FileEntry,
@@ -623,67 +627,9 @@ fn decode_state_file(
             blobs: legacy.blobs,
         });
     }
-    let len = bytes.len() as u64;
-    chunked_state(path, entry, len, |_, range| bytes.slice(range))
-}
-
-/// Checks `entry`'s chunk index against a file of `len` bytes (chunks tile it in order, each
-/// `window` chunk a whole number of entries, no key group twice) and assembles the key groups
-/// from `take(chunk number, byte range)`.
-fn chunked_state(
-    path: &Path,
-    entry: &FileEntry,
-    len: u64,
-    mut take: impl FnMut(usize, std::ops::Range<usize>) -> Bytes,
-) -> Result<KeyedState, SavepointError> {
-    let bad = |reason: String| SavepointError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let mut state = KeyedState::default();
-    let mut next = 0u64;
-    for (i, c) in entry.chunks.iter().enumerate() {
-        let end = c.offset.checked_add(c.bytes).filter(|e| *e <= len);
-        let Some(end) = end.filter(|_| c.offset == next) else {
-            return Err(bad(format!(
-                "chunk index: key group {} at offset {} (+{} bytes) does not follow the previous chunk within the file",
-                c.key_group, c.offset, c.bytes
-            )));
-        };
-        next = end;
-        let slice = take(i, c.offset as usize..end as usize);
-        let duplicate = if c.blob {
-            state.blobs.insert(c.key_group, slice.to_vec()).is_some()
-        } else {
-            if !(slice.len() as u64).is_multiple_of(crate::state::chunk::ENTRY_BYTES as u64) {
-                return Err(bad(format!(
-                    "key group {}: {} bytes is not a whole number of entries",
-                    c.key_group,
-                    slice.len()
-                )));
-            }
-            state
-                .groups
-                .insert(
-                    c.key_group,
-                    KeyGroupData::Encoded {
-                        bytes: slice,
-                        open_panes: c.open_panes,
-                    },
-                )
-                .is_some()
-        };
-        if duplicate {
-            return Err(bad(format!(
-                "chunk index lists key group {} twice",
-                c.key_group
-            )));
-        }
-    }
-    if next != len {
-        return Err(bad(format!("chunk index covers {next} of {len} bytes")));
-    }
-    Ok(state)
+    Err(bad(
+        "a chunked state file reached the whole-file decoder (a bug in the reader)".into(),
+    ))
 }
 
 #[cfg(test)]
@@ -793,6 +739,65 @@ mod tests {
             })
             .count();
         assert_eq!(hidden, 0);
+    }
+
+    #[test]
+    fn restore_reads_key_groups_in_place_and_names_damaged_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec("a");
+        let sp = savepoint(&spec);
+        let target = dir.path().join("sp");
+        sp.write(&target).unwrap();
+        reader::reset_read_buffer_peak();
+        let back = Savepoint::read(&target, &spec).unwrap();
+        assert!(reader::read_buffer_peak() <= reader::READ_BUFFER_BYTES);
+        assert!(
+            back.state["w"]
+                .groups
+                .values()
+                .all(|g| matches!(g, KeyGroupData::Stored(_))),
+            "restored key groups stay in the file"
+        );
+        assert_eq!(back.state, sp.state);
+        // A flipped byte in the middle: checksum mismatch naming the file.
+        let copy = dir.path().join("sp-flip");
+        sp.write(&copy).unwrap();
+        let file = copy.join("state-w.bin");
+        let mut bytes = std::fs::read(&file).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        std::fs::write(&file, &bytes).unwrap();
+        let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();
+        assert!(
+            err.contains("state-w.bin") && err.contains("checksum mismatch"),
+            "{err}"
+        );
+        // A missing state file.
+        std::fs::remove_file(&file).unwrap();
+        let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();
+        assert!(
+            err.contains("state-w.bin") && err.contains("cannot read state file"),
+            "{err}"
+        );
+        // A chunk whose keys are out of order (checksum right): refused at read, not later.
+        let mut unordered = sp.clone();
+        let entries = [(5u64, KeyState::default()), (3, KeyState::default())];
+        unordered.state.get_mut("w").unwrap().groups.insert(
+            7,
+            KeyGroupData::Encoded {
+                bytes: crate::state::chunk::encode(entries.into_iter()),
+                open_panes: false,
+            },
+        );
+        let copy = dir.path().join("sp-order");
+        unordered.write(&copy).unwrap();
+        let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();
+        assert!(
+            err.contains("state-w.bin")
+                && err.contains("key group 7")
+                && err.contains("out of order"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub enum KeyGroupData {
     },
     /// In a disk backend's consistent snapshot; read when the checkpoint is written.
     Disk(disk::GroupView),
+    /// A restored key group still in the savepoint's state file ([`chunk`] form; length,
+    /// checksum and key order verified when the savepoint was read), read on demand by
+    /// positioned reads: a restore holds no state file in memory.
+    Stored(Arc<segment::Segment>),
     /// A restored chunk ([`chunk`] form, key order checked) with the keys written since over
     /// it (heap backend): a key is read from `delta`, else found in `base` by binary search,
     /// so a restored key group is never decoded as a whole before it has had many writes.
@@ -135,6 +139,7 @@ impl KeyGroupData {
             KeyGroupData::Map(m) => Ok(m.iter().map(|(k, s)| (*k, *s)).collect()),
             KeyGroupData::Encoded { bytes, .. } => chunk::decode(key_group, bytes),
             KeyGroupData::Disk(view) => view.entries(),
+            KeyGroupData::Stored(seg) => chunk::decode(key_group, &seg.read_all()?),
             KeyGroupData::Layered { base, delta, .. } => {
                 let mut out = Vec::with_capacity(base.len() / chunk::ENTRY_BYTES + delta.len());
                 merge_layers(base, delta, |k, v| {
@@ -169,6 +174,7 @@ impl KeyGroupData {
             )),
             KeyGroupData::Encoded { bytes, open_panes } => Ok((bytes.clone(), *open_panes)),
             KeyGroupData::Disk(view) => view.encode(),
+            KeyGroupData::Stored(seg) => Ok((seg.read_all()?, seg.open_panes())),
             KeyGroupData::Layered { .. } => {
                 let mut out = Vec::new();
                 let (_, open) = self.encode_into(&mut out)?;
@@ -193,6 +199,10 @@ impl KeyGroupData {
             }
             KeyGroupData::Encoded { bytes, open_panes } => Ok((Some(bytes.clone()), *open_panes)),
             KeyGroupData::Disk(view) => view.encode_into(out),
+            KeyGroupData::Stored(seg) => {
+                seg.read_into(out)?;
+                Ok((None, seg.open_panes()))
+            }
             KeyGroupData::Layered { base, delta, .. } => {
                 out.reserve(base.len() + delta.len() * chunk::ENTRY_BYTES);
                 let mut open = false;
@@ -223,6 +233,7 @@ impl KeyGroupData {
             KeyGroupData::Map(m) => Ok(m.len()),
             KeyGroupData::Encoded { bytes, .. } => Ok(bytes.len() / chunk::ENTRY_BYTES),
             KeyGroupData::Disk(_) => Ok(self.entries(key_group)?.len()),
+            KeyGroupData::Stored(seg) => Ok(seg.keys()),
             KeyGroupData::Layered { base, delta, .. } => Ok(base.len() / chunk::ENTRY_BYTES
                 + delta
                     .keys()

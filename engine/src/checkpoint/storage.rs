@@ -11,7 +11,7 @@
 //! that looks complete. An existing manifest is never overwritten. Retention deletes the
 //! manifest of an old checkpoint first, then its files.
 //!
-//! Reading verifies the manifest and every file ([`Savepoint::decode`]); [`CheckpointStorage::latest`]
+//! Reading verifies the manifest and every file in bounded memory ([`CheckpointStorage::read`]); [`CheckpointStorage::latest`]
 //! falls back from a damaged newest checkpoint to older ones, logging each refusal.
 
 use std::path::{Path, PathBuf};
@@ -350,7 +350,11 @@ impl CheckpointStorage {
         Ok(())
     }
 
-    /// Reads and verifies checkpoint `id` for `spec`.
+    /// Reads and verifies checkpoint `id` for `spec` in bounded memory
+    /// ([`Savepoint::read_from`]): a local checkpoint's state files are read in place; an
+    /// object of another store is first streamed into an unlinked temporary file (in
+    /// `std::env::temp_dir()`, removed when the restored state is dropped), never held whole
+    /// in memory.
     ///
     /// # Errors
     /// [`SavepointError`] naming the file and reason.
@@ -364,7 +368,49 @@ impl CheckpointStorage {
             .map(|b| b.to_vec())
             .map_err(std::io::Error::other)
         };
-        Savepoint::decode(&self.path_of(id), fetch, spec)
+        if let Some(dir) = &self.local {
+            let chk = dir.join(format!("{CHECKPOINT_PREFIX}{id}"));
+            return Savepoint::read_from(
+                &self.path_of(id),
+                fetch,
+                |name| std::fs::File::open(chk.join(name)),
+                spec,
+            );
+        }
+        let open = |name: &str| self.spool(&self.object(id, name));
+        Savepoint::read_from(&self.path_of(id), fetch, open, spec)
+    }
+
+    /// Streams `object` into a new unlinked temporary file and returns it (opened for
+    /// reading): memory holds one part of the download at a time.
+    fn spool(&self, object: &ObjectPath) -> std::io::Result<std::fs::File> {
+        use std::io::Write;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let tmp = std::env::temp_dir().join(format!(
+            ".streamscale-restore-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let mut file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        // Unlinked at once: the open handle keeps it until the restored state is dropped.
+        let _ = std::fs::remove_file(&tmp);
+        self.block_on(async {
+            let mut parts = self.store.get(object).await?.into_stream();
+            while let Some(part) = parts.try_next().await? {
+                file.write_all(&part)
+                    .map_err(|e| object_store::Error::Generic {
+                        store: "local temporary file",
+                        source: Box::new(e),
+                    })?;
+            }
+            Ok::<(), object_store::Error>(())
+        })
+        .map_err(std::io::Error::other)?;
+        Ok(file)
     }
 
     /// The newest checkpoint that fully verifies against `spec`, falling back to older ones

@@ -44,8 +44,13 @@
 //! writer on its own threads while the subtask keeps writing.
 //!
 //! # Restore
-//! Restored key groups start as their savepoint chunks in memory and are read through by binary
-//! search; nothing is read before the first record (a chunk's key order is checked on its
+//! A key group restored from a savepoint read from disk ([`KeyGroupData::Stored`]) becomes a
+//! segment in place: a region of the savepoint's state file, read by the same sparse index and
+//! positioned reads as the backend's own segments (its index was built and its key order and
+//! checksum checked when the savepoint was read), so a restore copies no state and holds none
+//! in memory beyond the sparse index; compaction rewrites it into the backend's own segments
+//! once it has a delta. Key groups handed over in memory ([`KeyGroupData::Encoded`], from
+//! tests and tools) start as chunks in memory and are read through by binary search; nothing is read before the first record (a chunk's key order is checked on its
 //! first read, write-out or merge; its length and checksum were checked with the savepoint). After the first records they are written out as segment files, several
 //! megabytes per commit, and dropped from memory; a snapshot hands a restored key group without
 //! writes to the checkpoint as its chunk unchanged. Open panes in a chunk are listed when the
@@ -447,6 +452,18 @@ impl DiskBackend {
         for (kg, data) in restored.groups {
             // A savepoint's chunk (whole entries, as its index says) is checked for key
             // order on its first use, so that a restore reads no state before the first record.
+            if let KeyGroupData::Stored(seg) = data {
+                // Still in the savepoint file (verified, key order checked): read in place as
+                // a segment; compaction rewrites it into this backend's own segments.
+                if seg.is_empty() {
+                    continue;
+                }
+                if seg.open_panes() {
+                    base_open.push(kg);
+                }
+                base.insert(kg, Layer::File(seg));
+                continue;
+            }
             let (bytes, open_panes) = match data {
                 KeyGroupData::Encoded { bytes, open_panes }
                     if bytes.len().is_multiple_of(ENTRY_BYTES) =>
@@ -469,10 +486,15 @@ impl DiskBackend {
             }
             base.insert(kg, Layer::Restored(bytes, open_panes));
         }
-        let mut to_write: Vec<u32> = base.keys().copied().collect();
+        let mut to_write: Vec<u32> = base
+            .iter()
+            .filter(|(_, l)| matches!(l, Layer::Restored(..)))
+            .map(|(kg, _)| *kg)
+            .collect();
         to_write.sort_unstable();
         let unloaded = base
             .values()
+            .filter(|l| matches!(l, Layer::Restored(..)))
             .map(|l| (l.keys() * ENTRY_BYTES) as u64)
             .sum::<u64>();
         if let Some(g) = &owner.unloaded_gauge {

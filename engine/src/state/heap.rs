@@ -49,6 +49,7 @@ impl HeapBackend {
             let open = match data {
                 KeyGroupData::Map(m) => m.values().any(|s| s.pane_count > 0),
                 KeyGroupData::Encoded { open_panes, .. } => *open_panes,
+                KeyGroupData::Stored(seg) => seg.open_panes(),
                 KeyGroupData::Disk(_) | KeyGroupData::Layered { .. } => true,
             };
             if open && let Some(w) = touched.get_mut(*kg as usize / 64) {
@@ -78,6 +79,15 @@ impl HeapBackend {
                 Some(KeyGroupData::Layered {
                     base: bytes.clone(),
                     open_panes: *open_panes,
+                    delta: Arc::default(),
+                })
+            }
+            KeyGroupData::Stored(seg) => {
+                // Read from the savepoint file on first use (length, checksum and key order
+                // were checked when the savepoint was read): the restore itself holds nothing.
+                Some(KeyGroupData::Layered {
+                    base: seg.read_all()?,
+                    open_panes: seg.open_panes(),
                     delta: Arc::default(),
                 })
             }

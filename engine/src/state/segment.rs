@@ -8,6 +8,12 @@
 //! A segment file is removed when its last holder (the backend or a snapshot) drops it; the
 //! directory holding a backend's segments is removed when its last segment and the backend are
 //! gone.
+//!
+//! A segment can also be a **region of a savepoint's state file** ([`Segment::region`]): a
+//! restored key group is read in place, through the same sparse index and positioned reads,
+//! from the savepoint file that [`crate::savepoint::Savepoint::read`] verified (the open file
+//! handle keeps the data readable even if the checkpoint is deleted meanwhile). Such a segment
+//! is never removed on drop.
 
 use std::fs::File;
 use std::io::Write;
@@ -56,22 +62,29 @@ impl Drop for SegmentDir {
     }
 }
 
-/// One key group's entries in an immutable file ([`chunk`] form, checked when written).
+/// One key group's entries in an immutable file ([`chunk`] form, checked when written), or in
+/// a region of a savepoint's state file.
 #[derive(Debug)]
 pub struct Segment {
-    file: File,
+    file: Arc<File>,
     path: PathBuf,
+    /// Byte offset of the entries in the file (0 for the backend's own segment files).
+    offset: u64,
     len: usize,
     /// First key of each block of [`BLOCK_ENTRIES`] entries.
     index: Vec<u64>,
     /// Some entry has an open window pane.
     open_panes: bool,
-    _dir: Arc<SegmentDir>,
+    /// The backend's segment directory; `None` for a region of a savepoint file (not removed
+    /// on drop).
+    dir: Option<Arc<SegmentDir>>,
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.dir.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -107,13 +120,37 @@ impl Segment {
             .map(|b| chunk::entry_key(b, 0))
             .collect();
         Ok(Segment {
-            file,
+            file: Arc::new(file),
             path,
+            offset: 0,
             len: bytes.len(),
             index,
             open_panes,
-            _dir: dir.clone(),
+            dir: Some(dir.clone()),
         })
+    }
+
+    /// A key group's chunk at `offset..offset + len` of the already verified file `file`
+    /// (`path` names it in errors): keys strictly increasing, `index` the first key of every
+    /// block of [`BLOCK_ENTRIES`] entries (as [`SparseIndex`] builds it while the chunk is
+    /// read once). Nothing is read here; the file is not removed on drop.
+    pub fn region(
+        file: Arc<File>,
+        path: PathBuf,
+        offset: u64,
+        len: usize,
+        index: Vec<u64>,
+        open_panes: bool,
+    ) -> Segment {
+        Segment {
+            file,
+            path,
+            offset,
+            len,
+            index,
+            open_panes,
+            dir: None,
+        }
     }
 
     /// Size in bytes.
@@ -139,7 +176,7 @@ impl Segment {
     fn read_at(&self, at: usize, len: usize) -> Result<Vec<u8>, StateError> {
         let mut buf = vec![0u8; len];
         self.file
-            .read_exact_at(&mut buf, at as u64)
+            .read_exact_at(&mut buf, self.offset + at as u64)
             .map_err(|e| StateError::Disk {
                 path: self.path.clone(),
                 action: "cannot read a segment file",
@@ -164,7 +201,7 @@ impl Segment {
         let at = out.len();
         out.resize(at + self.len, 0);
         self.file
-            .read_exact_at(&mut out[at..], 0)
+            .read_exact_at(&mut out[at..], self.offset)
             .map_err(|e| StateError::Disk {
                 path: self.path.clone(),
                 action: "cannot read a segment file",
@@ -184,6 +221,55 @@ impl Segment {
         let at = block * BLOCK_ENTRIES * ENTRY_BYTES;
         let len = (BLOCK_ENTRIES * ENTRY_BYTES).min(self.len - at);
         Ok(chunk::find(&self.read_at(at, len)?, key))
+    }
+}
+
+/// Builds a chunk's sparse index, key-order check and open-pane flag while the chunk passes
+/// by in pieces (each a whole number of entries), so that a restored chunk is checked and
+/// indexed in the same single read that verifies its checksum.
+#[derive(Debug, Default)]
+pub struct SparseIndex {
+    index: Vec<u64>,
+    entries: usize,
+    last: Option<u64>,
+    open_panes: bool,
+}
+
+impl SparseIndex {
+    /// Takes the next `piece` of the chunk (a whole number of entries).
+    ///
+    /// # Errors
+    /// [`StateError::Decode`] naming `key_group` when a key is not greater than the one
+    /// before it.
+    pub fn feed(&mut self, key_group: u32, piece: &[u8]) -> Result<(), StateError> {
+        let mut bad = None;
+        chunk::for_each(piece, |key, v| {
+            if bad.is_some() {
+                return;
+            }
+            if self.last.is_some_and(|l| key <= l) {
+                bad = Some(key);
+                return;
+            }
+            if self.entries.is_multiple_of(BLOCK_ENTRIES) {
+                self.index.push(key);
+            }
+            self.entries += 1;
+            self.last = Some(key);
+            self.open_panes |= chunk::value_has_open_pane(v);
+        });
+        match bad {
+            Some(key) => Err(StateError::Decode {
+                key_group,
+                reason: format!("keys out of order at key {key} (entry {})", self.entries),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The index and whether some entry has an open pane.
+    pub fn finish(self) -> (Vec<u64>, bool) {
+        (self.index, self.open_panes)
     }
 }
 
