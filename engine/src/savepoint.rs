@@ -156,17 +156,6 @@ pub struct SavepointMetadata {
     pub key_groups: BTreeMap<String, Vec<[u32; 2]>>,
 }
 
-/// A savepoint serialized: state files and the manifest that lists them.
-#[derive(Debug, Clone)]
-pub struct Encoded {
-    /// `(file name, chunks)` of each state file; the file is the chunks concatenated.
-    pub files: Vec<(String, Vec<Bytes>)>,
-    /// `_metadata.json` bytes; written last.
-    pub manifest: Vec<u8>,
-    /// The manifest as a value.
-    pub metadata: SavepointMetadata,
-}
-
 /// A savepoint's full contents, as taken from a stopped job or loaded from disk.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Savepoint {
@@ -193,6 +182,58 @@ fn write_synced(path: &Path, chunks: &[Bytes]) -> Result<(), SavepointError> {
         f.write_all(c).map_err(io(path, "cannot write file"))?;
     }
     f.sync_all().map_err(io(path, "cannot fsync file"))
+}
+
+/// A state file's manifest entry built as its key groups are written in file order: size,
+/// CRC-32 combined from the key groups' CRCs, chunk index. Shared by every writer (local
+/// streaming, object-store multipart).
+pub(crate) struct IndexBuilder {
+    name: String,
+    offset: u64,
+    crc: crc32fast::Hasher,
+    chunks: Vec<ChunkEntry>,
+}
+
+impl IndexBuilder {
+    /// An empty file named `name`, expecting about `key_groups` chunks.
+    pub(crate) fn new(name: &str, key_groups: usize) -> IndexBuilder {
+        IndexBuilder {
+            name: name.to_string(),
+            offset: 0,
+            crc: crc32fast::Hasher::new(),
+            chunks: Vec::with_capacity(key_groups),
+        }
+    }
+
+    /// Appends key group `key_group`'s chunk of `bytes` bytes whose CRC-32 state is `crc`.
+    pub(crate) fn push(
+        &mut self,
+        key_group: u32,
+        bytes: u64,
+        crc: &crc32fast::Hasher,
+        blob: bool,
+        open_panes: bool,
+    ) {
+        self.crc.combine(crc);
+        self.chunks.push(ChunkEntry {
+            key_group,
+            offset: self.offset,
+            bytes,
+            blob,
+            open_panes,
+        });
+        self.offset += bytes;
+    }
+
+    /// The manifest entry.
+    pub(crate) fn finish(self) -> FileEntry {
+        FileEntry {
+            name: self.name,
+            bytes: self.offset,
+            crc32: self.crc.finalize(),
+            chunks: self.chunks,
+        }
+    }
 }
 
 pub mod reader;
@@ -347,69 +388,57 @@ impl Savepoint {
         Ok(meta)
     }
 
-    /// Serializes the state files and the manifest (which lists them with sizes and CRC-32).
-    /// `location` only names files in errors.
+    /// Encodes operator `op`'s state file in file order and hands it to `put` one key group
+    /// at a time (encoded a few key groups at once on every core), so that memory holds a few
+    /// key groups, not the file; returns its manifest entry (size, CRC-32, chunk index).
+    /// `location` only names files in errors. For object stores (streamed as a multipart
+    /// upload).
     ///
     /// # Errors
-    /// [`SavepointError::Invalid`] if a value cannot be encoded.
-    pub fn encode(&self, location: &Path) -> Result<Encoded, SavepointError> {
+    /// [`SavepointError::Invalid`] when `op` has no state or a key group cannot be encoded;
+    /// whatever `put` returns.
+    pub fn stream_state_file(
+        &self,
+        op: &str,
+        location: &Path,
+        mut put: impl FnMut(Bytes) -> Result<(), SavepointError>,
+    ) -> Result<FileEntry, SavepointError> {
+        let name = format!("state-{op}.bin");
+        let bad = |reason: String| SavepointError::Invalid {
+            path: location.join(&name),
+            reason,
+        };
+        let state = self
+            .state
+            .get(op)
+            .ok_or_else(|| bad(format!("no keyed state for operator `{op}`")))?;
+        let items = work_items(state);
+        let batch = 2 * std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut index = IndexBuilder::new(&name, items.len());
+        for part in items.chunks(batch) {
+            for ((kg, w), done) in part.iter().zip(encode_parallel(part)) {
+                let (bytes, h, open) =
+                    done.map_err(|e| bad(format!("cannot encode state: {e}")))?;
+                index.push(
+                    *kg,
+                    bytes.len() as u64,
+                    &h,
+                    matches!(w, Work::Blob(_)),
+                    open,
+                );
+                put(bytes)?;
+            }
+        }
+        Ok(index.finish())
+    }
+
+    /// The manifest of this savepoint with `files` (as returned for its state files by
+    /// [`Savepoint::stream_state_file`]), in this engine's format version.
+    pub fn metadata_with_files(&self, files: Vec<FileEntry>) -> SavepointMetadata {
         let mut meta = self.metadata.clone();
         meta.format_version = FORMAT_VERSION;
-        meta.files.clear();
-        let mut files = Vec::new();
-        let mut items: Vec<(u32, Work<'_>)> = Vec::new();
-        let mut bounds = Vec::new();
-        for state in self.state.values() {
-            let from = items.len();
-            items.extend(work_items(state));
-            bounds.push(from..items.len());
-        }
-        let mut done = encode_parallel(&items).into_iter();
-        for ((op, _), range) in self.state.iter().zip(bounds) {
-            let name = format!("state-{op}.bin");
-            let mut chunks = Vec::with_capacity(range.len());
-            let mut index = Vec::with_capacity(range.len());
-            let mut crc = crc32fast::Hasher::new();
-            let mut offset = 0u64;
-            for i in range {
-                let (bytes, h, open) = done
-                    .next()
-                    .ok_or_else(|| SavepointError::Invalid {
-                        path: location.join(&name),
-                        reason: "a key group was not encoded".into(),
-                    })?
-                    .map_err(|e| SavepointError::Invalid {
-                        path: location.join(&name),
-                        reason: format!("cannot encode state: {e}"),
-                    })?;
-                crc.combine(&h);
-                index.push(ChunkEntry {
-                    key_group: items[i].0,
-                    offset,
-                    bytes: bytes.len() as u64,
-                    blob: matches!(items[i].1, Work::Blob(_)),
-                    open_panes: open,
-                });
-                offset += bytes.len() as u64;
-                chunks.push(bytes);
-            }
-            meta.files.push(FileEntry {
-                name: name.clone(),
-                bytes: offset,
-                crc32: crc.finalize(),
-                chunks: index,
-            });
-            files.push((name, chunks));
-        }
-        let manifest = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
-            path: location.join(METADATA_FILE),
-            reason: format!("cannot encode metadata: {e}"),
-        })?;
-        Ok(Encoded {
-            files,
-            manifest,
-            metadata: meta,
-        })
+        meta.files = files;
+        meta
     }
 
     /// Reads and fully verifies a savepoint for `spec`: metadata present and parsable, known

@@ -19,10 +19,17 @@ use std::sync::Arc;
 
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::savepoint::{METADATA_FILE, Savepoint, SavepointError, SavepointMetadata};
 use crate::spec::JobSpec;
+
+/// Size of one part of a state file's multipart upload to an object store (bytes; S3 needs at
+/// least 5 MiB per part but the last).
+pub const UPLOAD_PART_BYTES: usize = 8 << 20;
+/// Parts of one upload in flight at once: with [`UPLOAD_PART_BYTES`], bounds the memory a
+/// checkpoint upload holds beyond the key groups being encoded.
+pub const UPLOADS_IN_FLIGHT: usize = 4;
 
 /// Prefix of a checkpoint directory's name; the id follows (`chk-42`).
 pub const CHECKPOINT_PREFIX: &str = "chk-";
@@ -108,6 +115,36 @@ impl CheckpointStorage {
             retain: retain.max(1) as usize,
             runtime: None,
         }
+    }
+
+    /// Storage in an object store `store` (for example `object_store`'s `InMemory`) under
+    /// `prefix`, keeping the newest `retain` (at least 1) completed checkpoints; objects are
+    /// written and read through a runtime of this storage's own, as for S3. `location` names
+    /// the checkpoints in messages.
+    ///
+    /// # Errors
+    /// [`StorageError::Location`] when the runtime cannot start.
+    pub fn with_store(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        location: &str,
+        retain: u32,
+    ) -> Result<CheckpointStorage, StorageError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StorageError::Location {
+                location: location.into(),
+                reason: format!("cannot start the storage runtime: {e}"),
+            })?;
+        Ok(CheckpointStorage {
+            store,
+            prefix: ObjectPath::from(prefix),
+            location: PathBuf::from(location),
+            local: None,
+            retain: retain.max(1) as usize,
+            runtime: Some(runtime),
+        })
     }
 
     /// Storage at `location`: a directory path, `file:///abs/dir`, or `s3://bucket/prefix`.
@@ -297,23 +334,67 @@ impl CheckpointStorage {
             self.apply_retention();
             return Ok((self.path_of(id).display().to_string(), metadata));
         }
-        let encoded = snapshot.encode(&self.path_of(id))?;
-        for (name, bytes) in encoded.files {
-            let object = self.object(id, &name);
-            self.block_on(self.store.put(&object, PutPayload::from_iter(bytes)))
-                .map_err(self.store_err(&object, "cannot write checkpoint file"))?;
-            self.fsync(id, Some(&name))?;
+        // Another store: each state file is streamed as a multipart upload, a few key
+        // groups encoded at a time, at most UPLOADS_IN_FLIGHT parts of UPLOAD_PART_BYTES in
+        // flight (bounded memory, not the whole checkpoint).
+        let mut files = Vec::with_capacity(snapshot.state.len());
+        for op in snapshot.state.keys() {
+            files.push(self.upload_state_file(id, snapshot, op)?);
         }
-        self.fsync(id, None)?;
-        self.block_on(
-            self.store
-                .put(&manifest, PutPayload::from(encoded.manifest)),
-        )
-        .map_err(self.store_err(&manifest, "cannot write checkpoint manifest"))?;
-        self.fsync(id, Some(METADATA_FILE))?;
-        self.fsync(id, None)?;
+        let metadata = snapshot.metadata_with_files(files);
+        let bytes = serde_json::to_vec_pretty(&metadata).map_err(|e| SavepointError::Invalid {
+            path: self.path_of(id).join(METADATA_FILE),
+            reason: format!("cannot encode metadata: {e}"),
+        })?;
+        self.block_on(self.store.put(&manifest, PutPayload::from(bytes)))
+            .map_err(self.store_err(&manifest, "cannot write checkpoint manifest"))?;
         self.apply_retention();
-        Ok((self.path_of(id).display().to_string(), encoded.metadata))
+        Ok((self.path_of(id).display().to_string(), metadata))
+    }
+
+    /// Streams operator `op`'s state file of checkpoint `id` to the store as a multipart
+    /// upload (aborted on failure) and returns its manifest entry.
+    fn upload_state_file(
+        &self,
+        id: u64,
+        snapshot: &Savepoint,
+        op: &str,
+    ) -> Result<crate::savepoint::FileEntry, StorageError> {
+        let object = self.object(id, &format!("state-{op}.bin"));
+        let upload = self
+            .block_on(self.store.put_multipart(&object))
+            .map_err(self.store_err(&object, "cannot start uploading checkpoint file"))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, UPLOAD_PART_BYTES);
+        let mut failed = None;
+        let streamed = snapshot.stream_state_file(op, &self.path_of(id), |bytes| {
+            self.block_on(async {
+                writer.wait_for_capacity(UPLOADS_IN_FLIGHT).await?;
+                writer.put(bytes);
+                Ok::<(), object_store::Error>(())
+            })
+            .map_err(|e| {
+                let reason = format!("upload failed: {e}");
+                failed = Some(e);
+                SavepointError::Invalid {
+                    path: self.path_of(id).join(format!("state-{op}.bin")),
+                    reason,
+                }
+            })
+        });
+        let entry = match (streamed, failed) {
+            (Ok(entry), _) => entry,
+            (Err(_), Some(e)) => {
+                let _ = self.block_on(writer.abort());
+                return Err(self.store_err(&object, "cannot write checkpoint file")(e));
+            }
+            (Err(e), None) => {
+                let _ = self.block_on(writer.abort());
+                return Err(e.into());
+            }
+        };
+        self.block_on(writer.finish())
+            .map_err(self.store_err(&object, "cannot write checkpoint file"))?;
+        Ok(entry)
     }
 
     fn apply_retention(&self) {
@@ -561,6 +642,68 @@ mod tests {
         assert_eq!(back.metadata.checkpoint_id, Some(2));
         // A completed checkpoint is never written again.
         assert!(storage.write_checkpoint(2, &snapshot).is_err());
+    }
+
+    #[test]
+    fn an_object_store_checkpoint_streams_as_multipart_and_restores_with_fallback() {
+        let yaml = "name: j\noperators:\n  - { name: src, kind: source, rate: { constant: 1 } }\n  - { name: w, kind: window, sizeMs: 10 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: w }\n  - { from: w, to: sink }\n";
+        let spec = crate::spec::JobSpec::from_yaml(yaml).unwrap();
+        spec.validate().unwrap();
+        // 400 000 keys: 19.2 MB, more than two upload parts.
+        let mut state = crate::state::KeyedState::default();
+        for key in 0..400_000u64 {
+            state
+                .entry(crate::keygroup::key_group(key, spec.max_parallelism), key)
+                .unwrap()
+                .total_count = key + 1;
+        }
+        let snapshot = |id| Savepoint {
+            metadata: crate::savepoint::SavepointMetadata {
+                format_version: crate::savepoint::FORMAT_VERSION,
+                job_name: spec.name.clone(),
+                fingerprint: spec.fingerprint(),
+                max_parallelism: spec.max_parallelism,
+                parallelism: spec.parallelism(),
+                job_started_unix_ms: 0,
+                created_unix_ms: 0,
+                sources: Default::default(),
+                counters: Default::default(),
+                files: vec![],
+                checkpoint_id: Some(id),
+                key_groups: Default::default(),
+            },
+            state: std::collections::BTreeMap::from([("w".into(), state.clone())]),
+        };
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let storage =
+            CheckpointStorage::with_store(store.clone(), "jobs/j", "mem://jobs/j", 3).unwrap();
+        let (_, meta1) = storage.write_checkpoint(1, &snapshot(1)).unwrap();
+        assert!(meta1.files[0].bytes > 2 * UPLOAD_PART_BYTES as u64);
+        let object = ObjectPath::from("jobs/j/chk-1/state-w.bin");
+        let bytes = futures::executor::block_on(async {
+            store.get(&object).await.unwrap().bytes().await.unwrap()
+        });
+        assert_eq!(bytes.len() as u64, meta1.files[0].bytes);
+        assert_eq!(crc32fast::hash(&bytes), meta1.files[0].crc32);
+        let back = storage.read(1, &spec).unwrap();
+        assert_eq!(back.state, snapshot(1).state);
+        // A damaged newer checkpoint: refused naming the file, and the older one restores.
+        storage.write_checkpoint(2, &snapshot(2)).unwrap();
+        let object = ObjectPath::from("jobs/j/chk-2/state-w.bin");
+        let mut damaged = bytes.to_vec();
+        damaged[1000] ^= 1;
+        futures::executor::block_on(store.put(&object, PutPayload::from(damaged))).unwrap();
+        let err = storage.read(2, &spec).unwrap_err().to_string();
+        assert!(
+            err.contains("chk-2")
+                && err.contains("state-w.bin")
+                && err.contains("checksum mismatch"),
+            "{err}"
+        );
+        let (path, sp) = storage.latest(&spec).unwrap().unwrap();
+        assert!(path.ends_with("chk-1"), "{}", path.display());
+        assert_eq!(sp.metadata.checkpoint_id, Some(1));
+        assert_eq!(sp.state, snapshot(1).state);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! written.
 //!
 //! The file's CRC-32 is combined from the key groups' CRCs (computed by the encoding threads)
-//! and its chunk index is built in file order, exactly as [`super::Savepoint::encode`] does.
+//! and its chunk index is built in file order ([`IndexBuilder`], shared with
+//! [`super::Savepoint::stream_state_file`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -23,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 
-use super::{ChunkEntry, FileEntry, SavepointError, io};
+use super::{FileEntry, IndexBuilder, SavepointError, io};
 use crate::state::{KeyGroupData, StateError};
 
 /// Bytes written between two background `fdatasync`s (which start the device writing the
@@ -192,11 +193,11 @@ pub(super) fn write_state_file(
         let sync_thread = scope.spawn(move || syncer(sync_file, sync_rx, sync_error));
         let result = (|| {
             let mut pending: BTreeMap<usize, (Piece, crc32fast::Hasher, bool)> = BTreeMap::new();
-            let mut chunks = Vec::with_capacity(items.len());
-            let mut crc = crc32fast::Hasher::new();
-            let (mut offset, mut since_sync) = (0u64, 0u64);
-            while chunks.len() < items.len() {
-                let i = chunks.len();
+            let mut index = IndexBuilder::new(name, items.len());
+            let mut since_sync = 0u64;
+            let mut written = 0usize;
+            while written < items.len() {
+                let i = written;
                 let Some((piece, h, open)) = pending.remove(&i) else {
                     let (j, out) = done_rx
                         .recv()
@@ -207,15 +208,14 @@ pub(super) fn write_state_file(
                 let bytes = piece.bytes();
                 file.write_all(bytes)
                     .map_err(io(path, "cannot write file"))?;
-                crc.combine(&h);
-                chunks.push(ChunkEntry {
-                    key_group: items[i].0,
-                    offset,
-                    bytes: bytes.len() as u64,
-                    blob: matches!(items[i].1, Work::Blob(_)),
-                    open_panes: open,
-                });
-                offset += bytes.len() as u64;
+                index.push(
+                    items[i].0,
+                    bytes.len() as u64,
+                    &h,
+                    matches!(items[i].1, Work::Blob(_)),
+                    open,
+                );
+                written += 1;
                 since_sync += bytes.len() as u64;
                 let _ = pool_tx.try_send(piece.into_buffer());
                 if since_sync >= how.sync_every {
@@ -223,12 +223,7 @@ pub(super) fn write_state_file(
                     let _ = sync_tx.send(());
                 }
             }
-            Ok(FileEntry {
-                name: name.to_string(),
-                bytes: offset,
-                crc32: crc.finalize(),
-                chunks,
-            })
+            Ok(index.finish())
         })();
         abort.store(true, Ordering::Relaxed);
         drop((pool_tx, done_rx, sync_tx));
