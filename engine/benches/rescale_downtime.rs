@@ -9,8 +9,9 @@
 //! group out as its own segment files (its `streamscale_state_restored_unloaded_bytes` gauges
 //! are 0: the state of a job that has run for a while, keys written since in its database),
 //! plus one second (`--settle-seconds`: longer runs let the disk backend's delta grow to its
-//! compacted steady state). `--setup restored` skips that wait: the disk backend then still serves most
-//! keys from the restored chunks in memory, as right after a restore. Measured: `Job::stop_with_savepoint` → completed and
+//! compacted steady state). `--setup restored` skips that wait. (Since the bounded-memory restore the disk
+//! backend reads restored key groups in place from the savepoint file as segments, so its
+//! gauges read 0 at once and both set-ups are the same.) Measured: `Job::stop_with_savepoint` → completed and
 //! written (fsynced) → `Job::join` → `Savepoint::read` (verified) → `Job::start` at
 //! `counts=3` → the keyed operator's first record (its live records-in counter, flushed every
 //! millisecond, passes the savepoint's). This is the engine's own path inside one process;

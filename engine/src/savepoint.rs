@@ -5,7 +5,7 @@
 //! - `state-<operator>.bin`: the operator's keyed state, one file per keyed operator: one chunk
 //!   per key group in key-group order ([`crate::state::chunk`] for `window` state, then the
 //!   event-time operators' per-key-group blobs), so that a restore at any parallelism takes
-//!   each subtask's key groups as slices of the file without decoding anything;
+//!   each subtask's key groups as regions of the file without decoding anything;
 //! - `_metadata.json`: [`SavepointMetadata`], written last, listing every file with its size,
 //!   CRC-32 and chunk index (key group → offset, length).
 //!
@@ -14,6 +14,10 @@
 //! `fdatasync` every 64 MB keeps the device busy, so memory stays at a few key groups and the
 //! final `fsync` has little left to do. Files written by earlier versions (one postcard value per operator, no chunk
 //! index) are still read.
+//!
+//! Reading ([`reader`]) verifies each state file in one pass through a bounded buffer and
+//! hands its key groups out as regions of the open file, read on demand by the subtasks that
+//! own them after the restore: a restore never holds a whole state file in memory.
 //!
 //! Writing is atomic: everything goes to a hidden temporary directory beside the target, each
 //! file is fsynced, then the directory is renamed into place and its parent fsynced. A crash

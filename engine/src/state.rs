@@ -13,7 +13,8 @@
 //! Both hand a checkpoint a [`KeyedState`]: key group → [`KeyGroupData`]. The checkpoint writer
 //! encodes each key group separately ([`chunk`], in parallel), so a savepoint restores at any
 //! parallelism into either backend: a subtask takes the key groups it owns. Restored key groups
-//! stay encoded until first touched (lazy restore): a restore costs O(key groups) before the
+//! stay in the savepoint's file ([`KeyGroupData::Stored`], read by positioned reads) until
+//! first touched (lazy restore; the disk backend reads them in place as segments): a restore costs O(key groups) before the
 //! first record, and a key group that is never touched is written to the next checkpoint as the
 //! same bytes.
 //!

@@ -165,6 +165,45 @@ fn child_restore() {
         let mut backends = restore(Path::new(&sp), &spec, kind, &state_dir, parallelism);
         std::fs::remove_dir_all(&sp).unwrap();
         check_state(&mut backends, parallelism);
+        // Then the restored regions are copied into the backend's own segments, a few
+        // megabytes per commit, until none is left.
+        let gauge = prometheus::Gauge::new("unloaded", "restored bytes not written out").unwrap();
+        let state_spec = StateSpec {
+            backend: kind,
+            dir: Some(state_dir.display().to_string()),
+            cache_entries: 4096,
+        };
+        drop(backends);
+        let sp_copy = tempfile::tempdir().unwrap();
+        let again = write_savepoint(sp_copy.path(), &spec);
+        let sp = Savepoint::read(&again, &spec).unwrap();
+        std::fs::remove_dir_all(&again).unwrap();
+        let owner = StateOwner {
+            job: "big".into(),
+            operator: "w".into(),
+            subtask: 0,
+            unloaded_gauge: Some(gauge.clone()),
+        };
+        let mut one =
+            StateBackend::open(&state_spec, &owner, MAX_PARALLELISM, sp.state["w"].clone())
+                .unwrap();
+        drop(sp);
+        assert_eq!(gauge.get() as u64, KEYS * 48);
+        let mut fired = 0u64;
+        for _ in 0..10_000 {
+            if gauge.get() == 0.0 {
+                break;
+            }
+            one.fire_panes(&mut |_, _| fired += 1).unwrap();
+        }
+        assert_eq!(gauge.get(), 0.0, "restored regions left unwritten");
+        assert_eq!(fired, KEYS.div_ceil(100_000), "each open pane fires once");
+        let totals = one.snapshot().unwrap().try_totals().unwrap();
+        assert_eq!(totals.len() as u64, KEYS);
+        for (key, (count, sum)) in totals {
+            let s = state_of(key);
+            assert_eq!((count, sum), (s.total_count, s.total_sum), "key {key}");
+        }
     }
 }
 

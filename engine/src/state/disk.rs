@@ -48,8 +48,10 @@
 //! segment in place: a region of the savepoint's state file, read by the same sparse index and
 //! positioned reads as the backend's own segments (its index was built and its key order and
 //! checksum checked when the savepoint was read), so a restore copies no state and holds none
-//! in memory beyond the sparse index; compaction rewrites it into the backend's own segments
-//! once it has a delta. Key groups handed over in memory ([`KeyGroupData::Encoded`], from
+//! in memory beyond the sparse index. After the first records these regions are copied into the
+//! backend's own segment files (one key group in memory at a time, a few megabytes per commit,
+//! as below), so the savepoint file is not needed for long (it stays readable meanwhile even if
+//! the checkpoint is deleted: the file is open). Key groups handed over in memory ([`KeyGroupData::Encoded`], from
 //! tests and tools) start as chunks in memory and are read through by binary search; nothing is read before the first record (a chunk's key order is checked on its
 //! first read, write-out or merge; its length and checksum were checked with the savepoint). After the first records they are written out as segment files, several
 //! megabytes per commit, and dropped from memory; a snapshot hands a restored key group without
@@ -486,15 +488,10 @@ impl DiskBackend {
             }
             base.insert(kg, Layer::Restored(bytes, open_panes));
         }
-        let mut to_write: Vec<u32> = base
-            .iter()
-            .filter(|(_, l)| matches!(l, Layer::Restored(..)))
-            .map(|(kg, _)| *kg)
-            .collect();
+        let mut to_write: Vec<u32> = base.keys().copied().collect();
         to_write.sort_unstable();
         let unloaded = base
             .values()
-            .filter(|l| matches!(l, Layer::Restored(..)))
             .map(|l| (l.keys() * ENTRY_BYTES) as u64)
             .sum::<u64>();
         if let Some(g) = &owner.unloaded_gauge {
@@ -690,22 +687,38 @@ impl DiskBackend {
         self.reader = Self::read_view(&self.file)?;
         for (kg, seg) in replaced {
             self.delta.remove(&kg);
-            if let Some(Layer::Restored(b, _)) = self.base.insert(kg, Layer::File(seg)) {
-                self.unloaded = self.unloaded.saturating_sub(b.len() as u64);
+            match self.base.insert(kg, Layer::File(seg)) {
+                Some(Layer::Restored(b, _)) => {
+                    self.unloaded = self.unloaded.saturating_sub(b.len() as u64);
+                }
+                Some(Layer::File(old)) if old.is_region() => {
+                    self.unloaded = self.unloaded.saturating_sub(old.len() as u64);
+                }
+                _ => {}
             }
         }
         // Restored chunks still in memory become segment files, a few cache's worth of
         // entries per commit.
         let mut budget = self.limit * COMPACT_BUDGET_CACHES * ENTRY_BYTES;
         while let Some(&kg) = self.to_write.front() {
-            let Some(Layer::Restored(bytes, _)) = self.base.get(&kg).cloned() else {
-                self.to_write.pop_front();
-                continue;
+            let region = match self.base.get(&kg) {
+                Some(Layer::Restored(..)) => None,
+                Some(Layer::File(seg)) if seg.is_region() => Some(seg.clone()),
+                _ => {
+                    self.to_write.pop_front();
+                    continue;
+                }
             };
             if budget == 0 {
                 break;
             }
             self.ensure_checked(kg)?;
+            // A region of the savepoint file is read one key group at a time.
+            let bytes = match (region, self.base.get(&kg)) {
+                (Some(seg), _) => seg.read_all()?,
+                (None, Some(Layer::Restored(bytes, _))) => bytes.clone(),
+                _ => Bytes::new(),
+            };
             budget = budget.saturating_sub(bytes.len());
             let seg = self.new_segment(kg, &bytes)?;
             self.base.insert(kg, Layer::File(seg));

@@ -168,6 +168,12 @@ impl Segment {
         self.len / ENTRY_BYTES
     }
 
+    /// Whether this is a region of a savepoint's state file ([`Segment::region`]) rather than
+    /// a backend's own segment file.
+    pub fn is_region(&self) -> bool {
+        self.dir.is_none()
+    }
+
     /// Whether some entry has an open window pane.
     pub fn open_panes(&self) -> bool {
         self.open_panes
