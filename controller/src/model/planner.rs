@@ -27,12 +27,15 @@ use super::fmtfast::{Fixed, Short};
 use super::learn::{Observed, ScalabilityTracker};
 use super::network::Topology;
 use super::queueing::{
-    QueueKind, TailNode, operator_sojourn_time, sojourn_quantile_bound, sojourn_quantile_upper,
+    QueueKind, TailNode, operator_sojourn_time, sojourn_quantile_bound_from, sojourn_quantile_upper,
 };
 use super::sample::MetricSample;
+use allocate::{Allocated, LatencyState};
 use streamscale_engine::keygroup::key_group_range;
 use streamscale_engine::spec::OperatorKind;
 use streamscale_engine::time::window::WindowSpec;
+
+mod allocate;
 
 /// Planner settings. `None` fields take their value from the job's [`AutoscalerSpec`]
 /// (`autoscaler:` in the job file) or the documented default.
@@ -843,7 +846,7 @@ impl Model {
     }
 
     /// Operator `i`'s term of the path percentile bound at `p` subtasks, seconds: the
-    /// ε'-quantile bound of its sojourn ([`sojourn_quantile_bound`] at the smooth input: a
+    /// ε'-quantile bound of its sojourn ([`super::queueing::sojourn_quantile_bound`] at the smooth input: a
     /// keyed operator's busiest subtask is one server, a shared queue has p), plus the window
     /// period (no record waits longer for its window) and the burst drain time (no record of a
     /// batch waits longer than the busiest subtask's share of it, in the fluid view). 0 for
@@ -917,7 +920,30 @@ impl Model {
             return f64::INFINITY;
         }
         let node = self.tail_node(i, p, mu);
-        sojourn_quantile_bound(node, self.s.ca, self.s.cs, self.eps) + window + self.drain(i, p, mu)
+        let start = self.quantile_start(i, p);
+        sojourn_quantile_bound_from(node, self.s.ca, self.s.cs, self.eps, start)
+            + window
+            + self.drain(i, p, mu)
+    }
+
+    /// Where the root finding of operator `i`'s quantile at `p` subtasks starts: its quantile
+    /// at the nearest lower parallelism (up to 8 below) whose tail is in the memo (the latency
+    /// allocation asks for the next parallelism after the current one), else NaN (the
+    /// bracket's upper end). Only a starting point: the root finding checks which side of the
+    /// root it lies on, and the result is the quantile to the same tolerance either way.
+    fn quantile_start(&self, i: usize, p: u32) -> f64 {
+        let memo = self.tail_memo.borrow();
+        let m = &memo[i];
+        let top = (p as usize).min(m.len());
+        for q in (top.saturating_sub(8)..top).rev() {
+            let t = m[q];
+            if t.is_finite()
+                && let Some(mu) = self.mu_at(i, q as u32)
+            {
+                return t - self.period(i) - self.drain(i, q as u32, mu);
+            }
+        }
+        f64::NAN
     }
 
     /// Keyed operator `i`: the smallest parallelism from `from` (the DS2 value, a lower bound
@@ -1285,7 +1311,7 @@ impl Model {
         // 2. Greedy marginal allocation for the latency SLO (on the percentile bound of the
         // slowest path) at the steady rates. Operators flagged for ineffective scaling count 0
         // here: nothing else is scaled for them.
-        let mut w: Vec<f64> = (0..n)
+        let w: Vec<f64> = (0..n)
             .map(|i| {
                 if self.frozen[i] {
                     0.0
@@ -1295,7 +1321,7 @@ impl Model {
             })
             .collect();
         let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut lat, mut end) = self.graph.topo.longest_path_into(&w, &mut dist, &mut via);
+        let (mut lat, end) = self.graph.topo.longest_path_into(&w, &mut dist, &mut via);
         let adjustable = |i: usize| self.mu(i).is_some() && !self.frozen[i];
         if lat > self.s.slo {
             // Attainable at maximum parallelism? Upper bounds on the tails first (the
@@ -1334,57 +1360,25 @@ impl Model {
                 ));
             } else {
                 let before = lat;
-                // Next candidate (parallelism, sojourn) per operator.
-                let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
-                let mut added = vec![0u32; n];
-                let mut dirty = vec![false; n];
-                while lat > self.s.slo {
-                    let mut best: Option<(f64, usize)> = None;
-                    let mut at = end;
-                    while at != usize::MAX {
-                        let cand = if adjustable(at) && p[at] < self.graph.bounds[at].1 {
-                            *next[at].get_or_insert_with(|| {
-                                self.next_parallelism(at, p[at])
-                                    .map_or((u32::MAX, w[at]), |q| (q, self.tail(at, q)))
-                            })
-                        } else {
-                            (u32::MAX, w[at])
-                        };
-                        if cand.0 != u32::MAX {
-                            let nx = cand.1;
-                            let score = if w[at].is_infinite() {
-                                if nx.is_finite() {
-                                    f64::INFINITY
-                                } else {
-                                    f64::MAX
-                                }
-                            } else {
-                                // Latency cut per subtask added (a keyed jump adds several).
-                                (w[at] - nx) / f64::from(cand.0 - p[at])
-                            };
-                            if best.is_none_or(|(b, _)| score > b) {
-                                best = Some((score, at));
-                            }
-                        }
-                        at = via[at];
-                    }
-                    let Some((_, i)) = best.filter(|(s, _)| *s > 0.0) else {
-                        reasons.push(format!(
-                            "latency SLO {} s unattainable: no subtask on the slowest path can cut its {} bound {:.4} s",
-                            self.s.slo, self.percentile_label(), lat
-                        ));
-                        break;
-                    };
-                    let (q, wq) = next[i]
-                        .take()
-                        .unwrap_or_else(|| (p[i] + 1, self.tail(i, p[i] + 1)));
-                    added[i] += q - p[i];
-                    p[i] = q;
-                    w[i] = wq;
-                    if hold_only && grown(&p, i) {
-                        return None;
-                    }
-                    (lat, end) = self.graph.propagate(&w, &mut dist, &mut via, i, &mut dirty);
+                let mut st = LatencyState {
+                    p,
+                    w,
+                    dist,
+                    via,
+                    lat,
+                    end,
+                    added: vec![0u32; n],
+                };
+                let outcome = self.allocate_latency(&mut st, hold_only);
+                let added = st.added;
+                (p, lat) = (st.p, st.lat);
+                match outcome {
+                    Allocated::Grew => return None,
+                    Allocated::Stuck => reasons.push(format!(
+                        "latency SLO {} s unattainable: no subtask on the slowest path can cut its {} bound {:.4} s",
+                        self.s.slo, self.percentile_label(), lat
+                    )),
+                    Allocated::Met => {}
                 }
                 let list: Vec<String> = (0..n)
                     .filter(|&i| added[i] > 0)
@@ -2567,6 +2561,152 @@ edges:
                 );
                 prop_assert!(dirty.iter().all(|d| !d));
             }
+        }
+    }
+
+    /// A random job of 3–40 operators for the latency allocation: 1–3 sources, each other
+    /// operator fed by 1–3 earlier ones (mostly the eight before it: long paths that share
+    /// operators), every third one a 1 s tumbling window (keyed: key-group jumps, bursts
+    /// downstream), random running parallelism, rates, μ, selectivity and scaling max.
+    fn wide_dag() -> impl Strategy<Value = Dag> {
+        (1usize..=3, 2usize..=37).prop_flat_map(|(n_src, n_rest)| {
+            let n = n_src + n_rest;
+            (
+                Just(n_src),
+                prop::collection::vec((any::<u32>(), any::<u32>(), any::<u32>(), 1u32..=3), n_rest),
+                prop::collection::vec((1u32..=4, 1.0f64..500.0, 20.0f64..400.0, 0.3f64..1.5), n),
+                prop::collection::vec(prop::option::of(2u32..=40), n),
+                prop::collection::vec(0.0f64..2000.0, n_src),
+            )
+                .prop_map(move |(n_src, links, rates, maxes, backlogs)| {
+                    let n = n_src + links.len();
+                    let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); n];
+                    for (k, &(a, b, c, fan)) in links.iter().enumerate() {
+                        let i = n_src + k;
+                        for (r, pick) in [a, b, c].into_iter().take(fan as usize).enumerate() {
+                            let j = if r == 0 || pick % 10 < 7 {
+                                i - 1 - (pick as usize / 10) % i.min(8)
+                            } else {
+                                pick as usize % i
+                            };
+                            if !inputs[i].contains(&j) {
+                                inputs[i].push(j);
+                            }
+                        }
+                    }
+                    let has_out: Vec<bool> = (0..n)
+                        .map(|j| inputs.iter().any(|v| v.contains(&j)))
+                        .collect();
+                    let mut yaml = String::from("name: dag\noperators:\n");
+                    let mut ops = Vec::new();
+                    for i in 0..n {
+                        let (p, rate, mu, sel) = rates[i];
+                        let name = format!("op{i}");
+                        let scaling = maxes[i]
+                            .map(|m| format!(", scaling: {{ max: {} }}", m.max(p)))
+                            .unwrap_or_default();
+                        if i < n_src {
+                            yaml += &format!(
+                                "  - {{ name: {name}, kind: source, parallelism: {p}, rate: {{ constant: 1 }} }}\n"
+                            );
+                            ops.push(Synth::source(&name, p, rate, backlogs[i]));
+                        } else {
+                            let kind = if !has_out[i] {
+                                "sink"
+                            } else if i % 3 == 0 {
+                                "window, sizeMs: 1000"
+                            } else {
+                                "map"
+                            };
+                            yaml += &format!(
+                                "  - {{ name: {name}, kind: {kind}, parallelism: {p}{scaling} }}\n"
+                            );
+                            ops.push(Synth::op(&name, p, rate.min(0.6 * mu * f64::from(p)), mu, sel));
+                        }
+                    }
+                    yaml += "edges:\n";
+                    for (i, ins) in inputs.iter().enumerate() {
+                        for j in ins {
+                            yaml += &format!("  - {{ from: op{j}, to: op{i} }}\n");
+                        }
+                    }
+                    Dag { yaml, ops }
+                })
+        })
+    }
+
+    /// `plan` with the reference one-step greedy allocation instead of the rounds.
+    fn plan_with_reference_greedy(
+        spec: &JobSpec,
+        window: &[MetricSample],
+        settings: &PlannerSettings,
+    ) -> Result<Decision, ModelError> {
+        allocate::REFERENCE_GREEDY.with(|r| r.set(true));
+        let d = plan(spec, window, settings);
+        allocate::REFERENCE_GREEDY.with(|r| r.set(false));
+        d
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 200,
+            max_global_rejects: 4096,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// The latency allocation in rounds against the reference one-step greedy, over random
+        /// DAGs at SLOs from 30 % to 100 % of the sized plan's bound (so the allocation runs,
+        /// and may meet the SLO or get stuck), with and without a rescale downtime (the hold
+        /// check's early stop) and at random target utilizations: the SLO is met exactly when
+        /// the greedy meets it (both verdicts from the exact bound), and the plan has at most
+        /// max(2, ⌈1 %⌉) more subtasks than the greedy's (1200 cases while tuning: 1176 equal,
+        /// 23 fewer — the trim also gives back subtasks the greedy's keyed jumps did not need —,
+        /// one with one more, +1 on 267; the SLO verdict equal in all).
+        #[test]
+        fn rounds_end_where_the_one_step_greedy_ends(
+            d in wide_dag(),
+            frac in 0.3f64..1.0,
+            rho in 0.5f64..0.9,
+            downtime in prop::option::of(0.5f64..10.0),
+        ) {
+            let spec = job(&d.yaml);
+            let w = window(&d.ops, &[0.0, 6.0, 12.0]);
+            let loose = PlannerSettings {
+                target_utilization: Some(rho),
+                latency_slo_seconds: Some(1e9),
+                rescale_downtime_seconds: downtime,
+                ..PlannerSettings::default()
+            };
+            let sized = plan(&spec, &w, &loose).expect("plans");
+            let bound = sized.predicted_latency_percentile_seconds;
+            prop_assume!(bound.is_finite() && bound > 0.0);
+            let slo = frac * bound;
+            let settings = PlannerSettings {
+                latency_slo_seconds: Some(slo),
+                ..loose
+            };
+            let rounds = plan(&spec, &w, &settings).expect("plans");
+            let reference = plan_with_reference_greedy(&spec, &w, &settings).expect("plans");
+            prop_assert_eq!(
+                rounds.slo_met(),
+                reference.slo_met(),
+                "rounds {} s, greedy {} s, SLO {} s",
+                rounds.predicted_latency_percentile_seconds,
+                reference.predicted_latency_percentile_seconds,
+                slo
+            );
+            if rounds.slo_met() {
+                prop_assert!(rounds.predicted_latency_percentile_seconds <= slo);
+            }
+            let total = |d: &Decision| d.parallelism.values().map(|&p| u64::from(p)).sum::<u64>();
+            let (ours, theirs) = (total(&rounds), total(&reference));
+            prop_assert!(
+                ours <= theirs + theirs.div_ceil(100).max(2),
+                "{} subtasks against the greedy's {}",
+                ours,
+                theirs
+            );
         }
     }
 

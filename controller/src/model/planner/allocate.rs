@@ -1,0 +1,382 @@
+//! Step 2 of a plan, the latency allocation: while the slowest path's percentile bound exceeds
+//! the SLO, one subtask (a keyed operator: the smallest jump that lowers its busiest subtask's
+//! share) goes to the operator on the slowest path whose step cuts its term the most per
+//! subtask added (greedy marginal allocation, DRS ICDCS'15 / Lohrmann et al. ICDCS'15).
+//!
+//! The steps are taken in *rounds* on one path at a time: the slowest path (the `via` walk
+//! from the slowest sink) takes the greedy's steps among its own operators — only its own
+//! distances updated — until its bound is at the SLO or `ROUND_SLACK` × SLO below an upper
+//! bound on every other path (which its cuts can only lower); then one longest-path pass finds
+//! the next slowest path. The one-step greedy instead recomputes the slowest path after every
+//! step, and where several paths are within a step of each other (water-filling: the common
+//! case) it takes turns between them one subtask at a time; a round lets the path it works on go
+//! up to the slack below the others first. That changes only the order of the steps near ties,
+//! by at most the slack: every step is still the best cut on a path whose bound exceeds the SLO,
+//! and the allocation ends only when the longest path's exact bound is within the SLO, or when a
+//! path whose bound exceeds it cannot be cut (then the one-step greedy finishes from there, so an
+//! unattainable SLO is reported on the slowest path as before). The proptest
+//! `rounds_end_where_the_one_step_greedy_ends` compares the result with the reference one-step
+//! allocation, [`Model::allocate_greedy`], over random DAGs.
+
+use super::{JobGraph, Model};
+
+/// How far (relative to the SLO) a round may take its path below the longest other path
+/// before the next longest-path pass.
+const ROUND_SLACK: f64 = 0.01;
+
+/// Relative room below the SLO that [`Model::trim`] keeps (far above the rounding of path sums
+/// taken in different orders), so the exact longest path after it is within the SLO.
+const TRIM_MARGIN: f64 = 1e-9;
+
+/// Whether `x` > `limit` (false when either is NaN).
+fn exceeds(x: f64, limit: f64) -> bool {
+    x > limit
+}
+
+/// Whether `x` ≤ `limit` (false when either is NaN).
+fn within(x: f64, limit: f64) -> bool {
+    x <= limit
+}
+
+/// How the latency allocation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Allocated {
+    /// The slowest path's bound meets the SLO.
+    Met,
+    /// No operator on the slowest path can cut its term: the allocation stops there.
+    Stuck,
+    /// A plan that may only hold raised an operator above its current parallelism.
+    Grew,
+}
+
+/// The allocation's state, indexed like the topology: parallelism `p`, each operator's term of
+/// the path bound `w` (seconds; 0 for operators left out), the longest-path distance into each
+/// operator `dist` (seconds) and its predecessor `via` (`usize::MAX`: none), the slowest path's
+/// bound `lat` (seconds) and its last operator `end`, and the subtasks `added` per operator.
+pub(super) struct LatencyState {
+    pub p: Vec<u32>,
+    pub w: Vec<f64>,
+    pub dist: Vec<f64>,
+    pub via: Vec<usize>,
+    pub lat: f64,
+    pub end: usize,
+    pub added: Vec<u32>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: plan with the reference one-step greedy instead of the rounds.
+    pub(super) static REFERENCE_GREEDY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Model {
+    /// Whether operator `i` takes part in the latency allocation (μ known, not flagged for
+    /// ineffective scaling).
+    fn adjustable(&self, i: usize) -> bool {
+        self.mu(i).is_some() && !self.frozen[i]
+    }
+
+    /// Operator `at`'s score in the greedy: the cut of its term per subtask added by its
+    /// candidate step (∞ when an infinite term becomes finite, `f64::MAX` when it stays
+    /// infinite); `None` without a candidate. `next` caches each operator's candidate step
+    /// (parallelism, term; `u32::MAX` when it has none).
+    fn score(&self, at: usize, st: &LatencyState, next: &mut [Option<(u32, f64)>]) -> Option<f64> {
+        let (p, w) = (&st.p, &st.w);
+        let cand = if self.adjustable(at) && p[at] < self.graph.bounds[at].1 {
+            *next[at].get_or_insert_with(|| {
+                self.next_parallelism(at, p[at])
+                    .map_or((u32::MAX, w[at]), |q| (q, self.tail(at, q)))
+            })
+        } else {
+            (u32::MAX, w[at])
+        };
+        if cand.0 == u32::MAX {
+            return None;
+        }
+        let nx = cand.1;
+        Some(if w[at].is_infinite() {
+            if nx.is_finite() {
+                f64::INFINITY
+            } else {
+                f64::MAX
+            }
+        } else {
+            // Latency cut per subtask added (a keyed jump adds several).
+            (w[at] - nx) / f64::from(cand.0 - p[at])
+        })
+    }
+
+    /// The greedy's choice among scores in chain order: the largest, the first one on a tie;
+    /// `None` when it does not cut (≤ 0 or NaN). Returns the position.
+    fn best_of(scores: impl Iterator<Item = Option<f64>>) -> Option<usize> {
+        let mut best: Option<(f64, usize)> = None;
+        for (pos, s) in scores.enumerate() {
+            if let Some(score) = s
+                && best.is_none_or(|(b, _)| score > b)
+            {
+                best = Some((score, pos));
+            }
+        }
+        best.filter(|(s, _)| *s > 0.0).map(|(_, pos)| pos)
+    }
+
+    /// The greedy's choice among the operators of `chain` (last operator first, the order of
+    /// the `via` walk; see [`Model::score`] and [`Model::best_of`]): the operator, `None` when
+    /// none cuts its term.
+    fn best_on(
+        &self,
+        chain: &[usize],
+        st: &LatencyState,
+        next: &mut [Option<(u32, f64)>],
+    ) -> Option<usize> {
+        Self::best_of(chain.iter().map(|&at| self.score(at, st, next))).map(|pos| chain[pos])
+    }
+
+    /// Takes operator `i`'s candidate step (see [`Model::best_on`]).
+    fn take_step(&self, st: &mut LatencyState, next: &mut [Option<(u32, f64)>], i: usize) {
+        let (q, wq) = next[i]
+            .take()
+            .unwrap_or_else(|| (st.p[i] + 1, self.tail(i, st.p[i] + 1)));
+        st.added[i] += q - st.p[i];
+        st.p[i] = q;
+        st.w[i] = wq;
+    }
+
+    /// The latency allocation from `st` (the sized parallelism, its terms and longest path)
+    /// until the slowest path's bound is at most the SLO (see the module docs). With
+    /// `hold_only` it stops with [`Allocated::Grew`] as soon as an operator rises above its
+    /// current parallelism.
+    pub(super) fn allocate_latency(&self, st: &mut LatencyState, hold_only: bool) -> Allocated {
+        #[cfg(test)]
+        if REFERENCE_GREEDY.with(std::cell::Cell::get) {
+            return self.allocate_greedy(st, hold_only);
+        }
+        let g = &*self.graph;
+        let n = st.p.len();
+        let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
+        let mut dirty = vec![false; n];
+        let (mut chain, mut scores) = (Vec::new(), Vec::new());
+        let mut on_chain = vec![false; n];
+        let mut after = vec![0.0; n];
+        let slack = ROUND_SLACK * self.s.slo.abs();
+        // After a path over the SLO that cannot be cut: one-step greedy to the end.
+        let mut one_step = false;
+        let mut trimmed = false;
+        while st.lat > self.s.slo {
+            chain.clear();
+            let mut at = st.end;
+            while at != usize::MAX {
+                chain.push(at);
+                at = st.via[at];
+            }
+            let stop = if one_step {
+                f64::INFINITY
+            } else {
+                let other =
+                    g.longest_other_path(&chain, &st.w, &st.dist, &mut on_chain, &mut after);
+                if other == f64::NEG_INFINITY {
+                    self.s.slo
+                } else {
+                    // ∞ or NaN (an infinite or NaN term): a single step.
+                    (other - slack).max(self.s.slo)
+                }
+            };
+            if !exceeds(st.lat, stop) {
+                let Some(i) = self.best_on(&chain, st, &mut next) else {
+                    return Allocated::Stuck;
+                };
+                self.take_step(st, &mut next, i);
+                if hold_only && st.p[i] > self.est[i].parallelism {
+                    return Allocated::Grew;
+                }
+                (st.lat, st.end) = g.propagate(&st.w, &mut st.dist, &mut st.via, i, &mut dirty);
+                continue;
+            }
+            // A round on the chain: the greedy's steps among its operators while its bound is
+            // above `stop`; only the chain's own distances are updated.
+            scores.clear();
+            scores.extend(chain.iter().map(|&at| self.score(at, st, &mut next)));
+            loop {
+                let Some(pos) = Self::best_of(scores.iter().copied()) else {
+                    one_step = true;
+                    break;
+                };
+                let i = chain[pos];
+                self.take_step(st, &mut next, i);
+                if hold_only && st.p[i] > self.est[i].parallelism {
+                    return Allocated::Grew;
+                }
+                scores[pos] = self.score(i, st, &mut next);
+                // The same sums the longest-path update makes along the chain (its first
+                // operator has no inputs: distance 0 before its own term).
+                for k in (0..=pos).rev() {
+                    let v = chain[k];
+                    let d = chain.get(k + 1).map_or(0.0, |&u| st.dist[u]);
+                    st.dist[v] = d + g.own(&st.w, v);
+                }
+                if !exceeds(st.dist[chain[0]], stop) {
+                    break;
+                }
+            }
+            (st.lat, st.end) = g.topo.longest_path_into(&st.w, &mut st.dist, &mut st.via);
+            if !exceeds(st.lat, self.s.slo) && !trimmed {
+                trimmed = true;
+                self.trim(st, &mut after);
+            }
+        }
+        Allocated::Met
+    }
+
+    /// After the rounds met the SLO: gives back subtasks the allocation added that the SLO
+    /// does not need, least useful first (the smallest rise of the operator's term), each only
+    /// when every path through the operator stays `TRIM_MARGIN` × SLO within the SLO; the
+    /// longest path is recomputed after each; passes repeat until none is given back. A round
+    /// can take its path further than the one-step greedy would have at that point (up to the
+    /// slack, and past cuts that other paths' steps would have made for it); this takes such
+    /// surplus subtasks back. One subtask at a time, keyed operators too (a keyed operator's
+    /// lower parallelism is valid, only its busiest subtask's share may be the same as one
+    /// lower still, which the next pass then gives back at no rise). `after` is scratch space.
+    /// Leaves `st`'s distances, `lat` and `end` current.
+    fn trim(&self, st: &mut LatencyState, after: &mut [f64]) {
+        let g = &*self.graph;
+        let n = st.p.len();
+        let limit = self.s.slo - TRIM_MARGIN * self.s.slo.abs();
+        let mut changed = true;
+        while changed {
+            changed = false;
+            let mut cand: Vec<(f64, usize)> = (0..n)
+                .filter(|&i| st.added[i] > 0)
+                .map(|i| (self.tail(i, st.p[i] - 1) - st.w[i], i))
+                .filter(|(rise, _)| *rise >= 0.0)
+                .collect();
+            if cand.is_empty() {
+                return;
+            }
+            cand.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            g.longest_after(&st.w, after);
+            for (_, i) in cand {
+                let lower = self.tail(i, st.p[i] - 1);
+                let ins = &g.fwd_in[g.fwd_in_at[i] as usize..g.fwd_in_at[i + 1] as usize];
+                let before = ins.iter().map(|&j| st.dist[j as usize]).fold(0.0, f64::max);
+                if !within(before + lower + after[i], limit) {
+                    continue;
+                }
+                st.p[i] -= 1;
+                st.added[i] -= 1;
+                st.w[i] = lower;
+                (st.lat, st.end) = g.topo.longest_path_into(&st.w, &mut st.dist, &mut st.via);
+                g.longest_after(&st.w, after);
+                changed = true;
+            }
+        }
+    }
+    /// The reference allocation (tests): the one-step greedy with the incremental longest-path
+    /// update after every step, as the planner made it before the rounds.
+    #[cfg(test)]
+    pub(super) fn allocate_greedy(&self, st: &mut LatencyState, hold_only: bool) -> Allocated {
+        let n = st.p.len();
+        let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
+        let mut dirty = vec![false; n];
+        let mut chain = Vec::new();
+        while st.lat > self.s.slo {
+            chain.clear();
+            let mut at = st.end;
+            while at != usize::MAX {
+                chain.push(at);
+                at = st.via[at];
+            }
+            let Some(i) = self.best_on(&chain, st, &mut next) else {
+                return Allocated::Stuck;
+            };
+            self.take_step(st, &mut next, i);
+            if hold_only && st.p[i] > self.est[i].parallelism {
+                return Allocated::Grew;
+            }
+            (st.lat, st.end) =
+                self.graph
+                    .propagate(&st.w, &mut st.dist, &mut st.via, i, &mut dirty);
+        }
+        Allocated::Met
+    }
+}
+
+impl JobGraph {
+    /// Operator `i`'s term in a path sum: `w[i]`, 0 for sources.
+    fn own(&self, w: &[f64], i: usize) -> f64 {
+        if self.topo.is_source[i] { 0.0 } else { w[i] }
+    }
+
+    /// Into `after`: for each operator the longest sum of the terms `w` (sources 0) of the
+    /// operators after it on a path over forward edges to a sink, seconds (0 at a sink, −∞
+    /// when no sink is reachable over forward edges).
+    fn longest_after(&self, w: &[f64], after: &mut [f64]) {
+        for i in (0..after.len()).rev() {
+            let mut a = if self.topo.outputs[i].is_empty() {
+                0.0
+            } else {
+                f64::NEG_INFINITY
+            };
+            for &k in &self.fwd_out[self.fwd_out_at[i] as usize..self.fwd_out_at[i + 1] as usize] {
+                let k = k as usize;
+                // ∞ + (−∞): no sink after k, no path.
+                let t = self.own(w, k) + after[k];
+                if t > a {
+                    a = t;
+                }
+            }
+            after[i] = a;
+        }
+    }
+
+    /// An upper bound on every path other than `chain` (operator indices, last first, as the
+    /// `via` walk gives them): paths over forward edges from an operator without inputs to a
+    /// sink, of the terms `w` (sources 0), seconds. From `dist` (the longest-path distance into
+    /// each operator, current for `w`): the longest path through any operator off the chain,
+    /// or through an edge between two chain operators that the chain does not take (every
+    /// other path has one of the two). −∞ when there is no other path, ∞ when a term is NaN.
+    /// `on_chain` (all `false`, left all `false`) and `after` (the longest sum of terms after
+    /// each operator to a sink) are scratch space.
+    pub(super) fn longest_other_path(
+        &self,
+        chain: &[usize],
+        w: &[f64],
+        dist: &[f64],
+        on_chain: &mut [bool],
+        after: &mut [f64],
+    ) -> f64 {
+        if w.iter().any(|x| x.is_nan()) {
+            return f64::INFINITY;
+        }
+        let n = dist.len();
+        let outs =
+            |i: usize| &self.fwd_out[self.fwd_out_at[i] as usize..self.fwd_out_at[i + 1] as usize];
+        self.longest_after(w, after);
+        for &v in chain {
+            on_chain[v] = true;
+        }
+        let mut other = f64::NEG_INFINITY;
+        for v in 0..n {
+            if !on_chain[v] && after[v] > f64::NEG_INFINITY {
+                let t = dist[v] + after[v];
+                if t > other {
+                    other = t;
+                }
+            }
+        }
+        for (pos, &u) in chain.iter().enumerate().skip(1) {
+            for &k in outs(u) {
+                let k = k as usize;
+                if on_chain[k] && k != chain[pos - 1] && after[k] > f64::NEG_INFINITY {
+                    let t = dist[u] + self.own(w, k) + after[k];
+                    if t > other {
+                        other = t;
+                    }
+                }
+            }
+        }
+        for &v in chain {
+            on_chain[v] = false;
+        }
+        other
+    }
+}
