@@ -9,7 +9,10 @@
 //!    steady arrival rates γ (no catch-up), while the predicted end-to-end latency (the slowest
 //!    path's sum of sojourn times) exceeds the SLO, one subtask is added to the operator on the
 //!    slowest path whose increment cuts its sojourn time the most. Sojourn times are convex and
-//!    decreasing in p, so this greedy allocation is the cheapest one that meets the SLO.
+//!    decreasing in p, so this greedy allocation is the cheapest one that meets the SLO. The
+//!    steps are taken in rounds on one path at a time, and subtasks the SLO does not need are
+//!    given back at the end (see [`allocate`]: within max(2, 1 %) of the one-step greedy's
+//!    subtasks, with the same SLO verdict, in its proptest).
 //!
 //! Sources are never rescaled (as in DS2). Operators whose true processing rate is unknown
 //! (too little busy time in the window) keep their parallelism.
