@@ -11,7 +11,7 @@
 //!    slowest path whose increment cuts its sojourn time the most. Sojourn times are convex and
 //!    decreasing in p, so this greedy allocation is the cheapest one that meets the SLO. The
 //!    steps are taken in rounds on one path at a time, and subtasks the SLO does not need are
-//!    given back at the end (see [`allocate`]: within max(2, 1 %) of the one-step greedy's
+//!    given back at the end (see `planner/allocate.rs`: within max(2, 1 %) of the one-step greedy's
 //!    subtasks, with the same SLO verdict, in its proptest).
 //!
 //! Sources are never rescaled (as in DS2). Operators whose true processing rate is unknown
