@@ -85,7 +85,7 @@ pub fn progress_line(
 }
 
 /// `p95` for 0.95, `p99.9` for 0.999.
-fn percentile_label(q: f64) -> String {
+pub(crate) fn percentile_label(q: f64) -> String {
     let pct = 100.0 * q;
     if (pct - pct.round()).abs() < 1e-9 {
         format!("p{pct:.0}")

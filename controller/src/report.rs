@@ -217,7 +217,9 @@ fn opt(v: Option<f64>) -> String {
 }
 
 /// Renders the timeline CSV: `t_s,trace_time_s,input_rate,target_rate,capacity,p_<op>...,
-/// rho_<op>...,p99_s,backlog`; empty cells for unknown values.
+/// rho_<op>...,p99_s,backlog`; empty cells for unknown values. When the SLO is on another
+/// percentile than p99 (`latencyPercentile`), one more column holds the interval's latency at
+/// it, in seconds, named after it: `p95_s`, `p99.9_s`.
 pub fn timeline_csv(rows: &[IntervalStats], operators: &[String]) -> String {
     let mut out = String::from("t_s,trace_time_s,input_rate,target_rate,capacity");
     for op in operators {
@@ -226,7 +228,15 @@ pub fn timeline_csv(rows: &[IntervalStats], operators: &[String]) -> String {
     for op in operators {
         let _ = write!(out, ",rho_{op}");
     }
-    out.push_str(",p99_s,backlog\n");
+    out.push_str(",p99_s,backlog");
+    let slo_percentile = rows
+        .iter()
+        .find_map(|r| r.slo_percentile)
+        .filter(|q| (q - 0.99).abs() > 1e-12);
+    if let Some(q) = slo_percentile {
+        let _ = write!(out, ",{}_s", crate::progress::percentile_label(q));
+    }
+    out.push('\n');
     for r in rows {
         let _ = write!(
             out,
@@ -248,7 +258,11 @@ pub fn timeline_csv(rows: &[IntervalStats], operators: &[String]) -> String {
         for op in operators {
             let _ = write!(out, ",{}", opt(r.utilization.get(op).copied()));
         }
-        let _ = writeln!(out, ",{},{:.0}", opt(r.p99_s), r.backlog);
+        let _ = write!(out, ",{},{:.0}", opt(r.p99_s), r.backlog);
+        if slo_percentile.is_some() {
+            let _ = write!(out, ",{}", opt(r.slo_latency_s));
+        }
+        out.push('\n');
     }
     out
 }
@@ -476,7 +490,27 @@ mod tests {
             Some("1.000,300.000000,10.000,10.000,50.000000,1,3,,0.500000,,4")
         );
         // The measured μ of the interval starting at t_s − dt_s, only for measured operators.
-        let rates = service_rates_csv(&[row], &ops);
+        let rates = service_rates_csv(std::slice::from_ref(&row), &ops);
         assert_eq!(rates, "t_s,enrich\n0.000,190.500000\n");
+
+        // An SLO on p95 adds the p95 column after the fixed ones.
+        let p95 = IntervalStats {
+            p99_s: Some(2.0),
+            slo_percentile: Some(0.95),
+            slo_latency_s: Some(0.75),
+            ..row
+        };
+        let csv = timeline_csv(&[p95], &ops);
+        let mut lines = csv.lines();
+        assert!(
+            lines
+                .next()
+                .is_some_and(|h| h.ends_with(",p99_s,backlog,p95_s"))
+        );
+        assert!(
+            lines
+                .next()
+                .is_some_and(|l| l.ends_with(",2.000000,4,0.750000"))
+        );
     }
 }

@@ -282,7 +282,7 @@ fn existing_file(what: &str, path: &Path, expected: &str) -> Result<(), RunError
 }
 
 /// Checks the numeric options, the report directory and the engine binary given with
-/// `--engine`.
+/// `--engine` (or, without it, with `$STREAMSCALE_ENGINE_BIN`).
 ///
 /// # Errors
 /// [`RunError::Option`] naming the first option out of range.
@@ -308,6 +308,11 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
     check_report_dir(&opts.report_dir)?;
     if let Some(engine) = &opts.engine_bin {
         existing_file("--engine:", engine, "the engine binary")?;
+    } else if let Some(engine) =
+        std::env::var_os(crate::runtime::local::ENGINE_BIN_ENV).filter(|v| !v.is_empty())
+    {
+        let what = format!("{}:", crate::runtime::local::ENGINE_BIN_ENV);
+        existing_file(&what, Path::new(&engine), "the engine binary")?;
     }
     if let Some(p) = opts.latency_percentile
         && !(p > 0.0 && p < 1.0)
@@ -1779,6 +1784,40 @@ pub fn check_metrics_url(url: &str) -> Result<(), RunError> {
     }
 }
 
+/// Checks that the engine at `metrics_url` runs the job of `job`: every operator of the job
+/// must appear in its metrics.
+///
+/// # Errors
+/// [`RunError::Option`] naming the URL, the job file and the operators missing from the
+/// engine's metrics, with the operators it does report.
+fn check_same_job(
+    spec: &JobSpec,
+    job: &Path,
+    metrics_url: &str,
+    running: &BTreeMap<String, u32>,
+) -> Result<(), RunError> {
+    let missing: Vec<&str> = spec
+        .operators
+        .iter()
+        .map(|o| o.name.as_str())
+        .filter(|name| !running.contains_key(*name))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let reported: Vec<&str> = running.keys().map(String::as_str).collect();
+    Err(RunError::Option(format!(
+        "--metrics-url {metrics_url}: the engine there does not run the job of {}: its operators {} are not in the engine's metrics (it reports {})",
+        job.display(),
+        missing.join(", "),
+        if reported.is_empty() {
+            "no operators".to_string()
+        } else {
+            reported.join(", ")
+        }
+    )))
+}
+
 /// `streamscale plan`: scrapes `metrics_url` twice, `gap_s` seconds apart, and plans the job
 /// (no guards) from those two samples.
 ///
@@ -1796,7 +1835,9 @@ pub async fn plan_once(
     let first = scrape(&client, metrics_url, 0.0).await?;
     tokio::time::sleep(Duration::from_secs_f64(gap_s)).await;
     let second = scrape(&client, metrics_url, gap_s).await?;
-    let spec = spec.with_parallelism(&second.parallelism());
+    let running = second.parallelism();
+    check_same_job(&spec, job, metrics_url, &running)?;
+    let spec = spec.with_parallelism(&running);
     let window = [first.sample, second.sample];
     Ok(crate::model::plan(
         &spec,

@@ -622,10 +622,11 @@ impl Job {
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
                 }
                 OperatorKind::Sink { output: Some(path) } => {
-                    let file = OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(path)
+                    // Like a file sink's base path: missing parent directories are created.
+                    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+                    let file = parent
+                        .map_or(Ok(()), std::fs::create_dir_all)
+                        .and_then(|()| OpenOptions::new().create(true).append(true).open(path))
                         .map_err(|source| RuntimeError::SinkOutput {
                             path: path.clone(),
                             source,

@@ -309,7 +309,8 @@ pub enum OperatorKind {
     Sink {
         /// File to append records to: `key,count,sum` per line, or for Nexmark events and
         /// query rows one JSON object per line (a relative path is relative to the job
-        /// file's directory). Discards when absent. Delivery: records are
+        /// file's directory; missing parent directories are created when the job starts).
+        /// Discards when absent. Delivery: records are
         /// written as they arrive and the file is flushed before a stop-with-savepoint
         /// completes, so a stop and restore writes every result exactly once; after a crash
         /// the job restarts from its latest completed checkpoint or savepoint and replays, so
@@ -1288,7 +1289,7 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
     let ok_rate = |r: f64| r >= 0.0 && r.is_finite();
     match rate {
         RateSpec::Constant(r) if !ok_rate(*r) => Err(format!(
-            "{at}.rate.constant: {r} must be a non-negative number of records/s"
+            "{at}.rate.constant: {r} must be a finite, non-negative number of records/s"
         )),
         RateSpec::Steps(steps) => {
             if steps.is_empty() {
@@ -1298,13 +1299,13 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
             for (j, s) in steps.iter().enumerate() {
                 if !ok_rate(s.records_per_second) {
                     return Err(format!(
-                        "{at}.rate.steps[{j}].recordsPerSecond: {} must be non-negative",
+                        "{at}.rate.steps[{j}].recordsPerSecond: {} must be a finite, non-negative number of records/s",
                         s.records_per_second
                     ));
                 }
                 if !(s.at_seconds.is_finite() && s.at_seconds >= 0.0 && s.at_seconds > last) {
                     return Err(format!(
-                        "{at}.rate.steps[{j}].atSeconds: {} must be >= 0 and increasing",
+                        "{at}.rate.steps[{j}].atSeconds: {} must be finite, >= 0 and increasing",
                         s.at_seconds
                     ));
                 }
@@ -1315,19 +1316,19 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
         RateSpec::Trace(t) => {
             if !(t.scale > 0.0 && t.scale.is_finite()) {
                 return Err(format!(
-                    "{at}.rate.trace.scale: {} must be a positive number",
+                    "{at}.rate.trace.scale: {} must be a finite, positive number",
                     t.scale
                 ));
             }
             if !(t.speedup > 0.0 && t.speedup.is_finite()) {
                 return Err(format!(
-                    "{at}.rate.trace.speedup: {} must be a positive number",
+                    "{at}.rate.trace.speedup: {} must be a finite, positive number",
                     t.speedup
                 ));
             }
             if !(t.start_seconds >= 0.0 && t.start_seconds.is_finite()) {
                 return Err(format!(
-                    "{at}.rate.trace.startSeconds: {} must be a non-negative number of seconds",
+                    "{at}.rate.trace.startSeconds: {} must be a finite, non-negative number of seconds",
                     t.start_seconds
                 ));
             }
@@ -1376,8 +1377,12 @@ fn bad_value_in(text: &str, msg: &str) -> Option<String> {
     let (line, col): (usize, usize) = (nums.next()?.parse().ok()?, nums.next()?.parse().ok()?);
     let src = text.lines().nth(line.checked_sub(1)?)?;
     let (before, after) = src.split_at(src.char_indices().nth(col.checked_sub(1)?)?.0);
-    let key = before.trim_end().strip_suffix(':')?;
-    let key = key.rsplit(['{', ',', ' ', '-']).next()?.trim();
+    // The column points at the value, or for an internally tagged enum (`kind`) at its key.
+    let key = match before.trim_end().strip_suffix(':') {
+        Some(key) => key.rsplit(['{', ',', ' ', '-']).next()?.trim(),
+        None if problem.starts_with("unknown variant") => after.split_once(':')?.0.trim(),
+        None => return None,
+    };
     let value = after.split([',', '}', '#']).next()?.trim();
     let value = value.trim_matches(['"', '\'']);
     // The operator whose entry holds the line: the `- ` items of the `operators:` block.
@@ -1399,6 +1404,8 @@ fn bad_value_in(text: &str, msg: &str) -> Option<String> {
         format!("expected a whole number >= 0, got \"{value}\"")
     } else if problem.starts_with("invalid floating point") || problem.starts_with("invalid i") {
         format!("expected a number, got \"{value}\"")
+    } else if problem.starts_with("unknown variant") {
+        problem.to_string()
     } else {
         return None;
     };

@@ -53,11 +53,11 @@ fn bad_jobs_fail_with_one_clear_line() {
         ),
         (
             "name: j\noperators:\n  - { name: src, kind: source, rate: { trace: { file: t.csv, scale: 0 } } }\nedges: []\n".to_string(),
-            "rate.trace.scale: 0 must be a positive number",
+            "rate.trace.scale: 0 must be a finite, positive number",
         ),
         (
             "name: j\noperators:\n  - { name: src, kind: source, rate: { trace: { file: t.csv, scale: -2 } } }\nedges: []\n".to_string(),
-            "rate.trace.scale: -2 must be a positive number",
+            "rate.trace.scale: -2 must be a finite, positive number",
         ),
         (
             "name: j\noperators:\n  - { name: src, kind: source, rate: { trace: { file: missing.csv } } }\nedges: []\n".to_string(),

@@ -136,7 +136,7 @@ fn trace_start_outside_the_trace_is_rejected() {
     let trace = dir.path().join("t.csv");
     std::fs::write(&trace, "t_seconds,rate\n0,10\n1,20\n2,30\n").unwrap();
     for (start, want) in [
-        ("-5", "must be a non-negative"),
+        ("-5", "must be a finite, non-negative"),
         ("100", "past the end of trace"),
     ] {
         let text = format!(
@@ -169,4 +169,39 @@ fn latency_percentile_outside_zero_one_is_rejected() {
     let spec = JobSpec::from_yaml(&ok).unwrap();
     spec.validate().unwrap();
     assert_eq!(spec.autoscaler.latency_percentile, 0.95);
+}
+
+#[test]
+fn an_unknown_kind_names_the_operator_and_the_kinds() {
+    let e = problem(&job(
+        &format!("  - {{ name: m, kind: mapp }}\n{SINK}"),
+        TO_SINK,
+        "",
+    ));
+    assert!(
+        e.contains("operators[1] (m).kind: unknown variant `mapp`, expected one of"),
+        "{e}"
+    );
+    assert!(e.contains("map") && e.contains("window"), "{e}");
+}
+
+#[test]
+fn an_infinite_rate_is_refused_as_not_finite() {
+    for (rate, field) in [
+        ("{ constant: .inf }", "constant"),
+        ("{ constant: 1e999 }", "constant"),
+        (
+            "{ steps: [ { atSeconds: 0, recordsPerSecond: .inf } ] }",
+            "recordsPerSecond",
+        ),
+    ] {
+        let text = job(
+            &format!("  - {{ name: m, kind: map }}\n{SINK}"),
+            TO_SINK,
+            "",
+        )
+        .replace("rate: { constant: 1 }", &format!("rate: {rate}"));
+        let e = problem(&text);
+        assert!(e.contains(field) && e.contains("finite"), "{rate}: {e}");
+    }
 }

@@ -189,3 +189,40 @@ spec:
         None,
     );
 }
+
+#[test]
+fn helm_refuses_chart_values_that_cannot_work() {
+    let Some(env) = env() else { return };
+    let helm = var(env, "HELM");
+    let chart = root().join("charts/streamscale");
+    let chart = chart.to_str().unwrap_or_default();
+    let template = |sets: &[&str]| {
+        let mut args = vec!["template", "it", chart, "--kube-version", "1.30.0"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        run(env, &helm, &args, None)
+    };
+    // The defaults, and two replicas with leader election, render.
+    let (ok, out) = template(&[]);
+    assert!(ok, "defaults refused: {out}");
+    let (ok, out) = template(&["replicaCount=2"]);
+    assert!(ok, "two replicas with leader election refused: {out}");
+    // Two replicas without leader election would both reconcile every StreamJob.
+    let (ok, out) = template(&["replicaCount=2", "leaderElection.enabled=false"]);
+    assert!(!ok, "two replicas without leader election accepted: {out}");
+    assert!(out.contains("leaderElection"), "{out}");
+    for (set, field) in [
+        ("logFormat=yaml", "logFormat"),
+        (
+            "leaderElection.leaseDurationSeconds=1",
+            "leaseDurationSeconds",
+        ),
+        ("metrics.port=70000", "port"),
+        ("replicaCount=-1", "replicaCount"),
+    ] {
+        let (ok, out) = template(&[set]);
+        assert!(!ok, "{set} accepted: {out}");
+        assert!(out.contains(field), "{set}: {out}");
+    }
+}

@@ -129,6 +129,22 @@ fn a_missing_engine_binary_is_refused() {
 }
 
 #[test]
+fn a_missing_engine_binary_in_the_environment_is_refused_like_the_flag() {
+    let (dir, _, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let out = Command::new(workspace_bin("streamscale"))
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--report", "report"])
+        .env("STREAMSCALE_ENGINE_BIN", "no-such-engine")
+        .output()
+        .expect("run streamscale");
+    assert_refused(
+        &out,
+        &["STREAMSCALE_ENGINE_BIN", "no-such-engine", "does not exist"],
+    );
+    assert!(!report.exists());
+}
+
+#[test]
 fn plan_with_a_negative_interval_names_the_flag() {
     let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let out = streamscale(
@@ -144,4 +160,77 @@ fn plan_with_a_negative_interval_names_the_flag() {
     );
     let stderr = assert_refused(&out, &["--interval", "must be > 0", "-1"]);
     assert!(!stderr.contains("unexpected argument"), "{stderr}");
+}
+
+/// The real engine running `job` from `dir`, killed on drop, and its metrics URL.
+struct Engine(std::process::Child, String);
+
+impl Engine {
+    fn start(dir: &Path, job: &str) -> Engine {
+        use std::io::BufRead;
+        let mut child = Command::new(workspace_bin("streamscale-engine"))
+            .current_dir(dir)
+            .args(["--job", job, "--savepoint-dir", "savepoints"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start streamscale-engine");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("listening line");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("listening JSON");
+        let address = v["address"].as_str().expect("address").to_string();
+        let url = format!("http://{address}/metrics");
+        // Running: its sources have reported arrivals.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let metrics = || {
+            use std::io::{Read, Write};
+            let mut conn = std::net::TcpStream::connect(&address)?;
+            write!(conn, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+            let mut text = String::new();
+            conn.read_to_string(&mut text)?;
+            std::io::Result::Ok(text)
+        };
+        while !metrics().is_ok_and(|t| t.contains("source_arrivals")) {
+            assert!(std::time::Instant::now() < deadline, "no source_arrivals");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Engine(child, url)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn plan_against_the_engine_of_another_job_names_the_operators_it_lacks() {
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let other = fixtures::pipeline("other", "rate: { constant: 100 }", 50, "");
+    let other = other.replace("work", "score");
+    fixtures::write(dir.path(), "other.yaml", &other);
+    let engine = Engine::start(dir.path(), "job.yaml");
+    let plan = |job: &str| {
+        streamscale(
+            dir.path(),
+            &["plan", job, "--metrics-url", &engine.1, "--interval", "0.5"],
+        )
+    };
+    // Its own job plans: a decision as JSON.
+    let out = plan("job.yaml");
+    assert!(out.status.success(), "{out:?}");
+    let decision: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("decision as JSON");
+    assert!(decision.is_object(), "{decision}");
+    // Another job: refused, naming the URL, the job file and the operator the engine lacks.
+    let stderr = assert_refused(
+        &plan("other.yaml"),
+        &[&engine.1, "other.yaml", "does not run", "score"],
+    );
+    assert!(!stderr.contains("missing from metric sample"), "{stderr}");
 }

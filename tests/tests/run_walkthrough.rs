@@ -12,8 +12,9 @@ use streamscale_tests::fixtures;
 
 #[test]
 fn sighup_after_stdout_closed_drains_and_writes_the_report() {
-    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results.csv")));
-    // Run from another directory: the sink's relative output is next to the job file.
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("out/results.csv")));
+    // Run from another directory: the sink's relative output is next to the job file, in a
+    // directory the engine creates.
     let mut child = fixtures::streamscale_run_fast(&job, &report, &["--duration", "120"])
         .current_dir(std::env::temp_dir())
         .spawn()
@@ -45,8 +46,8 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
     let summary = fixtures::summary(&report);
     assert_eq!(summary["interrupted"], true, "{summary}");
     assert_eq!(summary["records_lost"], 0, "{summary}");
-    let results = std::fs::read_to_string(dir.path().join("results.csv"))
-        .expect("the sink wrote results.csv next to the job file");
+    let results = std::fs::read_to_string(dir.path().join("out/results.csv"))
+        .expect("the sink wrote out/results.csv next to the job file");
     assert!(!results.is_empty());
 }
 
