@@ -2359,6 +2359,56 @@ edges:
         ops: Vec<Synth>,
     }
 
+    /// The job file and synthetic operators of a DAG: `inputs[i]` lists operator i's inputs,
+    /// the first `n_src` operators are sources (with `backlogs`), `rates[i]` is
+    /// (parallelism, arrival rate records/s, μ records/s, selectivity), operators without
+    /// outputs are sinks and every third other one a 1 s window.
+    fn dag_of(
+        n_src: usize,
+        inputs: &[Vec<usize>],
+        rates: &[(u32, f64, f64, f64)],
+        maxes: &[Option<u32>],
+        backlogs: &[f64],
+    ) -> Dag {
+        let n = inputs.len();
+        let has_out: Vec<bool> = (0..n)
+            .map(|j| inputs.iter().any(|v| v.contains(&j)))
+            .collect();
+        let mut yaml = String::from("name: dag\noperators:\n");
+        let mut ops = Vec::new();
+        for i in 0..n {
+            let (p, rate, mu, sel) = rates[i];
+            let name = format!("op{i}");
+            let scaling = maxes[i]
+                .map(|m| format!(", scaling: {{ max: {} }}", m.max(p)))
+                .unwrap_or_default();
+            if i < n_src {
+                yaml += &format!(
+                    "  - {{ name: {name}, kind: source, parallelism: {p}, rate: {{ constant: 1 }} }}\n"
+                );
+                ops.push(Synth::source(&name, p, rate, backlogs[i]));
+            } else {
+                let kind = if !has_out[i] {
+                    "sink"
+                } else if i % 3 == 0 {
+                    "window, sizeMs: 1000"
+                } else {
+                    "map"
+                };
+                yaml +=
+                    &format!("  - {{ name: {name}, kind: {kind}, parallelism: {p}{scaling} }}\n");
+                ops.push(Synth::op(&name, p, rate, mu, sel));
+            }
+        }
+        yaml += "edges:\n";
+        for (i, ins) in inputs.iter().enumerate() {
+            for j in ins {
+                yaml += &format!("  - {{ from: op{j}, to: op{i} }}\n");
+            }
+        }
+        Dag { yaml, ops }
+    }
+
     fn dag() -> impl Strategy<Value = Dag> {
         (1usize..=2, 2usize..=8).prop_flat_map(|(n_src, n_rest)| {
             let n = n_src + n_rest;
@@ -2381,43 +2431,7 @@ edges:
                             inputs[i].push(second);
                         }
                     }
-                    let has_out: Vec<bool> = (0..n)
-                        .map(|j| inputs.iter().any(|v| v.contains(&j)))
-                        .collect();
-                    let mut yaml = String::from("name: dag\noperators:\n");
-                    let mut ops = Vec::new();
-                    for i in 0..n {
-                        let (p, rate, mu, sel) = rates[i];
-                        let name = format!("op{i}");
-                        let scaling = maxes[i]
-                            .map(|m| format!(", scaling: {{ max: {} }}", m.max(p)))
-                            .unwrap_or_default();
-                        if i < n_src {
-                            yaml += &format!(
-                                "  - {{ name: {name}, kind: source, parallelism: {p}, rate: {{ constant: 1 }} }}\n"
-                            );
-                            ops.push(Synth::source(&name, p, rate, backlogs[i]));
-                        } else {
-                            let kind = if !has_out[i] {
-                                "sink"
-                            } else if i % 3 == 0 {
-                                "window, sizeMs: 1000"
-                            } else {
-                                "map"
-                            };
-                            yaml += &format!(
-                                "  - {{ name: {name}, kind: {kind}, parallelism: {p}{scaling} }}\n"
-                            );
-                            ops.push(Synth::op(&name, p, rate, mu, sel));
-                        }
-                    }
-                    yaml += "edges:\n";
-                    for (i, ins) in inputs.iter().enumerate() {
-                        for j in ins {
-                            yaml += &format!("  - {{ from: op{j}, to: op{i} }}\n");
-                        }
-                    }
-                    Dag { yaml, ops }
+                    dag_of(n_src, &inputs, &rates, &maxes, &backlogs)
                 })
         })
     }
@@ -2597,43 +2611,20 @@ edges:
                             }
                         }
                     }
-                    let has_out: Vec<bool> = (0..n)
-                        .map(|j| inputs.iter().any(|v| v.contains(&j)))
-                        .collect();
-                    let mut yaml = String::from("name: dag\noperators:\n");
-                    let mut ops = Vec::new();
-                    for i in 0..n {
-                        let (p, rate, mu, sel) = rates[i];
-                        let name = format!("op{i}");
-                        let scaling = maxes[i]
-                            .map(|m| format!(", scaling: {{ max: {} }}", m.max(p)))
-                            .unwrap_or_default();
-                        if i < n_src {
-                            yaml += &format!(
-                                "  - {{ name: {name}, kind: source, parallelism: {p}, rate: {{ constant: 1 }} }}\n"
-                            );
-                            ops.push(Synth::source(&name, p, rate, backlogs[i]));
-                        } else {
-                            let kind = if !has_out[i] {
-                                "sink"
-                            } else if i % 3 == 0 {
-                                "window, sizeMs: 1000"
+                    // Non-source operators arrive at no more than 60 % of their capacity.
+                    let rates: Vec<_> = rates
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &(p, rate, mu, sel))| {
+                            let rate = if i < n_src {
+                                rate
                             } else {
-                                "map"
+                                rate.min(0.6 * mu * f64::from(p))
                             };
-                            yaml += &format!(
-                                "  - {{ name: {name}, kind: {kind}, parallelism: {p}{scaling} }}\n"
-                            );
-                            ops.push(Synth::op(&name, p, rate.min(0.6 * mu * f64::from(p)), mu, sel));
-                        }
-                    }
-                    yaml += "edges:\n";
-                    for (i, ins) in inputs.iter().enumerate() {
-                        for j in ins {
-                            yaml += &format!("  - {{ from: op{j}, to: op{i} }}\n");
-                        }
-                    }
-                    Dag { yaml, ops }
+                            (p, rate, mu, sel)
+                        })
+                        .collect();
+                    dag_of(n_src, &inputs, &rates, &maxes, &backlogs)
                 })
         })
     }
