@@ -599,19 +599,29 @@ mod tests {
         assert_eq!(storage.next_id(), 5);
     }
 
-    #[test]
-    fn a_local_checkpoint_streams_its_files_and_replaces_a_crashed_attempts_file() {
+    /// A job with one keyed window `w`, and its state with `keys` keys (key k counted k + 1
+    /// times).
+    fn window_job_with_keys(keys: u64) -> (crate::spec::JobSpec, crate::state::KeyedState) {
         let yaml = "name: j\noperators:\n  - { name: src, kind: source, rate: { constant: 1 } }\n  - { name: w, kind: window, sizeMs: 10 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: w }\n  - { from: w, to: sink }\n";
         let spec = crate::spec::JobSpec::from_yaml(yaml).unwrap();
         spec.validate().unwrap();
         let mut state = crate::state::KeyedState::default();
-        for key in 0..300u64 {
+        for key in 0..keys {
             state
                 .entry(crate::keygroup::key_group(key, spec.max_parallelism), key)
                 .unwrap()
                 .total_count = key + 1;
         }
-        let snapshot = Savepoint {
+        (spec, state)
+    }
+
+    /// Checkpoint `id` of `spec` holding `state` as the window's.
+    fn snapshot_of(
+        spec: &crate::spec::JobSpec,
+        state: &crate::state::KeyedState,
+        id: u64,
+    ) -> Savepoint {
+        Savepoint {
             metadata: crate::savepoint::SavepointMetadata {
                 format_version: crate::savepoint::FORMAT_VERSION,
                 job_name: spec.name.clone(),
@@ -623,11 +633,17 @@ mod tests {
                 sources: Default::default(),
                 counters: Default::default(),
                 files: vec![],
-                checkpoint_id: Some(2),
+                checkpoint_id: Some(id),
                 key_groups: Default::default(),
             },
-            state: std::collections::BTreeMap::from([("w".into(), state)]),
-        };
+            state: std::collections::BTreeMap::from([("w".into(), state.clone())]),
+        }
+    }
+
+    #[test]
+    fn a_local_checkpoint_streams_its_files_and_replaces_a_crashed_attempts_file() {
+        let (spec, state) = window_job_with_keys(300);
+        let snapshot = snapshot_of(&spec, &state, 2);
         let dir = tempfile::tempdir().unwrap();
         let storage = CheckpointStorage::new(dir.path().join("c"), 3);
         std::fs::create_dir_all(storage.path_of(2)).unwrap();
@@ -646,34 +662,9 @@ mod tests {
 
     #[test]
     fn an_object_store_checkpoint_streams_as_multipart_and_restores_with_fallback() {
-        let yaml = "name: j\noperators:\n  - { name: src, kind: source, rate: { constant: 1 } }\n  - { name: w, kind: window, sizeMs: 10 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: w }\n  - { from: w, to: sink }\n";
-        let spec = crate::spec::JobSpec::from_yaml(yaml).unwrap();
-        spec.validate().unwrap();
         // 400 000 keys: 19.2 MB, more than two upload parts.
-        let mut state = crate::state::KeyedState::default();
-        for key in 0..400_000u64 {
-            state
-                .entry(crate::keygroup::key_group(key, spec.max_parallelism), key)
-                .unwrap()
-                .total_count = key + 1;
-        }
-        let snapshot = |id| Savepoint {
-            metadata: crate::savepoint::SavepointMetadata {
-                format_version: crate::savepoint::FORMAT_VERSION,
-                job_name: spec.name.clone(),
-                fingerprint: spec.fingerprint(),
-                max_parallelism: spec.max_parallelism,
-                parallelism: spec.parallelism(),
-                job_started_unix_ms: 0,
-                created_unix_ms: 0,
-                sources: Default::default(),
-                counters: Default::default(),
-                files: vec![],
-                checkpoint_id: Some(id),
-                key_groups: Default::default(),
-            },
-            state: std::collections::BTreeMap::from([("w".into(), state.clone())]),
-        };
+        let (spec, state) = window_job_with_keys(400_000);
+        let snapshot = |id| snapshot_of(&spec, &state, id);
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let storage =
             CheckpointStorage::with_store(store.clone(), "jobs/j", "mem://jobs/j", 3).unwrap();
