@@ -63,6 +63,19 @@ pub(super) struct LatencyState {
     pub added: Vec<u32>,
 }
 
+impl LatencyState {
+    /// Fills `chain` with the slowest path's operators, from its last operator back to its
+    /// first (along `via`).
+    fn slowest_path_into(&self, chain: &mut Vec<usize>) {
+        chain.clear();
+        let mut at = self.end;
+        while at != usize::MAX {
+            chain.push(at);
+            at = self.via[at];
+        }
+    }
+}
+
 #[cfg(test)]
 thread_local! {
     /// Tests: plan with the reference one-step greedy instead of the rounds.
@@ -163,12 +176,7 @@ impl Model {
         let mut one_step = false;
         let mut trimmed = false;
         while st.lat > self.s.slo {
-            chain.clear();
-            let mut at = st.end;
-            while at != usize::MAX {
-                chain.push(at);
-                at = st.via[at];
-            }
+            st.slowest_path_into(&mut chain);
             let stop = if one_step {
                 f64::INFINITY
             } else {
@@ -279,12 +287,7 @@ impl Model {
         let mut dirty = vec![false; n];
         let mut chain = Vec::new();
         while st.lat > self.s.slo {
-            chain.clear();
-            let mut at = st.end;
-            while at != usize::MAX {
-                chain.push(at);
-                at = st.via[at];
-            }
+            st.slowest_path_into(&mut chain);
             let Some(i) = self.best_on(&chain, st, &mut next) else {
                 return Allocated::Stuck;
             };
