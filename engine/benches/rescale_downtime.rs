@@ -94,18 +94,9 @@ fn initial_savepoint(spec: &JobSpec, keys: u64) -> Savepoint {
         .map_or(0, |d| d.as_millis() as u64);
     Savepoint {
         metadata: SavepointMetadata {
-            format_version: streamscale_engine::savepoint::FORMAT_VERSION,
-            job_name: spec.name.clone(),
-            fingerprint: spec.fingerprint(),
             max_parallelism: MAX_PARALLELISM,
-            parallelism: spec.parallelism(),
-            job_started_unix_ms: now_ms,
-            created_unix_ms: now_ms,
             sources: BTreeMap::from([("source".into(), SourcePosition { emitted: 0 })]),
-            counters: BTreeMap::new(),
-            files: Vec::new(),
-            checkpoint_id: None,
-            key_groups: BTreeMap::new(),
+            ..SavepointMetadata::for_job(spec, now_ms)
         },
         state: BTreeMap::from([(
             "counts".into(),

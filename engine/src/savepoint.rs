@@ -160,6 +160,28 @@ pub struct SavepointMetadata {
     pub key_groups: BTreeMap<String, Vec<[u32; 2]>>,
 }
 
+impl SavepointMetadata {
+    /// The manifest of a savepoint of `spec` at its parallelism, in this engine's format
+    /// version, taken at `created_unix_ms` (ms since the Unix epoch) by a job started then
+    /// too: no source positions, counters, files, checkpoint id or key-group ranges yet.
+    pub fn for_job(spec: &JobSpec, created_unix_ms: u64) -> SavepointMetadata {
+        SavepointMetadata {
+            format_version: FORMAT_VERSION,
+            job_name: spec.name.clone(),
+            fingerprint: spec.fingerprint(),
+            max_parallelism: spec.max_parallelism,
+            parallelism: spec.parallelism(),
+            job_started_unix_ms: created_unix_ms,
+            created_unix_ms,
+            sources: BTreeMap::new(),
+            counters: BTreeMap::new(),
+            files: Vec::new(),
+            checkpoint_id: None,
+            key_groups: BTreeMap::new(),
+        }
+    }
+}
+
 /// A savepoint's full contents, as taken from a stopped job or loaded from disk.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Savepoint {
@@ -694,18 +716,9 @@ mod tests {
         }
         Savepoint {
             metadata: SavepointMetadata {
-                format_version: FORMAT_VERSION,
-                job_name: spec.name.clone(),
-                fingerprint: spec.fingerprint(),
-                max_parallelism: spec.max_parallelism,
-                parallelism: spec.parallelism(),
                 job_started_unix_ms: 1,
-                created_unix_ms: 2,
                 sources: BTreeMap::from([("src".into(), SourcePosition { emitted: 1225 })]),
-                counters: BTreeMap::new(),
-                files: vec![],
-                checkpoint_id: None,
-                key_groups: BTreeMap::new(),
+                ..SavepointMetadata::for_job(spec, 2)
             },
             state: BTreeMap::from([("w".into(), state)]),
         }

@@ -14,9 +14,7 @@ use std::process::Command;
 
 use bytes::Bytes;
 use streamscale_engine::keygroup::{key_group, key_group_range};
-use streamscale_engine::savepoint::{
-    FORMAT_VERSION, Savepoint, SavepointMetadata, SourcePosition, reader,
-};
+use streamscale_engine::savepoint::{Savepoint, SavepointMetadata, SourcePosition, reader};
 use streamscale_engine::spec::{JobSpec, StateBackendKind, StateSpec};
 use streamscale_engine::state::backend::KeyedStateBackend;
 use streamscale_engine::state::{
@@ -80,18 +78,9 @@ fn write_savepoint(dir: &std::path::Path, spec: &JobSpec) -> std::path::PathBuf 
     }
     let sp = Savepoint {
         metadata: SavepointMetadata {
-            format_version: FORMAT_VERSION,
-            job_name: spec.name.clone(),
-            fingerprint: spec.fingerprint(),
-            max_parallelism: spec.max_parallelism,
-            parallelism: spec.parallelism(),
             job_started_unix_ms: 1,
-            created_unix_ms: 2,
             sources: BTreeMap::from([("src".into(), SourcePosition { emitted: KEYS })]),
-            counters: BTreeMap::new(),
-            files: vec![],
-            checkpoint_id: None,
-            key_groups: BTreeMap::new(),
+            ..SavepointMetadata::for_job(spec, 2)
         },
         state: BTreeMap::from([("w".into(), state)]),
     };

@@ -623,18 +623,8 @@ mod tests {
     ) -> Savepoint {
         Savepoint {
             metadata: crate::savepoint::SavepointMetadata {
-                format_version: crate::savepoint::FORMAT_VERSION,
-                job_name: spec.name.clone(),
-                fingerprint: spec.fingerprint(),
-                max_parallelism: spec.max_parallelism,
-                parallelism: spec.parallelism(),
-                job_started_unix_ms: 0,
-                created_unix_ms: 0,
-                sources: Default::default(),
-                counters: Default::default(),
-                files: vec![],
                 checkpoint_id: Some(id),
-                key_groups: Default::default(),
+                ..crate::savepoint::SavepointMetadata::for_job(spec, 0)
             },
             state: std::collections::BTreeMap::from([("w".into(), state.clone())]),
         }
