@@ -742,7 +742,7 @@ impl Job {
                        chained: bool|
          -> SubtaskContext {
             let name = &op.name;
-            let meter = Meter {
+            let mut meter = Meter {
                 totals: OperatorCounters::default(),
                 enabled: options.metrics_enabled,
                 records_in: 0,
@@ -766,6 +766,9 @@ impl Job {
                         )
                     }),
             };
+            // Every series of the subtask exists from its start, at 0, so that a scrape before
+            // its first record reads "nothing yet" rather than "no such subtask".
+            meter.flush(0);
             SubtaskContext {
                 operator: name.clone(),
                 index,
@@ -1258,6 +1261,11 @@ impl SourceTask {
         let mut last_gauges = Instant::now() - Duration::from_secs(1);
         let limit = self.limit.unwrap_or(u64::MAX);
         let mut last_injected = 0;
+        // The arrivals counter exists from the start, at 0, so that a scrape before the
+        // first record is due reads "no arrivals yet" rather than "no arrivals figure".
+        if ctx.meter.enabled {
+            metrics.source_arrivals.with_label_values(&l).inc_by(0.0);
+        }
         loop {
             if ctx.control.stop.load(Ordering::Relaxed) {
                 break;

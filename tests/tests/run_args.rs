@@ -183,7 +183,8 @@ impl Engine {
         let v: serde_json::Value = serde_json::from_str(&line).expect("listening JSON");
         let address = v["address"].as_str().expect("address").to_string();
         let url = format!("http://{address}/metrics");
-        // Running: its sources have reported arrivals.
+        // Running: its sources report their backlog (set from the first loop of a source
+        // subtask, whether or not a record is due yet).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let metrics = || {
             use std::io::{Read, Write};
@@ -193,8 +194,8 @@ impl Engine {
             conn.read_to_string(&mut text)?;
             std::io::Result::Ok(text)
         };
-        while !metrics().is_ok_and(|t| t.contains("source_arrivals")) {
-            assert!(std::time::Instant::now() < deadline, "no source_arrivals");
+        while !metrics().is_ok_and(|t| t.contains("streamscale_source_backlog_records")) {
+            assert!(std::time::Instant::now() < deadline, "no source backlog");
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         Engine(child, url)
@@ -233,4 +234,28 @@ fn plan_against_the_engine_of_another_job_names_the_operators_it_lacks() {
         &[&engine.1, "other.yaml", "does not run", "score"],
     );
     assert!(!stderr.contains("missing from metric sample"), "{stderr}");
+}
+
+#[test]
+fn plan_before_the_first_record_is_due_decides_on_no_arrivals() {
+    // The source emits nothing for an hour: a scrape right after the engine starts has no
+    // record yet, and `plan` must still read the source's arrivals (0), not refuse them as
+    // missing.
+    let job = fixtures::pipeline(
+        "idle",
+        "keys: 100, rate: { steps: [ { atSeconds: 0, recordsPerSecond: 0 }, { atSeconds: 3600, recordsPerSecond: 100 } ] }",
+        100,
+        "",
+    );
+    let (dir, _, _) = fixtures::job_dir(&job);
+    let engine = Engine::start(dir.path(), "job.yaml");
+    let out = streamscale(
+        dir.path(),
+        &["plan", "job.yaml", "--metrics-url", &engine.1, "--interval", "0.5"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let decision: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("decision as JSON");
+    assert!(decision.is_object(), "{decision}");
 }
