@@ -237,14 +237,16 @@ fn at_most_a_year(name: &str, v: Option<f64>) -> Result<(), RunError> {
     }
 }
 
-/// Checks that `dir` can be a report directory: it is a directory, or the nearest of its
-/// ancestors that exists is one (so it can be created).
+/// Checks that `dir` can be a report directory: it is a directory whose report files
+/// ([`REPORT_FILES`]) are files where they exist and whose `logs` is a directory where it
+/// exists, or the nearest of its ancestors that exists is a directory (so it can be created).
 ///
 /// # Errors
 /// [`RunError::Option`] naming `--report`, the path and why.
 pub fn check_report_dir(dir: &Path) -> Result<(), RunError> {
     for a in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
         match std::fs::metadata(a) {
+            Ok(m) if m.is_dir() && a == dir => return check_report_entries(dir),
             Ok(m) if m.is_dir() => return Ok(()),
             Ok(_) if a == dir => {
                 return Err(RunError::Option(format!(
@@ -260,6 +262,36 @@ pub fn check_report_dir(dir: &Path) -> Result<(), RunError> {
                 )));
             }
             Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the entries a run replaces in an existing report directory `dir` can be
+/// replaced: each of [`REPORT_FILES`] is a file (or absent), `logs` a directory (or absent).
+///
+/// # Errors
+/// [`RunError::Option`] naming `--report`, the entry and what it should be.
+fn check_report_entries(dir: &Path) -> Result<(), RunError> {
+    let entries = REPORT_FILES
+        .iter()
+        .map(|f| (*f, false))
+        .chain([("logs", true)]);
+    for (name, want_dir) in entries {
+        let path = dir.join(name);
+        let Ok(m) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if m.is_dir() != want_dir {
+            let (is, should) = if want_dir {
+                ("not a directory", "a directory")
+            } else {
+                ("a directory", "a file")
+            };
+            return Err(RunError::Option(format!(
+                "--report: {} is {is}; a run replaces it with {should} of its report: move it away or give another --report",
+                path.display()
+            )));
         }
     }
     Ok(())
@@ -2094,6 +2126,32 @@ mod tests {
         assert!(e.contains("line 2"), "{e}");
         assert!(e.contains("each key may appear only once"), "{e}");
         assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+    }
+
+    #[test]
+    fn a_report_entry_of_the_wrong_kind_is_refused_before_anything_starts() {
+        let (_dir, opts) = setup(JOB);
+        let report = &opts.report_dir;
+        std::fs::create_dir_all(report.join("logs")).expect("logs");
+        std::fs::write(report.join("summary.json"), "{}").expect("summary");
+        check_report_dir(report).expect("an earlier report is replaced");
+        std::fs::remove_file(report.join("summary.json")).expect("rm summary");
+        std::fs::create_dir(report.join("summary.json")).expect("summary dir");
+        let e = check_report_dir(report).expect_err("summary.json a directory");
+        let e = e.to_string();
+        assert!(e.contains("--report"), "{e}");
+        assert!(
+            e.contains(&report.join("summary.json").display().to_string()),
+            "{e}"
+        );
+        assert!(e.contains("is a directory"), "{e}");
+        std::fs::remove_dir(report.join("summary.json")).expect("rm summary dir");
+        std::fs::remove_dir(report.join("logs")).expect("rm logs");
+        std::fs::write(report.join("logs"), "").expect("logs file");
+        let e = check_report_dir(report)
+            .expect_err("logs a file")
+            .to_string();
+        assert!(e.contains("logs is not a directory"), "{e}");
     }
 
     #[test]

@@ -251,7 +251,14 @@ fn plan_before_the_first_record_is_due_decides_on_no_arrivals() {
     let engine = Engine::start(dir.path(), "job.yaml");
     let out = streamscale(
         dir.path(),
-        &["plan", "job.yaml", "--metrics-url", &engine.1, "--interval", "0.5"],
+        &[
+            "plan",
+            "job.yaml",
+            "--metrics-url",
+            &engine.1,
+            "--interval",
+            "0.5",
+        ],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
