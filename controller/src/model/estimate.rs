@@ -187,6 +187,11 @@ fn subtasks<'a>(
         })
 }
 
+/// Whether a counter or gauge value passes [`check_value`]: finite and non-negative.
+fn valid(value: f64) -> bool {
+    value.is_finite() && value >= 0.0
+}
+
 fn check_value(
     name: &str,
     subtask: usize,
@@ -194,7 +199,7 @@ fn check_value(
     field: &'static str,
     value: f64,
 ) -> Result<(), ModelError> {
-    if value.is_finite() && value >= 0.0 {
+    if valid(value) {
         Ok(())
     } else {
         Err(ModelError::InvalidValue {
@@ -278,6 +283,11 @@ fn estimate_operator(
     let mut out_with_input = 0.0;
     let mut prev = first;
     for (k, s) in first.iter().enumerate() {
+        // Fast path: every figure valid (the checks below then pass; they run, in the same
+        // order, only to name what is wrong).
+        if !is_source && counters(s).iter().all(|&(_, v)| valid(v)) && valid(s.queue_length) {
+            continue;
+        }
         for (field, v) in counters(s) {
             check_value(name, k, 0, field, v)?;
         }
@@ -297,6 +307,16 @@ fn estimate_operator(
             });
         }
         for (k, (a, b)) in prev.iter().zip(cur).enumerate() {
+            // Fast path: `b` valid and no counter reset (`a` was validated before).
+            if !is_source
+                && valid(b.queue_length)
+                && counters(a)
+                    .iter()
+                    .zip(counters(b))
+                    .all(|(&(_, x), (_, y))| y >= x && y.is_finite())
+            {
+                continue;
+            }
             check_value(name, k, i, "queue_length", b.queue_length)?;
             let arrivals = if is_source {
                 let (_, arr_a) = source_fields(name, k, i - 1, a, arr(k, a))?;

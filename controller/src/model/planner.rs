@@ -540,6 +540,9 @@ pub(crate) struct Model {
     /// Keyed operators: [`Model::max_share`] by parallelism (index p, NaN = not computed yet);
     /// a pure memo of a function of the model, it changes no result.
     share_memo: std::cell::RefCell<Vec<Vec<f64>>>,
+    /// Keyed operators: the first run [a, b) of key groups with the largest load (see
+    /// [`Model::share_at_least`]); (0, 0) for shared-queue operators.
+    hot_run: Vec<(u32, u32)>,
     /// [`Model::tail`] by (operator, parallelism): a pure memo (tail depends on the model
     /// and the learned factors only, and is cleared when those change); it changes no result.
     tail_memo: std::cell::RefCell<TailMemo>,
@@ -575,6 +578,16 @@ const CEIL_SLACK: f64 = 1e-9;
 /// `--horizontal-pod-autoscaler-tolerance` flag), so a job sized by both rules flaps no more
 /// than under HPA. Scale-downs are not affected.
 pub const SCALE_UP_TOLERANCE: f64 = 0.1;
+
+/// Whether `x` > `limit` (false when either is NaN).
+fn above(x: f64, limit: f64) -> bool {
+    x > limit
+}
+
+/// Whether `x` ≥ `limit` (false when either is NaN).
+fn at_least(x: f64, limit: f64) -> bool {
+    x >= limit
+}
 
 /// A rate as the reasons print it: no decimals from 100 records/s up, two below.
 fn fmt_rate(x: f64) -> Fixed {
@@ -662,6 +675,10 @@ impl Model {
                 })
                 .collect(),
         );
+        let hot_run = kg_load
+            .iter()
+            .map(|l: &Option<Vec<f64>>| l.as_deref().map_or((0, 0), hottest_run))
+            .collect();
         let gain: Vec<f64> = est.iter().map(|e| e.selectivity).collect();
         // A feedback loop whose gain is 1 or more has no finite rates: rejected, naming it.
         let lambda_target = topo.try_traffic(&gamma_target, &gain)?;
@@ -709,6 +726,7 @@ impl Model {
             spec_parallelism,
             kg_prefix,
             share_memo,
+            hot_run,
             tail_memo: std::cell::RefCell::new(vec![Vec::new(); n]),
             kg_load,
             factor: vec![1.0; n],
@@ -769,6 +787,28 @@ impl Model {
             *slot = share;
         }
         share
+    }
+
+    /// A lower bound on [`Model::max_share`]`(i, p)`, cheaper than it: the exact share when it is
+    /// in the memo, else for a keyed operator the largest load of the subtask ranges at `p`
+    /// that overlap its hottest key-group run (each range's load is one of the terms whose
+    /// maximum `max_share` is, computed the same way, so never above it; where the busiest
+    /// range lies in that run, as it does under skew, it is equal). Used to rule out
+    /// parallelisms whose share is certainly too large without the full O(p) scan.
+    fn share_at_least(&self, i: usize, p: u32) -> f64 {
+        let p = p.max(1);
+        let Some(prefix) = &self.kg_prefix[i] else {
+            return 1.0 / f64::from(p);
+        };
+        let k = self.graph.key_groups;
+        let q = p.min(k);
+        if let Some(&m) = self.share_memo.borrow()[i].get(q as usize)
+            && !m.is_nan()
+        {
+            return m;
+        }
+        let (a, b) = self.hot_run[i];
+        busiest_range_load_over(prefix, q, k, a, b)
     }
 
     /// Arrival rate to size operator `i` against as if its `p` subtasks were evenly loaded:
@@ -991,7 +1031,13 @@ impl Model {
             let _ = write!(why, "; hot key group: keeps p={cur}");
             return cur;
         }
-        let fits = |p: u32| lambda * self.max_share(i, p) <= cap * (1.0 + CEIL_SLACK);
+        let limit = cap * (1.0 + CEIL_SLACK);
+        // (A share whose lower bound already misses the limit misses it: λ ≥ 0 and the
+        // product is monotone in the share.)
+        let fits = |p: u32| {
+            !(lambda >= 0.0 && lambda * self.share_at_least(i, p) > limit)
+                && lambda * self.max_share(i, p) <= limit
+        };
         let mut p = from.clamp(1, self.graph.key_groups);
         while p < self.graph.key_groups && !fits(p) {
             p += 1;
@@ -1001,7 +1047,11 @@ impl Model {
             return self.graph.key_groups.saturating_add(1).max(from);
         }
         let share = self.max_share(i, p);
-        while p > 1 && self.max_share(i, p - 1) <= share * (1.0 + 1e-12) {
+        let same = share * (1.0 + 1e-12);
+        while p > 1
+            && !above(self.share_at_least(i, p - 1), same)
+            && self.max_share(i, p - 1) <= same
+        {
             p -= 1;
         }
         if explain && p != from {
@@ -1023,9 +1073,9 @@ impl Model {
         if self.kg_load[i].is_none() {
             return (p < hi).then_some(p + 1);
         }
-        let share = self.max_share(i, p);
+        let lower = self.max_share(i, p) * (1.0 - 1e-12);
         (p + 1..=hi.min(self.graph.key_groups))
-            .find(|&q| self.max_share(i, q) < share * (1.0 - 1e-12))
+            .find(|&q| !at_least(self.share_at_least(i, q), lower) && self.max_share(i, q) < lower)
     }
 
     fn name(&self, i: usize) -> &str {
@@ -1047,12 +1097,19 @@ impl Model {
         let mut free = None;
         if self.s.downtime > 0.0 {
             self.use_downtime(false);
-            let hold = self.plan_once(true, None);
+            // The sizing without text first (same parallelism: the text never feeds back into a
+            // number): most plans that may only hold stop there, and it is `free` otherwise.
+            let n = self.graph.topo.len();
+            let (mut p, mut clamped) = (vec![1u32; n], vec![false; n]);
+            let (mut why, mut reasons) = (vec![String::new(); n], Vec::new());
+            self.size(false, None, &mut p, &mut clamped, &mut why, &mut reasons);
+            let grown = (0..n).any(|i| p[i] > self.est[i].parallelism);
+            let hold = if grown {
+                None
+            } else {
+                self.plan_once(true, None)
+            };
             if hold.is_none() {
-                let n = self.graph.topo.len();
-                let (mut p, mut clamped) = (vec![1u32; n], vec![false; n]);
-                let (mut why, mut reasons) = (vec![String::new(); n], Vec::new());
-                self.size(false, None, &mut p, &mut clamped, &mut why, &mut reasons);
                 free = Some(p);
             }
             self.use_downtime(true);
@@ -1290,25 +1347,17 @@ impl Model {
         }
     }
 
-    /// One plan at the targets in use. With `hold_only`, `None` as soon as it is known that the
-    /// plan changes some operator's parallelism (DS2 sizing above the current parallelism, or
-    /// the latency allocation raising one above it: neither step lowers a parallelism again),
-    /// and otherwise the decision only if it keeps every operator's parallelism.
+    /// One plan at the targets in use. With `hold_only` (called only when the sizing keeps
+    /// every operator at or below its current parallelism, see [`Model::plan`]), `None` as
+    /// soon as it is known that the plan changes some operator's parallelism (the latency
+    /// allocation raising one above it: it never lowers one again), and otherwise the decision
+    /// only if it keeps every operator's parallelism.
     fn plan_once(&self, hold_only: bool, free: Option<&[u32]>) -> Option<Decision> {
         let n = self.graph.topo.len();
         let mut p = vec![1u32; n];
         let mut clamped = vec![false; n];
         let mut why = vec![String::new(); n];
         let mut reasons = Vec::new();
-        let grown = |p: &[u32], i: usize| p[i] > self.est[i].parallelism;
-        if hold_only {
-            // Most plans that may only hold stop at the sizing: size without the reasons' text
-            // first (same parallelism: the text never feeds back into a number).
-            self.size(false, free, &mut p, &mut clamped, &mut why, &mut reasons);
-            if (0..n).any(|i| grown(&p, i)) {
-                return None;
-            }
-        }
         self.size(true, free, &mut p, &mut clamped, &mut why, &mut reasons);
 
         // 2. Greedy marginal allocation for the latency SLO (on the percentile bound of the
@@ -1646,6 +1695,51 @@ fn busiest_range_load(prefix: &[f64], q: u32, k: u32) -> f64 {
         start = end;
     }
     share
+}
+
+/// How many subtask ranges [`busiest_range_load_over`] looks at, at most.
+const PROBE_RANGES: u64 = 3;
+
+/// [`busiest_range_load`] over only a few of the subtask ranges that overlap key groups [a, b)
+/// (a < b ≤ k; the subtasks ⌊a·q/k⌋ ..= ⌊(b − 1)·q/k⌋ own them): at most [`PROBE_RANGES`]
+/// consecutive ones around the run's middle, each range's load computed as there, so the
+/// result is never above it. 0 for an empty run.
+fn busiest_range_load_over(prefix: &[f64], q: u32, k: u32, a: u32, b: u32) -> f64 {
+    if a >= b || b > k || q == 0 {
+        return 0.0;
+    }
+    let (k64, q64) = (u64::from(k), u64::from(q));
+    let mut first = u64::from(a) * q64 / k64;
+    let mut last = (u64::from(b) - 1) * q64 / k64;
+    if last - first >= PROBE_RANGES {
+        let mid = (u64::from(a) + u64::from(b)) / 2 * q64 / k64;
+        first = mid.saturating_sub(PROBE_RANGES / 2).max(first);
+        last = (first + PROBE_RANGES - 1).min(last);
+    }
+    let mut start = (first * k64).div_ceil(q64) as usize;
+    let mut share = 0.0;
+    for j in first + 1..=last + 1 {
+        let end = (j * k64).div_ceil(q64) as usize;
+        share = f64::max(share, prefix[end] - prefix[start]);
+        start = end;
+    }
+    share
+}
+
+/// The first run [a, b) of equal largest entries of `load` (the key groups of the most loaded
+/// subtask range they were estimated from); (0, 0) when empty.
+fn hottest_run(load: &[f64]) -> (u32, u32) {
+    let mut a = 0;
+    for (g, &x) in load.iter().enumerate() {
+        if x > load[a] {
+            a = g;
+        }
+    }
+    let Some(&top) = load.get(a) else {
+        return (0, 0);
+    };
+    let b = load[a..].iter().take_while(|&&x| x == top).count() + a;
+    (a as u32, b as u32)
 }
 
 /// Estimated input share per key group (sums to 1) of a keyed operator from its subtasks'
@@ -2701,6 +2795,47 @@ edges:
                 ours,
                 theirs
             );
+        }
+    }
+
+    #[test]
+    fn a_range_subset_never_exceeds_the_busiest_range() {
+        for k in [1u32, 7, 128, 1000] {
+            for p0 in [1u32, 2, 3, 5, 6] {
+                let shares: Vec<f64> = (0..p0.min(k)).map(|j| f64::from(1 + j % 2)).collect();
+                let total: f64 = shares.iter().sum();
+                let shares: Vec<f64> = shares.iter().map(|s| s / total).collect();
+                let load = key_group_load(&shares, k);
+                let mut prefix = vec![0.0];
+                for l in &load {
+                    prefix.push(prefix.last().copied().unwrap_or(0.0) + l);
+                }
+                let (a, b) = hottest_run(&load);
+                assert!(a < b && b <= k);
+                assert!(
+                    load[a as usize..b as usize]
+                        .iter()
+                        .all(|&x| x == load[a as usize])
+                );
+                assert!(load.iter().all(|&x| x <= load[a as usize]));
+                for q in 1..=k.min(200) {
+                    let full = busiest_range_load(&prefix, q, k);
+                    let part = busiest_range_load_over(&prefix, q, k, a, b);
+                    assert!(part <= full, "k={k} p0={p0} q={q}: {part} > {full}");
+                    // One of the terms: a range's load at q.
+                    assert!(
+                        (0..q).any(|j| {
+                            let r = key_group_range(j, q, k);
+                            prefix[r.end as usize] - prefix[r.start as usize] == part
+                        }),
+                        "k={k} p0={p0} q={q}"
+                    );
+                    // Any run: still a lower bound.
+                    for (x, y) in [(0, k), (k / 2, k), (0, 1), (k - 1, k)] {
+                        assert!(busiest_range_load_over(&prefix, q, k, x, y) <= full);
+                    }
+                }
+            }
         }
     }
 
