@@ -13,6 +13,8 @@
 //! guardWindowSeconds: 15   # streamscale: least history before a decision (default below)
 //! overheadMicros: 5        # per-record framework overhead added to cpu + io, µs
 //! arrivals: poisson        # `poisson` (default) or `paced` (as the engine's source)
+//! sloSeconds: 1            # latency SLO (default: the job's autoscaler.latencySloSeconds)
+//! latencyPercentile: 0.95  # its percentile (default: the job's autoscaler.latencyPercentile)
 //! operators:
 //!   enrich: { meanMicros: 5200, cv: 1.5 }   # per-record service time: mean (µs) and CV
 //! rescale:
@@ -113,6 +115,9 @@ pub struct SimConfig {
     pub rescale: RescaleCost,
     /// Latency SLO, seconds. `None` = the job's `autoscaler.latencySloSeconds`.
     pub slo_seconds: Option<f64>,
+    /// Percentile the SLO is on, in (0, 1) (0.95 = p95). `None` = the job's
+    /// `autoscaler.latencyPercentile` (0.99 by default).
+    pub latency_percentile: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -130,6 +135,7 @@ impl Default for SimConfig {
             operators: BTreeMap::new(),
             rescale: RescaleCost::default(),
             slo_seconds: None,
+            latency_percentile: None,
         }
     }
 }
@@ -216,6 +222,13 @@ impl SimConfig {
         }
         if let Some(s) = self.slo_seconds {
             pos("sloSeconds", s)?;
+        }
+        if let Some(q) = self.latency_percentile
+            && !(q > 0.0 && q < 1.0)
+        {
+            return Err(format!(
+                "latencyPercentile: {q} is not in (0, 1) (0.99 is p99)"
+            ));
         }
         for (name, o) in &self.operators {
             if let Some(m) = o.mean_micros {

@@ -453,8 +453,12 @@ impl Plant for DesPlant<'_> {
         self.rate_in.copy_from_slice(&lam);
         let mut lat = std::mem::take(&mut self.latencies);
         lat.sort_by(f64::total_cmp);
-        let p99 = (!lat.is_empty())
-            .then(|| lat[((0.99 * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1]);
+        let p99 = nearest_rank(&lat, 0.99);
+        let slo_latency_s = if m.slo_quantile.is_p99() {
+            p99
+        } else {
+            nearest_rank(&lat, m.slo_quantile.q)
+        };
         let late = lat.iter().filter(|&&l| l > m.slo_s).count() as f64;
         let p99_engine_s = crate::plant::engine_p99_of_samples(&lat);
         self.latencies = lat;
@@ -483,6 +487,7 @@ impl Plant for DesPlant<'_> {
         StepStats {
             arrivals,
             p99_s: p99,
+            slo_latency_s,
             p99_engine_s,
             late,
             backlog: m
@@ -547,6 +552,13 @@ impl Plant for DesPlant<'_> {
             };
         }
     }
+}
+
+/// The `q`-quantile of `sorted` (ascending) by nearest rank: the ⌈q·n⌉-th smallest of the n
+/// values (at least the first); `None` for no values.
+fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
+    (!sorted.is_empty())
+        .then(|| sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1])
 }
 
 #[cfg(test)]

@@ -11,11 +11,12 @@
 //! Latency: deterministic queueing delay (queued records / drain rate, source backlog / rate)
 //! plus the stochastic sojourn of the planner's own formulas (Allen-Cunneen / Kingman) at the
 //! step's arrival rate, with the variance of [`JobModel::sojourn_variance`], combined along
-//! every source-to-sink path ([`JobModel::path_latency`]). The formulas' arrival variability
-//! ca² is the sources' (1 for Poisson arrivals, 0 for `arrivals: paced`) carried through the
-//! network with the Queueing Network Analyzer's departure, splitting and merging rules
-//! ([`JobModel::input_scv`], [`JobModel::output_scv`]): exactly 1 everywhere with Poisson
-//! arrivals and exponential service.
+//! every source-to-sink path ([`JobModel::path_latency`]), at the SLO's percentile
+//! ([`JobModel::slo_quantile`]) and, when that is not 0.99, at p99 as well. The formulas'
+//! arrival variability ca² is the sources' (1 for Poisson arrivals, 0 for `arrivals: paced`)
+//! carried through the network with the Queueing Network Analyzer's departure, splitting and
+//! merging rules ([`JobModel::input_scv`], [`JobModel::output_scv`]): exactly 1 everywhere with
+//! Poisson arrivals and exponential service.
 //!
 //! Service rates: constant per operator, or replayed over time
 //! ([`JobModel::with_service_rates`]); a step uses each operator's mean service time over the
@@ -26,7 +27,7 @@
 //! adding the previous step's increments instead of recomputing queueing delays and latency
 //! quantiles. Piecewise-constant traces spend most steps in such stationary stretches.
 
-use crate::model::{JobModel, OpKind, StepLatency, hash64};
+use crate::model::{JobModel, OpKind, Quantile, StepLatency, hash64};
 use crate::plant::{OpCounters, Plant, Snapshot, StepStats, capacity};
 
 /// A memoized sojourn: (arrival rate records/s, service time s, arrival SCV, sojourn s, its
@@ -323,7 +324,15 @@ impl Plant for FluidPlant<'_> {
             let rho = done * service_s / (self.servers[i] * dt).max(1e-12);
             self.out_scv[i] = m.output_scv(i, ca2, rho, self.servers[i], sel);
         }
-        let (mut p99, mut tail) = m.path_latency(&self.delay, &self.soj, &self.soj_var);
+        // Latency at the SLO's percentile, and the p99 (the same unless the SLO is on another).
+        let (mut at_q, mut tail) = m.path_latency(&self.delay, &self.soj, &self.soj_var);
+        let p99_too = !m.slo_quantile.is_p99();
+        let mut p99 = if p99_too {
+            m.path_latency_at(&Quantile::P99, &self.delay, &self.soj, &self.soj_var)
+                .0
+        } else {
+            at_q
+        };
         // Down for part of the step (a rescale at its start): the records that arrived
         // meanwhile waited for the restart as well.
         let down_here = if up > 0.0 { dt - up } else { 0.0 };
@@ -338,10 +347,12 @@ impl Plant for FluidPlant<'_> {
             }
         });
         if let Some(l) = law.filter(|_| down_here > 0.0) {
-            p99 = p99.max(l.p99());
+            at_q = at_q.max(l.quantile(&m.slo_quantile));
+            p99 = if p99_too { p99.max(l.p99()) } else { at_q };
             tail = tail.max(l.tail(m.slo_s));
         }
         let p99 = p99 + still_down;
+        let at_q = at_q + still_down;
         let tail = if still_down > m.slo_s { 1.0 } else { tail };
         let p99_engine_s = law
             .filter(|_| self.engine_p99)
@@ -355,6 +366,7 @@ impl Plant for FluidPlant<'_> {
         self.last_stats = StepStats {
             arrivals,
             p99_s: Some(p99),
+            slo_latency_s: Some(at_q),
             p99_engine_s,
             late: arrivals * tail,
             backlog: m.sources.iter().map(|(s, _)| self.backlog[*s]).sum(),

@@ -15,8 +15,64 @@ use crate::rates::{RateSeries, ServiceRates};
 /// Largest number of source-to-sink paths enumerated for the latency model.
 const MAX_PATHS: usize = 4096;
 
-/// z-score of the 99th percentile of the standard normal distribution.
+/// z-score of the 99th percentile of the standard normal distribution (to 10 digits).
 pub const Z99: f64 = 2.326_347_874;
+
+/// A latency percentile as the latency model uses it: the quantile `q` in (0, 1), the
+/// standard normal z-score Φ⁻¹(q) of the Wilson-Hilferty approximation
+/// ([`gamma_quantile_and_tail`]) and the tail probability 1 − q that the step law's
+/// bisection aims at ([`StepLatency::quantile`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quantile {
+    /// The quantile, in (0, 1) (0.99 = p99).
+    pub q: f64,
+    /// Φ⁻¹(q), the standard normal quantile.
+    pub z: f64,
+    /// 1 − q, the probability of exceeding the quantile.
+    pub tail: f64,
+}
+
+impl Quantile {
+    /// The 99th percentile with the constants the model has always used ([`Z99`], tail 0.01),
+    /// so that p99 results are bit for bit those of the p99-only model.
+    pub const P99: Quantile = Quantile {
+        q: 0.99,
+        z: Z99,
+        tail: 0.01,
+    };
+
+    /// The `q`-quantile (0 < `q` < 1, not checked here: the job spec and the simulator's
+    /// settings are validated to that range): z = Φ⁻¹(q) from statrs' standard normal
+    /// (`Normal::inverse_cdf`, through the inverse complementary error function), except that
+    /// `q` = 0.99 is exactly [`Quantile::P99`] (its z agrees with Φ⁻¹(0.99) to 4·10⁻¹¹).
+    pub fn new(q: f64) -> Quantile {
+        if q == 0.99 {
+            return Quantile::P99;
+        }
+        use statrs::distribution::{ContinuousCDF, Normal};
+        Quantile {
+            q,
+            z: Normal::standard().inverse_cdf(q),
+            tail: 1.0 - q,
+        }
+    }
+
+    /// Whether this is the 99th percentile (then a p99 is the SLO percentile's latency).
+    pub fn is_p99(&self) -> bool {
+        self.q == 0.99
+    }
+
+    /// The percentile's name as `streamscale run` writes it (`p95` for 0.95, `p99.9` for 0.999;
+    /// the controller's `progress::percentile_label`, which is private to it).
+    pub fn label(&self) -> String {
+        let pct = 100.0 * self.q;
+        if (pct - pct.round()).abs() < 1e-9 {
+            format!("p{pct:.0}")
+        } else {
+            format!("p{}", format!("{pct:.3}").trim_end_matches('0'))
+        }
+    }
+}
 
 /// What an operator does to records, for the model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,8 +141,13 @@ pub struct JobModel {
     servers_table: Vec<Vec<f64>>,
     /// Every source-to-sink path (operator indices).
     pub paths: Vec<Vec<usize>>,
-    /// Latency SLO, seconds.
+    /// Latency SLO, seconds, on the [`JobModel::slo_quantile`]'s latency.
     pub slo_s: f64,
+    /// The percentile the SLO is on: the job's `autoscaler.latencyPercentile` (0.99, p99, by
+    /// default) or the simulator's `latencyPercentile` setting ([`SimConfig::latency_percentile`],
+    /// `--latency-percentile`). The fast mode's latency, the event mode's measured latency and
+    /// the SLO grading are at it; the planner sizes for it (it is also set in [`JobModel::spec`]).
+    pub slo_quantile: Quantile,
     /// Downtime of one rescale, seconds (fixed + per-MB cost).
     pub rescale_downtime_s: f64,
     /// Simulated seconds covered by the replay (the trace window / speedup; 3600 s without a
@@ -244,23 +305,32 @@ impl JobModel {
         let slo_s = cfg
             .slo_seconds
             .unwrap_or(spec.autoscaler.latency_slo_seconds);
+        let slo_percentile = cfg
+            .latency_percentile
+            .unwrap_or(spec.autoscaler.latency_percentile);
+        // The planner (the streamscale policies) reads the SLO from the spec: the same as graded.
+        let mut spec = spec.clone();
+        spec.autoscaler.latency_slo_seconds = slo_s;
+        spec.autoscaler.latency_percentile = slo_percentile;
         let duration_s = duration_s
             .or_else(|| {
                 let last = ends.iter().flatten().copied().reduce(f64::max)?;
                 Some(if bounded { last + slo_s } else { last })
             })
             .unwrap_or(3600.0);
+        let channel_capacity = spec.channel_capacity as f64;
         let mut model = JobModel {
-            spec: spec.clone(),
+            spec,
             ops,
             sources,
             source_counts,
             key_groups: g,
             keys,
             group_share,
-            channel_capacity: spec.channel_capacity as f64,
+            channel_capacity,
             paths,
             slo_s,
+            slo_quantile: Quantile::new(slo_percentile),
             rescale_downtime_s: cfg.rescale.downtime_seconds
                 + cfg.rescale.seconds_per_mb * state_mb,
             duration_s,
@@ -537,13 +607,27 @@ impl JobModel {
         (sojourn * sojourn - (1.0 - cv * cv) * service_s * service_s).max(0.0)
     }
 
-    /// p99 end-to-end latency (seconds) and the probability that a record's latency exceeds
-    /// the SLO, for the worst source-to-sink path. Per operator: a deterministic delay
-    /// `delay[i]` (queued records ahead / drain rate, source backlog / rate) plus a random
+    /// End-to-end latency at the SLO's percentile ([`JobModel::slo_quantile`], seconds) and the
+    /// probability that a record's latency exceeds the SLO, each for its worst source-to-sink
+    /// path ([`JobModel::path_latency_at`]).
+    pub fn path_latency(&self, delay: &[f64], sojourn: &[f64], var: &[f64]) -> (f64, f64) {
+        self.path_latency_at(&self.slo_quantile, delay, sojourn, var)
+    }
+
+    /// End-to-end latency at quantile `q` (seconds) and the probability that a record's latency
+    /// exceeds the SLO, each for its worst source-to-sink path. Per operator: a deterministic
+    /// delay `delay[i]` (queued records ahead / drain rate, source backlog / rate) plus a random
     /// sojourn with mean `sojourn[i]` and variance `var[i]` ([`JobModel::sojourn_variance`]);
     /// the sum along a path is matched to a gamma distribution by mean and variance, whose
-    /// quantiles come from the Wilson-Hilferty cube-root normal approximation.
-    pub fn path_latency(&self, delay: &[f64], sojourn: &[f64], var: &[f64]) -> (f64, f64) {
+    /// quantiles come from the Wilson-Hilferty cube-root normal approximation
+    /// ([`gamma_quantile_and_tail`]).
+    pub fn path_latency_at(
+        &self,
+        q: &Quantile,
+        delay: &[f64],
+        sojourn: &[f64],
+        var: &[f64],
+    ) -> (f64, f64) {
         let mut worst = (0.0_f64, 0.0_f64);
         for path in &self.paths {
             let (mut d, mut m, mut v) = (0.0, 0.0, 0.0);
@@ -552,8 +636,8 @@ impl JobModel {
                 m += sojourn[i];
                 v += var[i];
             }
-            let (q99, tail) = gamma_p99_and_tail(m, v, self.slo_s - d);
-            worst.0 = worst.0.max(d + q99);
+            let (at_q, tail) = gamma_quantile_and_tail(m, v, q.z, self.slo_s - d);
+            worst.0 = worst.0.max(d + at_q);
             worst.1 = worst.1.max(tail);
         }
         worst
@@ -561,10 +645,11 @@ impl JobModel {
 }
 
 impl JobModel {
-    /// The latency law of the path with the largest p99 ([`JobModel::path_latency`]): its
-    /// deterministic delay `d` and the mean `m` and variance `v` of its random sojourn (seconds,
-    /// s²), so that P(latency ≤ x) = 1 − tail(x − d) of the gamma law matched to (m, v)
-    /// ([`gamma_p99_and_tail`]); `var` as in [`JobModel::path_latency`].
+    /// The latency law of the path with the largest latency at the SLO's percentile
+    /// ([`JobModel::path_latency`]): its deterministic delay `d` and the mean `m` and variance
+    /// `v` of its random sojourn (seconds, s²), so that P(latency ≤ x) = 1 − tail(x − d) of the
+    /// gamma law matched to (m, v) ([`gamma_quantile_and_tail`]); `var` as in
+    /// [`JobModel::path_latency`].
     pub fn worst_path_law(&self, delay: &[f64], sojourn: &[f64], var: &[f64]) -> (f64, f64, f64) {
         let mut worst = (f64::NEG_INFINITY, (0.0, 0.0, 0.0));
         for path in &self.paths {
@@ -574,7 +659,7 @@ impl JobModel {
                 m += sojourn[i];
                 v += var[i];
             }
-            let q = d + gamma_p99_and_tail(m, v, f64::INFINITY).0;
+            let q = d + gamma_quantile_and_tail(m, v, self.slo_quantile.z, f64::INFINITY).0;
             if q > worst.0 {
                 worst = (q, (d, m, v));
             }
@@ -585,7 +670,7 @@ impl JobModel {
 
 /// End-to-end latency law of the records arriving in one fast-mode step along one path: a
 /// deterministic delay `d` plus a random sojourn matched to a gamma law of mean `m` and
-/// variance `v` ([`gamma_p99_and_tail`]); a share `f` of the records (those that arrived while
+/// variance `v` ([`gamma_quantile_and_tail`]); a share `f` of the records (those that arrived while
 /// the job was down for a rescale, `down` seconds at the start of the step) waited in addition
 /// a time uniform on [0, `down`] for it to come back up (arrivals spread evenly over the step).
 /// Seconds throughout.
@@ -611,7 +696,7 @@ impl StepLatency {
         if x < self.d {
             1.0
         } else {
-            gamma_p99_and_tail(self.m, self.v, x - self.d).1
+            gamma_quantile_and_tail(self.m, self.v, Z99, x - self.d).1
         }
     }
 
@@ -630,17 +715,23 @@ impl StepLatency {
         (1.0 - self.f) * base + self.f * waited
     }
 
-    /// The 99th percentile: the law's without downtime, or found by bisection between it and
-    /// it plus `down` (the tail only grows with the downtime wait).
+    /// The 99th percentile ([`StepLatency::quantile`] at [`Quantile::P99`]).
     pub fn p99(&self) -> f64 {
-        let lo = self.d + gamma_p99_and_tail(self.m, self.v, f64::INFINITY).0;
+        self.quantile(&Quantile::P99)
+    }
+
+    /// The `q`-quantile: the law's without downtime, or found by bisection between it and it
+    /// plus `down` (the tail only grows with the downtime wait, so P(latency > x) = 1 − q has
+    /// its root there; 40 halvings, to down · 2⁻⁴⁰).
+    pub fn quantile(&self, q: &Quantile) -> f64 {
+        let lo = self.d + gamma_quantile_and_tail(self.m, self.v, q.z, f64::INFINITY).0;
         if self.f <= 0.0 || self.down <= 0.0 {
             return lo;
         }
         let (mut lo, mut hi) = (lo, lo + self.down);
         for _ in 0..40 {
             let mid = 0.5 * (lo + hi);
-            if self.tail(mid) > 0.01 {
+            if self.tail(mid) > q.tail {
                 lo = mid;
             } else {
                 hi = mid;
@@ -670,16 +761,22 @@ pub fn split_scv(c2: f64, q: f64) -> f64 {
     (1.0 + q.clamp(0.0, 1.0) * (c2 - 1.0)).max(0.0)
 }
 
-/// For a gamma variable with mean `m` and variance `v`: its 99th percentile and P(X > x), by
-/// Wilson-Hilferty: (X/m)^(1/3) ≈ Normal(1 − 1/(9k), 1/(9k)) with shape k = m²/v.
-pub fn gamma_p99_and_tail(m: f64, v: f64, x: f64) -> (f64, f64) {
+/// For a gamma variable with mean `m` and variance `v` (seconds, s²): its quantile at the
+/// standard normal z-score `z` (z = Φ⁻¹(q) for the q-quantile, [`Quantile::z`]) and P(X > x),
+/// by the Wilson-Hilferty cube-root approximation (E. B. Wilson and M. M. Hilferty, The
+/// distribution of chi-square, PNAS 17(12), 1931, for χ²; for the gamma law with shape
+/// k = m²/v): (X/m)^(1/3) ≈ Normal(1 − 1/(9k), 1/(9k)), so the quantile is
+/// m·(1 − 1/(9k) + z/(3√k))³. Its error grows as k falls: at k = 1 (exponential, exact
+/// quantile −ln(1 − q)·m) the p95 is 0.9 % low and the p99 0.1 % high, the p99.9 2.3 % high.
+/// A law without spread (m or v ≤ 0) is the constant max(m, 0).
+pub fn gamma_quantile_and_tail(m: f64, v: f64, z: f64, x: f64) -> (f64, f64) {
     if m <= 0.0 || v <= 0.0 {
         return (m.max(0.0), if x < m { 1.0 } else { 0.0 });
     }
     let k = m * m / v;
     let s2 = 1.0 / (9.0 * k);
     let s = s2.sqrt();
-    let c = (1.0 - s2 + Z99 * s).max(0.0);
+    let c = (1.0 - s2 + z * s).max(0.0);
     let q = m * c * c * c;
     let tail = if x <= 0.0 {
         1.0
@@ -761,5 +858,66 @@ mod tests {
         // 40 % of the records waited up to 0.6 s: the p99 is close to 0.6 × (1 − 0.01/0.4) plus
         // the path's own latency.
         assert!(p > 0.58 && p < 0.7, "{p}");
+        // Any percentile: the bisection lands where the tail is 1 − q, below the p99.
+        let q95 = Quantile::new(0.95);
+        let p95 = l.quantile(&q95);
+        assert!((l.tail(p95) - 0.05).abs() < 1e-3, "{}", l.tail(p95));
+        assert!(p95 < p && p95 > base.quantile(&q95), "{p95} vs {p}");
+        // 40 % waited U(0, 0.6): the p95 is near 0.6 × (1 − 0.05/0.4).
+        assert!(p95 > 0.52 && p95 < 0.6, "{p95}");
+    }
+
+    /// The percentile's z-score is the standard normal quantile (Φ⁻¹(0.95) = 1.6448536270,
+    /// Φ⁻¹(0.999) = 3.0902323062), and 0.99 is exactly the constants of the p99-only model.
+    #[test]
+    fn quantile_z_scores_and_labels() {
+        assert_eq!(Quantile::new(0.99), Quantile::P99);
+        assert!((Quantile::new(0.95).z - 1.644_853_627_0).abs() < 1e-9);
+        assert!((Quantile::new(0.999).z - 3.090_232_306_2).abs() < 1e-9);
+        assert!(Quantile::new(0.5).z.abs() < 1e-12);
+        assert!((Quantile::new(0.95).tail - 0.05).abs() < 1e-15);
+        assert!((Z99 - Quantile::new(0.98999999999).z).abs() < 1e-9);
+        assert!(!Quantile::new(0.95).is_p99() && Quantile::P99.is_p99());
+        assert_eq!(Quantile::new(0.95).label(), "p95");
+        assert_eq!(Quantile::P99.label(), "p99");
+        assert_eq!(Quantile::new(0.999).label(), "p99.9");
+        assert_eq!(Quantile::new(0.5).label(), "p50");
+    }
+
+    /// A gamma law of shape 1 is the exponential, whose q-quantile is −ln(1 − q)·mean:
+    /// Wilson-Hilferty gives it within its known error at shape 1 (p95 0.9 % low, p99 0.1 %
+    /// high), lower at 0.95 than at 0.99, and closer to the exact gamma quantile (statrs) at
+    /// larger shapes. The tail at the quantile is 1 − q (the same approximation, inverted
+    /// exactly).
+    #[test]
+    fn gamma_quantile_at_any_percentile() {
+        let (m, v) = (0.2, 0.04);
+        let at = |q: f64| gamma_quantile_and_tail(m, v, Quantile::new(q).z, f64::INFINITY).0;
+        let (q95, q99) = (at(0.95), at(0.99));
+        assert!(q95 < q99, "{q95} vs {q99}");
+        let exact95 = -(0.05_f64.ln()) * m;
+        let exact99 = -(0.01_f64.ln()) * m;
+        assert!((q95 / exact95 - 1.0).abs() < 0.01, "{q95} vs {exact95}");
+        assert!(q95 < exact95, "Wilson-Hilferty is low at p95, shape 1");
+        assert!((q99 / exact99 - 1.0).abs() < 0.002, "{q99} vs {exact99}");
+        // The same z as the p99-only model at 0.99: the very same number.
+        assert_eq!(q99, gamma_quantile_and_tail(m, v, Z99, f64::INFINITY).0);
+        for q in [0.5, 0.9, 0.95, 0.99, 0.999] {
+            let z = Quantile::new(q).z;
+            let x = gamma_quantile_and_tail(m, v, z, f64::INFINITY).0;
+            let tail = gamma_quantile_and_tail(m, v, z, x).1;
+            assert!((tail - (1.0 - q)).abs() < 1e-9, "q={q}: tail {tail}");
+            // Against the exact gamma quantile (statrs): shape 1 within the errors above, the
+            // error falling with the shape (k = 4, 25; checked from p50 to p99.9).
+            use statrs::distribution::{ContinuousCDF, Gamma};
+            for (k, tol) in [(1.0, 0.025), (4.0, 0.008), (25.0, 0.002)] {
+                let exact = Gamma::new(k, k).unwrap().inverse_cdf(q);
+                let wh = gamma_quantile_and_tail(1.0, 1.0 / k, z, f64::INFINITY).0;
+                assert!(
+                    (wh / exact - 1.0).abs() < tol,
+                    "k={k} q={q}: {wh} vs {exact}"
+                );
+            }
+        }
     }
 }

@@ -47,6 +47,9 @@ pub struct StepStats {
     /// p99 end-to-end latency estimate (fast mode) or measurement (event mode), seconds;
     /// `None` when no record reached a sink (event mode).
     pub p99_s: Option<f64>,
+    /// The same at the SLO's percentile ([`JobModel::slo_quantile`]; equal to `p99_s` when the
+    /// SLO is on p99): what the SLO is graded on. Seconds; `None` as for `p99_s`.
+    pub slo_latency_s: Option<f64>,
     /// The p99 as the engine's sink histogram reports it ([`engine_p99_of_samples`],
     /// [`engine_p99_of_cdf`]): the same latencies through the same buckets and interpolation,
     /// to compare with `streamscale run`'s measurements. Event mode: always; fast mode: only
@@ -229,7 +232,9 @@ pub fn metric_samples(model: &JobModel, p: &[u32], window: &[Snapshot]) -> Vec<M
 /// into the sinks' histogram buckets ([`SINK_LATENCY_BUCKETS`], then +∞) and the quantile read
 /// back by the controller's linear interpolation within the bucket
 /// ([`LatencyHistogram::quantile_since`]), as `streamscale run` reads it at each scrape.
-/// `None` for no observations.
+/// `None` for no observations. Always the p99, whatever the SLO's percentile: it backs the
+/// `p99_engine_s` column, which compares with `streamscale run`'s `p99_s` column (p99 there
+/// too; the SLO percentile's own latency is graded on the simulator's exact quantile).
 ///
 /// [`SINK_LATENCY_BUCKETS`]: streamscale_engine::metrics::SINK_LATENCY_BUCKETS
 pub fn engine_p99_of_samples(latencies: &[f64]) -> Option<f64> {

@@ -25,6 +25,9 @@ pub struct Summary {
     pub step_s: f64,
     /// Latency SLO, seconds.
     pub slo_s: f64,
+    /// Percentile the SLO is on (0.99 = p99; [`JobModel::slo_quantile`]): the latency that
+    /// `slo_violation_fraction` grades.
+    pub latency_percentile: f64,
     /// `fast` or `event`.
     pub mode: String,
 }
@@ -38,7 +41,10 @@ fn write(path: &Path, text: &str) -> Result<(), SimError> {
 
 /// Writes `summary.json` and `timeseries.csv` (columns `policy,t_s,input_rate,capacity,p99_s,
 /// p99_engine_s,backlog,queued,p_<operator>...`; `p99_engine_s` empty unless computed) into
-/// `dir`, creating it.
+/// `dir`, creating it. Each row covers several steps: its latencies are the worst (largest)
+/// step's of the row, its rates means over the row. When the SLO is on another percentile
+/// than p99 ([`JobModel::slo_quantile`]), one last column holds the latency at it, named after
+/// it as in `streamscale run`'s `timeline.csv`: `p95_s`, `p99.9_s`.
 ///
 /// # Errors
 /// [`SimError::Write`] naming the file.
@@ -61,6 +67,10 @@ pub fn write_files(
     for op in &model.ops {
         let _ = write!(csv, ",p_{}", op.name);
     }
+    let q = &model.slo_quantile;
+    if !q.is_p99() {
+        let _ = write!(csv, ",{}_s", q.label());
+    }
     csv.push('\n');
     for run in runs {
         for r in &run.rows {
@@ -78,6 +88,9 @@ pub fn write_files(
             );
             for p in &r.parallelism {
                 let _ = write!(csv, ",{p}");
+            }
+            if !q.is_p99() {
+                let _ = write!(csv, ",{:.6}", r.slo_latency_s);
             }
             csv.push('\n');
         }
@@ -134,8 +147,9 @@ pub const PANEL_WIDTH: u32 = 440;
 pub const PANELS_HEIGHT: u32 = 960;
 
 /// Draws the comparison figure: one column of panels per policy, side by side (in `runs`
-/// order), rows: input rate vs capacity, parallelism per operator, p99 latency with the SLO
-/// line; each panel has axis titles and a legend. Time axis in minutes (replays under an hour)
+/// order), rows: input rate vs capacity, parallelism per operator, latency at the SLO's
+/// percentile ([`JobModel::slo_quantile`]; each point the worst step of its time-series row)
+/// with the SLO line; each panel has axis titles and a legend. Time axis in minutes (replays under an hour)
 /// or hours; every column shares the
 /// same axes so that the policies compare at a glance. Size: [`PANEL_WIDTH`] × number of
 /// policies by [`PANELS_HEIGHT`] pixels. PNG, or SVG when `path` ends in `.svg`.
@@ -217,8 +231,15 @@ fn draw<DB: DrawingBackend>(
         .max()
         .unwrap_or(1);
     let slo = model.slo_s;
+    let pct = model.slo_quantile.label();
     let lat_max = (slo * 5.0).min(
-        finite_max(&mut runs.iter().flat_map(|r| r.rows.iter().map(|x| x.p99_s))).max(slo) * 1.2,
+        finite_max(
+            &mut runs
+                .iter()
+                .flat_map(|r| r.rows.iter().map(|x| x.slo_latency_s)),
+        )
+        .max(slo)
+            * 1.2,
     );
     // Room below the plot for the tick labels and, under them, the axis title; left of it for
     // the tick labels and the rotated axis title.
@@ -311,7 +332,7 @@ fn draw<DB: DrawingBackend>(
 
         let mut ch = ChartBuilder::on(&grid[2 * cols + c])
             .caption(
-                format!("{}: p99 latency vs SLO", run.name),
+                format!("{}: {pct} latency vs SLO", run.name),
                 ("sans-serif", TITLE_FONT),
             )
             .margin(8)
@@ -331,11 +352,11 @@ fn draw<DB: DrawingBackend>(
         ch.draw_series(LineSeries::new(
             run.rows
                 .iter()
-                .map(|r| (r.t_s / unit_s, r.p99_s.min(lat_max))),
+                .map(|r| (r.t_s / unit_s, r.slo_latency_s.min(lat_max))),
             COLORS[0],
         ))
         .map_err(|x| e(&x))?
-        .label("p99 latency")
+        .label(format!("{pct} latency (worst step per bin)"))
         .legend(move |(x, y)| legend(x, y, COLORS[0]));
         ch.draw_series(LineSeries::new([(0.0, slo), (t_max, slo)], COLORS[3]))
             .map_err(|x| e(&x))?
