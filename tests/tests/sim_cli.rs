@@ -120,3 +120,103 @@ fn the_table_lines_up_with_the_longest_policy_name() {
         }
     }
 }
+
+#[test]
+fn a_latency_percentile_out_of_range_is_refused() {
+    let dir = setup();
+    for bad in ["1", "0", "1.5", "-0.5", "NaN"] {
+        assert_refused(
+            &sim(dir.path(), &["--latency-percentile", bad]),
+            &["--latency-percentile", "not in (0, 1)"],
+        );
+    }
+    // The job's own percentile is checked as the engine checks it.
+    let job = fixtures::sim_job() + "autoscaler: { latencyPercentile: 1.2 }\n";
+    fixtures::write(dir.path(), "job.yaml", &job);
+    assert_refused(&sim(dir.path(), &[]), &["latencyPercentile", "(0, 1)"]);
+}
+
+/// Reads `DIR/timeseries.csv`'s header and `DIR/summary.json`'s `latency_percentile`.
+fn report_of(dir: &Path) -> (String, f64) {
+    let csv = std::fs::read_to_string(dir.join("timeseries.csv")).expect("timeseries.csv");
+    let header = csv.lines().next().unwrap_or_default().to_string();
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("summary.json")).expect("summary.json"),
+    )
+    .expect("summary.json is JSON");
+    let q = summary["latency_percentile"]
+        .as_f64()
+        .expect("latency_percentile");
+    (header, q)
+}
+
+/// With the SLO on p95 (`--latency-percentile`, or the job's `autoscaler.latencyPercentile`),
+/// `timeseries.csv` keeps `p99_s` and gains a last column `p95_s` (as `streamscale run`'s
+/// `timeline.csv`), `summary.json` states the percentile, the figure's latency panel is the
+/// p95's, and every row's p95 is at most its p99. At the default p99: no extra column.
+#[test]
+fn the_report_names_the_slo_percentile() {
+    let dir = setup();
+    let run = |args: &[&str]| {
+        let out = sim(dir.path(), args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let args = [
+        "--policy",
+        "streamscale,static",
+        "--step",
+        "5",
+        "--plot",
+        "svg",
+    ];
+    run(&[&args[..], &["--report", "p99"]].concat());
+    let (header, q) = report_of(&dir.path().join("p99"));
+    assert_eq!(q, 0.99);
+    assert!(header.ends_with(",p_source,p_work,p_sink"), "{header}");
+    assert!(header.contains(",p99_s,"), "{header}");
+    let stdout = run(&[
+        &args[..],
+        &["--report", "p95", "--latency-percentile", "0.95"],
+    ]
+    .concat());
+    assert!(stdout.contains("SLO 1 s on p95"), "{stdout}");
+    let (header, q) = report_of(&dir.path().join("p95"));
+    assert_eq!(q, 0.95);
+    assert!(
+        header.ends_with(",p_source,p_work,p_sink,p95_s"),
+        "{header}"
+    );
+    let cols: Vec<&str> = header.split(',').collect();
+    let at = |name: &str| cols.iter().position(|c| *c == name).expect(name);
+    let (p99, p95) = (at("p99_s"), at("p95_s"));
+    let csv = std::fs::read_to_string(dir.path().join("p95/timeseries.csv")).expect("csv");
+    let mut rows = 0;
+    for line in csv.lines().skip(1) {
+        let v: Vec<f64> = line
+            .split(',')
+            .skip(1)
+            .map(|x| x.parse().unwrap_or(f64::NAN))
+            .collect();
+        // `policy` is skipped: indices shift by one.
+        let (a, b) = (v[p95 - 1], v[p99 - 1]);
+        assert!(a <= b + 1e-9 && a > 0.0, "{line}");
+        rows += 1;
+    }
+    assert!(rows > 10, "{csv}");
+    let svg = std::fs::read_to_string(dir.path().join("p95/comparison.svg")).expect("svg");
+    assert!(svg.contains("p95 latency (worst step per bin)"), "legend");
+    assert!(svg.contains("static: p95 latency vs SLO"), "title");
+    assert!(!svg.contains("p99 latency"), "no p99 panel");
+    // The job's own percentile, without the flag: the same.
+    let job = fixtures::sim_job() + "autoscaler: { latencyPercentile: 0.95 }\n";
+    fixtures::write(dir.path(), "job.yaml", &job);
+    run(&[&args[..], &["--report", "job95"]].concat());
+    let (header, q) = report_of(&dir.path().join("job95"));
+    assert_eq!(q, 0.95);
+    assert!(header.ends_with(",p95_s"), "{header}");
+}
