@@ -427,8 +427,46 @@ impl JobGraph {
                 }
             }
         }
+        g.slowest_sink(dist)
+    }
+
+    /// [`Topology::longest_path_into`](super::network::Topology) over the graph's compressed
+    /// forward edges and its list of sinks: the same inputs in the same order, so the same
+    /// distances, predecessors, latency and end bit for bit (proptest
+    /// `incremental_longest_path_equals_the_full_update`).
+    fn longest_path_into(
+        &self,
+        w: &[f64],
+        dist: &mut Vec<f64>,
+        via: &mut Vec<usize>,
+    ) -> (f64, usize) {
+        let n = self.topo.len();
+        dist.clear();
+        dist.resize(n, 0.0);
+        via.clear();
+        via.resize(n, usize::MAX);
+        for i in 0..n {
+            let mut d = 0.0;
+            let mut arg = usize::MAX;
+            for &j in &self.fwd_in[self.fwd_in_at[i] as usize..self.fwd_in_at[i + 1] as usize] {
+                let j = j as usize;
+                if arg == usize::MAX || dist[j] > d {
+                    d = dist[j];
+                    arg = j;
+                }
+            }
+            let own = if self.topo.is_source[i] { 0.0 } else { w[i] };
+            dist[i] = d + own;
+            via[i] = arg;
+        }
+        self.slowest_sink(dist)
+    }
+
+    /// The sink with the largest distance (the first on a tie) and that distance; (0, none)
+    /// without sinks.
+    fn slowest_sink(&self, dist: &[f64]) -> (f64, usize) {
         let mut best = (f64::NEG_INFINITY, usize::MAX);
-        for &i in &g.sinks {
+        for &i in &self.sinks {
             if best.1 == usize::MAX || dist[i] > best.0 {
                 best = (dist[i], i);
             }
@@ -558,7 +596,23 @@ pub(crate) struct Model {
 /// Memo of [`Model::tail`]: per operator, by parallelism (NaN = not computed yet; a NaN
 /// tail is recomputed, which gives the same NaN). Parallelisms above [`TAIL_MEMO_MAX`] are
 /// not kept.
-type TailMemo = Vec<Vec<f64>>;
+type TailMemo = Vec<TailRow>;
+
+/// One operator's row of the [`TailMemo`]: `t[p]` for p < `len`, where `len` is one more than
+/// the largest parallelism stored (what [`Model::quantile_start`] searches below), and `t` is
+/// allocated ahead (NaN beyond `len`) so that it grows rarely.
+#[derive(Debug, Clone, Default)]
+struct TailRow {
+    len: usize,
+    t: Vec<f64>,
+}
+
+impl TailRow {
+    /// The memoized tail at parallelism `p`, if computed (not NaN).
+    fn get(&self, p: usize) -> Option<f64> {
+        (p < self.len).then(|| self.t[p]).filter(|t| !t.is_nan())
+    }
+}
 
 /// Largest parallelism kept in the tail memo (beyond the usual maxParallelism bounds).
 const TAIL_MEMO_MAX: u32 = 1 << 15;
@@ -727,7 +781,7 @@ impl Model {
             kg_prefix,
             share_memo,
             hot_run,
-            tail_memo: std::cell::RefCell::new(vec![Vec::new(); n]),
+            tail_memo: std::cell::RefCell::new(vec![TailRow::default(); n]),
             kg_load,
             factor: vec![1.0; n],
             frozen: vec![false; n],
@@ -762,7 +816,8 @@ impl Model {
             self.frozen[i] = learned.is_ineffective(name);
         }
         for m in self.tail_memo.borrow_mut().iter_mut() {
-            m.clear();
+            m.len = 0;
+            m.t.clear();
         }
     }
 
@@ -898,18 +953,20 @@ impl Model {
         if p > TAIL_MEMO_MAX {
             return self.tail_uncached(i, p);
         }
-        if let Some(&t) = self.tail_memo.borrow()[i].get(p as usize)
-            && !t.is_nan()
-        {
+        if let Some(t) = self.tail_memo.borrow()[i].get(p as usize) {
             return t;
         }
         let t = self.tail_uncached(i, p);
         let mut memo = self.tail_memo.borrow_mut();
         let m = &mut memo[i];
-        if m.len() <= p as usize {
-            m.resize(p as usize + 1, f64::NAN);
+        let p = p as usize;
+        if m.t.len() <= p {
+            // Room up to the operator's max parallelism (within reason) in one allocation.
+            let ahead = (self.graph.bounds[i].1 as usize + 1).min(1024);
+            m.t.resize((p + 1).max(ahead), f64::NAN);
         }
-        m[p as usize] = t;
+        m.len = m.len.max(p + 1);
+        m.t[p] = t;
         t
     }
 
@@ -918,8 +975,7 @@ impl Model {
     /// the same order to a term that is at least the quantile, so never below `tail(i, p)`.
     fn tail_upper(&self, i: usize, p: u32) -> f64 {
         if p <= TAIL_MEMO_MAX
-            && let Some(&t) = self.tail_memo.borrow()[i].get(p as usize)
-            && !t.is_nan()
+            && let Some(t) = self.tail_memo.borrow()[i].get(p as usize)
         {
             return t;
         }
@@ -977,9 +1033,9 @@ impl Model {
     fn quantile_start(&self, i: usize, p: u32) -> f64 {
         let memo = self.tail_memo.borrow();
         let m = &memo[i];
-        let top = (p as usize).min(m.len());
+        let top = (p as usize).min(m.len);
         for q in (top.saturating_sub(8)..top).rev() {
-            let t = m[q];
+            let t = m.t[q];
             if t.is_finite()
                 && let Some(mu) = self.mu_at(i, q as u32)
             {
@@ -1239,7 +1295,10 @@ impl Model {
                 need as u32
             };
             if explain {
-                why[i] = format!(
+                // Room for the clauses appended below in one allocation.
+                why[i] = String::with_capacity(256);
+                let _ = write!(
+                    why[i],
                     "DS2: λ_target {} rec/s / (ρ_target {} × μ {} rec/s) = {} → p={}",
                     fmt_rate(lambda),
                     Fixed(rho_t, 2),
@@ -1373,7 +1432,7 @@ impl Model {
             })
             .collect();
         let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut lat, end) = self.graph.topo.longest_path_into(&w, &mut dist, &mut via);
+        let (mut lat, end) = self.graph.longest_path_into(&w, &mut dist, &mut via);
         let adjustable = |i: usize| self.mu(i).is_some() && !self.frozen[i];
         if lat > self.s.slo {
             // Attainable at maximum parallelism? Upper bounds on the tails first (the
@@ -1391,7 +1450,6 @@ impl Model {
             let (mut max_dist, mut max_via) = (Vec::new(), Vec::new());
             let (mut lat_max, _) =
                 self.graph
-                    .topo
                     .longest_path_into(&w_max, &mut max_dist, &mut max_via);
             // (NaN included: then the exact tails decide, as before.)
             if lat_max.is_nan() || lat_max > self.s.slo {
@@ -1472,44 +1530,54 @@ impl Model {
         mut reasons: Vec<String>,
     ) -> Decision {
         let n = self.graph.topo.len();
-        let mut operators = BTreeMap::new();
-        let mut sources = BTreeMap::new();
-        for (i, reason) in why.into_iter().enumerate() {
-            let e = &self.est[i];
-            let mu = self.mu(i);
-            operators.insert(
-                self.graph.topo.names[i].clone(),
-                OperatorPlan {
-                    kind: self.graph.kind[i].to_string(),
-                    current_parallelism: e.parallelism,
-                    parallelism: p[i],
-                    max_parallelism: self.graph.bounds[i].1,
-                    observed_input_rate: e.input_rate,
-                    arrival_rate: self.lambda_target[i],
-                    steady_arrival_rate: self.lambda_steady[i],
-                    true_processing_rate: mu,
-                    selectivity: e.selectivity,
-                    selectivity_is_prior: e.selectivity_is_prior,
-                    observed_utilization: e.utilization,
-                    backpressured_share: e.backpressured_share,
-                    predicted_utilization: self.predicted_rho(i, p[i]),
-                    predicted_sojourn_seconds: self.sojourn(i, p[i]),
-                    predicted_sojourn_percentile_seconds: self.tail(i, p[i]),
-                    clamped_at_max: clamped[i],
-                    reason,
-                },
-            );
-            if let Some(src) = e.source {
-                sources.insert(
-                    self.graph.topo.names[i].clone(),
+        let g = &*self.graph;
+        // Every map is built from its entries in name order (the graph's `by_name`): the
+        // collection then finds them sorted instead of sorting or inserting one by one.
+        let mut why = why;
+        let operators: BTreeMap<String, OperatorPlan> = g
+            .by_name
+            .iter()
+            .map(|&i| {
+                let e = &self.est[i];
+                (
+                    g.topo.names[i].clone(),
+                    OperatorPlan {
+                        kind: g.kind[i].to_string(),
+                        current_parallelism: e.parallelism,
+                        parallelism: p[i],
+                        max_parallelism: g.bounds[i].1,
+                        observed_input_rate: e.input_rate,
+                        arrival_rate: self.lambda_target[i],
+                        steady_arrival_rate: self.lambda_steady[i],
+                        true_processing_rate: self.mu(i),
+                        selectivity: e.selectivity,
+                        selectivity_is_prior: e.selectivity_is_prior,
+                        observed_utilization: e.utilization,
+                        backpressured_share: e.backpressured_share,
+                        predicted_utilization: self.predicted_rho(i, p[i]),
+                        predicted_sojourn_seconds: self.sojourn(i, p[i]),
+                        predicted_sojourn_percentile_seconds: self.tail(i, p[i]),
+                        clamped_at_max: clamped[i],
+                        reason: std::mem::take(&mut why[i]),
+                    },
+                )
+            })
+            .collect();
+        let sources: BTreeMap<String, SourcePlan> = g
+            .by_name
+            .iter()
+            .filter_map(|&i| {
+                let src = self.est[i].source?;
+                Some((
+                    g.topo.names[i].clone(),
                     SourcePlan {
                         arrival_rate: self.gamma[i],
                         backlog_records: src.backlog_records,
                         target_rate: self.gamma_target[i],
                     },
-                );
-            }
-        }
+                ))
+            })
+            .collect();
         // Bottleneck: highest utilization demanded at the current parallelism.
         let mut bottleneck: Option<(f64, usize)> = None;
         for i in 0..n {
@@ -1534,21 +1602,15 @@ impl Model {
             )
         });
         let mut d = Decision {
-            parallelism: self
-                .graph
-                .topo
-                .names
+            parallelism: g
+                .by_name
                 .iter()
-                .cloned()
-                .zip(p.iter().copied())
+                .map(|&i| (g.topo.names[i].clone(), p[i]))
                 .collect(),
-            current: self
-                .graph
-                .topo
-                .names
+            current: g
+                .by_name
                 .iter()
-                .cloned()
-                .zip(self.est.iter().map(|e| e.parallelism))
+                .map(|&i| (g.topo.names[i].clone(), self.est[i].parallelism))
                 .collect(),
             operators,
             sources,
@@ -1592,14 +1654,16 @@ impl Model {
             }
         }
         let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        d.predicted_latency_seconds = self
-            .graph
-            .topo
-            .longest_path_into(&mean, &mut dist, &mut via)
-            .0;
-        let path = self.graph.topo.longest_path(&tail);
-        d.predicted_latency_percentile_seconds = path.seconds;
-        d.critical_path = path.path;
+        d.predicted_latency_seconds = self.graph.longest_path_into(&mean, &mut dist, &mut via).0;
+        let (seconds, end) = self.graph.longest_path_into(&tail, &mut dist, &mut via);
+        d.predicted_latency_percentile_seconds = seconds;
+        d.critical_path.clear();
+        let mut at = end;
+        while at != usize::MAX {
+            d.critical_path.push(self.graph.topo.names[at].clone());
+            at = via[at];
+        }
+        d.critical_path.reverse();
     }
 
     /// "p99" for percentile 0.99, "p99.9" for 0.999.
@@ -1637,10 +1701,9 @@ impl Model {
             }
         }
         let tail: Vec<f64> = (0..n).map(|i| self.tail(i, pv[i])).collect();
-        let (seconds, _) =
-            self.graph
-                .topo
-                .longest_path_into(&tail, &mut Vec::new(), &mut Vec::new());
+        let (seconds, _) = self
+            .graph
+            .longest_path_into(&tail, &mut Vec::new(), &mut Vec::new());
         (rho_target, rho_steady, seconds)
     }
 
@@ -2662,7 +2725,16 @@ edges:
                 w[i] = term(x, inf && x == 0);
                 let fast = g.propagate(&w, &mut dist, &mut via, i, &mut dirty);
                 let (mut d2, mut v2) = (Vec::new(), Vec::new());
-                let full = g.topo.longest_path_into(&w, &mut d2, &mut v2);
+                let full = g.longest_path_into(&w, &mut d2, &mut v2);
+                let (mut d3, mut v3) = (Vec::new(), Vec::new());
+                let reference = g.topo.longest_path_into(&w, &mut d3, &mut v3);
+                prop_assert_eq!(full.1, reference.1);
+                prop_assert_eq!(full.0.to_bits(), reference.0.to_bits());
+                prop_assert_eq!(&v2, &v3);
+                prop_assert_eq!(
+                    d2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    d3.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                );
                 prop_assert_eq!(fast.1, full.1);
                 prop_assert_eq!(fast.0.to_bits(), full.0.to_bits());
                 prop_assert_eq!(&via, &v2);

@@ -226,7 +226,7 @@ impl Model {
                     break;
                 }
             }
-            (st.lat, st.end) = g.topo.longest_path_into(&st.w, &mut st.dist, &mut st.via);
+            (st.lat, st.end) = g.longest_path_into(&st.w, &mut st.dist, &mut st.via);
             if !exceeds(st.lat, self.s.slo) && !trimmed {
                 trimmed = true;
                 self.trim(st, &mut after);
@@ -272,7 +272,7 @@ impl Model {
                 st.p[i] -= 1;
                 st.added[i] -= 1;
                 st.w[i] = lower;
-                (st.lat, st.end) = g.topo.longest_path_into(&st.w, &mut st.dist, &mut st.via);
+                (st.lat, st.end) = g.longest_path_into(&st.w, &mut st.dist, &mut st.via);
                 g.longest_after(&st.w, after);
                 changed = true;
             }
