@@ -853,9 +853,9 @@ impl Policy for Static {
 }
 
 /// Offline lower bound: knows the whole trace and the true service rates; at every step, the
-/// least parallelism that carries the next step's rates (ρ ≤ 1) and whose predicted p99
-/// latency meets the SLO (greedy marginal allocation, optimal for convex latency), with free
-/// rescales.
+/// least parallelism that carries the next step's rates (ρ ≤ 1) and whose predicted latency at
+/// the SLO's percentile ([`JobModel::slo_quantile`], p99 by default) meets the SLO (greedy
+/// marginal allocation, optimal for convex latency), with free rescales.
 #[derive(Debug, Default)]
 pub struct Oracle {
     /// Last sizing: (source rates, service times, parallelism), reused while they are
@@ -900,8 +900,8 @@ impl Oracle {
             for i in 0..n {
                 var[i] = model.sojourn_variance(i, s[i], service[i]);
             }
-            let (p99, _) = model.path_latency(&zero, &s, &var);
-            if p99 <= model.slo_s {
+            let (at_q, _) = model.path_latency(&zero, &s, &var);
+            if at_q <= model.slo_s {
                 break;
             }
             let mut best: Option<(usize, f64)> = None;

@@ -1266,11 +1266,14 @@ fn the_slo_is_graded_at_its_percentile() {
     // it); out of (0, 1) it is refused naming the setting.
     let cfg = SimConfig {
         latency_percentile: Some(0.95),
+        slo_seconds: Some(0.5),
         ..SimConfig::default()
     };
     let model = JobModel::new(&spec_at(0.99), &cfg, Some(60.0)).unwrap();
     assert_eq!(model.slo_quantile.q, 0.95);
     assert_eq!(model.spec.autoscaler.latency_percentile, 0.95);
+    assert_eq!(model.slo_s, 0.5);
+    assert_eq!(model.spec.autoscaler.latency_slo_seconds, 0.5);
     for bad in [0.0, 1.0, 99.0, f64::NAN] {
         let cfg = SimConfig {
             latency_percentile: Some(bad),
