@@ -84,8 +84,10 @@ pub fn progress_line(
     line
 }
 
-/// `p95` for 0.95, `p99.9` for 0.999.
-pub(crate) fn percentile_label(q: f64) -> String {
+/// The name of the `q`-quantile as the run's progress lines, `timeline.csv` columns and the
+/// simulator's outputs write it: `p95` for 0.95, `p99.9` for 0.999 (percent, trailing zeros
+/// dropped, at most three decimals).
+pub fn percentile_label(q: f64) -> String {
     let pct = 100.0 * q;
     if (pct - pct.round()).abs() < 1e-9 {
         format!("p{pct:.0}")

@@ -63,14 +63,9 @@ impl Quantile {
     }
 
     /// The percentile's name as `streamscale run` writes it (`p95` for 0.95, `p99.9` for 0.999;
-    /// the controller's `progress::percentile_label`, which is private to it).
+    /// [`streamscale_controller::progress::percentile_label`]).
     pub fn label(&self) -> String {
-        let pct = 100.0 * self.q;
-        if (pct - pct.round()).abs() < 1e-9 {
-            format!("p{pct:.0}")
-        } else {
-            format!("p{}", format!("{pct:.3}").trim_end_matches('0'))
-        }
+        streamscale_controller::progress::percentile_label(self.q)
     }
 }
 
