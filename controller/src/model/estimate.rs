@@ -192,6 +192,27 @@ fn valid(value: f64) -> bool {
     value.is_finite() && value >= 0.0
 }
 
+/// Whether every counter of `s` and its queue length pass [`check_value`].
+fn all_valid(s: &SubtaskSample) -> bool {
+    valid(s.records_in)
+        & valid(s.records_out)
+        & valid(s.busy_seconds)
+        & valid(s.idle_seconds)
+        & valid(s.backpressured_seconds)
+        & valid(s.queue_length)
+}
+
+/// Whether every counter of `b` is finite and at least its value in `a` (the checks of a
+/// valid `a`'s successor that [`estimate_operator`] makes per counter).
+fn grown(a: &SubtaskSample, b: &SubtaskSample) -> bool {
+    let up = |x: f64, y: f64| y >= x && y.is_finite();
+    up(a.records_in, b.records_in)
+        & up(a.records_out, b.records_out)
+        & up(a.busy_seconds, b.busy_seconds)
+        & up(a.idle_seconds, b.idle_seconds)
+        & up(a.backpressured_seconds, b.backpressured_seconds)
+}
+
 fn check_value(
     name: &str,
     subtask: usize,
@@ -285,7 +306,7 @@ fn estimate_operator(
     for (k, s) in first.iter().enumerate() {
         // Fast path: every figure valid (the checks below then pass; they run, in the same
         // order, only to name what is wrong).
-        if !is_source && counters(s).iter().all(|&(_, v)| valid(v)) && valid(s.queue_length) {
+        if !is_source && all_valid(s) {
             continue;
         }
         for (field, v) in counters(s) {
@@ -308,13 +329,7 @@ fn estimate_operator(
         }
         for (k, (a, b)) in prev.iter().zip(cur).enumerate() {
             // Fast path: `b` valid and no counter reset (`a` was validated before).
-            if !is_source
-                && valid(b.queue_length)
-                && counters(a)
-                    .iter()
-                    .zip(counters(b))
-                    .all(|(&(_, x), (_, y))| y >= x && y.is_finite())
-            {
+            if !is_source && valid(b.queue_length) && grown(a, b) {
                 continue;
             }
             check_value(name, k, i, "queue_length", b.queue_length)?;

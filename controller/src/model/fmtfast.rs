@@ -61,9 +61,10 @@ fn write_buf(f: &mut fmt::Formatter<'_>, negative: bool, buf: &[u8]) -> fmt::Res
     f.write_str(std::str::from_utf8(buf).map_err(|_| fmt::Error)?)
 }
 
-impl fmt::Display for Fixed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Fixed(x, decimals) = *self;
+impl Fixed {
+    /// The digits of `x` to `decimals` places into `buf` when integer arithmetic provably gives
+    /// `std`'s text: their start index and whether a '-' goes first; `None` otherwise.
+    fn fast(x: f64, decimals: usize, buf: &mut [u8; 48]) -> Option<(usize, bool)> {
         if decimals < POW10.len() && x.is_finite() {
             let scale = POW10[decimals];
             // y = |x|·10^d, correctly rounded: its error is at most y·2⁻⁵³, so unless the
@@ -75,13 +76,82 @@ impl fmt::Display for Fixed {
                 let slack = y * 2f64.powi(-51) + 1e-300;
                 if (frac - 0.5).abs() > slack {
                     let r = floor as u64 + u64::from(frac > 0.5);
-                    let mut buf = [0u8; 48];
-                    let at = digits(&mut buf, r / scale, r % scale, decimals);
-                    return write_buf(f, x.is_sign_negative(), &buf[at..]);
+                    let at = digits(buf, r / scale, r % scale, decimals);
+                    return Some((at, x.is_sign_negative()));
                 }
             }
         }
-        write!(f, "{x:.decimals$}")
+        None
+    }
+}
+
+/// Appending to a `String` without `fmt::write`'s machinery: the same text as `Display`
+/// (`{}`) for [`Fixed`], [`Short`] and integers, and the string itself for `&str`.
+pub(crate) trait PushText {
+    /// Appends the text to `s`.
+    fn push_to(&self, s: &mut String);
+}
+
+impl PushText for &str {
+    fn push_to(&self, s: &mut String) {
+        s.push_str(self);
+    }
+}
+
+impl PushText for Fixed {
+    fn push_to(&self, s: &mut String) {
+        let mut buf = [0u8; 48];
+        match Fixed::fast(self.0, self.1, &mut buf) {
+            Some((at, negative)) => push_buf(s, negative, &buf[at..]),
+            None => {
+                use fmt::Write as _;
+                let _ = write!(s, "{self}");
+            }
+        }
+    }
+}
+
+impl PushText for Short {
+    fn push_to(&self, s: &mut String) {
+        use fmt::Write as _;
+        let _ = write!(s, "{self}");
+    }
+}
+
+impl PushText for u32 {
+    fn push_to(&self, s: &mut String) {
+        let mut buf = [0u8; 48];
+        let at = digits(&mut buf, u64::from(*self), 0, 0);
+        push_buf(s, false, &buf[at..]);
+    }
+}
+
+fn push_buf(s: &mut String, negative: bool, buf: &[u8]) {
+    if negative {
+        s.push('-');
+    }
+    // Only ASCII digits and '.' were written.
+    s.extend(buf.iter().map(|&b| char::from(b)));
+}
+
+/// Appends each piece's [`PushText`] to the `String`: `cat!(s; "ρ=", Fixed(r, 2), " at p=", p)`
+/// writes what `write!(s, "ρ={} at p={p}", Fixed(r, 2))` writes.
+macro_rules! cat {
+    ($s:expr; $($x:expr),* $(,)?) => {{
+        let s: &mut String = $s;
+        $( $crate::model::fmtfast::PushText::push_to(&$x, s); )*
+    }};
+}
+pub(crate) use cat;
+
+impl fmt::Display for Fixed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Fixed(x, decimals) = *self;
+        let mut buf = [0u8; 48];
+        match Fixed::fast(x, decimals, &mut buf) {
+            Some((at, negative)) => write_buf(f, negative, &buf[at..]),
+            None => write!(f, "{x:.decimals$}"),
+        }
     }
 }
 
@@ -138,6 +208,13 @@ mod tests {
             any::<f64>(),
         ], d in 0usize..=6) {
             prop_assert_eq!(Fixed(x, d).to_string(), format!("{x:.d$}"));
+        }
+
+        #[test]
+        fn pushed_text_equals_display(x in prop_oneof![-1e6f64..1e6, any::<f64>()], d in 0usize..=6, n in any::<u32>()) {
+            let mut s = String::from("x");
+            cat!(&mut s; "a ", Fixed(x, d), " b ", Short(x), " c ", n);
+            prop_assert_eq!(s, format!("xa {} b {} c {n}", Fixed(x, d), Short(x)));
         }
 
         #[test]

@@ -26,11 +26,12 @@ use streamscale_engine::spec::{AutoscalerSpec, JobSpec};
 
 use super::ModelError;
 use super::estimate::{OperatorEstimate, estimate_indexed};
-use super::fmtfast::{Fixed, Short};
+use super::fmtfast::{Fixed, Short, cat};
 use super::learn::{Observed, ScalabilityTracker};
 use super::network::Topology;
 use super::queueing::{
-    QueueKind, TailNode, operator_sojourn_time, sojourn_quantile_bound_from, sojourn_quantile_upper,
+    QueueKind, TailBudget, TailNode, operator_sojourn_time, sojourn_quantile_bound_in,
+    sojourn_quantile_upper_in,
 };
 use super::sample::MetricSample;
 use allocate::{Allocated, LatencyState};
@@ -566,8 +567,9 @@ pub(crate) struct Model {
     /// Records arriving at once at each window boundary from bursty windowed upstream
     /// operators: Σ over them of (their output rate × their period), records.
     burst_in: Vec<f64>,
-    /// Per-operator tail budget of the union bound, (1 − percentile) / depth.
-    eps: f64,
+    /// Per-operator tail budget of the union bound, (1 − percentile) / depth, with its
+    /// logarithms for the quantile bounds.
+    budget: TailBudget,
     spec_parallelism: Vec<u32>,
     /// Keyed operators: estimated share of the input per key group (sums to 1); `None` for
     /// shared-queue operators.
@@ -764,7 +766,7 @@ impl Model {
         }
         let eps = (1.0 - s.percentile) / f64::from(graph.depth);
         Ok(Model {
-            eps,
+            budget: TailBudget::new(eps),
             lambda_smooth,
             burst_in,
             graph,
@@ -809,11 +811,20 @@ impl Model {
     /// Applies what the tracker learned: each operator's scalability factor (non-finite or
     /// non-positive factors are ignored) and its ineffective-scaling flag.
     pub(crate) fn apply_learned(&mut self, learned: &ScalabilityTracker) {
-        for i in 0..self.graph.topo.len() {
-            let name = &self.graph.topo.names[i];
-            let f = learned.factor(name);
+        // The tracker's maps and the graph's `by_name` are both in name order: one merge
+        // finds every operator's entries (what `factor` and `is_ineffective` look up).
+        let graph = Arc::clone(&self.graph);
+        let mut factors = learned.factors.iter().peekable();
+        let mut flagged = learned.ineffective.keys().peekable();
+        for &i in &graph.by_name {
+            let name = graph.topo.names[i].as_str();
+            while factors.next_if(|(k, _)| k.as_str() < name).is_some() {}
+            while flagged.next_if(|k| k.as_str() < name).is_some() {}
+            let f = factors
+                .next_if(|(k, _)| k.as_str() == name)
+                .map_or(1.0, |(_, &f)| f);
             self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
-            self.frozen[i] = learned.is_ineffective(name);
+            self.frozen[i] = flagged.next_if(|k| k.as_str() == name).is_some();
         }
         for m in self.tail_memo.borrow_mut().iter_mut() {
             m.len = 0;
@@ -971,7 +982,7 @@ impl Model {
     }
 
     /// An upper bound on [`Model::tail`] that skips the quantile's root finding (the
-    /// quantile's starting bracket end, [`sojourn_quantile_upper`]): the same terms added in
+    /// quantile's starting bracket end, [`super::queueing::sojourn_quantile_upper`]): the same terms added in
     /// the same order to a term that is at least the quantile, so never below `tail(i, p)`.
     fn tail_upper(&self, i: usize, p: u32) -> f64 {
         if p <= TAIL_MEMO_MAX
@@ -986,7 +997,7 @@ impl Model {
         if self.overloaded(i, p, mu) {
             return f64::INFINITY;
         }
-        sojourn_quantile_upper(self.tail_node(i, p, mu), self.s.ca, self.s.cs, self.eps)
+        sojourn_quantile_upper_in(self.tail_node(i, p, mu), self.s.ca, self.s.cs, &self.budget)
             + window
             + self.drain(i, p, mu)
     }
@@ -1020,7 +1031,7 @@ impl Model {
         }
         let node = self.tail_node(i, p, mu);
         let start = self.quantile_start(i, p);
-        sojourn_quantile_bound_from(node, self.s.ca, self.s.cs, self.eps, start)
+        sojourn_quantile_bound_in(node, self.s.ca, self.s.cs, &self.budget, start)
             + window
             + self.drain(i, p, mu)
     }
@@ -1111,10 +1122,9 @@ impl Model {
             p -= 1;
         }
         if explain && p != from {
-            let _ = write!(
-                why,
-                "; key groups: the busiest subtask takes {:.1}% of the input at p={p} → p={p}",
-                share * 100.0
+            cat!(why;
+                "; key groups: the busiest subtask takes ", Fixed(share * 100.0, 1),
+                "% of the input at p=", p, " → p=", p
             );
         }
         p
@@ -1297,14 +1307,9 @@ impl Model {
             if explain {
                 // Room for the clauses appended below in one allocation.
                 why[i] = String::with_capacity(256);
-                let _ = write!(
-                    why[i],
-                    "DS2: λ_target {} rec/s / (ρ_target {} × μ {} rec/s) = {} → p={}",
-                    fmt_rate(lambda),
-                    Fixed(rho_t, 2),
-                    fmt_rate(mu),
-                    Fixed(x, 2),
-                    need_u
+                cat!(&mut why[i];
+                    "DS2: λ_target ", fmt_rate(lambda), " rec/s / (ρ_target ", Fixed(rho_t, 2),
+                    " × μ ", fmt_rate(mu), " rec/s) = ", Fixed(x, 2), " → p=", need_u
                 );
             }
             // Above the current parallelism μ is corrected by the learned scalability factor.
@@ -1324,11 +1329,9 @@ impl Model {
                     (needf as u32).max(cur.saturating_add(1))
                 };
                 if explain {
-                    let _ = write!(
-                        why[i],
-                        "; scalability factor {} (μ {} rec/s per subtask above p={cur}) → p={need_u}",
-                        Fixed(f, 2),
-                        fmt_rate(mu_size)
+                    cat!(&mut why[i];
+                        "; scalability factor ", Fixed(f, 2), " (μ ", fmt_rate(mu_size),
+                        " rec/s per subtask above p=", cur, ") → p=", need_u
                     );
                 }
             }
@@ -1352,11 +1355,10 @@ impl Model {
                 && rho_cur <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
             {
                 if explain {
-                    let _ = write!(
-                        why[i],
-                        "; ρ={} at the current p={cur} is within the scale-up tolerance ({}% above ρ_target): keeps p={cur} unless the latency SLO needs more",
-                        Fixed(rho_cur, 3),
-                        Fixed(100.0 * SCALE_UP_TOLERANCE, 0)
+                    cat!(&mut why[i];
+                        "; ρ=", Fixed(rho_cur, 3), " at the current p=", cur,
+                        " is within the scale-up tolerance (", Fixed(100.0 * SCALE_UP_TOLERANCE, 0),
+                        "% above ρ_target): keeps p=", cur, " unless the latency SLO needs more"
                     );
                 }
                 need_u = cur;
@@ -1490,26 +1492,27 @@ impl Model {
                     )),
                     Allocated::Met => {}
                 }
-                let list: Vec<String> = (0..n)
-                    .filter(|&i| added[i] > 0)
-                    .map(|i| format!("{} +{}", self.name(i), added[i]))
-                    .collect();
+                let mut list = String::new();
+                for i in (0..n).filter(|&i| added[i] > 0) {
+                    if !list.is_empty() {
+                        list.push_str(", ");
+                    }
+                    cat!(&mut list; self.name(i), " +", added[i]);
+                }
                 if !list.is_empty() {
                     reasons.push(format!(
                         "latency: {} bound {:.4} s at utilization-sized parallelism exceeds the SLO {} s; greedy marginal allocation added {} → {:.4} s",
                         self.percentile_label(),
                         before,
                         self.s.slo,
-                        list.join(", "),
+                        list,
                         lat
                     ));
                 }
                 for i in 0..n {
                     if added[i] > 0 {
-                        let _ = write!(
-                            why[i],
-                            "; +{} for the latency SLO (greedy marginal allocation) → p={}",
-                            added[i], p[i]
+                        cat!(&mut why[i];
+                            "; +", added[i], " for the latency SLO (greedy marginal allocation) → p=", p[i]
                         );
                     }
                 }
@@ -1749,11 +1752,30 @@ impl Model {
 /// [⌈jK/q⌉, ⌈(j+1)K/q⌉), Flink's contiguous assignment ([`key_group_range`]); each range
 /// starts where the previous one ended, so one division per subtask.
 fn busiest_range_load(prefix: &[f64], q: u32, k: u32) -> f64 {
+    if q == 0 {
+        return 0.0;
+    }
+    busiest_of_ranges(prefix, q, k, 0, u64::from(q) - 1)
+}
+
+/// The largest load of subtasks `first..=last`'s key-group ranges (q ≥ 1 subtasks over k key
+/// groups, see [`busiest_range_load`]). The range boundaries ⌈jK/q⌉ are stepped without a
+/// division: with K = d·q + r, ⌈(j+1)K/q⌉ = ⌈jK/q⌉ + d + (1 when the remainder of jK + q − 1
+/// plus r reaches q).
+fn busiest_of_ranges(prefix: &[f64], q: u32, k: u32, first: u64, last: u64) -> f64 {
     let (k64, q64) = (u64::from(k), u64::from(q));
-    let mut start = 0usize;
+    let (d, r) = ((k64 / q64) as usize, k64 % q64);
+    let b = first * k64 + q64 - 1;
+    let mut start = (b / q64) as usize;
+    let mut rem = b % q64;
     let mut share = 0.0;
-    for j in 1..=q64 {
-        let end = (j * k64).div_ceil(q64) as usize;
+    for _ in first..=last {
+        rem += r;
+        let carry = rem >= q64;
+        if carry {
+            rem -= q64;
+        }
+        let end = start + d + usize::from(carry);
         share = f64::max(share, prefix[end] - prefix[start]);
         start = end;
     }
@@ -1761,7 +1783,7 @@ fn busiest_range_load(prefix: &[f64], q: u32, k: u32) -> f64 {
 }
 
 /// How many subtask ranges [`busiest_range_load_over`] looks at, at most.
-const PROBE_RANGES: u64 = 3;
+const PROBE_RANGES: u64 = 6;
 
 /// [`busiest_range_load`] over only a few of the subtask ranges that overlap key groups [a, b)
 /// (a < b ≤ k; the subtasks ⌊a·q/k⌋ ..= ⌊(b − 1)·q/k⌋ own them): at most [`PROBE_RANGES`]
@@ -1779,14 +1801,7 @@ fn busiest_range_load_over(prefix: &[f64], q: u32, k: u32, a: u32, b: u32) -> f6
         first = mid.saturating_sub(PROBE_RANGES / 2).max(first);
         last = (first + PROBE_RANGES - 1).min(last);
     }
-    let mut start = (first * k64).div_ceil(q64) as usize;
-    let mut share = 0.0;
-    for j in first + 1..=last + 1 {
-        let end = (j * k64).div_ceil(q64) as usize;
-        share = f64::max(share, prefix[end] - prefix[start]);
-        start = end;
-    }
-    share
+    busiest_of_ranges(prefix, q, k, first, last)
 }
 
 /// The first run [a, b) of equal largest entries of `load` (the key groups of the most loaded

@@ -272,7 +272,44 @@ pub fn sojourn_quantile_bound_from(
     eps: f64,
     start: f64,
 ) -> f64 {
-    let (c, theta, m, mut hi) = match quantile_bracket(node, arrival_cv, service_cv, eps) {
+    sojourn_quantile_bound_in(node, arrival_cv, service_cv, &TailBudget::new(eps), start)
+}
+
+/// A tail budget ε with the logarithms the quantile bound takes of it, computed once for the
+/// many bounds at the same ε (the same values, so the same results bit for bit).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TailBudget {
+    eps: f64,
+    /// ln ε.
+    ln_eps: f64,
+    /// ln(1/ε).
+    ln_1_eps: f64,
+    /// ln(2/ε).
+    ln_2_eps: f64,
+}
+
+impl TailBudget {
+    /// The budget `eps` (a probability; out-of-range values give the bounds' edge results).
+    pub fn new(eps: f64) -> TailBudget {
+        TailBudget {
+            eps,
+            ln_eps: eps.ln(),
+            ln_1_eps: (1.0 / eps).ln(),
+            ln_2_eps: (2.0 / eps).ln(),
+        }
+    }
+}
+
+/// [`sojourn_quantile_bound_from`] at a precomputed [`TailBudget`].
+pub fn sojourn_quantile_bound_in(
+    node: TailNode,
+    arrival_cv: f64,
+    service_cv: f64,
+    budget: &TailBudget,
+    start: f64,
+) -> f64 {
+    let eps = budget.eps;
+    let (c, theta, m, mut hi) = match quantile_bracket(node, arrival_cv, service_cv, budget) {
         Bracket::Done(t) => return t,
         Bracket::Solve { c, theta, m, hi } => (c, theta, m, hi),
     };
@@ -292,7 +329,7 @@ pub fn sojourn_quantile_bound_from(
         ((1.0 - c) * em + c * h, -(1.0 - c) * m * em + c * dh)
     };
     let mut lo = 0.0;
-    let target = eps.ln();
+    let target = budget.ln_eps;
     let mut t = if start > 0.0 && start < hi { start } else { hi };
     for _ in 0..100 {
         let (p, dp) = tail(t);
@@ -334,7 +371,13 @@ enum Bracket {
     Solve { c: f64, theta: f64, m: f64, hi: f64 },
 }
 
-fn quantile_bracket(node: TailNode, arrival_cv: f64, service_cv: f64, eps: f64) -> Bracket {
+fn quantile_bracket(
+    node: TailNode,
+    arrival_cv: f64,
+    service_cv: f64,
+    budget: &TailBudget,
+) -> Bracket {
+    let eps = budget.eps;
     let (lambda, mu, servers) = (node.lambda, node.mu, node.servers);
     if !(mu > 0.0 && mu.is_finite()) || eps.is_nan() || eps <= 0.0 || unstable(lambda, mu, servers)
     {
@@ -353,9 +396,9 @@ fn quantile_bracket(node: TailNode, arrival_cv: f64, service_cv: f64, eps: f64) 
         (0.0, f64::INFINITY)
     };
     if c <= 0.0 || !theta.is_finite() {
-        return Bracket::Done((1.0 / eps).ln() / m);
+        return Bracket::Done(budget.ln_1_eps / m);
     }
-    let hi = ((2.0 * c / eps).ln() / theta).max(0.0) + (2.0 / eps).ln() / m;
+    let hi = ((2.0 * c / eps).ln() / theta).max(0.0) + budget.ln_2_eps / m;
     Bracket::Solve { c, theta, m, hi }
 }
 
@@ -364,7 +407,17 @@ fn quantile_bracket(node: TailNode, arrival_cv: f64, service_cv: f64, eps: f64) 
 /// which the root finding only ever lowers, so the result is never below the quantile bound
 /// (bit for bit; equal where that one needs no root finding). A few times cheaper.
 pub fn sojourn_quantile_upper(node: TailNode, arrival_cv: f64, service_cv: f64, eps: f64) -> f64 {
-    match quantile_bracket(node, arrival_cv, service_cv, eps) {
+    sojourn_quantile_upper_in(node, arrival_cv, service_cv, &TailBudget::new(eps))
+}
+
+/// [`sojourn_quantile_upper`] at a precomputed [`TailBudget`].
+pub fn sojourn_quantile_upper_in(
+    node: TailNode,
+    arrival_cv: f64,
+    service_cv: f64,
+    budget: &TailBudget,
+) -> f64 {
+    match quantile_bracket(node, arrival_cv, service_cv, budget) {
         Bracket::Done(t) => t,
         Bracket::Solve { hi, .. } => hi.max(0.0),
     }
