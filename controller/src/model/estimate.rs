@@ -189,7 +189,9 @@ fn subtasks<'a>(
 
 /// Whether a counter or gauge value passes [`check_value`]: finite and non-negative.
 fn valid(value: f64) -> bool {
-    value.is_finite() && value >= 0.0
+    // Finite and ≥ 0: +0 up to the largest finite value, or −0.
+    let bits = value.to_bits();
+    bits < f64::INFINITY.to_bits() || bits == (-0.0f64).to_bits()
 }
 
 /// Whether every counter of `s` and its queue length pass [`check_value`].
@@ -464,6 +466,23 @@ edges:
             Synth::op("map", 2, 100.0, 62.5, 0.5),
             Synth::op("sink", 1, 50.0, 250.0, 0.0),
         ]
+    }
+
+    #[test]
+    fn valid_is_finite_and_not_negative() {
+        for x in [0.0, -0.0, 1.0, f64::MAX, f64::MIN_POSITIVE, 5e-324] {
+            assert!(valid(x), "{x}");
+        }
+        for x in [
+            -1.0,
+            -5e-324,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+        ] {
+            assert!(!valid(x), "{x}");
+        }
     }
 
     #[test]

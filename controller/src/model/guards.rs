@@ -494,7 +494,7 @@ impl Autoscaler {
                     plan.reason.push_str(note);
                 }
             }
-            model.refresh(&mut d);
+            model.refresh_planned(&mut d);
             d.reasons
                 .extend(notes.iter().map(|(op, n)| format!("{op}: {n}")));
             d.reasons.push(worth);

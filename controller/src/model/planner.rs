@@ -589,6 +589,11 @@ pub(crate) struct Model {
     /// Learned scalability factor per operator (1 = linear scaling), applied to μ at
     /// parallelisms above the current one (see [`super::learn`]).
     factor: Vec<f64>,
+    /// Whether the targets included the rescale's downtime backlog when [`Model::decision`]
+    /// last assembled a decision (`None`: none yet): while they still do, that decision's
+    /// predictions for an operator at an unchanged parallelism are what [`Model::refresh`]
+    /// would recompute.
+    decided_with: std::cell::Cell<Option<bool>>,
     /// Operators flagged for ineffective scaling: never sized above their current parallelism,
     /// and their sojourn is left out of the latency allocation so that no other operator is
     /// scaled to make up for them.
@@ -786,6 +791,7 @@ impl Model {
             tail_memo: std::cell::RefCell::new(vec![TailRow::default(); n]),
             kg_load,
             factor: vec![1.0; n],
+            decided_with: std::cell::Cell::new(None),
             frozen: vec![false; n],
         })
     }
@@ -1534,6 +1540,7 @@ impl Model {
     ) -> Decision {
         let n = self.graph.topo.len();
         let g = &*self.graph;
+        self.decided_with.set(Some(self.with_downtime));
         // Every map is built from its entries in name order (the graph's `by_name`): the
         // collection then finds them sorted instead of sorting or inserting one by one.
         let mut why = why;
@@ -1715,8 +1722,12 @@ impl Model {
         self.gamma.iter().sum()
     }
 
-    /// Recomputes every prediction of `d` after its `parallelism` was edited (by the guards).
-    pub(crate) fn refresh(&self, d: &mut Decision) {
+    /// Recomputes every prediction of `d`, the decision [`Model::plan`] of this model returned,
+    /// after its `parallelism` was edited (by the guards). An operator whose parallelism is
+    /// unchanged keeps its predictions while the targets are those they were made with
+    /// (recomputing them would give the same values).
+    pub(crate) fn refresh_planned(&self, d: &mut Decision) {
+        let same = self.decided_with.get() == Some(self.with_downtime);
         let g = &self.graph;
         if g.keys_match(&d.operators) && g.keys_match(&d.parallelism) {
             for ((plan, &p), &i) in d
@@ -1725,6 +1736,9 @@ impl Model {
                 .zip(d.parallelism.values())
                 .zip(&g.by_name)
             {
+                if same && plan.parallelism == p {
+                    continue;
+                }
                 plan.parallelism = p;
                 plan.predicted_utilization = self.predicted_rho(i, p);
                 plan.predicted_sojourn_seconds = self.sojourn(i, p);
