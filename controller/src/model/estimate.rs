@@ -145,6 +145,12 @@ pub(crate) fn estimate_indexed(
     for (k, sample) in window.iter().enumerate() {
         let mut theirs = sample.operators.iter().peekable();
         for (name, &i) in &topo.index {
+            // Equal names first (the common case: one comparison), then skip the sample's
+            // operators that come before this one.
+            if let Some((_, subs)) = theirs.next_if(|(n, _)| *n == name) {
+                table[i * s + k] = Some(subs.as_slice());
+                continue;
+            }
             while theirs
                 .next_if(|(n, _)| n.as_str() < name.as_str())
                 .is_some()

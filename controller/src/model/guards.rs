@@ -378,8 +378,12 @@ impl Autoscaler {
                 .pending_scale_downs
                 .retain(|k, _| guarded.contains_key(k));
         }
+        // `guarded` and `planned.current` are both in name order: one merge finds each
+        // operator's current parallelism (what `get` would).
+        let mut currents = planned.current.iter().peekable();
         for (name, new) in guarded.iter_mut() {
-            let Some(&cur) = planned.current.get(name) else {
+            while currents.next_if(|(k, _)| *k < name).is_some() {}
+            let Some((_, &cur)) = currents.next_if(|(k, _)| *k == name) else {
                 continue;
             };
             if *new >= cur {

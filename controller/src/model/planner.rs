@@ -291,6 +291,9 @@ pub(crate) struct JobGraph {
     fwd_out: Vec<u32>,
     /// Operator indices in name order (the order of a [`Decision`]'s maps).
     by_name: Vec<usize>,
+    /// The index of each of the spec's operators, in the spec's order (the same for every spec
+    /// the graph [matches](JobGraph::matches)).
+    spec_order: Vec<Option<usize>>,
     /// What the graph was built from: per operator (name, kind, keyed, scaling min, max) in
     /// spec order, the edges, and maxParallelism.
     key: GraphKey,
@@ -371,6 +374,11 @@ impl JobGraph {
         let (fwd_out_at, fwd_out) = csr(&topo.outputs, |i, k| k > i);
         let mut by_name: Vec<usize> = (0..n).collect();
         by_name.sort_by(|&a, &b| topo.names[a].cmp(&topo.names[b]));
+        let spec_order = spec
+            .operators
+            .iter()
+            .map(|o| topo.index.get(&o.name).copied())
+            .collect();
         Ok(JobGraph {
             topo,
             kind,
@@ -384,6 +392,7 @@ impl JobGraph {
             fwd_out_at,
             fwd_out,
             by_name,
+            spec_order,
             key,
         })
     }
@@ -684,9 +693,18 @@ impl Model {
         let (_, est) = estimate_indexed(topo, window, arrival_scale)?;
         let n = topo.len();
         let mut spec_parallelism = vec![1; n];
-        for op in &spec.operators {
-            if let Some(&i) = topo.index.get(&op.name) {
-                spec_parallelism[i] = op.parallelism;
+        if graph.spec_order.len() == spec.operators.len() {
+            // The graph matches the spec: its operators by position, without name lookups.
+            for (op, &i) in spec.operators.iter().zip(&graph.spec_order) {
+                if let Some(i) = i {
+                    spec_parallelism[i] = op.parallelism;
+                }
+            }
+        } else {
+            for op in &spec.operators {
+                if let Some(&i) = topo.index.get(&op.name) {
+                    spec_parallelism[i] = op.parallelism;
+                }
             }
         }
         let gamma: Vec<f64> = est
