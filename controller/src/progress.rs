@@ -26,6 +26,15 @@ pub fn format_seconds(seconds: f64) -> String {
     }
 }
 
+/// Formats a rate in records/s: whole numbers from 10, two decimals below (`812`, `0.25`).
+fn format_rate(rate: f64) -> String {
+    if rate >= 10.0 {
+        format!("{rate:.0}")
+    } else {
+        format!("{rate:.2}")
+    }
+}
+
 /// One progress line for an interval, operators in `order` (topological order); the trace
 /// time is shown as the offset from `trace_start_s` (the trace's `startSeconds`), e.g.
 /// `t=  42s trace=+4h12m in=812 rec/s | source=1 parse=1 enrich=6(ρ0.71) sink=1 | backlog=120 | p99=0.080s (SLO 1.0s)`.
@@ -131,6 +140,59 @@ pub fn rescale_started_line(t_s: f64, change: &str, reason: &str) -> String {
 /// apply: `t= 123s WOULD RESCALE enrich 4→6 (--no-autoscale) | reason`.
 pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String {
     format!("t={t_s:>4.0}s WOULD RESCALE {change} (--no-autoscale) | {reason}")
+}
+
+/// Operators the plan `decision` holds at their largest parallelism although they cannot take
+/// their load there (predicted utilization ρ = λ / (p · μ) above 1, so their input queue and
+/// the sources' backlog grow), by name; empty when every operator can keep up.
+pub fn overloaded_at_max(decision: &crate::model::Decision) -> Vec<String> {
+    decision
+        .operators
+        .iter()
+        .filter(|(_, o)| {
+            o.parallelism >= o.max_parallelism
+                && o.predicted_utilization.is_some_and(|rho| rho > 1.0)
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// The line printed when operators ([`overloaded_at_max`]) start being held at their largest
+/// parallelism: `t=  42s AT LIMIT lookup=1 (its max): λ 400 rec/s > 1 × μ 195 rec/s (ρ 2.05);
+/// holding there, the backlog grows by ~205 rec/s`; `None` for no operator.
+pub fn at_limit_line(
+    t_s: f64,
+    decision: &crate::model::Decision,
+    names: &[String],
+) -> Option<String> {
+    let parts: Vec<String> = names
+        .iter()
+        .filter_map(|name| {
+            let o = decision.operators.get(name)?;
+            let mu = o.true_processing_rate?;
+            let rho = o.predicted_utilization?;
+            let capacity = f64::from(o.parallelism) * mu;
+            Some(format!(
+                "{name}={} (its max): λ {} rec/s > {} × μ {} rec/s (ρ {rho:.2}), falls behind by ~{} rec/s",
+                o.parallelism,
+                format_rate(o.arrival_rate),
+                o.parallelism,
+                format_rate(mu),
+                format_rate((o.arrival_rate - capacity).max(0.0)),
+            ))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "t={t_s:>4.0}s AT LIMIT {}; holding there (raise scaling.max or maxParallelism, or set autoscaler.limits.onLimit: shed)",
+            parts.join("; ")
+        )
+    })
+}
+
+/// The line printed when no operator is held overloaded at its limit any more.
+pub fn within_limits_line(t_s: f64) -> String {
+    format!("t={t_s:>4.0}s WITHIN LIMITS again: every operator can take its load")
 }
 
 /// The line printed when a rescale finished: `t= 123s RESCALED enrich 4→6 in 2.31s (downtime)`.

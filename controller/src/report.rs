@@ -163,6 +163,13 @@ pub struct Summary {
     pub slo_violation_seconds: f64,
     /// Seconds in which no record reached a sink.
     pub no_output_seconds: f64,
+    /// Records due at the sources (by their rate or trace) but not emitted when the run
+    /// stopped: the sources' backlog in the last metric interval. A trace whose window is over
+    /// gets up to 120 s to drain it; a constant or stepped rate has no end, so a run cut at
+    /// `--duration` while behind leaves it here (never emitted, so not part of
+    /// `records_emitted`).
+    #[serde(default)]
+    pub source_backlog_at_end: f64,
     /// Parallelism at the start.
     pub initial_parallelism: BTreeMap<String, u32>,
     /// Parallelism at the end.
@@ -386,6 +393,7 @@ mod tests {
             mean_parallelism: 5.0,
             slo_violation_seconds: 2.0,
             no_output_seconds: 0.0,
+            source_backlog_at_end: 0.0,
             initial_parallelism: BTreeMap::new(),
             final_parallelism: BTreeMap::new(),
             rescales: vec![RescaleRecord {

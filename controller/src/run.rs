@@ -932,6 +932,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let mut failure: Option<String> = None;
         let mut scrape_failures = 0;
         let mut waiting_for_backlog = false;
+        // Operators last reported as held overloaded at their max ([`progress::at_limit_line`]).
+        let mut at_limit: Vec<String> = Vec::new();
         let mut engine_changed = false;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -1096,6 +1098,24 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     && let Ok(n) = get_shed(&self.client, &engine.base_url).await
                 {
                     self.shed_now = n;
+                }
+            }
+            // Operators held overloaded at their largest parallelism: said once when that
+            // starts (and when it ends), since no rescale line will explain the growing backlog.
+            // With load shedding the SHED line says it instead.
+            let plan_now = match &verdict {
+                Verdict::Rescale(d) => Some(d),
+                Verdict::Hold { recommendation, .. } => recommendation.as_ref(),
+            };
+            if let Some(d) = plan_now.filter(|_| !shedding) {
+                let overloaded = progress::overloaded_at_max(d);
+                if overloaded != at_limit {
+                    if let Some(line) = progress::at_limit_line(now_s, d, &overloaded) {
+                        print(&line);
+                    } else if overloaded.is_empty() {
+                        print(&progress::within_limits_line(now_s));
+                    }
+                    at_limit = overloaded;
                 }
             }
             let h = autoscaler.rate_history();
@@ -1362,6 +1382,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             mean_parallelism: self.accounting.mean_parallelism(),
             slo_violation_seconds: self.accounting.slo_violation_seconds,
             no_output_seconds: self.accounting.no_output_seconds,
+            source_backlog_at_end: self.rows.last().map_or(0.0, |r| r.backlog),
             initial_parallelism: initial.clone(),
             final_parallelism: final_parallelism.clone(),
             downtime_s: self

@@ -192,3 +192,40 @@ fn the_totals_cover_the_last_partial_interval_and_the_final_stop() {
         "{s}"
     );
 }
+
+#[test]
+fn an_operator_overloaded_at_its_max_is_reported_and_the_unemitted_backlog_is_counted() {
+    // `work` takes at most ~500 records/s (2 ms of CPU each) and may not scale past 1; the
+    // source offers 1500 records/s, a constant rate with no end to drain towards.
+    let job = "name: capped
+operators:
+  - { name: source, kind: source, keys: 100, rate: { constant: 1500 } }
+  - { name: work, kind: map, cpu: 2000, scaling: { max: 1 } }
+  - { name: sink, kind: sink }
+edges:
+  - { from: source, to: work }
+  - { from: work, to: sink }
+";
+    let (_dir, job, report) = fixtures::job_dir(job);
+    let out = fixtures::streamscale_run_fast(&job, &report, &["--duration", "6"])
+        .output()
+        .expect("streamscale run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let at_limit: Vec<&str> = stdout.lines().filter(|l| l.contains("AT LIMIT")).collect();
+    assert_eq!(at_limit.len(), 1, "said once, when it starts:\n{stdout}");
+    assert!(at_limit[0].contains("work=1 (its max)"), "{stdout}");
+    assert!(at_limit[0].contains("scaling.max"), "{stdout}");
+    let s = summary(&report);
+    let backlog = s["source_backlog_at_end"]
+        .as_f64()
+        .expect("source_backlog_at_end");
+    // ~1000 records/s more than `work` takes for most of 6 s.
+    assert!(backlog > 1000.0, "{s}");
+    assert!(
+        stdout.contains(&format!(
+            "sources' backlog at the end: {backlog:.0} records were due but not emitted"
+        )),
+        "{stdout}"
+    );
+}

@@ -205,14 +205,23 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             let outcome = run::run(&opts, &mut |line: &str| console.line(line)).await?;
             let s = &outcome.summary;
             console.line(&format!(
-                "done in {:.0} s: {} rescale(s) ({} failed), {:.0} subtask·s (mean parallelism {:.2}), p99 above the {} s SLO for {:.0} s; report in {}",
+                "done in {:.0} s: {} rescale(s) ({} failed), {:.0} subtask·s (mean parallelism {:.2}), {} above the {} s SLO for {:.0} s{}; report in {}",
                 s.duration_s,
                 s.rescales.len(),
                 s.failed_rescales.len(),
                 s.parallelism_seconds,
                 s.mean_parallelism,
+                streamscale_controller::progress::percentile_label(s.latency_percentile),
                 s.slo_s,
                 s.slo_violation_seconds,
+                if s.no_output_seconds >= 0.5 * s.duration_s {
+                    format!(
+                        " (no record reached a sink in {:.0} s of it: no latency measured then)",
+                        s.no_output_seconds
+                    )
+                } else {
+                    String::new()
+                },
                 outcome.report_dir.display()
             ));
             if let (Some(e), Some(a), Some(f)) =
@@ -220,6 +229,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             {
                 console.line(&format!(
                     "records: {e} emitted, {a} accounted at sinks, {f} filtered"
+                ));
+            }
+            if s.source_backlog_at_end >= 1.0 {
+                console.line(&format!(
+                    "sources' backlog at the end: {:.0} records were due but not emitted when the run stopped (summary.json: source_backlog_at_end)",
+                    s.source_backlog_at_end
                 ));
             }
             if let Some(failure) = &s.failure {
