@@ -1787,8 +1787,8 @@ fn from_last(rows: &[IntervalStats], initial: &BTreeMap<String, u32>) -> BTreeMa
 }
 
 /// One line explaining a decision: the planner's reason for every operator whose parallelism
-/// changes (`enrich: ...`), then the first job-wide reason (the sources' rates); the bottleneck
-/// when no operator changes.
+/// changes (`enrich: ...`), then the sources' rates (every source's reason, at most three),
+/// else the first job-wide reason; the bottleneck when no operator changes.
 pub fn rescale_reason(decision: &crate::model::Decision) -> String {
     let mut parts: Vec<String> = decision
         .operators
@@ -1812,7 +1812,21 @@ pub fn rescale_reason(decision: &crate::model::Decision) -> String {
     {
         parts.push(b.clone());
     }
-    parts.extend(decision.reasons.iter().take(1).cloned());
+    // The sources' rates (one reason each, first in the list), so that the source whose rate
+    // moved is named whichever it is; at most three, else the job-wide first reason.
+    let sources: Vec<&String> = decision
+        .reasons
+        .iter()
+        .take_while(|r| r.starts_with("source "))
+        .collect();
+    match sources.len() {
+        0 => parts.extend(decision.reasons.iter().take(1).cloned()),
+        1..=3 => parts.extend(sources.into_iter().cloned()),
+        n => {
+            parts.extend(sources.iter().take(3).map(|r| (*r).clone()));
+            parts.push(format!("and {} more sources", n - 3));
+        }
+    }
     if parts.is_empty() {
         "planner decision".to_string()
     } else {
@@ -2147,6 +2161,31 @@ mod tests {
         assert!(e.contains("line 2"), "{e}");
         assert!(e.contains("each key may appear only once"), "{e}");
         assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+    }
+
+    #[test]
+    fn a_rescale_reason_names_every_source_rate() {
+        let decision = |sources: usize| -> crate::model::Decision {
+            let mut reasons: Vec<String> = (0..sources)
+                .map(|k| format!("source s{k}: arrival rate γ={k}00 rec/s"))
+                .collect();
+            reasons.push("latency: p99 bound 0.2 s".into());
+            serde_json::from_value(serde_json::json!({
+                "parallelism": { "m": 2 }, "current": { "m": 1 }, "operators": {},
+                "sources": {}, "predictedLatencySeconds": 0.1, "criticalPath": [],
+                "latencySloSeconds": 1.0, "targetUtilization": 0.7, "reasons": reasons,
+            }))
+            .expect("decision")
+        };
+        let two = rescale_reason(&decision(2));
+        assert!(two.contains("source s0: arrival rate γ=000"), "{two}");
+        assert!(two.contains("source s1: arrival rate γ=100"), "{two}");
+        assert!(!two.contains("latency"), "{two}");
+        let five = rescale_reason(&decision(5));
+        assert!(five.contains("source s2"), "{five}");
+        assert!(!five.contains("source s3"), "{five}");
+        assert!(five.ends_with("and 2 more sources"), "{five}");
+        assert_eq!(rescale_reason(&decision(0)), "latency: p99 bound 0.2 s");
     }
 
     #[test]
