@@ -28,6 +28,9 @@ use crate::nexmark::NexmarkSourceSpec;
 use crate::nexmark::queries::{BidKey, SelectQuery};
 use crate::time::window::WindowSpec;
 
+mod parse_error;
+mod yaml_tree;
+
 /// Default number of key groups (Flink's default lower bound for max parallelism).
 pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 /// Largest number of key groups a job may declare (Flink's upper bound, 2^15).
@@ -766,50 +769,42 @@ impl JobSpec {
     /// Parses YAML without validating the graph.
     ///
     /// # Errors
-    /// The parser's message when the text is not a job spec.
+    /// When the text is not a job spec: `line L column C: FIELD: REASON`, naming the field the
+    /// problem is about (`operators[2] (win).kind`, `operators[0] (src).rate.constant`) and
+    /// pointing at its bad value, at the unknown key, or at the start of the mapping that lacks
+    /// a required field; the parser's own first line when the text is not valid YAML.
     ///
     /// Unknown fields are errors for every operator kind (including `map`, whose kind has no
     /// fields of its own); the message lists the fields common to all kinds too.
     pub fn from_yaml(text: &str) -> Result<JobSpec, String> {
-        let spec: JobSpec = serde_saphyr::from_str(text).map_err(|e| {
-            // The parser's message spans several lines (a source snippet); keep the first,
-            // which names the line, column and reason.
-            let full = e.to_string();
-            let first = full.lines().next().unwrap_or_default();
-            let mut msg = first.strip_prefix("error: ").unwrap_or(first).to_string();
-            // The parser's hint about its own options means nothing to a job file's author.
-            if let Some(m) = msg.strip_suffix(", set DuplicateKeyPolicy in Options if acceptable") {
-                msg = format!("{m} (each key may appear only once in a mapping)");
-            }
-            if let Some(better) = bad_value_in(text, &msg) {
-                msg = better;
-            }
-            if let Some(field) = unknown_field_in(&msg)
-                && operator_keys(text)
-                    .iter()
-                    .any(|(_, _, keys)| keys.iter().any(|k| k == field))
-            {
-                msg.push_str(&format!(
-                    "; every operator also takes {}",
-                    COMMON_OPERATOR_FIELDS.join(", ")
-                ));
-            }
-            msg
-        })?;
+        let spec: JobSpec =
+            serde_saphyr::from_str(text).map_err(|e| parse_error::explain(text, &e))?;
         // `map` has no fields of its own, and serde ignores extra keys on a unit variant of
         // a flattened enum: check them here.
-        for (i, op) in spec.operators.iter().enumerate() {
-            if !matches!(op.kind, OperatorKind::Map) {
+        let maps = spec
+            .operators
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| matches!(op.kind, OperatorKind::Map));
+        let tree = yaml_tree::Node::parse(text);
+        let items = tree.as_ref().and_then(|t| match &t.get("operators")?.kind {
+            yaml_tree::Kind::Seq(items) => Some(items),
+            _ => None,
+        });
+        for (i, op) in maps {
+            let Some(item) = items.and_then(|items| items.get(i)) else {
                 continue;
-            }
-            if let Some((_, _, keys)) = operator_keys(text).into_iter().find(|(j, _, _)| *j == i)
-                && let Some(bad) = keys
-                    .iter()
-                    .find(|k| !COMMON_OPERATOR_FIELDS.contains(&k.as_str()))
-            {
+            };
+            if let Some((key, _)) = item.entries().iter().find(|(k, _)| {
+                k.scalar()
+                    .is_none_or(|k| !COMMON_OPERATOR_FIELDS.contains(&k))
+            }) {
                 return Err(format!(
-                    "operators[{i}] ({}): unknown field `{bad}` for kind `map`, expected one of {}",
+                    "line {} column {}: operators[{i}] ({}): unknown field `{}` for kind `map`, expected one of {}",
+                    key.at.0,
+                    key.at.1,
                     op.name,
+                    key.scalar().unwrap_or(&key.raw),
                     COMMON_OPERATOR_FIELDS.join(", ")
                 ));
             }
@@ -1366,73 +1361,4 @@ fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
         }
         RateSpec::Constant(_) => Ok(()),
     }
-}
-
-/// Rewrites the parser's "line L column C: invalid floating point" (or `invalid u32`, or
-/// "non-finite float ... rejected by the configured policy") to name the field and the
-/// value: `line 4 column 32: operators[1] (m).cpu: expected a number, got "ten"`.
-fn bad_value_in(text: &str, msg: &str) -> Option<String> {
-    let (at, problem) = msg.split_once(": ")?;
-    let mut nums = at.strip_prefix("line ")?.split(" column ");
-    let (line, col): (usize, usize) = (nums.next()?.parse().ok()?, nums.next()?.parse().ok()?);
-    let src = text.lines().nth(line.checked_sub(1)?)?;
-    let (before, after) = src.split_at(src.char_indices().nth(col.checked_sub(1)?)?.0);
-    // The column points at the value, or for an internally tagged enum (`kind`) at its key.
-    let key = match before.trim_end().strip_suffix(':') {
-        Some(key) => key.rsplit(['{', ',', ' ', '-']).next()?.trim(),
-        None if problem.starts_with("unknown variant") => after.split_once(':')?.0.trim(),
-        None => return None,
-    };
-    let value = after.split([',', '}', '#']).next()?.trim();
-    let value = value.trim_matches(['"', '\'']);
-    // The operator whose entry holds the line: the `- ` items of the `operators:` block.
-    let mut op = String::new();
-    if let Some(start) = text.lines().position(|l| l.trim_end() == "operators:")
-        && start < line
-    {
-        let block = text.lines().take(line).skip(start + 1);
-        let i = block.filter(|l| l.trim_start().starts_with("- ")).count();
-        if let Some(i) = i.checked_sub(1) {
-            let name = operator_keys(text).into_iter().find(|(j, _, _)| *j == i);
-            let name = name.map(|(_, n, _)| format!(" ({n})")).unwrap_or_default();
-            op = format!("operators[{i}]{name}.");
-        }
-    }
-    let why = if problem.starts_with("non-finite float") {
-        format!("{value} is not allowed, it must be a finite number")
-    } else if problem.starts_with("invalid u") {
-        format!("expected a whole number >= 0, got \"{value}\"")
-    } else if problem.starts_with("invalid floating point") || problem.starts_with("invalid i") {
-        format!("expected a number, got \"{value}\"")
-    } else if problem.starts_with("unknown variant") {
-        problem.to_string()
-    } else {
-        return None;
-    };
-    Some(format!("{at}: {op}{key}: {why}"))
-}
-
-/// The field named by a serde "unknown field `X`" message.
-fn unknown_field_in(msg: &str) -> Option<&str> {
-    let rest = msg.split("unknown field `").nth(1)?;
-    rest.split('`').next()
-}
-
-/// For each entry of `operators` in the YAML `text`: its index, name and keys (empty when the
-/// text cannot be read generically).
-fn operator_keys(text: &str) -> Vec<(usize, String, Vec<String>)> {
-    let Ok(v) = serde_saphyr::from_str::<serde_json::Value>(text) else {
-        return Vec::new();
-    };
-    let Some(ops) = v.get("operators").and_then(|o| o.as_array()) else {
-        return Vec::new();
-    };
-    ops.iter()
-        .enumerate()
-        .filter_map(|(i, o)| {
-            let m = o.as_object()?;
-            let name = m.get("name").and_then(|n| n.as_str()).unwrap_or_default();
-            Some((i, name.to_string(), m.keys().cloned().collect()))
-        })
-        .collect()
 }

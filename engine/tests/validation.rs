@@ -205,3 +205,222 @@ fn an_infinite_rate_is_refused_as_not_finite() {
         assert!(e.contains(field) && e.contains("finite"), "{rate}: {e}");
     }
 }
+
+/// The same operators (each a list of `key: value` entries) as a job in flow style
+/// (`- { k: v, ... }`) and in block style (one key per line).
+fn both_styles(ops: &[&[&str]]) -> [String; 2] {
+    let flow: String = ops
+        .iter()
+        .map(|o| format!("  - {{ {} }}\n", o.join(", ")))
+        .collect();
+    let block: String = ops
+        .iter()
+        .flat_map(|o| {
+            o.iter()
+                .enumerate()
+                .map(|(i, kv)| format!("{}{kv}\n", if i == 0 { "  - " } else { "    " }))
+        })
+        .collect();
+    [flow, block].map(|ops| format!("name: j\noperators:\n{ops}edges: []\n"))
+}
+
+/// `line L column C` of the first `needle` in `text` (1-based, columns in characters).
+fn where_is(text: &str, needle: &str) -> String {
+    let at = text.find(needle).expect("needle in text");
+    let line = text[..at].matches('\n').count() + 1;
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let column = text[line_start..at].chars().count() + 1;
+    format!("line {line} column {column}")
+}
+
+/// Parses `text` (which must fail) and checks that the error starts at the line and column of
+/// `at` (the first occurrence in the text) and then says `want`.
+fn assert_error_at(text: &str, at: &str, want: &str) {
+    let e = problem(text);
+    let pos = where_is(text, at);
+    assert!(
+        e.starts_with(&format!("{pos}: {want}")),
+        "want `{pos}: {want}...`, got `{e}` for:\n{text}"
+    );
+}
+
+#[test]
+fn a_misspelled_kind_is_blamed_on_kind_not_on_the_next_field() {
+    for text in both_styles(&[
+        &["name: src", "kind: source", "rate: { constant: 1 }"],
+        &["name: m", "kind: map"],
+        &["name: win", "kind: windw", "sizeMs: 500", "cpu: 10"],
+    ]) {
+        assert_error_at(
+            &text,
+            "windw",
+            "operators[2] (win).kind: unknown variant `windw`, expected one of source, map,",
+        );
+    }
+    for text in both_styles(&[&["name: src", "kind: sourc", "rate: { constant: 1 }"]]) {
+        assert_error_at(
+            &text,
+            "sourc",
+            "operators[0] (src).kind: unknown variant `sourc`",
+        );
+    }
+    // An operator named like the bad kind: the field whose type takes the listed variants.
+    for text in both_styles(&[&["kind: windw", "name: windw"]]) {
+        assert_error_at(&text, "windw", "operators[0] (windw).kind: unknown variant");
+    }
+}
+
+#[test]
+fn a_misspelled_variant_of_a_nested_enum_names_its_field() {
+    for text in both_styles(&[&[
+        "name: src",
+        "kind: source",
+        "rate: { trace: { file: t.csv, gaps: holdd } }",
+        "keys: 5",
+    ]]) {
+        assert_error_at(
+            &text,
+            "holdd",
+            "operators[0] (src).rate.trace.gaps: unknown variant `holdd`, expected one of hold, zero",
+        );
+    }
+    for text in both_styles(&[&[
+        "name: src",
+        "kind: source",
+        "rate: { constnt: 1 }",
+        "keys: 5",
+    ]]) {
+        assert_error_at(
+            &text,
+            "constnt",
+            "operators[0] (src).rate: unknown variant `constnt`, expected one of constant, steps, trace",
+        );
+    }
+}
+
+#[test]
+fn a_misspelled_field_points_at_its_own_key() {
+    for text in both_styles(&[
+        &["name: src", "kind: source", "rate: { constant: 1 }"],
+        &["name: m", "kind: window", "sizMs: 5", "cpu: 1"],
+    ]) {
+        assert_error_at(
+            &text,
+            "sizMs",
+            "operators[1] (m): unknown field `sizMs`, expected one of sizeMs; every operator also takes name,",
+        );
+    }
+    for text in both_styles(&[&["name: m", "kind: map", "cpux: 4", "io: 1"]]) {
+        assert_error_at(
+            &text,
+            "cpux",
+            "operators[0] (m): unknown field `cpux` for kind `map`",
+        );
+    }
+    let text = "name: j\noperators: []\nedges:\n  - { from: a, t: b }\n";
+    assert_error_at(
+        text,
+        "t: b",
+        "edges[0]: unknown field `t`, expected one of from, to",
+    );
+}
+
+#[test]
+fn a_negative_count_names_the_operator_and_the_field() {
+    for text in both_styles(&[
+        &["name: m", "kind: map"],
+        &[
+            "name: src",
+            "kind: source",
+            "keys: -5",
+            "rate: { constant: 1 }",
+        ],
+    ]) {
+        assert_error_at(
+            &text,
+            "-5",
+            "operators[1] (src).keys: expected a whole number >= 0, got \"-5\"",
+        );
+    }
+    for text in both_styles(&[&["name: w", "kind: window", "sizeMs: -3", "io: 1"]]) {
+        assert_error_at(
+            &text,
+            "-3",
+            "operators[0] (w).sizeMs: expected a whole number >= 0, got \"-3\"",
+        );
+    }
+    // The whole path of a nested field.
+    for text in both_styles(&[&["name: k", "kind: map", "scaling: { min: -3 }"]]) {
+        assert_error_at(
+            &text,
+            "-3",
+            "operators[0] (k).scaling.min: expected a whole number >= 0, got \"-3\"",
+        );
+    }
+}
+
+#[test]
+fn two_rates_at_once_are_named_as_such() {
+    let [flow, _] = both_styles(&[&[
+        "name: src",
+        "kind: source",
+        "rate: { constant: 1, steps: [] }",
+    ]]);
+    let block = "name: j\noperators:\n  - name: src\n    kind: source\n    rate:\n      constant: 1\n      steps: []\nedges: []\n";
+    for (text, at) in [(flow.as_str(), "{ constant"), (block, "constant")] {
+        assert_error_at(
+            text,
+            at,
+            "operators[0] (src).rate: give exactly one of constant, steps, trace (found constant and steps)",
+        );
+    }
+    for text in both_styles(&[&["name: src", "kind: source", "rate: {}"]]) {
+        assert_error_at(
+            &text,
+            "{}",
+            "operators[0] (src).rate: give exactly one of constant, steps, trace (found none)",
+        );
+    }
+}
+
+#[test]
+fn a_missing_field_names_the_operator_that_lacks_it() {
+    for text in both_styles(&[&["name: src", "kind: source", "keys: 4"]]) {
+        let start = if text.contains("- {") {
+            "{ name"
+        } else {
+            "name: src"
+        };
+        assert_error_at(
+            &text,
+            start,
+            "operators[0] (src): missing field `rate` (a source needs `rate`: one of constant, steps, trace)",
+        );
+    }
+    for text in both_styles(&[
+        &["name: m", "kind: map"],
+        &["name: f", "kind: filter", "cpu: 1"],
+    ]) {
+        let start = if text.contains("- {") {
+            "{ name: f"
+        } else {
+            "name: f"
+        };
+        assert_error_at(
+            &text,
+            start,
+            "operators[1] (f): missing field `keep` (a filter needs `keep`)",
+        );
+    }
+}
+
+#[test]
+fn a_non_finite_rate_names_the_whole_path() {
+    for text in both_styles(&[&["name: src", "kind: source", "rate: { constant: .nan }"]]) {
+        assert_error_at(
+            &text,
+            ".nan",
+            "operators[0] (src).rate.constant: .nan is not allowed, it must be a finite number",
+        );
+    }
+}

@@ -51,7 +51,7 @@ fn a_bad_number_in_the_job_names_the_field_and_the_value() {
         ),
         (
             job.replace("constant: 300", "constant: .nan"),
-            "operators[0].constant: .nan is not allowed, it must be a finite number",
+            "operators[0] (source).rate.constant: .nan is not allowed, it must be a finite number",
         ),
         (
             job.replace("maxParallelism: 16", "maxParallelism: lots"),
