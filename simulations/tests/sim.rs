@@ -336,7 +336,10 @@ fn contradictory_or_oversized_options_fail_before_simulating() {
             &["--step", "100000"],
             "--step: 100000 s is longer than the whole replay",
         ),
-        (&["--downtime", "-3"], "downtimeSeconds: -3"),
+        (
+            &["--downtime", "-3"],
+            "--downtime: -3 must be a non-negative",
+        ),
         (
             &["--window", "1", "--interval", "5"],
             "windowSeconds: 1 s must span at least two intervals",
@@ -365,6 +368,39 @@ fn contradictory_or_oversized_options_fail_before_simulating() {
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("--report: cannot create"), "{err}");
     assert!(out.is_empty(), "nothing simulated: {out}");
+}
+
+#[test]
+fn a_bad_flag_is_named_in_its_error() {
+    let job = root().join("examples/jobs/constant.yaml");
+    let job = job.to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        // The job's rate is constant: trace windows do not apply to it.
+        (&[job, "--start", "100"], "--start/--end need a trace"),
+        (&[job, "--end", "50"], "--start/--end need a trace"),
+        (
+            &[job, "--service", "nosuch=100"],
+            "--service: `nosuch` is not an operator of",
+        ),
+        (&[job, "--service", "work=-5"], "--service: `work=-5`"),
+        (&[job, "--seconds-per-mb", "-1"], "--seconds-per-mb: -1"),
+        (
+            &[job, "--sim-config", "/nonexistent/sim.yaml"],
+            "--sim-config",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--policy", "static", "--quiet", "--duration", "10"]);
+        let (code, out, err) = sim(&all);
+        assert_eq!(code, 2, "{args:?}: {out}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: nothing simulated: {out}");
+    }
+    // A missing job file: the reason once, not repeated by its cause.
+    let (code, _, err) = sim(&["/nonexistent/job.yaml", "--quiet"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
 
 #[test]

@@ -122,10 +122,35 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        let msg = format!("{e:#}").replace('\n', " ");
-        eprintln!("error: {msg}");
+        eprintln!("error: {}", error_message(&e));
         std::process::exit(2);
     }
+}
+
+/// The error and its causes on one line, `: `-separated, leaving out a cause whose text the
+/// message already holds (an error that quotes its source would otherwise say it twice).
+fn error_message(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if msg.contains(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg
+}
+
+fn non_negative(name: &str, v: Option<f64>) -> anyhow::Result<()> {
+    if let Some(v) = v
+        && !(v.is_finite() && v >= 0.0)
+    {
+        bail!("{name}: {v} must be a non-negative number of seconds");
+    }
+    Ok(())
 }
 
 fn positive(name: &str, v: Option<f64>) -> anyhow::Result<()> {
@@ -177,7 +202,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let mut cfg = match &a.sim_config {
-        Some(p) => SimConfig::from_file(p)?,
+        Some(p) => SimConfig::from_file(p).context("--sim-config")?,
         None => SimConfig::default(),
     };
     for (name, v) in [
@@ -191,6 +216,8 @@ fn run(a: Args) -> anyhow::Result<()> {
     ] {
         positive(name, v)?;
     }
+    non_negative("--downtime", a.downtime)?;
+    non_negative("--seconds-per-mb", a.seconds_per_mb)?;
     if let Some(v) = a.slo {
         cfg.slo_seconds = Some(v);
     }
@@ -237,17 +264,23 @@ fn run(a: Args) -> anyhow::Result<()> {
                 None => (rest, None),
             };
             let o = cfg.operators.entry(op.trim().to_string()).or_default();
-            o.mean_micros = Some(
-                mean.trim()
-                    .parse()
-                    .with_context(|| format!("--service: `{mean}` is not a number of µs"))?,
-            );
+            let mean_us: f64 = mean
+                .trim()
+                .parse()
+                .with_context(|| format!("--service: `{mean}` is not a number of µs"))?;
+            if !(mean_us.is_finite() && mean_us > 0.0) {
+                bail!("--service: `{item}`: the mean service time {mean_us} µs must be positive");
+            }
+            o.mean_micros = Some(mean_us);
             if let Some(c) = cv {
-                o.cv = Some(
-                    c.trim()
-                        .parse()
-                        .with_context(|| format!("--service: `{c}` is not a CV"))?,
-                );
+                let cv: f64 = c
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("--service: `{c}` is not a CV"))?;
+                if !(cv.is_finite() && cv >= 0.0) {
+                    bail!("--service: `{item}`: the CV {cv} must be a non-negative number");
+                }
+                o.cv = Some(cv);
             }
         }
     }
@@ -264,6 +297,19 @@ fn run(a: Args) -> anyhow::Result<()> {
         Some(g) => bail!("--gaps: `{g}` is not `hold` or `zero`"),
     };
     let mut spec = JobSpec::from_file(&a.job)?;
+    if let Some(list) = &a.service {
+        for op in list.split(',').filter_map(|item| item.split_once('=')) {
+            let op = op.0.trim();
+            if !spec.operators.iter().any(|o| o.name == op) {
+                let names: Vec<&str> = spec.operators.iter().map(|o| o.name.as_str()).collect();
+                bail!(
+                    "--service: `{op}` is not an operator of {} (its operators: {})",
+                    a.job.display(),
+                    names.join(", ")
+                );
+            }
+        }
+    }
     let source = spec
         .operators
         .iter_mut()
@@ -303,9 +349,14 @@ fn run(a: Args) -> anyhow::Result<()> {
             if a.end.is_some() {
                 t.end_seconds = a.end;
             }
-        } else if a.scale.is_some() || a.speedup.is_some() || a.gaps.is_some() {
+        } else if a.scale.is_some()
+            || a.speedup.is_some()
+            || a.gaps.is_some()
+            || a.start.is_some()
+            || a.end.is_some()
+        {
             bail!(
-                "--scale/--speedup/--gaps need a trace (--trace FILE or a trace rate in the job)"
+                "--scale/--speedup/--gaps/--start/--end need a trace (--trace FILE or a trace rate in the job)"
             );
         }
     }
