@@ -786,7 +786,11 @@ impl JobSpec {
             .iter()
             .enumerate()
             .filter(|(_, op)| matches!(op.kind, OperatorKind::Map));
-        let tree = yaml_tree::Node::parse(text);
+        let any_map = spec
+            .operators
+            .iter()
+            .any(|op| matches!(op.kind, OperatorKind::Map));
+        let tree = any_map.then(|| yaml_tree::Node::parse(text)).flatten();
         let items = tree.as_ref().and_then(|t| match &t.get("operators")?.kind {
             yaml_tree::Kind::Seq(items) => Some(items),
             _ => None,

@@ -8,8 +8,10 @@
 //! found in the document's tree ([`super::yaml_tree`]) by what the error names: the value of
 //! an unknown variant, the key of an unknown field, the mapping that lacks a missing field, the
 //! value of a bad number. The search starts in the innermost mapping holding the parser's
-//! location and widens to its parents; among several matches it takes the last one at or
-//! before that location (the error comes after what it is about), else the first.
+//! location and widens to its parents. Among several matches it prefers, for an unknown
+//! variant, a field whose type takes exactly the variants the error lists (so `kind: windw`
+//! wins over `name: windw`); then the last one whose key is at or before that location (the
+//! error comes after what it is about), else the first.
 
 use serde_saphyr::Error;
 
@@ -64,6 +66,7 @@ struct Found {
     path: Vec<Step>,
     /// Where to point: the bad value, the unknown key, or the start of the mapping.
     at: Pos,
+    /// The reason, after the field.
     why: String,
 }
 
@@ -112,6 +115,8 @@ fn original(mut err: &Error) -> &Error {
     err
 }
 
+/// The field the parser's error `err` (at `loc`, saying `problem`) is about, in the tree
+/// `root`, with the reason to give; `None` when it cannot be found or the error names none.
 fn field_of(root: &Node, loc: Pos, err: &Error, problem: &str) -> Option<Found> {
     let found = |Hit { path, at, .. }: Hit, why: String| Found { path, at, why };
     match err {
