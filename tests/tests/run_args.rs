@@ -266,3 +266,26 @@ fn plan_before_the_first_record_is_due_decides_on_no_arrivals() {
         serde_json::from_slice(&out.stdout).expect("decision as JSON");
     assert!(decision.is_object(), "{decision}");
 }
+
+#[test]
+fn plan_against_no_engine_or_the_wrong_path_says_why() {
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let closed = format!("http://127.0.0.1:{port}/metrics");
+    let out = streamscale(dir.path(), &["plan", "job.yaml", "--metrics-url", &closed]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("Connection refused"), "{stderr}");
+    // The engine's address without the /metrics path.
+    let engine = Engine::start(dir.path(), "job.yaml");
+    let base = engine.1.trim_end_matches("/metrics").to_string();
+    let out = streamscale(dir.path(), &["plan", "job.yaml", "--metrics-url", &base]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("HTTP 404"), "{stderr}");
+    assert!(stderr.contains("/metrics"), "{stderr}");
+}
