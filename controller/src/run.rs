@@ -181,11 +181,28 @@ impl PreparedJob {
             .collect()
     }
 
-    /// Operator names in topological order (spec order if the graph were cyclic).
+    /// Operator names in topological order, as close to the job file's order as the edges
+    /// allow (of the operators whose inputs are all listed, the first in the file comes next;
+    /// file order where a cycle leaves no choice), for progress lines and report columns.
     pub fn order(&self) -> Vec<String> {
-        self.spec
-            .topological_order()
-            .unwrap_or_else(|_| self.spec.operators.iter().map(|o| o.name.clone()).collect())
+        let mut left: Vec<&str> = self
+            .spec
+            .operators
+            .iter()
+            .map(|o| o.name.as_str())
+            .collect();
+        let mut order: Vec<String> = Vec::with_capacity(left.len());
+        while !left.is_empty() {
+            let ready = left.iter().position(|name| {
+                self.spec
+                    .edges
+                    .iter()
+                    .filter(|e| e.to == *name)
+                    .all(|e| order.contains(&e.from))
+            });
+            order.push(left.remove(ready.unwrap_or(0)).to_string());
+        }
+        order
     }
 }
 
@@ -2161,6 +2178,25 @@ mod tests {
         assert!(e.contains("line 2"), "{e}");
         assert!(e.contains("each key may appear only once"), "{e}");
         assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+    }
+
+    #[test]
+    fn operators_are_listed_in_file_order_where_the_edges_allow() {
+        let (_dir, opts) = setup(
+            "name: two
+operators:
+  - { name: sink, kind: sink }
+  - { name: a, kind: source, rate: { constant: 10 } }
+  - { name: b, kind: source, rate: { constant: 10 } }
+  - { name: u, kind: map }
+edges:
+  - { from: a, to: u }
+  - { from: b, to: u }
+  - { from: u, to: sink }
+",
+        );
+        let job = prepare_job(&opts).expect("job");
+        assert_eq!(job.order(), ["a", "b", "u", "sink"]);
     }
 
     #[test]
