@@ -414,9 +414,13 @@ fn run(a: Args) -> anyhow::Result<()> {
     })?;
     bar.finish_and_clear();
     println!(
-        "job `{}`: {:.1} h simulated ({} mode, step {} s, SLO {} s{}) in {:.2} s",
+        "job `{}`: {} simulated ({} mode, step {} s, SLO {} s{}) in {:.2} s",
         spec.name,
-        model.duration_s / 3600.0,
+        if model.duration_s < 3600.0 {
+            format!("{:.0} s", model.duration_s)
+        } else {
+            format!("{:.1} h", model.duration_s / 3600.0)
+        },
         summary.mode,
         step,
         model.slo_s,
