@@ -41,6 +41,13 @@ fn missing_recover_dir_is_an_error() {
         "{err}"
     );
     assert!(!missing.exists(), "nothing may be written");
+    // A job without a `checkpoint:` block: the same one line, no warning about the block
+    // before it.
+    let plain = bounded_job(dir.path(), 100, 1000.0);
+    let (code, err) = run(&["--job", &s(&plain), "--recover-from", &s(&missing)]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("no such directory"), "{err}");
 }
 
 #[test]

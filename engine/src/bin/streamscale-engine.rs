@@ -210,6 +210,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         streamscale_engine::state::disk::prepare_dir(&spec.state)
             .map_err(|e| anyhow::anyhow!("{}: state.dir: {e}", args.job.display()))?;
     }
+    if let Some(dir) = &args.recover_from {
+        check_recover_dir(dir)?;
+    }
     if spec.checkpoint.is_none() {
         if let Some(dir) = &args.checkpoint_dir {
             anyhow::bail!(
@@ -221,9 +224,6 @@ fn run(args: Args) -> anyhow::Result<()> {
         if let Some(dir) = &args.recover_from {
             tracing::warn!(dir = %dir.display(), "the job has no `checkpoint:` block: it recovers from this directory but takes no new checkpoints");
         }
-    }
-    if let Some(dir) = &args.recover_from {
-        check_recover_dir(dir)?;
     }
     let checkpoint_dir = args
         .checkpoint_dir
