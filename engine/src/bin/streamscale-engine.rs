@@ -179,7 +179,10 @@ fn exit_on_stdin_eof() {
         }
         // stderr may be a broken pipe now (a killed controller): logging must not stop the exit.
         let _ = std::panic::catch_unwind(|| {
-            tracing::warn!("stdin closed (the controller has gone): exiting");
+            // Also the normal end: the controller closes it when it is done with this engine.
+            tracing::info!(
+                "stdin closed (the controller is done with this engine or has gone): exiting"
+            );
         });
         std::process::exit(1);
     });
