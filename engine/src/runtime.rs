@@ -249,6 +249,24 @@ struct Route {
     next: usize,
 }
 
+/// Most [`Meter::tick`] calls between two clock reads (fast operators: one read per this many
+/// records).
+const MAX_TICKS_PER_CHECK: u32 = 128;
+/// A subtask reads the clock at least this many times per flush interval, however slow its
+/// records (or batches) are, so its metrics are at most 1/this of the interval late.
+const CHECKS_PER_FLUSH: u32 = 8;
+
+/// What [`Meter::tick`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// The clock was not read.
+    Skipped,
+    /// The clock was read; no flush was due.
+    Checked,
+    /// The counters were flushed.
+    Flushed,
+}
+
 /// Time and count accumulators of a subtask, flushed to the registry periodically.
 struct Meter {
     /// Exact counts since this run started, reported with each barrier.
@@ -264,8 +282,18 @@ struct Meter {
     /// Busy time measured since the last flush (chain members only).
     busy: Duration,
     last_flush: Instant,
-    ops_since_check: u32,
+    /// [`Meter::tick`] calls since the clock was last read.
+    ticks: u32,
+    /// Ticks between clock reads, adapted to how long a tick takes ([`Meter::check`]).
+    check_every: u32,
+    /// Ticks until the next clock read: `check_every`, or 0 after a long wait so that the
+    /// next tick reads the clock.
+    check_at: u32,
+    /// When the clock was last read by [`Meter::check`].
+    last_check: Instant,
     flush_interval: Duration,
+    /// Longest time between two clock reads: a flush is at most this late.
+    check_budget: Duration,
     labels: [String; 2],
     metrics: EngineMetrics,
     live: Arc<LiveCounters>,
@@ -279,8 +307,12 @@ impl Meter {
     /// reads the clock only when it blocks. A chain member measures its busy time around the
     /// batches it processes instead, and its idle time is the rest ([`crate::chain`]).
     fn flush(&mut self, queue_len: usize) {
-        let now = Instant::now();
-        let wall = now - self.last_flush;
+        self.flush_at(Instant::now(), queue_len);
+    }
+
+    /// [`Meter::flush`] with the clock read at `now`.
+    fn flush_at(&mut self, now: Instant, queue_len: usize) {
+        let wall = now.saturating_duration_since(self.last_flush);
         if self.chained {
             let busy = self.busy.min(wall);
             self.backpressured = self.backpressured.min(wall - busy);
@@ -325,19 +357,56 @@ impl Meter {
         self.last_flush = now;
     }
 
-    /// Flushes if the flush interval has passed; reads the clock only every 128 calls.
-    fn tick(&mut self, queue_len: impl FnOnce() -> usize) {
-        self.ops_since_check += 1;
-        if self.ops_since_check >= 128 {
-            self.check(queue_len);
+    /// Called once per record (or source batch): flushes if the flush interval has passed,
+    /// reading the clock only every `check_every` calls: [`MAX_TICKS_PER_CHECK`] for
+    /// fast operators, fewer for slow ones so that the clock is read at least
+    /// [`CHECKS_PER_FLUSH`] times per flush interval.
+    #[inline]
+    fn tick(&mut self, queue_len: impl FnOnce() -> usize) -> Check {
+        self.ticks += 1;
+        if self.ticks >= self.check_at {
+            return self.check(queue_len);
         }
+        Check::Skipped
     }
 
-    /// Flushes if the flush interval has passed.
-    fn check(&mut self, queue_len: impl FnOnce() -> usize) {
-        self.ops_since_check = 0;
-        if self.last_flush.elapsed() >= self.flush_interval {
-            self.flush(queue_len());
+    /// Reads the clock and flushes if the flush interval has passed. Sets the number of ticks
+    /// until the next check from the time the ticks since the last check took: as many as fit
+    /// in `check_budget` at that pace, between 1 and [`MAX_TICKS_PER_CHECK`], and at most
+    /// twice as many as before.
+    #[inline(never)]
+    fn check(&mut self, queue_len: impl FnOnce() -> usize) -> Check {
+        let now = Instant::now();
+        if self.ticks > 0 {
+            let since = now.saturating_duration_since(self.last_check);
+            // Down at once, up at most twofold per check: one stretch of quick ticks (a
+            // record that ran no chain) must not stretch the next check over slow ones.
+            let most = self.check_every.saturating_mul(2).min(MAX_TICKS_PER_CHECK);
+            let fit = fit_in_budget(
+                u64::from(self.ticks),
+                since,
+                self.check_budget,
+                u64::from(most),
+            );
+            self.check_every = fit as u32;
+            self.ticks = 0;
+        }
+        self.check_at = self.check_every;
+        self.last_check = now;
+        if now.saturating_duration_since(self.last_flush) >= self.flush_interval {
+            self.flush_at(now, queue_len());
+            return Check::Flushed;
+        }
+        Check::Checked
+    }
+
+    /// Notes a wait of `d` (measured by the caller): after a wait longer than the check budget
+    /// the next tick reads the clock, so that a subtask blocked for long (a full channel, a
+    /// slow chain downstream) still flushes on time.
+    #[inline]
+    fn waited(&mut self, d: Duration) {
+        if d >= self.check_budget {
+            self.check_at = 0;
         }
     }
 
@@ -358,7 +427,7 @@ impl Outputs {
                 meter.totals.records_out += 1;
             }
             next.pending.push(rec);
-            if next.pending.len() >= CHAIN_BATCH {
+            if next.pending.len() >= next.batch {
                 return self.flush(meter);
             }
             return true;
@@ -399,7 +468,9 @@ impl Outputs {
             let t = meter.now();
             let ok = self.chain.as_mut().is_none_or(|next| next.on_event(event));
             if let Some(t) = t {
-                meter.backpressured += t.elapsed();
+                let took = t.elapsed();
+                meter.backpressured += took;
+                meter.waited(took);
             }
             return ok;
         }
@@ -422,6 +493,11 @@ impl Outputs {
     /// Runs the records queued for the rest of the chain (all of it, to the tail), timing
     /// that as this subtask's backpressured time: its output is not accepted until the chain
     /// downstream is done. Returns false if a receiver downstream of the chain is gone.
+    ///
+    /// The time the run took sets the next member's batch size ([`chain_batch`]), so that a
+    /// slow chain runs in batches short enough for every member (and this subtask) to flush
+    /// its metrics on time and for records not to wait behind a long batch.
+    #[inline(never)]
     fn flush(&mut self, meter: &mut Meter) -> bool {
         let Some(next) = &mut self.chain else {
             return true;
@@ -429,16 +505,21 @@ impl Outputs {
         if next.pending.is_empty() {
             return true;
         }
+        let n = next.pending.len();
         let t = meter.now();
         let ok = next.run_pending();
         if let Some(t) = t {
-            meter.backpressured += t.elapsed();
+            let took = t.elapsed();
+            meter.backpressured += took;
+            meter.waited(took);
+            next.batch = chain_batch(n, took, meter.check_budget);
         }
         ok
     }
 
     /// Publishes the chain members' metrics if their flush interval has passed (the head
-    /// calls this when it is about to wait, so members' metrics stay fresh while idle).
+    /// calls this when it is about to wait and whenever it flushed its own, so members'
+    /// metrics stay fresh while idle or while the head is slow).
     fn check_chain(&mut self) {
         let mut next = self.chain.as_deref_mut();
         while let Some(m) = next {
@@ -469,6 +550,31 @@ struct ChainMember {
     ctx: SubtaskContext,
     /// Records (and watermarks) from the upstream member not processed yet, in order.
     pending: Vec<Record>,
+    /// Pending records that make the upstream member run this member: [`CHAIN_BATCH`] for a
+    /// fast chain, fewer for a slow one ([`chain_batch`]); 1 until the first run is timed.
+    batch: usize,
+}
+
+/// The batch size for a chain member whose last run of `n` records (and what it ran
+/// downstream) took `took`: as many records as fit in `budget` at that pace, between 1 and
+/// [`CHAIN_BATCH`].
+fn chain_batch(n: usize, took: Duration, budget: Duration) -> usize {
+    let fit = fit_in_budget(n as u64, took, budget, CHAIN_BATCH as u64);
+    fit as usize
+}
+
+/// How many of `n` steps that took `took` together fit in `budget`, between 1 and `most`.
+/// Integer arithmetic on nanoseconds, with no division when all `most` fit (fast operators).
+#[inline]
+fn fit_in_budget(n: u64, took: Duration, budget: Duration, most: u64) -> u64 {
+    let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let room = u64::try_from(budget.as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(n);
+    if took.saturating_mul(most) <= room {
+        return most;
+    }
+    (room / took).clamp(1, most)
 }
 
 impl ChainMember {
@@ -502,7 +608,9 @@ impl ChainMember {
             }
             ok && m.ctx.outputs.flush(&mut m.ctx.meter)
         });
-        self.ctx.meter.check(|| 0);
+        if self.ctx.meter.check(|| 0) == Check::Flushed {
+            self.ctx.outputs.check_chain();
+        }
         ok
     }
 
@@ -530,7 +638,9 @@ fn send_one(tx: &Sender<Message>, msg: Message, meter: &mut Meter) -> bool {
         Err(TrySendError::Full(msg)) => {
             let t = Instant::now();
             let ok = tx.send(msg).is_ok();
-            meter.backpressured += t.elapsed();
+            let took = t.elapsed();
+            meter.backpressured += took;
+            meter.waited(took);
             ok
         }
         Err(TrySendError::Disconnected(_)) => false,
@@ -564,7 +674,9 @@ fn rebalance(route: &mut Route, mut msg: Message, meter: &mut Meter) -> bool {
     let i = oper.index();
     let ok = oper.send(&route.txs[i], msg).is_ok();
     route.next = (i + 1) % n;
-    meter.backpressured += t.elapsed();
+    let took = t.elapsed();
+    meter.backpressured += took;
+    meter.waited(took);
     ok
 }
 
@@ -748,7 +860,11 @@ impl Job {
                 records_in: 0,
                 records_out: 0,
                 idle: Duration::ZERO,
-                ops_since_check: 0,
+                ticks: 0,
+                check_every: 1,
+                check_at: 1,
+                last_check: Instant::now(),
+                check_budget: options.flush_interval / CHECKS_PER_FLUSH,
                 backpressured: Duration::ZERO,
                 chained,
                 busy: Duration::ZERO,
@@ -874,6 +990,12 @@ impl Job {
                             op,
                             ctx,
                             pending: Vec::with_capacity(CHAIN_BATCH),
+                            // Untimed without metrics: full batches, as before adaptation.
+                            batch: if options.metrics_enabled {
+                                1
+                            } else {
+                                CHAIN_BATCH
+                            },
                         })),
                     };
                 }
@@ -1343,7 +1465,9 @@ impl SourceTask {
                     let t = ctx.meter.now();
                     std::thread::sleep(Duration::from_micros(500));
                     if let Some(t) = t {
-                        ctx.meter.idle += t.elapsed();
+                        let took = t.elapsed();
+                        ctx.meter.idle += took;
+                        ctx.meter.waited(took);
                     }
                     continue;
                 }
@@ -1386,6 +1510,11 @@ impl SourceTask {
                     ctx.meter.flush(0);
                     return ctx.finish(None, Some(err));
                 }
+                // Per record, not per batch: a send may run a slow chain or wait on a full
+                // channel, and the batch then takes long.
+                if ctx.meter.tick(|| 0) == Check::Flushed {
+                    ctx.outputs.check_chain();
+                }
             }
             crate::shed::count_shed(&l, shed);
             let wm = self
@@ -1399,7 +1528,9 @@ impl SourceTask {
                 ctx.meter.flush(0);
                 return ctx.finish(None, Some(err));
             }
-            ctx.meter.tick(|| 0);
+            if ctx.meter.tick(|| 0) == Check::Flushed {
+                ctx.outputs.check_chain();
+            }
         }
         ctx.meter.flush(0);
         if ctx.meter.enabled {
@@ -1530,7 +1661,9 @@ impl OperatorTask {
                         let t = ctx.meter.now();
                         let r = self.rx.recv_timeout(tick);
                         if let Some(t) = t {
-                            ctx.meter.idle += t.elapsed();
+                            let took = t.elapsed();
+                            ctx.meter.idle += took;
+                            ctx.meter.waited(took);
                         }
                         r
                     }
@@ -1563,9 +1696,14 @@ impl OperatorTask {
                         break;
                     }
                     let rx = &self.rx;
-                    ctx.meter.tick(|| rx.len());
+                    let check = ctx.meter.tick(|| rx.len());
+                    if check == Check::Flushed {
+                        ctx.outputs.check_chain();
+                    }
                     since_flush += 1;
-                    if since_flush >= CHAIN_BATCH {
+                    // A slow head reads the clock every few records: run the chain then too,
+                    // so that its records do not wait for a batch of 64 slow records.
+                    if since_flush >= CHAIN_BATCH || check != Check::Skipped {
                         since_flush = 0;
                         if !ctx.outputs.flush(&mut ctx.meter) {
                             error = Some(closed(&ctx));
