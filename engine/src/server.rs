@@ -519,8 +519,14 @@ impl Coordinator {
         if outcome.is_err() {
             job.cancel();
         }
-        let finished = job.join();
-        let mut errors = finished.errors;
+        let Finished {
+            savepoint: final_state,
+            mut errors,
+        } = job.join();
+        // The savepoint was written from the barrier's snapshot; the final state only holds the
+        // disk backend's segment files. Drop it (deleting them) before the status says
+        // `completed`: a controller that then closes stdin makes the process exit at once.
+        drop(final_state);
         match outcome {
             Ok(c) => {
                 tracing::info!(savepoint = id, path = %c.location, "stop-with-savepoint completed");
@@ -604,8 +610,12 @@ impl Coordinator {
             )
         };
         tracing::info!(savepoint = id, status = %status.status, reason = ?status.reason, "savepoint finished");
+        // Written: drop the state (deleting the disk backend's segment files) before the status
+        // is published, as in `complete_stop`.
+        let counters = savepoint.metadata.counters;
+        drop(savepoint.state);
         let mut inner = self.lock();
-        inner.counters = savepoint.metadata.counters.clone();
+        inner.counters = counters;
         inner.state = if errors.is_empty() {
             end_state
         } else {
