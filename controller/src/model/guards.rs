@@ -369,9 +369,10 @@ impl Autoscaler {
             }
         }
 
-        // The guarded parallelism, edited in place of a copy of the plan's (the plan itself is
-        // returned untouched as the recommendation of a hold).
-        let mut guarded = planned.parallelism.clone();
+        // The guarded parallelism, edited in the plan's own map; the plan's values are kept
+        // in name order and put back when the plan is returned as the recommendation of a hold.
+        let recommended: Vec<u32> = planned.parallelism.values().copied().collect();
+        let guarded = &mut planned.parallelism;
         let mut notes = Vec::new();
         if !self.state.pending_scale_downs.is_empty() {
             self.state
@@ -471,18 +472,20 @@ impl Autoscaler {
                 *new = cur;
             }
         }
-        let changed = guarded
+        let changed = planned
+            .parallelism
             .iter()
             .any(|(k, p)| planned.current.get(k) != Some(p));
         let notes: Vec<(String, String)> = notes;
         let worth = if changed {
-            rescale_worth_its_cost(&model, &planned, &guarded, g)
+            rescale_worth_its_cost(&model, &planned, &planned.parallelism, g)
         } else {
             Ok(String::new())
         };
         let worth = match worth {
             Ok(note) => note,
             Err(why) => {
+                restore(&mut planned.parallelism, &recommended);
                 return Verdict::Hold {
                     reason: why,
                     recommendation: Some(planned),
@@ -491,7 +494,6 @@ impl Autoscaler {
         };
         if changed {
             let mut d = planned;
-            d.parallelism = guarded;
             for (op, note) in &notes {
                 if let Some(plan) = d.operators.get_mut(op) {
                     plan.reason.push_str("; guard: ");
@@ -504,6 +506,7 @@ impl Autoscaler {
             d.reasons.push(worth);
             Verdict::Rescale(d)
         } else {
+            restore(&mut planned.parallelism, &recommended);
             Verdict::Hold {
                 reason: if notes.is_empty() {
                     "the plan keeps the current parallelism".to_string()
@@ -515,6 +518,14 @@ impl Autoscaler {
                 recommendation: Some(planned),
             }
         }
+    }
+}
+
+/// Puts the plan's parallelism back into `parallelism` after the guards edited it in place:
+/// `values` are its values in name order from before the edit (the keys are never changed).
+fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
+    for (p, &v) in parallelism.values_mut().zip(values) {
+        *p = v;
     }
 }
 

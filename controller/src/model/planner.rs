@@ -580,15 +580,19 @@ pub(crate) struct Model {
     /// logarithms for the quantile bounds.
     budget: TailBudget,
     spec_parallelism: Vec<u32>,
-    /// Keyed operators: estimated share of the input per key group (sums to 1); `None` for
-    /// shared-queue operators.
-    kg_load: Vec<Option<Vec<f64>>>,
-    /// Keyed operators: prefix sums of `kg_load` (K + 1 entries), so a key-group range's load
-    /// is one subtraction.
-    kg_prefix: Vec<Option<Vec<f64>>>,
-    /// Keyed operators: [`Model::max_share`] by parallelism (index p, NaN = not computed yet);
-    /// a pure memo of a function of the model, it changes no result.
-    share_memo: std::cell::RefCell<Vec<Vec<f64>>>,
+    /// Keyed operators: their slot in the flat key-group arrays below (`None` for shared-queue
+    /// operators). Slot s owns `kg_loads[s·L..(s+1)·L]`, `kg_prefixes[s·(L+1)..(s+1)·(L+1)]`
+    /// (L = [`Model::kg_len`]) and `share_memo[s·(K+1)..(s+1)·(K+1)]` (K key groups): one
+    /// allocation each per model instead of three per keyed operator.
+    kg_slot: Vec<Option<usize>>,
+    /// Keyed operators' estimated share of the input per key group (each sums to 1), by slot.
+    kg_loads: Vec<f64>,
+    /// Prefix sums of each slot's `kg_loads` (L + 1 entries per slot), so a key-group range's
+    /// load is one subtraction.
+    kg_prefixes: Vec<f64>,
+    /// Keyed operators: [`Model::max_share`] by parallelism (entry q of the slot's K + 1, NaN =
+    /// not computed yet); a pure memo of a function of the model, it changes no result.
+    share_memo: std::cell::RefCell<Vec<f64>>,
     /// Keyed operators: the first run [a, b) of key groups with the largest load (see
     /// [`Model::share_at_least`]); (0, 0) for shared-queue operators.
     hot_run: Vec<(u32, u32)>,
@@ -722,42 +726,37 @@ impl Model {
             })
             .collect();
         let key_groups = graph.key_groups;
-        let kg_load: Vec<Option<Vec<f64>>> = (0..n)
-            .map(|i| {
-                (topo.queue[i] == QueueKind::Keyed)
-                    .then(|| key_group_load(&est[i].subtask_input_shares, key_groups))
-            })
-            .collect();
-        let kg_prefix: Vec<Option<Vec<f64>>> = kg_load
-            .iter()
-            .map(|l: &Option<Vec<f64>>| {
-                l.as_ref().map(|l| {
-                    let mut acc = 0.0;
-                    std::iter::once(0.0)
-                        .chain(l.iter().map(|x| {
-                            acc += x;
-                            acc
-                        }))
-                        .collect()
-                })
-            })
-            .collect();
-        let share_memo = std::cell::RefCell::new(
-            kg_load
-                .iter()
-                .map(|l: &Option<Vec<f64>>| {
-                    if l.is_some() {
-                        vec![f64::NAN; key_groups as usize + 1]
-                    } else {
-                        Vec::new()
-                    }
-                })
-                .collect(),
-        );
-        let hot_run = kg_load
-            .iter()
-            .map(|l: &Option<Vec<f64>>| l.as_deref().map_or((0, 0), hottest_run))
-            .collect();
+        // Keyed operators' key-group loads, their prefix sums and the share memo, each in one
+        // flat array by slot (see `kg_slot`).
+        let kl = key_groups.max(1) as usize;
+        let keyed = (0..n)
+            .filter(|&i| topo.queue[i] == QueueKind::Keyed)
+            .count();
+        let mut kg_slot = Vec::with_capacity(n);
+        let mut kg_loads = Vec::with_capacity(keyed * kl);
+        let mut kg_prefixes = Vec::with_capacity(keyed * (kl + 1));
+        let mut hot_run = Vec::with_capacity(n);
+        let mut slots = 0;
+        for (e, queue) in est.iter().zip(&topo.queue) {
+            if *queue != QueueKind::Keyed {
+                kg_slot.push(None);
+                hot_run.push((0, 0));
+                continue;
+            }
+            let start = kg_loads.len();
+            key_group_load_into(&e.subtask_input_shares, key_groups, &mut kg_loads);
+            let load = &kg_loads[start..];
+            let mut acc = 0.0;
+            kg_prefixes.push(0.0);
+            for x in load {
+                acc += x;
+                kg_prefixes.push(acc);
+            }
+            hot_run.push(hottest_run(load));
+            kg_slot.push(Some(slots));
+            slots += 1;
+        }
+        let share_memo = std::cell::RefCell::new(vec![f64::NAN; slots * (key_groups as usize + 1)]);
         let gain: Vec<f64> = est.iter().map(|e| e.selectivity).collect();
         // A feedback loop whose gain is 1 or more has no finite rates: rejected, naming it.
         let lambda_target = topo.try_traffic(&gamma_target, &gain)?;
@@ -803,11 +802,12 @@ impl Model {
             with_downtime: true,
             lambda_steady,
             spec_parallelism,
-            kg_prefix,
+            kg_slot,
+            kg_prefixes,
             share_memo,
             hot_run,
             tail_memo: std::cell::RefCell::new(vec![TailRow::default(); n]),
-            kg_load,
+            kg_loads,
             factor: vec![1.0; n],
             decided_with: std::cell::Cell::new(None),
             frozen: vec![false; n],
@@ -856,26 +856,44 @@ impl Model {
         }
     }
 
+    /// Entries per keyed operator in `kg_loads`: the key groups (at least 1, as
+    /// [`key_group_load`] returns).
+    fn kg_len(&self) -> usize {
+        self.graph.key_groups.max(1) as usize
+    }
+
+    /// Keyed operator `i`'s estimated load per key group (sums to 1); `None` for shared-queue
+    /// operators.
+    fn kg_load(&self, i: usize) -> Option<&[f64]> {
+        let s = self.kg_slot[i]?;
+        let l = self.kg_len();
+        Some(&self.kg_loads[s * l..(s + 1) * l])
+    }
+
+    /// The prefix sums of slot `s`'s key-group loads ([`Model::kg_len`] + 1 entries).
+    fn kg_prefix_of(&self, s: usize) -> &[f64] {
+        let l = self.kg_len() + 1;
+        &self.kg_prefixes[s * l..(s + 1) * l]
+    }
+
     /// Share of operator `i`'s input that its busiest subtask receives at parallelism `p`:
     /// keyed operators sum the key-group loads of each subtask's contiguous key-group range
     /// (so both skew and an uneven split of key groups count); other operators share one
     /// queue, 1/p.
     fn max_share(&self, i: usize, p: u32) -> f64 {
         let p = p.max(1);
-        let Some(prefix) = &self.kg_prefix[i] else {
+        let Some(s) = self.kg_slot[i] else {
             return 1.0 / f64::from(p);
         };
         let k = self.graph.key_groups;
         let q = p.min(k);
-        if let Some(&m) = self.share_memo.borrow()[i].get(q as usize)
-            && !m.is_nan()
-        {
+        let at = s * (k as usize + 1) + q as usize;
+        let m = self.share_memo.borrow()[at];
+        if !m.is_nan() {
             return m;
         }
-        let share = busiest_range_load(prefix, q, k);
-        if let Some(slot) = self.share_memo.borrow_mut()[i].get_mut(q as usize) {
-            *slot = share;
-        }
+        let share = busiest_range_load(self.kg_prefix_of(s), q, k);
+        self.share_memo.borrow_mut()[at] = share;
         share
     }
 
@@ -887,18 +905,17 @@ impl Model {
     /// parallelisms whose share is certainly too large without the full O(p) scan.
     fn share_at_least(&self, i: usize, p: u32) -> f64 {
         let p = p.max(1);
-        let Some(prefix) = &self.kg_prefix[i] else {
+        let Some(s) = self.kg_slot[i] else {
             return 1.0 / f64::from(p);
         };
         let k = self.graph.key_groups;
         let q = p.min(k);
-        if let Some(&m) = self.share_memo.borrow()[i].get(q as usize)
-            && !m.is_nan()
-        {
+        let m = self.share_memo.borrow()[s * (k as usize + 1) + q as usize];
+        if !m.is_nan() {
             return m;
         }
         let (a, b) = self.hot_run[i];
-        busiest_range_load_over(prefix, q, k, a, b)
+        busiest_range_load_over(self.kg_prefix_of(s), q, k, a, b)
     }
 
     /// Arrival rate to size operator `i` against as if its `p` subtasks were evenly loaded:
@@ -1029,7 +1046,7 @@ impl Model {
     /// The queue a record of operator `i` joins at `p` subtasks of μ each: a keyed
     /// operator's busiest subtask (one server), else the shared queue of p servers.
     fn tail_node(&self, i: usize, p: u32, mu: f64) -> TailNode {
-        if self.kg_load[i].is_some() {
+        if self.kg_slot[i].is_some() {
             TailNode {
                 lambda: self.lambda_smooth[i] * self.max_share(i, p),
                 mu,
@@ -1100,8 +1117,8 @@ impl Model {
     ) -> u32 {
         let lambda = self.lambda_target[i];
         let cap = self.s.rho * mu;
-        let hottest = self.kg_load[i]
-            .as_ref()
+        let hottest = self
+            .kg_load(i)
             .map_or(0.0, |l| l.iter().copied().fold(0.0, f64::max));
         // Hot key: a key group with at least twice the mean load (the estimate spreads each
         // subtask's load over its range, so uneven ranges alone differ by far less).
@@ -1160,7 +1177,7 @@ impl Model {
     /// latency, which would break the convexity the greedy allocation relies on).
     fn next_parallelism(&self, i: usize, p: u32) -> Option<u32> {
         let hi = self.graph.bounds[i].1;
-        if self.kg_load[i].is_none() {
+        if self.kg_slot[i].is_none() {
             return (p < hi).then_some(p + 1);
         }
         let lower = self.max_share(i, p) * (1.0 - 1e-12);
@@ -1359,7 +1376,7 @@ impl Model {
                     );
                 }
             }
-            let mut need_u = if self.kg_load[i].is_some() {
+            let mut need_u = if self.kg_slot[i].is_some() {
                 self.size_keyed(i, need_u, mu_size, explain, &mut why[i], reasons)
             } else {
                 need_u
@@ -1856,12 +1873,22 @@ fn hottest_run(load: &[f64]) -> (u32, u32) {
 /// input shares at the current parallelism: each subtask's share spread evenly over the
 /// key groups it owns. Uniform when the shares are unknown (no input in the window).
 pub fn key_group_load(subtask_shares: &[f64], key_groups: u32) -> Vec<f64> {
+    let mut load = Vec::new();
+    key_group_load_into(subtask_shares, key_groups, &mut load);
+    load
+}
+
+/// [`key_group_load`] appended to `out` (max(K, 1) entries).
+fn key_group_load_into(subtask_shares: &[f64], key_groups: u32, out: &mut Vec<f64>) {
     let k = key_groups.max(1);
     let p = subtask_shares.len() as u32;
     if p == 0 || p > k || subtask_shares.iter().sum::<f64>() <= 0.0 {
-        return vec![1.0 / f64::from(k); k as usize];
+        out.extend(std::iter::repeat_n(1.0 / f64::from(k), k as usize));
+        return;
     }
-    let mut load = vec![0.0; k as usize];
+    let start = out.len();
+    out.resize(start + k as usize, 0.0);
+    let load = &mut out[start..];
     for (j, share) in subtask_shares.iter().enumerate() {
         let r = key_group_range(j as u32, p, k);
         let width = f64::from(r.end - r.start).max(1.0);
@@ -1869,7 +1896,6 @@ pub fn key_group_load(subtask_shares: &[f64], key_groups: u32) -> Vec<f64> {
             load[kg as usize] = share / width;
         }
     }
-    load
 }
 
 #[cfg(test)]
