@@ -156,6 +156,15 @@ struct Pod {
     exited_at: Option<Instant>,
 }
 
+/// A pod's engine ends with it, however the pod is dropped (a Recreate, the kubelet's drop, or
+/// its watch task cancelled at the end of a test with an engine it had just started).
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The test's stand-in for the kubelet of the engine Deployment.
 struct Kubelet {
     stop: Arc<AtomicBool>,
@@ -236,10 +245,10 @@ impl Kubelet {
 impl Drop for Kubelet {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(mut pod) = self.pod.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = pod.child.kill();
-            let _ = pod.child.wait();
-        }
+        // No tick may start another engine after this one is gone.
+        self.task.abort();
+        // Dropping the pod kills its engine (see `impl Drop for Pod`).
+        drop(self.pod.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 }
 
@@ -356,8 +365,12 @@ fn spawn_engine(
         }
     }
     let log = std::fs::File::create(dir.join(format!("engine-{n}.log"))).expect("engine log");
+    // The engine's stdin is a pipe this process holds: should the test process die without
+    // dropping the pod, the pipe closes and the engine exits by itself.
     Command::new(bin)
         .args(&mapped)
+        .env("STREAMSCALE_ENGINE_EXIT_ON_STDIN_EOF", "1")
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
