@@ -11,6 +11,7 @@
 //!   run report and its chart.
 
 pub mod api;
+pub mod causes;
 pub mod executor;
 pub mod model;
 pub mod plot;

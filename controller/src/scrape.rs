@@ -37,7 +37,7 @@ pub const SINK_ACCOUNTED: &str = "streamscale_sink_accounted_records_total";
 pub enum ScrapeError {
     /// The HTTP request failed (connection refused, timeout, ...); the message carries the
     /// client error's causes down to the root one (e.g. `Connection refused`).
-    #[error("GET {url}: {}", with_causes(source))]
+    #[error("GET {url}: {}", crate::causes::with_causes(source))]
     Http {
         /// The metrics URL.
         url: String,
@@ -60,22 +60,6 @@ pub enum ScrapeError {
         /// What is wrong.
         message: String,
     },
-}
-
-/// `error` and its sources, `: `-separated, leaving out a source whose text is already said
-/// (reqwest's "error sending request" hides `Connection refused` two sources down).
-fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// A cumulative latency histogram (all sink subtasks added up).

@@ -418,15 +418,7 @@ impl JobGraph {
             if !std::mem::take(&mut dirty[i]) {
                 continue;
             }
-            let mut d = 0.0;
-            let mut arg = usize::MAX;
-            for &j in &g.fwd_in[g.fwd_in_at[i] as usize..g.fwd_in_at[i + 1] as usize] {
-                let j = j as usize;
-                if arg == usize::MAX || dist[j] > d {
-                    d = dist[j];
-                    arg = j;
-                }
-            }
+            let (d, arg) = g.farthest_input(i, dist);
             let own = if g.topo.is_source[i] { 0.0 } else { w[i] };
             let new = d + own;
             via[i] = arg;
@@ -438,6 +430,22 @@ impl JobGraph {
             }
         }
         g.slowest_sink(dist)
+    }
+
+    /// The largest distance among operator `i`'s inputs and that input (the first on a tie);
+    /// (0, `usize::MAX`) for an operator without inputs.
+    #[inline]
+    fn farthest_input(&self, i: usize, dist: &[f64]) -> (f64, usize) {
+        let mut d = 0.0;
+        let mut arg = usize::MAX;
+        for &j in &self.fwd_in[self.fwd_in_at[i] as usize..self.fwd_in_at[i + 1] as usize] {
+            let j = j as usize;
+            if arg == usize::MAX || dist[j] > d {
+                d = dist[j];
+                arg = j;
+            }
+        }
+        (d, arg)
     }
 
     /// [`Topology::longest_path_into`](super::network::Topology) over the graph's compressed
@@ -456,15 +464,7 @@ impl JobGraph {
         via.clear();
         via.resize(n, usize::MAX);
         for i in 0..n {
-            let mut d = 0.0;
-            let mut arg = usize::MAX;
-            for &j in &self.fwd_in[self.fwd_in_at[i] as usize..self.fwd_in_at[i + 1] as usize] {
-                let j = j as usize;
-                if arg == usize::MAX || dist[j] > d {
-                    d = dist[j];
-                    arg = j;
-                }
-            }
+            let (d, arg) = self.farthest_input(i, dist);
             let own = if self.topo.is_source[i] { 0.0 } else { w[i] };
             dist[i] = d + own;
             via[i] = arg;

@@ -188,10 +188,7 @@ fn field_of(root: &Node, loc: Pos, err: &Error, problem: &str) -> Option<Found> 
                 });
             };
             let keys = root.at_path(&path).map(Node::keys).unwrap_or_default();
-            let field = match path.last() {
-                Some(Step::Key(k)) => k.as_str(),
-                _ => "",
-            };
+            let field = last_key(&path);
             let one_of = choices(field).map_or_else(
                 || "one key".to_string(),
                 |c| format!("exactly one of {}", c.join(", ")),
@@ -223,10 +220,7 @@ fn field_of(root: &Node, loc: Pos, err: &Error, problem: &str) -> Option<Found> 
                 (p.key.is_some() && is_unexpected(p.node, unexpected)).then(|| Hit::value(p))
             })?;
             let value = root.at_path(&hit.path).map(shown).unwrap_or_default();
-            let field = match hit.path.last() {
-                Some(Step::Key(k)) => k.as_str(),
-                _ => "",
-            };
+            let field = last_key(&hit.path);
             let why = match (expected.as_str(), choices(field)) {
                 // An externally tagged enum (`rate: 5`).
                 ("string or map", Some(c)) => format!(
@@ -394,6 +388,14 @@ fn choices(field: &str) -> Option<Vec<&'static str>> {
         "query" => variants::<SelectQuery>("''"),
         "key" => variants::<BidKey>("''"),
         _ => None,
+    }
+}
+
+/// The name of the field `path` ends at (its last key), empty when it ends at a list item.
+fn last_key(path: &[Step]) -> &str {
+    match path.last() {
+        Some(Step::Key(k)) => k.as_str(),
+        _ => "",
     }
 }
 

@@ -122,26 +122,12 @@ struct Args {
 
 fn main() {
     if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {}", error_message(&e));
+        eprintln!(
+            "error: {}",
+            streamscale_controller::causes::with_causes(e.as_ref())
+        );
         std::process::exit(2);
     }
-}
-
-/// The error and its causes on one line, `: `-separated, leaving out a cause whose text the
-/// message already holds (an error that quotes its source would otherwise say it twice).
-fn error_message(e: &anyhow::Error) -> String {
-    let mut msg = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string().replace('\n', " ");
-        if msg.contains(&text) {
-            continue;
-        }
-        if !msg.is_empty() {
-            msg.push_str(": ");
-        }
-        msg.push_str(&text);
-    }
-    msg
 }
 
 fn non_negative(name: &str, v: Option<f64>) -> anyhow::Result<()> {
