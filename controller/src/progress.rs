@@ -26,15 +26,6 @@ pub fn format_seconds(seconds: f64) -> String {
     }
 }
 
-/// Formats a rate in records/s: whole numbers from 10, two decimals below (`812`, `0.25`).
-fn format_rate(rate: f64) -> String {
-    if rate >= 10.0 {
-        format!("{rate:.0}")
-    } else {
-        format!("{rate:.2}")
-    }
-}
-
 /// One progress line for an interval, operators in `order` (topological order); the trace
 /// time is shown as the offset from `trace_start_s` (the trace's `startSeconds`), e.g.
 /// `t=  42s trace=+4h12m in=812 rec/s | source=1 parse=1 enrich=6(ρ0.71) sink=1 | backlog=120 | p99=0.080s (SLO 1.0s)`.
@@ -175,10 +166,10 @@ pub fn at_limit_line(
             Some(format!(
                 "{name}={} (its max): λ {} rec/s > {} × μ {} rec/s (ρ {rho:.2}), falls behind by ~{} rec/s",
                 o.parallelism,
-                format_rate(o.arrival_rate),
+                crate::model::planner::fmt_rate(o.arrival_rate),
                 o.parallelism,
-                format_rate(mu),
-                format_rate((o.arrival_rate - capacity).max(0.0)),
+                crate::model::planner::fmt_rate(mu),
+                crate::model::planner::fmt_rate((o.arrival_rate - capacity).max(0.0)),
             ))
         })
         .collect();

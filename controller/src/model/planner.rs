@@ -663,8 +663,9 @@ fn at_least(x: f64, limit: f64) -> bool {
     x >= limit
 }
 
-/// A rate as the reasons print it: no decimals from 100 records/s up, two below.
-fn fmt_rate(x: f64) -> Fixed {
+/// A rate as the reasons and `streamscale run`'s AT LIMIT line print it: no decimals from
+/// 100 records/s up, two below.
+pub(crate) fn fmt_rate(x: f64) -> Fixed {
     if x.abs() >= 100.0 {
         Fixed(x, 0)
     } else {
