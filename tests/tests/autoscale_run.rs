@@ -1,6 +1,7 @@
 //! `streamscale run` end to end with the real engine over loopback: a step in the input rate
-//! makes the controller scale up during the step and back down after it; no record is lost
-//! across the rescales; and the final keyed state equals that of a run without rescaling.
+//! makes the controller scale up during the step (never below what the step needs) and back
+//! down after it; no record is lost across the rescales; and the final keyed state equals that
+//! of a run without rescaling.
 #![allow(missing_docs)]
 
 use std::path::Path;
@@ -121,11 +122,21 @@ fn scales_up_on_the_step_and_down_after_it_without_losing_records() {
     // 500 rec/s at ~250 rec/s per subtask and ρ ≤ 0.7 needs at least 3 subtasks.
     let peak = rescales.iter().map(|r| lookup(r, "to")).max().unwrap_or(0);
     assert!(peak >= 3, "{auto}");
-    let down = rescales
-        .iter()
-        .find(|r| r["at_s"].as_f64() > Some(up_at) && lookup(r, "to") < lookup(r, "from"))
-        .unwrap_or_else(|| panic!("no scale-down after the step: {auto}"));
-    assert!(down["at_s"].as_f64() > Some(18.0), "{down}");
+    // While the step lasts, a scale-down may trim a scale-up that overshot (the catch-up of
+    // the backlog built before it sized it), but never below what 500 rec/s needs.
+    for r in rescales {
+        let at = r["at_s"].as_f64().expect("at_s");
+        if (up_at..18.0).contains(&at) && lookup(r, "to") < lookup(r, "from") {
+            assert!(lookup(r, "to") >= 3, "step-time scale-down below 3: {r}");
+        }
+    }
+    // After the step the input is back at 20 rec/s: one subtask carries it.
+    assert!(
+        rescales
+            .iter()
+            .any(|r| r["at_s"].as_f64() > Some(18.0) && lookup(r, "to") < 3),
+        "no scale-down below 3 after the step: {auto}"
+    );
     for r in rescales {
         assert!(
             r["downtime_s"]

@@ -1,12 +1,13 @@
 //! `streamscale run` end to end with the real engine over loopback, for how a run ends: a
 //! terminal's Ctrl-C (SIGINT to the whole process group) stops it with a draining savepoint
-//! and every record accounted; a controller killed outright takes its engine with it; a job
+//! and every record accounted, also when it comes as a rescale starts or ends; a controller
+//! killed outright takes its engine with it; a job
 //! whose sources have a record count stops once it has finished instead of running out the
 //! duration.
 #![cfg(target_os = "linux")]
 #![allow(missing_docs)]
 
-use std::io::BufReader;
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Child;
@@ -139,4 +140,70 @@ fn a_bounded_job_stops_when_it_has_finished() {
         Vec::<u32>::new(),
         "engine left running"
     );
+}
+
+/// A job that must scale up at once: 300 records/s into a `map` that waits 10 ms per record
+/// (about 100 records/s per subtask), so a rescale comes within the first seconds.
+fn rescaling_job() -> String {
+    fixtures::pipeline("rescaling", "keys: 100, rate: { constant: 300 }", 0, "")
+        .replace("kind: map, cpu: 0", "kind: map, io: 10000")
+}
+
+/// Reads stdout until a line containing `marker` has been printed; returns what was read.
+fn read_until(out: &mut impl BufRead, marker: &str) -> String {
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).expect("read stdout") == 0 {
+            panic!("streamscale run ended before {marker:?}:\n{seen}");
+        }
+        seen.push_str(&line);
+        if line.contains(marker) {
+            return seen;
+        }
+    }
+}
+
+/// Ctrl-C the moment the line `marker` prints: the run must still stop with a draining
+/// savepoint, exit 130, account for every record and leave no engine.
+fn ctrl_c_at(marker: &str) {
+    let (_dir, job, report) = fixtures::job_dir(&rescaling_job());
+    let mut child = start(&job, &report, &["--duration", "120"]);
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut seen = read_until(&mut out, marker);
+    fixtures::kill("-INT", &format!("-{}", child.id()));
+    std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "exit like a shell after SIGINT\n{seen}\n{stderr}"
+    );
+    assert!(seen.contains("interrupted (SIGINT)"), "{seen}");
+    let s = summary(&report);
+    assert_eq!(s["interrupted"], Value::Bool(true), "{s}");
+    assert_eq!(s["failure"], Value::Null, "{s}");
+    // Stopped by the signal, not by running out the 120 s.
+    let duration = s["duration_s"].as_f64().expect("duration_s");
+    assert!(duration < 60.0, "ran on after SIGINT: {s}");
+    let emitted = s["records_emitted"].as_u64().expect("records_emitted");
+    assert_eq!(s["records_accounted"].as_u64(), Some(emitted), "{s}");
+    assert_eq!(s["records_lost"].as_i64(), Some(0), "{s}");
+    assert!(s["final_savepoint"].is_string(), "{s}");
+    assert_eq!(
+        wait_until_no_engine(&report),
+        Vec::<u32>::new(),
+        "engine left running"
+    );
+}
+
+#[test]
+fn ctrl_c_as_a_rescale_starts_still_drains() {
+    ctrl_c_at(" RESCALE ");
+}
+
+#[test]
+fn ctrl_c_as_a_rescale_ends_still_drains() {
+    ctrl_c_at(" RESCALED ");
 }
