@@ -1,7 +1,10 @@
 //! Instrumentation overhead: records/s of a map-only job (source → map → sink, no per-record
 //! cost) with metrics on and off, alternating in one run.
 //!
-//! `cargo bench -p streamscale-engine --bench instrumentation [-- RECORDS ROUNDS]`
+//! `cargo bench -p streamscale-engine --bench instrumentation [-- RECORDS ROUNDS [on|off]]`
+//!
+//! With `on` or `off` only that mode runs (for a profiler such as
+//! `valgrind --tool=callgrind`, which needs one mode per process to tell them apart).
 #![allow(missing_docs)]
 
 use std::time::{Duration, Instant};
@@ -42,12 +45,23 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let records = args.first().copied().unwrap_or(2_000_000);
-    let rounds = args.get(1).copied().unwrap_or(7);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let numbers: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let only = args.iter().find_map(|a| match a.as_str() {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    });
+    let records = numbers.first().copied().unwrap_or(2_000_000);
+    let rounds = numbers.get(1).copied().unwrap_or(7);
+    if let Some(enabled) = only {
+        run(records / 10, enabled); // warm-up
+        let rates: Vec<f64> = (0..rounds).map(|_| run(records, enabled)).collect();
+        let mode = if enabled { "on " } else { "off" };
+        println!("map-only job, {records} records, median of {rounds} rounds");
+        println!("metrics {mode}: {:>12.0} records/s", median(rates));
+        return;
+    }
     run(records / 10, true); // warm-up
     let (mut on, mut off) = (Vec::new(), Vec::new());
     for _ in 0..rounds {

@@ -2,9 +2,13 @@
 //!
 //! Every metric carries the labels `operator` and `subtask` (0-based index).
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
 use prometheus::{
-    CounterVec, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
 /// Upper bounds (seconds) of the sinks' end-to-end latency histogram
@@ -37,7 +41,7 @@ pub struct EngineMetrics {
     /// Sources: current target rate in records/s (gauge).
     pub source_rate: GaugeVec,
     /// Sinks: end-to-end latency from a record's arrival at the source to the sink, seconds.
-    pub sink_latency: HistogramVec,
+    pub sink_latency: LatencyHistogramVec,
     /// Sinks: source records whose effect reached the sink (counter).
     pub sink_accounted: IntCounterVec,
     /// `streamscale_late_records_dropped_total`: records an event-time operator dropped
@@ -117,13 +121,9 @@ impl EngineMetrics {
             "streamscale_source_rate_records_per_second",
             "Current target emission rate of the source.",
         )?;
-        let sink_latency = HistogramVec::new(
-            HistogramOpts::new(
-                "streamscale_sink_latency_seconds",
-                "End-to-end latency from arrival at the source to the sink.",
-            )
-            .buckets(SINK_LATENCY_BUCKETS.to_vec()),
-            LABELS,
+        let sink_latency = LatencyHistogramVec::new(
+            "streamscale_sink_latency_seconds",
+            "End-to-end latency from arrival at the source to the sink.",
         )?;
         registry.register(Box::new(sink_latency.clone()))?;
         let sink_accounted = int_counter(
@@ -194,5 +194,364 @@ impl EngineMetrics {
             return format!("# error encoding metrics: {e}\n");
         }
         String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+/// Number of buckets of the sinks' latency histogram: one per bound of
+/// [`SINK_LATENCY_BUCKETS`], then +∞.
+const LATENCY_BUCKETS: usize = SINK_LATENCY_BUCKETS.len() + 1;
+
+/// Upper bound of bucket `i` of the latency histogram in whole microseconds
+/// ([`SINK_LATENCY_BUCKETS`] are whole microseconds; the +∞ bucket: `u64::MAX`).
+fn bucket_bound_us(i: usize) -> u64 {
+    SINK_LATENCY_BUCKETS
+        .get(i)
+        .map_or(u64::MAX, |b| (b * 1e6).round() as u64)
+}
+
+/// One series' observations: count per bucket (not cumulative) and the sum in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencyCounts {
+    /// Observations per bucket: `buckets[i]` counts latencies in
+    /// (`SINK_LATENCY_BUCKETS[i-1]`, `SINK_LATENCY_BUCKETS[i]`]; the last one those above
+    /// the largest bound.
+    pub buckets: [u64; LATENCY_BUCKETS],
+    /// Sum of the observed latencies, seconds.
+    pub sum_seconds: f64,
+}
+
+impl LatencyCounts {
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
+
+/// The sinks' end-to-end latency histogram family (`streamscale_sink_latency_seconds`, labels
+/// `operator` and `subtask`, buckets [`SINK_LATENCY_BUCKETS`] and +∞), exposed exactly as a
+/// Prometheus histogram.
+///
+/// Unlike `prometheus`' own `HistogramVec`, it takes a subtask's observations in bulk: each
+/// sink subtask counts into a thread-local [`LocalLatencyHistogram`] (a few integer operations
+/// per record) and adds its bucket counts at each metrics flush, under one lock per series, so
+/// that a scrape always reads a consistent series (count = sum of the buckets).
+#[derive(Clone)]
+pub struct LatencyHistogramVec {
+    inner: Arc<LatencyFamily>,
+}
+
+struct LatencyFamily {
+    desc: Desc,
+    /// Series by label values (`operator`, `subtask`).
+    series: Mutex<BTreeMap<[String; 2], Arc<Mutex<LatencyCounts>>>>,
+}
+
+impl LatencyHistogramVec {
+    /// An empty family named `name`.
+    ///
+    /// # Errors
+    /// [`prometheus::Error`] if the name or help is not valid.
+    pub fn new(name: &str, help: &str) -> Result<LatencyHistogramVec, MetricsError> {
+        let labels = LABELS.iter().map(|l| (*l).to_string()).collect();
+        let desc = Desc::new(name.into(), help.into(), labels, HashMap::new())?;
+        Ok(LatencyHistogramVec {
+            inner: Arc::new(LatencyFamily {
+                desc,
+                series: Mutex::new(BTreeMap::new()),
+            }),
+        })
+    }
+
+    fn series(&self, labels: [&str; 2]) -> Arc<Mutex<LatencyCounts>> {
+        let key = labels.map(str::to_string);
+        let mut series = self
+            .inner
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        series.entry(key).or_default().clone()
+    }
+
+    /// A thread-local recorder for the series `[operator, subtask]`, which exists (at 0) from
+    /// this call on.
+    pub fn local(&self, labels: [&str; 2]) -> LocalLatencyHistogram {
+        LocalLatencyHistogram {
+            shared: self.series(labels),
+            counts: [0; LATENCY_BUCKETS],
+            sum_us: 0,
+            first_us: 0,
+            span_us: bucket_bound_us(0),
+            at: 0,
+            run_us: 0,
+            run: 0,
+        }
+    }
+
+    /// The observations of the series `[operator, subtask]` flushed so far (`None` if it
+    /// does not exist).
+    pub fn get(&self, labels: [&str; 2]) -> Option<LatencyCounts> {
+        let key = labels.map(str::to_string);
+        let series = self
+            .inner
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let counts = series.get(&key)?;
+        Some(*counts.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Collector for LatencyHistogramVec {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.inner.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let series = self
+            .inner
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let metrics = series
+            .iter()
+            .map(|(values, counts)| {
+                let counts = *counts.lock().unwrap_or_else(PoisonError::into_inner);
+                let labels = LABELS
+                    .iter()
+                    .zip(values)
+                    .map(|(name, value)| {
+                        let mut pair = LabelPair::default();
+                        pair.set_name((*name).to_string());
+                        pair.set_value(value.clone());
+                        pair
+                    })
+                    .collect();
+                let mut cumulative = 0;
+                let buckets = SINK_LATENCY_BUCKETS
+                    .iter()
+                    .zip(&counts.buckets)
+                    .map(|(bound, n)| {
+                        cumulative += n;
+                        let mut b = proto::Bucket::default();
+                        b.set_cumulative_count(cumulative);
+                        b.set_upper_bound(*bound);
+                        b
+                    })
+                    .collect();
+                let mut h = proto::Histogram::default();
+                h.set_sample_count(counts.count());
+                h.set_sample_sum(counts.sum_seconds);
+                h.set_bucket(buckets);
+                let mut m = proto::Metric::from_label(labels);
+                m.set_histogram(h);
+                m
+            })
+            .collect();
+        let mut family = MetricFamily::default();
+        family.set_name(self.inner.desc.fq_name.clone());
+        family.set_help(self.inner.desc.help.clone());
+        family.set_field_type(MetricType::HISTOGRAM);
+        family.set_metric(metrics);
+        vec![family]
+    }
+}
+
+/// A sink subtask's thread-local part of a [`LatencyHistogramVec`] series: counts latencies
+/// in whole microseconds into the buckets until [`LocalLatencyHistogram::flush`].
+///
+/// A latency of `l` µs falls into the first bucket whose bound `b` (seconds) has
+/// `l / 10⁶ ≤ b`, as in a Prometheus histogram observing `l / 10⁶` seconds.
+///
+/// Records measured against the same clock reading with the same source timestamp (a
+/// source stamps a whole batch at once) have the same latency: a run of equal latencies is
+/// counted with one comparison and one increment per record and put into its bucket when
+/// the run ends; the bucket of the last run is kept as a range of microseconds, so that a
+/// new run of similar latency finds its bucket with one comparison.
+pub struct LocalLatencyHistogram {
+    shared: Arc<Mutex<LatencyCounts>>,
+    counts: [u64; LATENCY_BUCKETS],
+    /// Sum of the latencies since the last flush, µs.
+    sum_us: u64,
+    /// Latencies from `first_us` to `first_us + span_us` fall into bucket `at`.
+    first_us: u64,
+    span_us: u64,
+    at: usize,
+    /// The latency of the current run of equal observations, and its length (not yet in
+    /// `counts`).
+    run_us: u64,
+    run: u64,
+}
+
+impl LocalLatencyHistogram {
+    /// Counts one record whose end-to-end latency is `latency_us` microseconds.
+    #[inline]
+    pub fn observe_us(&mut self, latency_us: u64) {
+        if latency_us == self.run_us {
+            self.run += 1;
+        } else {
+            self.end_run(latency_us);
+        }
+    }
+
+    /// Puts the current run into its bucket and starts a run of `latency_us`.
+    #[inline(never)]
+    fn end_run(&mut self, latency_us: u64) {
+        let (latency, n) = (self.run_us, self.run);
+        (self.run_us, self.run) = (latency_us, 1);
+        if n == 0 {
+            return;
+        }
+        if latency.wrapping_sub(self.first_us) > self.span_us {
+            self.find_bucket(latency);
+        }
+        self.counts[self.at] += n;
+        self.sum_us = self.sum_us.saturating_add(latency.saturating_mul(n));
+    }
+
+    /// Makes the bucket of `latency_us` the current one.
+    #[cold]
+    fn find_bucket(&mut self, latency_us: u64) {
+        let at = (0..LATENCY_BUCKETS)
+            .find(|&i| latency_us <= bucket_bound_us(i))
+            .unwrap_or(LATENCY_BUCKETS - 1);
+        self.first_us = at.checked_sub(1).map_or(0, |i| bucket_bound_us(i) + 1);
+        self.span_us = bucket_bound_us(at) - self.first_us;
+        self.at = at;
+    }
+
+    /// Adds the observations since the last flush to the shared series (visible to the next
+    /// scrape) and starts counting from zero again.
+    pub fn flush(&mut self) {
+        self.end_run(0);
+        self.run = 0;
+        if self.counts.iter().all(|&n| n == 0) {
+            return;
+        }
+        {
+            let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            for (total, n) in shared.buckets.iter_mut().zip(&self.counts) {
+                *total += n;
+            }
+            shared.sum_seconds += self.sum_us as f64 / 1e6;
+        }
+        self.counts = [0; LATENCY_BUCKETS];
+        self.sum_us = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The histogram a Prometheus `Histogram` with the same buckets builds from the same
+    /// latencies (in seconds, µs / 10⁶).
+    fn reference(latencies_us: &[u64]) -> (Vec<u64>, u64, f64) {
+        let h = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new("ref", "reference")
+                .buckets(SINK_LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid histogram");
+        for &l in latencies_us {
+            h.observe(l as f64 / 1e6);
+        }
+        let m = prometheus::core::Metric::metric(&h);
+        let buckets = m
+            .get_histogram()
+            .get_bucket()
+            .iter()
+            .map(|b| b.cumulative_count())
+            .collect();
+        (buckets, h.get_sample_count(), h.get_sample_sum())
+    }
+
+    #[test]
+    fn bucket_bounds_are_whole_microseconds() {
+        for (i, b) in SINK_LATENCY_BUCKETS.iter().enumerate() {
+            let us = bucket_bound_us(i);
+            assert!(us as f64 / 1e6 <= *b, "{us} µs must fall into le={b}");
+            assert!(
+                (us + 1) as f64 / 1e6 > *b,
+                "{} µs must not fall into le={b}",
+                us + 1
+            );
+        }
+    }
+
+    #[test]
+    fn local_histogram_counts_as_a_prometheus_histogram() {
+        // Every bound, its neighbours, zero, huge values, and runs in and out of a bucket.
+        let mut latencies = vec![0, 1, 999, 1000, 1001, 7, 7, 7, 2500, 2501, 120_000_000];
+        latencies.extend([120_000_001, u64::MAX / 4, 3, 60_000_000, 60_000_001, 1000]);
+        for i in 0..SINK_LATENCY_BUCKETS.len() {
+            let b = bucket_bound_us(i);
+            latencies.extend([b - 1, b, b + 1, b, b - 1]);
+        }
+        let family = LatencyHistogramVec::new("t_latency_seconds", "test").expect("family");
+        let mut local = family.local(["sink", "0"]);
+        let (half, rest) = latencies.split_at(latencies.len() / 2);
+        for &l in half {
+            local.observe_us(l);
+        }
+        local.flush();
+        for &l in rest {
+            local.observe_us(l);
+        }
+        local.flush();
+        let got = family.get(["sink", "0"]).expect("series");
+        let (cumulative, count, sum) = reference(&latencies);
+        let mut running = 0;
+        let got_cumulative: Vec<u64> = got.buckets[..SINK_LATENCY_BUCKETS.len()]
+            .iter()
+            .map(|n| {
+                running += n;
+                running
+            })
+            .collect();
+        assert_eq!(got_cumulative, cumulative);
+        assert_eq!(got.count(), count);
+        assert!(
+            (got.sum_seconds - sum).abs() <= 1e-9 * sum.abs(),
+            "{} vs {sum}",
+            got.sum_seconds
+        );
+    }
+
+    #[test]
+    fn series_exist_at_zero_and_render_as_a_prometheus_histogram() {
+        let metrics = EngineMetrics::new().expect("metrics");
+        let mut local = metrics.sink_latency.local(["sink", "1"]);
+        let text = metrics.render();
+        assert!(
+            text.contains(
+                "streamscale_sink_latency_seconds_count{operator=\"sink\",subtask=\"1\"} 0"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE streamscale_sink_latency_seconds histogram"),
+            "{text}"
+        );
+        local.observe_us(3_000); // 3 ms: le=0.005
+        local.observe_us(200_000); // 200 ms: le=0.25
+        let before = metrics.render();
+        assert!(
+            before.contains(
+                "streamscale_sink_latency_seconds_count{operator=\"sink\",subtask=\"1\"} 0"
+            ),
+            "nothing is visible before the flush: {before}"
+        );
+        local.flush();
+        let text = metrics.render();
+        for line in [
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.0025\"} 0",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.005\"} 1",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.1\"} 1",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.25\"} 2",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"+Inf\"} 2",
+            "streamscale_sink_latency_seconds_sum{operator=\"sink\",subtask=\"1\"} 0.203",
+            "streamscale_sink_latency_seconds_count{operator=\"sink\",subtask=\"1\"} 2",
+        ] {
+            assert!(text.contains(line), "missing {line} in {text}");
+        }
     }
 }

@@ -36,7 +36,7 @@ use crate::checkpoint::coordinator::{Ack, Coordinator, Failed, JobContext, Outco
 use crate::checkpoint::gate::{Claim, SourceGate};
 use crate::checkpoint::storage::CheckpointStorage;
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
-use crate::metrics::EngineMetrics;
+use crate::metrics::{EngineMetrics, LocalLatencyHistogram};
 use crate::nexmark::source::NexmarkGenerator;
 use crate::payload::Payload;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
@@ -45,7 +45,7 @@ use crate::state::backend::KeyedStateBackend;
 use crate::state::{KeyedState, StateBackend, StateError, StateOwner};
 use crate::time::{EventTimeStage, StageOutput};
 use crate::trace::{RateFunction, TraceError};
-use prometheus::local::{LocalHistogram, LocalIntCounter};
+use prometheus::IntCounter;
 
 /// A record flowing between operators.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,6 +231,9 @@ struct Outputs {
     max_parallelism: u32,
     /// The next chain member, which runs in this thread (then `routes` is empty).
     chain: Option<Box<ChainMember>>,
+    /// The clock reading at the end of the last chain run ([`Outputs::flush`]) while nothing
+    /// ran since; the member owning these outputs clears it before each record.
+    ran_until: Option<Instant>,
 }
 
 /// One subtask's input queue (both ends).
@@ -282,6 +285,8 @@ struct Meter {
     /// Busy time measured since the last flush (chain members only).
     busy: Duration,
     last_flush: Instant,
+    /// `last_flush + flush_interval`: when the next flush is due.
+    next_flush: Instant,
     /// [`Meter::tick`] calls since the clock was last read.
     ticks: u32,
     /// Ticks between clock reads, adapted to how long a tick takes ([`Meter::check`]).
@@ -297,8 +302,44 @@ struct Meter {
     labels: [String; 2],
     metrics: EngineMetrics,
     live: Arc<LiveCounters>,
-    /// Sinks: thread-local latency histogram and accounted counter, merged at each flush.
-    sink: Option<(LocalHistogram, LocalIntCounter)>,
+    /// Sinks with metrics on: the latency histogram and accounted counter.
+    sink: Option<SinkMeter>,
+    /// A clock reading and the wall clock (µs since the Unix epoch) at that moment, renewed
+    /// at every flush: converts the monotonic readings a chain run takes anyway into wall
+    /// time for a sink's latency ([`Meter::unix_us_at`]).
+    anchor: (Instant, u64),
+}
+
+/// A sink subtask's metrics: the latency histogram, counted per record in the thread, and
+/// the accounted counter, published from [`OperatorCounters::accounted`] at each flush.
+struct SinkMeter {
+    latency: LocalLatencyHistogram,
+    accounted: IntCounter,
+    /// `totals.accounted` when the counter was last published.
+    accounted_published: u64,
+    /// The wall clock (µs since the Unix epoch) against which records' latency is measured:
+    /// a chained sink's batch start ([`ChainMember::run_pending`]), else read every
+    /// [`SINK_CLOCK_USES`] records ([`SinkMeter::tick_clock`]).
+    clock_us: u64,
+    /// Records until a sink reading its own input queue reads the clock again.
+    clock_uses: u32,
+}
+
+/// A sink that reads its own input queue reads the clock once per this many records (and
+/// after every wait for input): latency is in ms, a record takes ns.
+const SINK_CLOCK_USES: u32 = 16;
+
+impl SinkMeter {
+    /// Before a record of a sink reading its own input queue: reads the clock every
+    /// [`SINK_CLOCK_USES`] records.
+    #[inline]
+    fn tick_clock(&mut self) {
+        if self.clock_uses == 0 {
+            self.clock_us = now_unix_us();
+            self.clock_uses = SINK_CLOCK_USES;
+        }
+        self.clock_uses -= 1;
+    }
 }
 
 impl Meter {
@@ -345,9 +386,11 @@ impl Meter {
             m.input_queue_length
                 .with_label_values(&l)
                 .set(queue_len as f64);
-            if let Some((latency, accounted)) = &mut self.sink {
-                latency.flush();
-                accounted.flush();
+            if let Some(sink) = &mut self.sink {
+                sink.latency.flush();
+                sink.accounted
+                    .inc_by(self.totals.accounted - sink.accounted_published);
+                sink.accounted_published = self.totals.accounted;
             }
         }
         self.records_in = 0;
@@ -355,6 +398,20 @@ impl Meter {
         self.idle = Duration::ZERO;
         self.backpressured = Duration::ZERO;
         self.last_flush = now;
+        self.next_flush = now + self.flush_interval;
+        if self.sink.is_some() {
+            self.anchor = (now, now_unix_us());
+        }
+    }
+
+    /// The wall clock (µs since the Unix epoch) at the clock reading `t`, from the anchor
+    /// taken at the last flush: exact up to the wall clock's adjustment since then (NTP
+    /// slews it by at most 0.05 %, so < 50 µs over a 100 ms flush interval).
+    #[inline]
+    fn unix_us_at(&self, t: Instant) -> u64 {
+        let (at, unix_us) = self.anchor;
+        let since = t.saturating_duration_since(at).as_micros();
+        unix_us.saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
     }
 
     /// Called once per record (or source batch): flushes if the flush interval has passed,
@@ -376,7 +433,34 @@ impl Meter {
     /// twice as many as before.
     #[inline(never)]
     fn check(&mut self, queue_len: impl FnOnce() -> usize) -> Check {
-        let now = Instant::now();
+        self.check_with(Instant::now(), queue_len)
+    }
+
+    /// [`Meter::check`] with the clock read at `now`.
+    fn check_with(&mut self, now: Instant, queue_len: impl FnOnce() -> usize) -> Check {
+        self.adapt(now);
+        if now >= self.next_flush {
+            self.flush_at(now, queue_len());
+            return Check::Flushed;
+        }
+        Check::Checked
+    }
+
+    /// Notes a clock reading `now` taken for another purpose (the end of a chain run) as a
+    /// check, so that the ticks need not read the clock themselves; a flush that is due then
+    /// happens at the next tick (which knows the input queue's length).
+    #[inline]
+    fn saw_clock(&mut self, now: Instant) {
+        self.adapt(now);
+        if now >= self.next_flush {
+            self.check_at = 0;
+        }
+    }
+
+    /// Sets the number of ticks until the next check from the time the ticks since the last
+    /// check took (see [`Meter::check`]), the clock being read at `now`.
+    #[inline]
+    fn adapt(&mut self, now: Instant) {
         if self.ticks > 0 {
             let since = now.saturating_duration_since(self.last_check);
             // Down at once, up at most twofold per check: one stretch of quick ticks (a
@@ -393,11 +477,6 @@ impl Meter {
         }
         self.check_at = self.check_every;
         self.last_check = now;
-        if now.saturating_duration_since(self.last_flush) >= self.flush_interval {
-            self.flush_at(now, queue_len());
-            return Check::Flushed;
-        }
-        Check::Checked
     }
 
     /// Notes a wait of `d` (measured by the caller): after a wait longer than the check budget
@@ -497,6 +576,10 @@ impl Outputs {
     /// The time the run took sets the next member's batch size ([`chain_batch`]), so that a
     /// slow chain runs in batches short enough for every member (and this subtask) to flush
     /// its metrics on time and for records not to wait behind a long batch.
+    ///
+    /// The clock is read once where one member hands over to the next (the next member's
+    /// start) and once when the tail is done; each reading serves both sides of the hand-over
+    /// (see [`ChainMember::run_pending`]).
     #[inline(never)]
     fn flush(&mut self, meter: &mut Meter) -> bool {
         let Some(next) = &mut self.chain else {
@@ -506,14 +589,16 @@ impl Outputs {
             return true;
         }
         let n = next.pending.len();
-        let t = meter.now();
-        let ok = next.run_pending();
-        if let Some(t) = t {
-            let took = t.elapsed();
+        let start = meter.now();
+        let (ok, end) = next.run_pending(start);
+        if let (Some(start), Some(end)) = (start, end) {
+            let took = end.saturating_duration_since(start);
             meter.backpressured += took;
             meter.waited(took);
+            meter.saw_clock(end);
             next.batch = chain_batch(n, took, meter.check_budget);
         }
+        self.ran_until = end;
         ok
     }
 
@@ -591,27 +676,57 @@ impl ChainMember {
         ok
     }
 
-    /// Processes the pending batch and then flushes the rest of the chain. Returns false if a
-    /// receiver downstream is gone.
-    fn run_pending(&mut self) -> bool {
-        let ok = self.timed(|m| {
-            let mut ok = true;
-            for rec in m.pending.drain(..) {
-                if !ok {
-                    continue;
-                }
-                if !rec.payload.is_watermark() {
-                    m.ctx.meter.records_in += 1;
-                    m.ctx.meter.totals.records_in += 1;
-                }
-                ok = m.op.process(rec, &mut m.ctx);
+    /// Processes the pending batch and then flushes the rest of the chain. `start` is the
+    /// clock read by the caller just before (`None` without metrics). Returns false if a
+    /// receiver downstream is gone, and the clock read when this member and the chain after
+    /// it were done (`None` without metrics).
+    ///
+    /// The run's duration minus the time the chain downstream took is this member's busy
+    /// time. The end is the reading the downstream run ended with when that run came last
+    /// (the usual case: the batch that filled the next member's batch was this one's last
+    /// record), so that a chain of `n` members reads the clock `n` times per batch.
+    fn run_pending(&mut self, start: Option<Instant>) -> (bool, Option<Instant>) {
+        let waited = self.ctx.meter.backpressured;
+        if let Some(start) = start
+            && self.ctx.meter.sink.is_some()
+        {
+            // Every record of the batch reaches the sink at or after the batch's start (and a
+            // batch is short: [`chain_batch`]): measure latency there.
+            let clock_us = self.ctx.meter.unix_us_at(start);
+            if let Some(sink) = &mut self.ctx.meter.sink {
+                sink.clock_us = clock_us;
             }
-            ok && m.ctx.outputs.flush(&mut m.ctx.meter)
-        });
-        if self.ctx.meter.check(|| 0) == Check::Flushed {
+        }
+        let mut ok = true;
+        for rec in self.pending.drain(..) {
+            if !ok {
+                continue;
+            }
+            if !rec.payload.is_watermark() {
+                self.ctx.meter.records_in += 1;
+                self.ctx.meter.totals.records_in += 1;
+            }
+            self.ctx.outputs.ran_until = None;
+            ok = self.op.process(rec, &mut self.ctx);
+        }
+        ok = ok && self.ctx.outputs.flush(&mut self.ctx.meter);
+        let Some(start) = start else {
+            return (ok, None);
+        };
+        let end = self
+            .ctx
+            .outputs
+            .ran_until
+            .take()
+            .unwrap_or_else(Instant::now);
+        let downstream = self.ctx.meter.backpressured.saturating_sub(waited);
+        self.ctx.meter.busy += end
+            .saturating_duration_since(start)
+            .saturating_sub(downstream);
+        if self.ctx.meter.check_with(end, || 0) == Check::Flushed {
             self.ctx.outputs.check_chain();
         }
-        ok
+        (ok, Some(end))
     }
 
     /// A barrier, the end of input or a watermark from the upstream member (its only input,
@@ -620,7 +735,8 @@ impl ChainMember {
         match event {
             Event::Data(rec) => {
                 self.pending.push(rec);
-                self.run_pending()
+                let start = self.ctx.meter.now();
+                self.run_pending(start).0
             }
             Event::Barrier(b) => self.timed(|m| m.op.on_aligned(b, &mut m.ctx)),
             Event::End => self.timed(|m| {
@@ -804,6 +920,7 @@ impl Job {
                 routes,
                 max_parallelism: k,
                 chain: None,
+                ran_until: None,
             }
         };
         let (ack_tx, ack_rx) = crossbeam_channel::unbounded::<Ack>();
@@ -869,6 +986,7 @@ impl Job {
                 chained,
                 busy: Duration::ZERO,
                 last_flush: Instant::now(),
+                next_flush: Instant::now(),
                 flush_interval: options.flush_interval,
                 labels: [name.clone(), index.to_string()],
                 metrics: metrics.clone(),
@@ -876,11 +994,15 @@ impl Job {
                 sink: (options.metrics_enabled && matches!(op.kind, OperatorKind::Sink { .. }))
                     .then(|| {
                         let l = [name.as_str(), &index.to_string()];
-                        (
-                            metrics.sink_latency.with_label_values(&l).local(),
-                            metrics.sink_accounted.with_label_values(&l).local(),
-                        )
+                        SinkMeter {
+                            latency: metrics.sink_latency.local(l),
+                            accounted: metrics.sink_accounted.with_label_values(&l),
+                            accounted_published: 0,
+                            clock_us: 0,
+                            clock_uses: 0,
+                        }
                     }),
+                anchor: (Instant::now(), now_unix_us()),
             };
             // Every series of the subtask exists from its start, at 0, so that a scrape before
             // its first record reads "nothing yet" rather than "no such subtask".
@@ -986,6 +1108,7 @@ impl Job {
                     outputs = Outputs {
                         routes: Vec::new(),
                         max_parallelism: k,
+                        ran_until: None,
                         chain: Some(Box::new(ChainMember {
                             op,
                             ctx,
@@ -1380,7 +1503,9 @@ impl SourceTask {
         let metrics = ctx.meter.metrics.clone();
         let p = f64::from(ctx.parallelism);
         let mut arrivals_reported = 0.0;
-        let mut last_gauges = Instant::now() - Duration::from_secs(1);
+        // Wall seconds since the job started when the gauges were last set (the loop reads
+        // the wall clock anyway; no further clock read per batch).
+        let mut last_gauges = f64::NEG_INFINITY;
         let limit = self.limit.unwrap_or(u64::MAX);
         let mut last_injected = 0;
         // The arrivals counter exists from the start, at 0, so that a scrape before the
@@ -1390,12 +1515,14 @@ impl SourceTask {
         }
         loop {
             if ctx.control.stop.load(Ordering::Relaxed) {
+                ctx.outputs.flush(&mut ctx.meter);
                 break;
             }
             let now = self.wall();
             let due = self.rate.cumulative(now).floor().min(limit as f64) as u64;
             // Metrics: arrivals share and backlog share of this subtask.
-            if ctx.meter.enabled && last_gauges.elapsed() >= Duration::from_millis(50) {
+            // Every 50 ms (and at once after the wall clock stepped back).
+            if ctx.meter.enabled && (now - last_gauges >= 0.05 || now < last_gauges) {
                 let share = due as f64 / p;
                 if share > arrivals_reported {
                     metrics
@@ -1413,7 +1540,7 @@ impl SourceTask {
                     .source_rate
                     .with_label_values(&l)
                     .set(self.rate.rate(now) / p);
-                last_gauges = Instant::now();
+                last_gauges = now;
             }
             // Inject a pending barrier, or claim a batch of sequence numbers that are due.
             let (start, claimed) = match self.gate.claim(last_injected, due, limit, SOURCE_BATCH) {
@@ -1521,8 +1648,12 @@ impl SourceTask {
                 .nexmark
                 .as_mut()
                 .and_then(NexmarkGenerator::after_batch);
+            // More records are due already: claim them first and let the chain run when its
+            // batch is full (or before a wait, a barrier or the end); else run it now, so that
+            // no record waits for the next claim.
+            let more_due = start + claimed < due;
             if wm.is_some_and(|wm| !ctx.outputs.send(wm, &mut ctx.meter))
-                || !ctx.outputs.flush(&mut ctx.meter)
+                || (!more_due && !ctx.outputs.flush(&mut ctx.meter))
             {
                 let err = format!("{}-{}: downstream closed", ctx.operator, ctx.index);
                 ctx.meter.flush(0);
@@ -1558,9 +1689,6 @@ enum Behaviour {
     },
     Sink {
         file: Option<SinkWriter>,
-        /// Cached wall clock (µs since the epoch) and records until it is read again.
-        clock_us: u64,
-        clock_uses: u32,
     },
     /// Event-time operators (Nexmark stages, windows, joins): see [`crate::time`].
     EventTime {
@@ -1587,11 +1715,7 @@ impl Behaviour {
                 pane_end_us: 0,
                 checks: 0,
             },
-            OperatorKind::Sink { .. } => Behaviour::Sink {
-                file: sink,
-                clock_us: 0,
-                clock_uses: 0,
-            },
+            OperatorKind::Sink { .. } => Behaviour::Sink { file: sink },
             OperatorKind::Map
             | OperatorKind::Source { .. }
             | OperatorKind::Select { .. }
@@ -1655,8 +1779,8 @@ impl OperatorTask {
                         since_flush = 0;
                         ctx.meter.check(|| 0);
                         ctx.outputs.check_chain();
-                        if let Behaviour::Sink { clock_uses, .. } = &mut self.op.behaviour {
-                            *clock_uses = 0; // the cached clock goes stale while waiting
+                        if let Some(sink) = &mut ctx.meter.sink {
+                            sink.clock_uses = 0; // the clock goes stale while waiting
                         }
                         let t = ctx.meter.now();
                         let r = self.rx.recv_timeout(tick);
@@ -1691,6 +1815,9 @@ impl OperatorTask {
                         ctx.meter.records_in += 1;
                         ctx.meter.totals.records_in += 1;
                     }
+                    if let Some(sink) = &mut ctx.meter.sink {
+                        sink.tick_clock();
+                    }
                     if !self.op.process(rec, &mut ctx) {
                         error = Some(closed(&ctx));
                         break;
@@ -1702,7 +1829,7 @@ impl OperatorTask {
                     }
                     since_flush += 1;
                     // A slow head reads the clock every few records: run the chain then too,
-                    // so that its records do not wait for a batch of 64 slow records.
+                    // so that its records do not wait for a full batch of slow records.
                     if since_flush >= CHAIN_BATCH || check != Check::Skipped {
                         since_flush = 0;
                         if !ctx.outputs.flush(&mut ctx.meter) {
@@ -1882,21 +2009,12 @@ impl Operator {
                 s.pane_max_delay_us = s.pane_max_delay_us.max(now.saturating_sub(rec.created_us));
                 true
             }
-            Behaviour::Sink {
-                file,
-                clock_us,
-                clock_uses,
-            } => {
-                if let Some((latency, accounted)) = &ctx.meter.sink {
-                    // Read the clock every 16 records: latency is in ms, a record takes ns.
-                    if *clock_uses == 0 {
-                        *clock_us = now_unix_us();
-                        *clock_uses = 16;
-                    }
-                    *clock_uses -= 1;
-                    let lat = clock_us.saturating_sub(rec.created_us) as f64 / 1e6;
-                    latency.observe(lat);
-                    accounted.inc_by(rec.count);
+            Behaviour::Sink { file } => {
+                if let Some(sink) = &mut ctx.meter.sink {
+                    // Against the clock of the batch (a chained sink) or of the last
+                    // `SINK_CLOCK_USES` records (`SinkMeter::tick_clock`).
+                    sink.latency
+                        .observe_us(sink.clock_us.saturating_sub(rec.created_us));
                 }
                 ctx.meter.totals.accounted += rec.count;
                 ctx.meter
