@@ -338,11 +338,33 @@ fn dag_bench() -> DagBench {
 /// `Autoscaler::decide` on the 200-operator DAG, each inside [`count_plan`] / [`count_decide`]
 /// so that `valgrind --tool=callgrind` can count instructions per call exactly (the number
 /// of calls under criterion depends on the time they take).
+///
+/// With `STREAMSCALE_BENCH_PRINT` set as well, prints the bench's `plan` and its first two
+/// `Autoscaler::decide` verdicts as JSON instead (to compare the decisions of two builds).
 fn count_calls(n: usize) {
     let mut b = dag_bench();
     // One uncounted decision first: the learned correction takes its notes from the change
     // since the priming window once, as under criterion, whose later calls see none.
-    black_box(b.auto.decide(b.now, &b.window, &b.spec));
+    let first = b.auto.decide(b.now, &b.window, &b.spec);
+    if std::env::var_os("STREAMSCALE_BENCH_PRINT").is_some() {
+        // The decisions themselves (JSON, floats round-trip exact), to compare two builds.
+        let plan = plan(&b.spec, &b.window, &b.settings).expect("the benchmark job plans");
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan).expect("a plan serializes")
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&first).expect("a verdict serializes")
+        );
+        let second = b.auto.decide(b.now, &b.window, &b.spec);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&second).expect("a verdict serializes")
+        );
+        return;
+    }
+    black_box(first);
     for _ in 0..n {
         black_box(count_plan(&b.spec, &b.window, &b.settings));
     }

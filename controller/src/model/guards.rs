@@ -144,7 +144,7 @@ impl GraphCache {
         if let Some(g) = self.0.as_ref().filter(|g| g.matches(spec)) {
             return Ok(Arc::clone(g));
         }
-        let g = Arc::new(JobGraph::new(spec)?);
+        let g = Arc::new(JobGraph::new(spec)?.with_templates());
         self.0 = Some(Arc::clone(&g));
         Ok(g)
     }

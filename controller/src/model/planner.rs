@@ -297,6 +297,26 @@ pub(crate) struct JobGraph {
     /// What the graph was built from: per operator (name, kind, keyed, scaling min, max) in
     /// spec order, the edges, and maxParallelism.
     key: GraphKey,
+    /// Where each operator's row of the tail memo starts ([`Model::tail`]; n + 1 entries, the
+    /// last the memo's length): operator i's row has min(its max parallelism + 1,
+    /// [`TAIL_ROW_MAX`]) entries.
+    tail_at: Vec<usize>,
+    /// For a graph reused across decisions ([`JobGraph::with_templates`]): the name-keyed maps
+    /// a [`Decision`] is cloned from; `None` builds them by collecting.
+    templates: Option<DecisionTemplates>,
+}
+
+/// Every operator's name (in name order) mapped to a placeholder: a [`Decision`]'s
+/// name-keyed maps are clones of these with the values written in place, in the maps' own
+/// (name) order. Cheaper than collecting them afresh, which sorts (finding them sorted) and
+/// removes duplicates (comparing every pair of neighbouring names) after copying the entries
+/// into a vector; the maps are the same either way.
+#[derive(Debug, PartialEq)]
+struct DecisionTemplates {
+    /// Name → 0.
+    names: BTreeMap<String, u32>,
+    /// Name → an empty plan.
+    plans: BTreeMap<String, OperatorPlan>,
 }
 
 type GraphKey = (
@@ -372,6 +392,12 @@ impl JobGraph {
         };
         let (fwd_in_at, fwd_in) = csr(&topo.inputs, |i, j| j < i);
         let (fwd_out_at, fwd_out) = csr(&topo.outputs, |i, k| k > i);
+        let mut tail_at = Vec::with_capacity(n + 1);
+        tail_at.push(0);
+        for &(_, hi) in &bounds {
+            let row = (hi as usize + 1).min(TAIL_ROW_MAX);
+            tail_at.push(tail_at.last().copied().unwrap_or(0) + row);
+        }
         let mut by_name: Vec<usize> = (0..n).collect();
         by_name.sort_by(|&a, &b| topo.names[a].cmp(&topo.names[b]));
         let spec_order = spec
@@ -394,7 +420,67 @@ impl JobGraph {
             by_name,
             spec_order,
             key,
+            tail_at,
+            templates: None,
         })
+    }
+
+    /// This graph with the [`DecisionTemplates`] its decisions' maps are cloned from: for a
+    /// graph that plans more than once (building them costs about what collecting one
+    /// decision's maps does).
+    pub(crate) fn with_templates(mut self) -> JobGraph {
+        let names: BTreeMap<String, u32> = self
+            .by_name
+            .iter()
+            .map(|&i| (self.topo.names[i].clone(), 0))
+            .collect();
+        let empty = OperatorPlan {
+            kind: String::new(),
+            current_parallelism: 0,
+            parallelism: 0,
+            max_parallelism: 0,
+            observed_input_rate: 0.0,
+            arrival_rate: 0.0,
+            steady_arrival_rate: 0.0,
+            true_processing_rate: None,
+            selectivity: 0.0,
+            selectivity_is_prior: false,
+            observed_utilization: 0.0,
+            backpressured_share: 0.0,
+            predicted_utilization: None,
+            predicted_sojourn_seconds: 0.0,
+            predicted_sojourn_percentile_seconds: 0.0,
+            clamped_at_max: false,
+            reason: String::new(),
+        };
+        let plans = names.keys().map(|k| (k.clone(), empty.clone())).collect();
+        self.templates = Some(DecisionTemplates { names, plans });
+        self
+    }
+
+    /// A map from every operator's name to `value(i)` (i its index), in name order.
+    fn name_map<V>(
+        &self,
+        template: Option<&BTreeMap<String, V>>,
+        mut value: impl FnMut(usize) -> V,
+    ) -> BTreeMap<String, V>
+    where
+        V: Clone,
+    {
+        match template {
+            Some(t) => {
+                let mut m = t.clone();
+                for (v, &i) in m.values_mut().zip(&self.by_name) {
+                    *v = value(i);
+                }
+                m
+            }
+            None => self
+                .by_name
+                .iter()
+                .map(|&i| (self.topo.names[i].clone(), value(i)))
+                .collect(),
+        }
     }
 
     /// [`Topology::longest_path_update`](super::network::Topology) after only operator
@@ -598,7 +684,12 @@ pub(crate) struct Model {
     hot_run: Vec<(u32, u32)>,
     /// [`Model::tail`] by (operator, parallelism): a pure memo (tail depends on the model
     /// and the learned factors only, and is cleared when those change); it changes no result.
-    tail_memo: std::cell::RefCell<TailMemo>,
+    /// Operator i's row is `[tail_at[i], tail_at[i + 1])` ([`JobGraph::tail_at`]), entry p
+    /// its tail at parallelism p, NaN = not computed yet (a NaN tail is recomputed, which gives
+    /// the same NaN); parallelisms beyond the row are not kept. One allocation per model.
+    tail_memo: std::cell::RefCell<Vec<f64>>,
+    /// Whether `tail_memo` may hold a computed entry (it is cleared only then).
+    tail_memo_used: std::cell::Cell<bool>,
     /// Learned scalability factor per operator (1 = linear scaling), applied to μ at
     /// parallelisms above the current one (see [`super::learn`]).
     factor: Vec<f64>,
@@ -613,29 +704,9 @@ pub(crate) struct Model {
     frozen: Vec<bool>,
 }
 
-/// Memo of [`Model::tail`]: per operator, by parallelism (NaN = not computed yet; a NaN
-/// tail is recomputed, which gives the same NaN). Parallelisms above [`TAIL_MEMO_MAX`] are
-/// not kept.
-type TailMemo = Vec<TailRow>;
-
-/// One operator's row of the [`TailMemo`]: `t[p]` for p < `len`, where `len` is one more than
-/// the largest parallelism stored (what [`Model::quantile_start`] searches below), and `t` is
-/// allocated ahead (NaN beyond `len`) so that it grows rarely.
-#[derive(Debug, Clone, Default)]
-struct TailRow {
-    len: usize,
-    t: Vec<f64>,
-}
-
-impl TailRow {
-    /// The memoized tail at parallelism `p`, if computed (not NaN).
-    fn get(&self, p: usize) -> Option<f64> {
-        (p < self.len).then(|| self.t[p]).filter(|t| !t.is_nan())
-    }
-}
-
-/// Largest parallelism kept in the tail memo (beyond the usual maxParallelism bounds).
-const TAIL_MEMO_MAX: u32 = 1 << 15;
+/// Most parallelisms (0 ..) kept per operator in the tail memo: an operator's row covers
+/// 0 ..= its max parallelism, up to this many entries.
+const TAIL_ROW_MAX: usize = 1024;
 
 /// A key group is hot when its estimated load is at least this multiple of the mean.
 pub const HOT_KEY_GROUP_FACTOR: f64 = 2.0;
@@ -788,6 +859,7 @@ impl Model {
             }
         }
         let eps = (1.0 - s.percentile) / f64::from(graph.depth);
+        let memo_len = graph.tail_at[n];
         Ok(Model {
             budget: TailBudget::new(eps),
             lambda_smooth,
@@ -807,7 +879,8 @@ impl Model {
             kg_prefixes,
             share_memo,
             hot_run,
-            tail_memo: std::cell::RefCell::new(vec![TailRow::default(); n]),
+            tail_memo: std::cell::RefCell::new(vec![f64::NAN; memo_len]),
+            tail_memo_used: std::cell::Cell::new(false),
             kg_loads,
             factor: vec![1.0; n],
             decided_with: std::cell::Cell::new(None),
@@ -851,9 +924,8 @@ impl Model {
             self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
             self.frozen[i] = flagged.next_if(|k| k.as_str() == name).is_some();
         }
-        for m in self.tail_memo.borrow_mut().iter_mut() {
-            m.len = 0;
-            m.t.clear();
+        if self.tail_memo_used.replace(false) {
+            self.tail_memo.borrow_mut().fill(f64::NAN);
         }
     }
 
@@ -1003,33 +1075,36 @@ impl Model {
     /// batch waits longer than the busiest subtask's share of it, in the fluid view). 0 for
     /// sources; the window period alone for unknown μ.
     fn tail(&self, i: usize, p: u32) -> f64 {
-        if p > TAIL_MEMO_MAX {
+        let Some(at) = self.tail_slot(i, p) else {
             return self.tail_uncached(i, p);
-        }
-        if let Some(t) = self.tail_memo.borrow()[i].get(p as usize) {
-            return t;
+        };
+        let m = self.tail_memo.borrow()[at];
+        if !m.is_nan() {
+            return m;
         }
         let t = self.tail_uncached(i, p);
-        let mut memo = self.tail_memo.borrow_mut();
-        let m = &mut memo[i];
-        let p = p as usize;
-        if m.t.len() <= p {
-            // Room up to the operator's max parallelism (within reason) in one allocation.
-            let ahead = (self.graph.bounds[i].1 as usize + 1).min(1024);
-            m.t.resize((p + 1).max(ahead), f64::NAN);
-        }
-        m.len = m.len.max(p + 1);
-        m.t[p] = t;
+        self.tail_memo.borrow_mut()[at] = t;
+        self.tail_memo_used.set(true);
         t
+    }
+
+    /// The tail memo's entry for operator `i` at parallelism `p`, if its row covers `p`.
+    fn tail_slot(&self, i: usize, p: u32) -> Option<usize> {
+        let at = self.graph.tail_at[i] + p as usize;
+        (at < self.graph.tail_at[i + 1]).then_some(at)
+    }
+
+    /// The memoized tail of operator `i` at `p`, if computed.
+    fn tail_memoized(&self, i: usize, p: u32) -> Option<f64> {
+        let at = self.tail_slot(i, p)?;
+        Some(self.tail_memo.borrow()[at]).filter(|t| !t.is_nan())
     }
 
     /// An upper bound on [`Model::tail`] that skips the quantile's root finding (the
     /// quantile's starting bracket end, [`super::queueing::sojourn_quantile_upper`]): the same terms added in
     /// the same order to a term that is at least the quantile, so never below `tail(i, p)`.
     fn tail_upper(&self, i: usize, p: u32) -> f64 {
-        if p <= TAIL_MEMO_MAX
-            && let Some(t) = self.tail_memo.borrow()[i].get(p as usize)
-        {
+        if let Some(t) = self.tail_memoized(i, p) {
             return t;
         }
         let window = self.period(i);
@@ -1072,30 +1147,9 @@ impl Model {
             return f64::INFINITY;
         }
         let node = self.tail_node(i, p, mu);
-        let start = self.quantile_start(i, p);
-        sojourn_quantile_bound_in(node, self.s.ca, self.s.cs, &self.budget, start)
+        sojourn_quantile_bound_in(node, self.s.ca, self.s.cs, &self.budget, f64::NAN)
             + window
             + self.drain(i, p, mu)
-    }
-
-    /// Where the root finding of operator `i`'s quantile at `p` subtasks starts: its quantile
-    /// at the nearest lower parallelism (up to 8 below) whose tail is in the memo (the latency
-    /// allocation asks for the next parallelism after the current one), else NaN (the
-    /// bracket's upper end). Only a starting point: the root finding checks which side of the
-    /// root it lies on, and the result is the quantile to the same tolerance either way.
-    fn quantile_start(&self, i: usize, p: u32) -> f64 {
-        let memo = self.tail_memo.borrow();
-        let m = &memo[i];
-        let top = (p as usize).min(m.len);
-        for q in (top.saturating_sub(8)..top).rev() {
-            let t = m.t[q];
-            if t.is_finite()
-                && let Some(mu) = self.mu_at(i, q as u32)
-            {
-                return t - self.period(i) - self.drain(i, q as u32, mu);
-            }
-        }
-        f64::NAN
     }
 
     /// Keyed operator `i`: the smallest parallelism from `from` (the DS2 value, a lower bound
@@ -1580,35 +1634,28 @@ impl Model {
         // Every map is built from its entries in name order (the graph's `by_name`): the
         // collection then finds them sorted instead of sorting or inserting one by one.
         let mut why = why;
-        let operators: BTreeMap<String, OperatorPlan> = g
-            .by_name
-            .iter()
-            .map(|&i| {
-                let e = &self.est[i];
-                (
-                    g.topo.names[i].clone(),
-                    OperatorPlan {
-                        kind: g.kind[i].to_string(),
-                        current_parallelism: e.parallelism,
-                        parallelism: p[i],
-                        max_parallelism: g.bounds[i].1,
-                        observed_input_rate: e.input_rate,
-                        arrival_rate: self.lambda_target[i],
-                        steady_arrival_rate: self.lambda_steady[i],
-                        true_processing_rate: self.mu(i),
-                        selectivity: e.selectivity,
-                        selectivity_is_prior: e.selectivity_is_prior,
-                        observed_utilization: e.utilization,
-                        backpressured_share: e.backpressured_share,
-                        predicted_utilization: self.predicted_rho(i, p[i]),
-                        predicted_sojourn_seconds: self.sojourn(i, p[i]),
-                        predicted_sojourn_percentile_seconds: self.tail(i, p[i]),
-                        clamped_at_max: clamped[i],
-                        reason: std::mem::take(&mut why[i]),
-                    },
-                )
-            })
-            .collect();
+        let operators = g.name_map(g.templates.as_ref().map(|t| &t.plans), |i| {
+            let e = &self.est[i];
+            OperatorPlan {
+                kind: g.kind[i].to_string(),
+                current_parallelism: e.parallelism,
+                parallelism: p[i],
+                max_parallelism: g.bounds[i].1,
+                observed_input_rate: e.input_rate,
+                arrival_rate: self.lambda_target[i],
+                steady_arrival_rate: self.lambda_steady[i],
+                true_processing_rate: self.mu(i),
+                selectivity: e.selectivity,
+                selectivity_is_prior: e.selectivity_is_prior,
+                observed_utilization: e.utilization,
+                backpressured_share: e.backpressured_share,
+                predicted_utilization: self.predicted_rho(i, p[i]),
+                predicted_sojourn_seconds: self.sojourn(i, p[i]),
+                predicted_sojourn_percentile_seconds: self.tail(i, p[i]),
+                clamped_at_max: clamped[i],
+                reason: std::mem::take(&mut why[i]),
+            }
+        });
         let sources: BTreeMap<String, SourcePlan> = g
             .by_name
             .iter()
@@ -1648,16 +1695,10 @@ impl Model {
             )
         });
         let mut d = Decision {
-            parallelism: g
-                .by_name
-                .iter()
-                .map(|&i| (g.topo.names[i].clone(), p[i]))
-                .collect(),
-            current: g
-                .by_name
-                .iter()
-                .map(|&i| (g.topo.names[i].clone(), self.est[i].parallelism))
-                .collect(),
+            parallelism: g.name_map(g.templates.as_ref().map(|t| &t.names), |i| p[i]),
+            current: g.name_map(g.templates.as_ref().map(|t| &t.names), |i| {
+                self.est[i].parallelism
+            }),
             operators,
             sources,
             predicted_latency_seconds: 0.0,
@@ -2182,6 +2223,20 @@ edges:
             "{:?}",
             d.reasons
         );
+        // A tail does not depend on which tails were computed before it (the memo only
+        // saves work): up, down and cold give the same bits.
+        let fresh = || Model::new(&spec, &ds2_window(), &settings).expect("model");
+        let (up, down) = (fresh(), fresh());
+        let ups: Vec<u64> = (1..=12).map(|p| up.tail(map, p).to_bits()).collect();
+        let downs: Vec<u64> = (1..=12)
+            .rev()
+            .map(|p| down.tail(map, p).to_bits())
+            .collect();
+        for p in 1..=12u32 {
+            let cold = fresh().tail(map, p).to_bits();
+            assert_eq!(ups[p as usize - 1], cold, "p={p}");
+            assert_eq!(downs[12 - p as usize], cold, "p={p}");
+        }
     }
 
     #[test]

@@ -249,7 +249,8 @@ pub fn ggc_waiting_quantile(
 ///
 /// P(T > t) = (1 − C)·e^(−mt) + C·(m·e^(−θt) − θ·e^(−mt)) / (m − θ) (the hypoexponential
 /// tail; (1 + mt)·e^(−mt) when θ = m). Exact for M/M/1 (T exponential at μ − λ) and M/M/c
-/// with exponential service. Solved by safeguarded Newton steps on ln P(T > t) inside a
+/// with exponential service. Solved by safeguarded Newton steps on ln P(T > t), started at the
+/// root of the slower-decaying exponential term alone (see `asymptotic_root`), inside a
 /// bracket whose upper end always has P(T > t) ≤ `eps`, which is returned: the result never
 /// understates the quantile by more than 1e-12 relative.
 /// `f64::INFINITY` when unstable, μ is not positive and finite, or `eps` ≤ 0.
@@ -257,14 +258,13 @@ pub fn sojourn_quantile_bound(node: TailNode, arrival_cv: f64, service_cv: f64, 
     sojourn_quantile_bound_from(node, arrival_cv, service_cv, eps, f64::NAN)
 }
 
-/// [`sojourn_quantile_bound`] with its root finding started at `start` seconds instead of the
-/// bracket's upper end, when `start` lies strictly inside the bracket (NaN or outside: the
-/// upper end, which is [`sojourn_quantile_bound`]). The root finding keeps the same bracket
-/// (`start` becomes its lower or upper end by the sign of P(T > start) − `eps`) and the same
-/// tolerance (1e-12 relative), so the result is the same bound up to that tolerance: P(T > t)
-/// ≤ `eps` at the result (but for the rounding that bound already allows). A start near the
-/// root, e.g. the same operator's quantile at a neighbouring parallelism, needs a few Newton
-/// iterations instead of ≈ 13 from the bracket's end.
+/// [`sojourn_quantile_bound`] with its root finding started at `start` seconds, when `start`
+/// lies strictly inside the bracket (outside: the bracket's upper end; NaN: the start
+/// [`sojourn_quantile_bound`] takes, which is then the result bit for bit). The root finding
+/// keeps the same bracket (`start` becomes its lower or upper end by the sign of
+/// P(T > start) − `eps`) and the same tolerance (1e-12 relative), so the result is the same
+/// bound up to that tolerance: P(T > t) ≤ `eps` at the result (but for the rounding that bound
+/// already allows).
 pub fn sojourn_quantile_bound_from(
     node: TailNode,
     arrival_cv: f64,
@@ -330,6 +330,11 @@ pub fn sojourn_quantile_bound_in(
     };
     let mut lo = 0.0;
     let target = budget.ln_eps;
+    let start = if start.is_nan() && !near {
+        asymptotic_root(c, theta, m, budget)
+    } else {
+        start
+    };
     let mut t = if start > 0.0 && start < hi { start } else { hi };
     for _ in 0..100 {
         let (p, dp) = tail(t);
@@ -347,6 +352,12 @@ pub fn sojourn_quantile_bound_in(
         } else {
             f64::NAN
         };
+        if (next - hi).abs() <= 1e-12 * hi || (next - lo).abs() <= 1e-12 * hi {
+            // Newton has converged onto an end of the bracket (or just past it, by rounding:
+            // without this check that step would fall back to bisecting the whole bracket).
+            hi = hi.min(next.max(lo));
+            break;
+        }
         t = if next > lo && next < hi {
             next
         } else {
@@ -360,6 +371,28 @@ pub fn sojourn_quantile_bound_in(
         }
     }
     hi.max(0.0)
+}
+
+/// Where [`sojourn_quantile_bound_in`] starts its root finding without a given start: the
+/// root of the slower-decaying of the tail's two exponential terms alone. With
+/// P(T > t) = A·e^(−mt) + B·e^(−θt), A = 1 − C − Cθ/(m − θ), B = Cm/(m − θ), the term of rate
+/// r = min(m, θ) dominates for large t, and its coefficient (B when θ < m, else A) is then
+/// positive: t₀ = ln(coefficient / ε) / r. The other term is e^(−|m − θ|·t₀) relative to it
+/// there, so t₀ is usually close to the root (one to three Newton steps; from the bracket's
+/// upper end it takes one more). NaN (start at the upper end) when the coefficient or the rate
+/// is not positive. Only a starting point: the root finding keeps its bracket and tolerance.
+/// Not used when θ ≈ m (the tail is then (1 + mt)·e^(−mt) after the wait's share).
+fn asymptotic_root(c: f64, theta: f64, m: f64, budget: &TailBudget) -> f64 {
+    let (coef, rate) = if theta < m {
+        (c * m / (m - theta), theta)
+    } else {
+        ((1.0 - c) + c * theta / (theta - m), m)
+    };
+    if coef > 0.0 && rate > 0.0 {
+        (coef.ln() - budget.ln_eps) / rate
+    } else {
+        f64::NAN
+    }
 }
 
 /// The start of [`sojourn_quantile_bound`]: either its result outright (unstable, `eps` out
@@ -636,6 +669,44 @@ mod tests {
             let exact = sojourn_quantile_bound(node, ca, cs, eps);
             let upper = sojourn_quantile_upper(node, ca, cs, eps);
             proptest::prop_assert!(upper >= exact, "{} < {}", upper, exact);
+        }
+    }
+
+    proptest::proptest! {
+        /// The root finding ends at the same quantile (within its 1e-12 tolerance) from the
+        /// default start, from below and above the root and from the bracket's upper end, and
+        /// the tail there is ε (up to rounding): the start and the converged-past-the-bracket
+        /// exit change no more than the last bits.
+        #[test]
+        fn the_quantile_is_the_same_root_from_any_start(
+            mu in 0.1f64..5000.0,
+            rho in 0.0f64..0.999,
+            servers in 1u32..150,
+            cs in 0.5f64..2.0,
+            eps in 1e-6f64..0.2,
+            below in 0.2f64..1.0,
+        ) {
+            let node = TailNode { lambda: rho * mu * f64::from(servers), mu, servers };
+            let q = sojourn_quantile_bound(node, 1.0, cs, eps);
+            proptest::prop_assume!(q.is_finite() && q > 0.0);
+            for start in [q * below, q / below, sojourn_quantile_upper(node, 1.0, cs, eps), 1e300] {
+                let r = sojourn_quantile_bound_from(node, 1.0, cs, eps, start);
+                proptest::prop_assert!((r - q).abs() <= 4e-12 * q, "{} from {}: {} vs {}", q, start, r, q);
+            }
+            let budget = TailBudget::new(eps);
+            if let Bracket::Solve { c, theta, m, .. } = quantile_bracket(node, 1.0, cs, &budget) {
+                let tail = |t: f64| {
+                    let em = (-m * t).exp();
+                    let h = if (m - theta).abs() <= 1e-9 * m.max(theta) {
+                        (1.0 + m * t) * em
+                    } else {
+                        (m * (-theta * t).exp() - theta * em) / (m - theta)
+                    };
+                    (1.0 - c) * em + c * h
+                };
+                proptest::prop_assert!(tail(q) <= eps * (1.0 + 1e-9), "{}: {} > {}", q, tail(q), eps);
+                proptest::prop_assert!(tail(q * (1.0 - 1e-9)) > eps, "{} is not the smallest", q);
+            }
         }
     }
 
