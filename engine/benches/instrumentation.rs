@@ -3,6 +3,9 @@
 //!
 //! `cargo bench -p streamscale-engine --bench instrumentation [-- RECORDS ROUNDS [on|off]]`
 //!
+//! `overhead` compares the medians of each mode; `paired` is the median of each round's own
+//! overhead (its two runs back to back), less sensitive to the shared machine's slow stretches.
+//!
 //! With `on` or `off` only that mode runs (for a profiler such as
 //! `valgrind --tool=callgrind`, which needs one mode per process to tell them apart).
 #![allow(missing_docs)]
@@ -63,14 +66,25 @@ fn main() {
         return;
     }
     run(records / 10, true); // warm-up
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        on.push(run(records, true));
-        off.push(run(records, false));
+    let (mut on, mut off, mut paired) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Each round runs both modes back to back, in turn on first and off first, so that a
+        // slow stretch of the shared machine falls on both alike.
+        let (a, b) = if round % 2 == 0 {
+            let a = run(records, true);
+            (a, run(records, false))
+        } else {
+            let b = run(records, false);
+            (run(records, true), b)
+        };
+        on.push(a);
+        off.push(b);
+        paired.push((b - a) / b * 100.0);
     }
-    let (on, off) = (median(on), median(off));
+    let (on, off, paired) = (median(on), median(off), median(paired));
     println!("map-only job, {records} records, median of {rounds} alternating rounds");
     println!("metrics on : {on:>12.0} records/s");
     println!("metrics off: {off:>12.0} records/s");
     println!("overhead   : {:>11.2} %", (off - on) / off * 100.0);
+    println!("paired     : {paired:>11.2} % (median of the rounds' own overheads)");
 }

@@ -282,7 +282,8 @@ impl LatencyHistogramVec {
             first_us: 0,
             span_us: bucket_bound_us(0),
             at: 0,
-            run_us: 0,
+            clock_us: 0,
+            run_created_us: 0,
             run: 0,
         }
     }
@@ -362,11 +363,12 @@ impl Collector for LatencyHistogramVec {
 /// A latency of `l` µs falls into the first bucket whose bound `b` (seconds) has
 /// `l / 10⁶ ≤ b`, as in a Prometheus histogram observing `l / 10⁶` seconds.
 ///
-/// Records measured against the same clock reading with the same source timestamp (a
-/// source stamps a whole batch at once) have the same latency: a run of equal latencies is
-/// counted with one comparison and one increment per record and put into its bucket when
-/// the run ends; the bucket of the last run is kept as a range of microseconds, so that a
-/// new run of similar latency finds its bucket with one comparison.
+/// A record's latency is measured against the recorder's clock ([`Self::set_clock`]: the
+/// sink sets it once per batch of records or every few records). Records with the same
+/// source timestamp (a source stamps a whole batch at once) then have the same latency: a run
+/// of them costs one comparison and one increment per record and is put into its bucket when
+/// it ends; the bucket of the last run is kept as a range of microseconds, so that a new run
+/// of similar latency finds its bucket with one comparison.
 pub struct LocalLatencyHistogram {
     shared: Arc<Mutex<LatencyCounts>>,
     counts: [u64; LATENCY_BUCKETS],
@@ -376,31 +378,46 @@ pub struct LocalLatencyHistogram {
     first_us: u64,
     span_us: u64,
     at: usize,
-    /// The latency of the current run of equal observations, and its length (not yet in
-    /// `counts`).
-    run_us: u64,
+    /// The clock (µs since the Unix epoch) latencies are measured against.
+    clock_us: u64,
+    /// The source timestamp (µs since the Unix epoch) of the current run of records, and its
+    /// length (not yet in `counts`).
+    run_created_us: u64,
     run: u64,
 }
 
 impl LocalLatencyHistogram {
-    /// Counts one record whose end-to-end latency is `latency_us` microseconds.
+    /// Measures the following records' latency against `now_us` (µs since the Unix epoch).
     #[inline]
-    pub fn observe_us(&mut self, latency_us: u64) {
-        if latency_us == self.run_us {
-            self.run += 1;
-        } else {
-            self.end_run(latency_us);
+    pub fn set_clock(&mut self, now_us: u64) {
+        if now_us != self.clock_us {
+            self.end_run(self.run_created_us);
+            self.run = 0;
+            self.clock_us = now_us;
         }
     }
 
-    /// Puts the current run into its bucket and starts a run of `latency_us`.
+    /// Counts one record that arrived at its source at `created_us` (µs since the Unix
+    /// epoch): its latency is the clock minus that, 0 if the clock is earlier.
+    #[inline]
+    pub fn observe(&mut self, created_us: u64) {
+        if created_us == self.run_created_us {
+            self.run += 1;
+        } else {
+            self.end_run(created_us);
+        }
+    }
+
+    /// Puts the current run into its bucket and starts a run of records created at
+    /// `created_us`.
     #[inline(never)]
-    fn end_run(&mut self, latency_us: u64) {
-        let (latency, n) = (self.run_us, self.run);
-        (self.run_us, self.run) = (latency_us, 1);
+    fn end_run(&mut self, created_us: u64) {
+        let (created, n) = (self.run_created_us, self.run);
+        (self.run_created_us, self.run) = (created_us, 1);
         if n == 0 {
             return;
         }
+        let latency = self.clock_us.saturating_sub(created);
         if latency.wrapping_sub(self.first_us) > self.span_us {
             self.find_bucket(latency);
         }
@@ -422,7 +439,7 @@ impl LocalLatencyHistogram {
     /// Adds the observations since the last flush to the shared series (visible to the next
     /// scrape) and starts counting from zero again.
     pub fn flush(&mut self) {
-        self.end_run(0);
+        self.end_run(self.run_created_us);
         self.run = 0;
         if self.counts.iter().all(|&n| n == 0) {
             return;
@@ -477,6 +494,10 @@ mod tests {
         }
     }
 
+    /// A clock far from 0, so that `CLOCK - latency` is a valid timestamp for every latency
+    /// of the tests.
+    const CLOCK: u64 = u64::MAX / 2;
+
     #[test]
     fn local_histogram_counts_as_a_prometheus_histogram() {
         // Every bound, its neighbours, zero, huge values, and runs in and out of a bucket.
@@ -488,13 +509,14 @@ mod tests {
         }
         let family = LatencyHistogramVec::new("t_latency_seconds", "test").expect("family");
         let mut local = family.local(["sink", "0"]);
+        local.set_clock(CLOCK);
         let (half, rest) = latencies.split_at(latencies.len() / 2);
         for &l in half {
-            local.observe_us(l);
+            local.observe(CLOCK - l);
         }
         local.flush();
         for &l in rest {
-            local.observe_us(l);
+            local.observe(CLOCK - l);
         }
         local.flush();
         let got = family.get(["sink", "0"]).expect("series");
@@ -517,6 +539,32 @@ mod tests {
     }
 
     #[test]
+    fn latency_is_measured_against_the_clock_set_before_the_record() {
+        let family = LatencyHistogramVec::new("t_latency_seconds", "test").expect("family");
+        let mut local = family.local(["sink", "0"]);
+        // A run of three records created at 1 s, measured at 1.0005 s, then at 1.2 s; a record
+        // stamped after the clock counts as 0.
+        local.set_clock(1_000_500);
+        for _ in 0..3 {
+            local.observe(1_000_000);
+        }
+        local.set_clock(1_200_000);
+        local.observe(1_000_000);
+        local.observe(1_300_000);
+        local.flush();
+        let got = family.get(["sink", "0"]).expect("series");
+        let mut want = [0; LATENCY_BUCKETS];
+        want[0] = 4; // 500 µs ×3 and 0 µs: le=0.001
+        want[7] = 1; // 200 ms: le=0.25
+        assert_eq!(got.buckets, want);
+        assert!(
+            (got.sum_seconds - 0.2015).abs() < 1e-12,
+            "{}",
+            got.sum_seconds
+        );
+    }
+
+    #[test]
     fn series_exist_at_zero_and_render_as_a_prometheus_histogram() {
         let metrics = EngineMetrics::new().expect("metrics");
         let mut local = metrics.sink_latency.local(["sink", "1"]);
@@ -531,8 +579,9 @@ mod tests {
             text.contains("# TYPE streamscale_sink_latency_seconds histogram"),
             "{text}"
         );
-        local.observe_us(3_000); // 3 ms: le=0.005
-        local.observe_us(200_000); // 200 ms: le=0.25
+        local.set_clock(1_000_000);
+        local.observe(997_000); // 3 ms: le=0.005
+        local.observe(800_000); // 200 ms: le=0.25
         let before = metrics.render();
         assert!(
             before.contains(

@@ -317,11 +317,9 @@ struct SinkMeter {
     accounted: IntCounter,
     /// `totals.accounted` when the counter was last published.
     accounted_published: u64,
-    /// The wall clock (µs since the Unix epoch) against which records' latency is measured:
-    /// a chained sink's batch start ([`ChainMember::run_pending`]), else read every
-    /// [`SINK_CLOCK_USES`] records ([`SinkMeter::tick_clock`]).
-    clock_us: u64,
-    /// Records until a sink reading its own input queue reads the clock again.
+    /// Records until a sink reading its own input queue reads the clock again. Latency is
+    /// measured against a chained sink's batch start ([`ChainMember::run_pending`]), else
+    /// against the clock read every [`SINK_CLOCK_USES`] records ([`SinkMeter::tick_clock`]).
     clock_uses: u32,
 }
 
@@ -335,7 +333,7 @@ impl SinkMeter {
     #[inline]
     fn tick_clock(&mut self) {
         if self.clock_uses == 0 {
-            self.clock_us = now_unix_us();
+            self.latency.set_clock(now_unix_us());
             self.clock_uses = SINK_CLOCK_USES;
         }
         self.clock_uses -= 1;
@@ -410,8 +408,12 @@ impl Meter {
     #[inline]
     fn unix_us_at(&self, t: Instant) -> u64 {
         let (at, unix_us) = self.anchor;
-        let since = t.saturating_duration_since(at).as_micros();
-        unix_us.saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
+        let since = t.saturating_duration_since(at);
+        let since_us = since
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(since.subsec_micros()));
+        unix_us.saturating_add(since_us)
     }
 
     /// Called once per record (or source batch): flushes if the flush interval has passed,
@@ -595,7 +597,10 @@ impl Outputs {
             let took = end.saturating_duration_since(start);
             meter.backpressured += took;
             meter.waited(took);
-            meter.saw_clock(end);
+            if !meter.chained {
+                // A head ticks (a member checks after each of its runs instead).
+                meter.saw_clock(end);
+            }
             next.batch = chain_batch(n, took, meter.check_budget);
         }
         self.ran_until = end;
@@ -694,7 +699,7 @@ impl ChainMember {
             // batch is short: [`chain_batch`]): measure latency there.
             let clock_us = self.ctx.meter.unix_us_at(start);
             if let Some(sink) = &mut self.ctx.meter.sink {
-                sink.clock_us = clock_us;
+                sink.latency.set_clock(clock_us);
             }
         }
         let mut ok = true;
@@ -998,7 +1003,6 @@ impl Job {
                             latency: metrics.sink_latency.local(l),
                             accounted: metrics.sink_accounted.with_label_values(&l),
                             accounted_published: 0,
-                            clock_us: 0,
                             clock_uses: 0,
                         }
                     }),
@@ -2013,8 +2017,7 @@ impl Operator {
                 if let Some(sink) = &mut ctx.meter.sink {
                     // Against the clock of the batch (a chained sink) or of the last
                     // `SINK_CLOCK_USES` records (`SinkMeter::tick_clock`).
-                    sink.latency
-                        .observe_us(sink.clock_us.saturating_sub(rec.created_us));
+                    sink.latency.observe(rec.created_us);
                 }
                 ctx.meter.totals.accounted += rec.count;
                 ctx.meter
