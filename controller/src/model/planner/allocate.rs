@@ -76,6 +76,65 @@ impl LatencyState {
     }
 }
 
+/// The slowest path's bound during a round, kept without re-adding the path after each step:
+/// the exact bound D (the path's terms added from its first operator on, as the longest-path
+/// update adds them) at the last full addition, plus each step's change of its operator's
+/// term. In floating point the running value `approx` differs from the D a full addition
+/// would give by at most the rounding of the path's n additions (≤ n·u·Σ terms, u = 2⁻⁵³)
+/// and of the s running updates (≤ 2u per update of a value ≤ `mass`), with `mass` ≥ every
+/// partial sum (the terms are ≥ 0: `mass` = D + Σ |changes|). [`ChainSum::exceeds`] answers
+/// "D > limit" from `approx` only when it is further from `limit` than 4× that bound, else
+/// `None`: then the caller adds the path up exactly. With an infinite or NaN term it always
+/// defers. Tests check every answer against a full addition.
+struct ChainSum {
+    approx: f64,
+    mass: f64,
+    terms: usize,
+    steps: usize,
+    /// Highest chain position stepped since the last full addition.
+    dirty: usize,
+}
+
+impl ChainSum {
+    fn new(exact: f64, terms: usize) -> ChainSum {
+        ChainSum {
+            approx: exact,
+            mass: exact.abs(),
+            terms,
+            steps: 0,
+            dirty: 0,
+        }
+    }
+
+    /// Chain position `pos`'s term changed from `before` to `after`.
+    fn step(&mut self, pos: usize, before: f64, after: f64) {
+        let change = after - before;
+        self.approx += change;
+        self.mass += change.abs();
+        self.steps += 1;
+        self.dirty = self.dirty.max(pos);
+    }
+
+    /// The highest chain position whose distance is stale.
+    fn dirty_from(&self) -> usize {
+        self.dirty
+    }
+
+    /// Whether the exact path sum exceeds `limit`, when `approx` tells for certain.
+    fn exceeds(&self, limit: f64) -> Option<bool> {
+        if !(self.approx.is_finite() && self.mass.is_finite() && limit.is_finite()) {
+            return None;
+        }
+        let rounding = (self.terms + 2 * self.steps + 2) as f64 * f64::EPSILON * self.mass;
+        let gap = self.approx - limit;
+        if gap.abs() > 4.0 * rounding {
+            Some(gap > 0.0)
+        } else {
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 thread_local! {
     /// Tests: plan with the reference one-step greedy instead of the rounds.
@@ -201,28 +260,48 @@ impl Model {
                 continue;
             }
             // A round on the chain: the greedy's steps among its operators while its bound is
-            // above `stop`; only the chain's own distances are updated.
+            // above `stop`; only the chain's own distances are updated, and only when the
+            // comparison with `stop` needs them (see `ChainSum`).
             scores.clear();
             scores.extend(chain.iter().map(|&at| self.score(at, st, &mut next)));
+            let mut sum = ChainSum::new(st.dist[chain[0]], chain.len());
             loop {
                 let Some(pos) = Self::best_of(scores.iter().copied()) else {
                     one_step = true;
                     break;
                 };
                 let i = chain[pos];
+                let before = g.own(&st.w, i);
                 self.take_step(st, &mut next, i);
                 if hold_only && st.p[i] > self.est[i].parallelism {
                     return Allocated::Grew;
                 }
                 scores[pos] = self.score(i, st, &mut next);
-                // The same sums the longest-path update makes along the chain (its first
-                // operator has no inputs: distance 0 before its own term).
-                for k in (0..=pos).rev() {
-                    let v = chain[k];
-                    let d = chain.get(k + 1).map_or(0.0, |&u| st.dist[u]);
-                    st.dist[v] = d + g.own(&st.w, v);
+                sum.step(pos, before, g.own(&st.w, i));
+                let over = match sum.exceeds(stop) {
+                    Some(over) => over,
+                    None => {
+                        // The same sums the longest-path update makes along the chain (its
+                        // first operator has no inputs: distance 0 before its own term), from
+                        // the highest position stepped since they were last made.
+                        for k in (0..=sum.dirty_from()).rev() {
+                            let v = chain[k];
+                            let d = chain.get(k + 1).map_or(0.0, |&u| st.dist[u]);
+                            st.dist[v] = d + g.own(&st.w, v);
+                        }
+                        sum = ChainSum::new(st.dist[chain[0]], chain.len());
+                        exceeds(st.dist[chain[0]], stop)
+                    }
+                };
+                #[cfg(test)]
+                {
+                    let mut d = 0.0;
+                    for &v in chain.iter().rev() {
+                        d += g.own(&st.w, v);
+                    }
+                    assert_eq!(over, exceeds(d, stop), "chain sum {d} vs stop {stop}");
                 }
-                if !exceeds(st.dist[chain[0]], stop) {
+                if !over {
                     break;
                 }
             }
