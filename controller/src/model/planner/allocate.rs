@@ -76,6 +76,78 @@ impl LatencyState {
     }
 }
 
+/// The scores of a round's chain with [`Model::best_of`]'s choice among them kept in a
+/// tournament tree, so that a step (one score changes) costs O(log n) instead of a scan. Each
+/// node holds the choice of its leaves (`usize::MAX`: none has a score): the right one when its
+/// score is strictly larger, else the left one, which is the scan's choice (the largest, the
+/// first on a tie) as long as no score is NaN (a NaN first score stays the scan's choice, which
+/// does not split into halves); with a NaN anywhere it scans. Tests compare every choice with
+/// the scan.
+#[derive(Default)]
+struct BestScores {
+    leaves: Vec<Option<f64>>,
+    /// Heap order, root at 1, leaves from `width`.
+    tree: Vec<(f64, usize)>,
+    width: usize,
+    nan: usize,
+}
+
+impl BestScores {
+    const NONE: (f64, usize) = (f64::NEG_INFINITY, usize::MAX);
+
+    fn pick(a: (f64, usize), b: (f64, usize)) -> (f64, usize) {
+        if a.1 == usize::MAX || (b.1 != usize::MAX && b.0 > a.0) {
+            b
+        } else {
+            a
+        }
+    }
+
+    fn reset(&mut self, scores: impl Iterator<Item = Option<f64>>) {
+        self.leaves.clear();
+        self.leaves.extend(scores);
+        self.width = self.leaves.len().next_power_of_two();
+        self.tree.clear();
+        self.tree.resize(2 * self.width, Self::NONE);
+        self.nan = 0;
+        for (pos, s) in self.leaves.iter().enumerate() {
+            if let Some(x) = *s {
+                self.nan += usize::from(x.is_nan());
+                self.tree[self.width + pos] = (x, pos);
+            }
+        }
+        for k in (1..self.width).rev() {
+            self.tree[k] = Self::pick(self.tree[2 * k], self.tree[2 * k + 1]);
+        }
+    }
+
+    fn set(&mut self, pos: usize, score: Option<f64>) {
+        let was_nan = self.leaves[pos].is_some_and(f64::is_nan);
+        let is_nan = score.is_some_and(f64::is_nan);
+        self.nan = self.nan + usize::from(is_nan) - usize::from(was_nan);
+        self.leaves[pos] = score;
+        let mut k = self.width + pos;
+        self.tree[k] = score.map_or(Self::NONE, |x| (x, pos));
+        while k > 1 {
+            k /= 2;
+            self.tree[k] = Self::pick(self.tree[2 * k], self.tree[2 * k + 1]);
+        }
+    }
+
+    /// [`Model::best_of`] over the scores.
+    fn best(&self) -> Option<usize> {
+        let best = if self.nan > 0 || self.width < 2 {
+            Model::best_of(self.leaves.iter().copied())
+        } else {
+            let (score, pos) = self.tree[1];
+            (pos != usize::MAX && score > 0.0).then_some(pos)
+        };
+        #[cfg(test)]
+        assert_eq!(best, Model::best_of(self.leaves.iter().copied()));
+        best
+    }
+}
+
 /// The slowest path's bound during a round, kept without re-adding the path after each step:
 /// the exact bound D (the path's terms added from its first operator on, as the longest-path
 /// update adds them) at the last full addition, plus each step's change of its operator's
@@ -227,7 +299,7 @@ impl Model {
         let n = st.p.len();
         let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
         let mut dirty = vec![false; n];
-        let (mut chain, mut scores) = (Vec::new(), Vec::new());
+        let (mut chain, mut scores) = (Vec::new(), BestScores::default());
         let mut on_chain = vec![false; n];
         let mut after = vec![0.0; n];
         let slack = ROUND_SLACK * self.s.slo.abs();
@@ -262,11 +334,10 @@ impl Model {
             // A round on the chain: the greedy's steps among its operators while its bound is
             // above `stop`; only the chain's own distances are updated, and only when the
             // comparison with `stop` needs them (see `ChainSum`).
-            scores.clear();
-            scores.extend(chain.iter().map(|&at| self.score(at, st, &mut next)));
+            scores.reset(chain.iter().map(|&at| self.score(at, st, &mut next)));
             let mut sum = ChainSum::new(st.dist[chain[0]], chain.len());
             loop {
-                let Some(pos) = Self::best_of(scores.iter().copied()) else {
+                let Some(pos) = scores.best() else {
                     one_step = true;
                     break;
                 };
@@ -276,7 +347,7 @@ impl Model {
                 if hold_only && st.p[i] > self.est[i].parallelism {
                     return Allocated::Grew;
                 }
-                scores[pos] = self.score(i, st, &mut next);
+                scores.set(pos, self.score(i, st, &mut next));
                 sum.step(pos, before, g.own(&st.w, i));
                 let over = match sum.exceeds(stop) {
                     Some(over) => over,
@@ -460,5 +531,73 @@ impl JobGraph {
             on_chain[v] = false;
         }
         other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BestScores, Model};
+
+    /// The tournament tree chooses as the scan does: the largest score, the first on a tie,
+    /// none when the best does not cut (≤ 0), through updates, with ∞, −∞, NaN and gaps.
+    #[test]
+    fn best_scores_choose_as_the_scan() {
+        let inf = f64::INFINITY;
+        let cases: Vec<Vec<Option<f64>>> = vec![
+            vec![],
+            vec![Some(1.0)],
+            vec![Some(-1.0)],
+            vec![Some(1.0), Some(2.0), Some(2.0), None, Some(-inf), Some(2.0)],
+            vec![
+                None,
+                Some(0.0),
+                Some(f64::MAX),
+                Some(inf),
+                Some(inf),
+                Some(3.0),
+                None,
+            ],
+            vec![Some(f64::NAN), Some(5.0), Some(1.0)],
+            vec![Some(-inf), Some(-inf), None, Some(0.5), Some(0.5)],
+        ];
+        let updates = [
+            Some(2.0),
+            Some(0.5),
+            None,
+            Some(inf),
+            Some(f64::NAN),
+            Some(-1.0),
+        ];
+        for scores in cases {
+            let mut tree = BestScores::default();
+            tree.reset(scores.iter().copied());
+            let mut scan = scores.clone();
+            assert_eq!(
+                tree.best(),
+                Model::best_of(scan.iter().copied()),
+                "{scan:?}"
+            );
+            for (k, u) in updates.iter().enumerate() {
+                if scan.is_empty() {
+                    break;
+                }
+                let pos = (3 * k + 1) % scan.len();
+                scan[pos] = *u;
+                tree.set(pos, *u);
+                assert_eq!(
+                    tree.best(),
+                    Model::best_of(scan.iter().copied()),
+                    "{scan:?}"
+                );
+            }
+        }
+        // Ties go to the first position.
+        let mut tree = BestScores::default();
+        tree.reset([Some(1.0), Some(3.0), Some(2.0), Some(3.0)].into_iter());
+        assert_eq!(tree.best(), Some(1));
+        tree.set(1, Some(2.0));
+        assert_eq!(tree.best(), Some(3));
+        tree.set(0, Some(3.0));
+        assert_eq!(tree.best(), Some(0));
     }
 }
