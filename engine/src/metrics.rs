@@ -24,7 +24,8 @@ pub struct EngineMetrics {
     registry: Registry,
     /// Records received by a subtask (counter).
     pub records_in: IntCounterVec,
-    /// Records sent downstream by a subtask (counter).
+    /// Records a subtask emitted (counter), once per record however many downstream
+    /// operators it goes to (Flink's `numRecordsOut`).
     pub records_out: IntCounterVec,
     /// Seconds spent processing records (counter).
     pub busy_seconds: CounterVec,
@@ -92,7 +93,10 @@ impl EngineMetrics {
             Ok(g)
         };
         let records_in = int_counter("streamscale_records_in_total", "Records received.")?;
-        let records_out = int_counter("streamscale_records_out_total", "Records sent downstream.")?;
+        let records_out = int_counter(
+            "streamscale_records_out_total",
+            "Records emitted, once per record however many downstream operators it goes to.",
+        )?;
         let busy_seconds = counter(
             "streamscale_busy_time_seconds_total",
             "Seconds spent processing records.",

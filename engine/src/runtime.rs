@@ -533,6 +533,11 @@ impl Outputs {
             if !ok {
                 return false;
             }
+        }
+        // Once per record, however many downstream operators it goes to (Flink's
+        // numRecordsOut): the planner's traffic equations send an operator's output along each
+        // of its edges, so counting per edge would double a fan-out's selectivity.
+        if !self.routes.is_empty() {
             meter.records_out += 1;
             meter.totals.records_out += 1;
         }

@@ -80,9 +80,8 @@ impl RecordBalance {
         for op in &spec.operators {
             let c = counters.get(&op.name).copied().unwrap_or_default();
             let w = paths.get(op.name.as_str()).copied().unwrap_or(0);
-            let outs = spec.outputs_of(&op.name).len() as u64;
-            // records_out counts one per output edge; a record is sent on every edge once.
-            let produced = c.records_out.checked_div(outs).unwrap_or(0);
+            // records_out counts each record once, however many output edges it goes on.
+            let produced = c.records_out;
             match &op.kind {
                 OperatorKind::Source { .. } => {
                     b.source_records = b.source_records.saturating_add(produced);
@@ -231,7 +230,8 @@ pub struct OperatorInfo {
     pub parallelism: u32,
     /// Records received (cumulative across restores).
     pub records_in: u64,
-    /// Records sent (cumulative across restores).
+    /// Records emitted, each once however many downstream operators it goes to (cumulative
+    /// across restores).
     pub records_out: u64,
 }
 
@@ -867,7 +867,8 @@ mod tests {
         ));
         let c = counters(&[
             ("src", 0, 601, 0, 0),
-            ("a", 601, 1202, 0, 0),
+            // records_out counts each record once, not once per output edge.
+            ("a", 601, 601, 0, 0),
             ("s1", 601, 0, 601, 0),
             ("s2", 601, 0, 601, 0),
         ]);
@@ -878,7 +879,7 @@ mod tests {
             "name: j\noperators: [{SRC}, {{ name: a, kind: map }}, {{ name: b, kind: filter, keep: 0.5 }}, {{ name: sink, kind: sink }}]\nedges: [{{ from: src, to: a }}, {{ from: src, to: b }}, {{ from: a, to: sink }}, {{ from: b, to: sink }}]\n"
         ));
         let c = counters(&[
-            ("src", 0, 200, 0, 0),
+            ("src", 0, 100, 0, 0),
             ("a", 100, 100, 0, 0),
             ("b", 100, 48, 0, 52),
             ("sink", 148, 0, 148, 0),

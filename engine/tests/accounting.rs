@@ -103,6 +103,19 @@ fn fan_out_to_two_sinks_counts_each_path() {
     assert_eq!(view["recordsEmitted"], 1202, "{view}");
     assert_eq!(view["recordsAccounted"], 1202, "{view}");
     assert_balanced(&view);
+    // `a` sends each record to both sinks but emitted it once (Flink's numRecordsOut): the
+    // planner's traffic equations send `a`'s output along each edge.
+    let a = view["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "a")
+        .unwrap();
+    assert_eq!(
+        (&a["recordsIn"], &a["recordsOut"]),
+        (&601.into(), &601.into()),
+        "{a}"
+    );
 }
 
 #[test]
