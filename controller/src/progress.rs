@@ -133,50 +133,91 @@ pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String 
     format!("t={t_s:>4.0}s WOULD RESCALE {change} (--no-autoscale) | {reason}")
 }
 
-/// Operators the plan `decision` holds at their largest parallelism although they cannot take
-/// their load there (predicted utilization ρ = λ / (p · μ) above 1, so their input queue and
-/// the sources' backlog grow), by name; empty when every operator can keep up.
-pub fn overloaded_at_max(decision: &crate::model::Decision) -> Vec<String> {
+/// Operators the plan `decision` holds although they cannot take their load there, by name;
+/// empty when every operator can keep up. Two kinds: held at their largest parallelism with
+/// predicted utilization ρ = λ / (p · μ) above 1; and operators `learned` flagged for
+/// ineffective scaling (a scale-up did not raise the rate their busiest subtask can carry,
+/// e.g. one hot key) whose λ exceeds that capacity. Either way their input queue and the
+/// sources' backlog grow.
+pub fn overloaded_held(
+    decision: &crate::model::Decision,
+    learned: &crate::model::learn::ScalabilityTracker,
+) -> Vec<String> {
     decision
         .operators
         .iter()
-        .filter(|(_, o)| {
-            o.parallelism >= o.max_parallelism
-                && o.predicted_utilization.is_some_and(|rho| rho > 1.0)
+        .filter(|(name, o)| {
+            let at_max = o.parallelism >= o.max_parallelism
+                && o.predicted_utilization.is_some_and(|rho| rho > 1.0);
+            let stuck = learned.ineffective.get(name.as_str()).is_some_and(|flag| {
+                o.parallelism <= flag.to && o.arrival_rate > flag.capacity_after
+            });
+            at_max || stuck
         })
         .map(|(name, _)| name.clone())
         .collect()
 }
 
-/// The line printed when operators ([`overloaded_at_max`]) start being held at their largest
-/// parallelism: `t=  42s AT LIMIT lookup=1 (its max): λ 400 rec/s > 1 × μ 195 rec/s (ρ 2.05);
-/// holding there, the backlog grows by ~205 rec/s`; `None` for no operator.
+/// The line printed when operators ([`overloaded_held`]) start being held although they
+/// cannot take their load: `t=  42s AT LIMIT lookup=1 (its max): λ 400 rec/s > 1 × μ 195 rec/s
+/// (ρ 2.05), falls behind by ~205 rec/s; holding there (…)`, or for an operator flagged for
+/// ineffective scaling `counts=3 (more subtasks did not help: its busiest subtask takes 100%
+/// of the input, a hot key?): λ 800 rec/s > 468 rec/s it can carry, falls behind by ~332
+/// rec/s`; `None` for no operator.
 pub fn at_limit_line(
     t_s: f64,
     decision: &crate::model::Decision,
+    learned: &crate::model::learn::ScalabilityTracker,
     names: &[String],
 ) -> Option<String> {
+    use crate::model::planner::fmt_rate;
+    let (mut at_max, mut stuck) = (false, false);
     let parts: Vec<String> = names
         .iter()
         .filter_map(|name| {
             let o = decision.operators.get(name)?;
+            if let Some(flag) = learned.ineffective.get(name.as_str())
+                && o.parallelism <= flag.to
+                && flag.capacity_after > 0.0
+            {
+                stuck = true;
+                let share = (flag.mu / flag.capacity_after).min(1.0);
+                return Some(format!(
+                    "{name}={} (more subtasks did not help: its busiest subtask takes {:.0}% of the input{}): λ {} rec/s > {} rec/s it can carry, falls behind by ~{} rec/s",
+                    o.parallelism,
+                    100.0 * share,
+                    if share > 0.9 { ", a hot key?" } else { "" },
+                    fmt_rate(o.arrival_rate),
+                    fmt_rate(flag.capacity_after),
+                    fmt_rate((o.arrival_rate - flag.capacity_after).max(0.0)),
+                ));
+            }
             let mu = o.true_processing_rate?;
             let rho = o.predicted_utilization?;
             let capacity = f64::from(o.parallelism) * mu;
+            at_max = true;
             Some(format!(
                 "{name}={} (its max): λ {} rec/s > {} × μ {} rec/s (ρ {rho:.2}), falls behind by ~{} rec/s",
                 o.parallelism,
-                crate::model::planner::fmt_rate(o.arrival_rate),
+                fmt_rate(o.arrival_rate),
                 o.parallelism,
-                crate::model::planner::fmt_rate(mu),
-                crate::model::planner::fmt_rate((o.arrival_rate - capacity).max(0.0)),
+                fmt_rate(mu),
+                fmt_rate((o.arrival_rate - capacity).max(0.0)),
             ))
         })
         .collect();
+    let mut advice = Vec::new();
+    if at_max {
+        advice.push("raise scaling.max or maxParallelism, or set autoscaler.limits.onLimit: shed");
+    }
+    if stuck {
+        advice.push("spread the hot keys or speed up the operator");
+    }
     (!parts.is_empty()).then(|| {
         format!(
-            "t={t_s:>4.0}s AT LIMIT {}; holding there (raise scaling.max or maxParallelism, or set autoscaler.limits.onLimit: shed)",
-            parts.join("; ")
+            "t={t_s:>4.0}s AT LIMIT {}; holding there ({})",
+            parts.join("; "),
+            advice.join("; ")
         )
     })
 }

@@ -949,7 +949,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let mut failure: Option<String> = None;
         let mut scrape_failures = 0;
         let mut waiting_for_backlog = false;
-        // Operators last reported as held overloaded at their max ([`progress::at_limit_line`]).
+        // Operators last reported as held overloaded ([`progress::at_limit_line`]).
         let mut at_limit: Vec<String> = Vec::new();
         let mut engine_changed = false;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
@@ -1117,17 +1117,19 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     self.shed_now = n;
                 }
             }
-            // Operators held overloaded at their largest parallelism: said once when that
-            // starts (and when it ends), since no rescale line will explain the growing backlog.
+            // Operators held overloaded (at their largest parallelism, or flagged for
+            // ineffective scaling): said once when that starts (and when it ends), since no
+            // rescale line will explain the growing backlog.
             // With load shedding the SHED line says it instead.
             let plan_now = match &verdict {
                 Verdict::Rescale(d) => Some(d),
                 Verdict::Hold { recommendation, .. } => recommendation.as_ref(),
             };
             if let Some(d) = plan_now.filter(|_| !shedding) {
-                let overloaded = progress::overloaded_at_max(d);
+                let learned = autoscaler.scalability();
+                let overloaded = progress::overloaded_held(d, learned);
                 if overloaded != at_limit {
-                    if let Some(line) = progress::at_limit_line(now_s, d, &overloaded) {
+                    if let Some(line) = progress::at_limit_line(now_s, d, learned, &overloaded) {
                         print(&line);
                     } else if overloaded.is_empty() {
                         print(&progress::within_limits_line(now_s));
@@ -2406,6 +2408,7 @@ edges:
                     parallelism: 3,
                     true_processing_rate: Some(900.0),
                     input_rate: 1500.0,
+                    busiest_share: None,
                 },
             )]
             .into(),

@@ -3,9 +3,10 @@
 //! planner estimates each key group's load by spreading a subtask's input share evenly over
 //! the key groups it owns (`key_group_load`), so after every scale-up it expects the next one
 //! to split the load again; and the learned correction's "ineffective scaling" check (total
-//! capacity not grown after a scale-up) does not catch it, since capacity is taken as p × μ
-//! per busy second. Found with `streamscale run` on this job: counts 1→3→10→32→128 within
+//! capacity not grown after a scale-up) did not catch it while capacity was taken as p × μ. Found with `streamscale run` on this job: counts 1→3→10→32→128 within
 //! 20 s (2.3 s downtime each, the backlog growing throughout), then `AT LIMIT counts=128`.
+//! Now the capacity compared is the rate the busiest subtask can carry (μ / its share), so the
+//! first scale-up flags it, and the run says once that more subtasks did not help.
 
 use streamscale_tests::fixtures;
 
@@ -47,4 +48,13 @@ fn a_single_hot_key_does_not_drive_its_operator_to_max_parallelism() {
         highest <= 10,
         "counts was scaled to {highest} (steps {reached:?}) for a single key:\n{stdout}"
     );
+    // The backlog grows with no rescale to explain it: the run says why, once.
+    if highest > 1 {
+        let held: Vec<&str> = stdout.lines().filter(|l| l.contains("AT LIMIT")).collect();
+        assert_eq!(held.len(), 1, "said once:\n{stdout}");
+        assert!(
+            held[0].contains("more subtasks did not help") && held[0].contains("100% of the input"),
+            "{stdout}"
+        );
+    }
 }

@@ -24,8 +24,12 @@
 //! it is compared with is the one after the scaling bounds, maxParallelism and key-group
 //! alignment were applied, not the unclamped DS2 value.
 //!
-//! **Ineffective scaling**: when after a scale-up the measured total capacity p_after · μ_after
-//! is at most [`ineffective_threshold`] (≈ [`INEFFECTIVE_GAIN`]) × p_before · μ_before, more subtasks did not help. The
+//! **Ineffective scaling**: when after a scale-up the measured capacity is at most
+//! [`ineffective_threshold`] (≈ [`INEFFECTIVE_GAIN`]) × the capacity before, more subtasks did
+//! not help. The capacity is the input rate at which the busiest subtask saturates,
+//! μ / s_max with s_max its share of the input ([`Observed::busiest_share`]; p · μ when the
+//! load is even or the shares are unknown): when one hot key carries the input, s_max stays
+//! 1 whatever the parallelism, so the first scale-up that does not move it is flagged. The
 //! operator is flagged and not scaled up again until its metrics change (its μ per subtask or
 //! its input rate moves by more than [`METRICS_CHANGE`] relative to when it was flagged).
 //!
@@ -58,6 +62,23 @@ pub struct Observed {
     pub true_processing_rate: Option<f64>,
     /// Total input rate, records/s.
     pub input_rate: f64,
+    /// Share of the input the busiest subtask took (1/p when even, 1 when one subtask took
+    /// all of it); `None` when unknown (no input in the window, or an older saved file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busiest_share: Option<f64>,
+}
+
+impl Observed {
+    /// Capacity at true processing rate `mu` (records/s per subtask), records/s: the input
+    /// rate at which the busiest subtask saturates, μ / max(s_max, 1/p); p · μ when
+    /// [`Self::busiest_share`] is unknown or not in (0, 1].
+    pub fn capacity(&self, mu: f64) -> f64 {
+        let p = f64::from(self.parallelism.max(1));
+        match self.busiest_share {
+            Some(s) if s > 0.0 && s <= 1.0 => mu / s.max(1.0 / p),
+            _ => p * mu,
+        }
+    }
 }
 
 /// An operator flagged for ineffective scaling.
@@ -68,9 +89,9 @@ pub struct Ineffective {
     pub from: u32,
     /// Parallelism after it.
     pub to: u32,
-    /// Total capacity before, p · μ in records/s.
+    /// Capacity before ([`Observed::capacity`]), records/s.
     pub capacity_before: f64,
-    /// Total capacity after, records/s.
+    /// Capacity after, records/s.
     pub capacity_after: f64,
     /// μ per subtask when flagged (records/s); the flag lifts when μ moves by > 20%.
     pub mu: f64,
@@ -170,8 +191,8 @@ impl ScalabilityTracker {
                 f_old,
                 f_new
             ));
-            let cap0 = f64::from(prev.parallelism) * mu0;
-            let cap1 = f64::from(cur.parallelism) * mu1;
+            let cap0 = prev.capacity(mu0);
+            let cap1 = cur.capacity(mu1);
             if up && cap1 <= ineffective_threshold(prev.parallelism, cur.parallelism) * cap0 {
                 self.ineffective.insert(
                     op.to_string(),
@@ -190,7 +211,7 @@ impl ScalabilityTracker {
         }
         for (op, flag) in &self.ineffective {
             notes.push(format!(
-                "{op}: ineffective scaling: total capacity {:.2} rec/s at p={} vs {:.2} rec/s at p={} (≤ {INEFFECTIVE_GAIN}×); not scaled up again, nor its upstream for it, until its μ or input changes by more than {:.0}%",
+                "{op}: ineffective scaling: capacity {:.2} rec/s at p={} vs {:.2} rec/s at p={} (≤ {INEFFECTIVE_GAIN}×; the rate at which its busiest subtask saturates); not scaled up again, nor its upstream for it, until its μ or input changes by more than {:.0}%",
                 flag.capacity_after,
                 flag.to,
                 flag.capacity_before,
@@ -212,7 +233,45 @@ mod tests {
             parallelism: p,
             true_processing_rate: Some(mu),
             input_rate: input,
+            busiest_share: None,
         }
+    }
+
+    fn obs_share(p: u32, mu: f64, input: f64, share: f64) -> Observed {
+        Observed {
+            busiest_share: Some(share),
+            ..obs(p, mu, input)
+        }
+    }
+
+    #[test]
+    fn a_hot_key_that_stays_on_one_subtask_is_flagged() {
+        // One key: the one subtask that owns it takes all of the input at p=1 and at p=3, at
+        // the same μ. Total p · μ tripled, but the rate it can carry did not move.
+        let mut t = ScalabilityTracker::default();
+        t.observe([("counts", obs_share(1, 480.0, 800.0, 1.0))]);
+        let notes = t.observe([("counts", obs_share(3, 480.0, 800.0, 1.0))]);
+        assert!(t.is_ineffective("counts"), "{notes:?}");
+        let flag = t.ineffective["counts"];
+        assert_eq!((flag.capacity_before, flag.capacity_after), (480.0, 480.0));
+        // Without the shares the same figures look linear: not flagged.
+        let mut t = ScalabilityTracker::default();
+        t.observe([("counts", obs(1, 480.0, 800.0))]);
+        t.observe([("counts", obs(3, 480.0, 800.0))]);
+        assert!(!t.is_ineffective("counts"));
+    }
+
+    #[test]
+    fn skew_that_a_scale_up_spreads_is_not_flagged() {
+        // The busiest subtask's share fell from 0.6 to 0.3: the capacity doubled.
+        let mut t = ScalabilityTracker::default();
+        t.observe([("counts", obs_share(2, 100.0, 150.0, 0.6))]);
+        t.observe([("counts", obs_share(4, 100.0, 150.0, 0.3))]);
+        assert!(!t.is_ineffective("counts"));
+        // Even shares give p · μ (a share below 1/p is read as 1/p).
+        assert_eq!(obs_share(4, 100.0, 150.0, 0.25).capacity(100.0), 400.0);
+        assert_eq!(obs_share(4, 100.0, 150.0, 0.1).capacity(100.0), 400.0);
+        assert_eq!(obs_share(4, 100.0, 150.0, f64::NAN).capacity(100.0), 400.0);
     }
 
     #[test]

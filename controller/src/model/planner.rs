@@ -901,6 +901,7 @@ impl Model {
                         parallelism: e.parallelism,
                         true_processing_rate: e.true_processing_rate,
                         input_rate: e.input_rate,
+                        busiest_share: e.subtask_input_shares.iter().copied().reduce(f64::max),
                     },
                 )
             })
