@@ -223,11 +223,30 @@ pub fn resolve_job_path(job: &Path) -> PathBuf {
 
 fn positive(name: &str, v: Option<f64>) -> Result<(), RunError> {
     match v {
+        Some(x) if x.is_infinite() && x > 0.0 => Err(RunError::Option(format!(
+            "{name}: must be > 0 and finite (got {x})"
+        ))),
         Some(x) if !(x > 0.0 && x.is_finite()) => {
             Err(RunError::Option(format!("{name}: must be > 0 (got {x})")))
         }
         _ => Ok(()),
     }
+}
+
+/// Shortest scrape interval `streamscale run` and `plan` accept, seconds: two of the
+/// engine's metric flushes (every 100 ms, `RuntimeOptions::flush_interval`), so that every
+/// interval sees its counters move; shorter ones read most intervals as empty.
+pub const MIN_INTERVAL_S: f64 = 0.2;
+
+/// `--interval` (or `plan`'s gap) `x`: > 0, finite and at least [`MIN_INTERVAL_S`].
+fn scrape_interval(x: f64) -> Result<(), RunError> {
+    positive("--interval", Some(x))?;
+    if x < MIN_INTERVAL_S {
+        return Err(RunError::Option(format!(
+            "--interval: must be at least {MIN_INTERVAL_S} s, two of the engine's 100 ms metric flushes (got {x})"
+        )));
+    }
+    Ok(())
 }
 
 fn non_negative(name: &str, x: f64) -> Result<(), RunError> {
@@ -339,7 +358,7 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
     positive("--speedup", opts.speedup)?;
     positive("--scale", opts.scale)?;
     positive("--duration", opts.duration_s)?;
-    positive("--interval", Some(opts.interval_s))?;
+    scrape_interval(opts.interval_s)?;
     positive("--slo", opts.slo_s)?;
     positive("--window", Some(opts.window_s))?;
     non_negative("--stabilization", opts.stabilization_s)?;
@@ -1914,7 +1933,7 @@ pub async fn plan_once(
     metrics_url: &str,
     gap_s: f64,
 ) -> Result<crate::model::Decision, RunError> {
-    positive("--interval", Some(gap_s))?;
+    scrape_interval(gap_s)?;
     let spec = JobSpec::from_file(&resolve_job_path(job))?;
     check_metrics_url(metrics_url)?;
     let client = http_client()?;
@@ -2037,6 +2056,22 @@ mod tests {
                 .to_string()
                 .starts_with("--interval")
         );
+        opts.interval_s = 0.05;
+        let err = prepare_job(&opts).expect_err("interval under two flushes");
+        assert!(
+            err.to_string()
+                .starts_with("--interval: must be at least 0.2 s"),
+            "{err}"
+        );
+        opts.interval_s = MIN_INTERVAL_S;
+        assert!(check_options(&opts).is_ok());
+        opts.speedup = Some(f64::INFINITY);
+        let err = prepare_job(&opts).expect_err("infinite speedup");
+        assert!(
+            err.to_string().contains("must be > 0 and finite (got inf)"),
+            "{err}"
+        );
+        opts.speedup = None;
         opts.interval_s = 1.0;
         opts.trace = Some(dir.path().join("missing.csv"));
         let err = prepare_job(&opts).expect_err("missing trace");
