@@ -937,8 +937,14 @@ impl JobSpec {
             let min = op.scaling.min.unwrap_or(1);
             let max = op.scaling.max.unwrap_or(self.max_parallelism);
             if !(min..=max).contains(&op.parallelism) {
+                // `parallelism` defaults to 1: say so, since the user may not have written it.
+                let default = if op.parallelism == 1 {
+                    " (1 is the default when `parallelism` is not given; set it within the bounds)"
+                } else {
+                    ""
+                };
                 return Err(format!(
-                    "operators[{i}] ({}).parallelism: {} is outside its scaling bounds min {min} .. max {max}",
+                    "operators[{i}] ({}).parallelism: {} is outside its scaling bounds min {min} .. max {max}{default}",
                     op.name, op.parallelism
                 ));
             }

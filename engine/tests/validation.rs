@@ -118,6 +118,18 @@ fn parallelism_outside_scaling_bounds_is_rejected() {
         "",
     ));
     assert!(e.contains("operators[1] (m).parallelism: 5"), "{e}");
+    assert!(!e.contains("default"), "{e}");
+    // Without `parallelism` the error says where the 1 comes from.
+    let e = file_problem(&job(
+        &format!("  - {{ name: m, kind: map, scaling: {{ min: 3 }} }}\n{SINK}"),
+        TO_SINK,
+        "",
+    ));
+    assert!(
+        e.contains("(m).parallelism: 1 is outside its scaling bounds min 3")
+            && e.contains("1 is the default when `parallelism` is not given"),
+        "{e}"
+    );
 }
 
 #[test]

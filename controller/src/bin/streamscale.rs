@@ -214,7 +214,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 streamscale_controller::progress::percentile_label(s.latency_percentile),
                 s.slo_s,
                 s.slo_violation_seconds,
-                if s.no_output_seconds >= 0.5 * s.duration_s {
+                if s.no_output_seconds >= 1.0 && s.no_output_seconds >= 0.5 * s.duration_s {
                     format!(
                         " (no record reached a sink in {:.0} s of it: no latency measured then)",
                         s.no_output_seconds
@@ -232,9 +232,14 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 ));
             }
             if s.source_backlog_at_end >= 1.0 {
+                let due = format!("{:.0}", s.source_backlog_at_end);
+                let (noun, verb) = if due == "1" {
+                    ("record", "was")
+                } else {
+                    ("records", "were")
+                };
                 console.line(&format!(
-                    "sources' backlog at the end: {:.0} records were due but not emitted when the run stopped (summary.json: source_backlog_at_end)",
-                    s.source_backlog_at_end
+                    "sources' backlog at the end: {due} {noun} {verb} due but not emitted when the run stopped (summary.json: source_backlog_at_end)"
                 ));
             }
             if let Some(failure) = &s.failure {
