@@ -144,3 +144,58 @@ pub fn kill(signal: &str, target: &str) {
         .expect("kill");
     assert!(status.success(), "kill {signal} {target}: {status}");
 }
+
+/// The real engine (`streamscale-engine --job JOB --savepoint-dir savepoints`) started in
+/// `dir`, running once its sources report their backlog; killed on drop.
+pub struct Engine {
+    child: std::process::Child,
+    /// Its Prometheus endpoint, `http://ADDRESS/metrics`.
+    pub metrics_url: String,
+}
+
+impl Engine {
+    /// Starts the engine on `job` (relative to `dir`) and waits until it runs.
+    ///
+    /// # Panics
+    /// When it does not start, print its address, or report a source backlog within 30 s.
+    pub fn start(dir: &Path, job: &str) -> Engine {
+        let mut child = Command::new(workspace_bin("streamscale-engine"))
+            .current_dir(dir)
+            .args(["--job", job, "--savepoint-dir", "savepoints"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start streamscale-engine");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("listening line");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("listening JSON");
+        let address = v["address"].as_str().expect("address").to_string();
+        let metrics_url = format!("http://{address}/metrics");
+        // Running: its sources report their backlog (set from the first loop of a source
+        // subtask, whether or not a record is due yet).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let metrics = || {
+            use std::io::{Read, Write};
+            let mut conn = std::net::TcpStream::connect(&address)?;
+            write!(conn, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+            let mut text = String::new();
+            conn.read_to_string(&mut text)?;
+            std::io::Result::Ok(text)
+        };
+        while !metrics().is_ok_and(|t| t.contains("streamscale_source_backlog_records")) {
+            assert!(std::time::Instant::now() < deadline, "no source backlog");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Engine { child, metrics_url }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

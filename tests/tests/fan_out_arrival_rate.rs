@@ -8,9 +8,7 @@
 //! `streamscale run` on such a job with `--no-autoscale`: `WOULD RESCALE a 4→6, b 4→6` at ρ 0.50,
 //! below the 0.7 target; p = 3 carries the measured load at the target).
 
-use std::io::BufRead;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use streamscale_tests::{fixtures, workspace_bin};
 
@@ -34,40 +32,10 @@ edges:
 autoscaler: { targetUtilization: 0.7, latencySloSeconds: 5.0 }
 ";
 
-/// The engine running `job.yaml` in `dir`, killed on drop, and its metrics URL.
-struct Engine(Child, String);
-
-impl Engine {
-    fn start(dir: &Path) -> Engine {
-        let mut child = Command::new(workspace_bin("streamscale-engine"))
-            .current_dir(dir)
-            .args(["--job", "job.yaml", "--savepoint-dir", "savepoints"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start streamscale-engine");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("listening line");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("listening JSON");
-        let address = v["address"].as_str().expect("address").to_string();
-        Engine(child, format!("http://{address}/metrics"))
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_branch_of_a_fan_out_is_planned_for_the_records_it_receives() {
     let (dir, _, _) = fixtures::job_dir(FAN_OUT_JOB);
-    let engine = Engine::start(dir.path());
+    let engine = fixtures::Engine::start(dir.path(), "job.yaml");
     // Let the branches measure their true processing rate before the plan's two scrapes.
     std::thread::sleep(std::time::Duration::from_secs(3));
     let out = Command::new(workspace_bin("streamscale"))
@@ -76,7 +44,7 @@ fn a_branch_of_a_fan_out_is_planned_for_the_records_it_receives() {
             "plan",
             "job.yaml",
             "--metrics-url",
-            &engine.1,
+            &engine.metrics_url,
             "--interval",
             "3",
         ])

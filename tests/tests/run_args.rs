@@ -162,64 +162,24 @@ fn plan_with_a_negative_interval_names_the_flag() {
     assert!(!stderr.contains("unexpected argument"), "{stderr}");
 }
 
-/// The real engine running `job` from `dir`, killed on drop, and its metrics URL.
-struct Engine(std::process::Child, String);
-
-impl Engine {
-    fn start(dir: &Path, job: &str) -> Engine {
-        use std::io::BufRead;
-        let mut child = Command::new(workspace_bin("streamscale-engine"))
-            .current_dir(dir)
-            .args(["--job", job, "--savepoint-dir", "savepoints"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start streamscale-engine");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("listening line");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("listening JSON");
-        let address = v["address"].as_str().expect("address").to_string();
-        let url = format!("http://{address}/metrics");
-        // Running: its sources report their backlog (set from the first loop of a source
-        // subtask, whether or not a record is due yet).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let metrics = || {
-            use std::io::{Read, Write};
-            let mut conn = std::net::TcpStream::connect(&address)?;
-            write!(conn, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
-            let mut text = String::new();
-            conn.read_to_string(&mut text)?;
-            std::io::Result::Ok(text)
-        };
-        while !metrics().is_ok_and(|t| t.contains("streamscale_source_backlog_records")) {
-            assert!(std::time::Instant::now() < deadline, "no source backlog");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        Engine(child, url)
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn plan_against_the_engine_of_another_job_names_the_operators_it_lacks() {
     let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let other = fixtures::pipeline("other", "rate: { constant: 100 }", 50, "");
     let other = other.replace("work", "score");
     fixtures::write(dir.path(), "other.yaml", &other);
-    let engine = Engine::start(dir.path(), "job.yaml");
+    let engine = fixtures::Engine::start(dir.path(), "job.yaml");
     let plan = |job: &str| {
         streamscale(
             dir.path(),
-            &["plan", job, "--metrics-url", &engine.1, "--interval", "0.5"],
+            &[
+                "plan",
+                job,
+                "--metrics-url",
+                &engine.metrics_url,
+                "--interval",
+                "0.5",
+            ],
         )
     };
     // Its own job plans: a decision as JSON.
@@ -231,7 +191,7 @@ fn plan_against_the_engine_of_another_job_names_the_operators_it_lacks() {
     // Another job: refused, naming the URL, the job file and the operator the engine lacks.
     let stderr = assert_refused(
         &plan("other.yaml"),
-        &[&engine.1, "other.yaml", "does not run", "score"],
+        &[&engine.metrics_url, "other.yaml", "does not run", "score"],
     );
     assert!(!stderr.contains("missing from metric sample"), "{stderr}");
 }
@@ -248,14 +208,14 @@ fn plan_before_the_first_record_is_due_decides_on_no_arrivals() {
         "",
     );
     let (dir, _, _) = fixtures::job_dir(&job);
-    let engine = Engine::start(dir.path(), "job.yaml");
+    let engine = fixtures::Engine::start(dir.path(), "job.yaml");
     let out = streamscale(
         dir.path(),
         &[
             "plan",
             "job.yaml",
             "--metrics-url",
-            &engine.1,
+            &engine.metrics_url,
             "--interval",
             "0.5",
         ],
@@ -281,8 +241,8 @@ fn plan_against_no_engine_or_the_wrong_path_says_why() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("Connection refused"), "{stderr}");
     // The engine's address without the /metrics path.
-    let engine = Engine::start(dir.path(), "job.yaml");
-    let base = engine.1.trim_end_matches("/metrics").to_string();
+    let engine = fixtures::Engine::start(dir.path(), "job.yaml");
+    let base = engine.metrics_url.trim_end_matches("/metrics").to_string();
     let out = streamscale(dir.path(), &["plan", "job.yaml", "--metrics-url", &base]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");

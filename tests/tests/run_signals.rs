@@ -67,13 +67,15 @@ fn wait_until_no_engine(report: &Path) -> Vec<u32> {
     }
 }
 
-#[test]
-fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
-    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
-    let mut child = start(&job, &report, &["--duration", "120"]);
-    let (mut seen, mut out) = wait_for_progress(&mut child, 4);
-    assert_eq!(engines_of(&report).len(), 1, "one engine running");
-    // What a terminal's Ctrl-C does: SIGINT to every process of the foreground group.
+/// Sends a terminal's Ctrl-C (SIGINT to every process of the foreground group) to the run
+/// `child` whose stdout so far is `seen` (rest in `out`), and checks that it stopped with a
+/// draining savepoint: exit 130, every record accounted, no engine left. Returns the summary.
+fn ctrl_c_drains(
+    child: std::process::Child,
+    mut out: BufReader<std::process::ChildStdout>,
+    mut seen: String,
+    report: &Path,
+) -> Value {
     fixtures::kill("-INT", &format!("-{}", child.id()));
     std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
     let output = child.wait_with_output().expect("wait");
@@ -84,7 +86,7 @@ fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
         "exit like a shell after SIGINT\n{seen}\n{stderr}"
     );
     assert!(seen.contains("interrupted (SIGINT)"), "{seen}");
-    let s = summary(&report);
+    let s = summary(report);
     assert_eq!(s["interrupted"], Value::Bool(true), "{s}");
     assert_eq!(s["failure"], Value::Null, "{s}");
     let emitted = s["records_emitted"].as_u64().expect("records_emitted");
@@ -93,10 +95,20 @@ fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
     assert_eq!(s["records_lost"].as_i64(), Some(0), "{s}");
     assert!(s["final_savepoint"].is_string(), "{s}");
     assert_eq!(
-        wait_until_no_engine(&report),
+        wait_until_no_engine(report),
         Vec::<u32>::new(),
         "engine left running"
     );
+    s
+}
+
+#[test]
+fn ctrl_c_to_the_process_group_drains_and_leaves_no_engine() {
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let mut child = start(&job, &report, &["--duration", "120"]);
+    let (seen, out) = wait_for_progress(&mut child, 4);
+    assert_eq!(engines_of(&report).len(), 1, "one engine running");
+    ctrl_c_drains(child, out, seen, &report);
 }
 
 #[test]
@@ -170,32 +182,11 @@ fn ctrl_c_at(marker: &str) {
     let (_dir, job, report) = fixtures::job_dir(&rescaling_job());
     let mut child = start(&job, &report, &["--duration", "120"]);
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut seen = read_until(&mut out, marker);
-    fixtures::kill("-INT", &format!("-{}", child.id()));
-    std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
-    let output = child.wait_with_output().expect("wait");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        output.status.code(),
-        Some(130),
-        "exit like a shell after SIGINT\n{seen}\n{stderr}"
-    );
-    assert!(seen.contains("interrupted (SIGINT)"), "{seen}");
-    let s = summary(&report);
-    assert_eq!(s["interrupted"], Value::Bool(true), "{s}");
-    assert_eq!(s["failure"], Value::Null, "{s}");
+    let seen = read_until(&mut out, marker);
+    let s = ctrl_c_drains(child, out, seen, &report);
     // Stopped by the signal, not by running out the 120 s.
     let duration = s["duration_s"].as_f64().expect("duration_s");
     assert!(duration < 60.0, "ran on after SIGINT: {s}");
-    let emitted = s["records_emitted"].as_u64().expect("records_emitted");
-    assert_eq!(s["records_accounted"].as_u64(), Some(emitted), "{s}");
-    assert_eq!(s["records_lost"].as_i64(), Some(0), "{s}");
-    assert!(s["final_savepoint"].is_string(), "{s}");
-    assert_eq!(
-        wait_until_no_engine(&report),
-        Vec::<u32>::new(),
-        "engine left running"
-    );
 }
 
 #[test]
