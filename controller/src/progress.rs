@@ -149,13 +149,25 @@ pub fn overloaded_held(
         .filter(|(name, o)| {
             let at_max = o.parallelism >= o.max_parallelism
                 && o.predicted_utilization.is_some_and(|rho| rho > 1.0);
-            let stuck = learned.ineffective.get(name.as_str()).is_some_and(|flag| {
-                o.parallelism <= flag.to && o.arrival_rate > flag.capacity_after
-            });
-            at_max || stuck
+            at_max || held_by_flag(name, o, learned).is_some()
         })
         .map(|(name, _)| name.clone())
         .collect()
+}
+
+/// The ineffective-scaling flag of operator `name` when it holds the operator below the load
+/// `o` plans for: at or under the flagged parallelism, with λ above the capacity measured
+/// after the scale-up ([`crate::model::learn::Ineffective::capacity_after`]).
+fn held_by_flag<'a>(
+    name: &str,
+    o: &crate::model::OperatorPlan,
+    learned: &'a crate::model::learn::ScalabilityTracker,
+) -> Option<&'a crate::model::learn::Ineffective> {
+    learned.ineffective.get(name).filter(|flag| {
+        o.parallelism <= flag.to
+            && flag.capacity_after > 0.0
+            && o.arrival_rate > flag.capacity_after
+    })
 }
 
 /// The line printed when operators ([`overloaded_held`]) start being held although they
@@ -176,10 +188,7 @@ pub fn at_limit_line(
         .iter()
         .filter_map(|name| {
             let o = decision.operators.get(name)?;
-            if let Some(flag) = learned.ineffective.get(name.as_str())
-                && o.parallelism <= flag.to
-                && flag.capacity_after > 0.0
-            {
+            if let Some(flag) = held_by_flag(name, o, learned) {
                 stuck = true;
                 let share = (flag.mu / flag.capacity_after).min(1.0);
                 return Some(format!(
