@@ -7,6 +7,14 @@ use crate::stats::IntervalStats;
 /// Utilization from which an operator's ρ is shown next to its parallelism.
 pub const SHOW_UTILIZATION_FROM: f64 = 0.25;
 
+/// Busiest-subtask utilization from which it is shown beside the mean ρ (`ρ0.30 max0.98`),
+/// when it exceeds the mean by at least [`SHOW_BUSIEST_ABOVE_MEAN_BY`]: uneven load (a hot key)
+/// that the mean hides.
+pub const SHOW_BUSIEST_FROM: f64 = 0.5;
+
+/// See [`SHOW_BUSIEST_FROM`].
+pub const SHOW_BUSIEST_ABOVE_MEAN_BY: f64 = 0.2;
+
 /// Formats a trace time as `+4h12m` (hours may exceed 24); `+0h00m` for times under a minute.
 pub fn format_trace_time(seconds: f64) -> String {
     let total_minutes = (seconds.max(0.0) / 60.0).floor() as u64;
@@ -50,10 +58,14 @@ pub fn progress_line(
             continue;
         };
         line.push_str(&format!(" {op}={p}"));
-        if let Some(rho) = stats.utilization.get(op)
-            && *rho >= SHOW_UTILIZATION_FROM
-        {
-            line.push_str(&format!("(ρ{rho:.2})"));
+        let rho = stats.utilization.get(op).copied();
+        let busiest = stats.busiest_utilization.get(op).copied().filter(|b| {
+            *b >= SHOW_BUSIEST_FROM && rho.is_some_and(|r| b - r >= SHOW_BUSIEST_ABOVE_MEAN_BY)
+        });
+        match (rho, busiest) {
+            (Some(r), Some(b)) => line.push_str(&format!("(ρ{r:.2} max{b:.2})")),
+            (Some(r), None) if r >= SHOW_UTILIZATION_FROM => line.push_str(&format!("(ρ{r:.2})")),
+            _ => {}
         }
     }
     line.push_str(&format!(" | backlog={:.0} | p99=", stats.backlog));
@@ -299,6 +311,32 @@ mod tests {
         assert_eq!(
             progress_line(&stats, &order(), 1.0, 1000.0),
             "t=  42s trace=+4h12m in=812 rec/s | source=1 parse=1 enrich=6(ρ0.71) counts=2(ρ0.40) sink=1 | backlog=120 | p99=0.080s (SLO 1.0s)"
+        );
+    }
+
+    #[test]
+    fn shows_the_busiest_subtask_only_when_the_mean_hides_it() {
+        let stats = IntervalStats {
+            parallelism: [("enrich", 4), ("counts", 4), ("parse", 2)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            utilization: [("enrich", 0.3), ("counts", 0.6), ("parse", 0.1)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            // enrich: a hot key (one subtask saturated, mean 0.30); counts: an even spread;
+            // parse: uneven but nowhere busy.
+            busiest_utilization: [("enrich", 0.99), ("counts", 0.65), ("parse", 0.4)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            ..IntervalStats::default()
+        };
+        let line = progress_line(&stats, &order(), 1.0, 0.0);
+        assert!(
+            line.contains("| parse=2 enrich=4(ρ0.30 max0.99) counts=4(ρ0.60) |"),
+            "{line}"
         );
     }
 

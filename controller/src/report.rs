@@ -479,6 +479,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             utilization: [("enrich".to_string(), 0.5)].into_iter().collect(),
+            busiest_utilization: BTreeMap::new(),
             backlog: 4.0,
             p99_s: None,
             slo_percentile: None,

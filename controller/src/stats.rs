@@ -13,6 +13,16 @@ pub const MIN_RECORDS_FOR_CAPACITY: f64 = 20.0;
 /// Weight of the newest interval in the smoothed service rates of [`CapacityEstimator`].
 pub const CAPACITY_SMOOTHING: f64 = 0.3;
 
+/// Share of the per-subtask record counts of [`CapacityEstimator::records_per_subtask`] that is
+/// forgotten at each interval (a memory of about 10 intervals, so that the busiest subtask's
+/// share is not read from one short interval's noise).
+pub const SPREAD_DECAY: f64 = 0.1;
+
+/// Records per subtask (after decay, on average) from which the busiest subtask's share is
+/// used in [`CapacityEstimator::capacity`]: about 10 % relative error on a subtask's share
+/// (1/√100) when records spread by key at random.
+pub const MIN_RECORDS_PER_SUBTASK_FOR_SPREAD: f64 = 100.0;
+
 /// What happened between two consecutive scrapes.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct IntervalStats {
@@ -27,12 +37,18 @@ pub struct IntervalStats {
     /// Sources' target rate at the end of the interval, records/s.
     pub target_rate: f64,
     /// Records/s the tightest operator can take, expressed in source records/s: the minimum over
-    /// non-source operators of p·μ divided by that operator's share of the source output.
+    /// non-source operators of the rate its busiest subtask can carry (μ / that subtask's share
+    /// of the operator's input; p·μ when the input is spread evenly) divided by the operator's
+    /// share of the source output. See [`CapacityEstimator::capacity`].
     pub capacity: Option<f64>,
     /// Parallelism per operator in effect.
     pub parallelism: BTreeMap<String, u32>,
     /// Busy fraction per operator: Σ Δbusy / Σ Δ(busy + idle + backpressured) over its subtasks.
     pub utilization: BTreeMap<String, f64>,
+    /// Busy fraction of each operator's busiest subtask (Δbusy / Δ(busy + idle +
+    /// backpressured) of that subtask), for operators with more than one subtask; with a hot key
+    /// it is near 1 while [`Self::utilization`] (the mean) stays low.
+    pub busiest_utilization: BTreeMap<String, f64>,
     /// Records waiting at the sources at the end of the interval.
     pub backlog: f64,
     /// 99th percentile end-to-end latency of the records that reached a sink in the interval,
@@ -94,6 +110,7 @@ impl IntervalStats {
             target_rate
         };
         let mut utilization = BTreeMap::new();
+        let mut busiest_utilization = BTreeMap::new();
         let mut service_rate = BTreeMap::new();
         for op in cur.sample.operators.keys() {
             if let (Some(n), Some(b)) = (
@@ -114,6 +131,9 @@ impl IntervalStats {
             {
                 utilization.insert(op.clone(), (b / t).clamp(0.0, 1.0));
             }
+            if let Some(rho) = busiest_subtask_utilization(prev, cur, op) {
+                busiest_utilization.insert(op.clone(), rho);
+            }
         }
         let mut estimator = CapacityEstimator::default();
         estimator.observe(prev, cur, sources);
@@ -127,6 +147,7 @@ impl IntervalStats {
             capacity,
             parallelism: parallelism.clone(),
             utilization,
+            busiest_utilization,
             backlog: cur.total_backlog(),
             p99_s: cur.latency.quantile_since(Some(&prev.latency), 0.99),
             slo_percentile: None,
@@ -134,6 +155,45 @@ impl IntervalStats {
             service_rate,
         }
     }
+}
+
+/// Per-subtask deltas of counter `f` of operator `op` from `prev` to `cur`, in subtask order;
+/// `None` when the operator is missing from either scrape, its subtask count changed or a
+/// counter went down.
+fn subtask_deltas(
+    prev: &EngineMetrics,
+    cur: &EngineMetrics,
+    op: &str,
+    f: impl Fn(&SubtaskSample) -> f64,
+) -> Option<Vec<f64>> {
+    let a = prev.sample.operators.get(op)?;
+    let b = cur.sample.operators.get(op)?;
+    if a.len() != b.len() {
+        return None;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = f(y) - f(x);
+            (d >= 0.0).then_some(d)
+        })
+        .collect()
+}
+
+/// The highest busy fraction among the subtasks of `op` over the interval, for operators with
+/// at least two subtasks that each spent time in the interval.
+fn busiest_subtask_utilization(prev: &EngineMetrics, cur: &EngineMetrics, op: &str) -> Option<f64> {
+    let busy = subtask_deltas(prev, cur, op, |s| s.busy_seconds)?;
+    let total = subtask_deltas(prev, cur, op, |s| {
+        s.busy_seconds + s.idle_seconds + s.backpressured_seconds
+    })?;
+    if busy.len() < 2 || total.iter().any(|t| *t <= 0.0) {
+        return None;
+    }
+    busy.iter()
+        .zip(&total)
+        .map(|(b, t)| (b / t).clamp(0.0, 1.0))
+        .reduce(f64::max)
 }
 
 /// Remembers each operator's service rate μ (records per busy second per subtask) and its share
@@ -146,6 +206,13 @@ pub struct CapacityEstimator {
     pub service_rate: BTreeMap<String, f64>,
     /// Smoothed records in per source record, per operator.
     pub share: BTreeMap<String, f64>,
+    /// Per operator: its records in per subtask at the parallelism now measured (the vector's
+    /// length), summed over the intervals since that parallelism took effect with older
+    /// intervals' weight decaying by [`SPREAD_DECAY`] per interval. The busiest subtask's
+    /// share of the sum is the share of the input it carries (1/p for an even spread, near 1
+    /// when one key carries the input). Restarted when the parallelism changes, since key
+    /// groups are then spread differently.
+    pub records_per_subtask: BTreeMap<String, Vec<f64>>,
 }
 
 fn smooth(map: &mut BTreeMap<String, f64>, key: &str, value: f64) {
@@ -166,6 +233,9 @@ impl CapacityEstimator {
             if sources.contains(op) {
                 continue;
             }
+            if let Some(per_subtask) = subtask_deltas(prev, cur, op, |s| s.records_in) {
+                self.observe_spread(op, per_subtask);
+            }
             let (Some(records_in), Some(busy)) = (
                 delta(prev, cur, op, |s| s.records_in),
                 delta(prev, cur, op, |s| s.busy_seconds),
@@ -182,16 +252,50 @@ impl CapacityEstimator {
         }
     }
 
+    fn observe_spread(&mut self, op: &str, per_subtask: Vec<f64>) {
+        match self.records_per_subtask.get_mut(op) {
+            Some(sums) if sums.len() == per_subtask.len() => {
+                for (sum, d) in sums.iter_mut().zip(per_subtask) {
+                    *sum = (1.0 - SPREAD_DECAY) * *sum + d;
+                }
+            }
+            _ => {
+                self.records_per_subtask.insert(op.to_string(), per_subtask);
+            }
+        }
+    }
+
+    /// The share of `op`'s input its busiest subtask carries at parallelism `p`, in [1/p, 1],
+    /// once enough records have been seen at `p` ([`MIN_RECORDS_PER_SUBTASK_FOR_SPREAD`]);
+    /// `None` before that or at another parallelism.
+    pub fn busiest_share(&self, op: &str, p: u32) -> Option<f64> {
+        let sums = self.records_per_subtask.get(op)?;
+        let pf = f64::from(p);
+        if sums.len() != usize::try_from(p).ok()? {
+            return None;
+        }
+        let total: f64 = sums.iter().sum();
+        if total < MIN_RECORDS_PER_SUBTASK_FOR_SPREAD * pf {
+            return None;
+        }
+        let max = sums.iter().copied().reduce(f64::max)?;
+        Some((max / total).clamp(1.0 / pf, 1.0))
+    }
+
     /// Records/s (in source records) the tightest operator can take at `parallelism`: the
-    /// minimum over operators with known μ and share of p·μ / share. `None` before any
-    /// measurement.
+    /// minimum over operators with known μ and share of μ / s_max / share, with s_max the
+    /// busiest subtask's share of the operator's input measured at this parallelism
+    /// ([`Self::busiest_share`]: the subtask that saturates first; DS2's p·μ assumes
+    /// s_max = 1/p, which is what is used until s_max has been measured at this parallelism).
+    /// `None` before any measurement.
     pub fn capacity(&self, parallelism: &BTreeMap<String, u32>) -> Option<f64> {
         self.service_rate
             .iter()
             .filter_map(|(op, mu)| {
                 let share = *self.share.get(op)?;
-                let p = f64::from(*parallelism.get(op)?);
-                (share > 0.0).then(|| p * mu / share)
+                let p = *parallelism.get(op)?;
+                let busiest = self.busiest_share(op, p).unwrap_or(1.0 / f64::from(p));
+                (share > 0.0).then(|| mu / busiest / share)
             })
             .filter(|c| c.is_finite())
             .reduce(f64::min)
@@ -276,6 +380,63 @@ mod tests {
         assert!(!s.service_rate.contains_key("source"));
         assert!(s.p99_s.is_some());
         assert_eq!(s.trace_time_s, Some(3600.0));
+    }
+
+    #[test]
+    fn a_hot_key_caps_capacity_at_the_busiest_subtask() {
+        let sources = ["source".to_string()];
+        let p2: BTreeMap<String, u32> = [("enrich".to_string(), 2)].into_iter().collect();
+        let p4: BTreeMap<String, u32> = [("enrich".to_string(), 4)].into_iter().collect();
+        let prev = metrics(
+            0.0,
+            0.0,
+            0.0,
+            vec![sub(0.0, 0.0, 0.0, 0.0), sub(0.0, 0.0, 0.0, 0.0)],
+            0.0,
+        );
+        // 200 source records; subtask 0 takes 180 of them (one key) in 1.8 busy seconds out of
+        // 2, subtask 1 takes 20 in 0.2: μ = 100/s per subtask, busiest share 0.9.
+        let cur = metrics(
+            2.0,
+            200.0,
+            200.0,
+            vec![sub(180.0, 180.0, 1.8, 0.2), sub(20.0, 20.0, 0.2, 1.8)],
+            200.0,
+        );
+        let s = IntervalStats::between(&prev, &cur, &sources, &p2, None);
+        // Not p·μ = 200: the busiest subtask saturates at 100 / 0.9 ≈ 111 source records/s.
+        let cap = s.capacity.expect("measured");
+        assert!((cap - 100.0 / 0.9).abs() < 1e-6, "{cap}");
+        assert!((s.utilization["enrich"] - 0.5).abs() < 1e-9);
+        assert!((s.busiest_utilization["enrich"] - 0.9).abs() < 1e-9);
+        // At another parallelism the spread is unknown until measured: p·μ.
+        let mut est = CapacityEstimator::default();
+        est.observe(&prev, &cur, &sources);
+        assert!((est.capacity(&p4).expect("measured") - 400.0).abs() < 1e-6);
+        // Too few records per subtask to tell a hot key from noise: p·μ until there are.
+        let few = metrics(
+            2.4,
+            240.0,
+            240.0,
+            vec![sub(216.0, 216.0, 2.16, 0.24), sub(24.0, 24.0, 0.24, 2.16)],
+            240.0,
+        );
+        let mut est = CapacityEstimator::default();
+        est.observe(&cur, &few, &sources);
+        assert_eq!(est.busiest_share("enrich", 2), None);
+        assert!((est.capacity(&p2).expect("measured") - 200.0).abs() < 1e-6);
+        // Counts carry over intervals at one parallelism, older ones decaying (40 records per
+        // interval: 40 · (1 − 0.9¹⁰) / 0.1 ≈ 261 ≥ 200 after ten).
+        for _ in 0..9 {
+            est.observe(&cur, &few, &sources);
+        }
+        let share = est.busiest_share("enrich", 2).expect("enough records");
+        assert!((share - 0.9).abs() < 1e-9, "{share}");
+        // One subtask only: no busiest figure to show beside the mean.
+        let one = metrics(0.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 0.0)], 0.0);
+        let one_later = metrics(1.0, 50.0, 50.0, vec![sub(50.0, 50.0, 0.5, 0.5)], 50.0);
+        let s = IntervalStats::between(&one, &one_later, &sources, &p2, None);
+        assert!(s.busiest_utilization.is_empty());
     }
 
     #[test]

@@ -57,5 +57,28 @@ fn a_single_hot_key_does_not_drive_its_operator_to_max_parallelism() {
                 && l.contains("100% of the input")),
             "{stdout}"
         );
+        // The progress lines do not hide it either: the one busy subtask is shown beside the
+        // mean ρ, and `cap` is what that subtask carries (≈ μ), not p × μ, so it stays under
+        // the input rate once the spread at the new parallelism has been measured.
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("t=") && l.contains(" counts=") && l.contains(" max")),
+            "{stdout}"
+        );
+        let last = stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("t=") && l.contains(" cap="))
+            .unwrap_or_else(|| panic!("no progress line with cap=:\n{stdout}"));
+        let field = |name: &str| -> f64 {
+            let after = last.split(&format!(" {name}=")).nth(1).unwrap_or("");
+            after
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name}= in {last}"))
+        };
+        assert!(field("cap") < field("in"), "{last}\n{stdout}");
     }
 }
