@@ -7,6 +7,7 @@
 //! * [`api`]: the engine's REST API (job status, savepoints).
 //! * [`runtime`]: where engines run ([`runtime::EngineRuntime`], [`runtime::LocalRuntime`]).
 //! * [`executor`]: rescale by stop-with-savepoint and restore, with fallbacks.
+//! * [`savepoint_history`]: keeps the newest savepoints of a run's report, removes older ones.
 //! * [`stats`], [`progress`], [`report`], [`plot`]: per-interval statistics, live lines, the
 //!   run report and its chart.
 
@@ -19,5 +20,6 @@ pub mod progress;
 pub mod report;
 pub mod run;
 pub mod runtime;
+pub mod savepoint_history;
 pub mod scrape;
 pub mod stats;

@@ -21,6 +21,7 @@ use crate::plot::plot_timeline;
 use crate::progress;
 use crate::report::{self, Accounting, RecordTotals, ReportError, RescaleRecord, Summary};
 use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
+use crate::savepoint_history;
 use crate::scrape::{EngineMetrics, scrape};
 use crate::stats::{CapacityEstimator, IntervalStats};
 
@@ -66,6 +67,10 @@ pub struct RunOptions {
     /// Percentile of end-to-end latency the SLO is on, in (0, 1) (default 0.99, p99); see
     /// [`crate::model::PlannerSettings::latency_percentile`].
     pub latency_percentile: Option<f64>,
+    /// Completed savepoints kept in `REPORT/savepoints` (at least 1; default
+    /// [`savepoint_history::DEFAULT_KEEP_SAVEPOINTS`]): older ones are removed after each
+    /// rescale and at the end of the run, never the one the job runs from.
+    pub keep_savepoints: u32,
 }
 
 impl Default for RunOptions {
@@ -85,6 +90,7 @@ impl Default for RunOptions {
             scale_down_delay_s: 15.0,
             autoscale: true,
             latency_percentile: None,
+            keep_savepoints: savepoint_history::DEFAULT_KEEP_SAVEPOINTS,
         }
     }
 }
@@ -363,6 +369,12 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
     positive("--window", Some(opts.window_s))?;
     non_negative("--stabilization", opts.stabilization_s)?;
     non_negative("--scale-down-delay", opts.scale_down_delay_s)?;
+    if opts.keep_savepoints == 0 {
+        return Err(RunError::Option(
+            "--keep-savepoints: must be at least 1 (the savepoint the job runs from is always kept)"
+                .into(),
+        ));
+    }
     for (name, v) in [
         ("--duration", opts.duration_s),
         ("--interval", Some(opts.interval_s)),
@@ -640,6 +652,11 @@ struct Loop<'a, R: EngineRuntime> {
     shed_now: u64,
     /// The signal that cut the run short, if any.
     interrupted: Option<Interrupt>,
+    /// Where the engines write savepoints (`REPORT/savepoints`), pruned to the newest
+    /// [`RunOptions::keep_savepoints`].
+    savepoints_dir: PathBuf,
+    /// Savepoints removed by that pruning during this run.
+    savepoints_removed: usize,
 }
 
 /// Runs the autoscaling loop locally and writes the report. Progress lines go to `print`.
@@ -747,6 +764,8 @@ pub async fn run(
         shed_before: 0,
         shed_now: 0,
         interrupted: None,
+        savepoints_dir: savepoints,
+        savepoints_removed: 0,
     };
     lp.run(engine, started, signals, print).await
 }
@@ -1269,6 +1288,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     record.outcome = "rescaled".into();
                     record.savepoint = Some(savepoint.path.clone());
                     self.rescales.push(record);
+                    self.prune_savepoints(&savepoint.path, print);
                 }
                 RescaleOutcome::SavepointFailed { error, .. } => {
                     print(&progress::rescale_failed_line(
@@ -1292,6 +1312,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     record.error = Some(error.clone());
                     record.savepoint = Some(savepoint.path.clone());
                     self.failed_rescales.push(record);
+                    self.prune_savepoints(&savepoint.path, print);
                 }
             }
             engine = outcome.engine().clone();
@@ -1367,6 +1388,15 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     failure =
                         Some("the engine exited before its final totals could be read".into());
                 }
+                self.prune_savepoints(&stop.savepoint.path, print);
+                if self.savepoints_removed > 0 {
+                    print(&format!(
+                        "savepoints: {} older one(s) removed from {}, the newest {} kept (--keep-savepoints)",
+                        self.savepoints_removed,
+                        self.savepoints_dir.display(),
+                        self.opts.keep_savepoints
+                    ));
+                }
                 self.finish(
                     totals,
                     started,
@@ -1383,6 +1413,20 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 self.finish(None, started, failure, None, &initial, &final_parallelism)
                     .await
             }
+        }
+    }
+
+    /// Removes the savepoints beyond the newest [`RunOptions::keep_savepoints`], never
+    /// `running_from` (the savepoint the running engine was restored from, or the final one).
+    /// A failure is reported as a warning line: the run goes on, nothing else is removed.
+    fn prune_savepoints(&mut self, running_from: &str, print: &mut (dyn FnMut(&str) + Send)) {
+        match savepoint_history::prune(
+            &self.savepoints_dir,
+            self.opts.keep_savepoints,
+            &[Path::new(running_from)],
+        ) {
+            Ok(removed) => self.savepoints_removed += removed.len(),
+            Err(e) => print(&format!("warning: {e}")),
         }
     }
 
@@ -1570,7 +1614,7 @@ pub fn earlier_report(dir: &Path) -> Option<String> {
         .collect();
     (!found.is_empty()).then(|| {
         format!(
-            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs once its engine has started (savepoints stay; this job's {HISTORY_FILE} and {LEARNED_FILE} are read and kept, another job's are set aside). Use --report DIR to keep it.",
+            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs once its engine has started (savepoints stay, the newest --keep-savepoints; this job's {HISTORY_FILE} and {LEARNED_FILE} are read and kept, another job's are set aside). Use --report DIR to keep it.",
             dir.display(),
             found.join(", ")
         )

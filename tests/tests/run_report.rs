@@ -229,3 +229,76 @@ edges:
         "{stdout}"
     );
 }
+
+/// The savepoint directories (`sp-*`) in `REPORT/savepoints`, sorted.
+fn savepoint_dirs(report: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(report.join("savepoints"))
+        .expect("read savepoints")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("sp-"))
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn only_the_newest_savepoints_are_kept_and_never_the_final_one_removed() {
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let run = |extra: &[&str]| {
+        let out =
+            fixtures::streamscale_run_fast(&job, &report, &[&["--duration", "2"], extra].concat())
+                .output()
+                .expect("streamscale run");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{out:?}");
+        stdout
+    };
+    // Each run ends with a draining savepoint: three runs leave three with the default.
+    for _ in 0..3 {
+        let stdout = run(&[]);
+        assert!(!stdout.contains("savepoints: "), "{stdout}");
+    }
+    assert_eq!(savepoint_dirs(&report).len(), 3);
+    // A user's file among them is not a savepoint and stays.
+    std::fs::write(report.join("savepoints").join("notes.txt"), "mine").expect("write");
+    let stdout = run(&["--keep-savepoints", "2"]);
+    assert!(
+        stdout.contains("savepoints: 2 older one(s) removed from ")
+            && stdout.contains("the newest 2 kept (--keep-savepoints)"),
+        "{stdout}"
+    );
+    let kept = savepoint_dirs(&report);
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let final_savepoint = summary(&report)["final_savepoint"]
+        .as_str()
+        .expect("final_savepoint")
+        .to_string();
+    let final_savepoint = Path::new(&final_savepoint)
+        .canonicalize()
+        .expect("the final savepoint exists");
+    assert!(
+        kept.iter()
+            .any(|k| k.canonicalize().is_ok_and(|k| k == final_savepoint)),
+        "{final_savepoint:?} not in {kept:?}"
+    );
+    assert!(report.join("savepoints").join("notes.txt").is_file());
+    // Zero would remove the savepoint the job runs from: refused before anything starts.
+    let out = fixtures::streamscale_run_fast(
+        &job,
+        &report,
+        &["--duration", "2", "--keep-savepoints", "0"],
+    )
+    .output()
+    .expect("streamscale run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--keep-savepoints: must be at least 1"),
+        "{out:?}"
+    );
+    assert_eq!(savepoint_dirs(&report).len(), 2);
+}

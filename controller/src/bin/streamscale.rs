@@ -69,6 +69,9 @@ enum Command {
         /// Percentile of end-to-end latency the SLO is on, in (0, 1) (default 0.99 = p99).
         #[arg(long, allow_negative_numbers = true)]
         latency_percentile: Option<f64>,
+        /// Completed savepoints kept in REPORT/savepoints; older ones are removed (at least 1).
+        #[arg(long, default_value_t = streamscale_controller::savepoint_history::DEFAULT_KEEP_SAVEPOINTS)]
+        keep_savepoints: u32,
     },
     /// Scrape a running engine twice and print the planner's decision as JSON.
     Plan {
@@ -184,6 +187,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             scale_down_delay,
             no_autoscale,
             latency_percentile,
+            keep_savepoints,
         } => {
             let opts = RunOptions {
                 job: job.unwrap_or_else(|| PathBuf::from(run::DEFAULT_JOB)),
@@ -200,6 +204,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 scale_down_delay_s: scale_down_delay,
                 autoscale: !no_autoscale,
                 latency_percentile,
+                keep_savepoints,
             };
             let mut console = Console::default();
             let outcome = run::run(&opts, &mut |line: &str| console.line(line)).await?;

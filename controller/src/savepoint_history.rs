@@ -1,0 +1,231 @@
+//! Savepoint history of `streamscale run`: every rescale and every run's final stop leaves a
+//! savepoint in `REPORT/savepoints`; only the newest few are kept, as the Flink Kubernetes
+//! Operator keeps its savepoint history to `kubernetes.operator.savepoint.history.max.count`.
+//!
+//! What counts as a savepoint here: a directory named `sp-…` (the engine's savepoint ids) whose
+//! `_metadata.json` exists, i.e. a completed savepoint (the engine writes the metadata last).
+//! Anything else in the directory (an incomplete savepoint, a user's own files, symlinks) is
+//! never touched. Savepoints are ordered by the modification time of their metadata (when they
+//! completed), the id breaking ties.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// Savepoints kept by default (`--keep-savepoints`), the Flink Kubernetes Operator's default
+/// `kubernetes.operator.savepoint.history.max.count`.
+pub const DEFAULT_KEEP_SAVEPOINTS: u32 = 10;
+
+/// The file whose presence marks a completed savepoint.
+const METADATA_FILE: &str = "_metadata.json";
+
+/// Errors while pruning the savepoint history.
+#[derive(Debug, thiserror::Error)]
+pub enum PruneError {
+    /// The savepoint directory could not be listed.
+    #[error("cannot list savepoints in {dir}: {source}")]
+    List {
+        /// The savepoint directory.
+        dir: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// An old savepoint could not be removed (the ones removed before it stay removed).
+    #[error("cannot remove old savepoint {path}: {source}")]
+    Remove {
+        /// The savepoint directory that was to be removed.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A completed savepoint found in the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Completed {
+    path: PathBuf,
+    completed_at: SystemTime,
+}
+
+/// The completed savepoints in `dir`, oldest first (an absent `dir` has none).
+fn completed_savepoints(dir: &Path) -> Result<Vec<Completed>, PruneError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(PruneError::List {
+                dir: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| PruneError::List {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let is_savepoint_name = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("sp-"));
+        // `file_type` does not follow symlinks: a link to a directory elsewhere is left alone.
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_savepoint_name || !is_dir {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(path.join(METADATA_FILE)) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        let completed_at = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        found.push(Completed { path, completed_at });
+    }
+    found.sort_by(|a, b| {
+        a.completed_at
+            .cmp(&b.completed_at)
+            .then_with(|| a.path.cmp(&b.path))
+    });
+    Ok(found)
+}
+
+/// Removes the oldest completed savepoints in `dir` so that at most `keep` (at least 1) remain,
+/// never removing one of `protected` (the savepoint the running engine was restored from, the
+/// run's final savepoint: they count towards `keep`). Returns the removed savepoints' paths,
+/// oldest first.
+///
+/// # Errors
+/// [`PruneError::List`] when `dir` cannot be read; [`PruneError::Remove`] when a savepoint
+/// cannot be removed (pruning stops there).
+pub fn prune(dir: &Path, keep: u32, protected: &[&Path]) -> Result<Vec<PathBuf>, PruneError> {
+    let keep = usize::try_from(keep.max(1)).unwrap_or(usize::MAX);
+    let completed = completed_savepoints(dir)?;
+    let excess = completed.len().saturating_sub(keep);
+    let is_protected = |p: &Path| protected.iter().any(|q| same_path(p, q));
+    let mut removed = Vec::new();
+    for old in completed
+        .iter()
+        .filter(|s| !is_protected(&s.path))
+        .take(excess)
+    {
+        std::fs::remove_dir_all(&old.path).map_err(|source| PruneError::Remove {
+            path: old.path.clone(),
+            source,
+        })?;
+        removed.push(old.path.clone());
+    }
+    Ok(removed)
+}
+
+/// Whether `a` and `b` name the same directory (compared canonically when both exist).
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Creates a completed savepoint `name` whose metadata completed `age_s` seconds ago.
+    fn savepoint(dir: &Path, name: &str, age_s: u64) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::write(path.join("state-x.bin"), b"state").expect("state");
+        let meta = path.join(METADATA_FILE);
+        std::fs::write(&meta, b"{}").expect("metadata");
+        let at = SystemTime::now() - Duration::from_secs(age_s);
+        std::fs::File::options()
+            .write(true)
+            .open(&meta)
+            .and_then(|f| f.set_modified(at))
+            .expect("set mtime");
+        path
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn keeps_the_newest_and_removes_the_oldest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Names sort the other way round from completion times: the metadata time decides.
+        let oldest = savepoint(dir.path(), "sp-job-3", 300);
+        let middle = savepoint(dir.path(), "sp-job-2", 200);
+        savepoint(dir.path(), "sp-job-1", 100);
+        let removed = prune(dir.path(), 1, &[]).expect("prune");
+        assert_eq!(removed, vec![oldest, middle]);
+        assert_eq!(names(dir.path()), vec!["sp-job-1"]);
+        // Within the limit nothing goes.
+        assert!(prune(dir.path(), 1, &[]).expect("prune").is_empty());
+        assert_eq!(names(dir.path()), vec!["sp-job-1"]);
+    }
+
+    #[test]
+    fn never_removes_a_protected_incomplete_or_foreign_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let restored_from = savepoint(dir.path(), "sp-job-old", 500);
+        savepoint(dir.path(), "sp-job-a", 400);
+        savepoint(dir.path(), "sp-job-b", 300);
+        savepoint(dir.path(), "sp-job-c", 200);
+        // No metadata yet: still being written.
+        std::fs::create_dir(dir.path().join("sp-job-writing")).expect("mkdir");
+        // Not a savepoint id.
+        std::fs::create_dir(dir.path().join("mine")).expect("mkdir");
+        std::fs::write(dir.path().join("mine").join(METADATA_FILE), b"{}").expect("write");
+        std::fs::write(dir.path().join("sp-notes.txt"), b"x").expect("write");
+        let removed = prune(dir.path(), 2, &[&restored_from]).expect("prune");
+        // 4 completed, keep 2: the two oldest that are not protected.
+        assert_eq!(
+            removed,
+            vec![dir.path().join("sp-job-a"), dir.path().join("sp-job-b")]
+        );
+        assert_eq!(
+            names(dir.path()),
+            vec![
+                "mine",
+                "sp-job-c",
+                "sp-job-old",
+                "sp-job-writing",
+                "sp-notes.txt"
+            ]
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symlinked_savepoint_is_not_followed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        let target = savepoint(elsewhere.path(), "sp-job-precious", 900);
+        std::os::unix::fs::symlink(&target, dir.path().join("sp-job-link")).expect("symlink");
+        savepoint(dir.path(), "sp-job-new", 10);
+        assert!(prune(dir.path(), 1, &[]).expect("prune").is_empty());
+        assert!(target.join(METADATA_FILE).is_file());
+    }
+
+    #[test]
+    fn a_missing_directory_has_nothing_to_prune_and_zero_keeps_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(
+            prune(&dir.path().join("absent"), 3, &[])
+                .expect("prune")
+                .is_empty()
+        );
+        savepoint(dir.path(), "sp-job-1", 20);
+        savepoint(dir.path(), "sp-job-2", 10);
+        assert_eq!(prune(dir.path(), 0, &[]).expect("prune").len(), 1);
+        assert_eq!(names(dir.path()), vec!["sp-job-2"]);
+    }
+}
