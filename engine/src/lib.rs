@@ -18,6 +18,7 @@ pub mod operators;
 pub mod payload;
 pub mod runtime;
 pub mod savepoint;
+pub mod savepoint_disposal;
 pub mod server;
 pub mod shed;
 pub mod spec;

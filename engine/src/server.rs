@@ -6,6 +6,13 @@
 //!   with the stop flag); `{"stop": false}`: a savepoint of the running job (a barrier); 202
 //!   with `{"id"}`.
 //! - `GET /v1/savepoints/{id}`: [`SavepointStatus`].
+//! - `DELETE /v1/savepoints/{id}`: disposes of the completed savepoint `DIR/ID` in the
+//!   engine's savepoint directory (Flink's savepoint disposal; rules in
+//!   [`crate::savepoint_disposal`]): 204 when removed; 404 when there is no such savepoint
+//!   (nothing named `ID`, or an entry that is not a completed savepoint: a symlink, which is
+//!   never followed, a file, or a directory without `_metadata.json`, all left in place); 409
+//!   when it is the savepoint this engine was restored from or one still pending; 400 for an
+//!   invalid id. Once removed, `GET /v1/savepoints/{id}` answers 404.
 //! - `GET|POST /v1/shed`: load shedding at the sources ([`crate::shed`]).
 //!
 //! After a stop-with-savepoint reaches a terminal status and a client has read it, the engine
@@ -35,6 +42,7 @@ use crate::checkpoint::storage::CheckpointStorage;
 use crate::metrics::EngineMetrics;
 use crate::runtime::{Finished, Job, RuntimeOptions, StopKind};
 use crate::savepoint::{OperatorCounters, Savepoint};
+use crate::savepoint_disposal::{self, DisposeError};
 use crate::spec::{JobSpec, OperatorKind};
 
 /// The job's record balance, exact for any acyclic job graph: once nothing is in flight
@@ -358,7 +366,10 @@ impl Coordinator {
             .route("/metrics", get(metrics_handler))
             .route("/v1/job", get(job_handler))
             .route("/v1/savepoints", post(trigger_handler))
-            .route("/v1/savepoints/{id}", get(status_handler))
+            .route(
+                "/v1/savepoints/{id}",
+                get(status_handler).delete(dispose_handler),
+            )
             .route("/v1/shed", get(shed_get).post(shed_post))
             .with_state(self.clone())
     }
@@ -710,6 +721,32 @@ impl Coordinator {
                 .is_some_and(|t| t.elapsed() > EXIT_GRACE_UNREAD)
     }
 
+    /// Disposes of the completed savepoint `id` in the savepoint directory (see
+    /// [`crate::savepoint_disposal`]) and forgets its status; returns its former path.
+    ///
+    /// # Errors
+    /// [`DisposeError::Pending`] for a savepoint still being taken, and the errors of
+    /// [`savepoint_disposal::detach`] and [`savepoint_disposal::Detached::remove`].
+    pub fn dispose(&self, id: &str) -> Result<PathBuf, DisposeError> {
+        let detached = {
+            let mut inner = self.lock();
+            if inner
+                .savepoints
+                .get(id)
+                .is_some_and(|s| s.status == "pending")
+            {
+                return Err(DisposeError::Pending { id: id.to_string() });
+            }
+            let restored_from = inner.restored_from.as_deref().map(std::path::Path::new);
+            let detached = savepoint_disposal::detach(&self.savepoint_dir, id, restored_from)?;
+            inner.savepoints.remove(id);
+            detached
+        };
+        let path = detached.remove()?;
+        tracing::info!(savepoint = id, path = %path.display(), "savepoint disposed");
+        Ok(path)
+    }
+
     fn status(&self, id: &str) -> Option<SavepointStatus> {
         let mut inner = self.lock();
         let st = inner.savepoints.get(id).cloned()?;
@@ -800,6 +837,27 @@ async fn status_handler(State(c): State<Coordinator>, AxPath(id): AxPath<String>
             StatusCode::NOT_FOUND,
             format!("no savepoint with id `{id}`"),
         ),
+    }
+}
+
+/// `DELETE /v1/savepoints/{id}` (see the module docs).
+async fn dispose_handler(State(c): State<Coordinator>, AxPath(id): AxPath<String>) -> Response {
+    match tokio::task::spawn_blocking(move || c.dispose(&id)).await {
+        Ok(Ok(_)) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Err(e)) => {
+            let code = match &e {
+                DisposeError::InvalidId(_) => StatusCode::BAD_REQUEST,
+                DisposeError::NotFound { .. } | DisposeError::NotASavepoint { .. } => {
+                    StatusCode::NOT_FOUND
+                }
+                DisposeError::RestoredFrom { .. } | DisposeError::Pending { .. } => {
+                    StatusCode::CONFLICT
+                }
+                DisposeError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(code, e.to_string())
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
