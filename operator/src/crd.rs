@@ -63,6 +63,14 @@ pub struct StreamJobSpec {
     /// Take a final savepoint (stop-with-savepoint) before the job is deleted. Default false.
     #[serde(default)]
     pub savepoint_on_delete: bool,
+    /// Rescale savepoints kept on the savepoint volume (the Flink Kubernetes Operator's
+    /// `kubernetes.operator.savepoint.history.max.count`). Each savepoint a rescale leaves the
+    /// job running from is recorded in `status.savepointHistory`; while the history is longer
+    /// than this, the oldest are disposed of through the running engine's
+    /// `DELETE /v1/savepoints/{id}`, never the one the job runs from. Default 10, 1 to 1000.
+    #[serde(default = "default_savepoint_history_max_count")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub savepoint_history_max_count: u32,
 }
 
 /// The engine container.
@@ -397,6 +405,25 @@ pub struct StreamJobStatus {
     /// job holds at it or sheds load; absent when the last plan fit.
     #[serde(default)]
     pub limit: Option<LimitStatus>,
+    /// Savepoints taken by rescales that the job ran from, oldest first, at most
+    /// `spec.savepointHistoryMaxCount` once the older ones are disposed of (one whose disposal
+    /// failed stays listed until a later reconcile disposes of it). Savepoints taken before
+    /// the operator kept a history are not listed and never disposed of.
+    #[serde(default)]
+    pub savepoint_history: Vec<SavepointHistoryEntry>,
+}
+
+/// One savepoint in `status.savepointHistory`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SavepointHistoryEntry {
+    /// Savepoint id (its directory name in the engine's savepoint directory).
+    pub id: String,
+    /// Its path, as the engine reported it.
+    pub path: String,
+    /// When the stop-with-savepoint was requested (the rescale's start; RFC 3339), as Flink's
+    /// savepoint `timeStamp` is the trigger time.
+    pub time: String,
 }
 
 /// One operator's demand on a shared quota.
@@ -515,6 +542,9 @@ fn default_metrics_window() -> u32 {
 }
 fn default_step_timeout() -> u32 {
     120
+}
+fn default_savepoint_history_max_count() -> u32 {
+    crate::savepoint_history::DEFAULT_MAX_COUNT
 }
 
 /// The schema of the engine's [`JobSpec`] (generated from the engine's own types), with its

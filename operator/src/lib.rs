@@ -9,6 +9,8 @@
 //! * [`metrics`]: the operator's own Prometheus metrics.
 //! * [`prometheus`]: the engine's metrics read from a Prometheus server's HTTP API.
 //! * [`quota`]: one `StreamQuota` split across its StreamJobs by marginal benefit.
+//! * [`savepoint_history`]: which rescale savepoints `status.savepointHistory` records and
+//!   which old ones are disposed of (pure).
 //! * [`state`]: the autoscaler's learned state (rate history, scalability factors) in a
 //!   ConfigMap, kept across operator restarts.
 
@@ -20,4 +22,5 @@ pub mod reconciler;
 pub mod rescale;
 pub mod resources;
 pub mod runtime;
+pub mod savepoint_history;
 pub mod state;

@@ -11,6 +11,11 @@
 //!    recommendation to status, `off` does neither. A job naming a `StreamQuota` plans within
 //!    its share of it ([`crate::quota`]), and a limit it runs into (hold or shed) goes to
 //!    `status.limit` and Events.
+//!
+//! A rescale that leaves the job running from its savepoint records it in
+//! `status.savepointHistory` ([`crate::savepoint_history`]); while the engine runs, the
+//! history's oldest entries beyond `spec.savepointHistoryMaxCount` are disposed of through the
+//! engine's `DELETE /v1/savepoints/{id}` ([`dispose_old_savepoints`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -42,6 +47,7 @@ use crate::quota;
 use crate::rescale::{self, Action, EngineObs, Observation, Outcome, SavepointObs};
 use crate::resources::{self, FIELD_MANAGER};
 use crate::runtime::{ApplyError, KubeRuntime};
+use crate::savepoint_history;
 use crate::state::{self, SavedState};
 
 /// Errors of one reconcile (retried with backoff).
@@ -517,7 +523,11 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     let interval = Duration::from_secs(job.spec.autoscaler.metrics_interval_seconds.max(1) as u64);
     let mut requeue = Requeue::requeue(interval);
     match &engine {
-        EngineObs::Up { state, .. } if state == "running" => {
+        EngineObs::Up {
+            state,
+            restored_from,
+            ..
+        } if state == "running" => {
             status.phase = Phase::Running;
             set_condition(
                 &mut status,
@@ -530,6 +540,7 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
                     &old_conditions,
                 ),
             );
+            dispose_old_savepoints(&job, &ctx, &rt, &mut status, restored_from.as_deref()).await;
             if job.spec.autoscaler.mode != AutoscalerMode::Off {
                 autoscale(&job, &ctx, &rt, &mut status).await;
             }
@@ -615,6 +626,105 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         write_status(&ctx, &job, &status).await?;
     }
     Ok(requeue)
+}
+
+/// What the engine answered to one `DELETE /v1/savepoints/{id}`.
+enum Disposal {
+    /// 2xx: removed.
+    Removed,
+    /// 404: no such savepoint (any more).
+    Gone,
+    /// Anything else, in words.
+    Failed(String),
+}
+
+/// Asks the engine at `base_url` to dispose of savepoint `id`.
+async fn request_disposal(http: &reqwest::Client, base_url: &str, id: &str) -> Disposal {
+    let url = format!("{base_url}/v1/savepoints/{id}");
+    match http.delete(&url).send().await {
+        Ok(resp) if resp.status().is_success() => Disposal::Removed,
+        Ok(resp) if resp.status() == reqwest::StatusCode::NOT_FOUND => Disposal::Gone,
+        Ok(resp) => {
+            let code = resp.status().as_u16();
+            let body = resp.text().await.unwrap_or_default();
+            Disposal::Failed(format!(
+                "DELETE {url}: HTTP {code}: {}",
+                body.chars().take(300).collect::<String>()
+            ))
+        }
+        Err(e) => Disposal::Failed(format!("DELETE {url}: {e}")),
+    }
+}
+
+/// Disposes of the oldest savepoints of `status.savepointHistory` beyond
+/// `spec.savepointHistoryMaxCount` through the running engine (never the one the job or the
+/// engine runs from, `engine_restored_from`): an entry is dropped from the history when the
+/// engine answers 204 (removed, Event `SavepointDisposed`) or 404 (already gone), and kept for
+/// the next reconcile on any other answer (Warning Event `SavepointDisposalFailed`). An
+/// invalid maximum disposes of nothing (Warning Event `InvalidSpec`).
+async fn dispose_old_savepoints(
+    job: &StreamJob,
+    ctx: &Context,
+    rt: &KubeRuntime,
+    status: &mut StreamJobStatus,
+    engine_restored_from: Option<&str>,
+) {
+    let max = match savepoint_history::max_count(job.spec.savepoint_history_max_count) {
+        Ok(max) => max,
+        Err(e) => {
+            publish(ctx, job, true, "InvalidSpec", e.to_string()).await;
+            return;
+        }
+    };
+    let protected: Vec<&str> = status
+        .restored_from
+        .as_deref()
+        .into_iter()
+        .chain(engine_restored_from)
+        .collect();
+    let chosen: Vec<_> = savepoint_history::to_dispose(&status.savepoint_history, max, &protected)
+        .into_iter()
+        .cloned()
+        .collect();
+    if chosen.is_empty() {
+        return;
+    }
+    let base_url = rt.api().base_url().to_string();
+    for entry in chosen {
+        match request_disposal(&ctx.http, &base_url, &entry.id).await {
+            Disposal::Removed => {
+                status.savepoint_history.retain(|e| e.id != entry.id);
+                publish(
+                    ctx,
+                    job,
+                    false,
+                    "SavepointDisposed",
+                    format!(
+                        "savepoint {} disposed of (history kept to the newest {max})",
+                        entry.path
+                    ),
+                )
+                .await;
+            }
+            Disposal::Gone => {
+                tracing::info!(job = %key(job), savepoint = %entry.path, "savepoint already gone; dropped from the history");
+                status.savepoint_history.retain(|e| e.id != entry.id);
+            }
+            Disposal::Failed(why) => {
+                publish(
+                    ctx,
+                    job,
+                    true,
+                    "SavepointDisposalFailed",
+                    format!(
+                        "cannot dispose of savepoint {} ({why}); kept in the history and tried again",
+                        entry.path
+                    ),
+                )
+                .await;
+            }
+        }
+    }
 }
 
 /// Scrapes, decides, and records the decision (starting a rescale in mode `auto`).
@@ -1278,6 +1388,11 @@ async fn drive_rescale(
             "RescaleFailed".into()
         }
     };
+    if let Some(outcome) = &t.outcome
+        && let Some(entry) = savepoint_history::recorded(&status.savepoint_history, &r, outcome)
+    {
+        status.savepoint_history.push(entry);
+    }
     status.total_parallelism = total(&status.current_parallelism);
     // Deploying what is already deployed does not replace a stopped engine's pod (a roll back
     // after a savepoint whose id was lost): raise the restart counter so that it does.

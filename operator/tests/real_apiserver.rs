@@ -100,6 +100,7 @@ spec:
     edges: [{from: source, to: m}]
   autoscaler: {targetUtilization: 1.5, mode: sometimes, restoreTimeoutSeconds: 0,
                prometheus: {url: "prometheus:9090"}}
+  savepointHistoryMaxCount: 0
 "#,
     )
     .expect("write");
@@ -116,6 +117,7 @@ spec:
         "{out}"
     );
     assert!(out.contains("spec.autoscaler.prometheus.url"), "{out}");
+    assert!(out.contains("spec.savepointHistoryMaxCount"), "{out}");
     std::fs::write(
         &bad,
         r#"apiVersion: streamscale.dev/v1alpha1
@@ -177,11 +179,11 @@ spec:
             "sj",
             "good",
             "-o",
-            "jsonpath={.spec.autoscaler.mode}",
+            "jsonpath={.spec.autoscaler.mode} {.spec.savepointHistoryMaxCount}",
         ],
         None,
     );
-    assert_eq!(out.trim(), "auto");
+    assert_eq!(out.trim(), "auto 10");
     let _ = run(
         env,
         &kubectl,

@@ -157,3 +157,134 @@ async fn reconcile_applies_owned_objects_and_writes_status() {
     reconcile(Arc::new(j), ctx).await.expect("reconcile");
     verifier.await.expect("verifier");
 }
+
+/// A stand-in engine on loopback: `GET /v1/job` says running (restored from `restored_from`),
+/// `DELETE /v1/savepoints/{id}` answers with `answers[id]` and records the id.
+async fn fake_engine(
+    restored_from: &str,
+    answers: &[(&str, u16)],
+) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::extract::{Path, State};
+    use axum::routing::{delete, get};
+    type Shared = (
+        Arc<std::sync::Mutex<Vec<String>>>,
+        std::collections::HashMap<String, u16>,
+    );
+    let deleted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let answers: std::collections::HashMap<String, u16> =
+        answers.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let job = serde_json::json!({
+        "name": "demo", "state": "running", "restoredFrom": restored_from,
+        "operators": [
+            {"name": "source", "kind": "source", "parallelism": 1},
+            {"name": "map", "kind": "map", "parallelism": 2},
+            {"name": "sink", "kind": "sink", "parallelism": 1},
+        ],
+    });
+    let app = axum::Router::new()
+        .route("/v1/job", get(move || async move { axum::Json(job) }))
+        .route(
+            "/v1/savepoints/{id}",
+            delete(
+                |State((deleted, answers)): State<Shared>, Path(id): Path<String>| async move {
+                    deleted.lock().expect("lock").push(id.clone());
+                    let code = answers.get(&id).copied().unwrap_or(404);
+                    let status = http::StatusCode::from_u16(code).expect("status");
+                    (status, if code == 204 { "" } else { "engine says no" })
+                },
+            ),
+        )
+        .with_state((deleted.clone(), answers));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), deleted)
+}
+
+fn history_entry(id: &str) -> serde_json::Value {
+    serde_json::json!({"id": id, "path": format!("/sp/{id}"), "time": "2026-12-01T10:00:00Z"})
+}
+
+#[tokio::test]
+async fn the_oldest_savepoints_beyond_the_history_maximum_are_disposed_through_the_engine() {
+    // History a, b, c, d (the job runs from d), maximum 1: a, b and c are asked for; the engine
+    // removes a (204), has no b (404) and refuses c (409): a and b leave the history, c stays
+    // with a Warning Event, d is never asked for.
+    let (url, deleted) = fake_engine("/sp/d", &[("a", 204), ("c", 409)]).await;
+    let (ctx, mut handle) = context();
+    let mut j = job(true);
+    j.meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("streamscale.dev/engine-url".into(), url);
+    j.spec.savepoint_history_max_count = 1;
+    j.spec.autoscaler.mode = streamscale_operator::crd::AutoscalerMode::Off;
+    let history = ["a", "b", "c", "d"].map(history_entry);
+    j.status = serde_json::from_value(serde_json::json!({
+        "phase": "Running",
+        "restoredFrom": "/sp/d",
+        "currentParallelism": {"source": 1, "map": 2, "sink": 1},
+        "savepointHistory": history,
+    }))
+    .expect("status");
+    let template = j.clone();
+    let verifier = tokio::spawn(async move {
+        let mut events = Vec::new();
+        let mut status = None;
+        while let Ok(Some((req, send))) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request()).await
+        {
+            let uri = req.uri().to_string();
+            let bytes = req.into_body().collect_bytes().await.expect("body");
+            let body: serde_json::Value =
+                serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+            if uri.contains("/events") {
+                events.push((
+                    body["type"].as_str().unwrap_or_default().to_string(),
+                    body["reason"].as_str().unwrap_or_default().to_string(),
+                    body["note"].as_str().unwrap_or_default().to_string(),
+                ));
+                respond(send, &body);
+            } else if uri.contains("/streamjobs/demo/status") {
+                let mut j = template.clone();
+                j.status = serde_json::from_value(body["status"].clone()).expect("status");
+                status = Some(body["status"].clone());
+                respond(send, &serde_json::to_value(&j).expect("json"));
+            } else {
+                respond(send, &body);
+            }
+        }
+        (events, status)
+    });
+    reconcile(Arc::new(j), ctx).await.expect("reconcile");
+    let (events, status) = verifier.await.expect("verifier");
+    assert_eq!(*deleted.lock().expect("lock"), ["a", "b", "c"]);
+    let status = status.expect("status written");
+    let left: Vec<&str> = status["savepointHistory"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .map(|e| e["id"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(left, ["c", "d"], "{status}");
+    let disposed: Vec<_> = events
+        .iter()
+        .filter(|(_, r, _)| r == "SavepointDisposed")
+        .collect();
+    assert_eq!(disposed.len(), 1, "{events:?}");
+    assert!(disposed[0].2.contains("/sp/a"), "{events:?}");
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|(_, r, _)| r == "SavepointDisposalFailed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events:?}");
+    assert_eq!(failed[0].0, "Warning");
+    assert!(
+        failed[0].2.contains("/sp/c") && failed[0].2.contains("409"),
+        "{events:?}"
+    );
+}
