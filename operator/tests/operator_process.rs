@@ -10,8 +10,10 @@
 //! engine and at a host directory for savepoints.
 //!
 //! * `operator_as_chart_service_account_deploys_and_rescales_a_job`: owned objects, status,
-//!   finalizer, Events, an autoscaler rescale, and no record lost (the engine's counters after
-//!   a final drain);
+//!   finalizer, Events, an autoscaler rescale, a second one after a spec change whose savepoint
+//!   replaces the first in the savepoint history (`savepointHistoryMaxCount: 1`: the first
+//!   one's directory is disposed of through the engine), and no record lost (the engine's
+//!   counters after a final drain);
 //! * `operator_killed_between_rescale_steps_resumes_without_losing_records`: SIGKILL at each
 //!   rescale step and right after the stop-with-savepoint request, restart, resume (the
 //!   savepoint id is persisted before the request, so nothing rolls back);
@@ -579,6 +581,17 @@ current-context: operator
 
     /// [`World::create_job`] with more `spec.autoscaler` settings (merged over the defaults).
     async fn create_job_with(&self, mode: &str, autoscaler: serde_json::Value) -> StreamJob {
+        self.create_job_with_spec(mode, autoscaler, serde_json::json!({}))
+            .await
+    }
+
+    /// [`World::create_job_with`] with more top-level `spec` fields.
+    async fn create_job_with_spec(
+        &self,
+        mode: &str,
+        autoscaler: serde_json::Value,
+        spec: serde_json::Value,
+    ) -> StreamJob {
         let mut job = serde_json::json!({
             "apiVersion": "streamscale.dev/v1alpha1",
             "kind": "StreamJob",
@@ -619,6 +632,11 @@ current-context: operator
         if let Some(extra) = autoscaler.as_object() {
             for (k, v) in extra {
                 job["spec"]["autoscaler"][k] = v.clone();
+            }
+        }
+        if let Some(extra) = spec.as_object() {
+            for (k, v) in extra {
+                job["spec"][k] = v.clone();
             }
         }
         let job: StreamJob = serde_json::from_value(job).expect("StreamJob");
@@ -770,7 +788,15 @@ async fn operator_as_chart_service_account_deploys_and_rescales_a_job() {
     };
     let kubelet = Kubelet::start(w.admin.clone(), &w.ns, w.dir.path(), w.port);
     w.start_operator();
-    let created = w.create_job("auto").await;
+    // `work` may first grow to 2 only (1500 records/s need 3), so that lifting the bound later
+    // makes a second rescale; a history of one savepoint disposes of the first one then.
+    let created = w
+        .create_job_with_spec(
+            "auto",
+            serde_json::json!({"parallelism": {"work": {"min": 1, "max": 2}}}),
+            serde_json::json!({"savepointHistoryMaxCount": 1}),
+        )
+        .await;
 
     // Owned objects and status, as written by the operator process.
     let (job, status) = w
@@ -909,6 +935,76 @@ async fn operator_as_chart_service_account_deploys_and_rescales_a_job() {
         "{}",
         w.logs()
     );
+    // Savepoint history: the first rescale's savepoint is listed; after a second rescale (the
+    // bound lifted) only the second one is, and the first one's directory is gone.
+    assert_eq!(status.savepoint_history.len(), 1, "{status:#?}");
+    let first = status.savepoint_history[0].clone();
+    assert_eq!(
+        Some(&first.path),
+        status.restored_from.as_ref(),
+        "{status:#?}"
+    );
+    assert!(
+        first.time.parse::<k8s_openapi::jiff::Timestamp>().is_ok(),
+        "{first:?}"
+    );
+    let first_dir = PathBuf::from(&first.path);
+    assert!(first_dir.join("_metadata.json").is_file(), "{first:?}");
+    w.jobs()
+        .patch(
+            JOB,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!(
+                {"spec": {"autoscaler": {"parallelism": {"work": {"min": 1, "max": 4}}}}}
+            )),
+        )
+        .await
+        .expect("lift the bound");
+    let (_, status) = w
+        .wait_for(
+            "a second rescale and the first savepoint disposed of",
+            Duration::from_secs(90),
+            |_, s| {
+                s.rescales >= 2
+                    && s.rescale.is_none()
+                    && s.phase == Phase::Running
+                    && s.savepoint_history.len() == 1
+            },
+        )
+        .await;
+    let second = &status.savepoint_history[0];
+    assert_ne!(second.id, first.id, "{status:#?}");
+    assert_eq!(
+        Some(&second.path),
+        status.restored_from.as_ref(),
+        "{status:#?}"
+    );
+    assert!(
+        !first_dir.exists(),
+        "{} is still there\n{}",
+        first_dir.display(),
+        w.logs()
+    );
+    assert!(PathBuf::from(&second.path).join("_metadata.json").is_file());
+    // The disposal's Event follows the status write.
+    let mut disposed = Vec::new();
+    for _ in 0..100 {
+        disposed = event_reasons(&w.admin, &ns)
+            .await
+            .into_iter()
+            .filter(|(r, _)| r == "SavepointDisposed")
+            .collect();
+        if !disposed.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        disposed.len() == 1 && disposed[0].1.contains(&first.path),
+        "{disposed:?}"
+    );
+    let work = status.current_parallelism["work"];
+    assert!(work > 2, "{status:#?}");
     let engine = w.final_drain(&kubelet, true).await;
     let running = engine
         .operators
