@@ -2042,12 +2042,23 @@ async fn quota_scenario(tag: &str, shed: Option<f64>) {
 
 /// The job's `NAME-autoscaler` ConfigMap, decoded.
 async fn saved_state(world: &World) -> Option<streamscale_operator::state::SavedState> {
+    Some(saved_state_version(world).await?.1)
+}
+
+/// The job's `NAME-autoscaler` ConfigMap's resourceVersion and its state, decoded.
+async fn saved_state_version(
+    world: &World,
+) -> Option<(String, streamscale_operator::state::SavedState)> {
     let cm = Api::<ConfigMap>::namespaced(world.admin.clone(), &world.ns)
         .get_opt(&format!("{JOB}-autoscaler"))
         .await
         .ok()??;
+    let version = cm.metadata.resource_version.clone()?;
     let text = cm.data?.remove(streamscale_operator::state::STATE_KEY)?;
-    streamscale_operator::state::decode("cm", &text, JOB).ok()?
+    Some((
+        version,
+        streamscale_operator::state::decode("cm", &text, JOB).ok()??,
+    ))
 }
 
 /// Polls the state ConfigMap until `done` holds, failing with the logs after 180 s.
@@ -2100,7 +2111,7 @@ async fn operator_restart_keeps_the_rate_history_and_what_it_learned() {
         .await
         .expect("create StreamJob");
     world.start_operator();
-    let before = wait_state(
+    wait_state(
         &world,
         "8 history bins and a learned factor for work",
         |s| {
@@ -2110,16 +2121,46 @@ async fn operator_restart_keeps_the_rate_history_and_what_it_learned() {
         },
     )
     .await;
+    world.kill_operator();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // What the killed operator left (read after its death: it may have saved again, or learned
+    // from another rescale, between the wait above and the kill).
+    let (version, before) = saved_state_version(&world)
+        .await
+        .expect("the state the killed operator saved");
     let first = before
         .history
         .as_ref()
         .and_then(|h| h.bins.first().copied());
     let bins = before.history.as_ref().map_or(0, |h| h.bins.len());
-    world.kill_operator();
-    tokio::time::sleep(Duration::from_secs(2)).await;
     world.start_operator();
-    // The restarted operator adds bins to the history it loaded (a fresh one would start
-    // later and shorter) and keeps the factor and downtime it did not relearn.
+    // The restarted operator's first save comes from its first reconciles, before it has the
+    // metric window a decision (and so a rescale to relearn from) needs: it carries the
+    // factor and downtime it loaded.
+    let start = Instant::now();
+    let first_save = loop {
+        if let Some((v, s)) = saved_state_version(&world).await
+            && v != version
+        {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "the restarted operator never saved its state\n{}",
+            world.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        first_save.scalability.factors.get("work"),
+        before.scalability.factors.get("work"),
+        "{first_save:#?}"
+    );
+    assert_eq!(
+        first_save.rescale_downtime_seconds,
+        before.rescale_downtime_seconds
+    );
+    // It adds bins to the history it loaded (a fresh one would start later and shorter).
     let after = wait_state(&world, "the restarted operator's bins", |s| {
         s.history.as_ref().is_some_and(|h| h.bins.len() >= bins + 4)
     })
@@ -2129,15 +2170,6 @@ async fn operator_restart_keeps_the_rate_history_and_what_it_learned() {
         h.bins.first().copied(),
         first,
         "the history restarted: {h:?}"
-    );
-    assert_eq!(
-        after.scalability.factors.get("work"),
-        before.scalability.factors.get("work"),
-        "{after:#?}"
-    );
-    assert_eq!(
-        after.rescale_downtime_seconds,
-        before.rescale_downtime_seconds
     );
     let log = std::fs::read_to_string(world.operator_log()).unwrap_or_default();
     assert!(
