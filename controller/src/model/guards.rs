@@ -19,10 +19,10 @@ use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
-use super::fmtfast::Fixed;
+use super::fmtfast::{Fixed, cat};
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::learn::ScalabilityTracker;
-use super::planner::{Decision, JobGraph, Model, PlannerSettings};
+use super::planner::{Decision, JobGraph, Model, OperatorPlan, PlannerSettings};
 use super::sample::MetricSample;
 use super::shed::{LimitPlan, limit_plan};
 
@@ -392,10 +392,7 @@ impl Autoscaler {
                     self.state.pending_scale_downs.remove(name);
                 }
                 if *new - cur > 0 && *new - cur < g.min_change_subtasks {
-                    notes.push((
-                        name.clone(),
-                        format!("scale-up {cur}→{new} below the change threshold, ignored"),
-                    ));
+                    notes.push((name.clone(), change_note("scale-up", cur, *new, IGNORED)));
                     *new = cur;
                 }
                 continue;
@@ -405,25 +402,23 @@ impl Autoscaler {
                 || f64::from(drop) / f64::from(cur) < g.min_scale_down_fraction
             {
                 self.state.pending_scale_downs.remove(name);
-                notes.push((
-                    name.clone(),
-                    format!("scale-down {cur}→{new} below the change threshold, ignored"),
-                ));
+                notes.push((name.clone(), change_note("scale-down", cur, *new, IGNORED)));
                 *new = cur;
                 continue;
             }
             if let Some(why) = &incomplete {
                 self.state.pending_scale_downs.remove(name);
-                notes.push((name.clone(), format!("no scale-down {cur}→{new}: {why}")));
+                notes.push((
+                    name.clone(),
+                    change_note("no scale-down", cur, *new, &[": ", why.as_str()]),
+                ));
                 *new = cur;
                 continue;
             }
             if !backlogged.is_empty() {
                 self.state.pending_scale_downs.remove(name);
-                notes.push((
-                    name.clone(),
-                    format!("no scale-down {cur}→{new} while sources have a backlog: {backlogged}"),
-                ));
+                let why = [" while sources have a backlog: ", backlogged.as_str()];
+                notes.push((name.clone(), change_note("no scale-down", cur, *new, &why)));
                 *new = cur;
                 continue;
             }
@@ -494,15 +489,9 @@ impl Autoscaler {
         };
         if changed {
             let mut d = planned;
-            for (op, note) in &notes {
-                if let Some(plan) = d.operators.get_mut(op) {
-                    plan.reason.push_str("; guard: ");
-                    plan.reason.push_str(note);
-                }
-            }
+            append_guard_notes(&mut d.operators, &notes);
             model.refresh_planned(&mut d);
-            d.reasons
-                .extend(notes.iter().map(|(op, n)| format!("{op}: {n}")));
+            d.reasons.extend(notes.iter().map(|(op, n)| op_note(op, n)));
             d.reasons.push(worth);
             Verdict::Rescale(d)
         } else {
@@ -511,14 +500,54 @@ impl Autoscaler {
                 reason: if notes.is_empty() {
                     "the plan keeps the current parallelism".to_string()
                 } else {
-                    let list: Vec<String> =
-                        notes.iter().map(|(op, n)| format!("{op}: {n}")).collect();
+                    let list: Vec<String> = notes.iter().map(|(op, n)| op_note(op, n)).collect();
                     format!("no change after guards: {}", list.join("; "))
                 },
                 recommendation: Some(planned),
             }
         }
     }
+}
+
+/// The end of a guard's note on a change below the change threshold.
+const IGNORED: &[&str] = &[" below the change threshold, ignored"];
+
+/// A guard's note on a change of one operator's parallelism: `"{what} {cur}→{new}"` and then
+/// the pieces of `rest`; the text of `format!` without its machinery (a decision of a large
+/// job writes one per operator the guards hold).
+fn change_note(what: &str, cur: u32, new: u32, rest: &[&str]) -> String {
+    let mut s =
+        String::with_capacity(what.len() + 24 + rest.iter().map(|r| r.len()).sum::<usize>());
+    cat!(&mut s; what, " ", cur, "→", new);
+    for r in rest {
+        s.push_str(r);
+    }
+    s
+}
+
+/// Appends each guard note (operator, note; in name order, as the guards make them) to its
+/// operator's reason: one merge of the two name-ordered lists instead of a lookup per note.
+fn append_guard_notes(operators: &mut BTreeMap<String, OperatorPlan>, notes: &[(String, String)]) {
+    let mut ops = operators.iter_mut().peekable();
+    for (op, note) in notes {
+        while ops.next_if(|(k, _)| k.as_str() < op.as_str()).is_some() {}
+        // Peeked, not taken: a second note on the same operator appends too.
+        if let Some((k, plan)) = ops.peek_mut()
+            && k.as_str() == op.as_str()
+        {
+            plan.reason.push_str("; guard: ");
+            plan.reason.push_str(note);
+        }
+    }
+}
+
+/// `"{op}: {note}"`, a guard's note as one of the decision's reasons.
+fn op_note(op: &str, note: &str) -> String {
+    let mut s = String::with_capacity(op.len() + 2 + note.len());
+    s.push_str(op);
+    s.push_str(": ");
+    s.push_str(note);
+    s
 }
 
 /// Puts the plan's parallelism back into `parallelism` after the guards edited it in place:

@@ -304,6 +304,56 @@ pub(crate) struct JobGraph {
     /// For a graph reused across decisions ([`JobGraph::with_templates`]): the name-keyed maps
     /// a [`Decision`] is cloned from; `None` builds them by collecting.
     templates: Option<DecisionTemplates>,
+    /// The largest arrays of the models made from this graph, between models.
+    buffers: BufferPool,
+}
+
+/// A [`Model`]'s largest arrays (the keyed operators' key-group loads and their prefix sums,
+/// the share and tail memos: tens of KB each for a 200-operator job). Only their allocations
+/// pass from one model to the next: a model clears and refills every one before reading it.
+/// (Freeing blocks of 64 KB or more also makes glibc's allocator merge all its small free
+/// blocks, `malloc_consolidate`, in every decision.)
+#[derive(Default)]
+struct ModelBuffers {
+    kg_loads: Vec<f64>,
+    kg_prefixes: Vec<f64>,
+    share_memo: Vec<f64>,
+    tail_memo: Vec<f64>,
+}
+
+/// The [`ModelBuffers`] of one [`JobGraph`]'s models: a model takes them when it is made and
+/// puts them back when dropped (a model made meanwhile starts with empty ones). A cache of
+/// allocations, never of values: it takes no part in the graph's equality.
+#[derive(Default)]
+struct BufferPool(std::sync::Mutex<ModelBuffers>);
+
+impl BufferPool {
+    /// The kept buffers, leaving empty ones (also after a panic poisoned the lock).
+    fn take(&self) -> ModelBuffers {
+        self.0
+            .lock()
+            .map(|mut b| std::mem::take(&mut *b))
+            .unwrap_or_default()
+    }
+
+    /// Keeps `buffers` for the next model.
+    fn put(&self, buffers: ModelBuffers) {
+        if let Ok(mut b) = self.0.lock() {
+            *b = buffers;
+        }
+    }
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BufferPool")
+    }
+}
+
+impl PartialEq for BufferPool {
+    fn eq(&self, _: &BufferPool) -> bool {
+        true
+    }
 }
 
 /// Every operator's name (in name order) mapped to a placeholder: a [`Decision`]'s
@@ -422,6 +472,7 @@ impl JobGraph {
             key,
             tail_at,
             templates: None,
+            buffers: BufferPool::default(),
         })
     }
 
@@ -522,13 +573,17 @@ impl JobGraph {
     /// (0, `usize::MAX`) for an operator without inputs.
     #[inline]
     fn farthest_input(&self, i: usize, dist: &[f64]) -> (f64, usize) {
-        let mut d = 0.0;
-        let mut arg = usize::MAX;
-        for &j in &self.fwd_in[self.fwd_in_at[i] as usize..self.fwd_in_at[i + 1] as usize] {
-            let j = j as usize;
-            if arg == usize::MAX || dist[j] > d {
-                d = dist[j];
-                arg = j;
+        let ins = &self.fwd_in[self.fwd_in_at[i] as usize..self.fwd_in_at[i + 1] as usize];
+        let Some((&first, rest)) = ins.split_first() else {
+            return (0.0, usize::MAX);
+        };
+        let mut arg = first as usize;
+        let mut d = dist[arg];
+        for &j in rest {
+            let x = dist[j as usize];
+            if x > d {
+                d = x;
+                arg = j as usize;
             }
         }
         (d, arg)
@@ -704,6 +759,18 @@ pub(crate) struct Model {
     frozen: Vec<bool>,
 }
 
+impl Drop for Model {
+    /// Puts the model's largest arrays back into its graph's [`BufferPool`].
+    fn drop(&mut self) {
+        self.graph.buffers.put(ModelBuffers {
+            kg_loads: std::mem::take(&mut self.kg_loads),
+            kg_prefixes: std::mem::take(&mut self.kg_prefixes),
+            share_memo: std::mem::take(self.share_memo.get_mut()),
+            tail_memo: std::mem::take(self.tail_memo.get_mut()),
+        });
+    }
+}
+
 /// Most parallelisms (0 ..) kept per operator in the tail memo: an operator's row covers
 /// 0 ..= its max parallelism, up to this many entries.
 const TAIL_ROW_MAX: usize = 1024;
@@ -804,9 +871,17 @@ impl Model {
         let keyed = (0..n)
             .filter(|&i| topo.queue[i] == QueueKind::Keyed)
             .count();
+        let ModelBuffers {
+            mut kg_loads,
+            mut kg_prefixes,
+            mut share_memo,
+            mut tail_memo,
+        } = graph.buffers.take();
         let mut kg_slot = Vec::with_capacity(n);
-        let mut kg_loads = Vec::with_capacity(keyed * kl);
-        let mut kg_prefixes = Vec::with_capacity(keyed * (kl + 1));
+        kg_loads.clear();
+        kg_loads.reserve(keyed * kl);
+        kg_prefixes.clear();
+        kg_prefixes.reserve(keyed * (kl + 1));
         let mut hot_run = Vec::with_capacity(n);
         let mut slots = 0;
         for (e, queue) in est.iter().zip(&topo.queue) {
@@ -828,7 +903,8 @@ impl Model {
             kg_slot.push(Some(slots));
             slots += 1;
         }
-        let share_memo = std::cell::RefCell::new(vec![f64::NAN; slots * (key_groups as usize + 1)]);
+        share_memo.clear();
+        share_memo.resize(slots * (key_groups as usize + 1), f64::NAN);
         let gain: Vec<f64> = est.iter().map(|e| e.selectivity).collect();
         // A feedback loop whose gain is 1 or more has no finite rates: rejected, naming it.
         let lambda_target = topo.try_traffic(&gamma_target, &gain)?;
@@ -859,7 +935,8 @@ impl Model {
             }
         }
         let eps = (1.0 - s.percentile) / f64::from(graph.depth);
-        let memo_len = graph.tail_at[n];
+        tail_memo.clear();
+        tail_memo.resize(graph.tail_at[n], f64::NAN);
         Ok(Model {
             budget: TailBudget::new(eps),
             lambda_smooth,
@@ -877,9 +954,9 @@ impl Model {
             spec_parallelism,
             kg_slot,
             kg_prefixes,
-            share_memo,
+            share_memo: std::cell::RefCell::new(share_memo),
             hot_run,
-            tail_memo: std::cell::RefCell::new(vec![f64::NAN; memo_len]),
+            tail_memo: std::cell::RefCell::new(tail_memo),
             tail_memo_used: std::cell::Cell::new(false),
             kg_loads,
             factor: vec![1.0; n],
@@ -2601,6 +2678,33 @@ edges:
         assert_eq!(d.parallelism["win"], 15, "{:?}", d.reasons);
         assert!(!d.changed());
         assert!((d.sources["src"].target_rate - 1000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_model_on_reused_buffers_plans_as_a_fresh_one() {
+        // Two windows on one graph, differently skewed and loaded: the second model takes the
+        // first one's buffers (its key-group arrays and memos hold the first window's values).
+        let (spec, first) = keyed_window(4, 3500.0, &[0.1, 0.2, 0.3, 0.4]);
+        let (_, second) = keyed_window(4, 2000.0, &[0.4, 0.3, 0.2, 0.1]);
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(0.05),
+            rescale_downtime_seconds: Some(5.0),
+            ..PlannerSettings::default()
+        };
+        let graph = Arc::new(JobGraph::new(&spec).expect("graph").with_templates());
+        let model = |w: &[MetricSample]| {
+            Model::with_graph(Arc::clone(&graph), &spec, w, None, &settings).expect("model")
+        };
+        let fresh_first = Model::new(&spec, &first, &settings).expect("model").plan();
+        assert_eq!(model(&first).plan(), fresh_first);
+        assert!(graph.buffers.0.lock().expect("pool").tail_memo.capacity() > 0);
+        let reused = model(&second).plan();
+        let fresh = Model::new(&spec, &second, &settings).expect("model").plan();
+        assert_eq!(reused, fresh);
+        assert_ne!(reused, fresh_first, "the two windows plan differently");
+        // Planned twice more on the kept buffers: the same again.
+        assert_eq!(model(&second).plan(), fresh);
+        assert_eq!(model(&first).plan(), fresh_first);
     }
 
     #[test]
