@@ -35,11 +35,13 @@ use super::queueing::{
 };
 use super::sample::MetricSample;
 use allocate::{Allocated, LatencyState};
+use memo::NanMemo;
 use streamscale_engine::keygroup::key_group_range;
 use streamscale_engine::spec::OperatorKind;
 use streamscale_engine::time::window::WindowSpec;
 
 mod allocate;
+mod memo;
 
 /// Planner settings. `None` fields take their value from the job's [`AutoscalerSpec`]
 /// (`autoscaler:` in the job file) or the documented default.
@@ -310,15 +312,16 @@ pub(crate) struct JobGraph {
 
 /// A [`Model`]'s largest arrays (the keyed operators' key-group loads and their prefix sums,
 /// the share and tail memos: tens of KB each for a 200-operator job). Only their allocations
-/// pass from one model to the next: a model clears and refills every one before reading it.
+/// pass from one model to the next: a model refills the key-group arrays and resets the memos
+/// to all NaN ([`NanMemo::reset`]) before reading them.
 /// (Freeing blocks of 64 KB or more also makes glibc's allocator merge all its small free
 /// blocks, `malloc_consolidate`, in every decision.)
 #[derive(Default)]
 struct ModelBuffers {
     kg_loads: Vec<f64>,
     kg_prefixes: Vec<f64>,
-    share_memo: Vec<f64>,
-    tail_memo: Vec<f64>,
+    share_memo: NanMemo,
+    tail_memo: NanMemo,
 }
 
 /// The [`ModelBuffers`] of one [`JobGraph`]'s models: a model takes them when it is made and
@@ -733,7 +736,7 @@ pub(crate) struct Model {
     kg_prefixes: Vec<f64>,
     /// Keyed operators: [`Model::max_share`] by parallelism (entry q of the slot's K + 1, NaN =
     /// not computed yet); a pure memo of a function of the model, it changes no result.
-    share_memo: std::cell::RefCell<Vec<f64>>,
+    share_memo: std::cell::RefCell<NanMemo>,
     /// Keyed operators: the first run [a, b) of key groups with the largest load (see
     /// [`Model::share_at_least`]); (0, 0) for shared-queue operators.
     hot_run: Vec<(u32, u32)>,
@@ -741,10 +744,9 @@ pub(crate) struct Model {
     /// and the learned factors only, and is cleared when those change); it changes no result.
     /// Operator i's row is `[tail_at[i], tail_at[i + 1])` ([`JobGraph::tail_at`]), entry p
     /// its tail at parallelism p, NaN = not computed yet (a NaN tail is recomputed, which gives
-    /// the same NaN); parallelisms beyond the row are not kept. One allocation per model.
-    tail_memo: std::cell::RefCell<Vec<f64>>,
-    /// Whether `tail_memo` may hold a computed entry (it is cleared only then).
-    tail_memo_used: std::cell::Cell<bool>,
+    /// the same NaN); parallelisms beyond the row are not kept. One allocation, reused from
+    /// the graph's previous model ([`ModelBuffers`]).
+    tail_memo: std::cell::RefCell<NanMemo>,
     /// Learned scalability factor per operator (1 = linear scaling), applied to μ at
     /// parallelisms above the current one (see [`super::learn`]).
     factor: Vec<f64>,
@@ -903,8 +905,7 @@ impl Model {
             kg_slot.push(Some(slots));
             slots += 1;
         }
-        share_memo.clear();
-        share_memo.resize(slots * (key_groups as usize + 1), f64::NAN);
+        share_memo.reset(slots * (key_groups as usize + 1));
         let gain: Vec<f64> = est.iter().map(|e| e.selectivity).collect();
         // A feedback loop whose gain is 1 or more has no finite rates: rejected, naming it.
         let lambda_target = topo.try_traffic(&gamma_target, &gain)?;
@@ -935,8 +936,7 @@ impl Model {
             }
         }
         let eps = (1.0 - s.percentile) / f64::from(graph.depth);
-        tail_memo.clear();
-        tail_memo.resize(graph.tail_at[n], f64::NAN);
+        tail_memo.reset(graph.tail_at[n]);
         Ok(Model {
             budget: TailBudget::new(eps),
             lambda_smooth,
@@ -957,7 +957,6 @@ impl Model {
             share_memo: std::cell::RefCell::new(share_memo),
             hot_run,
             tail_memo: std::cell::RefCell::new(tail_memo),
-            tail_memo_used: std::cell::Cell::new(false),
             kg_loads,
             factor: vec![1.0; n],
             decided_with: std::cell::Cell::new(None),
@@ -1002,8 +1001,9 @@ impl Model {
             self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
             self.frozen[i] = flagged.next_if(|k| k.as_str() == name).is_some();
         }
-        if self.tail_memo_used.replace(false) {
-            self.tail_memo.borrow_mut().fill(f64::NAN);
+        let memo = self.tail_memo.get_mut();
+        if memo.is_used() {
+            memo.clear();
         }
     }
 
@@ -1039,12 +1039,12 @@ impl Model {
         let k = self.graph.key_groups;
         let q = p.min(k);
         let at = s * (k as usize + 1) + q as usize;
-        let m = self.share_memo.borrow()[at];
+        let m = self.share_memo.borrow().get(at);
         if !m.is_nan() {
             return m;
         }
         let share = busiest_range_load(self.kg_prefix_of(s), q, k);
-        self.share_memo.borrow_mut()[at] = share;
+        self.share_memo.borrow_mut().set(at, share);
         share
     }
 
@@ -1061,7 +1061,10 @@ impl Model {
         };
         let k = self.graph.key_groups;
         let q = p.min(k);
-        let m = self.share_memo.borrow()[s * (k as usize + 1) + q as usize];
+        let m = self
+            .share_memo
+            .borrow()
+            .get(s * (k as usize + 1) + q as usize);
         if !m.is_nan() {
             return m;
         }
@@ -1156,13 +1159,12 @@ impl Model {
         let Some(at) = self.tail_slot(i, p) else {
             return self.tail_uncached(i, p);
         };
-        let m = self.tail_memo.borrow()[at];
+        let m = self.tail_memo.borrow().get(at);
         if !m.is_nan() {
             return m;
         }
         let t = self.tail_uncached(i, p);
-        self.tail_memo.borrow_mut()[at] = t;
-        self.tail_memo_used.set(true);
+        self.tail_memo.borrow_mut().set(at, t);
         t
     }
 
@@ -1175,7 +1177,7 @@ impl Model {
     /// The memoized tail of operator `i` at `p`, if computed.
     fn tail_memoized(&self, i: usize, p: u32) -> Option<f64> {
         let at = self.tail_slot(i, p)?;
-        Some(self.tail_memo.borrow()[at]).filter(|t| !t.is_nan())
+        Some(self.tail_memo.borrow().get(at)).filter(|t| !t.is_nan())
     }
 
     /// An upper bound on [`Model::tail`] that skips the quantile's root finding (the
@@ -2697,7 +2699,7 @@ edges:
         };
         let fresh_first = Model::new(&spec, &first, &settings).expect("model").plan();
         assert_eq!(model(&first).plan(), fresh_first);
-        assert!(graph.buffers.0.lock().expect("pool").tail_memo.capacity() > 0);
+        assert!(graph.buffers.0.lock().expect("pool").tail_memo.is_used());
         let reused = model(&second).plan();
         let fresh = Model::new(&spec, &second, &settings).expect("model").plan();
         assert_eq!(reused, fresh);
