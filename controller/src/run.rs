@@ -67,9 +67,9 @@ pub struct RunOptions {
     /// Percentile of end-to-end latency the SLO is on, in (0, 1) (default 0.99, p99); see
     /// [`crate::model::PlannerSettings::latency_percentile`].
     pub latency_percentile: Option<f64>,
-    /// Completed savepoints kept in `REPORT/savepoints` (at least 1; default
-    /// [`savepoint_history::DEFAULT_KEEP_SAVEPOINTS`]): older ones are removed after each
-    /// rescale and at the end of the run, never the one the job runs from.
+    /// Completed savepoints of the job kept in `REPORT/savepoints` (at least 1; default
+    /// [`savepoint_history::DEFAULT_KEEP_SAVEPOINTS`]): older ones of the same job are removed
+    /// after each rescale and at the end of the run, never the one the job runs from.
     pub keep_savepoints: u32,
 }
 
@@ -1391,8 +1391,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 self.prune_savepoints(&stop.savepoint.path, print);
                 if self.savepoints_removed > 0 {
                     print(&format!(
-                        "savepoints: {} older one(s) removed from {}, the newest {} kept (--keep-savepoints)",
+                        "savepoints: {} older one(s) of job `{}` removed from {}, the newest {} kept (--keep-savepoints)",
                         self.savepoints_removed,
+                        self.job.spec.name,
                         self.savepoints_dir.display(),
                         self.opts.keep_savepoints
                     ));
@@ -1422,6 +1423,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
     fn prune_savepoints(&mut self, running_from: &str, print: &mut (dyn FnMut(&str) + Send)) {
         match savepoint_history::prune(
             &self.savepoints_dir,
+            &self.job.spec.name,
             self.opts.keep_savepoints,
             &[Path::new(running_from)],
         ) {

@@ -2,11 +2,13 @@
 //! savepoint in `REPORT/savepoints`; only the newest few are kept, as the Flink Kubernetes
 //! Operator keeps its savepoint history to `kubernetes.operator.savepoint.history.max.count`.
 //!
-//! What counts as a savepoint here: a directory named `sp-…` (the engine's savepoint ids) whose
-//! `_metadata.json` exists, i.e. a completed savepoint (the engine writes the metadata last).
-//! Anything else in the directory (an incomplete savepoint, a user's own files, symlinks) is
-//! never touched. Savepoints are ordered by the modification time of their metadata (when they
-//! completed), the id breaking ties.
+//! What counts as a savepoint of the job here: a directory named `sp-…` (the engine's savepoint
+//! ids) whose `_metadata.json` exists (the engine writes the metadata last: a completed
+//! savepoint) and names the job (`job_name`). Anything else in the directory (an incomplete
+//! savepoint, another job's savepoints — one report directory may serve several jobs —, a
+//! user's own files, symlinks, unreadable metadata) is never touched. Savepoints are ordered by
+//! their metadata's `created_unix_ms` (the modification time of the metadata when absent), the
+//! id breaking ties.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -46,8 +48,32 @@ struct Completed {
     completed_at: SystemTime,
 }
 
-/// The completed savepoints in `dir`, oldest first (an absent `dir` has none).
-fn completed_savepoints(dir: &Path) -> Result<Vec<Completed>, PruneError> {
+/// The fields of a savepoint's `_metadata.json` read here (the rest is ignored).
+#[derive(serde::Deserialize)]
+struct MetadataHead {
+    job_name: String,
+    #[serde(default)]
+    created_unix_ms: Option<u64>,
+}
+
+/// When the savepoint whose metadata file is `meta` was created, if it is one of `job`'s.
+fn created_by(meta: &Path, job: &str) -> Option<SystemTime> {
+    let info = std::fs::symlink_metadata(meta).ok()?;
+    if !info.is_file() {
+        return None;
+    }
+    let head: MetadataHead = serde_json::from_slice(&std::fs::read(meta).ok()?).ok()?;
+    if head.job_name != job {
+        return None;
+    }
+    Some(match head.created_unix_ms {
+        Some(ms) => SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+        None => info.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+    })
+}
+
+/// The completed savepoints of `job` in `dir`, oldest first (an absent `dir` has none).
+fn completed_savepoints(dir: &Path, job: &str) -> Result<Vec<Completed>, PruneError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -74,14 +100,9 @@ fn completed_savepoints(dir: &Path) -> Result<Vec<Completed>, PruneError> {
             continue;
         }
         let path = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(path.join(METADATA_FILE)) else {
-            continue;
-        };
-        if !meta.is_file() {
-            continue;
+        if let Some(completed_at) = created_by(&path.join(METADATA_FILE), job) {
+            found.push(Completed { path, completed_at });
         }
-        let completed_at = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        found.push(Completed { path, completed_at });
     }
     found.sort_by(|a, b| {
         a.completed_at
@@ -91,17 +112,22 @@ fn completed_savepoints(dir: &Path) -> Result<Vec<Completed>, PruneError> {
     Ok(found)
 }
 
-/// Removes the oldest completed savepoints in `dir` so that at most `keep` (at least 1) remain,
-/// never removing one of `protected` (the savepoint the running engine was restored from, the
-/// run's final savepoint: they count towards `keep`). Returns the removed savepoints' paths,
-/// oldest first.
+/// Removes the oldest completed savepoints of the job named `job` in `dir` so that at most
+/// `keep` (at least 1) of them remain, never removing one of `protected` (the savepoint the
+/// running engine was restored from, the run's final savepoint: they count towards `keep`).
+/// Returns the removed savepoints' paths, oldest first.
 ///
 /// # Errors
 /// [`PruneError::List`] when `dir` cannot be read; [`PruneError::Remove`] when a savepoint
 /// cannot be removed (pruning stops there).
-pub fn prune(dir: &Path, keep: u32, protected: &[&Path]) -> Result<Vec<PathBuf>, PruneError> {
+pub fn prune(
+    dir: &Path,
+    job: &str,
+    keep: u32,
+    protected: &[&Path],
+) -> Result<Vec<PathBuf>, PruneError> {
     let keep = usize::try_from(keep.max(1)).unwrap_or(usize::MAX);
-    let completed = completed_savepoints(dir)?;
+    let completed = completed_savepoints(dir, job)?;
     let excess = completed.len().saturating_sub(keep);
     let is_protected = |p: &Path| protected.iter().any(|q| same_path(p, q));
     let mut removed = Vec::new();
@@ -132,20 +158,24 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Creates a completed savepoint `name` whose metadata completed `age_s` seconds ago.
-    fn savepoint(dir: &Path, name: &str, age_s: u64) -> PathBuf {
+    /// Creates a completed savepoint `name` of job `job` created `age_s` seconds ago.
+    fn savepoint_of(dir: &Path, job: &str, name: &str, age_s: u64) -> PathBuf {
         let path = dir.join(name);
         std::fs::create_dir_all(&path).expect("mkdir");
         std::fs::write(path.join("state-x.bin"), b"state").expect("state");
-        let meta = path.join(METADATA_FILE);
-        std::fs::write(&meta, b"{}").expect("metadata");
         let at = SystemTime::now() - Duration::from_secs(age_s);
-        std::fs::File::options()
-            .write(true)
-            .open(&meta)
-            .and_then(|f| f.set_modified(at))
-            .expect("set mtime");
+        let ms = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis();
+        let meta = serde_json::json!({"format_version": 1, "job_name": job, "created_unix_ms": ms});
+        std::fs::write(path.join(METADATA_FILE), meta.to_string()).expect("metadata");
         path
+    }
+
+    /// A completed savepoint `name` of the job `job` (see [`savepoint_of`]).
+    fn savepoint(dir: &Path, name: &str, age_s: u64) -> PathBuf {
+        savepoint_of(dir, "job", name, age_s)
     }
 
     fn names(dir: &Path) -> Vec<String> {
@@ -164,11 +194,11 @@ mod tests {
         let oldest = savepoint(dir.path(), "sp-job-3", 300);
         let middle = savepoint(dir.path(), "sp-job-2", 200);
         savepoint(dir.path(), "sp-job-1", 100);
-        let removed = prune(dir.path(), 1, &[]).expect("prune");
+        let removed = prune(dir.path(), "job", 1, &[]).expect("prune");
         assert_eq!(removed, vec![oldest, middle]);
         assert_eq!(names(dir.path()), vec!["sp-job-1"]);
         // Within the limit nothing goes.
-        assert!(prune(dir.path(), 1, &[]).expect("prune").is_empty());
+        assert!(prune(dir.path(), "job", 1, &[]).expect("prune").is_empty());
         assert_eq!(names(dir.path()), vec!["sp-job-1"]);
     }
 
@@ -184,8 +214,13 @@ mod tests {
         // Not a savepoint id.
         std::fs::create_dir(dir.path().join("mine")).expect("mkdir");
         std::fs::write(dir.path().join("mine").join(METADATA_FILE), b"{}").expect("write");
+        // Another job's savepoints (older than all), and metadata that cannot be read.
+        savepoint_of(dir.path(), "other", "sp-other-1", 900);
+        savepoint_of(dir.path(), "job-2", "sp-job-2-1", 800);
+        std::fs::create_dir(dir.path().join("sp-job-garbled")).expect("mkdir");
+        std::fs::write(dir.path().join("sp-job-garbled").join(METADATA_FILE), b"{").expect("w");
         std::fs::write(dir.path().join("sp-notes.txt"), b"x").expect("write");
-        let removed = prune(dir.path(), 2, &[&restored_from]).expect("prune");
+        let removed = prune(dir.path(), "job", 2, &[&restored_from]).expect("prune");
         // 4 completed, keep 2: the two oldest that are not protected.
         assert_eq!(
             removed,
@@ -195,10 +230,13 @@ mod tests {
             names(dir.path()),
             vec![
                 "mine",
+                "sp-job-2-1",
                 "sp-job-c",
+                "sp-job-garbled",
                 "sp-job-old",
                 "sp-job-writing",
-                "sp-notes.txt"
+                "sp-notes.txt",
+                "sp-other-1"
             ]
         );
     }
@@ -211,7 +249,7 @@ mod tests {
         let target = savepoint(elsewhere.path(), "sp-job-precious", 900);
         std::os::unix::fs::symlink(&target, dir.path().join("sp-job-link")).expect("symlink");
         savepoint(dir.path(), "sp-job-new", 10);
-        assert!(prune(dir.path(), 1, &[]).expect("prune").is_empty());
+        assert!(prune(dir.path(), "job", 1, &[]).expect("prune").is_empty());
         assert!(target.join(METADATA_FILE).is_file());
     }
 
@@ -219,13 +257,13 @@ mod tests {
     fn a_missing_directory_has_nothing_to_prune_and_zero_keeps_one() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert!(
-            prune(&dir.path().join("absent"), 3, &[])
+            prune(&dir.path().join("absent"), "job", 3, &[])
                 .expect("prune")
                 .is_empty()
         );
         savepoint(dir.path(), "sp-job-1", 20);
         savepoint(dir.path(), "sp-job-2", 10);
-        assert_eq!(prune(dir.path(), 0, &[]).expect("prune").len(), 1);
+        assert_eq!(prune(dir.path(), "job", 0, &[]).expect("prune").len(), 1);
         assert_eq!(names(dir.path()), vec!["sp-job-2"]);
     }
 }

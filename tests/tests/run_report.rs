@@ -266,13 +266,26 @@ fn only_the_newest_savepoints_are_kept_and_never_the_final_one_removed() {
     assert_eq!(savepoint_dirs(&report).len(), 3);
     // A user's file among them is not a savepoint and stays.
     std::fs::write(report.join("savepoints").join("notes.txt"), "mine").expect("write");
+    // Nor is another job's savepoint (older than all of this job's): one report directory may
+    // serve several jobs.
+    let other = report.join("savepoints").join("sp-other-1");
+    std::fs::create_dir(&other).expect("mkdir");
+    std::fs::write(
+        other.join("_metadata.json"),
+        r#"{"format_version": 1, "job_name": "other", "created_unix_ms": 1}"#,
+    )
+    .expect("write");
     let stdout = run(&["--keep-savepoints", "2"]);
     assert!(
-        stdout.contains("savepoints: 2 older one(s) removed from ")
+        stdout.contains("savepoints: 2 older one(s) of job `forever` removed from ")
             && stdout.contains("the newest 2 kept (--keep-savepoints)"),
         "{stdout}"
     );
-    let kept = savepoint_dirs(&report);
+    assert!(other.join("_metadata.json").is_file());
+    let kept: Vec<PathBuf> = savepoint_dirs(&report)
+        .into_iter()
+        .filter(|d| *d != other)
+        .collect();
     assert_eq!(kept.len(), 2, "{kept:?}");
     let final_savepoint = summary(&report)["final_savepoint"]
         .as_str()
@@ -300,5 +313,5 @@ fn only_the_newest_savepoints_are_kept_and_never_the_final_one_removed() {
         String::from_utf8_lossy(&out.stderr).contains("--keep-savepoints: must be at least 1"),
         "{out:?}"
     );
-    assert_eq!(savepoint_dirs(&report).len(), 2);
+    assert_eq!(savepoint_dirs(&report).len(), 3);
 }
