@@ -200,8 +200,32 @@ impl Summary {
     }
 }
 
+/// Writes `contents` to `path` whole or not at all: into a hidden temporary file beside it,
+/// then renamed over it (a full disk leaves no truncated report file, and an earlier file
+/// stays until the new one is complete).
 fn write_file(path: &Path, contents: &[u8]) -> Result<(), ReportError> {
-    std::fs::write(path, contents).map_err(|source| ReportError::Write {
+    replace_file(path, |tmp| std::fs::write(tmp, contents))
+}
+
+/// Creates `path` by `write` into a hidden temporary file beside it (`.tmp-PID.NAME`: the same
+/// extension, for writers that choose the format by it), then
+/// renames that over `path`; the temporary file is removed when either step fails.
+///
+/// # Errors
+/// [`ReportError::Write`] naming `path` with the error of the write or the rename.
+pub fn replace_file(
+    path: &Path,
+    write: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), ReportError> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "report".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".tmp-{}.{name}", std::process::id()));
+    let result = write(&tmp).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(|source| ReportError::Write {
         path: path.to_path_buf(),
         source,
     })
@@ -331,6 +355,41 @@ pub fn write_service_rates(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_file_is_replaced_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("summary.json");
+        write_file(&path, b"{\"first\": 1}\n").expect("write");
+        // A writer that fails halfway (a full disk): the earlier file stays as it was and no
+        // temporary file is left behind.
+        let err = replace_file(&path, |tmp| {
+            std::fs::write(tmp, b"{\"sec")?;
+            Err(std::io::Error::other("No space left on device"))
+        })
+        .expect_err("the write failed");
+        assert!(
+            err.to_string()
+                .contains("summary.json: cannot write report: No space left"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read"),
+            "{\"first\": 1}\n"
+        );
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["summary.json"]);
+        // The temporary file keeps the extension (the chart's writer picks PNG by it).
+        replace_file(&path, |tmp| {
+            assert_eq!(tmp.extension().and_then(|e| e.to_str()), Some("json"));
+            std::fs::write(tmp, b"{}")
+        })
+        .expect("replace");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "{}");
+    }
 
     #[test]
     fn accounting_integrates_parallelism_and_violations() {

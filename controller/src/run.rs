@@ -124,6 +124,15 @@ pub enum RunError {
     /// The planner rejected the metric window.
     #[error("planner: {0}")]
     Model(#[from] crate::model::ModelError),
+    /// The run failed (`failure`, what `summary.json` would have said) and then its report
+    /// could not be written either.
+    #[error("run failed: {failure}; and its report could not be written: {source}")]
+    ReportAfterFailure {
+        /// Why the run failed.
+        failure: String,
+        /// Why the report could not be written.
+        source: ReportError,
+    },
     /// The run's first engine did not start; the report directory was left as it was.
     #[error("engine: {error}; {}", start_note(.report, .kept.as_deref()))]
     Start {
@@ -1432,6 +1441,21 @@ impl<R: EngineRuntime> Loop<'_, R> {
         }
     }
 
+    /// Writes the report files into `dir`, each whole or not at all, `summary.json` last (a
+    /// directory with one holds a complete report). A chart that cannot be drawn is a warning.
+    fn write_report(&self, dir: &Path, summary: &Summary) -> Result<(), ReportError> {
+        report::write_timeline(dir, &self.rows, &self.order)?;
+        report::write_service_rates(dir, &self.rows, &self.order)?;
+        if let Err(e) = report::replace_file(&dir.join("timeline.png"), |tmp| {
+            plot_timeline(tmp, &self.rows, &self.order, self.slo_s)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        }) {
+            tracing::warn!("{e}");
+        }
+        report::write_summary(dir, summary)?;
+        Ok(())
+    }
+
     async fn finish(
         &mut self,
         totals: Option<RecordTotals>,
@@ -1482,18 +1506,13 @@ impl<R: EngineRuntime> Loop<'_, R> {
             failure,
             interrupted: self.interrupted.is_some(),
         };
-        report::write_timeline(dir, &self.rows, &self.order)?;
-        report::write_service_rates(dir, &self.rows, &self.order)?;
-        if let Err(e) = plot_timeline(
-            &dir.join("timeline.png"),
-            &self.rows,
-            &self.order,
-            self.slo_s,
-        ) {
-            tracing::warn!("{e}");
+        if let Err(source) = self.write_report(dir, &summary) {
+            // Do not let the report's error hide why the run failed.
+            return Err(match summary.failure {
+                Some(failure) => RunError::ReportAfterFailure { failure, source },
+                None => source.into(),
+            });
         }
-        // Last: a summary.json marks a complete report.
-        report::write_summary(dir, &summary)?;
         Ok(RunOutcome {
             summary,
             report_dir: dir.clone(),
