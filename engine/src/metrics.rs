@@ -35,12 +35,12 @@ pub struct EngineMetrics {
     pub backpressured_seconds: CounterVec,
     /// Records waiting in the subtask's input queue (gauge).
     pub input_queue_length: GaugeVec,
-    /// Sources: records that should have been emitted by now but have not (gauge).
-    pub source_backlog: GaugeVec,
-    /// Sources: records that should have been emitted by now, the external arrival count (counter).
-    pub source_arrivals: CounterVec,
-    /// Sources: current target rate in records/s (gauge).
-    pub source_rate: GaugeVec,
+    /// Sources: `streamscale_source_arrivals_total` (records that should have been emitted by
+    /// now, the external arrival count; counter), `streamscale_source_backlog_records`
+    /// (records that should have been emitted by now but have not; gauge) and
+    /// `streamscale_source_rate_records_per_second` (current target rate; gauge), each a
+    /// subtask's share, computed at every scrape ([`SourceMetricsVec`]).
+    pub sources: SourceMetricsVec,
     /// Sinks: end-to-end latency from a record's arrival at the source to the sink, seconds.
     pub sink_latency: LatencyHistogramVec,
     /// Sinks: source records whose effect reached the sink (counter).
@@ -113,18 +113,8 @@ impl EngineMetrics {
             "streamscale_input_queue_length",
             "Records waiting in the input queue.",
         )?;
-        let source_backlog = gauge(
-            "streamscale_source_backlog_records",
-            "Records the source should have emitted by now but has not.",
-        )?;
-        let source_arrivals = counter(
-            "streamscale_source_arrivals_total",
-            "Records the source should have emitted by now (external arrivals).",
-        )?;
-        let source_rate = gauge(
-            "streamscale_source_rate_records_per_second",
-            "Current target emission rate of the source.",
-        )?;
+        let sources = SourceMetricsVec::new()?;
+        registry.register(Box::new(sources.clone()))?;
         let sink_latency = LatencyHistogramVec::new(
             "streamscale_sink_latency_seconds",
             "End-to-end latency from arrival at the source to the sink.",
@@ -175,9 +165,7 @@ impl EngineMetrics {
             idle_seconds,
             backpressured_seconds,
             input_queue_length,
-            source_backlog,
-            source_arrivals,
-            source_rate,
+            sources,
             sink_latency,
             sink_accounted,
             late_records_dropped,
@@ -321,16 +309,7 @@ impl Collector for LatencyHistogramVec {
             .iter()
             .map(|(values, counts)| {
                 let counts = *counts.lock().unwrap_or_else(PoisonError::into_inner);
-                let labels = LABELS
-                    .iter()
-                    .zip(values)
-                    .map(|(name, value)| {
-                        let mut pair = LabelPair::default();
-                        pair.set_name((*name).to_string());
-                        pair.set_value(value.clone());
-                        pair
-                    })
-                    .collect();
+                let labels = label_pairs(values);
                 let mut cumulative = 0;
                 let buckets = SINK_LATENCY_BUCKETS
                     .iter()
@@ -359,6 +338,248 @@ impl Collector for LatencyHistogramVec {
         family.set_metric(metrics);
         vec![family]
     }
+}
+
+/// A source operator's figures at one moment, operator-wide (every subtask of the source
+/// reads the same; each reports a 1/p share).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SourceReading {
+    /// Records that should have been emitted by now: the rate function's cumulative
+    /// arrivals ∫₀ᵗ rate since the job first started (carried across restores), floored and
+    /// capped by the source's `count`.
+    pub due: u64,
+    /// Records the source's subtasks have claimed so far (its position).
+    pub emitted: u64,
+    /// Target rate now, records/s.
+    pub rate: f64,
+}
+
+/// Reads a source operator's [`SourceReading`] now; the runtime implements it from what the
+/// source loop itself uses (rate function, job start, `count`, the gate's position), so the
+/// figures are current at every scrape even while the source thread is blocked on a full
+/// output channel. Called at scrape time, never per record.
+pub trait SourceProbe: Send + Sync {
+    /// The figures at this moment.
+    fn read(&self) -> SourceReading;
+}
+
+/// Last exposed figures of one source subtask, and where fresh ones come from while it runs.
+#[derive(Default)]
+struct SourceSeries {
+    live: Option<LiveSource>,
+    /// `streamscale_source_arrivals_total`: never decreases.
+    arrivals: f64,
+    backlog: f64,
+    rate: f64,
+}
+
+struct LiveSource {
+    probe: Arc<dyn SourceProbe>,
+    /// The source's parallelism p: the subtask reports 1/p of the operator's figures.
+    parallelism: f64,
+    /// Added to the arrivals share so that a series a previous run of the job left higher
+    /// (an in-process restart from scratch) continues from where it was.
+    offset: f64,
+    /// Which attachment this is ([`SourceMetricsVec::attach`]): a late detach of an older
+    /// run must not stop a newer one.
+    generation: u64,
+}
+
+impl SourceSeries {
+    /// Reads the probe (if the source runs) into the exposed figures.
+    fn refresh(&mut self) {
+        let Some(live) = &self.live else { return };
+        let r = live.probe.read();
+        let p = live.parallelism;
+        // A wall clock stepping back lowers `due` for a while: the counter then holds.
+        self.arrivals = self.arrivals.max(live.offset + r.due as f64 / p);
+        self.backlog = r.due.saturating_sub(r.emitted) as f64 / p;
+        self.rate = r.rate / p;
+    }
+}
+
+struct SourceFamilies {
+    arrivals: Desc,
+    backlog: Desc,
+    rate: Desc,
+    /// Series by label values (`operator`, `subtask`), and the last generation handed out.
+    series: Mutex<(BTreeMap<[String; 2], SourceSeries>, u64)>,
+}
+
+/// The sources' families `streamscale_source_arrivals_total` (counter),
+/// `streamscale_source_backlog_records` and `streamscale_source_rate_records_per_second`
+/// (gauges), labels `operator` and `subtask`, computed at scrape time.
+///
+/// A running source subtask [`attaches`](SourceMetricsVec::attach) a [`SourceProbe`] and its
+/// parallelism p; every scrape then reads the probe, so the figures are current whatever the
+/// source thread is doing (blocked in `send` under backpressure, the controller's arrival
+/// rate γ = Δarrivals / Δt stays unbiased). Per subtask: arrivals = due / p (monotone: the
+/// largest value exposed so far), backlog = (due − emitted) / p, rate = rate / p. When the
+/// subtask ends (its [`AttachedSource`] is dropped) the figures are read once more and then
+/// stay as they are, as a stopped source's do.
+#[derive(Clone)]
+pub struct SourceMetricsVec {
+    inner: Arc<SourceFamilies>,
+}
+
+impl SourceMetricsVec {
+    /// The three families, without series.
+    ///
+    /// # Errors
+    /// [`prometheus::Error`] if a name or help is not valid (a programming error).
+    pub fn new() -> Result<SourceMetricsVec, MetricsError> {
+        let desc = |name: &str, help: &str| {
+            let labels = LABELS.iter().map(|l| (*l).to_string()).collect();
+            Desc::new(name.into(), help.into(), labels, HashMap::new())
+        };
+        Ok(SourceMetricsVec {
+            inner: Arc::new(SourceFamilies {
+                arrivals: desc(
+                    "streamscale_source_arrivals_total",
+                    "Records the source should have emitted by now (external arrivals).",
+                )?,
+                backlog: desc(
+                    "streamscale_source_backlog_records",
+                    "Records the source should have emitted by now but has not.",
+                )?,
+                rate: desc(
+                    "streamscale_source_rate_records_per_second",
+                    "Current target emission rate of the source.",
+                )?,
+                series: Mutex::new((BTreeMap::new(), 0)),
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (BTreeMap<[String; 2], SourceSeries>, u64)> {
+        self.inner
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the series `[operator, subtask]` report `probe`'s figures divided by
+    /// `parallelism` (p ≥ 1; 0 counts as 1) from now on, until the returned handle is
+    /// dropped. The series exists from this call on, read at once.
+    ///
+    /// A series that already exists (a job restarted in the same process) continues: its
+    /// arrivals counter never decreases, and when the new run's share starts below it (a
+    /// restart from scratch, whose arrivals count from 0 again) it grows from where it was.
+    /// A restart from a checkpoint keeps the job's start time, so its share continues the
+    /// old one and no offset is needed.
+    pub fn attach(
+        &self,
+        labels: [&str; 2],
+        parallelism: u32,
+        probe: Arc<dyn SourceProbe>,
+    ) -> AttachedSource {
+        let key = labels.map(str::to_string);
+        let p = f64::from(parallelism.max(1));
+        let first = probe.read();
+        let mut guard = self.lock();
+        let (series, generation) = &mut *guard;
+        *generation += 1;
+        let s = series.entry(key.clone()).or_default();
+        s.live = Some(LiveSource {
+            offset: (s.arrivals - first.due as f64 / p).max(0.0),
+            probe,
+            parallelism: p,
+            generation: *generation,
+        });
+        s.refresh();
+        AttachedSource {
+            family: self.clone(),
+            key,
+            generation: *generation,
+        }
+    }
+
+    /// The exposed `(arrivals, backlog, rate)` of the series `[operator, subtask]`, read now
+    /// when it runs (`None` if it does not exist).
+    pub fn get(&self, labels: [&str; 2]) -> Option<(f64, f64, f64)> {
+        let key = labels.map(str::to_string);
+        let mut guard = self.lock();
+        let s = guard.0.get_mut(&key)?;
+        s.refresh();
+        Some((s.arrivals, s.backlog, s.rate))
+    }
+}
+
+/// A running source subtask's hold on its series ([`SourceMetricsVec::attach`]); dropping it
+/// reads the figures a last time and leaves them as they are.
+pub struct AttachedSource {
+    family: SourceMetricsVec,
+    key: [String; 2],
+    generation: u64,
+}
+
+impl Drop for AttachedSource {
+    fn drop(&mut self) {
+        let mut guard = self.family.lock();
+        if let Some(s) = guard.0.get_mut(&self.key)
+            && s.live
+                .as_ref()
+                .is_some_and(|l| l.generation == self.generation)
+        {
+            s.refresh();
+            s.live = None;
+        }
+    }
+}
+
+impl Collector for SourceMetricsVec {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.inner.arrivals, &self.inner.backlog, &self.inner.rate]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut guard = self.lock();
+        let series = &mut guard.0;
+        series.values_mut().for_each(SourceSeries::refresh);
+        let family = |desc: &Desc, kind: MetricType, value: fn(&SourceSeries) -> f64| {
+            let metrics = series
+                .iter()
+                .map(|(values, s)| {
+                    let mut m = proto::Metric::from_label(label_pairs(values));
+                    if kind == MetricType::COUNTER {
+                        let mut c = proto::Counter::default();
+                        c.set_value(value(s));
+                        m.set_counter(c);
+                    } else {
+                        let mut g = proto::Gauge::default();
+                        g.set_value(value(s));
+                        m.set_gauge(g);
+                    }
+                    m
+                })
+                .collect();
+            let mut f = MetricFamily::default();
+            f.set_name(desc.fq_name.clone());
+            f.set_help(desc.help.clone());
+            f.set_field_type(kind);
+            f.set_metric(metrics);
+            f
+        };
+        vec![
+            family(&self.inner.arrivals, MetricType::COUNTER, |s| s.arrivals),
+            family(&self.inner.backlog, MetricType::GAUGE, |s| s.backlog),
+            family(&self.inner.rate, MetricType::GAUGE, |s| s.rate),
+        ]
+    }
+}
+
+/// The label pairs `operator`, `subtask` of a series.
+fn label_pairs(values: &[String; 2]) -> Vec<LabelPair> {
+    LABELS
+        .iter()
+        .zip(values)
+        .map(|(name, value)| {
+            let mut pair = LabelPair::default();
+            pair.set_name((*name).to_string());
+            pair.set_value(value.clone());
+            pair
+        })
+        .collect()
 }
 
 /// A sink subtask's thread-local part of a [`LatencyHistogramVec`] series: counts latencies
@@ -566,6 +787,105 @@ mod tests {
             "{}",
             got.sum_seconds
         );
+    }
+
+    /// A source whose figures the test sets.
+    #[derive(Default)]
+    struct FakeSource(Mutex<(u64, u64, f64)>);
+
+    impl FakeSource {
+        fn set(&self, due: u64, emitted: u64, rate: f64) {
+            *self.0.lock().expect("fake") = (due, emitted, rate);
+        }
+    }
+
+    impl SourceProbe for FakeSource {
+        fn read(&self) -> SourceReading {
+            let (due, emitted, rate) = *self.0.lock().expect("fake");
+            SourceReading { due, emitted, rate }
+        }
+    }
+
+    #[test]
+    fn source_figures_are_read_at_every_scrape_as_a_subtask_share() {
+        let metrics = EngineMetrics::new().expect("metrics");
+        let fake = Arc::new(FakeSource::default());
+        fake.set(0, 0, 800.0);
+        let _held = metrics.sources.attach(["src", "1"], 2, fake.clone());
+        let text = metrics.render();
+        for line in [
+            "# TYPE streamscale_source_arrivals_total counter",
+            "# TYPE streamscale_source_backlog_records gauge",
+            "# TYPE streamscale_source_rate_records_per_second gauge",
+            "streamscale_source_arrivals_total{operator=\"src\",subtask=\"1\"} 0",
+            "streamscale_source_backlog_records{operator=\"src\",subtask=\"1\"} 0",
+            "streamscale_source_rate_records_per_second{operator=\"src\",subtask=\"1\"} 400",
+        ] {
+            assert!(text.contains(line), "missing {line} in {text}");
+        }
+        // Nothing but the probe changes: the next scrape reads the new figures.
+        fake.set(801, 300, 600.0);
+        let text = metrics.render();
+        for line in [
+            "streamscale_source_arrivals_total{operator=\"src\",subtask=\"1\"} 400.5",
+            "streamscale_source_backlog_records{operator=\"src\",subtask=\"1\"} 250.5",
+            "streamscale_source_rate_records_per_second{operator=\"src\",subtask=\"1\"} 300",
+        ] {
+            assert!(text.contains(line), "missing {line} in {text}");
+        }
+    }
+
+    #[test]
+    fn source_arrivals_never_decrease() {
+        let sources = SourceMetricsVec::new().expect("family");
+        let fake = Arc::new(FakeSource::default());
+        fake.set(1000, 1000, 100.0);
+        let _held = sources.attach(["src", "0"], 1, fake.clone());
+        // The wall clock steps back: fewer records are due; the counter holds, the gauges
+        // follow.
+        fake.set(900, 1000, 100.0);
+        assert_eq!(sources.get(["src", "0"]), Some((1000.0, 0.0, 100.0)));
+        fake.set(1100, 1000, 100.0);
+        assert_eq!(sources.get(["src", "0"]), Some((1100.0, 100.0, 100.0)));
+    }
+
+    #[test]
+    fn a_stopped_source_keeps_its_last_figures() {
+        let sources = SourceMetricsVec::new().expect("family");
+        let fake = Arc::new(FakeSource::default());
+        fake.set(100, 40, 10.0);
+        let held = sources.attach(["src", "0"], 1, fake.clone());
+        fake.set(200, 50, 10.0);
+        drop(held); // read once more at the end
+        fake.set(5000, 60, 10.0);
+        assert_eq!(sources.get(["src", "0"]), Some((200.0, 150.0, 10.0)));
+        assert_eq!(sources.get(["src", "1"]), None);
+    }
+
+    #[test]
+    fn a_restarted_source_continues_its_counter() {
+        let sources = SourceMetricsVec::new().expect("family");
+        let first = Arc::new(FakeSource::default());
+        first.set(1000, 1000, 10.0);
+        let held = sources.attach(["src", "0"], 2, first.clone());
+        drop(held);
+        // From a checkpoint: the job's start time is kept, the share continues (no offset).
+        let restored = Arc::new(FakeSource::default());
+        restored.set(1010, 900, 10.0);
+        let held = sources.attach(["src", "0"], 2, restored.clone());
+        assert_eq!(sources.get(["src", "0"]), Some((505.0, 55.0, 5.0)));
+        drop(held);
+        // From scratch: arrivals count from 0 again; the counter grows on from 505.
+        let fresh = Arc::new(FakeSource::default());
+        let held = sources.attach(["src", "0"], 2, fresh.clone());
+        // An older run's handle dropped late leaves the new run attached.
+        let stale = sources.attach(["src", "0"], 2, fresh.clone());
+        let newest = sources.attach(["src", "0"], 2, fresh.clone());
+        drop(stale);
+        drop(held);
+        fresh.set(40, 0, 10.0);
+        assert_eq!(sources.get(["src", "0"]), Some((525.0, 20.0, 5.0)));
+        drop(newest);
     }
 
     #[test]

@@ -36,7 +36,7 @@ use crate::checkpoint::coordinator::{Ack, Coordinator, Failed, JobContext, Outco
 use crate::checkpoint::gate::{Claim, SourceGate};
 use crate::checkpoint::storage::CheckpointStorage;
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
-use crate::metrics::{EngineMetrics, LocalLatencyHistogram};
+use crate::metrics::{EngineMetrics, LocalLatencyHistogram, SourceProbe, SourceReading};
 use crate::nexmark::source::NexmarkGenerator;
 use crate::payload::Payload;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
@@ -1481,7 +1481,7 @@ const SOURCE_BATCH: u64 = 64;
 impl SourceTask {
     /// Wall-clock seconds since the job first started.
     fn wall(&self) -> f64 {
-        (now_unix_us() as f64 / 1e6) - (self.job_started_unix_ms as f64 / 1e3)
+        wall_since(self.job_started_unix_ms)
     }
 
     /// Wall-clock second (since job start) at which record `seq` arrived: the inverse of the
@@ -1509,48 +1509,30 @@ impl SourceTask {
     fn run(mut self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
         let labels = [ctx.operator.clone(), ctx.index.to_string()];
         let l = [labels[0].as_str(), labels[1].as_str()];
-        let metrics = ctx.meter.metrics.clone();
-        let p = f64::from(ctx.parallelism);
-        let mut arrivals_reported = 0.0;
-        // Wall seconds since the job started when the gauges were last set (the loop reads
-        // the wall clock anyway; no further clock read per batch).
-        let mut last_gauges = f64::NEG_INFINITY;
         let limit = self.limit.unwrap_or(u64::MAX);
         let mut last_injected = 0;
-        // The arrivals counter exists from the start, at 0, so that a scrape before the
-        // first record is due reads "no arrivals yet" rather than "no arrivals figure".
-        if ctx.meter.enabled {
-            metrics.source_arrivals.with_label_values(&l).inc_by(0.0);
-        }
+        // Arrivals, backlog and rate are computed at every scrape from what this loop uses
+        // (the thread may be blocked in `send` for seconds under backpressure); they exist
+        // from the start and stay as they were last read once this subtask returns.
+        let _figures = ctx.meter.enabled.then(|| {
+            let probe = SourceFigures {
+                rate: self.rate.clone(),
+                gate: self.gate.clone(),
+                limit,
+                job_started_unix_ms: self.job_started_unix_ms,
+            };
+            ctx.meter
+                .metrics
+                .sources
+                .attach(l, ctx.parallelism, Arc::new(probe))
+        });
         loop {
             if ctx.control.stop.load(Ordering::Relaxed) {
                 ctx.outputs.flush(&mut ctx.meter);
                 break;
             }
             let now = self.wall();
-            let due = self.rate.cumulative(now).floor().min(limit as f64) as u64;
-            // Metrics: arrivals share and backlog share of this subtask.
-            // Every 50 ms (and at once after the wall clock stepped back).
-            if ctx.meter.enabled && (now - last_gauges >= 0.05 || now < last_gauges) {
-                let share = due as f64 / p;
-                if share > arrivals_reported {
-                    metrics
-                        .source_arrivals
-                        .with_label_values(&l)
-                        .inc_by(share - arrivals_reported);
-                    arrivals_reported = share;
-                }
-                let backlog = due.saturating_sub(self.gate.emitted()) as f64;
-                metrics
-                    .source_backlog
-                    .with_label_values(&l)
-                    .set(backlog / p);
-                metrics
-                    .source_rate
-                    .with_label_values(&l)
-                    .set(self.rate.rate(now) / p);
-                last_gauges = now;
-            }
+            let due = due_at(&self.rate, now, limit);
             // Inject a pending barrier, or claim a batch of sequence numbers that are due.
             let (start, claimed) = match self.gate.claim(last_injected, due, limit, SOURCE_BATCH) {
                 Claim::Inject(b) => {
@@ -1673,15 +1655,38 @@ impl SourceTask {
             }
         }
         ctx.meter.flush(0);
-        if ctx.meter.enabled {
-            let backlog = self.rate.cumulative(self.wall()).floor().min(limit as f64) as u64;
-            let backlog = backlog.saturating_sub(self.gate.emitted()) as f64;
-            metrics
-                .source_backlog
-                .with_label_values(&l)
-                .set(backlog / p);
-        }
         ctx.finish(None, None)
+    }
+}
+
+/// Wall-clock seconds since `job_started_unix_ms` (ms since the Unix epoch).
+fn wall_since(job_started_unix_ms: u64) -> f64 {
+    (now_unix_us() as f64 / 1e6) - (job_started_unix_ms as f64 / 1e3)
+}
+
+/// Records of a source that should have been emitted by wall second `wall_s` since the job
+/// first started: the rate function's cumulative arrivals, floored, capped by `limit`.
+fn due_at(rate: &RateFunction, wall_s: f64, limit: u64) -> u64 {
+    rate.cumulative(wall_s).floor().min(limit as f64) as u64
+}
+
+/// What a source's metrics are computed from at scrape time ([`SourceProbe`]): the same
+/// rate function, job start, `count` and gate as its subtasks' loop, shared with them.
+struct SourceFigures {
+    rate: Arc<RateFunction>,
+    gate: Arc<SourceGate>,
+    limit: u64,
+    job_started_unix_ms: u64,
+}
+
+impl SourceProbe for SourceFigures {
+    fn read(&self) -> SourceReading {
+        let now = wall_since(self.job_started_unix_ms);
+        SourceReading {
+            due: due_at(&self.rate, now, self.limit),
+            emitted: self.gate.emitted(),
+            rate: self.rate.rate(now),
+        }
     }
 }
 
