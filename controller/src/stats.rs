@@ -18,10 +18,12 @@ pub const CAPACITY_SMOOTHING: f64 = 0.3;
 /// share is not read from one short interval's noise).
 pub const SPREAD_DECAY: f64 = 0.1;
 
-/// Records per subtask (after decay, on average) from which the busiest subtask's share is
-/// used in [`CapacityEstimator::capacity`]: about 10 % relative error on a subtask's share
-/// (1/√100) when records spread by key at random.
-pub const MIN_RECORDS_PER_SUBTASK_FOR_SPREAD: f64 = 100.0;
+/// Standard deviations taken off the busiest subtask's record count before its share is used
+/// in [`CapacityEstimator::busiest_share`]: the count n is read as n − z·√n (a lower
+/// confidence bound treating the count as Poisson, z = 2: about 97.7 % one-sided), so that with
+/// an even spread the largest of p noisy counts is not read as a hot subtask, while one that
+/// takes most of the input is seen at once.
+pub const SPREAD_CONFIDENCE_Z: f64 = 2.0;
 
 /// What happened between two consecutive scrapes.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -265,9 +267,10 @@ impl CapacityEstimator {
         }
     }
 
-    /// The share of `op`'s input its busiest subtask carries at parallelism `p`, in [1/p, 1],
-    /// once enough records have been seen at `p` ([`MIN_RECORDS_PER_SUBTASK_FOR_SPREAD`]);
-    /// `None` before that or at another parallelism.
+    /// The share of `op`'s input its busiest subtask carries at parallelism `p`, in [1/p, 1]:
+    /// its record count n less [`SPREAD_CONFIDENCE_Z`]·√n over all subtasks' records (1/p until
+    /// the counts tell the busiest subtask from noise). `None` at another parallelism or before
+    /// [`MIN_RECORDS_FOR_CAPACITY`] records were seen at `p`.
     pub fn busiest_share(&self, op: &str, p: u32) -> Option<f64> {
         let sums = self.records_per_subtask.get(op)?;
         let pf = f64::from(p);
@@ -275,11 +278,12 @@ impl CapacityEstimator {
             return None;
         }
         let total: f64 = sums.iter().sum();
-        if total < MIN_RECORDS_PER_SUBTASK_FOR_SPREAD * pf {
+        if total < MIN_RECORDS_FOR_CAPACITY {
             return None;
         }
         let max = sums.iter().copied().reduce(f64::max)?;
-        Some((max / total).clamp(1.0 / pf, 1.0))
+        let max_low = max - SPREAD_CONFIDENCE_Z * max.sqrt();
+        Some((max_low / total).clamp(1.0 / pf, 1.0))
     }
 
     /// Records/s (in source records) the tightest operator can take at `parallelism`: the
@@ -394,49 +398,85 @@ mod tests {
             vec![sub(0.0, 0.0, 0.0, 0.0), sub(0.0, 0.0, 0.0, 0.0)],
             0.0,
         );
-        // 200 source records; subtask 0 takes 180 of them (one key) in 1.8 busy seconds out of
-        // 2, subtask 1 takes 20 in 0.2: μ = 100/s per subtask, busiest share 0.9.
+        // 1000 source records; subtask 0 takes 900 of them (one key) in 9 busy seconds out of
+        // 10, subtask 1 takes 100 in 1: μ = 100/s per subtask, busiest share 0.9, read as
+        // (900 − 2·√900) / 1000 = 0.84.
         let cur = metrics(
-            2.0,
-            200.0,
-            200.0,
-            vec![sub(180.0, 180.0, 1.8, 0.2), sub(20.0, 20.0, 0.2, 1.8)],
-            200.0,
+            10.0,
+            1000.0,
+            1000.0,
+            vec![sub(900.0, 900.0, 9.0, 1.0), sub(100.0, 100.0, 1.0, 9.0)],
+            1000.0,
         );
         let s = IntervalStats::between(&prev, &cur, &sources, &p2, None);
-        // Not p·μ = 200: the busiest subtask saturates at 100 / 0.9 ≈ 111 source records/s.
+        // Not p·μ = 200: the busiest subtask saturates at 100 / 0.84 ≈ 119 source records/s.
         let cap = s.capacity.expect("measured");
-        assert!((cap - 100.0 / 0.9).abs() < 1e-6, "{cap}");
+        assert!((cap - 100.0 / 0.84).abs() < 1e-6, "{cap}");
         assert!((s.utilization["enrich"] - 0.5).abs() < 1e-9);
         assert!((s.busiest_utilization["enrich"] - 0.9).abs() < 1e-9);
         // At another parallelism the spread is unknown until measured: p·μ.
         let mut est = CapacityEstimator::default();
         est.observe(&prev, &cur, &sources);
         assert!((est.capacity(&p4).expect("measured") - 400.0).abs() < 1e-6);
-        // Too few records per subtask to tell a hot key from noise: p·μ until there are.
+        // Few records: 18 of 20 on one subtask could be chance (18 − 2·√18 ≈ 9.5 of 20): p·μ.
         let few = metrics(
-            2.4,
-            240.0,
-            240.0,
-            vec![sub(216.0, 216.0, 2.16, 0.24), sub(24.0, 24.0, 0.24, 2.16)],
-            240.0,
+            10.2,
+            1020.0,
+            1020.0,
+            vec![sub(918.0, 918.0, 9.18, 1.02), sub(102.0, 102.0, 1.02, 9.18)],
+            1020.0,
         );
         let mut est = CapacityEstimator::default();
         est.observe(&cur, &few, &sources);
-        assert_eq!(est.busiest_share("enrich", 2), None);
+        assert_eq!(est.busiest_share("enrich", 2), Some(0.5));
         assert!((est.capacity(&p2).expect("measured") - 200.0).abs() < 1e-6);
-        // Counts carry over intervals at one parallelism, older ones decaying (40 records per
-        // interval: 40 · (1 − 0.9¹⁰) / 0.1 ≈ 261 ≥ 200 after ten).
-        for _ in 0..9 {
+        // Counts carry over intervals at one parallelism, older ones decaying, and the hot
+        // subtask shows once they are many.
+        for _ in 0..19 {
             est.observe(&cur, &few, &sources);
         }
-        let share = est.busiest_share("enrich", 2).expect("enough records");
-        assert!((share - 0.9).abs() < 1e-9, "{share}");
+        let sums = &est.records_per_subtask["enrich"];
+        let (hot, total) = (sums[0], sums[0] + sums[1]);
+        assert!((hot / total - 0.9).abs() < 1e-9);
+        let share = est.busiest_share("enrich", 2).expect("measured");
+        assert!(
+            (share - (hot - 2.0 * hot.sqrt()) / total).abs() < 1e-9 && share > 0.6,
+            "{share}"
+        );
         // One subtask only: no busiest figure to show beside the mean.
         let one = metrics(0.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 0.0)], 0.0);
         let one_later = metrics(1.0, 50.0, 50.0, vec![sub(50.0, 50.0, 0.5, 0.5)], 50.0);
         let s = IntervalStats::between(&one, &one_later, &sources, &p2, None);
         assert!(s.busiest_utilization.is_empty());
+    }
+
+    #[test]
+    fn an_even_spread_at_high_parallelism_is_not_read_as_a_hot_subtask() {
+        // 43 subtasks, 650 records in an interval spread by key: counts 10..=20 (one 25, as
+        // the largest of 43 noisy counts can be). Read as p·μ, not μ / (25 / 650).
+        let sources = ["source".to_string()];
+        let counts: Vec<f64> = (0..43)
+            .map(|k| {
+                if k == 7 {
+                    25.0
+                } else {
+                    10.0 + f64::from(k % 11)
+                }
+            })
+            .collect();
+        let total: f64 = counts.iter().sum();
+        let zero = vec![sub(0.0, 0.0, 0.0, 0.0); 43];
+        let later: Vec<SubtaskSample> = counts
+            .iter()
+            .map(|&c| sub(c, c, c / 100.0, 1.0 - c / 100.0))
+            .collect();
+        let prev = metrics(0.0, 0.0, 0.0, zero, 0.0);
+        let cur = metrics(1.0, total, total, later, total);
+        let mut est = CapacityEstimator::default();
+        est.observe(&prev, &cur, &sources);
+        assert_eq!(est.busiest_share("enrich", 43), Some(1.0 / 43.0));
+        let p: BTreeMap<String, u32> = [("enrich".to_string(), 43)].into_iter().collect();
+        assert!((est.capacity(&p).expect("measured") - 4300.0).abs() < 1e-6);
     }
 
     #[test]
