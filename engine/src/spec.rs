@@ -759,6 +759,7 @@ impl JobSpec {
         }
         spec.validate()
             .and_then(|()| spec.validate_job_file())
+            .and_then(|()| spec.check_file_paths())
             .map_err(|problem| SpecError::Invalid {
                 path: path.to_path_buf(),
                 problem,
@@ -946,6 +947,29 @@ impl JobSpec {
                 return Err(format!(
                     "operators[{i}] ({}).parallelism: {} is outside its scaling bounds min {min} .. max {max}{default}",
                     op.name, op.parallelism
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the job file's paths against the file system as far as that is possible without
+    /// changing it: a sink's `output` must not be an existing directory (records are appended
+    /// to a file).
+    ///
+    /// # Errors
+    /// The first problem, naming the operator, the field and the path.
+    pub fn check_file_paths(&self) -> Result<(), String> {
+        for (i, op) in self.operators.iter().enumerate() {
+            if let OperatorKind::Sink {
+                output: Some(out), ..
+            } = &op.kind
+                && out.is_dir()
+            {
+                return Err(format!(
+                    "operators[{i}] ({}).output: {} is a directory; name a file (records are appended to it, one line each)",
+                    op.name,
+                    out.display()
                 ));
             }
         }

@@ -436,3 +436,30 @@ fn a_non_finite_rate_names_the_whole_path() {
         );
     }
 }
+
+#[test]
+fn a_sink_output_that_is_a_directory_is_rejected() {
+    // Relative to the job file's directory, which exists: `.` is a directory.
+    let e = file_problem(&job(
+        "  - { name: sink, kind: sink, output: . }\n",
+        "  - { from: src, to: sink }\n",
+        "",
+    ));
+    assert!(
+        e.contains("operators[1] (sink).output:") && e.contains("is a directory; name a file"),
+        "{e}"
+    );
+    // A file that does not exist yet is fine.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.yaml");
+    std::fs::write(
+        &path,
+        job(
+            "  - { name: sink, kind: sink, output: out.csv }\n",
+            "  - { from: src, to: sink }\n",
+            "",
+        ),
+    )
+    .unwrap();
+    JobSpec::from_file(&path).expect("a new output file is fine");
+}
