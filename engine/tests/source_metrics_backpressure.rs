@@ -17,9 +17,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::EngineProcess;
+use streamscale_engine::savepoint::Savepoint;
+use streamscale_engine::spec::JobSpec;
 
 /// The source's target rate, records/s.
 const RATE: f64 = 800.0;
@@ -65,9 +67,9 @@ fn scrape(engine: &EngineProcess) -> (Instant, BTreeMap<String, f64>) {
     (before + (after - before) / 2, parse(&text))
 }
 
-#[test]
-fn source_arrivals_and_backlog_advance_between_scrapes_while_backpressured() {
-    let yaml = format!(
+/// The backpressured job (YAML).
+fn job_yaml() -> String {
+    format!(
         r#"name: backpressured
 operators:
   - {{ name: source, kind: source, keys: 1, parallelism: {SOURCE_P}, rate: {{ constant: {RATE} }} }}
@@ -77,7 +79,69 @@ edges:
   - {{ from: source, to: counts }}
   - {{ from: counts, to: sink }}
 "#
+    )
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// After a restore from a savepoint, at another source parallelism, each source subtask
+/// counts its 1/p share of every record due since the job first started (the start time the
+/// savepoint carries), as before the restore: the counter is rate × (now − first start) / p,
+/// read at scrape time, and the backlog is the rest of what is due beyond the savepoint's
+/// position.
+#[test]
+fn after_a_restore_arrivals_count_from_the_jobs_first_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, job_yaml()).unwrap();
+    let spec = JobSpec::from_file(&job).unwrap();
+    let sps = dir.path().join("savepoints");
+    let mut first = EngineProcess::start(&job, &sps, &[]);
+    std::thread::sleep(Duration::from_millis(1000));
+    let (sp, _) = first.stop_with_savepoint(false);
+    drop(first);
+    let meta = Savepoint::read(&sp, &spec).unwrap().metadata;
+    let started = meta.job_started_unix_ms as f64 / 1e3;
+    let emitted = meta.sources["source"].emitted as f64;
+    let sp_arg = sp.display().to_string();
+    let restored = EngineProcess::start(
+        &job,
+        &sps,
+        &["--restore", &sp_arg, "--parallelism", "source=3"],
     );
+    std::thread::sleep(Duration::from_millis(500));
+    let before = unix_now();
+    let m = parse(&restored.metrics());
+    let after = unix_now();
+    // `due` is floored to whole records, then shared by 3.
+    let lo = ((RATE * (before - started)).floor() / 3.0) - 1.0;
+    let hi = RATE * (after - started) / 3.0;
+    for i in 0..3 {
+        let arrivals = sample(&m, "source_arrivals_total", i);
+        assert!(
+            (lo..=hi).contains(&arrivals),
+            "source-{i}: arrivals {arrivals}, expected between {lo:.1} and {hi:.1} \
+             (rate × seconds since the job first started / 3)"
+        );
+        let backlog = sample(&m, "source_backlog_records", i);
+        assert!(
+            backlog <= arrivals - emitted / 3.0 + 1e-9,
+            "source-{i}: backlog {backlog} exceeds the records due beyond the savepoint's \
+             position ({arrivals} - {emitted} / 3)"
+        );
+        assert!(backlog > 0.0, "source-{i}: backlog {backlog}");
+    }
+}
+
+#[test]
+fn source_arrivals_and_backlog_advance_between_scrapes_while_backpressured() {
+    let yaml = job_yaml();
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("job.yaml");
     std::fs::write(&job, yaml).unwrap();
