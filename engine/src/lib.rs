@@ -11,6 +11,7 @@
 
 pub mod chain;
 pub mod checkpoint;
+pub mod key_group_load;
 pub mod keygroup;
 pub mod metrics;
 pub mod nexmark;

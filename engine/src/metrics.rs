@@ -35,6 +35,10 @@ pub struct EngineMetrics {
     pub backpressured_seconds: CounterVec,
     /// Records waiting in the subtask's input queue (gauge).
     pub input_queue_length: GaugeVec,
+    /// Keyed operators: the share of the subtask's recent records (decayed counts, half-life
+    /// 5 s, [`crate::key_group_load`]) that its busiest key group took, in (0, 1] (gauge;
+    /// absent for other operators and before the subtask's first record).
+    pub hottest_key_group_share: GaugeVec,
     /// Sources: `streamscale_source_arrivals_total` (records that should have been emitted by
     /// now, the external arrival count; counter), `streamscale_source_backlog_records`
     /// (records that should have been emitted by now but have not; gauge) and
@@ -113,6 +117,10 @@ impl EngineMetrics {
             "streamscale_input_queue_length",
             "Records waiting in the input queue.",
         )?;
+        let hottest_key_group_share = gauge(
+            "streamscale_hottest_key_group_share",
+            "Keyed operators: share of the subtask's recent records (half-life 5 s) taken by its busiest key group.",
+        )?;
         let sources = SourceMetricsVec::new()?;
         registry.register(Box::new(sources.clone()))?;
         let sink_latency = LatencyHistogramVec::new(
@@ -165,6 +173,7 @@ impl EngineMetrics {
             idle_seconds,
             backpressured_seconds,
             input_queue_length,
+            hottest_key_group_share,
             sources,
             sink_latency,
             sink_accounted,

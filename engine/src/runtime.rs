@@ -35,6 +35,7 @@ use crate::checkpoint::barrier::{Aligner, Barrier, BarrierKind, Event, Message};
 use crate::checkpoint::coordinator::{Ack, Coordinator, Failed, JobContext, Outcome, Target};
 use crate::checkpoint::gate::{Claim, SourceGate};
 use crate::checkpoint::storage::CheckpointStorage;
+use crate::key_group_load::KeyGroupLoad;
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
 use crate::metrics::{EngineMetrics, LocalLatencyHistogram, SourceProbe, SourceReading};
 use crate::nexmark::source::NexmarkGenerator;
@@ -304,6 +305,9 @@ struct Meter {
     live: Arc<LiveCounters>,
     /// Sinks with metrics on: the latency histogram and accounted counter.
     sink: Option<SinkMeter>,
+    /// Keyed operators with metrics on: records per owned key group, decayed, for
+    /// `streamscale_hottest_key_group_share` (counted in [`Operator::process`]).
+    key_groups: Option<KeyGroupLoad<Record>>,
     /// A clock reading and the wall clock (µs since the Unix epoch) at that moment, renewed
     /// at every flush: converts the monotonic readings a chain run takes anyway into wall
     /// time for a sink's latency ([`Meter::unix_us_at`]).
@@ -384,6 +388,9 @@ impl Meter {
             m.input_queue_length
                 .with_label_values(&l)
                 .set(queue_len as f64);
+            if let Some(share) = self.key_groups.as_mut().and_then(|k| k.flush(wall)) {
+                m.hottest_key_group_share.with_label_values(&l).set(share);
+            }
             if let Some(sink) = &mut self.sink {
                 sink.latency.flush();
                 sink.accounted
@@ -1012,6 +1019,13 @@ impl Job {
                         }
                     }),
                 anchor: (Instant::now(), now_unix_us()),
+                key_groups: (options.metrics_enabled && op.kind.is_keyed()).then(|| {
+                    KeyGroupLoad::new(
+                        key_selector(&op.kind),
+                        key_group_range(index, op.parallelism, k),
+                        k,
+                    )
+                }),
             };
             // Every series of the subtask exists from its start, at 0, so that a scrape before
             // its first record reads "nothing yet" rather than "no such subtask".
@@ -1975,6 +1989,9 @@ impl Operator {
                 Behaviour::Map | Behaviour::Filter { .. } => ctx.outputs.send(rec, &mut ctx.meter),
                 Behaviour::Window { .. } | Behaviour::Sink { .. } => true,
             };
+        }
+        if let Some(load) = &mut ctx.meter.key_groups {
+            load.count(&rec);
         }
         if let Some(p) = &ctx.panic_at
             && p.seq == rec.seq
