@@ -15,29 +15,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::EngineProcess;
+use common::{EngineProcess, metric_sample, parse_metrics};
 
 /// Time between the two reads of `/metrics`.
 const WINDOW: Duration = Duration::from_secs(2);
 /// Time from the engine's start to the first read.
 const WARM_UP: Duration = Duration::from_secs(1);
-
-/// The samples of `/metrics` by series (`family{operator="…",subtask="…"}`).
-fn parse(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn sample(m: &BTreeMap<String, f64>, family: &str, operator: &str, subtask: u32) -> f64 {
-    let key = format!("streamscale_{family}{{operator=\"{operator}\",subtask=\"{subtask}\"}}");
-    *m.get(&key)
-        .unwrap_or_else(|| panic!("no {key} in /metrics: {m:?}"))
-}
 
 /// Busy + idle + backpressured seconds of one subtask: the wall time up to its last flush.
 fn accounted_time(m: &BTreeMap<String, f64>, operator: &str, subtask: u32) -> f64 {
@@ -47,7 +30,7 @@ fn accounted_time(m: &BTreeMap<String, f64>, operator: &str, subtask: u32) -> f6
         "backpressured_time_seconds_total",
     ]
     .iter()
-    .map(|f| sample(m, f, operator, subtask))
+    .map(|f| metric_sample(m, f, operator, subtask))
     .sum()
 }
 
@@ -63,9 +46,9 @@ fn check_fresh(
     std::fs::write(&job, yaml).unwrap();
     let engine = EngineProcess::start(&job, &dir.path().join("savepoints"), &[]);
     std::thread::sleep(WARM_UP);
-    let a = parse(&engine.metrics());
+    let a = parse_metrics(&engine.metrics());
     std::thread::sleep(WINDOW);
-    let b = parse(&engine.metrics());
+    let b = parse_metrics(&engine.metrics());
     let min_growth = WINDOW.as_secs_f64() / 4.0;
     for &(op, i, flows) in subtasks {
         let grown = accounted_time(&b, op, i) - accounted_time(&a, op, i);
@@ -86,8 +69,8 @@ fn check_fresh(
                 if skip {
                     continue;
                 }
-                let before = sample(&a, family, op, i);
-                let after = sample(&b, family, op, i);
+                let before = metric_sample(&a, family, op, i);
+                let after = metric_sample(&b, family, op, i);
                 assert!(
                     after > before,
                     "{op}-{i}: {family} stayed at {before} over a {:.0} s window while records \
@@ -120,8 +103,8 @@ edges:
         &[("src", 0, true), ("lookup", 0, true), ("sink", 0, true)],
     );
     // Attribution stays per member: the map spends the time, the source waits for it.
-    let busy = |op| sample(&b, "busy_time_seconds_total", op, 0);
-    let bp = |op| sample(&b, "backpressured_time_seconds_total", op, 0);
+    let busy = |op| metric_sample(&b, "busy_time_seconds_total", op, 0);
+    let bp = |op| metric_sample(&b, "backpressured_time_seconds_total", op, 0);
     assert!(
         busy("lookup") > busy("src") && bp("src") > busy("src"),
         "source busy {} / backpressured {}, lookup busy {}",
@@ -175,7 +158,7 @@ edges:
         ],
     );
     for i in 0..2 {
-        let queue = sample(&b, "input_queue_length", "lookup", i);
+        let queue = metric_sample(&b, "input_queue_length", "lookup", i);
         assert!(
             queue > 0.0,
             "lookup-{i}: input queue length {queue} although the source is 380 records/s ahead"

@@ -19,7 +19,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::EngineProcess;
+use common::{EngineProcess, metric_sample, parse_metrics};
 use streamscale_engine::savepoint::Savepoint;
 use streamscale_engine::spec::JobSpec;
 
@@ -34,21 +34,9 @@ const GAP: Duration = Duration::from_secs(1);
 /// Pairs of scrapes.
 const PAIRS: usize = 3;
 
-/// The samples of `/metrics` by series (`family{operator="…",subtask="…"}`).
-fn parse(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
+/// Source subtask `subtask`'s sample of `streamscale_FAMILY`.
 fn sample(m: &BTreeMap<String, f64>, family: &str, subtask: u32) -> f64 {
-    let key = format!("streamscale_{family}{{operator=\"source\",subtask=\"{subtask}\"}}");
-    *m.get(&key)
-        .unwrap_or_else(|| panic!("no {key} in /metrics: {m:?}"))
+    metric_sample(m, family, "source", subtask)
 }
 
 /// Seconds the source subtasks spent blocked on full output channels, summed.
@@ -64,7 +52,7 @@ fn scrape(engine: &EngineProcess) -> (Instant, BTreeMap<String, f64>) {
     let before = Instant::now();
     let text = engine.metrics();
     let after = Instant::now();
-    (before + (after - before) / 2, parse(&text))
+    (before + (after - before) / 2, parse_metrics(&text))
 }
 
 /// The backpressured job (YAML).
@@ -117,7 +105,7 @@ fn after_a_restore_arrivals_count_from_the_jobs_first_start() {
     );
     std::thread::sleep(Duration::from_millis(500));
     let before = unix_now();
-    let m = parse(&restored.metrics());
+    let m = parse_metrics(&restored.metrics());
     let after = unix_now();
     // `due` is floored to whole records, then shared by 3.
     let lo = ((RATE * (before - started)).floor() / 3.0) - 1.0;

@@ -185,3 +185,29 @@ pub fn metric_sum(text: &str, prefix: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// The samples of a `/metrics` text by series (`family{operator="…",subtask="…"}`).
+pub fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sample `streamscale_FAMILY{operator="OPERATOR",subtask="SUBTASK"}` of `m`.
+///
+/// # Panics
+/// When `m` has no such series.
+pub fn metric_sample(
+    m: &std::collections::BTreeMap<String, f64>,
+    family: &str,
+    operator: &str,
+    subtask: u32,
+) -> f64 {
+    let key = format!("streamscale_{family}{{operator=\"{operator}\",subtask=\"{subtask}\"}}");
+    *m.get(&key)
+        .unwrap_or_else(|| panic!("no {key} in /metrics: {m:?}"))
+}
