@@ -27,6 +27,8 @@ pub const SOURCE_BACKLOG: &str = "streamscale_source_backlog_records";
 pub const SOURCE_ARRIVALS: &str = "streamscale_source_arrivals_total";
 /// Gauge (sources): the trace's current target rate, in records/s.
 pub const SOURCE_RATE: &str = "streamscale_source_rate_records_per_second";
+/// Gauge (keyed operators): the busiest key group's share of the subtask's recent records.
+pub const HOTTEST_KEY_GROUP_SHARE: &str = "streamscale_hottest_key_group_share";
 /// Histogram (sinks): end-to-end latency in seconds.
 pub const SINK_LATENCY: &str = "streamscale_sink_latency_seconds";
 /// Counter (sinks): source records whose effect reached the sink.
@@ -271,8 +273,15 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                 let op = sample.labels.get("operator").unwrap_or("source");
                 *source_rates.entry(op.to_string()).or_insert(0.0) += value;
             }
-            RECORDS_IN | RECORDS_OUT | BUSY | IDLE | BACKPRESSURED | QUEUE_LENGTH
-            | SOURCE_BACKLOG | SOURCE_ARRIVALS => {
+            RECORDS_IN
+            | RECORDS_OUT
+            | BUSY
+            | IDLE
+            | BACKPRESSURED
+            | QUEUE_LENGTH
+            | SOURCE_BACKLOG
+            | SOURCE_ARRIVALS
+            | HOTTEST_KEY_GROUP_SHARE => {
                 let op = sample.labels.get("operator").ok_or_else(|| {
                     parse_err(format!("{name}: sample without an `operator` label"))
                 })?;
@@ -303,6 +312,10 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                     BACKPRESSURED => s.backpressured_seconds = value,
                     QUEUE_LENGTH => s.queue_length = value,
                     SOURCE_BACKLOG => s.source_backlog = Some(value),
+                    HOTTEST_KEY_GROUP_SHARE => {
+                        s.hottest_key_group_share =
+                            (value.is_finite() && value > 0.0).then_some(value.min(1.0));
+                    }
                     _ => s.source_arrivals = Some(value),
                 }
             }
@@ -349,6 +362,8 @@ streamscale_backpressured_time_seconds_total{operator="enrich",subtask="1"} 0.5
 # TYPE streamscale_input_queue_length gauge
 streamscale_input_queue_length{operator="enrich",subtask="0"} 17
 streamscale_input_queue_length{operator="enrich",subtask="1"} 17
+# TYPE streamscale_hottest_key_group_share gauge
+streamscale_hottest_key_group_share{operator="enrich",subtask="1"} 0.75
 # TYPE streamscale_source_backlog_records gauge
 streamscale_source_backlog_records{operator="source",subtask="0"} 120
 # TYPE streamscale_source_arrivals_total counter
@@ -382,6 +397,8 @@ process_cpu_seconds_total 3.2
         assert_eq!(enrich[1].backpressured_seconds, 0.5);
         assert_eq!(enrich[0].queue_length, 17.0);
         assert_eq!(enrich[0].source_backlog, None);
+        assert_eq!(enrich[0].hottest_key_group_share, None);
+        assert_eq!(enrich[1].hottest_key_group_share, Some(0.75));
         let source = &m.sample.operators["source"];
         assert_eq!(source[0].records_out, 2500.0);
         assert_eq!(source[0].source_backlog, Some(120.0));

@@ -51,6 +51,14 @@ pub struct OperatorEstimate {
     /// Share of the operator's input each subtask took in the window (index = subtask; sums
     /// to 1). Empty when the operator had no input.
     pub subtask_input_shares: Vec<f64>,
+    /// Keyed operators: the share of each subtask's input its busiest key group takes (index =
+    /// subtask), read conservatively: the last sample's `hottest_key_group_share` h with the
+    /// subtask's records in the window n taken as the count, less 2·√(h·n) (a Poisson lower
+    /// confidence bound, as the busiest subtask's share in [`crate::stats`]' cap), over n.
+    /// `None` for a subtask whose figure is absent or that took no record in the window;
+    /// empty when no subtask reports it (then the key groups' loads are estimated as before).
+    #[serde(default)]
+    pub subtask_hottest_key_group_shares: Vec<Option<f64>>,
     /// Source-only figures (`None` for other operators).
     pub source: Option<SourceEstimate>,
 }
@@ -446,8 +454,30 @@ fn estimate_operator(
         } else {
             Vec::new()
         },
+        subtask_hottest_key_group_shares: hottest_key_group_shares(first, last),
         source,
     })
+}
+
+/// [`OperatorEstimate::subtask_hottest_key_group_shares`] from a window's first and last rows
+/// of one operator's subtasks.
+fn hottest_key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> Vec<Option<f64>> {
+    if last.iter().all(|s| s.hottest_key_group_share.is_none()) {
+        return Vec::new();
+    }
+    first
+        .iter()
+        .zip(last)
+        .map(|(a, b)| {
+            let h = b.hottest_key_group_share?;
+            let n = b.records_in - a.records_in;
+            if !(h.is_finite() && h > 0.0 && n > 0.0) {
+                return None;
+            }
+            let hot = h.min(1.0) * n;
+            Some(((hot - 2.0 * hot.sqrt()).max(0.0) / n).min(1.0))
+        })
+        .collect()
 }
 
 #[cfg(test)]

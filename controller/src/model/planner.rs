@@ -893,7 +893,12 @@ impl Model {
                 continue;
             }
             let start = kg_loads.len();
-            key_group_load_into(&e.subtask_input_shares, key_groups, &mut kg_loads);
+            key_group_load_into(
+                &e.subtask_input_shares,
+                &e.subtask_hottest_key_group_shares,
+                key_groups,
+                &mut kg_loads,
+            );
             let load = &kg_loads[start..];
             let mut acc = 0.0;
             kg_prefixes.push(0.0);
@@ -1995,13 +2000,32 @@ fn hottest_run(load: &[f64]) -> (u32, u32) {
 /// input shares at the current parallelism: each subtask's share spread evenly over the
 /// key groups it owns. Uniform when the shares are unknown (no input in the window).
 pub fn key_group_load(subtask_shares: &[f64], key_groups: u32) -> Vec<f64> {
+    key_group_load_with_hot(subtask_shares, &[], key_groups)
+}
+
+/// [`key_group_load`] where the engine reports how much of a subtask's input its busiest key
+/// group takes (`hottest[j]`, [`OperatorEstimate::subtask_hottest_key_group_shares`], a
+/// conservative reading): that subtask's share s is split as h·s on one key group (the first of
+/// its range: the engine does not say which) and (1 − h)·s evenly over its other key groups.
+/// A subtask without the figure, with one key group, or whose h is no more than an even spread
+/// (1/width) is spread evenly as before; an empty `hottest` gives exactly [`key_group_load`].
+pub fn key_group_load_with_hot(
+    subtask_shares: &[f64],
+    hottest: &[Option<f64>],
+    key_groups: u32,
+) -> Vec<f64> {
     let mut load = Vec::new();
-    key_group_load_into(subtask_shares, key_groups, &mut load);
+    key_group_load_into(subtask_shares, hottest, key_groups, &mut load);
     load
 }
 
-/// [`key_group_load`] appended to `out` (max(K, 1) entries).
-fn key_group_load_into(subtask_shares: &[f64], key_groups: u32, out: &mut Vec<f64>) {
+/// [`key_group_load_with_hot`] appended to `out` (max(K, 1) entries).
+fn key_group_load_into(
+    subtask_shares: &[f64],
+    hottest: &[Option<f64>],
+    key_groups: u32,
+    out: &mut Vec<f64>,
+) {
     let k = key_groups.max(1);
     let p = subtask_shares.len() as u32;
     if p == 0 || p > k || subtask_shares.iter().sum::<f64>() <= 0.0 {
@@ -2014,8 +2038,25 @@ fn key_group_load_into(subtask_shares: &[f64], key_groups: u32, out: &mut Vec<f6
     for (j, share) in subtask_shares.iter().enumerate() {
         let r = key_group_range(j as u32, p, k);
         let width = f64::from(r.end - r.start).max(1.0);
-        for kg in r {
-            load[kg as usize] = share / width;
+        let hot = hottest
+            .get(j)
+            .copied()
+            .flatten()
+            .filter(|h| h.is_finite() && *h * width > 1.0 && r.end - r.start > 1)
+            .map(|h| h.min(1.0));
+        match hot {
+            Some(h) => {
+                let rest = share * (1.0 - h) / (width - 1.0);
+                for kg in r.clone() {
+                    load[kg as usize] = rest;
+                }
+                load[r.start as usize] = share * h;
+            }
+            None => {
+                for kg in r {
+                    load[kg as usize] = share / width;
+                }
+            }
         }
     }
 }
@@ -2485,6 +2526,57 @@ edges:
                 .any(|r| r.starts_with("win: hot-key bottleneck")),
             "{:?}",
             d.reasons
+        );
+    }
+
+    #[test]
+    fn a_reported_hot_key_group_is_not_scaled_for_skew() {
+        // All of 100 rec/s on subtask 0 of 2 (μ = 100, ρ target 0.7). Spread evenly over its 64
+        // key groups the load would split at p=3 (43 of them: 67 rec/s): a scale-up.
+        let (spec, w) = keyed_window(2, 100.0, &[1.0, 0.0]);
+        let before = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        assert!(
+            before.parallelism["win"] > 2,
+            "{:?}",
+            before.operators["win"]
+        );
+        let hot_key = |d: &Decision| {
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("win: hot-key bottleneck"))
+        };
+        assert!(!hot_key(&before), "{:?}", before.reasons);
+        let with_h = |h: f64| {
+            let mut w = w.clone();
+            for s in &mut w {
+                let win = s.operators.get_mut("win").expect("win");
+                win[0].hottest_key_group_share = Some(h);
+            }
+            plan(&spec, &w, &PlannerSettings::default()).expect("plans")
+        };
+        // The engine says one key group takes it all (h = 1; read as (1000 − 2·√1000) / 1000
+        // ≈ 0.94 of the subtask's 1000 records): 94 rec/s on one key group, more than a
+        // subtask's 70 at any parallelism. Kept at p=2 and reported, in this one decision.
+        let d = with_h(1.0);
+        assert_eq!(d.parallelism["win"], 2, "{:?}", d.operators["win"]);
+        assert!(hot_key(&d), "{:?}", d.reasons);
+        // An even spread reported (h ≤ 1/64 on its 64 groups) changes nothing.
+        let even = with_h(1.0 / 128.0);
+        assert_eq!(even.parallelism, before.parallelism);
+        assert_eq!(even.reasons, before.reasons);
+    }
+
+    #[test]
+    fn key_group_load_puts_the_hot_share_on_one_group() {
+        let load = key_group_load_with_hot(&[0.8, 0.2], &[Some(0.5), None], 128);
+        assert!((load.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!((load[0] - 0.4).abs() < 1e-15);
+        assert!((load[1] - 0.4 / 63.0).abs() < 1e-15 && (load[63] - 0.4 / 63.0).abs() < 1e-15);
+        assert!((load[64] - 0.2 / 64.0).abs() < 1e-15);
+        // Absent everywhere: exactly the even spread.
+        assert_eq!(
+            key_group_load_with_hot(&[0.8, 0.2], &[None, None], 128),
+            key_group_load(&[0.8, 0.2], 128)
         );
     }
 

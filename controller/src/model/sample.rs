@@ -27,6 +27,12 @@ pub struct SubtaskSample {
     /// Counter, sources only: records that should have been emitted by now (the external
     /// arrival count; Δ/Δt is the arrival rate γ even under backpressure).
     pub source_arrivals: Option<f64>,
+    /// Gauge, keyed operators only: the share of the subtask's recent records (the engine's
+    /// counts per key group, decayed with a 5 s half-life) that its busiest key group took, in
+    /// (0, 1] (`streamscale_hottest_key_group_share`). `None` where the engine does not report
+    /// it (other operators, before the first record, the simulator, older stored windows).
+    #[serde(default)]
+    pub hottest_key_group_share: Option<f64>,
 }
 
 /// One scrape of the whole job.
