@@ -12,8 +12,12 @@ use streamscale_engine::savepoint::Savepoint;
 use streamscale_engine::spec::JobSpec;
 use streamscale_tests::workspace_bin;
 
-/// 30 s at 1 trace-second per second: 20 rec/s, a 12 s step to 500 rec/s, then 20 rec/s.
-const TRACE: &str = "t_seconds,rate\n0,20\n6,500\n18,20\n30,20\n";
+/// 41 s at 1 trace-second per second: 20 rec/s, a 12 s step to 500 rec/s, then 20 rec/s for
+/// 23 s: time for a scale-down that trims the step's scale-up just after the step (its delay
+/// counted from during the step) and then the scale-down to what 20 rec/s needs (stabilization
+/// after that rescale, a fresh window, the scale-down delay), on a loaded CI machine too (31 s
+/// were not always enough).
+const TRACE: &str = "t_seconds,rate\n0,20\n6,500\n18,20\n40,20\n";
 
 fn write_job(dir: &Path) -> std::path::PathBuf {
     std::fs::write(dir.join("step.rate.csv"), TRACE).expect("write trace");
@@ -27,7 +31,7 @@ operators:
   - name: source
     kind: source
     keys: 200
-    rate: { trace: { file: step.rate.csv, endSeconds: 31 } }
+    rate: { trace: { file: step.rate.csv, endSeconds: 41 } }
   - { name: lookup, kind: map, io: 4000 }
   - { name: counts, kind: window, sizeMs: 500 }
   - { name: sink, kind: sink }
@@ -104,8 +108,8 @@ fn scales_up_on_the_step_and_down_after_it_without_losing_records() {
 
     let auto = run(&job, &dir.path().join("auto"), &[]);
     let emitted = auto["records_emitted"].as_u64().expect("records_emitted");
-    // ∫ rate over the 31 s window: 6·20 + 12·500 + 13·20 = 6380 records.
-    assert_eq!(emitted, 6380, "{auto}");
+    // ∫ rate over the 41 s window: 6·20 + 12·500 + 23·20 = 6580 records.
+    assert_eq!(emitted, 6580, "{auto}");
     assert_eq!(auto["records_accounted"].as_u64(), Some(emitted), "{auto}");
 
     let rescales = auto["rescales"].as_array().expect("rescales");
