@@ -150,7 +150,10 @@ pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String 
 /// predicted utilization ρ = λ / (p · μ) above 1; and operators `learned` flagged for
 /// ineffective scaling (a scale-up did not raise the rate their busiest subtask can carry,
 /// e.g. one hot key) whose λ exceeds that capacity. Either way their input queue and the
-/// sources' backlog grow.
+/// sources' backlog grow. Also keyed operators the plan reports as a hot-key bottleneck (one
+/// key group needs more than a subtask at the target utilization, from the engine's
+/// `streamscale_hottest_key_group_share`): kept where they are, since more subtasks cannot
+/// help.
 pub fn overloaded_held(
     decision: &crate::model::Decision,
     learned: &crate::model::learn::ScalabilityTracker,
@@ -161,10 +164,22 @@ pub fn overloaded_held(
         .filter(|(name, o)| {
             let at_max = o.parallelism >= o.max_parallelism
                 && o.predicted_utilization.is_some_and(|rho| rho > 1.0);
-            at_max || held_by_flag(name, o, learned).is_some()
+            at_max
+                || held_by_flag(name, o, learned).is_some()
+                || hot_key_reason(name, decision).is_some()
         })
         .map(|(name, _)| name.clone())
         .collect()
+}
+
+/// The planner's hot-key bottleneck reason for operator `name` without the `NAME: ` prefix
+/// (`hot-key bottleneck: one key group takes 100.0% of 800 rec/s, …`), if it gave one.
+fn hot_key_reason<'a>(name: &str, decision: &'a crate::model::Decision) -> Option<&'a str> {
+    decision.reasons.iter().find_map(|r| {
+        r.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(": "))
+            .filter(|rest| rest.starts_with("hot-key bottleneck"))
+    })
 }
 
 /// The ineffective-scaling flag of operator `name` when it holds the operator below the load
@@ -200,6 +215,10 @@ pub fn at_limit_line(
         .iter()
         .filter_map(|name| {
             let o = decision.operators.get(name)?;
+            if let Some(reason) = hot_key_reason(name, decision) {
+                stuck = true;
+                return Some(format!("{name}={} ({reason})", o.parallelism));
+            }
             if let Some(flag) = held_by_flag(name, o, learned) {
                 stuck = true;
                 let share = (flag.mu / flag.capacity_after).min(1.0);
@@ -337,6 +356,37 @@ mod tests {
         assert!(
             line.contains("| parse=2 enrich=4(ρ0.30 max0.99) counts=4(ρ0.60) |"),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn a_hot_key_bottleneck_is_an_at_limit_line() {
+        let plan = |p: u32| {
+            serde_json::json!({
+                "kind": "window", "currentParallelism": p, "parallelism": p,
+                "maxParallelism": 128, "observedInputRate": 800.0, "arrivalRate": 800.0,
+                "steadyArrivalRate": 800.0, "trueProcessingRate": 470.0, "selectivity": 1.0,
+                "selectivityIsPrior": false, "observedUtilization": 0.5,
+                "backpressuredShare": 0.0, "predictedUtilization": 0.85,
+                "predictedSojournSeconds": 0.01, "clampedAtMax": false, "reason": "",
+            })
+        };
+        let decision: crate::model::Decision = serde_json::from_value(serde_json::json!({
+            "parallelism": { "counts": 2, "counts2": 2 }, "current": { "counts": 2, "counts2": 2 },
+            "operators": { "counts": plan(2), "counts2": plan(2) }, "sources": {},
+            "predictedLatencySeconds": 0.1, "criticalPath": [], "latencySloSeconds": 1.0,
+            "targetUtilization": 0.7,
+            "reasons": ["counts: hot-key bottleneck: one key group takes 100.0% of 800 rec/s, more than one subtask's 329 rec/s at ρ 0.70; more parallelism cannot help, keeps p=2"],
+        }))
+        .expect("decision");
+        let learned = crate::model::learn::ScalabilityTracker::default();
+        // Only the operator the reason names (not one whose name it begins with).
+        let held = overloaded_held(&decision, &learned);
+        assert_eq!(held, vec!["counts".to_string()]);
+        let line = at_limit_line(12.0, &decision, &learned, &held).expect("a line");
+        assert_eq!(
+            line,
+            "t=  12s AT LIMIT counts=2 (hot-key bottleneck: one key group takes 100.0% of 800 rec/s, more than one subtask's 329 rec/s at ρ 0.70; more parallelism cannot help, keeps p=2); holding there (spread the hot keys or speed up the operator)"
         );
     }
 

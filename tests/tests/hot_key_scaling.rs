@@ -48,6 +48,16 @@ fn a_single_hot_key_does_not_drive_its_operator_to_max_parallelism() {
         reached.iter().all(|&p| p <= 1),
         "counts was scaled up (steps {reached:?}) for a single key:\n{stdout}"
     );
+    // The backlog grows with no rescale to explain it: the run says why, once.
+    let at_limit: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("AT LIMIT counts=1 (hot-key bottleneck: one key group takes"))
+        .collect();
+    assert!(
+        !at_limit.is_empty()
+            && at_limit[0].ends_with("(spread the hot keys or speed up the operator)"),
+        "{stdout}"
+    );
     // The single subtask is overloaded (800 rec/s > μ ≈ 480) and the backlog grows; the run
     // still measures capacity as what that subtask carries, under the input rate.
     let last = stdout
