@@ -1434,7 +1434,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             &self.savepoints_dir,
             &self.job.spec.name,
             self.opts.keep_savepoints,
-            &[Path::new(running_from)],
+            Path::new(running_from),
         ) {
             Ok(removed) => self.savepoints_removed += removed.len(),
             Err(e) => print(&format!("warning: {e}")),

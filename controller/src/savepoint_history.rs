@@ -13,6 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use streamscale_engine::savepoint_disposal::{self, DisposeError};
+
 /// Savepoints kept by default (`--keep-savepoints`), the Flink Kubernetes Operator's default
 /// `kubernetes.operator.savepoint.history.max.count`.
 pub const DEFAULT_KEEP_SAVEPOINTS: u32 = 10;
@@ -36,8 +38,8 @@ pub enum PruneError {
     Remove {
         /// The savepoint directory that was to be removed.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// Why (the engine's disposal error, naming the path it left behind).
+        source: DisposeError,
     },
 }
 
@@ -113,9 +115,11 @@ fn completed_savepoints(dir: &Path, job: &str) -> Result<Vec<Completed>, PruneEr
 }
 
 /// Removes the oldest completed savepoints of the job named `job` in `dir` so that at most
-/// `keep` (at least 1) of them remain, never removing one of `protected` (the savepoint the
-/// running engine was restored from, the run's final savepoint: they count towards `keep`).
-/// Returns the removed savepoints' paths, oldest first.
+/// `keep` (at least 1) of them remain, never removing `running_from` (the savepoint the running
+/// engine was restored from, or the run's final savepoint: it counts towards `keep`). Each is
+/// removed as the engine disposes of one ([`savepoint_disposal::detach`]: renamed to a hidden
+/// name, then deleted, so a half-removed savepoint never looks complete). Returns the removed
+/// savepoints' paths, oldest first.
 ///
 /// # Errors
 /// [`PruneError::List`] when `dir` cannot be read; [`PruneError::Remove`] when a savepoint
@@ -124,33 +128,42 @@ pub fn prune(
     dir: &Path,
     job: &str,
     keep: u32,
-    protected: &[&Path],
+    running_from: &Path,
 ) -> Result<Vec<PathBuf>, PruneError> {
     let keep = usize::try_from(keep.max(1)).unwrap_or(usize::MAX);
     let completed = completed_savepoints(dir, job)?;
     let excess = completed.len().saturating_sub(keep);
-    let is_protected = |p: &Path| protected.iter().any(|q| same_path(p, q));
     let mut removed = Vec::new();
-    for old in completed
-        .iter()
-        .filter(|s| !is_protected(&s.path))
-        .take(excess)
-    {
-        std::fs::remove_dir_all(&old.path).map_err(|source| PruneError::Remove {
+    for old in &completed {
+        if removed.len() == excess {
+            break;
+        }
+        let Some(id) = old.path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let detached = match savepoint_disposal::detach(dir, id, Some(running_from)) {
+            Ok(detached) => detached,
+            // The one the job runs from, or gone or changed since it was listed: not removed.
+            Err(
+                DisposeError::RestoredFrom { .. }
+                | DisposeError::NotFound { .. }
+                | DisposeError::NotASavepoint { .. }
+                | DisposeError::InvalidId(_),
+            ) => continue,
+            Err(e) => {
+                return Err(PruneError::Remove {
+                    path: old.path.clone(),
+                    source: e,
+                });
+            }
+        };
+        detached.remove().map_err(|source| PruneError::Remove {
             path: old.path.clone(),
             source,
         })?;
         removed.push(old.path.clone());
     }
     Ok(removed)
-}
-
-/// Whether `a` and `b` name the same directory (compared canonically when both exist).
-fn same_path(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    }
 }
 
 #[cfg(test)]
@@ -194,11 +207,15 @@ mod tests {
         let oldest = savepoint(dir.path(), "sp-job-3", 300);
         let middle = savepoint(dir.path(), "sp-job-2", 200);
         savepoint(dir.path(), "sp-job-1", 100);
-        let removed = prune(dir.path(), "job", 1, &[]).expect("prune");
+        let removed = prune(dir.path(), "job", 1, Path::new("none")).expect("prune");
         assert_eq!(removed, vec![oldest, middle]);
         assert_eq!(names(dir.path()), vec!["sp-job-1"]);
         // Within the limit nothing goes.
-        assert!(prune(dir.path(), "job", 1, &[]).expect("prune").is_empty());
+        assert!(
+            prune(dir.path(), "job", 1, Path::new("none"))
+                .expect("prune")
+                .is_empty()
+        );
         assert_eq!(names(dir.path()), vec!["sp-job-1"]);
     }
 
@@ -220,7 +237,7 @@ mod tests {
         std::fs::create_dir(dir.path().join("sp-job-garbled")).expect("mkdir");
         std::fs::write(dir.path().join("sp-job-garbled").join(METADATA_FILE), b"{").expect("w");
         std::fs::write(dir.path().join("sp-notes.txt"), b"x").expect("write");
-        let removed = prune(dir.path(), "job", 2, &[&restored_from]).expect("prune");
+        let removed = prune(dir.path(), "job", 2, &restored_from).expect("prune");
         // 4 completed, keep 2: the two oldest that are not protected.
         assert_eq!(
             removed,
@@ -249,7 +266,11 @@ mod tests {
         let target = savepoint(elsewhere.path(), "sp-job-precious", 900);
         std::os::unix::fs::symlink(&target, dir.path().join("sp-job-link")).expect("symlink");
         savepoint(dir.path(), "sp-job-new", 10);
-        assert!(prune(dir.path(), "job", 1, &[]).expect("prune").is_empty());
+        assert!(
+            prune(dir.path(), "job", 1, Path::new("none"))
+                .expect("prune")
+                .is_empty()
+        );
         assert!(target.join(METADATA_FILE).is_file());
     }
 
@@ -257,13 +278,18 @@ mod tests {
     fn a_missing_directory_has_nothing_to_prune_and_zero_keeps_one() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert!(
-            prune(&dir.path().join("absent"), "job", 3, &[])
+            prune(&dir.path().join("absent"), "job", 3, Path::new("none"))
                 .expect("prune")
                 .is_empty()
         );
         savepoint(dir.path(), "sp-job-1", 20);
         savepoint(dir.path(), "sp-job-2", 10);
-        assert_eq!(prune(dir.path(), "job", 0, &[]).expect("prune").len(), 1);
+        assert_eq!(
+            prune(dir.path(), "job", 0, Path::new("none"))
+                .expect("prune")
+                .len(),
+            1
+        );
         assert_eq!(names(dir.path()), vec!["sp-job-2"]);
     }
 }
