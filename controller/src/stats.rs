@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::SubtaskSample;
+use crate::model::estimate::count_lower_bound;
 use crate::scrape::EngineMetrics;
 
 /// Fewest records an operator must take in during an interval for its service rate (and so the
@@ -17,13 +18,6 @@ pub const CAPACITY_SMOOTHING: f64 = 0.3;
 /// forgotten at each interval (a memory of about 10 intervals, so that the busiest subtask's
 /// share is not read from one short interval's noise).
 pub const SPREAD_DECAY: f64 = 0.1;
-
-/// Standard deviations taken off the busiest subtask's record count before its share is used
-/// in [`CapacityEstimator::busiest_share`]: the count n is read as n − z·√n (a lower
-/// confidence bound treating the count as Poisson, z = 2: about 97.7 % one-sided), so that with
-/// an even spread the largest of p noisy counts is not read as a hot subtask, while one that
-/// takes most of the input is seen at once.
-pub const SPREAD_CONFIDENCE_Z: f64 = 2.0;
 
 /// What happened between two consecutive scrapes.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -268,7 +262,7 @@ impl CapacityEstimator {
     }
 
     /// The share of `op`'s input its busiest subtask carries at parallelism `p`, in [1/p, 1]:
-    /// its record count n less [`SPREAD_CONFIDENCE_Z`]·√n over all subtasks' records (1/p until
+    /// its record count n read as [`count_lower_bound`] (n − 2√n) over all subtasks' records (1/p until
     /// the counts tell the busiest subtask from noise). `None` at another parallelism or before
     /// [`MIN_RECORDS_FOR_CAPACITY`] records were seen at `p`.
     pub fn busiest_share(&self, op: &str, p: u32) -> Option<f64> {
@@ -282,7 +276,7 @@ impl CapacityEstimator {
             return None;
         }
         let max = sums.iter().copied().reduce(f64::max)?;
-        let max_low = max - SPREAD_CONFIDENCE_Z * max.sqrt();
+        let max_low = count_lower_bound(max);
         Some((max_low / total).clamp(1.0 / pf, 1.0))
     }
 

@@ -459,6 +459,18 @@ fn estimate_operator(
     })
 }
 
+/// Standard deviations taken off a record count in [`count_lower_bound`].
+pub const COUNT_CONFIDENCE_Z: f64 = 2.0;
+
+/// A lower confidence bound on a record count `n` treated as Poisson: n − z·√n with
+/// z = [`COUNT_CONFIDENCE_Z`] (about 97.7 % one-sided), at least 0. Used where a share is read
+/// from few records: the busiest key group's ([`OperatorEstimate::subtask_hottest_key_group_shares`])
+/// and the busiest subtask's (`stats::CapacityEstimator::busiest_share`), so that the largest
+/// of several noisy counts is not read as a hot spot.
+pub fn count_lower_bound(n: f64) -> f64 {
+    (n - COUNT_CONFIDENCE_Z * n.sqrt()).max(0.0)
+}
+
 /// [`OperatorEstimate::subtask_hottest_key_group_shares`] from a window's first and last rows
 /// of one operator's subtasks.
 fn hottest_key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> Vec<Option<f64>> {
@@ -475,7 +487,7 @@ fn hottest_key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> 
                 return None;
             }
             let hot = h.min(1.0) * n;
-            Some(((hot - 2.0 * hot.sqrt()).max(0.0) / n).min(1.0))
+            Some((count_lower_bound(hot) / n).min(1.0))
         })
         .collect()
 }
