@@ -288,6 +288,37 @@ impl EngineApi {
         self.call("GET", self.client.get(&url), url).await
     }
 
+    /// `DELETE /v1/savepoints/{id}`: disposes of a completed savepoint (the engine answers 204).
+    ///
+    /// # Errors
+    /// [`ApiError::Http`], or [`ApiError::Status`]: 404 when there is no such completed
+    /// savepoint, 409 for the one the engine was restored from or a pending one, 400 for an
+    /// invalid id.
+    pub async fn dispose_savepoint(&self, id: &str) -> Result<(), ApiError> {
+        let url = format!("{}/v1/savepoints/{id}", self.base_url);
+        let response = self
+            .client
+            .delete(&url)
+            .send()
+            .await
+            .map_err(|source| ApiError::Http {
+                method: "DELETE",
+                url: url.clone(),
+                source,
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = response.text().await.unwrap_or_default();
+        Err(ApiError::Status {
+            method: "DELETE",
+            url,
+            status: status.as_u16(),
+            body: truncate(body),
+        })
+    }
+
     /// Stop-with-savepoint: requests it, polls its status every 100 ms until terminal, and on
     /// completion fetches `/v1/job` at once (the engine exits 300 ms after the terminal
     /// status was read).

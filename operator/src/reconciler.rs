@@ -628,34 +628,6 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     Ok(requeue)
 }
 
-/// What the engine answered to one `DELETE /v1/savepoints/{id}`.
-enum Disposal {
-    /// 2xx: removed.
-    Removed,
-    /// 404: no such savepoint (any more).
-    Gone,
-    /// Anything else, in words.
-    Failed(String),
-}
-
-/// Asks the engine at `base_url` to dispose of savepoint `id`.
-async fn request_disposal(http: &reqwest::Client, base_url: &str, id: &str) -> Disposal {
-    let url = format!("{base_url}/v1/savepoints/{id}");
-    match http.delete(&url).send().await {
-        Ok(resp) if resp.status().is_success() => Disposal::Removed,
-        Ok(resp) if resp.status() == reqwest::StatusCode::NOT_FOUND => Disposal::Gone,
-        Ok(resp) => {
-            let code = resp.status().as_u16();
-            let body = resp.text().await.unwrap_or_default();
-            Disposal::Failed(format!(
-                "DELETE {url}: HTTP {code}: {}",
-                body.chars().take(300).collect::<String>()
-            ))
-        }
-        Err(e) => Disposal::Failed(format!("DELETE {url}: {e}")),
-    }
-}
-
 /// Disposes of the oldest savepoints of `status.savepointHistory` beyond
 /// `spec.savepointHistoryMaxCount` through the running engine (never the one the job or the
 /// engine runs from, `engine_restored_from`): an entry is dropped from the history when the
@@ -689,10 +661,10 @@ async fn dispose_old_savepoints(
     if chosen.is_empty() {
         return;
     }
-    let base_url = rt.api().base_url().to_string();
+    let api = rt.api();
     for entry in chosen {
-        match request_disposal(&ctx.http, &base_url, &entry.id).await {
-            Disposal::Removed => {
+        match api.dispose_savepoint(&entry.id).await {
+            Ok(()) => {
                 status.savepoint_history.retain(|e| e.id != entry.id);
                 publish(
                     ctx,
@@ -706,11 +678,11 @@ async fn dispose_old_savepoints(
                 )
                 .await;
             }
-            Disposal::Gone => {
+            Err(streamscale_controller::api::ApiError::Status { status: 404, .. }) => {
                 tracing::info!(job = %key(job), savepoint = %entry.path, "savepoint already gone; dropped from the history");
                 status.savepoint_history.retain(|e| e.id != entry.id);
             }
-            Disposal::Failed(why) => {
+            Err(why) => {
                 publish(
                     ctx,
                     job,
