@@ -14,6 +14,7 @@
 pub mod api;
 pub mod causes;
 pub mod executor;
+pub mod job_memory;
 pub mod model;
 pub mod plot;
 pub mod progress;
