@@ -405,7 +405,8 @@ pub struct StreamJobStatus {
     /// job holds at it or sheds load; absent when the last plan fit.
     #[serde(default)]
     pub limit: Option<LimitStatus>,
-    /// Savepoints taken by rescales that the job ran from, oldest first, at most
+    /// Savepoints taken by rescales that the job ran from (and those of rescales rolled back
+    /// to an older savepoint, which may have completed late), oldest first, at most
     /// `spec.savepointHistoryMaxCount` once the older ones are disposed of (one whose disposal
     /// failed stays listed until a later reconcile disposes of it). Savepoints taken before
     /// the operator kept a history are not listed and never disposed of.

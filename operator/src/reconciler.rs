@@ -1361,7 +1361,8 @@ async fn drive_rescale(
         }
     };
     if let Some(outcome) = &t.outcome
-        && let Some(entry) = savepoint_history::recorded(&status.savepoint_history, &r, outcome)
+        && let Some(entry) =
+            savepoint_history::recorded(&status.savepoint_history, &r, outcome, &obs.savepoint_dir)
     {
         status.savepoint_history.push(entry);
     }

@@ -4,7 +4,7 @@
 //!
 //! Pure decisions only; the reconciler does the I/O:
 //! * [`recorded`]: the entry a finished rescale adds: the savepoint the rescale took, once the
-//!   job runs from it (at the new parallelism, or at the old one after a roll back from it);
+//!   job runs from it, or after a roll back to an older one (it may have completed late);
 //! * [`to_dispose`]: which entries go while the history is longer than the maximum: the
 //!   oldest first, never the savepoint the job (or the running engine) runs from;
 //! * [`max_count`]: the checked `spec.savepointHistoryMaxCount`.
@@ -39,36 +39,41 @@ pub fn max_count(spec_value: u32) -> Result<usize, InvalidMaxCount> {
     Ok(usize::try_from(spec_value).unwrap_or(usize::MAX))
 }
 
-/// The entry that the rescale `r`, ended with `outcome`, adds to `history`: its own savepoint
-/// (`r.savepointId` at `r.savepointPath`) when the job now runs from it, stamped with the
-/// rescale's start. `None` when the job does not run from a savepoint this rescale took (a
-/// failed savepoint, a roll back to the savepoint the job ran from before, a failed roll back)
-/// or when the history already lists it.
+/// The entry that the rescale `r`, ended with `outcome`, adds to `history`, stamped with the
+/// rescale's start, or `None` when the history already lists it:
+/// * the rescale's own savepoint (`r.savepointId` at `r.savepointPath`) when the job now runs
+///   from it (at the new parallelism, or at the old one after a roll back from it);
+/// * after a roll back to an older savepoint (the rescale's own timed out, or the engine became
+///   unreachable or stopped while taking it), the rescale's savepoint at `SAVEPOINT_DIR/ID`:
+///   it may have completed after the operator gave up on it and would otherwise stay on disk
+///   for ever; should it never have completed, its disposal finds nothing (404) and drops it.
+///
+/// Nothing for a failed savepoint (the engine removed it), a failed roll back (the savepoint
+/// is what a person restores from: never disposed of behind their back), or a rescale that
+/// chose no savepoint id.
 pub fn recorded(
     history: &[SavepointHistoryEntry],
     r: &RescaleStatus,
     outcome: &Outcome,
+    savepoint_dir: &str,
 ) -> Option<SavepointHistoryEntry> {
-    let runs_from = match outcome {
-        Outcome::Rescaled { savepoint, .. } => savepoint.as_str(),
+    let id = r.savepoint_id.as_deref()?;
+    let own = |path: &str| last_component(path) == id;
+    let path = match outcome {
+        Outcome::Rescaled { savepoint, .. } if own(savepoint) => savepoint.clone(),
         Outcome::RolledBack {
             savepoint: Some(savepoint),
             ..
-        } => savepoint.as_str(),
+        } if own(savepoint) => savepoint.clone(),
+        Outcome::RolledBack { .. } => format!("{}/{id}", savepoint_dir.trim_end_matches('/')),
         _ => return None,
     };
-    let id = r.savepoint_id.as_deref()?;
-    let path = r.savepoint_path.as_deref()?;
-    // A roll back may run from the savepoint of before the rescale: not this rescale's.
-    if path != runs_from || last_component(path) != id {
-        return None;
-    }
     if history.iter().any(|e| e.id == id) {
         return None;
     }
     Some(SavepointHistoryEntry {
         id: id.to_string(),
-        path: path.to_string(),
+        path,
         time: r.started_at.clone(),
     })
 }
@@ -161,7 +166,7 @@ mod tests {
             parallelism: r.to.clone(),
             savepoint: "/sp/rescale-1".into(),
         };
-        let e = recorded(&[], &r, &done).unwrap();
+        let e = recorded(&[], &r, &done, "/sp").unwrap();
         assert_eq!(
             e,
             SavepointHistoryEntry {
@@ -170,32 +175,42 @@ mod tests {
                 time: "2026-12-01T10:00:00Z".into(),
             }
         );
-        assert_eq!(recorded(&[e], &r, &done), None);
+        assert_eq!(recorded(&[e], &r, &done, "/sp"), None);
     }
 
     #[test]
-    fn only_a_savepoint_this_rescale_took_and_the_job_runs_from_is_recorded() {
+    fn a_roll_back_records_the_savepoint_the_rescale_asked_for() {
         // Rolled back from this rescale's savepoint: the job runs from it.
         let r = rescale("rescale-2", Some("/sp/rescale-2"));
         let back = Outcome::RolledBack {
             parallelism: r.from.clone(),
             savepoint: Some("/sp/rescale-2".into()),
         };
-        assert_eq!(recorded(&[], &r, &back).unwrap().id, "rescale-2");
-        // Rolled back to the savepoint of before the rescale (its own never completed).
+        assert_eq!(
+            recorded(&[], &r, &back, "/elsewhere").unwrap().path,
+            "/sp/rescale-2"
+        );
+        // Rolled back to the savepoint of before the rescale, or to a fresh start: its own
+        // savepoint may complete after the time-out, in the savepoint directory.
         let r = rescale("rescale-3", Some("/sp/rescale-1"));
-        let back = Outcome::RolledBack {
-            parallelism: r.from.clone(),
-            savepoint: Some("/sp/rescale-1".into()),
-        };
-        assert_eq!(recorded(&[], &r, &back), None);
-        // Rolled back to a fresh start, a failed savepoint, a failed roll back.
-        let r = rescale("rescale-4", None);
-        for outcome in [
-            Outcome::RolledBack {
+        for restored in [Some("/sp/rescale-1".to_string()), None] {
+            let back = Outcome::RolledBack {
                 parallelism: r.from.clone(),
-                savepoint: None,
-            },
+                savepoint: restored,
+            };
+            let e = recorded(&[], &r, &back, "/sp/").expect("recorded");
+            assert_eq!(
+                (e.id.as_str(), e.path.as_str()),
+                ("rescale-3", "/sp/rescale-3")
+            );
+            assert_eq!(recorded(&[e], &r, &back, "/sp"), None, "once");
+        }
+    }
+
+    #[test]
+    fn failed_savepoints_failed_roll_backs_and_rescales_without_an_id_record_nothing() {
+        let r = rescale("rescale-4", Some("/sp/rescale-4"));
+        for outcome in [
             Outcome::SavepointFailed {
                 reason: "disk full".into(),
             },
@@ -203,8 +218,15 @@ mod tests {
                 reason: "no".into(),
             },
         ] {
-            assert_eq!(recorded(&[], &r, &outcome), None, "{outcome:?}");
+            assert_eq!(recorded(&[], &r, &outcome, "/sp"), None, "{outcome:?}");
         }
+        let mut r = rescale("unused", None);
+        r.savepoint_id = None;
+        let back = Outcome::RolledBack {
+            parallelism: r.from.clone(),
+            savepoint: None,
+        };
+        assert_eq!(recorded(&[], &r, &back, "/sp"), None);
     }
 
     #[test]
