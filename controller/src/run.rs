@@ -1054,21 +1054,22 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
             };
             if let Some(p) = &prev {
+                // Counters restart with a new engine: an interval spanning a restore says
+                // nothing about service rates.
+                if !engine_changed {
+                    capacity.observe(p, &cur, &self.sources);
+                }
                 let mut stats = IntervalStats::between(
                     p,
                     &cur,
                     &self.sources,
                     &engine.parallelism,
                     self.job.trace_time(now_s),
+                    &capacity,
                 );
-                // Counters restart with a new engine: an interval spanning a restore says
-                // nothing about service rates.
                 if engine_changed {
                     stats.service_rate.clear();
-                } else {
-                    capacity.observe(p, &cur, &self.sources);
                 }
-                stats.capacity = capacity.capacity(&engine.parallelism);
                 if (self.slo_percentile - 0.99).abs() > 1e-12 {
                     stats.slo_percentile = Some(self.slo_percentile);
                     stats.slo_latency_s = cur

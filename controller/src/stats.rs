@@ -89,13 +89,16 @@ impl IntervalStats {
     }
 
     /// Statistics of the interval from `prev` to `cur`. `sources` names the source operators;
-    /// `parallelism` is the parallelism in effect; `trace_time_s` is computed by the caller.
+    /// `parallelism` is the parallelism in effect; `trace_time_s` is computed by the caller;
+    /// `capacity` is the caller's estimator, which has observed the intervals it trusts up to
+    /// this one (smoothed across intervals, so one interval alone does not set the capacity).
     pub fn between(
         prev: &EngineMetrics,
         cur: &EngineMetrics,
         sources: &[String],
         parallelism: &BTreeMap<String, u32>,
         trace_time_s: Option<f64>,
+        capacity: &CapacityEstimator,
     ) -> IntervalStats {
         let dt = cur.sample.at_seconds - prev.sample.at_seconds;
         let target_rate = cur.total_source_rate();
@@ -131,9 +134,7 @@ impl IntervalStats {
                 busiest_utilization.insert(op.clone(), rho);
             }
         }
-        let mut estimator = CapacityEstimator::default();
-        estimator.observe(prev, cur, sources);
-        let capacity = estimator.capacity(parallelism);
+        let capacity = capacity.capacity(parallelism);
         IntervalStats {
             t_s: cur.sample.at_seconds,
             dt_s: dt.max(0.0),
@@ -303,6 +304,19 @@ impl CapacityEstimator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The statistics of one interval with a capacity estimator that observed only it.
+    fn one_interval(
+        prev: &EngineMetrics,
+        cur: &EngineMetrics,
+        sources: &[String],
+        parallelism: &BTreeMap<String, u32>,
+        trace_time_s: Option<f64>,
+    ) -> IntervalStats {
+        let mut capacity = CapacityEstimator::default();
+        capacity.observe(prev, cur, sources);
+        IntervalStats::between(prev, cur, sources, parallelism, trace_time_s, &capacity)
+    }
     use crate::scrape::LatencyHistogram;
 
     fn sub(records_in: f64, records_out: f64, busy: f64, idle: f64) -> SubtaskSample {
@@ -364,7 +378,7 @@ mod tests {
         let p: BTreeMap<String, u32> = [("source".to_string(), 1), ("enrich".to_string(), 2)]
             .into_iter()
             .collect();
-        let s = IntervalStats::between(&prev, &cur, &["source".to_string()], &p, Some(3600.0));
+        let s = one_interval(&prev, &cur, &["source".to_string()], &p, Some(3600.0));
         assert_eq!(s.dt_s, 2.0);
         assert!((s.input_rate - 100.0).abs() < 1e-9);
         assert_eq!(s.target_rate, 100.0);
@@ -402,7 +416,7 @@ mod tests {
             vec![sub(900.0, 900.0, 9.0, 1.0), sub(100.0, 100.0, 1.0, 9.0)],
             1000.0,
         );
-        let s = IntervalStats::between(&prev, &cur, &sources, &p2, None);
+        let s = one_interval(&prev, &cur, &sources, &p2, None);
         // Not p·μ = 200: the busiest subtask saturates at 100 / 0.84 ≈ 119 source records/s.
         let cap = s.capacity.expect("measured");
         assert!((cap - 100.0 / 0.84).abs() < 1e-6, "{cap}");
@@ -440,7 +454,7 @@ mod tests {
         // One subtask only: no busiest figure to show beside the mean.
         let one = metrics(0.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 0.0)], 0.0);
         let one_later = metrics(1.0, 50.0, 50.0, vec![sub(50.0, 50.0, 0.5, 0.5)], 50.0);
-        let s = IntervalStats::between(&one, &one_later, &sources, &p2, None);
+        let s = one_interval(&one, &one_later, &sources, &p2, None);
         assert!(s.busiest_utilization.is_empty());
     }
 
@@ -477,8 +491,7 @@ mod tests {
     fn no_traffic_means_no_capacity_and_no_p99() {
         let prev = metrics(0.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 1.0)], 0.0);
         let cur = metrics(1.0, 0.0, 0.0, vec![sub(0.0, 0.0, 0.0, 2.0)], 0.0);
-        let s =
-            IntervalStats::between(&prev, &cur, &["source".to_string()], &BTreeMap::new(), None);
+        let s = one_interval(&prev, &cur, &["source".to_string()], &BTreeMap::new(), None);
         assert_eq!(s.capacity, None);
         assert_eq!(s.p99_s, None);
         assert_eq!(s.utilization["enrich"], 0.0);
@@ -505,7 +518,7 @@ mod tests {
         assert!((est.capacity(&p1).expect("kept") - 200.0).abs() < 1e-9);
         assert!((est.capacity(&p3).expect("kept") - 600.0).abs() < 1e-9);
         // The instantaneous figure of the quiet interval is unknown.
-        let s = IntervalStats::between(&b, &c, &sources, &p1, None);
+        let s = one_interval(&b, &c, &sources, &p1, None);
         assert_eq!(s.capacity, None);
     }
 }
