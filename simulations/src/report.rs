@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -197,6 +198,62 @@ const TITLE_FONT: u32 = 16;
 const AXIS_FONT: u32 = 13;
 const TICK_FONT: u32 = 11;
 
+/// The time axis shared by every panel: its end and its title (minutes or hours).
+#[derive(Clone, Copy)]
+struct TimeAxis {
+    max: f64,
+    desc: &'static str,
+}
+
+/// A panel of `area` over time from 0 to `t.max` and `0..y_max`, titled `title`, its mesh
+/// drawn with `y_desc` as the y axis title (tick labels [`compact`] when `compact_y`).
+fn time_panel<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    t: TimeAxis,
+    y_max: f64,
+    y_desc: &str,
+    compact_y: bool,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    // Room below the plot for the tick labels and, under them, the axis title; left of it for
+    // the tick labels and the rotated axis title.
+    let (x_area, y_area) = (44, 62);
+    let mut ch = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", TITLE_FONT))
+        .margin(8)
+        .x_label_area_size(x_area)
+        .y_label_area_size(y_area)
+        .build_cartesian_2d(0.0..t.max, 0.0..y_max)
+        .map_err(|x| e(&x))?;
+    let compact_label = |v: &f64| compact(*v);
+    let mut mesh = ch.configure_mesh();
+    mesh.x_desc(t.desc)
+        .y_desc(y_desc)
+        .axis_desc_style(("sans-serif", AXIS_FONT))
+        .label_style(("sans-serif", TICK_FONT))
+        .x_labels(5)
+        .y_labels(6);
+    if compact_y {
+        mesh.y_label_formatter(&compact_label);
+    }
+    mesh.draw().map_err(|x| e(&x))?;
+    Ok(ch)
+}
+
+/// Draws the legend of `ch`'s labelled series in its upper right corner.
+fn series_labels<'a, DB: DrawingBackend + 'a>(
+    ch: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> Result<(), String> {
+    ch.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", TICK_FONT))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|x| x.to_string())
+}
+
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
     runs: &[PolicyRun],
@@ -241,31 +298,14 @@ fn draw<DB: DrawingBackend>(
         .max(slo)
             * 1.2,
     );
-    // Room below the plot for the tick labels and, under them, the axis title; left of it for
-    // the tick labels and the rotated axis title.
-    let (x_area, y_area) = (44, 62);
+    let t = TimeAxis {
+        max: t_max,
+        desc: t_desc,
+    };
     let legend = |x: i32, y: i32, c: RGBColor| PathElement::new(vec![(x, y), (x + 15, y)], c);
     for (c, run) in runs.iter().enumerate() {
-        let mut ch = ChartBuilder::on(&grid[c])
-            .caption(
-                format!("{}: input vs capacity", run.name),
-                ("sans-serif", TITLE_FONT),
-            )
-            .margin(8)
-            .x_label_area_size(x_area)
-            .y_label_area_size(y_area)
-            .build_cartesian_2d(0.0..t_max, 0.0..y_rate)
-            .map_err(|x| e(&x))?;
-        ch.configure_mesh()
-            .x_desc(t_desc)
-            .y_desc("records/s")
-            .axis_desc_style(("sans-serif", AXIS_FONT))
-            .label_style(("sans-serif", TICK_FONT))
-            .x_labels(5)
-            .y_labels(6)
-            .y_label_formatter(&|v| compact(*v))
-            .draw()
-            .map_err(|x| e(&x))?;
+        let title = format!("{}: input vs capacity", run.name);
+        let mut ch = time_panel(&grid[c], &title, t, y_rate, "records/s", true)?;
         ch.draw_series(LineSeries::new(
             run.rows.iter().map(|r| (r.t_s / unit_s, r.input_rate)),
             COLORS[0],
@@ -282,34 +322,11 @@ fn draw<DB: DrawingBackend>(
         .map_err(|x| e(&x))?
         .label("capacity")
         .legend(move |(x, y)| legend(x, y, COLORS[3]));
-        ch.configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", TICK_FONT))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|x| e(&x))?;
+        series_labels(&mut ch)?;
 
-        let mut ch = ChartBuilder::on(&grid[cols + c])
-            .caption(
-                format!("{}: parallelism", run.name),
-                ("sans-serif", TITLE_FONT),
-            )
-            .margin(8)
-            .x_label_area_size(x_area)
-            .y_label_area_size(y_area)
-            .build_cartesian_2d(0.0..t_max, 0.0..f64::from(p_max + 1))
-            .map_err(|x| e(&x))?;
-        ch.configure_mesh()
-            .x_desc(t_desc)
-            .y_desc("subtasks")
-            .axis_desc_style(("sans-serif", AXIS_FONT))
-            .label_style(("sans-serif", TICK_FONT))
-            .x_labels(5)
-            .y_labels(6)
-            .y_label_formatter(&|v| compact(*v))
-            .draw()
-            .map_err(|x| e(&x))?;
+        let title = format!("{}: parallelism", run.name);
+        let y_max = f64::from(p_max + 1);
+        let mut ch = time_panel(&grid[cols + c], &title, t, y_max, "subtasks", true)?;
         for (i, op) in model.ops.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
             ch.draw_series(LineSeries::new(
@@ -322,33 +339,11 @@ fn draw<DB: DrawingBackend>(
             .label(op.name.as_str())
             .legend(move |(x, y)| legend(x, y, color));
         }
-        ch.configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", TICK_FONT))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|x| e(&x))?;
+        series_labels(&mut ch)?;
 
-        let mut ch = ChartBuilder::on(&grid[2 * cols + c])
-            .caption(
-                format!("{}: {pct} latency vs SLO", run.name),
-                ("sans-serif", TITLE_FONT),
-            )
-            .margin(8)
-            .x_label_area_size(x_area)
-            .y_label_area_size(y_area)
-            .build_cartesian_2d(0.0..t_max, 0.0..lat_max.max(1e-3))
-            .map_err(|x| e(&x))?;
-        ch.configure_mesh()
-            .x_desc(t_desc)
-            .y_desc("seconds")
-            .axis_desc_style(("sans-serif", AXIS_FONT))
-            .label_style(("sans-serif", TICK_FONT))
-            .x_labels(5)
-            .y_labels(6)
-            .draw()
-            .map_err(|x| e(&x))?;
+        let title = format!("{}: {pct} latency vs SLO", run.name);
+        let y_max = lat_max.max(1e-3);
+        let mut ch = time_panel(&grid[2 * cols + c], &title, t, y_max, "seconds", false)?;
         ch.draw_series(LineSeries::new(
             run.rows
                 .iter()
@@ -362,13 +357,7 @@ fn draw<DB: DrawingBackend>(
             .map_err(|x| e(&x))?
             .label("SLO")
             .legend(move |(x, y)| legend(x, y, COLORS[3]));
-        ch.configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", TICK_FONT))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|x| e(&x))?;
+        series_labels(&mut ch)?;
     }
     root.present().map_err(|x| e(&x))?;
     Ok(())
