@@ -306,8 +306,9 @@ struct Meter {
     /// Sinks with metrics on: the latency histogram and accounted counter.
     sink: Option<SinkMeter>,
     /// Keyed operators with metrics on: records per owned key group, decayed, for
-    /// `streamscale_hottest_key_group_share` (counted in [`Operator::process`]).
-    key_groups: Option<KeyGroupLoad<Record>>,
+    /// `streamscale_hottest_key_group_share` (counted in [`Operator::process`] on the key group
+    /// the operator computes for its state).
+    key_groups: Option<KeyGroupLoad>,
     /// A clock reading and the wall clock (µs since the Unix epoch) at that moment, renewed
     /// at every flush: converts the monotonic readings a chain run takes anyway into wall
     /// time for a sink's latency ([`Meter::unix_us_at`]).
@@ -1019,13 +1020,8 @@ impl Job {
                         }
                     }),
                 anchor: (Instant::now(), now_unix_us()),
-                key_groups: (options.metrics_enabled && op.kind.is_keyed()).then(|| {
-                    KeyGroupLoad::new(
-                        key_selector(&op.kind),
-                        key_group_range(index, op.parallelism, k),
-                        k,
-                    )
-                }),
+                key_groups: (options.metrics_enabled && op.kind.is_keyed())
+                    .then(|| KeyGroupLoad::new(key_group_range(index, op.parallelism, k))),
             };
             // Every series of the subtask exists from its start, at 0, so that a scrape before
             // its first record reads "nothing yet" rather than "no such subtask".
@@ -1990,9 +1986,6 @@ impl Operator {
                 Behaviour::Window { .. } | Behaviour::Sink { .. } => true,
             };
         }
-        if let Some(load) = &mut ctx.meter.key_groups {
-            load.count(&rec);
-        }
         if let Some(p) = &ctx.panic_at
             && p.seq == rec.seq
             && !p.fired.swap(true, Ordering::SeqCst)
@@ -2002,7 +1995,12 @@ impl Operator {
         spend(ctx.cpu_us, ctx.io_us, rec.seq);
         match &mut self.behaviour {
             Behaviour::EventTime { stage, out } => {
-                stage.on_record(rec, out);
+                // A keyed stage's key group, computed once for its state and these counts.
+                if let Some(kg) = stage.on_record(rec, out)
+                    && let Some(load) = &mut ctx.meter.key_groups
+                {
+                    load.count(kg);
+                }
                 emit_stage_output(out, ctx)
             }
             Behaviour::Map => ctx.outputs.send(rec, &mut ctx.meter),
@@ -2030,6 +2028,9 @@ impl Operator {
                     *pane_end_us = (now / *size_us + 1) * *size_us;
                 }
                 let kg = key_group(rec.key, ctx.max_parallelism);
+                if let Some(load) = &mut ctx.meter.key_groups {
+                    load.count(kg);
+                }
                 let s = state
                     .entry(kg, rec.key)
                     .unwrap_or_else(|e| state_failure(&ctx.operator, ctx.index, &e));
@@ -2171,7 +2172,7 @@ fn chained_successor_of<'a>(
 }
 
 /// The key that partitions the input of an operator of kind `kind` among its subtasks.
-fn key_selector(kind: &OperatorKind) -> fn(&Record) -> u64 {
+pub(crate) fn key_selector(kind: &OperatorKind) -> fn(&Record) -> u64 {
     use crate::nexmark::queries::{self as q, BidKey};
     match kind {
         OperatorKind::EventWindow {

@@ -118,14 +118,32 @@ impl Join {
         })
     }
 
+    /// The key group `rec`'s state lives in (of its person, [`key_person`], the routing's
+    /// key; what [`Join::add_in`] wants).
+    pub fn key_group_of(&self, rec: &Record) -> u32 {
+        key_group(key_person(rec), self.max_parallelism)
+    }
+
     /// Adds a person or auction given the input watermark, appending regular-join results to
     /// `out`. Returns false if the record was late (windowed join only; dropped).
     pub fn add(&mut self, rec: &Record, wm: Option<u64>, out: &mut Vec<Record>) -> bool {
+        self.add_in(rec, self.key_group_of(rec), wm, out)
+    }
+
+    /// [`Join::add`] of a record whose key group `kg` the caller has computed
+    /// ([`Join::key_group_of`]; the subtask counts its records per key group with it).
+    pub fn add_in(
+        &mut self,
+        rec: &Record,
+        kg: u32,
+        wm: Option<u64>,
+        out: &mut Vec<Record>,
+    ) -> bool {
+        debug_assert_eq!(kg, self.key_group_of(rec));
         let Payload::Event(event) = &rec.payload else {
             return true;
         };
         let key = key_person(rec);
-        let kg = key_group(key, self.max_parallelism);
         let ts = event.timestamp();
         match self.window {
             None => {

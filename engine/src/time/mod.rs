@@ -104,12 +104,16 @@ impl EventTimeStage {
     }
 
     /// Processes one input record or watermark, appending what it produces to `out`.
-    pub fn on_record(&mut self, rec: Record, out: &mut StageOutput) {
+    /// Returns the record's key group for a keyed operator (`eventWindow`, `windowTop`,
+    /// `join`: the group its state is kept in, of the key the upstream routing partitions by;
+    /// computed once, for the state and for the subtask's per-key-group counts), `None` for a
+    /// watermark and for `select`.
+    pub fn on_record(&mut self, rec: Record, out: &mut StageOutput) -> Option<u32> {
         if let Payload::Watermark(w) = rec.payload {
             if let Some(wm) = self.tracker.update(w.channel, w.ms) {
                 self.advance(wm, out);
             }
-            return;
+            return None;
         }
         let wm = self.tracker.current();
         match &mut self.operator {
@@ -119,21 +123,28 @@ impl EventTimeStage {
                     Some(r) => out.records.push(r),
                     None => out.filtered += count,
                 }
+                None
             }
             Operator::Window(w) => {
-                if !w.add(&rec, wm) {
+                let kg = w.key_group_of(&rec);
+                if !w.add_in(&rec, kg, wm) {
                     out.late += 1;
                 }
+                Some(kg)
             }
             Operator::Top(t) => {
-                if !t.add(&rec, wm) {
+                let kg = t.key_group_of(&rec);
+                if !t.add_in(&rec, kg, wm) {
                     out.late += 1;
                 }
+                Some(kg)
             }
             Operator::Join(j) => {
-                if !j.add(&rec, wm, &mut out.records) {
+                let kg = j.key_group_of(&rec);
+                if !j.add_in(&rec, kg, wm, &mut out.records) {
                     out.late += 1;
                 }
+                Some(kg)
             }
         }
     }
@@ -259,5 +270,58 @@ mod tests {
         assert_eq!(w, vec![14..24, 16..26, 18..28, 20..30, 22..32]);
         let t = assign_windows(&WindowSpec::Tumbling { size_ms: 10 }, 23);
         assert_eq!(t, vec![20..30]);
+    }
+
+    /// Feeds `records` to a fresh stage of `kind` and checks that every key group it returns
+    /// (what the subtask counts for `streamscale_hottest_key_group_share`) is the key group of
+    /// the key the upstream routing partitions `kind`'s input by; returns what it emitted.
+    fn check_key_groups(kind: &OperatorKind, records: Vec<Record>) -> Vec<Record> {
+        let k = 128;
+        let route = crate::runtime::key_selector(kind);
+        let mut stage = EventTimeStage::for_kind(kind, 1, 0, k, KeyedState::default())
+            .unwrap()
+            .unwrap();
+        let mut out = StageOutput::default();
+        let mut groups = std::collections::BTreeSet::new();
+        for rec in records {
+            let routed = crate::keygroup::key_group(route(&rec), k);
+            let watermark = rec.payload.is_watermark();
+            let kg = stage.on_record(rec, &mut out);
+            assert_eq!(kg, (!watermark).then_some(routed), "{kind:?}");
+            groups.extend(kg);
+        }
+        assert!(groups.len() > 10, "{kind:?}: only {groups:?}");
+        stage.finish(&mut out);
+        out.records
+    }
+
+    #[test]
+    fn keyed_stages_return_the_routing_key_group() {
+        use crate::nexmark::queries::BidKey;
+        use crate::nexmark::source::NexmarkGenerator;
+        let mut generator = NexmarkGenerator::new(&Default::default(), 0);
+        let events: Vec<Record> = generator
+            .batch(0, 3000)
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| generator.record(i as u64, e, 0))
+            .collect();
+        let tumbling = WindowSpec::Tumbling { size_ms: 10 };
+        for key in [BidKey::Auction, BidKey::Bidder] {
+            let window = OperatorKind::EventWindow {
+                key,
+                window: tumbling,
+            };
+            let rows = check_key_groups(&window, events.clone());
+            let rows: Vec<Record> = rows
+                .into_iter()
+                .filter(|r| !r.payload.is_watermark())
+                .collect();
+            assert!(rows.len() > 10, "{} window rows", rows.len());
+            check_key_groups(&OperatorKind::WindowTop { key }, rows);
+        }
+        for window in [None, Some(tumbling)] {
+            check_key_groups(&OperatorKind::Join { window }, events.clone());
+        }
     }
 }

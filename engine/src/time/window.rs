@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{StateCodecError, assign_windows, decode_groups, encode_groups};
 use crate::keygroup::key_group;
-use crate::nexmark::queries::{BidKey, key_bid_auction, key_bid_bidder};
+use crate::nexmark::queries::{BidKey, key_bid_auction, key_bid_bidder, key_window};
 use crate::payload::{Payload, Row, Value};
 use crate::runtime::Record;
 use crate::state::KeyedState;
@@ -144,17 +144,34 @@ impl EventWindow {
         })
     }
 
+    /// The key that partitions this window's input (the same selector the upstream routing
+    /// uses: a bid's auction or bidder, else the record's key).
+    fn key_of(&self, rec: &Record) -> u64 {
+        match self.key {
+            BidKey::Auction => key_bid_auction(rec),
+            BidKey::Bidder => key_bid_bidder(rec),
+        }
+    }
+
+    /// The key group `rec`'s state lives in (what [`EventWindow::add_in`] wants).
+    pub fn key_group_of(&self, rec: &Record) -> u32 {
+        key_group(self.key_of(rec), self.max_parallelism)
+    }
+
     /// Adds a record given the input watermark `wm`. Returns false if it was late for every
     /// window it belongs to (dropped).
     pub fn add(&mut self, rec: &Record, wm: Option<u64>) -> bool {
+        self.add_in(rec, self.key_group_of(rec), wm)
+    }
+
+    /// [`EventWindow::add`] of a record whose key group `kg` the caller has computed
+    /// ([`EventWindow::key_group_of`]; the subtask counts its records per key group with it).
+    pub fn add_in(&mut self, rec: &Record, kg: u32, wm: Option<u64>) -> bool {
+        debug_assert_eq!(kg, self.key_group_of(rec));
         let Some(ts) = rec.payload.event_time_ms() else {
             return true;
         };
-        let key = match self.key {
-            BidKey::Auction => key_bid_auction(rec),
-            BidKey::Bidder => key_bid_bidder(rec),
-        };
-        let kg = key_group(key, self.max_parallelism);
+        let key = self.key_of(rec);
         let windows = assign_windows(&self.spec, ts);
         if windows.iter().all(|w| late(w, wm)) {
             return false;
@@ -304,8 +321,21 @@ impl WindowTop {
         })
     }
 
+    /// The key group `rec`'s state lives in (its window, [`key_window`], the routing's key;
+    /// what [`WindowTop::add_in`] wants).
+    pub fn key_group_of(&self, rec: &Record) -> u32 {
+        key_group(key_window(rec), self.max_parallelism)
+    }
+
     /// Adds a window result row given the input watermark; false if it was late (dropped).
     pub fn add(&mut self, rec: &Record, wm: Option<u64>) -> bool {
+        self.add_in(rec, self.key_group_of(rec), wm)
+    }
+
+    /// [`WindowTop::add`] of a record whose key group `kg` the caller has computed
+    /// ([`WindowTop::key_group_of`]).
+    pub fn add_in(&mut self, rec: &Record, kg: u32, wm: Option<u64>) -> bool {
+        debug_assert_eq!(kg, self.key_group_of(rec));
         let Payload::Row(row) = &rec.payload else {
             return true;
         };
@@ -322,7 +352,6 @@ impl WindowTop {
             return true;
         };
         let (key, count) = (key as u64, count as u64);
-        let kg = key_group(ts, self.max_parallelism);
         let pane = self
             .groups
             .entry(kg)
