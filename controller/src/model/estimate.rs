@@ -149,14 +149,19 @@ pub(crate) fn estimate_indexed(
     let recent = (recent_elapsed > 0.0).then_some((recent_from, recent_elapsed));
     // table[op * s + sample]: that operator's subtasks in that sample. Both `topo.index` and
     // each sample's map are sorted by name, so one merge per sample finds every operator.
+    // The job's operators are walked once, each sample's in step with them.
     let mut table: Vec<Option<&[SubtaskSample]>> = vec![None; topo.len() * s];
-    for (k, sample) in window.iter().enumerate() {
-        let mut theirs = sample.operators.iter().peekable();
-        for (name, &i) in &topo.index {
+    let mut samples: Vec<_> = window
+        .iter()
+        .map(|sample| sample.operators.iter().peekable())
+        .collect();
+    for (name, &i) in &topo.index {
+        let row = &mut table[i * s..(i + 1) * s];
+        for (theirs, cell) in samples.iter_mut().zip(row) {
             // Equal names first (the common case: one comparison), then skip the sample's
             // operators that come before this one.
             if let Some((_, subs)) = theirs.next_if(|(n, _)| *n == name) {
-                table[i * s + k] = Some(subs.as_slice());
+                *cell = Some(subs.as_slice());
                 continue;
             }
             while theirs
@@ -164,26 +169,21 @@ pub(crate) fn estimate_indexed(
                 .is_some()
             {}
             if let Some((_, subs)) = theirs.next_if(|(n, _)| *n == name) {
-                table[i * s + k] = Some(subs.as_slice());
+                *cell = Some(subs.as_slice());
             }
         }
     }
-    let ests = topo
-        .names
-        .iter()
-        .zip(&topo.is_source)
-        .enumerate()
-        .map(|(i, (name, &is_source))| {
-            estimate_operator(
-                name,
-                is_source,
-                &table[i * s..(i + 1) * s],
-                elapsed,
-                recent,
-                arrival_scale,
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut ests = Vec::with_capacity(topo.len());
+    for ((name, &is_source), rows) in topo.names.iter().zip(&topo.is_source).zip(table.chunks(s)) {
+        ests.push(estimate_operator(
+            name,
+            is_source,
+            rows,
+            elapsed,
+            recent,
+            arrival_scale,
+        )?);
+    }
     Ok((elapsed, ests))
 }
 
@@ -221,12 +221,29 @@ fn all_valid(s: &SubtaskSample) -> bool {
 /// Whether every counter of `b` is finite and at least its value in `a` (the checks of a
 /// valid `a`'s successor that [`estimate_operator`] makes per counter).
 fn grown(a: &SubtaskSample, b: &SubtaskSample) -> bool {
-    let up = |x: f64, y: f64| y >= x && y.is_finite();
-    up(a.records_in, b.records_in)
-        & up(a.records_out, b.records_out)
-        & up(a.busy_seconds, b.busy_seconds)
-        & up(a.idle_seconds, b.idle_seconds)
-        & up(a.backpressured_seconds, b.backpressured_seconds)
+    // y ≥ x ≥ −0 (x valid): y is not NaN nor −∞, so y < +∞ is y finite.
+    not_below(a, b) & below_infinity(b)
+}
+
+/// Whether every counter of `s` is below +∞.
+fn below_infinity(s: &SubtaskSample) -> bool {
+    (s.records_in < f64::INFINITY)
+        & (s.records_out < f64::INFINITY)
+        & (s.busy_seconds < f64::INFINITY)
+        & (s.idle_seconds < f64::INFINITY)
+        & (s.backpressured_seconds < f64::INFINITY)
+}
+
+/// Whether no counter of `b` is below (or NaN against) its value in `a`. Along a window whose
+/// first sample is valid, this at every step and [`below_infinity`] at the last sample give
+/// [`grown`] at every step: the counters only grow, so none is infinite before the last
+/// sample unless it is there, and none is negative or NaN after the first.
+fn not_below(a: &SubtaskSample, b: &SubtaskSample) -> bool {
+    (b.records_in >= a.records_in)
+        & (b.records_out >= a.records_out)
+        & (b.busy_seconds >= a.busy_seconds)
+        & (b.idle_seconds >= a.idle_seconds)
+        & (b.backpressured_seconds >= a.backpressured_seconds)
 }
 
 fn check_value(
@@ -297,14 +314,19 @@ fn counters(s: &SubtaskSample) -> [(&'static str, f64); 5] {
     ]
 }
 
-fn estimate_operator(
+/// The first and last rows of an operator's window and the output of its intervals with input
+/// (see [`estimate_operator`]), after every check, in the order that names the first problem.
+type Checked<'a> = (&'a [SubtaskSample], &'a [SubtaskSample], f64);
+
+/// [`estimate_operator`]'s checks of every sample: presence, subtask count, finite values,
+/// monotone counters, the sources' figures; the first failure is the error. Returns what
+/// [`plain_window`] returns when that one applies (the same sums in the same order).
+fn checked_window<'a>(
     name: &str,
     is_source: bool,
-    rows: &[Option<&[SubtaskSample]>],
-    elapsed: f64,
-    recent: Option<(usize, f64)>,
+    rows: &[Option<&'a [SubtaskSample]>],
     arrival_scale: Option<f64>,
-) -> Result<OperatorEstimate, ModelError> {
+) -> Result<Checked<'a>, ModelError> {
     let first = subtasks(rows, 0, name)?;
     let arr = |k: usize, s: &SubtaskSample| scaled_arrivals(s, k, first, arrival_scale);
     let p = first.len();
@@ -392,14 +414,71 @@ fn estimate_operator(
         }
         prev = cur;
     }
-    let last = prev;
-    let delta = |f: fn(&SubtaskSample) -> f64| -> f64 {
-        first.iter().zip(last).map(|(a, b)| f(b) - f(a)).sum()
+    Ok((first, prev, out_with_input))
+}
+
+/// The window of a non-source operator whose every sample is present with the first one's
+/// subtask count, every figure valid and no counter reset (the usual case), in one pass: the
+/// first and last rows and Σ over the intervals with input (Σ Δrecords_in > 0) of their
+/// Σ Δrecords_out, each sum in the order [`checked_window`] takes it. `None` when anything is
+/// off (then [`checked_window`] names it).
+fn plain_window<'a>(rows: &[Option<&'a [SubtaskSample]>]) -> Option<Checked<'a>> {
+    let (first, later) = rows.split_first()?;
+    let first = (*first)?;
+    let p = first.len();
+    if p == 0 {
+        return None;
+    }
+    let mut ok = first.iter().fold(true, |ok, s| ok & all_valid(s));
+    let mut out_with_input = 0.0;
+    let mut prev = first;
+    for row in later {
+        let cur = (*row)?;
+        if cur.len() != p {
+            return None;
+        }
+        // Iterator sums of f64 start at −0.0: so do these, to be the same sums bit for bit.
+        let (mut d_in, mut d_out) = (-0.0, -0.0);
+        for (a, b) in prev.iter().zip(cur) {
+            ok &= valid(b.queue_length) & not_below(a, b);
+            d_in += b.records_in - a.records_in;
+            d_out += b.records_out - a.records_out;
+        }
+        if d_in > 0.0 {
+            out_with_input += d_out;
+        }
+        prev = cur;
+    }
+    // Finite at the last sample: then at every sample (see `not_below`).
+    ok &= prev.iter().fold(true, |ok, b| ok & below_infinity(b));
+    ok.then_some((first, prev, out_with_input))
+}
+
+fn estimate_operator(
+    name: &str,
+    is_source: bool,
+    rows: &[Option<&[SubtaskSample]>],
+    elapsed: f64,
+    recent: Option<(usize, f64)>,
+    arrival_scale: Option<f64>,
+) -> Result<OperatorEstimate, ModelError> {
+    let plain = if is_source { None } else { plain_window(rows) };
+    let (first, last, out_with_input) = match plain {
+        Some(w) => w,
+        None => checked_window(name, is_source, rows, arrival_scale)?,
     };
-    let d_in = delta(|s| s.records_in);
-    let d_out = delta(|s| s.records_out);
-    let d_busy = delta(|s| s.busy_seconds);
-    let d_bp = delta(|s| s.backpressured_seconds);
+    let arr = |k: usize, s: &SubtaskSample| scaled_arrivals(s, k, first, arrival_scale);
+    let p = first.len();
+    // The counters' deltas over the window and the last queue lengths, in one pass (sums
+    // from −0.0, as iterator sums: the same values bit for bit).
+    let (mut d_in, mut d_out, mut d_busy, mut d_bp, mut queue) = (-0.0, -0.0, -0.0, -0.0, -0.0);
+    for (a, b) in first.iter().zip(last) {
+        d_in += b.records_in - a.records_in;
+        d_out += b.records_out - a.records_out;
+        d_busy += b.busy_seconds - a.busy_seconds;
+        d_bp += b.backpressured_seconds - a.backpressured_seconds;
+        queue += b.queue_length;
+    }
     let pf = p as f64;
     let source = if is_source {
         let arrivals = |row: &[SubtaskSample]| -> f64 {
@@ -444,7 +523,7 @@ fn estimate_operator(
         selectivity_is_prior,
         utilization: (d_busy / (pf * elapsed)).clamp(0.0, 1.0),
         backpressured_share: (d_bp / (pf * elapsed)).clamp(0.0, 1.0),
-        queue_length: last.iter().map(|s| s.queue_length).sum(),
+        queue_length: queue,
         subtask_input_shares: if d_in > 0.0 {
             first
                 .iter()
@@ -774,6 +853,109 @@ edges:
             let in_place = format!("{:?}", estimate_indexed(&topo, &w, Some(factor)));
             let reference = format!("{:?}", estimate_indexed(&topo, &copy, None));
             proptest::prop_assert_eq!(in_place, reference);
+        }
+    }
+
+    /// A random operator window for [`plain_window`]: `p` subtasks over `s` samples with
+    /// counters from random increments (zero increments included, so that intervals without
+    /// input occur), then `edits` applied: (sample, subtask, field, kind) with kind 0 NaN,
+    /// 1 +∞, 2 −1, 3 a reset to 0, 4 −0.0, 5 a row removed, 6 a subtask added.
+    fn random_rows(
+        p: usize,
+        incs: &[(f64, f64, f64, f64, f64, f64)],
+        edits: &[(usize, usize, usize, u8)],
+    ) -> Vec<Option<Vec<SubtaskSample>>> {
+        let s = incs.len() / p;
+        let mut acc = vec![SubtaskSample::default(); p];
+        let mut rows: Vec<Option<Vec<SubtaskSample>>> = (0..s)
+            .map(|k| {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let (i, o, b, d, bp, q) = incs[k * p + j];
+                    a.records_in += i;
+                    a.records_out += o;
+                    a.busy_seconds += b;
+                    a.idle_seconds += d;
+                    a.backpressured_seconds += bp;
+                    a.queue_length = q;
+                }
+                Some(acc.clone())
+            })
+            .collect();
+        for &(k, j, f, kind) in edits {
+            let k = k % s;
+            let Some(row) = rows[k].as_mut() else {
+                continue;
+            };
+            match kind {
+                5 => {
+                    rows[k] = None;
+                    continue;
+                }
+                6 => {
+                    row.push(SubtaskSample::default());
+                    continue;
+                }
+                _ => {}
+            }
+            let sub = &mut row[j % p];
+            let x = match f % 6 {
+                0 => &mut sub.records_in,
+                1 => &mut sub.records_out,
+                2 => &mut sub.busy_seconds,
+                3 => &mut sub.idle_seconds,
+                4 => &mut sub.backpressured_seconds,
+                _ => &mut sub.queue_length,
+            };
+            *x = match kind {
+                0 => f64::NAN,
+                1 => f64::INFINITY,
+                2 => -1.0,
+                3 => 0.0,
+                _ => -0.0,
+            };
+        }
+        rows
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 500,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// The one-pass window of a non-source operator applies exactly when the checks pass,
+        /// and is then the checked one, bit for bit (else the checks name the problem).
+        #[test]
+        fn the_plain_window_is_the_checked_window(
+            p in 1usize..5,
+            s in 2usize..7,
+            incs in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![proptest::strategy::Just(0.0), 0.0f64..1e4],
+                    proptest::prop_oneof![proptest::strategy::Just(0.0), 0.0f64..1e4],
+                    0.0f64..10.0,
+                    0.0f64..10.0,
+                    proptest::prop_oneof![proptest::strategy::Just(0.0), 0.0f64..10.0],
+                    proptest::prop_oneof![proptest::strategy::Just(-0.0), 0.0f64..100.0],
+                ),
+                24,
+            ),
+            edits in proptest::collection::vec((0usize..6, 0usize..4, 0usize..6, 0u8..7), 0..3),
+        ) {
+            let rows = random_rows(p, &incs[..p * s], &edits);
+            let rows: Vec<Option<&[SubtaskSample]>> = rows.iter().map(|r| r.as_deref()).collect();
+            let plain = plain_window(&rows);
+            let checked = checked_window("op", false, &rows, None);
+            match (plain, checked) {
+                (Some((f1, l1, o1)), Ok((f2, l2, o2))) => {
+                    proptest::prop_assert!(std::ptr::eq(f1, f2) && std::ptr::eq(l1, l2));
+                    proptest::prop_assert_eq!(o1.to_bits(), o2.to_bits());
+                }
+                (None, Err(_)) => {}
+                (None, Ok(_)) => proptest::prop_assert!(false, "checked but not plain"),
+                (Some(_), Err(e)) => proptest::prop_assert!(false, "plain but {e}"),
+            }
         }
     }
 

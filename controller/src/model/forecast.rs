@@ -338,9 +338,11 @@ impl RateHistory {
         }
         let mu = m as usize;
         let mut season = vec![0.0; mu];
-        let first: Vec<&(i64, f64)> = self.bins.iter().take_while(|b| b.0 < i0 + m).collect();
+        // The first season's bins (a prefix: the bins are in ascending order).
+        let n0 = self.bins.iter().take_while(|b| b.0 < i0 + m).count();
+        let first = &self.bins[..n0];
         let level0 = first.iter().map(|b| b.1).sum::<f64>() / first.len() as f64;
-        for b in &first {
+        for b in first {
             season[b.0.rem_euclid(m) as usize] = b.1 - level0;
         }
         let (mut level, mut trend) = (level0, 0.0);
