@@ -294,11 +294,20 @@ fn at_most_a_year(name: &str, v: Option<f64>) -> Result<(), RunError> {
 
 /// Checks that `dir` can be a report directory: it is a directory whose report files
 /// ([`REPORT_FILES`]) are files where they exist and whose `logs` is a directory where it
-/// exists, or the nearest of its ancestors that exists is a directory (so it can be created).
+/// exists, or the nearest of its ancestors that exists is a directory (so it can be created);
+/// and that it, or that ancestor, lets this process create entries in it (tried:
+/// [`streamscale_engine::writable_dir::check_usable_dir`], which leaves nothing behind).
 ///
 /// # Errors
 /// [`RunError::Option`] naming `--report`, the path and why.
 pub fn check_report_dir(dir: &Path) -> Result<(), RunError> {
+    check_report_path(dir)?;
+    streamscale_engine::writable_dir::check_usable_dir(dir)
+        .map_err(|e| RunError::Option(format!("--report: {e}")))
+}
+
+/// [`check_report_dir`] without trying to create anything.
+fn check_report_path(dir: &Path) -> Result<(), RunError> {
     for a in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
         match std::fs::metadata(a) {
             Ok(m) if m.is_dir() && a == dir => return check_report_entries(dir),
@@ -399,13 +408,18 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
         at_most_a_year(name, v)?;
     }
     check_report_dir(&opts.report_dir)?;
+    let engine_binary =
+        |what: &str, path: &Path| match crate::runtime::local::engine_binary_problem(path) {
+            Some(why) => Err(RunError::Option(format!("{what} {} {why}", path.display()))),
+            None => Ok(()),
+        };
     if let Some(engine) = &opts.engine_bin {
-        existing_file("--engine:", engine, "the engine binary")?;
+        engine_binary("--engine:", engine)?;
     } else if let Some(engine) =
         std::env::var_os(crate::runtime::local::ENGINE_BIN_ENV).filter(|v| !v.is_empty())
     {
         let what = format!("{}:", crate::runtime::local::ENGINE_BIN_ENV);
-        existing_file(&what, Path::new(&engine), "the engine binary")?;
+        engine_binary(&what, Path::new(&engine))?;
     }
     if let Some(p) = opts.latency_percentile
         && !(p > 0.0 && p < 1.0)

@@ -26,3 +26,4 @@ pub mod spec;
 pub mod state;
 pub mod time;
 pub mod trace;
+pub mod writable_dir;

@@ -953,13 +953,19 @@ impl JobSpec {
         Ok(())
     }
 
-    /// Checks the job file's paths against the file system as far as that is possible without
-    /// changing it: a sink's `output` must not be an existing directory (records are appended
-    /// to a file).
+    /// Checks the job file's paths against the file system: a sink's `output` must not be an
+    /// existing directory (records are appended to a file); the disk backend's `state.dir`
+    /// must be a directory the engine can create its files in, or one it can create
+    /// ([`crate::writable_dir::check_usable_dir`], which tries it with an empty probe
+    /// directory and removes it: nothing is left behind).
     ///
     /// # Errors
-    /// The first problem, naming the operator, the field and the path.
+    /// The first problem, naming the operator or the field, the path and the reason.
     pub fn check_file_paths(&self) -> Result<(), String> {
+        if self.state.backend == StateBackendKind::Disk {
+            crate::writable_dir::check_usable_dir(&self.state.dir_or_default())
+                .map_err(|e| format!("state.dir: {e}"))?;
+        }
         for (i, op) in self.operators.iter().enumerate() {
             if let OperatorKind::Sink {
                 output: Some(out), ..

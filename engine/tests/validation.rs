@@ -463,3 +463,58 @@ fn a_sink_output_that_is_a_directory_is_rejected() {
     .unwrap();
     JobSpec::from_file(&path).expect("a new output file is fine");
 }
+
+#[test]
+fn a_disk_state_dir_that_cannot_be_created_is_rejected_and_nothing_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("a-file");
+    std::fs::write(&blocker, "x").unwrap();
+    // Paths that fail even for root: nothing can be created under /proc, nor under a file.
+    let cases = [
+        (
+            "/proc/streamscale-nope".to_string(),
+            "state.dir: /proc/streamscale-nope cannot be created: cannot create a directory in /proc: ",
+        ),
+        ("a-file/state".to_string(), "cannot be created: "),
+    ];
+    for (state_dir, want) in cases {
+        let path = dir.path().join("job.yaml");
+        std::fs::write(
+            &path,
+            job(
+                SINK,
+                "  - { from: src, to: sink }\n",
+                &format!("state: {{ backend: disk, dir: {state_dir} }}\n"),
+            ),
+        )
+        .unwrap();
+        let e = JobSpec::from_file(&path)
+            .expect_err("job should be rejected")
+            .to_string();
+        assert!(e.contains("job.yaml") && e.contains(want), "{e}");
+        if state_dir.starts_with("a-file") {
+            assert!(
+                e.contains(&format!("{} is not a directory", blocker.display())),
+                "{e}"
+            );
+        }
+    }
+    // A state directory that does not exist yet is fine, and checking it creates nothing.
+    let path = dir.path().join("job.yaml");
+    std::fs::write(
+        &path,
+        job(
+            SINK,
+            "  - { from: src, to: sink }\n",
+            "state: { backend: disk, dir: new/state }\n",
+        ),
+    )
+    .unwrap();
+    JobSpec::from_file(&path).expect("a new state directory is fine");
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a-file", "job.yaml"]);
+}

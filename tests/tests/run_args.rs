@@ -144,6 +144,127 @@ fn a_missing_engine_binary_in_the_environment_is_refused_like_the_flag() {
     assert!(!report.exists());
 }
 
+/// The names in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Refused before anything started: exit 2 with every one of `needles`, no start banner
+/// (nothing on stdout), and `dir` holding exactly `left` (no report, lock file or staging
+/// directory).
+fn refused_up_front(dir: &Path, out: &Output, needles: &[&str], left: &[&str]) {
+    let stderr = assert_refused(out, needles);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{stderr}");
+    assert_eq!(entries(dir), left, "{stderr}");
+}
+
+#[test]
+fn a_disk_state_dir_that_cannot_be_created_is_refused_before_the_engine_starts() {
+    // Paths that fail even for root: nothing can be created under /proc, nor under a file.
+    let cases = [
+        (
+            "/proc/streamscale-nope",
+            vec![
+                "job.yaml",
+                "state.dir: /proc/streamscale-nope cannot be created",
+                "cannot create a directory in /proc",
+            ],
+        ),
+        (
+            "blocker/state",
+            vec!["job.yaml", "state.dir:", "blocker is not a directory"],
+        ),
+    ];
+    for (state_dir, needles) in cases {
+        let job = fixtures::unbounded_job(None).replace(
+            "maxParallelism: 16",
+            &format!("maxParallelism: 16\nstate: {{ backend: disk, dir: {state_dir} }}"),
+        );
+        let (dir, _, _) = fixtures::job_dir(&job);
+        fixtures::write(dir.path(), "blocker", "a file");
+        let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "report"]);
+        refused_up_front(dir.path(), &out, &needles, &["blocker", "job.yaml"]);
+    }
+}
+
+#[test]
+fn a_report_dir_nothing_can_be_created_in_is_refused_before_the_engine_starts() {
+    // /proc exists, and not even root can create an entry in it (the old code took the lock
+    // `/.proc.lock`, printed the banner and failed once the engine could not create
+    // /proc/savepoints, exit 1).
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "/proc"]);
+    refused_up_front(
+        dir.path(),
+        &out,
+        &[
+            "--report: /proc is not writable",
+            "No such file or directory",
+        ],
+        &["job.yaml"],
+    );
+    // Under /proc nothing can be created at any depth.
+    let out = streamscale(
+        dir.path(),
+        &[
+            "run",
+            "job.yaml",
+            "--report",
+            "/proc/streamscale-nope/report",
+        ],
+    );
+    refused_up_front(
+        dir.path(),
+        &out,
+        &[
+            "--report: /proc/streamscale-nope/report cannot be created",
+            "cannot create a directory in /proc",
+        ],
+        &["job.yaml"],
+    );
+}
+
+#[test]
+fn an_engine_binary_that_is_not_executable_is_refused_before_the_banner() {
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    // A plain file (mode 644), like /etc/passwd: not even root can run it.
+    fixtures::write(dir.path(), "engine.txt", "not an engine");
+    let out = streamscale(
+        dir.path(),
+        &[
+            "run",
+            "job.yaml",
+            "--report",
+            "report",
+            "--engine",
+            "engine.txt",
+        ],
+    );
+    refused_up_front(
+        dir.path(),
+        &out,
+        &["--engine: engine.txt is not executable (mode 6"],
+        &["engine.txt", "job.yaml"],
+    );
+    let out = Command::new(workspace_bin("streamscale"))
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--report", "report"])
+        .env("STREAMSCALE_ENGINE_BIN", "engine.txt")
+        .output()
+        .expect("run streamscale");
+    refused_up_front(
+        dir.path(),
+        &out,
+        &["STREAMSCALE_ENGINE_BIN: engine.txt is not executable"],
+        &["engine.txt", "job.yaml"],
+    );
+}
+
 #[test]
 fn plan_with_a_negative_interval_names_the_flag() {
     let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));

@@ -46,6 +46,37 @@ pub fn locate_engine_binary() -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Why `path` cannot be started as the engine binary, if it visibly cannot: it does not exist,
+/// is a directory, or (on Unix) is a file without an execute permission bit (`/etc/passwd`),
+/// which even root cannot run. The phrase follows the path in a message:
+/// `--engine: PATH is not executable (mode 644); give the streamscale-engine binary`.
+/// `None` when it is an executable file (whether it is really the engine shows when it starts).
+pub fn engine_binary_problem(path: &Path) -> Option<String> {
+    let what = format!("the {ENGINE_BIN_NAME} binary");
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some("does not exist".to_string());
+        }
+        Err(e) => return Some(format!("cannot be read: {e}")),
+    };
+    if meta.is_dir() {
+        return Some(format!("is a directory, not {what}"));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = meta.permissions().mode();
+        if mode & 0o111 == 0 {
+            return Some(format!(
+                "is not executable (mode {:o}); give {what}",
+                mode & 0o7777
+            ));
+        }
+    }
+    None
+}
+
 /// Timeouts of the local runtime.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LocalTimeouts {
