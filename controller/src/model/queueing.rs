@@ -32,8 +32,13 @@ fn erlang_b_truncated(servers: u32, offered_load: f64, eps: f64) -> f64 {
     }
     let a = offered_load;
     let mut b = 1.0;
-    for k in 1..=servers {
-        b = a * b / (f64::from(k) + a * b);
+    // k counts in f64 (exact: servers < 2^53), the same values as f64::from(k) for k in
+    // 1..=servers without a conversion and the inclusive range's bookkeeping per step.
+    let mut k = 0.0;
+    for _ in 0..servers {
+        k += 1.0;
+        let ab = a * b;
+        b = ab / (k + ab);
         if b <= eps {
             break; // eps = 0: underflow, stays 0 for every larger k
         }
@@ -510,6 +515,35 @@ mod tests {
         assert!(close(erlang_b(2, 1.0), 0.2));
         assert_eq!(erlang_b(0, 5.0), 1.0);
         assert_eq!(erlang_b(4, 0.0), 0.0);
+    }
+
+    proptest::proptest! {
+        /// The recursion with its step counted in f64 is the textbook one, bit for bit, exact
+        /// and truncated, from light to heavy loads and one to many servers.
+        #[test]
+        fn erlang_b_counts_steps_exactly(
+            servers in 0u32..400,
+            load in proptest::prop_oneof![0.0f64..2.0, 0.0f64..500.0, 1e-30f64..1e-10],
+            eps in proptest::prop_oneof![proptest::strategy::Just(0.0), proptest::strategy::Just(SOJOURN_ERLANG_EPS), 1e-12f64..1e-3],
+        ) {
+            let reference = || {
+                if servers == 0 {
+                    return 1.0;
+                }
+                if load <= 0.0 {
+                    return 0.0;
+                }
+                let mut b = 1.0f64;
+                for k in 1..=servers {
+                    b = load * b / (f64::from(k) + load * b);
+                    if b <= eps {
+                        break;
+                    }
+                }
+                b
+            };
+            proptest::prop_assert_eq!(erlang_b_truncated(servers, load, eps).to_bits(), reference().to_bits());
+        }
     }
 
     #[test]
