@@ -71,11 +71,12 @@ impl Fixed {
             // fraction is within that of ½ the rounding of y equals that of the exact value.
             let y = x.abs() * scale as f64;
             if y < 4.0e15 {
-                let floor = y.floor();
-                let frac = y - floor; // exact below 2⁵²
+                // y ≥ 0 and below 2⁵²: truncation is the floor, and exact (no libm call).
+                let int = y as u64;
+                let frac = y - int as f64; // exact below 2⁵²
                 let slack = y * 2f64.powi(-51) + 1e-300;
                 if (frac - 0.5).abs() > slack {
-                    let r = floor as u64 + u64::from(frac > 0.5);
+                    let r = int + u64::from(frac > 0.5);
                     let at = digits(buf, r / scale, r % scale, decimals);
                     return Some((at, x.is_sign_negative()));
                 }

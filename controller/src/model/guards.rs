@@ -329,7 +329,10 @@ impl Autoscaler {
                 }
             }
         };
-        let learned_notes = self.learned.observe(model.observed());
+        let learned_notes = {
+            let (now, by_name) = model.observed_ordered();
+            self.learned.observe_ordered(&now, &by_name)
+        };
         model.apply_learned(&self.learned);
         let mut planned = model.plan();
         planned.reasons.extend(learned_notes);

@@ -152,63 +152,107 @@ impl ScalabilityTracker {
                 Some(slot) => Some(std::mem::replace(slot, cur)),
                 None => self.last.insert(op.to_string(), cur),
             };
-            // Lift a flag whose metrics changed.
-            if let (Some(flag), Some(mu)) = (self.ineffective.get(op), cur.true_processing_rate)
-                && (changed_by(mu, flag.mu, METRICS_CHANGE)
-                    || changed_by(cur.input_rate, flag.input_rate, METRICS_CHANGE))
-            {
-                notes.push(format!(
-                    "{op}: ineffective-scaling flag lifted: μ or input changed by more than {:.0}% since it was flagged",
-                    METRICS_CHANGE * 100.0
-                ));
-                self.ineffective.remove(op);
-            }
-            let Some(prev) = prev else { continue };
-            if prev.parallelism == cur.parallelism {
-                continue;
-            }
-            let (Some(mu0), Some(mu1)) = (prev.true_processing_rate, cur.true_processing_rate)
-            else {
-                continue;
-            };
-            if !(mu0.is_finite() && mu1.is_finite() && mu0 > 0.0 && mu1 > 0.0) {
-                continue;
-            }
-            let f_old = self.factor(op);
-            let up = cur.parallelism > prev.parallelism;
-            let predicted = if up { mu0 * f_old } else { mu0 };
-            let f_step = if up { mu1 / mu0 } else { mu0 / mu1 };
-            let f_new = ((1.0 - FACTOR_WEIGHT) * f_old + FACTOR_WEIGHT * f_step)
-                .clamp(FACTOR_MIN, FACTOR_MAX);
-            self.factors.insert(op.to_string(), f_new);
-            notes.push(format!(
-                "{op}: after p={}→{} measured μ {:.2} rec/s per subtask vs predicted {:.2} (measured/predicted {:.2}); scalability factor {:.2} → {:.2}",
-                prev.parallelism,
-                cur.parallelism,
-                mu1,
-                predicted,
-                mu1 / predicted,
-                f_old,
-                f_new
-            ));
-            let cap0 = prev.capacity(mu0);
-            let cap1 = cur.capacity(mu1);
-            if up && cap1 <= ineffective_threshold(prev.parallelism, cur.parallelism) * cap0 {
-                self.ineffective.insert(
-                    op.to_string(),
-                    Ineffective {
-                        from: prev.parallelism,
-                        to: cur.parallelism,
-                        capacity_before: cap0,
-                        capacity_after: cap1,
-                        mu: mu1,
-                        input_rate: cur.input_rate,
-                    },
-                );
-            } else {
-                self.ineffective.remove(op);
+            self.learn(op, cur, prev, &mut notes);
+        }
+        self.flag_notes(&mut notes);
+        notes
+    }
+
+    /// [`Self::observe`] with the observations `now` (distinct operators) and `by_name`, the
+    /// positions of `now` in increasing operator-name order: the previous observations are
+    /// found by one merge with [`Self::last`] (also in name order) instead of a lookup per
+    /// operator. The same updates and notes in the same (`now`'s) order; a `by_name` out of
+    /// order only costs lookups.
+    pub fn observe_ordered(&mut self, now: &[(&str, Observed)], by_name: &[usize]) -> Vec<String> {
+        let mut prev: Vec<Option<Observed>> = vec![None; now.len()];
+        let mut missed = Vec::new();
+        let mut last = self.last.iter_mut().peekable();
+        for &k in by_name {
+            let (op, cur) = now[k];
+            while last.next_if(|(name, _)| name.as_str() < op).is_some() {}
+            match last.next_if(|(name, _)| name.as_str() == op) {
+                Some((_, slot)) => prev[k] = Some(std::mem::replace(slot, cur)),
+                None => missed.push(k),
             }
         }
+        for k in missed {
+            let (op, cur) = now[k];
+            prev[k] = match self.last.get_mut(op) {
+                Some(slot) => Some(std::mem::replace(slot, cur)),
+                None => self.last.insert(op.to_string(), cur),
+            };
+        }
+        let mut notes = Vec::new();
+        for (&(op, cur), prev) in now.iter().zip(prev) {
+            self.learn(op, cur, prev, &mut notes);
+        }
+        self.flag_notes(&mut notes);
+        notes
+    }
+
+    /// One operator's observation `cur` after its baseline was replaced (`prev`: the one it
+    /// replaced): lifts its flag when its metrics changed and, after a rescale, updates its
+    /// factor and flag, with notes.
+    fn learn(&mut self, op: &str, cur: Observed, prev: Option<Observed>, notes: &mut Vec<String>) {
+        // Lift a flag whose metrics changed.
+        if let (Some(flag), Some(mu)) = (self.ineffective.get(op), cur.true_processing_rate)
+            && (changed_by(mu, flag.mu, METRICS_CHANGE)
+                || changed_by(cur.input_rate, flag.input_rate, METRICS_CHANGE))
+        {
+            notes.push(format!(
+                "{op}: ineffective-scaling flag lifted: μ or input changed by more than {:.0}% since it was flagged",
+                METRICS_CHANGE * 100.0
+            ));
+            self.ineffective.remove(op);
+        }
+        let Some(prev) = prev else { return };
+        if prev.parallelism == cur.parallelism {
+            return;
+        }
+        let (Some(mu0), Some(mu1)) = (prev.true_processing_rate, cur.true_processing_rate) else {
+            return;
+        };
+        if !(mu0.is_finite() && mu1.is_finite() && mu0 > 0.0 && mu1 > 0.0) {
+            return;
+        }
+        let f_old = self.factor(op);
+        let up = cur.parallelism > prev.parallelism;
+        let predicted = if up { mu0 * f_old } else { mu0 };
+        let f_step = if up { mu1 / mu0 } else { mu0 / mu1 };
+        let f_new =
+            ((1.0 - FACTOR_WEIGHT) * f_old + FACTOR_WEIGHT * f_step).clamp(FACTOR_MIN, FACTOR_MAX);
+        self.factors.insert(op.to_string(), f_new);
+        notes.push(format!(
+            "{op}: after p={}→{} measured μ {:.2} rec/s per subtask vs predicted {:.2} (measured/predicted {:.2}); scalability factor {:.2} → {:.2}",
+            prev.parallelism,
+            cur.parallelism,
+            mu1,
+            predicted,
+            mu1 / predicted,
+            f_old,
+            f_new
+        ));
+        let cap0 = prev.capacity(mu0);
+        let cap1 = cur.capacity(mu1);
+        if up && cap1 <= ineffective_threshold(prev.parallelism, cur.parallelism) * cap0 {
+            self.ineffective.insert(
+                op.to_string(),
+                Ineffective {
+                    from: prev.parallelism,
+                    to: cur.parallelism,
+                    capacity_before: cap0,
+                    capacity_after: cap1,
+                    mu: mu1,
+                    input_rate: cur.input_rate,
+                },
+            );
+        } else {
+            self.ineffective.remove(op);
+        }
+    }
+
+    /// A note per flagged operator.
+    fn flag_notes(&self, notes: &mut Vec<String>) {
         for (op, flag) in &self.ineffective {
             notes.push(format!(
                 "{op}: ineffective scaling: capacity {:.2} rec/s at p={} vs {:.2} rec/s at p={} (≤ {INEFFECTIVE_GAIN}×; the rate at which its busiest subtask saturates); not scaled up again, nor its upstream for it, until its μ or input changes by more than {:.0}%",
@@ -219,7 +263,6 @@ impl ScalabilityTracker {
                 METRICS_CHANGE * 100.0
             ));
         }
-        notes
     }
 }
 
@@ -326,6 +369,39 @@ mod tests {
                 t.observe([("op", obs(p, mu, 100.0))]);
                 prop_assert_eq!(t.factor("op"), 1.0);
                 prop_assert!(!t.is_ineffective("op"));
+            }
+        }
+
+        /// The merge finds the same baselines as the lookups: the same tracker and notes after
+        /// every round, with the name order right, reversed (wrong), or missing operators.
+        #[test]
+        fn observe_ordered_matches_observe(
+            rounds in proptest::collection::vec(
+                proptest::collection::vec((0usize..8, 1u32..6, 10.0f64..200.0, 10.0f64..400.0), 1..8),
+                1..6,
+            ),
+            reverse in any::<bool>(),
+        ) {
+            const NAMES: [&str; 8] = ["a", "b0", "b1", "c", "map", "sink", "x", "z9"];
+            let (mut looked, mut merged) = (ScalabilityTracker::default(), ScalabilityTracker::default());
+            for round in rounds {
+                // Distinct operators, in an order that is not the name order.
+                let mut now: Vec<(&str, Observed)> = Vec::new();
+                for (k, p, mu, input) in round.into_iter().rev() {
+                    if now.iter().all(|(n, _)| *n != NAMES[k]) {
+                        let share = 1.0 / f64::from(p);
+                        now.push((NAMES[k], obs_share(p, mu, input, share)));
+                    }
+                }
+                let mut by_name: Vec<usize> = (0..now.len()).collect();
+                by_name.sort_by_key(|&k| now[k].0);
+                if reverse {
+                    by_name.reverse();
+                }
+                let a = looked.observe(now.iter().copied());
+                let b = merged.observe_ordered(&now, &by_name);
+                prop_assert_eq!(a, b);
+                prop_assert_eq!(&looked, &merged);
             }
         }
     }

@@ -291,6 +291,9 @@ pub(crate) struct JobGraph {
     fwd_in: Vec<u32>,
     fwd_out_at: Vec<u32>,
     fwd_out: Vec<u32>,
+    /// Per operator, the longest sum of terms after it before its forward outputs count: 0
+    /// for an operator without outputs (a sink), −∞ otherwise (see `longest_after`).
+    after_init: Vec<f64>,
     /// Operator indices in name order (the order of a [`Decision`]'s maps).
     by_name: Vec<usize>,
     /// The index of each of the spec's operators, in the spec's order (the same for every spec
@@ -445,6 +448,11 @@ impl JobGraph {
         };
         let (fwd_in_at, fwd_in) = csr(&topo.inputs, |i, j| j < i);
         let (fwd_out_at, fwd_out) = csr(&topo.outputs, |i, k| k > i);
+        let after_init = topo
+            .outputs
+            .iter()
+            .map(|o| if o.is_empty() { 0.0 } else { f64::NEG_INFINITY })
+            .collect();
         let mut tail_at = Vec::with_capacity(n + 1);
         tail_at.push(0);
         for &(_, hi) in &bounds {
@@ -470,6 +478,7 @@ impl JobGraph {
             fwd_in,
             fwd_out_at,
             fwd_out,
+            after_init,
             by_name,
             spec_order,
             key,
@@ -603,15 +612,34 @@ impl JobGraph {
         via: &mut Vec<usize>,
     ) -> (f64, usize) {
         let n = self.topo.len();
-        dist.clear();
+        // Every entry is written before it is read (an operator's forward inputs come before
+        // it): no clearing needed.
         dist.resize(n, 0.0);
-        via.clear();
         via.resize(n, usize::MAX);
+        let (dist, via) = (&mut dist[..n], &mut via[..n]);
+        // (Slices of length n up front, so that only the edge sources are bounds-checked.)
+        let (at, src, w) = (&self.fwd_in_at[..=n], &self.topo.is_source[..n], &w[..n]);
+        let mut lo = at[0] as usize;
         for i in 0..n {
-            let (d, arg) = self.farthest_input(i, dist);
-            let own = if self.topo.is_source[i] { 0.0 } else { w[i] };
-            dist[i] = d + own;
+            let hi = at[i + 1] as usize;
+            let (d, arg) = match self.fwd_in[lo..hi].split_first() {
+                None => (0.0, usize::MAX),
+                Some((&first, rest)) => {
+                    let mut arg = first as usize;
+                    let mut d = dist[arg];
+                    for &j in rest {
+                        let x = dist[j as usize];
+                        if x > d {
+                            d = x;
+                            arg = j as usize;
+                        }
+                    }
+                    (d, arg)
+                }
+            };
+            dist[i] = d + if src[i] { 0.0 } else { w[i] };
             via[i] = arg;
+            lo = hi;
         }
         self.slowest_sink(dist)
     }
@@ -738,8 +766,11 @@ pub(crate) struct Model {
     /// not computed yet); a pure memo of a function of the model, it changes no result.
     share_memo: std::cell::RefCell<NanMemo>,
     /// Keyed operators: the first run [a, b) of key groups with the largest load (see
-    /// [`Model::share_at_least`]); (0, 0) for shared-queue operators.
+    /// [`Model::share_reaches`]); (0, 0) for shared-queue operators.
     hot_run: Vec<(u32, u32)>,
+    /// Keyed operators: the largest key-group load (0 when none is positive); 0 for
+    /// shared-queue operators. Made once per model for every sizing.
+    hottest: Vec<f64>,
     /// [`Model::tail`] by (operator, parallelism): a pure memo (tail depends on the model
     /// and the learned factors only, and is cleared when those change); it changes no result.
     /// Operator i's row is `[tail_at[i], tail_at[i + 1])` ([`JobGraph::tail_at`]), entry p
@@ -755,6 +786,10 @@ pub(crate) struct Model {
     /// predictions for an operator at an unchanged parallelism are what [`Model::refresh`]
     /// would recompute.
     decided_with: std::cell::Cell<Option<bool>>,
+    /// Keyed operators: their last sizing search (see [`Model::size_keyed`]), `None` before
+    /// the first; sizings at rising rates (without, then with the rescale's downtime backlog)
+    /// start from there.
+    keyed_searches: std::cell::RefCell<Vec<Option<KeyedSearch>>>,
     /// Operators flagged for ineffective scaling: never sized above their current parallelism,
     /// and their sojourn is left out of the latency allocation so that no other operator is
     /// scaled to make up for them.
@@ -770,6 +805,30 @@ impl Drop for Model {
             share_memo: std::mem::take(self.share_memo.get_mut()),
             tail_memo: std::mem::take(self.tail_memo.get_mut()),
         });
+    }
+}
+
+/// A keyed operator's sizing search in [`Model::size_keyed`]: at arrival rate `lambda` ≥ 0
+/// (records/s) and the limit `limit` (records/s a subtask may take), every parallelism from
+/// `start` up to `stopped` (excluded) put a subtask over the limit; `stopped` fits, or is the
+/// number of key groups.
+#[derive(Debug, Clone, Copy)]
+struct KeyedSearch {
+    lambda: f64,
+    limit: f64,
+    start: u32,
+    stopped: u32,
+}
+
+impl KeyedSearch {
+    /// Whether a search at `lambda` with `limit` from `start` may skip to `stopped`: every
+    /// parallelism p in [start, stopped) has λ_then · share(p) > limit, and λ · share(p) ≥
+    /// λ_then · share(p) for λ ≥ λ_then ≥ 0 (shares are ≥ 0; rounding is monotone).
+    fn reaches(&self, lambda: f64, limit: f64, start: u32) -> bool {
+        self.lambda >= 0.0
+            && lambda >= self.lambda
+            && limit.to_bits() == self.limit.to_bits()
+            && start >= self.start
     }
 }
 
@@ -885,11 +944,13 @@ impl Model {
         kg_prefixes.clear();
         kg_prefixes.reserve(keyed * (kl + 1));
         let mut hot_run = Vec::with_capacity(n);
+        let mut hottest = Vec::with_capacity(n);
         let mut slots = 0;
         for (e, queue) in est.iter().zip(&topo.queue) {
             if *queue != QueueKind::Keyed {
                 kg_slot.push(None);
                 hot_run.push((0, 0));
+                hottest.push(0.0);
                 continue;
             }
             let start = kg_loads.len();
@@ -907,6 +968,7 @@ impl Model {
                 kg_prefixes.push(acc);
             }
             hot_run.push(hottest_run(load));
+            hottest.push(load.iter().copied().fold(0.0, f64::max));
             kg_slot.push(Some(slots));
             slots += 1;
         }
@@ -961,11 +1023,13 @@ impl Model {
             kg_prefixes,
             share_memo: std::cell::RefCell::new(share_memo),
             hot_run,
+            hottest,
             tail_memo: std::cell::RefCell::new(tail_memo),
             kg_loads,
             factor: vec![1.0; n],
             decided_with: std::cell::Cell::new(None),
             frozen: vec![false; n],
+            keyed_searches: std::cell::RefCell::new(vec![None; n]),
         })
     }
 
@@ -986,6 +1050,25 @@ impl Model {
                     },
                 )
             })
+    }
+
+    /// [`Model::observed`] collected, with the positions of its entries in operator-name
+    /// order (for [`ScalabilityTracker::observe_ordered`]).
+    pub(crate) fn observed_ordered(&self) -> (Vec<(&str, Observed)>, Vec<usize>) {
+        let now: Vec<(&str, Observed)> = self.observed().collect();
+        let topo = &self.graph.topo;
+        let mut pos = vec![usize::MAX; topo.len()];
+        for (k, i) in (0..topo.len()).filter(|&i| !topo.is_source[i]).enumerate() {
+            pos[i] = k;
+        }
+        let by_name = self
+            .graph
+            .by_name
+            .iter()
+            .map(|&i| pos[i])
+            .filter(|&k| k != usize::MAX)
+            .collect();
+        (now, by_name)
     }
 
     /// Applies what the tracker learned: each operator's scalability factor (non-finite or
@@ -1018,14 +1101,6 @@ impl Model {
         self.graph.key_groups.max(1) as usize
     }
 
-    /// Keyed operator `i`'s estimated load per key group (sums to 1); `None` for shared-queue
-    /// operators.
-    fn kg_load(&self, i: usize) -> Option<&[f64]> {
-        let s = self.kg_slot[i]?;
-        let l = self.kg_len();
-        Some(&self.kg_loads[s * l..(s + 1) * l])
-    }
-
     /// The prefix sums of slot `s`'s key-group loads ([`Model::kg_len`] + 1 entries).
     fn kg_prefix_of(&self, s: usize) -> &[f64] {
         let l = self.kg_len() + 1;
@@ -1053,16 +1128,19 @@ impl Model {
         share
     }
 
-    /// A lower bound on [`Model::max_share`]`(i, p)`, cheaper than it: the exact share when it is
-    /// in the memo, else for a keyed operator the largest load of the subtask ranges at `p`
-    /// that overlap its hottest key-group run (each range's load is one of the terms whose
-    /// maximum `max_share` is, computed the same way, so never above it; where the busiest
-    /// range lies in that run, as it does under skew, it is equal). Used to rule out
-    /// parallelisms whose share is certainly too large without the full O(p) scan.
-    fn share_at_least(&self, i: usize, p: u32) -> f64 {
+    /// Whether a lower bound on [`Model::max_share`]`(i, p)`, cheaper than it, satisfies
+    /// `reached` (non-decreasing in the share: once true, true for every larger share): the
+    /// exact share when it is in the memo, else for a keyed operator the largest load of the
+    /// subtask ranges at `p` that overlap its hottest key-group run (each range's load is one
+    /// of the terms whose maximum `max_share` is, computed the same way, so never above it;
+    /// where the busiest range lies in that run, as it does under skew, it is equal). The
+    /// ranges' running maximum stops as soon as it satisfies `reached`: by monotonicity the
+    /// answer is that of their full maximum. Used to rule out parallelisms whose share is
+    /// certainly too large without the full O(p) scan.
+    fn share_reaches(&self, i: usize, p: u32, reached: impl Fn(f64) -> bool) -> bool {
         let p = p.max(1);
         let Some(s) = self.kg_slot[i] else {
-            return 1.0 / f64::from(p);
+            return reached(1.0 / f64::from(p));
         };
         let k = self.graph.key_groups;
         let q = p.min(k);
@@ -1071,10 +1149,17 @@ impl Model {
             .borrow()
             .get(s * (k as usize + 1) + q as usize);
         if !m.is_nan() {
-            return m;
+            return reached(m);
         }
         let (a, b) = self.hot_run[i];
-        busiest_range_load_over(self.kg_prefix_of(s), q, k, a, b)
+        reached(busiest_range_load_over_until(
+            self.kg_prefix_of(s),
+            q,
+            k,
+            a,
+            b,
+            &reached,
+        ))
     }
 
     /// Arrival rate to size operator `i` against as if its `p` subtasks were evenly loaded:
@@ -1257,9 +1342,7 @@ impl Model {
     ) -> u32 {
         let lambda = self.lambda_target[i];
         let cap = self.s.rho * mu;
-        let hottest = self
-            .kg_load(i)
-            .map_or(0.0, |l| l.iter().copied().fold(0.0, f64::max));
+        let hottest = self.hottest[i];
         // Hot key: a key group with at least twice the mean load (the estimate spreads each
         // subtask's load over its range, so uneven ranges alone differ by far less).
         let skewed = hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR;
@@ -1283,12 +1366,28 @@ impl Model {
         // (A share whose lower bound already misses the limit misses it: λ ≥ 0 and the
         // product is monotone in the share.)
         let fits = |p: u32| {
-            !(lambda >= 0.0 && lambda * self.share_at_least(i, p) > limit)
+            !(lambda >= 0.0 && self.share_reaches(i, p, |v| lambda * v > limit))
                 && lambda * self.max_share(i, p) <= limit
         };
-        let mut p = from.clamp(1, self.graph.key_groups);
+        let start = from.clamp(1, self.graph.key_groups);
+        // Every parallelism from an earlier search's start up to where it stopped failed there
+        // at λ ≤ this λ and the same limit, so it fails here too (λ · share is monotone in λ,
+        // the share ≥ 0): this search starts where that one stopped (the same answer).
+        let known = self.keyed_searches.borrow()[i];
+        let mut p = match known {
+            Some(k) if k.reaches(lambda, limit, start) => start.max(k.stopped),
+            _ => start,
+        };
         while p < self.graph.key_groups && !fits(p) {
             p += 1;
+        }
+        if lambda >= 0.0 {
+            self.keyed_searches.borrow_mut()[i] = Some(KeyedSearch {
+                lambda,
+                limit,
+                start,
+                stopped: p,
+            });
         }
         if !fits(p) {
             // Even one key group per subtask is too much: more than the key groups are needed.
@@ -1297,7 +1396,7 @@ impl Model {
         let share = self.max_share(i, p);
         let same = share * (1.0 + 1e-12);
         while p > 1
-            && !above(self.share_at_least(i, p - 1), same)
+            && !self.share_reaches(i, p - 1, |v| above(v, same))
             && self.max_share(i, p - 1) <= same
         {
             p -= 1;
@@ -1321,8 +1420,9 @@ impl Model {
             return (p < hi).then_some(p + 1);
         }
         let lower = self.max_share(i, p) * (1.0 - 1e-12);
-        (p + 1..=hi.min(self.graph.key_groups))
-            .find(|&q| !at_least(self.share_at_least(i, q), lower) && self.max_share(i, q) < lower)
+        (p + 1..=hi.min(self.graph.key_groups)).find(|&q| {
+            !self.share_reaches(i, q, |v| at_least(v, lower)) && self.max_share(i, q) < lower
+        })
     }
 
     fn name(&self, i: usize) -> &str {
@@ -1719,8 +1819,12 @@ impl Model {
         // Every map is built from its entries in name order (the graph's `by_name`): the
         // collection then finds them sorted instead of sorting or inserting one by one.
         let mut why = why;
+        // The predicted terms by index as well, for the latency below.
+        let (mut mean, mut tail) = (vec![0.0; n], vec![0.0; n]);
         let operators = g.name_map(g.templates.as_ref().map(|t| &t.plans), |i| {
             let e = &self.est[i];
+            mean[i] = self.sojourn(i, p[i]);
+            tail[i] = self.tail(i, p[i]);
             OperatorPlan {
                 kind: g.kind[i].to_string(),
                 current_parallelism: e.parallelism,
@@ -1735,8 +1839,8 @@ impl Model {
                 observed_utilization: e.utilization,
                 backpressured_share: e.backpressured_share,
                 predicted_utilization: self.predicted_rho(i, p[i]),
-                predicted_sojourn_seconds: self.sojourn(i, p[i]),
-                predicted_sojourn_percentile_seconds: self.tail(i, p[i]),
+                predicted_sojourn_seconds: mean[i],
+                predicted_sojourn_percentile_seconds: tail[i],
                 clamped_at_max: clamped[i],
                 reason: std::mem::take(&mut why[i]),
             }
@@ -1795,7 +1899,7 @@ impl Model {
             bottleneck,
             reasons: Vec::new(),
         };
-        self.refresh_latency(&mut d);
+        self.latency_from(&mut d, &mean, &tail);
         reasons.push(format!(
             "predicted end-to-end latency: {} ≤ {} s (union bound) {} SLO {} s along {}; mean {} s",
             self.percentile_label(),
@@ -1825,9 +1929,17 @@ impl Model {
                 }
             }
         }
+        self.latency_from(d, &mean, &tail);
+    }
+
+    /// [`Model::refresh_latency`] from the operators' predicted mean sojourn times `mean` and
+    /// percentile terms `tail` (indexed like the topology; operators missing from
+    /// `d.operators` 0), when the caller has them at hand.
+    fn latency_from(&self, d: &mut Decision, mean: &[f64], tail: &[f64]) {
+        let n = self.graph.topo.len();
         let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        d.predicted_latency_seconds = self.graph.longest_path_into(&mean, &mut dist, &mut via).0;
-        let (seconds, end) = self.graph.longest_path_into(&tail, &mut dist, &mut via);
+        d.predicted_latency_seconds = self.graph.longest_path_into(mean, &mut dist, &mut via).0;
+        let (seconds, end) = self.graph.longest_path_into(tail, &mut dist, &mut via);
         d.predicted_latency_percentile_seconds = seconds;
         d.critical_path.clear();
         let mut at = end;
@@ -1892,21 +2004,24 @@ impl Model {
         let same = self.decided_with.get() == Some(self.with_downtime);
         let g = &self.graph;
         if g.keys_match(&d.operators) && g.keys_match(&d.parallelism) {
+            let n = g.topo.len();
+            let (mut mean, mut tail) = (vec![0.0; n], vec![0.0; n]);
             for ((plan, &p), &i) in d
                 .operators
                 .values_mut()
                 .zip(d.parallelism.values())
                 .zip(&g.by_name)
             {
-                if same && plan.parallelism == p {
-                    continue;
+                if !(same && plan.parallelism == p) {
+                    plan.parallelism = p;
+                    plan.predicted_utilization = self.predicted_rho(i, p);
+                    plan.predicted_sojourn_seconds = self.sojourn(i, p);
+                    plan.predicted_sojourn_percentile_seconds = self.tail(i, p);
                 }
-                plan.parallelism = p;
-                plan.predicted_utilization = self.predicted_rho(i, p);
-                plan.predicted_sojourn_seconds = self.sojourn(i, p);
-                plan.predicted_sojourn_percentile_seconds = self.tail(i, p);
+                mean[i] = plan.predicted_sojourn_seconds;
+                tail[i] = plan.predicted_sojourn_percentile_seconds;
             }
-            self.refresh_latency(d);
+            self.latency_from(d, &mean, &tail);
             return;
         }
         for (name, plan) in d.operators.iter_mut() {
@@ -1939,12 +2054,38 @@ fn busiest_range_load(prefix: &[f64], q: u32, k: u32) -> f64 {
 /// division: with K = d·q + r, ⌈(j+1)K/q⌉ = ⌈jK/q⌉ + d + (1 when the remainder of jK + q − 1
 /// plus r reaches q).
 fn busiest_of_ranges(prefix: &[f64], q: u32, k: u32, first: u64, last: u64) -> f64 {
+    busiest_of_ranges_until(prefix, q, k, first, last, |_| false)
+}
+
+/// [`busiest_of_ranges`], stopping at the first range after which the running maximum
+/// satisfies `stop` (then that maximum).
+#[inline]
+fn busiest_of_ranges_until(
+    prefix: &[f64],
+    q: u32,
+    k: u32,
+    first: u64,
+    last: u64,
+    stop: impl Fn(f64) -> bool,
+) -> f64 {
     let (k64, q64) = (u64::from(k), u64::from(q));
     let (d, r) = ((k64 / q64) as usize, k64 % q64);
     let b = first * k64 + q64 - 1;
     let mut start = (b / q64) as usize;
     let mut rem = b % q64;
     let mut share = 0.0;
+    if r == 0 {
+        // q divides k: no range carries an extra key group (the remainder stays q − 1).
+        for _ in first..=last {
+            let end = start + d;
+            share = f64::max(share, prefix[end] - prefix[start]);
+            if stop(share) {
+                break;
+            }
+            start = end;
+        }
+        return share;
+    }
     for _ in first..=last {
         rem += r;
         let carry = rem >= q64;
@@ -1953,6 +2094,9 @@ fn busiest_of_ranges(prefix: &[f64], q: u32, k: u32, first: u64, last: u64) -> f
         }
         let end = start + d + usize::from(carry);
         share = f64::max(share, prefix[end] - prefix[start]);
+        if stop(share) {
+            break;
+        }
         start = end;
     }
     share
@@ -1965,7 +2109,20 @@ const PROBE_RANGES: u64 = 6;
 /// (a < b ≤ k; the subtasks ⌊a·q/k⌋ ..= ⌊(b − 1)·q/k⌋ own them): at most [`PROBE_RANGES`]
 /// consecutive ones around the run's middle, each range's load computed as there, so the
 /// result is never above it. 0 for an empty run.
+#[cfg(test)]
 fn busiest_range_load_over(prefix: &[f64], q: u32, k: u32, a: u32, b: u32) -> f64 {
+    busiest_range_load_over_until(prefix, q, k, a, b, |_| false)
+}
+
+/// [`busiest_range_load_over`], stopping as [`busiest_of_ranges_until`] does.
+fn busiest_range_load_over_until(
+    prefix: &[f64],
+    q: u32,
+    k: u32,
+    a: u32,
+    b: u32,
+    stop: impl Fn(f64) -> bool,
+) -> f64 {
     if a >= b || b > k || q == 0 {
         return 0.0;
     }
@@ -1977,7 +2134,7 @@ fn busiest_range_load_over(prefix: &[f64], q: u32, k: u32, a: u32, b: u32) -> f6
         first = mid.saturating_sub(PROBE_RANGES / 2).max(first);
         last = (first + PROBE_RANGES - 1).min(last);
     }
-    busiest_of_ranges(prefix, q, k, first, last)
+    busiest_of_ranges_until(prefix, q, k, first, last, stop)
 }
 
 /// The first run [a, b) of equal largest entries of `load` (the key groups of the most loaded
@@ -2490,6 +2647,49 @@ edges:
         let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
         assert_eq!(d.parallelism["win"], 43, "{:?}", d.operators["win"].reason);
         assert!(d.operators["win"].predicted_utilization.expect("μ") <= 0.7);
+    }
+
+    /// A keyed sizing that starts where an earlier search at a lower or equal rate stopped
+    /// ([`KeyedSearch`]) finds what a search from scratch finds, over a random walk of rates
+    /// (rising and falling) and starting points.
+    #[test]
+    fn keyed_sizing_from_an_earlier_search_finds_what_a_fresh_one_does() {
+        let (spec, w) = keyed_window(4, 1000.0, &[0.4, 0.1, 0.3, 0.2]);
+        let mut m = Model::new(&spec, &w, &PlannerSettings::default()).expect("model");
+        let i = m.graph.topo.index["win"];
+        let mu = m.mu(i).expect("μ");
+        let limit = m.s.rho * mu * (1.0 + CEIL_SLACK);
+        let (mut x, mut skipped) = (0x9e37_79b9_7f4a_7c15u64, 0);
+        for step in 0..600 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Blocks of 40 steps around a random rate, mostly rising, some falling; starting
+            // points mostly low (under what the skew needs), sometimes above it.
+            let base = 100.0 + ((step / 40) * 7919 % 4000) as f64;
+            let lambda = if x % 5 == 0 {
+                base - (x % 50) as f64
+            } else {
+                base + f64::from(step % 40) * 3.0
+            };
+            let from = if x % 7 == 0 {
+                1 + (x >> 20) as u32 % 60
+            } else {
+                1 + (step / 40) as u32 % 5
+            };
+            m.lambda_target[i] = lambda;
+            let start = from.clamp(1, m.graph.key_groups);
+            let known = m.keyed_searches.borrow()[i];
+            if known.is_some_and(|k| k.reaches(lambda, limit, start) && k.stopped > start) {
+                skipped += 1;
+            }
+            let (mut why, mut reasons) = (String::new(), Vec::new());
+            let with = m.size_keyed(i, from, mu, false, &mut why, &mut reasons);
+            m.keyed_searches.borrow_mut()[i] = None;
+            let fresh = m.size_keyed(i, from, mu, false, &mut why, &mut reasons);
+            assert_eq!(with, fresh, "λ {lambda} rec/s from p={from}");
+        }
+        assert!(skipped > 20, "only {skipped} searches skipped ahead");
     }
 
     #[test]
@@ -3233,6 +3433,23 @@ edges:
                     // Any run: still a lower bound.
                     for (x, y) in [(0, k), (k / 2, k), (0, 1), (k - 1, k)] {
                         assert!(busiest_range_load_over(&prefix, q, k, x, y) <= full);
+                    }
+                    // Stopping early answers a monotone question as the full maximum does.
+                    for t in [
+                        0.0,
+                        part * 0.5,
+                        part,
+                        part * (1.0 + 1e-15),
+                        full,
+                        full * 2.0,
+                    ] {
+                        let stopped =
+                            busiest_range_load_over_until(&prefix, q, k, a, b, |v| v >= t);
+                        assert_eq!(stopped >= t, part >= t, "k={k} p0={p0} q={q} t={t}");
+                        assert!(stopped <= part);
+                        let stopped =
+                            busiest_of_ranges_until(&prefix, q, k, 0, u64::from(q) - 1, |v| v > t);
+                        assert_eq!(stopped > t, full > t, "k={k} p0={p0} q={q} t={t}");
                     }
                 }
             }

@@ -276,6 +276,26 @@ impl Model {
         Self::best_of(chain.iter().map(|&at| self.score(at, st, next))).map(|pos| chain[pos])
     }
 
+    /// [`Model::score`] through `known`, each operator's score while its parallelism and term
+    /// are unchanged (`None`: not known; the allocation forgets an operator's score whenever
+    /// it changes them, so a kept score is the one `score` would compute).
+    fn score_known(
+        &self,
+        at: usize,
+        st: &LatencyState,
+        next: &mut [Option<(u32, f64)>],
+        known: &mut [Option<Option<f64>>],
+    ) -> Option<f64> {
+        let score = *known[at].get_or_insert_with(|| self.score(at, st, next));
+        #[cfg(test)]
+        assert_eq!(
+            score.map(f64::to_bits),
+            self.score(at, st, next).map(f64::to_bits),
+            "a kept score is the one made afresh"
+        );
+        score
+    }
+
     /// Takes operator `i`'s candidate step (see [`Model::best_on`]).
     fn take_step(&self, st: &mut LatencyState, next: &mut [Option<(u32, f64)>], i: usize) {
         let (q, wq) = next[i]
@@ -298,6 +318,7 @@ impl Model {
         let g = &*self.graph;
         let n = st.p.len();
         let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
+        let mut known: Vec<Option<Option<f64>>> = vec![None; n];
         let mut dirty = vec![false; n];
         let (mut chain, mut scores) = (Vec::new(), BestScores::default());
         let mut on_chain = vec![false; n];
@@ -325,6 +346,7 @@ impl Model {
                     return Allocated::Stuck;
                 };
                 self.take_step(st, &mut next, i);
+                known[i] = None;
                 if hold_only && st.p[i] > self.est[i].parallelism {
                     return Allocated::Grew;
                 }
@@ -334,7 +356,11 @@ impl Model {
             // A round on the chain: the greedy's steps among its operators while its bound is
             // above `stop`; only the chain's own distances are updated, and only when the
             // comparison with `stop` needs them (see `ChainSum`).
-            scores.reset(chain.iter().map(|&at| self.score(at, st, &mut next)));
+            scores.reset(
+                chain
+                    .iter()
+                    .map(|&at| self.score_known(at, st, &mut next, &mut known)),
+            );
             let mut sum = ChainSum::new(st.dist[chain[0]], chain.len());
             loop {
                 let Some(pos) = scores.best() else {
@@ -347,7 +373,8 @@ impl Model {
                 if hold_only && st.p[i] > self.est[i].parallelism {
                     return Allocated::Grew;
                 }
-                scores.set(pos, self.score(i, st, &mut next));
+                known[i] = None;
+                scores.set(pos, self.score_known(i, st, &mut next, &mut known));
                 sum.step(pos, before, g.own(&st.w, i));
                 let over = match sum.exceeds(stop) {
                     Some(over) => over,
@@ -380,6 +407,8 @@ impl Model {
             if !exceeds(st.lat, self.s.slo) && !trimmed {
                 trimmed = true;
                 self.trim(st, &mut after);
+                // (Trimming changes parallelisms and terms: their scores are made afresh.)
+                known.fill(None);
             }
         }
         Allocated::Met
@@ -463,21 +492,24 @@ impl JobGraph {
     /// operators after it on a path over forward edges to a sink, seconds (0 at a sink, −∞
     /// when no sink is reachable over forward edges).
     fn longest_after(&self, w: &[f64], after: &mut [f64]) {
-        for i in (0..after.len()).rev() {
-            let mut a = if self.topo.outputs[i].is_empty() {
-                0.0
-            } else {
-                f64::NEG_INFINITY
-            };
-            for &k in &self.fwd_out[self.fwd_out_at[i] as usize..self.fwd_out_at[i + 1] as usize] {
+        let n = after.len();
+        // (Slices of length n up front, so that only the edge targets are bounds-checked.)
+        let (at, init) = (&self.fwd_out_at[..=n], &self.after_init[..n]);
+        let (src, w) = (&self.topo.is_source[..n], &w[..n]);
+        let mut hi = at[n] as usize;
+        for i in (0..n).rev() {
+            let lo = at[i] as usize;
+            let mut a = init[i];
+            for &k in &self.fwd_out[lo..hi] {
                 let k = k as usize;
                 // ∞ + (−∞): no sink after k, no path.
-                let t = self.own(w, k) + after[k];
+                let t = (if src[k] { 0.0 } else { w[k] }) + after[k];
                 if t > a {
                     a = t;
                 }
             }
             after[i] = a;
+            hi = lo;
         }
     }
 
@@ -503,14 +535,39 @@ impl JobGraph {
         let n = dist.len();
         let outs =
             |i: usize| &self.fwd_out[self.fwd_out_at[i] as usize..self.fwd_out_at[i + 1] as usize];
-        self.longest_after(w, after);
         for &v in chain {
             on_chain[v] = true;
         }
+        // `longest_after` with the longest path through each operator off the chain taken as
+        // its `after` is made. (The largest of those sums, in the reverse of the operators'
+        // order: no sum is NaN — no term is, and an infinite distance meets only a finite
+        // `after` — so the order changes at most the sign of a zero maximum, which the
+        // caller's `other − slack` does not see.)
         let mut other = f64::NEG_INFINITY;
-        for v in 0..n {
-            if !on_chain[v] && after[v] > f64::NEG_INFINITY {
-                let t = dist[v] + after[v];
+        let (at, init) = (&self.fwd_out_at[..=n], &self.after_init[..n]);
+        let (src, w, dist, after, on) = (
+            &self.topo.is_source[..n],
+            &w[..n],
+            &dist[..n],
+            &mut after[..n],
+            &on_chain[..n],
+        );
+        let mut hi = at[n] as usize;
+        for v in (0..n).rev() {
+            let lo = at[v] as usize;
+            let mut a = init[v];
+            for &k in &self.fwd_out[lo..hi] {
+                let k = k as usize;
+                // ∞ + (−∞): no sink after k, no path.
+                let t = (if src[k] { 0.0 } else { w[k] }) + after[k];
+                if t > a {
+                    a = t;
+                }
+            }
+            after[v] = a;
+            hi = lo;
+            if !on[v] && a > f64::NEG_INFINITY {
+                let t = dist[v] + a;
                 if t > other {
                     other = t;
                 }
