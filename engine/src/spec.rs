@@ -953,30 +953,45 @@ impl JobSpec {
         Ok(())
     }
 
-    /// Checks the job file's paths against the file system: a sink's `output` must not be an
-    /// existing directory (records are appended to a file); the disk backend's `state.dir`
-    /// must be a directory the engine can create its files in, or one it can create
-    /// ([`crate::writable_dir::check_usable_dir`], which tries it with an empty probe
-    /// directory and removes it: nothing is left behind).
+    /// Checks the job file's paths against the file system, so that a path the engine could
+    /// not use fails when the job file is read rather than once the job runs: a sink's `output`
+    /// must not be an existing directory (records are appended to a file), an existing one must
+    /// open for appending (opened, nothing written) and its directory must be one the engine can
+    /// create it in (or create); the disk backend's `state.dir` must be a directory the engine
+    /// can create entries in, or can create. "Can create" is tried
+    /// ([`crate::writable_dir::check_usable_dir`]: an empty probe directory, removed at once;
+    /// nothing is left behind). `checkpoint.dir` is not checked: checkpoint storage that
+    /// cannot be written fails checkpoints, not the job (it may come back).
     ///
     /// # Errors
     /// The first problem, naming the operator or the field, the path and the reason.
     pub fn check_file_paths(&self) -> Result<(), String> {
+        use crate::writable_dir::check_usable_dir;
         if self.state.backend == StateBackendKind::Disk {
-            crate::writable_dir::check_usable_dir(&self.state.dir_or_default())
+            check_usable_dir(&self.state.dir_or_default())
                 .map_err(|e| format!("state.dir: {e}"))?;
         }
         for (i, op) in self.operators.iter().enumerate() {
-            if let OperatorKind::Sink {
+            let OperatorKind::Sink {
                 output: Some(out), ..
             } = &op.kind
-                && out.is_dir()
-            {
+            else {
+                continue;
+            };
+            let field = format!("operators[{i}] ({}).output", op.name);
+            if out.is_dir() {
                 return Err(format!(
-                    "operators[{i}] ({}).output: {} is a directory; name a file (records are appended to it, one line each)",
-                    op.name,
+                    "{field}: {} is a directory; name a file (records are appended to it, one line each)",
                     out.display()
                 ));
+            }
+            if out.exists() {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(out)
+                    .map_err(|e| format!("{field}: {} cannot be written: {e}", out.display()))?;
+            } else if let Some(parent) = out.parent() {
+                check_usable_dir(parent).map_err(|e| format!("{field}: {}: {e}", out.display()))?;
             }
         }
         Ok(())

@@ -518,3 +518,45 @@ fn a_disk_state_dir_that_cannot_be_created_is_rejected_and_nothing_is_created() 
     names.sort();
     assert_eq!(names, ["a-file", "job.yaml"]);
 }
+
+#[test]
+fn a_sink_output_that_cannot_be_created_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a-file"), "x").unwrap();
+    let sink = |output: &str| {
+        job(
+            &format!("  - {{ name: sink, kind: sink, output: {output} }}\n"),
+            "  - { from: src, to: sink }\n",
+            "",
+        )
+    };
+    // Paths that fail even for root: nothing can be created under /proc, nor under a file.
+    let cases = [
+        (
+            sink("/proc/streamscale-nope/out.csv"),
+            "operators[1] (sink).output: /proc/streamscale-nope/out.csv: /proc/streamscale-nope cannot be created: cannot create a directory in /proc: ",
+        ),
+        (sink("a-file/out.csv"), "operators[1] (sink).output: "),
+    ];
+    for (text, want) in cases {
+        let path = dir.path().join("job.yaml");
+        std::fs::write(&path, text).unwrap();
+        let e = JobSpec::from_file(&path)
+            .expect_err("job should be rejected")
+            .to_string();
+        assert!(e.contains(want), "{e}");
+        if !want.contains("/proc") {
+            assert!(e.contains("a-file exists and is not a directory"), "{e}");
+        }
+    }
+    // A new file in new directories is fine, and checking it creates nothing.
+    let path = dir.path().join("job.yaml");
+    std::fs::write(&path, sink("out/records.csv")).unwrap();
+    JobSpec::from_file(&path).expect("a new output path is fine");
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a-file", "job.yaml"]);
+}

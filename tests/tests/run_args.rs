@@ -164,11 +164,17 @@ fn refused_up_front(dir: &Path, out: &Output, needles: &[&str], left: &[&str]) {
 }
 
 #[test]
-fn a_disk_state_dir_that_cannot_be_created_is_refused_before_the_engine_starts() {
+fn a_state_dir_or_sink_output_that_cannot_be_created_is_refused_before_the_engine_starts() {
+    let with_state = |state_dir: &str| {
+        fixtures::unbounded_job(None).replace(
+            "maxParallelism: 16",
+            &format!("maxParallelism: 16\nstate: {{ backend: disk, dir: {state_dir} }}"),
+        )
+    };
     // Paths that fail even for root: nothing can be created under /proc, nor under a file.
     let cases = [
         (
-            "/proc/streamscale-nope",
+            with_state("/proc/streamscale-nope"),
             vec![
                 "job.yaml",
                 "state.dir: /proc/streamscale-nope cannot be created",
@@ -176,15 +182,19 @@ fn a_disk_state_dir_that_cannot_be_created_is_refused_before_the_engine_starts()
             ],
         ),
         (
-            "blocker/state",
+            with_state("blocker/state"),
             vec!["job.yaml", "state.dir:", "blocker is not a directory"],
         ),
+        (
+            fixtures::unbounded_job(Some("/proc/streamscale-nope/out.csv")),
+            vec![
+                "job.yaml",
+                "operators[2] (sink).output: /proc/streamscale-nope/out.csv",
+                "cannot create a directory in /proc",
+            ],
+        ),
     ];
-    for (state_dir, needles) in cases {
-        let job = fixtures::unbounded_job(None).replace(
-            "maxParallelism: 16",
-            &format!("maxParallelism: 16\nstate: {{ backend: disk, dir: {state_dir} }}"),
-        );
+    for (job, needles) in cases {
         let (dir, _, _) = fixtures::job_dir(&job);
         fixtures::write(dir.path(), "blocker", "a file");
         let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "report"]);
