@@ -456,7 +456,7 @@ fn absolute(path: &Path) -> Result<PathBuf, RunError> {
 pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
     check_options(opts)?;
     let job_path = absolute(&resolve_job_path(&opts.job))?;
-    let mut spec = JobSpec::from_file(&job_path)?;
+    let mut spec = JobSpec::from_file_to_run(&job_path)?;
 
     if let Some(trace) = &opts.trace {
         existing_file("--trace: trace file", trace, "a trace CSV")?;

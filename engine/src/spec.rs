@@ -759,7 +759,24 @@ impl JobSpec {
         }
         spec.validate()
             .and_then(|()| spec.validate_job_file())
-            .and_then(|()| spec.check_file_paths())
+            .map_err(|problem| SpecError::Invalid {
+                path: path.to_path_buf(),
+                problem,
+            })?;
+        Ok(spec)
+    }
+
+    /// Reads a job file as [`Self::from_file`] does and checks its paths against this machine's
+    /// file system ([`Self::check_file_paths`]), for the programs that run the job here (the
+    /// engine, `streamscale run`). Readers that only plan or simulate it (`streamscale plan`,
+    /// the simulator) use [`Self::from_file`]: the job may run elsewhere (a pod's volume).
+    ///
+    /// # Errors
+    /// As [`Self::from_file`], and [`SpecError::Invalid`] naming the field, the path and the
+    /// reason when a sink's `output` or the disk backend's `state.dir` is unusable.
+    pub fn from_file_to_run(path: &Path) -> Result<Self, SpecError> {
+        let spec = Self::from_file(path)?;
+        spec.check_file_paths()
             .map_err(|problem| SpecError::Invalid {
                 path: path.to_path_buf(),
                 problem,

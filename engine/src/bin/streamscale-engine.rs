@@ -196,7 +196,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     {
         exit_on_stdin_eof();
     }
-    let spec = JobSpec::from_file(&args.job)?;
+    let spec = JobSpec::from_file_to_run(&args.job)?;
     let overrides = parse_overrides(&args.parallelism).map_err(anyhow::Error::msg)?;
     for name in overrides.keys() {
         if spec.operator(name).is_none() {
