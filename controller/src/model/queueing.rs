@@ -257,7 +257,9 @@ pub fn ggc_waiting_quantile(
 /// with exponential service. Solved by safeguarded Newton steps on ln P(T > t), started at the
 /// root of the slower-decaying exponential term alone (see `asymptotic_root`), inside a
 /// bracket whose upper end always has P(T > t) ≤ `eps`, which is returned: the result never
-/// understates the quantile by more than 1e-12 relative.
+/// understates the quantile by more than 1e-12 relative. One server with an exponential
+/// sojourn in this model (M/M/1, or ca = cs ≥ 1; see `exponential_sojourn`) takes the closed
+/// form ln(1/ε)/θ instead, which agrees with the root finding within that tolerance.
 /// `f64::INFINITY` when unstable, μ is not positive and finite, or `eps` ≤ 0.
 pub fn sojourn_quantile_bound(node: TailNode, arrival_cv: f64, service_cv: f64, eps: f64) -> f64 {
     sojourn_quantile_bound_from(node, arrival_cv, service_cv, eps, f64::NAN)
@@ -313,13 +315,45 @@ pub fn sojourn_quantile_bound_in(
     budget: &TailBudget,
     start: f64,
 ) -> f64 {
-    let eps = budget.eps;
-    let (c, theta, m, mut hi) = match quantile_bracket(node, arrival_cv, service_cv, budget) {
-        Bracket::Done(t) => return t,
-        Bracket::Solve { c, theta, m, hi } => (c, theta, m, hi),
+    let (c, theta, m) = match quantile_terms(node, arrival_cv, service_cv, budget) {
+        Terms::Done(t) => return t,
+        Terms::Solve { c, theta, m } => (c, theta, m),
     };
+    if node.servers == 1 && !nearly_equal(m, theta) && exponential_sojourn(arrival_cv, service_cv) {
+        return budget.ln_1_eps / theta;
+    }
+    newton_quantile(c, theta, m, bracket_end(c, theta, m, budget), budget, start)
+}
+
+/// Whether one server's sojourn T = Wq + S is exactly exponential in the tail model of
+/// [`sojourn_quantile_bound`], at rate θ: when the Allen-Cunneen factor v = (ca² + cs²)/2 of
+/// the wait's decay θ = (μ − λ)/v equals the divisor max(1, cs²) of the service rate
+/// m = μ / max(1, cs²) (M/M/1, or ca = cs ≥ 1). Then θ = m(1 − ρ) and, C being ρ for one
+/// server, P(T > t) = A·e^(−mt) + B·e^(−θt) has A = 1 − C − Cθ/(m − θ) = 0 and
+/// B = Cm/(m − θ) = 1: P(T > t) = e^(−θt), whose ε-quantile is ln(1/ε)/θ in closed form.
+fn exponential_sojourn(arrival_cv: f64, service_cv: f64) -> bool {
+    variability(arrival_cv, service_cv).max(1e-9) == (service_cv * service_cv).max(1.0)
+}
+
+/// Whether the service rate `m` and the wait's decay rate `theta` are within 1e-9 relative
+/// (then the tail is taken as (1 + mt)·e^(−mt) after the wait's share).
+fn nearly_equal(m: f64, theta: f64) -> bool {
+    (m - theta).abs() <= 1e-9 * m.max(theta)
+}
+
+/// The root finding of [`sojourn_quantile_bound_in`] (see there): Erlang C `c`, the wait's
+/// decay rate `theta` and the service rate `m` (1/s), the bracket's upper end `hi` (seconds).
+fn newton_quantile(
+    c: f64,
+    theta: f64,
+    m: f64,
+    mut hi: f64,
+    budget: &TailBudget,
+    start: f64,
+) -> f64 {
+    let eps = budget.eps;
     // P(T > t) and its derivative.
-    let near = (m - theta).abs() <= 1e-9 * m.max(theta);
+    let near = nearly_equal(m, theta);
     let tail = |t: f64| -> (f64, f64) {
         let em = (-m * t).exp();
         let (h, dh) = if near {
@@ -402,27 +436,22 @@ fn asymptotic_root(c: f64, theta: f64, m: f64, budget: &TailBudget) -> f64 {
 
 /// The start of [`sojourn_quantile_bound`]: either its result outright (unstable, `eps` out
 /// of range, or no wait: the service quantile alone), or the Erlang C probability `c`, the
-/// wait's decay rate `theta` and the service rate `m` (1/s), and the bracket's upper end `hi`
-/// (seconds): the union bound of the two terms at `eps`/2 each, P(T > hi) ≤ `eps`.
-enum Bracket {
+/// wait's decay rate `theta` and the service rate `m` (1/s), from which [`bracket_end`] gives
+/// the root finding's bracket.
+enum Terms {
     Done(f64),
-    Solve { c: f64, theta: f64, m: f64, hi: f64 },
+    Solve { c: f64, theta: f64, m: f64 },
 }
 
-fn quantile_bracket(
-    node: TailNode,
-    arrival_cv: f64,
-    service_cv: f64,
-    budget: &TailBudget,
-) -> Bracket {
+fn quantile_terms(node: TailNode, arrival_cv: f64, service_cv: f64, budget: &TailBudget) -> Terms {
     let eps = budget.eps;
     let (lambda, mu, servers) = (node.lambda, node.mu, node.servers);
     if !(mu > 0.0 && mu.is_finite()) || eps.is_nan() || eps <= 0.0 || unstable(lambda, mu, servers)
     {
-        return Bracket::Done(f64::INFINITY);
+        return Terms::Done(f64::INFINITY);
     }
     if eps >= 1.0 {
-        return Bracket::Done(0.0);
+        return Terms::Done(0.0);
     }
     let m = mu / (service_cv * service_cv).max(1.0);
     let (c, theta) = if lambda > 0.0 {
@@ -434,10 +463,15 @@ fn quantile_bracket(
         (0.0, f64::INFINITY)
     };
     if c <= 0.0 || !theta.is_finite() {
-        return Bracket::Done(budget.ln_1_eps / m);
+        return Terms::Done(budget.ln_1_eps / m);
     }
-    let hi = ((2.0 * c / eps).ln() / theta).max(0.0) + budget.ln_2_eps / m;
-    Bracket::Solve { c, theta, m, hi }
+    Terms::Solve { c, theta, m }
+}
+
+/// The bracket's upper end (seconds): the union bound of the wait's and the service's
+/// `eps`/2-quantiles, P(T > end) ≤ `eps`.
+fn bracket_end(c: f64, theta: f64, m: f64, budget: &TailBudget) -> f64 {
+    ((2.0 * c / budget.eps).ln() / theta).max(0.0) + budget.ln_2_eps / m
 }
 
 /// An upper bound on [`sojourn_quantile_bound`] (seconds) without its root finding: the
@@ -455,9 +489,9 @@ pub fn sojourn_quantile_upper_in(
     service_cv: f64,
     budget: &TailBudget,
 ) -> f64 {
-    match quantile_bracket(node, arrival_cv, service_cv, budget) {
-        Bracket::Done(t) => t,
-        Bracket::Solve { hi, .. } => hi.max(0.0),
+    match quantile_terms(node, arrival_cv, service_cv, budget) {
+        Terms::Done(t) => t,
+        Terms::Solve { c, theta, m } => bracket_end(c, theta, m, budget).max(0.0),
     }
 }
 
@@ -728,7 +762,7 @@ mod tests {
                 proptest::prop_assert!((r - q).abs() <= 4e-12 * q, "{} from {}: {} vs {}", q, start, r, q);
             }
             let budget = TailBudget::new(eps);
-            if let Bracket::Solve { c, theta, m, .. } = quantile_bracket(node, 1.0, cs, &budget) {
+            if let Terms::Solve { c, theta, m } = quantile_terms(node, 1.0, cs, &budget) {
                 let tail = |t: f64| {
                     let em = (-m * t).exp();
                     let h = if (m - theta).abs() <= 1e-9 * m.max(theta) {
@@ -740,6 +774,51 @@ mod tests {
                 };
                 proptest::prop_assert!(tail(q) <= eps * (1.0 + 1e-9), "{}: {} > {}", q, tail(q), eps);
                 proptest::prop_assert!(tail(q * (1.0 - 1e-9)) > eps, "{} is not the smallest", q);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 2000,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// One server with an exponential sojourn: the closed form is the root the Newton
+        /// solver finds, within 1e-12 relative, over loads from nearly none to nearly
+        /// saturated, M/M/1 and ca = cs ≥ 1; and it is the solver's result only there.
+        #[test]
+        fn the_single_server_closed_form_is_the_newton_root(
+            mu in 0.01f64..1e5,
+            rho in proptest::prop_oneof![1e-8f64..1e-3, 1e-3f64..0.999, 0.999f64..0.999_999],
+            cv in proptest::prop_oneof![proptest::strategy::Just(1.0), 1.0f64..3.0],
+            eps in proptest::prop_oneof![1e-9f64..1e-4, 1e-4f64..0.5],
+        ) {
+            let node = TailNode { lambda: rho * mu, mu, servers: 1 };
+            let budget = TailBudget::new(eps);
+            let Terms::Solve { c, theta, m } = quantile_terms(node, cv, cv, &budget) else {
+                return Err(proptest::test_runner::TestCaseError::fail("no terms"));
+            };
+            proptest::prop_assert!(exponential_sojourn(cv, cv));
+            let newton = newton_quantile(c, theta, m, bracket_end(c, theta, m, &budget), &budget, f64::NAN);
+            let closed = sojourn_quantile_bound(node, cv, cv, eps);
+            if nearly_equal(m, theta) {
+                proptest::prop_assert_eq!(closed.to_bits(), newton.to_bits());
+            } else {
+                proptest::prop_assert_eq!(closed.to_bits(), (budget.ln_1_eps / theta).to_bits());
+                proptest::prop_assert!(
+                    (closed - newton).abs() <= 1e-12 * newton,
+                    "closed {} vs Newton {}", closed, newton
+                );
+            }
+            // Not exponential (ca ≠ cs, or two servers): the Newton root, bit for bit.
+            for (ca, servers) in [(0.5 * cv, 1), (cv, 2)] {
+                let node = TailNode { lambda: rho * mu, mu, servers };
+                if let Terms::Solve { c, theta, m } = quantile_terms(node, ca, cv, &budget) {
+                    let newton = newton_quantile(c, theta, m, bracket_end(c, theta, m, &budget), &budget, f64::NAN);
+                    proptest::prop_assert_eq!(sojourn_quantile_bound(node, ca, cv, eps).to_bits(), newton.to_bits());
+                }
             }
         }
     }
