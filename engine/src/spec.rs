@@ -703,10 +703,16 @@ pub enum SpecError {
     },
 }
 
-/// Whether `name` is a valid job (or operator) name: non-empty, ASCII letters, digits, `-`
-/// and `_` only, so that it can name files and directories (checkpoints, learned state).
+/// Longest job or operator name, bytes: a Kubernetes label value's limit, and short enough
+/// that every file name built from it (savepoints, learned state set aside per job) stays
+/// within a file system's 255 bytes.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Whether `name` is a valid job (or operator) name: 1 to [`MAX_NAME_LEN`] ASCII letters,
+/// digits, `-` and `_`, so that it can name files and directories (checkpoints, learned state).
 pub fn valid_job_name(name: &str) -> bool {
     !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
@@ -1072,7 +1078,7 @@ impl JobSpec {
     pub fn validate(&self) -> Result<(), String> {
         if !valid_job_name(&self.name) {
             return Err(format!(
-                "name: `{}` is not a valid job name (use letters, digits, `-` and `_`)",
+                "name: `{}` is not a valid job name (use 1 to {MAX_NAME_LEN} letters, digits, `-` and `_`)",
                 self.name
             ));
         }
@@ -1188,7 +1194,7 @@ impl JobSpec {
             let at = format!("operators[{i}] ({})", op.name);
             if !valid_job_name(&op.name) {
                 return Err(format!(
-                    "operators[{i}].name: `{}` is not a valid operator name (use letters, digits, `-` and `_`)",
+                    "operators[{i}].name: `{}` is not a valid operator name (use 1 to {MAX_NAME_LEN} letters, digits, `-` and `_`)",
                     op.name
                 ));
             }

@@ -562,3 +562,31 @@ fn a_sink_output_that_cannot_be_created_is_rejected() {
     names.sort();
     assert_eq!(names, ["a-file", "job.yaml"]);
 }
+
+#[test]
+fn names_longer_than_a_label_value_are_rejected_before_they_name_files() {
+    let ok = "j".repeat(streamscale_engine::spec::MAX_NAME_LEN);
+    let long = "j".repeat(streamscale_engine::spec::MAX_NAME_LEN + 1);
+    let with_name = |name: &str| {
+        job(SINK, "  - { from: src, to: m }\n", "")
+            .replacen("name: j\n", &format!("name: {name}\n"), 1)
+            .replace("to: m }", "to: sink }")
+    };
+    JobSpec::from_yaml(&with_name(&ok))
+        .and_then(|s| s.validate())
+        .expect("63 characters are fine");
+    let e = problem(&with_name(&long));
+    assert!(
+        e.starts_with("name: `jjj") && e.contains("use 1 to 63 letters"),
+        "{e}"
+    );
+    let e = problem(&job(
+        &format!("  - {{ name: {long}, kind: sink }}\n"),
+        &format!("  - {{ from: src, to: {long} }}\n"),
+        "",
+    ));
+    assert!(
+        e.contains("operators[1].name:") && e.contains("use 1 to 63"),
+        "{e}"
+    );
+}
