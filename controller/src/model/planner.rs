@@ -967,8 +967,9 @@ impl Model {
                 acc += x;
                 kg_prefixes.push(acc);
             }
-            hot_run.push(hottest_run(load));
-            hottest.push(load.iter().copied().fold(0.0, f64::max));
+            let (run, top) = hottest_run(load);
+            hot_run.push(run);
+            hottest.push(top);
             kg_slot.push(Some(slots));
             slots += 1;
         }
@@ -1055,19 +1056,22 @@ impl Model {
     /// [`Model::observed`] collected, with the positions of its entries in operator-name
     /// order (for [`ScalabilityTracker::observe_ordered`]).
     pub(crate) fn observed_ordered(&self) -> (Vec<(&str, Observed)>, Vec<usize>) {
-        let now: Vec<(&str, Observed)> = self.observed().collect();
         let topo = &self.graph.topo;
+        // (Sized up front: a filtered collection would grow them step by step.)
+        let mut now: Vec<(&str, Observed)> = Vec::with_capacity(topo.len());
+        now.extend(self.observed());
         let mut pos = vec![usize::MAX; topo.len()];
         for (k, i) in (0..topo.len()).filter(|&i| !topo.is_source[i]).enumerate() {
             pos[i] = k;
         }
-        let by_name = self
-            .graph
-            .by_name
-            .iter()
-            .map(|&i| pos[i])
-            .filter(|&k| k != usize::MAX)
-            .collect();
+        let mut by_name = Vec::with_capacity(now.len());
+        by_name.extend(
+            self.graph
+                .by_name
+                .iter()
+                .map(|&i| pos[i])
+                .filter(|&k| k != usize::MAX),
+        );
         (now, by_name)
     }
 
@@ -1941,13 +1945,26 @@ impl Model {
         d.predicted_latency_seconds = self.graph.longest_path_into(mean, &mut dist, &mut via).0;
         let (seconds, end) = self.graph.longest_path_into(tail, &mut dist, &mut via);
         d.predicted_latency_percentile_seconds = seconds;
-        d.critical_path.clear();
+        // The path's names, reusing those already there when it is the same path (as after
+        // the guards' edits, mostly): no string copied and freed per operator.
+        let names = &self.graph.topo.names;
+        let mut path = Vec::new();
         let mut at = end;
         while at != usize::MAX {
-            d.critical_path.push(self.graph.topo.names[at].clone());
+            path.push(at);
             at = via[at];
         }
-        d.critical_path.reverse();
+        path.reverse();
+        let same = path.len() == d.critical_path.len()
+            && path
+                .iter()
+                .zip(&d.critical_path)
+                .all(|(&i, n)| names[i] == *n);
+        if !same {
+            d.critical_path.clear();
+            d.critical_path
+                .extend(path.iter().map(|&i| names[i].clone()));
+        }
     }
 
     /// "p99" for percentile 0.99, "p99.9" for 0.999.
@@ -2139,18 +2156,22 @@ fn busiest_range_load_over_until(
 
 /// The first run [a, b) of equal largest entries of `load` (the key groups of the most loaded
 /// subtask range they were estimated from); (0, 0) when empty.
-fn hottest_run(load: &[f64]) -> (u32, u32) {
+/// Also the largest load as `fold(0.0, f64::max)` gives it (0 when none is positive; NaN
+/// loads ignored), found in the same pass.
+fn hottest_run(load: &[f64]) -> ((u32, u32), f64) {
     let mut a = 0;
+    let mut largest = 0.0;
     for (g, &x) in load.iter().enumerate() {
         if x > load[a] {
             a = g;
         }
+        largest = f64::max(largest, x);
     }
     let Some(&top) = load.get(a) else {
-        return (0, 0);
+        return ((0, 0), largest);
     };
     let b = load[a..].iter().take_while(|&&x| x == top).count() + a;
-    (a as u32, b as u32)
+    ((a as u32, b as u32), largest)
 }
 
 /// Estimated input share per key group (sums to 1) of a keyed operator from its subtasks'
@@ -3410,7 +3431,11 @@ edges:
                 for l in &load {
                     prefix.push(prefix.last().copied().unwrap_or(0.0) + l);
                 }
-                let (a, b) = hottest_run(&load);
+                let ((a, b), largest) = hottest_run(&load);
+                assert_eq!(
+                    largest.to_bits(),
+                    load.iter().copied().fold(0.0, f64::max).to_bits()
+                );
                 assert!(a < b && b <= k);
                 assert!(
                     load[a as usize..b as usize]
