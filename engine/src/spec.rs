@@ -60,7 +60,7 @@ pub struct JobSpec {
     #[serde(default = "default_max_parallelism")]
     pub max_parallelism: u32,
     /// Capacity of each channel between operators, in records. A full channel blocks the
-    /// sender (backpressure). 1..=[`MAX_CHANNEL_CAPACITY`]; default 1024.
+    /// sender (backpressure). 1 to 1048576 (2^20, `MAX_CHANNEL_CAPACITY`); default 1024.
     #[serde(default = "default_channel_capacity")]
     pub channel_capacity: usize,
     /// The operators, in any order.
@@ -81,7 +81,7 @@ pub struct JobSpec {
     pub state: StateSpec,
 }
 
-/// The keyed-state backend of a job (`state:` in the job file); see [`crate::state`].
+/// The keyed-state backend of a job (`state:` in the job file; the engine's `state` module).
 ///
 /// ```yaml
 /// state: { backend: disk, dir: state, cacheEntries: 65536 }
@@ -110,10 +110,10 @@ pub struct StateSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum StateBackendKind {
-    /// In memory, copy-on-write snapshots ([`crate::state::heap`]).
+    /// In memory, copy-on-write snapshots.
     #[default]
     Heap,
-    /// On disk through redb with a write-back cache ([`crate::state::disk`]).
+    /// On disk through redb with a write-back cache.
     Disk,
 }
 
@@ -289,7 +289,7 @@ pub enum OperatorKind {
         #[serde(default)]
         count: Option<u64>,
         /// Emit Nexmark events (Person, Auction, Bid) with event time and watermarks instead
-        /// of synthetic keyed records; see [`crate::nexmark`]. `keys` is then unused.
+        /// of synthetic keyed records (the Nexmark benchmark's generator). `keys` is then unused.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nexmark: Option<NexmarkSourceSpec>,
     },
@@ -322,7 +322,7 @@ pub enum OperatorKind {
         output: Option<PathBuf>,
     },
     /// A stateless stage over Nexmark events (Q1's projection, Q2's filter, per-type
-    /// selections); forwards watermarks. See [`crate::nexmark::queries`].
+    /// selections); forwards watermarks.
     Select {
         /// Which stage.
         query: SelectQuery,
@@ -496,7 +496,7 @@ pub struct AutoscalerSpec {
     /// Utilization ρ = λ / (p μ) every operator must stay at or under. Default 0.7.
     #[serde(default = "default_target_utilization")]
     pub target_utilization: f64,
-    /// End-to-end latency SLO in seconds, on the [`Self::latency_percentile`]-quantile of
+    /// End-to-end latency SLO in seconds, on the `latencyPercentile` quantile of
     /// every source-to-sink path's latency. Default 1.0.
     #[serde(default = "default_latency_slo")]
     pub latency_slo_seconds: f64,
