@@ -11,6 +11,8 @@
 //! * [`quota`]: one `StreamQuota` split across its StreamJobs by marginal benefit.
 //! * [`savepoint_history`]: which rescale savepoints `status.savepointHistory` records and
 //!   which old ones are disposed of (pure).
+//! * [`spec_check`]: the engine's job-file validation applied to `spec.job` before it is
+//!   planned or deployed.
 //! * [`state`]: the autoscaler's learned state (rate history, scalability factors) in a
 //!   ConfigMap, kept across operator restarts.
 
@@ -23,4 +25,5 @@ pub mod rescale;
 pub mod resources;
 pub mod runtime;
 pub mod savepoint_history;
+pub mod spec_check;
 pub mod state;

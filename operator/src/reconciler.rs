@@ -1,6 +1,9 @@
 //! The StreamJob reconciler (a kube-runtime `Controller`).
 //!
 //! Per reconcile of a StreamJob:
+//! 0. `spec.job` is checked as the engine checks a job file ([`crate::spec_check`]); a job the
+//!    engine would refuse is neither deployed nor planned (phase `Failed`, reason
+//!    `InvalidSpec`, see [`refuse_invalid_job`]);
 //! 1. a finalizer (`streamscale.dev/final-savepoint`) is ensured; on delete it takes a final
 //!    savepoint when `spec.savepointOnDelete` is set (owned objects go by owner references);
 //! 2. with a rescale in status, one step of [`crate::rescale::advance`]: the new status is
@@ -48,6 +51,7 @@ use crate::rescale::{self, Action, EngineObs, Observation, Outcome, SavepointObs
 use crate::resources::{self, FIELD_MANAGER};
 use crate::runtime::{ApplyError, KubeRuntime};
 use crate::savepoint_history;
+use crate::spec_check;
 use crate::state::{self, SavedState};
 
 /// Errors of one reconcile (retried with backoff).
@@ -466,9 +470,18 @@ async fn observe_engine(
     }
 }
 
+/// How long a StreamJob whose `spec.job` is invalid waits before it is checked again (a new
+/// generation is reconciled at once, through the watch).
+pub const INVALID_SPEC_RECHECK: Duration = Duration::from_secs(300);
+
 async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let mut status = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
+    if let Err(invalid) = spec_check::check(&job.spec.job) {
+        return refuse_invalid_job(&job, &ctx, status, &invalid).await;
+    }
+    // Fixed since: what said so goes (the conditions are set again below).
+    status.conditions.retain(|c| c.reason != "InvalidSpec");
     if status.current_parallelism.is_empty() {
         status.current_parallelism = job.spec.job.parallelism();
     }
@@ -626,6 +639,38 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         write_status(&ctx, &job, &status).await?;
     }
     Ok(requeue)
+}
+
+/// The outcome of a StreamJob whose `spec.job` the engine would refuse: nothing is deployed
+/// or planned (an engine already running keeps its previous job, a rescale in progress waits),
+/// the status says phase `Failed` with `Ready=False` and `Degraded=True`, both with reason
+/// `InvalidSpec` and the problem as message, and a Warning Event `InvalidSpec` names it (once
+/// per generation and problem). It is checked again after [`INVALID_SPEC_RECHECK`]; a fixed
+/// StreamJob (a new generation) deploys at its next reconcile.
+async fn refuse_invalid_job(
+    job: &StreamJob,
+    ctx: &Context,
+    mut status: StreamJobStatus,
+    invalid: &spec_check::InvalidJob,
+) -> Result<Requeue, Error> {
+    let generation = job.metadata.generation;
+    let old = status.conditions.clone();
+    let message = format!("{invalid}; the job is not deployed until spec.job is fixed");
+    status.phase = Phase::Failed;
+    set_condition(
+        &mut status,
+        condition("Ready", false, "InvalidSpec", &message, generation, &old),
+    );
+    set_condition(
+        &mut status,
+        condition("Degraded", true, "InvalidSpec", &message, generation, &old),
+    );
+    status.observed_generation = generation;
+    if job.status.as_ref() != Some(&status) {
+        write_status(ctx, job, &status).await?;
+        publish(ctx, job, true, "InvalidSpec", message).await;
+    }
+    Ok(Requeue::requeue(INVALID_SPEC_RECHECK))
 }
 
 /// Disposes of the oldest savepoints of `status.savepointHistory` beyond

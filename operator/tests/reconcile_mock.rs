@@ -288,3 +288,149 @@ async fn the_oldest_savepoints_beyond_the_history_maximum_are_disposed_through_t
         "{events:?}"
     );
 }
+
+/// Runs one reconcile of `j` against the mock API server, which answers every request (a
+/// status patch with `j` carrying that status, anything else by echoing its body); returns the
+/// reconcile's requeue and the requests made, as (method, uri, body).
+async fn reconcile_recording(
+    j: StreamJob,
+) -> (
+    kube::runtime::controller::Action,
+    Vec<(http::Method, String, serde_json::Value)>,
+) {
+    let (ctx, mut handle) = context();
+    let template = j.clone();
+    let verifier = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Ok(Some((req, send))) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request()).await
+        {
+            let method = req.method().clone();
+            let uri = req.uri().to_string();
+            let bytes = req.into_body().collect_bytes().await.expect("body");
+            let body: serde_json::Value =
+                serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+            if uri.contains("/streamjobs/demo/status") {
+                let mut j = template.clone();
+                j.status = serde_json::from_value(body["status"].clone()).expect("status");
+                respond(send, &serde_json::to_value(&j).expect("json"));
+            } else {
+                respond(send, &body);
+            }
+            seen.push((method, uri, body));
+        }
+        seen
+    });
+    let requeue = reconcile(Arc::new(j), ctx).await.expect("reconcile");
+    (requeue, verifier.await.expect("verifier"))
+}
+
+fn condition<'a>(status: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
+    status["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+/// The demo job with an edge `map -> nowhere` (an operator the job does not have).
+fn job_with_dangling_edge() -> StreamJob {
+    let mut v = serde_json::to_value(job(true)).expect("json");
+    v["spec"]["job"]["edges"]
+        .as_array_mut()
+        .expect("edges")
+        .push(serde_json::json!({"from": "map", "to": "nowhere"}));
+    serde_json::from_value(v).expect("still a StreamJob")
+}
+
+#[tokio::test]
+async fn a_job_the_engine_would_refuse_is_not_deployed_and_fails_with_invalid_spec() {
+    let j = job_with_dangling_edge();
+    let (requeue, seen) = reconcile_recording(j.clone()).await;
+    // Nothing owned is applied: no ConfigMap, PVC, Service or Deployment.
+    for (method, uri, _) in &seen {
+        assert!(
+            uri.contains("/streamjobs/demo/status") || uri.contains("/events"),
+            "{method} {uri}: nothing but status and Events"
+        );
+    }
+    let status = seen
+        .iter()
+        .find(|(_, uri, _)| uri.contains("/streamjobs/demo/status"))
+        .map(|(_, _, body)| body["status"].clone())
+        .expect("status written");
+    assert_eq!(status["phase"], "Failed", "{status}");
+    assert_eq!(status["observedGeneration"], 1);
+    for type_ in ["Ready", "Degraded"] {
+        let c = condition(&status, type_);
+        assert_eq!(c["reason"], "InvalidSpec", "{c}");
+        let msg = c["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.starts_with("spec.job.edges[2].to") && msg.contains("nowhere"),
+            "{msg}"
+        );
+    }
+    assert_eq!(condition(&status, "Ready")["status"], "False");
+    assert_eq!(condition(&status, "Degraded")["status"], "True");
+    let events: Vec<_> = seen
+        .iter()
+        .filter(|(_, uri, _)| uri.contains("/events"))
+        .map(|(_, _, body)| body)
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(events[0]["reason"], "InvalidSpec");
+    let note = events[0]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("spec.job.edges[2].to") && note.contains("nowhere"),
+        "{note}"
+    );
+    // Not retried in a hot loop: checked again only after the long recheck interval...
+    assert_eq!(
+        requeue,
+        kube::runtime::controller::Action::requeue(
+            streamscale_operator::reconciler::INVALID_SPEC_RECHECK
+        )
+    );
+    assert!(streamscale_operator::reconciler::INVALID_SPEC_RECHECK.as_secs() >= 60);
+    // ... and a reconcile of the same refused generation writes and announces nothing again.
+    let mut again = j;
+    again.status = serde_json::from_value(status).expect("status");
+    let (_, seen) = reconcile_recording(again).await;
+    assert!(seen.is_empty(), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_fixed_job_deploys_at_its_next_generation() {
+    // Refused at generation 1 ...
+    let (_, seen) = reconcile_recording(job_with_dangling_edge()).await;
+    let refused = seen
+        .iter()
+        .find(|(_, uri, _)| uri.contains("/streamjobs/demo/status"))
+        .map(|(_, _, body)| body["status"].clone())
+        .expect("status written");
+    // ... fixed at generation 2 (the dangling edge removed).
+    let mut fixed = job(true);
+    fixed.meta_mut().generation = Some(2);
+    fixed.status = serde_json::from_value(refused).expect("status");
+    let (_, seen) = reconcile_recording(fixed).await;
+    let kinds: Vec<&str> = seen
+        .iter()
+        .filter_map(|(_, _, body)| body["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"Deployment"), "{kinds:?}");
+    let status = seen
+        .iter()
+        .find(|(_, uri, _)| uri.contains("/streamjobs/demo/status"))
+        .map(|(_, _, body)| body["status"].clone())
+        .expect("status written");
+    assert_eq!(status["phase"], "Deploying", "{status}");
+    assert_eq!(status["observedGeneration"], 2);
+    assert_eq!(condition(&status, "Ready")["reason"], "EngineNotReady");
+    assert_eq!(
+        condition(&status, "Degraded")["status"],
+        "False",
+        "{status}"
+    );
+}
