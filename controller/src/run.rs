@@ -7,7 +7,8 @@
 //! rescales by stop-with-savepoint and restore, and finally stops with a draining savepoint and
 //! writes the report.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -1386,22 +1387,46 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 )
                 .await;
         }
-        print("stopping with a draining savepoint…");
+        // After a signal the `interrupted (…)` line already said so.
+        if self.interrupted.is_none() {
+            print("stopping with a draining savepoint…");
+        }
+        // The final savepoint's directory is the engine's to name: the ones there before the
+        // stop tell it apart if a second signal kills the engine before it answers.
+        let before = savepoint_dirs(&self.savepoints_dir);
         let stopped = tokio::select! {
             r = self.executor.stop(&engine, true) => r,
             sig = signals.recv() => {
                 print(&format!(
-                    "interrupted again ({}): killing the engine without a final savepoint",
+                    "interrupted again ({}): killing the engine during its final savepoint",
                     sig.name()
                 ));
                 self.interrupted = Some(sig);
                 let _ = self.executor.runtime().kill(&engine).await;
-                failure = Some(format!(
-                    "interrupted twice ({}): the engine was killed during the final savepoint",
-                    sig.name()
-                ));
+                // As Flink's stop-with-savepoint: a savepoint that completed is a savepoint,
+                // whether or not its stop was acknowledged.
+                let (final_savepoint, failure) = match self.completed_after_kill(&before).await {
+                    FinalAfterKill::Completed(path) => {
+                        print(&format!(
+                            "final savepoint {path} had completed before the engine was killed (verified): restore from it"
+                        ));
+                        let failure = format!(
+                            "interrupted twice ({}): the engine was killed after its final savepoint {path} completed; the record totals were not read",
+                            sig.name()
+                        );
+                        (Some(path), failure)
+                    }
+                    FinalAfterKill::Invalid(why) => (None, format!(
+                        "interrupted twice ({}): the engine was killed during the final savepoint, which is not usable: {why}",
+                        sig.name()
+                    )),
+                    FinalAfterKill::None => (None, format!(
+                        "interrupted twice ({}): the engine was killed during the final savepoint, before it completed",
+                        sig.name()
+                    )),
+                };
                 return self
-                    .finish(None, started, failure, None, &initial, &final_parallelism)
+                    .finish(None, started, Some(failure), final_savepoint, &initial, &final_parallelism)
                     .await;
             }
         };
@@ -1443,6 +1468,36 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     .await
             }
         }
+    }
+
+    /// After the engine was killed during its final stop: the savepoint it was taking, if it
+    /// completed. Candidates are the `sp-*` directories of the savepoint directory that were
+    /// not there before the stop (`before`), newest name first (the engine's ids end with the
+    /// Unix milliseconds); each is verified in full as a restore would
+    /// ([`streamscale_engine::savepoint::Savepoint::read`]: metadata, fingerprint, every state
+    /// file's size and CRC-32), so a directory with `_metadata.json` but damaged state does not
+    /// count.
+    async fn completed_after_kill(&self, before: &BTreeSet<OsString>) -> FinalAfterKill {
+        let mut candidates: Vec<PathBuf> = savepoint_dirs(&self.savepoints_dir)
+            .difference(before)
+            .map(|name| self.savepoints_dir.join(name))
+            .collect();
+        candidates.sort_by(|a, b| b.cmp(a));
+        let mut invalid = None;
+        for dir in candidates {
+            let spec = self.job.spec.clone();
+            let checked = dir.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                streamscale_engine::savepoint::Savepoint::read(&checked, &spec).map(drop)
+            })
+            .await;
+            match read {
+                Ok(Ok(())) => return FinalAfterKill::Completed(dir.display().to_string()),
+                Ok(Err(e)) => invalid = invalid.or(Some(e.to_string())),
+                Err(e) => invalid = invalid.or(Some(format!("{}: {e}", dir.display()))),
+            }
+        }
+        invalid.map_or(FinalAfterKill::None, FinalAfterKill::Invalid)
     }
 
     /// Removes the savepoints beyond the newest [`RunOptions::keep_savepoints`], never
@@ -1538,6 +1593,31 @@ impl<R: EngineRuntime> Loop<'_, R> {
             interrupted: self.interrupted,
         })
     }
+}
+
+/// What became of the final savepoint when a second signal killed the engine during it.
+enum FinalAfterKill {
+    /// It completed and verifies: its directory.
+    Completed(String),
+    /// A new savepoint directory is there but does not verify: why.
+    Invalid(String),
+    /// No new savepoint directory (the engine writes into a hidden temporary one and renames
+    /// it into place only once complete).
+    None,
+}
+
+/// The names of the `sp-*` directories in `dir` (none when it cannot be listed). Symlinks are
+/// not followed: the engine writes real directories.
+fn savepoint_dirs(dir: &Path) -> BTreeSet<OsString> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeSet::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name())
+        .filter(|n| n.to_str().is_some_and(|n| n.starts_with("sp-")))
+        .collect()
 }
 
 /// The signals that stop a run cleanly (with a draining savepoint): SIGINT, SIGTERM and SIGHUP

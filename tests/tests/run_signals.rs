@@ -1,7 +1,8 @@
 //! `streamscale run` end to end with the real engine over loopback, for how a run ends: a
 //! terminal's Ctrl-C (SIGINT to the whole process group) stops it with a draining savepoint
 //! and every record accounted, also when it comes as a rescale starts or ends; a controller
-//! killed outright takes its engine with it; a job
+//! killed outright takes its engine with it; a second Ctrl-C during the final drain still
+//! reports a final savepoint that had completed; a job
 //! whose sources have a record count stops once it has finished instead of running out the
 //! duration.
 #![cfg(target_os = "linux")]
@@ -197,4 +198,113 @@ fn ctrl_c_as_a_rescale_starts_still_drains() {
 #[test]
 fn ctrl_c_as_a_rescale_ends_still_drains() {
     ctrl_c_at(" RESCALED ");
+}
+
+/// The `sp-*` directories of the run's savepoint directory with a `_metadata.json` (the
+/// engine writes it last and renames the directory into place only when complete).
+fn completed_savepoints(report: &Path) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<_> = std::fs::read_dir(report.join("savepoints"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("sp-"))
+                        && p.join("_metadata.json").is_file()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// A second Ctrl-C during the final drain kills the engine; a final savepoint that had
+/// completed by then is still the run's `final_savepoint` (as Flink's stop-with-savepoint: a
+/// completed savepoint is a savepoint), and `failure` says the engine was killed after it
+/// completed. The second signal is sent as soon as the savepoint's metadata appears, while the
+/// controller is still waiting for the engine's answer (it polls every 100 ms); if the race
+/// lands the other way (the run ended first, or the savepoint was not complete) the report
+/// must say so honestly.
+#[test]
+fn a_second_ctrl_c_after_the_final_savepoint_completed_still_reports_it() {
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let mut child = start(&job, &report, &["--duration", "120"]);
+    let (mut seen, mut out) = wait_for_progress(&mut child, 4);
+    let before = completed_savepoints(&report);
+    let group = format!("-{}", child.id());
+    fixtures::kill("-INT", &group);
+    // Send the second SIGINT the moment a new savepoint is complete (or after 30 s).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut second_sent = false;
+    while Instant::now() < deadline {
+        if child.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        if completed_savepoints(&report).len() > before.len() {
+            // The group may be gone by now if the run just ended: that is the other outcome.
+            second_sent = std::process::Command::new("kill")
+                .args(["-INT", "--", &group])
+                .status()
+                .is_ok_and(|s| s.success());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let s = summary(&report);
+    assert_eq!(s["interrupted"], Value::Bool(true), "{s}");
+    let new: Vec<_> = completed_savepoints(&report)
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert!(new.len() <= 1, "one final savepoint at most: {new:?}");
+    if seen.contains("interrupted again") {
+        // The engine was killed: exit 1 as the README says, `failure` names what happened.
+        assert!(second_sent, "{seen}");
+        assert_eq!(output.status.code(), Some(1), "{seen}\n{stderr}");
+        let failure = s["failure"].as_str().expect("failure");
+        match new.first() {
+            Some(sp) => {
+                let path = sp.display().to_string();
+                assert_eq!(s["final_savepoint"].as_str(), Some(path.as_str()), "{s}");
+                assert!(
+                    failure.contains("after its final savepoint") && failure.contains(&path),
+                    "{failure}"
+                );
+                assert!(seen.contains(&format!("final savepoint {path}")), "{seen}");
+            }
+            None => {
+                assert_eq!(s["final_savepoint"], Value::Null, "{s}");
+                assert!(
+                    failure.contains("killed during the final savepoint"),
+                    "{failure}"
+                );
+            }
+        }
+    } else {
+        // The controller had its answer first: an ordinary drained stop.
+        assert_eq!(output.status.code(), Some(130), "{seen}\n{stderr}");
+        assert_eq!(s["failure"], Value::Null, "{s}");
+        let path = new
+            .first()
+            .expect("the final savepoint")
+            .display()
+            .to_string();
+        assert_eq!(s["final_savepoint"].as_str(), Some(path.as_str()), "{s}");
+    }
+    assert_eq!(
+        seen.matches("stopping with a draining savepoint").count(),
+        1,
+        "said once\n{seen}"
+    );
+    assert_eq!(
+        wait_until_no_engine(&report),
+        Vec::<u32>::new(),
+        "engine left running"
+    );
 }
