@@ -47,8 +47,9 @@ pub struct StreamJobSpec {
     /// The job graph: operators, edges and job-wide settings, in exactly the schema of the
     /// engine's job YAML (`name`, `maxParallelism`, `operators`, `edges`, ...). Each operator's
     /// `parallelism` is the initial parallelism; `scaling.min`/`scaling.max` bound what the
-    /// autoscaler may choose. The job's own `autoscaler:` block is overridden by
-    /// `spec.autoscaler`.
+    /// autoscaler may choose. Of the job's own `autoscaler:` block, `targetUtilization`,
+    /// `latencySloSeconds` and `catchUpSeconds` are overridden by `spec.autoscaler`;
+    /// `latencyPercentile`, `forecast` and `limits` are read from here.
     #[schemars(schema_with = "job_graph_schema")]
     pub job: JobSpec,
     /// The engine container: image and resources per subtask.
@@ -175,7 +176,8 @@ pub struct AutoscalerSettings {
     #[serde(default = "default_target_utilization")]
     #[schemars(range(min = 0.05, max = 1.0))]
     pub target_utilization: f64,
-    /// End-to-end latency SLO in seconds (mean sojourn along the slowest path). Default 1.
+    /// End-to-end latency SLO in seconds, on the `job.autoscaler.latencyPercentile` quantile
+    /// (p99 by default) of every source-to-sink path's latency. Default 1.
     #[serde(default = "default_latency_slo")]
     #[schemars(range(min = 0.001, max = 3600.0))]
     pub latency_slo_seconds: f64,
