@@ -98,14 +98,19 @@ pub fn progress_line(
 
 /// The name of the `q`-quantile as the run's progress lines, `timeline.csv` columns and the
 /// simulator's outputs write it: `p95` for 0.95, `p99.9` for 0.999 (percent, trailing zeros
-/// dropped, at most three decimals).
+/// dropped, three decimals, more when three would round a quantile below 1 up to `p100`).
 pub fn percentile_label(q: f64) -> String {
     let pct = 100.0 * q;
     if (pct - pct.round()).abs() < 1e-9 {
-        format!("p{pct:.0}")
-    } else {
-        format!("p{}", format!("{pct:.3}").trim_end_matches('0'))
+        return format!("p{pct:.0}");
     }
+    let mut decimals = 3;
+    let mut text = format!("{pct:.decimals$}");
+    while q < 1.0 && text.starts_with("100") && decimals < 12 {
+        decimals += 1;
+        text = format!("{pct:.decimals$}");
+    }
+    format!("p{}", text.trim_end_matches('0').trim_end_matches('.'))
 }
 
 /// Describes a parallelism change, listing only operators that change:
@@ -425,6 +430,9 @@ mod tests {
         let line = progress_line(&stats, &order(), 1.0, 0.0);
         assert!(line.ends_with("p95=1.20s! (SLO 1.0s on p95)"), "{line}");
         assert_eq!(percentile_label(0.999), "p99.9");
+        assert_eq!(percentile_label(0.999_999_999), "p99.9999999");
+        assert_eq!(percentile_label(0.999_999), "p99.9999");
+        assert_eq!(percentile_label(0.5), "p50");
     }
 
     #[test]
