@@ -585,20 +585,10 @@ impl JobGraph {
     /// (0, `usize::MAX`) for an operator without inputs.
     #[inline]
     fn farthest_input(&self, i: usize, dist: &[f64]) -> (f64, usize) {
-        let ins = &self.fwd_in[self.fwd_in_at[i] as usize..self.fwd_in_at[i + 1] as usize];
-        let Some((&first, rest)) = ins.split_first() else {
-            return (0.0, usize::MAX);
-        };
-        let mut arg = first as usize;
-        let mut d = dist[arg];
-        for &j in rest {
-            let x = dist[j as usize];
-            if x > d {
-                d = x;
-                arg = j as usize;
-            }
-        }
-        (d, arg)
+        farthest_of(
+            &self.fwd_in[self.fwd_in_at[i] as usize..self.fwd_in_at[i + 1] as usize],
+            dist,
+        )
     }
 
     /// [`Topology::longest_path_into`](super::network::Topology) over the graph's compressed
@@ -622,21 +612,7 @@ impl JobGraph {
         let mut lo = at[0] as usize;
         for i in 0..n {
             let hi = at[i + 1] as usize;
-            let (d, arg) = match self.fwd_in[lo..hi].split_first() {
-                None => (0.0, usize::MAX),
-                Some((&first, rest)) => {
-                    let mut arg = first as usize;
-                    let mut d = dist[arg];
-                    for &j in rest {
-                        let x = dist[j as usize];
-                        if x > d {
-                            d = x;
-                            arg = j as usize;
-                        }
-                    }
-                    (d, arg)
-                }
-            };
+            let (d, arg) = farthest_of(&self.fwd_in[lo..hi], dist);
             dist[i] = d + if src[i] { 0.0 } else { w[i] };
             via[i] = arg;
             lo = hi;
@@ -2152,6 +2128,25 @@ fn busiest_range_load_over_until(
         last = (first + PROBE_RANGES - 1).min(last);
     }
     busiest_of_ranges_until(prefix, q, k, first, last, stop)
+}
+
+/// The input among `ins` with the largest distance in `dist` (the first on a tie) and that
+/// distance; (0, `usize::MAX`) for no inputs.
+#[inline]
+fn farthest_of(ins: &[u32], dist: &[f64]) -> (f64, usize) {
+    let Some((&first, rest)) = ins.split_first() else {
+        return (0.0, usize::MAX);
+    };
+    let mut arg = first as usize;
+    let mut d = dist[arg];
+    for &j in rest {
+        let x = dist[j as usize];
+        if x > d {
+            d = x;
+            arg = j as usize;
+        }
+    }
+    (d, arg)
 }
 
 /// The first run [a, b) of equal largest entries of `load` (the key groups of the most loaded
