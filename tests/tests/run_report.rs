@@ -75,26 +75,26 @@ fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
         assert!(before.contains_key(Path::new(f)), "{f} missing: {before:?}");
     }
 
-    // A job the engine refuses when it starts: its sink's output lies under a regular file.
-    fixtures::write(dir.path(), "afile", "not a directory");
-    let bad = fixtures::write(
-        dir.path(),
-        "bad.yaml",
-        &fixtures::unbounded_job(Some("afile/results.csv")),
+    // A run that cannot start once its staging began: the report's savepoint directory is a
+    // regular file (bad job files and options are refused before anything is staged).
+    let savepoints = report.join("savepoints");
+    std::fs::remove_dir_all(&savepoints).expect("remove savepoints");
+    fixtures::write(&report, "savepoints", "not a directory");
+    let before = snapshot(&report);
+    let stderr = run_2s(&job, &report, 1);
+    assert!(
+        stderr.contains(&savepoints.display().to_string()),
+        "{stderr}"
     );
-    let stderr = run_2s(&bad, &report, 1);
-    assert!(stderr.contains("cannot open sink output"), "{stderr}");
     assert!(stderr.contains("was left as it was"), "{stderr}");
     assert!(
         snapshot(&report) == before,
         "the earlier report changed: {stderr}"
     );
-    // This attempt's job file and engine log are kept beside it, and named.
+    // This attempt's job file is kept beside it, and named.
     let kept = staging_dirs(&report);
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert!(stderr.contains(&kept[0].display().to_string()), "{stderr}");
-    let log = std::fs::read_to_string(kept[0].join("logs/engine-1.log")).expect("kept log");
-    assert!(log.contains("cannot open sink output"), "{log}");
     assert!(kept[0].join("job.yaml").is_file());
 
     // A job that fails validation after its overrides (its trace window lies outside the
@@ -114,6 +114,7 @@ fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
     assert_eq!(staging_dirs(&report).len(), 1, "nothing new beside it");
 
     // A run that starts replaces the report as a whole.
+    std::fs::remove_file(&savepoints).expect("remove the blocker");
     run_2s(&job, &report, 0);
     let after = snapshot(&report);
     assert_ne!(
@@ -141,8 +142,11 @@ fn a_run_into_a_new_report_directory_that_cannot_start_creates_nothing() {
         &fixtures::unbounded_job(Some("afile/results.csv")),
     );
     let report = dir.path().join("report");
-    let stderr = run_2s(&bad, &report, 1);
+    // Refused when the job file is read (its sink's output lies under a regular file).
+    let stderr = run_2s(&bad, &report, 2);
+    assert!(stderr.contains("(sink).output"), "{stderr}");
     assert!(!report.exists(), "{stderr}");
+    assert!(staging_dirs(&report).is_empty(), "{stderr}");
 }
 
 #[test]
