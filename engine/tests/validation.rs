@@ -18,6 +18,16 @@ fn problem(text: &str) -> String {
     }
 }
 
+/// The names of the entries of `dir`, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Reads a job file; the error message.
 fn file_problem(text: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
@@ -513,12 +523,7 @@ fn a_disk_state_dir_that_cannot_be_created_is_rejected_and_nothing_is_created() 
     )
     .unwrap();
     JobSpec::from_file_to_run(&path).expect("a new state directory is fine");
-    let mut names: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["a-file", "job.yaml"]);
+    assert_eq!(names_in(dir.path()), ["a-file", "job.yaml"]);
 }
 
 #[test]
@@ -555,12 +560,7 @@ fn a_sink_output_that_cannot_be_created_is_rejected() {
     let path = dir.path().join("job.yaml");
     std::fs::write(&path, sink("out/records.csv")).unwrap();
     JobSpec::from_file_to_run(&path).expect("a new output path is fine");
-    let mut names: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["a-file", "job.yaml"]);
+    assert_eq!(names_in(dir.path()), ["a-file", "job.yaml"]);
 }
 
 #[test]
