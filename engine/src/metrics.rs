@@ -39,6 +39,11 @@ pub struct EngineMetrics {
     /// 5 s, [`crate::key_group_load`]) that its busiest key group took, in (0, 1] (gauge;
     /// absent for other operators and before the subtask's first record).
     pub hottest_key_group_share: GaugeVec,
+    /// Keyed operators: `streamscale_key_group_share{operator, subtask, key_group}`, the
+    /// subtask's busiest [`crate::key_group_load::TOP_KEY_GROUPS`] key groups (by index) with
+    /// their shares of its recent records (same decayed counts), replaced as a whole at every
+    /// flush, so a key group that leaves the busiest set leaves the page ([`KeyGroupShareVec`]).
+    pub key_group_shares: KeyGroupShareVec,
     /// Sources: `streamscale_source_arrivals_total` (records that should have been emitted by
     /// now, the external arrival count; counter), `streamscale_source_backlog_records`
     /// (records that should have been emitted by now but have not; gauge) and
@@ -121,6 +126,11 @@ impl EngineMetrics {
             "streamscale_hottest_key_group_share",
             "Keyed operators: share of the subtask's recent records (half-life 5 s) taken by its busiest key group.",
         )?;
+        let key_group_shares = KeyGroupShareVec::new(
+            "streamscale_key_group_share",
+            "Keyed operators: share of the subtask's recent records (half-life 5 s) taken by each of its busiest key groups (label key_group).",
+        )?;
+        registry.register(Box::new(key_group_shares.clone()))?;
         let sources = SourceMetricsVec::new()?;
         registry.register(Box::new(sources.clone()))?;
         let sink_latency = LatencyHistogramVec::new(
@@ -174,6 +184,7 @@ impl EngineMetrics {
             backpressured_seconds,
             input_queue_length,
             hottest_key_group_share,
+            key_group_shares,
             sources,
             sink_latency,
             sink_accounted,
@@ -344,6 +355,131 @@ impl Collector for LatencyHistogramVec {
         family.set_name(self.inner.desc.fq_name.clone());
         family.set_help(self.inner.desc.help.clone());
         family.set_field_type(MetricType::HISTOGRAM);
+        family.set_metric(metrics);
+        vec![family]
+    }
+}
+
+/// The keyed subtasks' busiest key groups (`streamscale_key_group_share`, a gauge family with
+/// the labels `operator`, `subtask` and `key_group`, the key group's index among the job's
+/// `maxParallelism`): one series per listed key group, with its share of the subtask's recent
+/// records ([`crate::key_group_load::KeyGroupLoad::top`]).
+///
+/// Unlike a `GaugeVec`, a subtask's list is replaced as a whole ([`KeyGroupShareSeries::set`],
+/// at each metrics flush, one lock), so a key group that is no longer among the busiest
+/// disappears from the page and the family holds at most
+/// [`crate::key_group_load::TOP_KEY_GROUPS`] series per subtask whatever the number of key
+/// groups; a subtask started again (a restart in place) starts from an empty list.
+#[derive(Clone)]
+pub struct KeyGroupShareVec {
+    inner: Arc<KeyGroupShareFamily>,
+}
+
+struct KeyGroupShareFamily {
+    desc: Desc,
+    /// Lists by label values (`operator`, `subtask`): (key group, share), busiest first.
+    series: Mutex<BTreeMap<[String; 2], SharedKeyGroupList>>,
+}
+
+/// One subtask's (key group, share) list, shared by its thread and the family.
+type SharedKeyGroupList = Arc<Mutex<Vec<(u32, f64)>>>;
+
+/// One subtask's list in a [`KeyGroupShareVec`].
+#[derive(Clone)]
+pub struct KeyGroupShareSeries {
+    shared: SharedKeyGroupList,
+}
+
+impl KeyGroupShareSeries {
+    /// Replaces the subtask's list with `top` ((key group, share in (0, 1]) pairs, busiest
+    /// first).
+    pub fn set(&self, top: &[(u32, f64)]) {
+        let mut list = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        list.clear();
+        list.extend_from_slice(top);
+    }
+}
+
+impl KeyGroupShareVec {
+    /// An empty family named `name`.
+    ///
+    /// # Errors
+    /// [`prometheus::Error`] if the name or help is not valid.
+    pub fn new(name: &str, help: &str) -> Result<KeyGroupShareVec, MetricsError> {
+        let labels = ["operator", "subtask", "key_group"]
+            .iter()
+            .map(|l| (*l).to_string())
+            .collect();
+        let desc = Desc::new(name.into(), help.into(), labels, HashMap::new())?;
+        Ok(KeyGroupShareVec {
+            inner: Arc::new(KeyGroupShareFamily {
+                desc,
+                series: Mutex::new(BTreeMap::new()),
+            }),
+        })
+    }
+
+    /// The list of the subtask `[operator, subtask]`, emptied (nothing is published for it
+    /// until the first [`KeyGroupShareSeries::set`]).
+    pub fn series(&self, labels: [&str; 2]) -> KeyGroupShareSeries {
+        let key = labels.map(str::to_string);
+        let mut series = self
+            .inner
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shared = series.entry(key).or_default().clone();
+        shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        KeyGroupShareSeries { shared }
+    }
+
+    /// The list of the subtask `[operator, subtask]` as last set (`None` if it has none).
+    pub fn get(&self, labels: [&str; 2]) -> Option<Vec<(u32, f64)>> {
+        let key = labels.map(str::to_string);
+        let series = self
+            .inner
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let list = series.get(&key)?;
+        Some(list.lock().unwrap_or_else(PoisonError::into_inner).clone())
+    }
+}
+
+impl Collector for KeyGroupShareVec {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.inner.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let series = self
+            .inner
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut metrics = Vec::new();
+        for (values, list) in series.iter() {
+            let list = list.lock().unwrap_or_else(PoisonError::into_inner);
+            for &(group, share) in list.iter() {
+                let mut labels = label_pairs(values);
+                let mut pair = LabelPair::default();
+                pair.set_name("key_group".to_string());
+                pair.set_value(group.to_string());
+                labels.push(pair);
+                let mut g = proto::Gauge::default();
+                g.set_value(share);
+                let mut m = proto::Metric::from_label(labels);
+                m.set_gauge(g);
+                metrics.push(m);
+            }
+        }
+        let mut family = MetricFamily::default();
+        family.set_name(self.inner.desc.fq_name.clone());
+        family.set_help(self.inner.desc.help.clone());
+        family.set_field_type(MetricType::GAUGE);
         family.set_metric(metrics);
         vec![family]
     }
@@ -935,5 +1071,38 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in {text}");
         }
+    }
+
+    #[test]
+    fn key_group_shares_render_per_key_group_and_drop_out_of_the_list() {
+        let metrics = EngineMetrics::new().expect("metrics");
+        let top = metrics.key_group_shares.series(["counts", "1"]);
+        let text = metrics.render();
+        assert!(
+            !text.contains("streamscale_key_group_share{"),
+            "nothing before a record: {text}"
+        );
+        top.set(&[(117, 0.5), (3, 0.25)]);
+        let text = metrics.render();
+        for line in [
+            "# TYPE streamscale_key_group_share gauge",
+            "streamscale_key_group_share{operator=\"counts\",subtask=\"1\",key_group=\"117\"} 0.5",
+            "streamscale_key_group_share{operator=\"counts\",subtask=\"1\",key_group=\"3\"} 0.25",
+        ] {
+            assert!(text.contains(line), "missing {line} in {text}");
+        }
+        // The next flush's list replaces the whole list: group 3 is gone.
+        top.set(&[(117, 0.75), (4, 0.125)]);
+        let text = metrics.render();
+        assert!(!text.contains("key_group=\"3\""), "{text}");
+        assert!(text.contains("key_group=\"4\"} 0.125"), "{text}");
+        assert_eq!(
+            metrics.key_group_shares.get(["counts", "1"]),
+            Some(vec![(117, 0.75), (4, 0.125)])
+        );
+        // A subtask started again starts with an empty list.
+        let _again = metrics.key_group_shares.series(["counts", "1"]);
+        assert_eq!(metrics.key_group_shares.get(["counts", "1"]), Some(vec![]));
+        assert!(!metrics.render().contains("streamscale_key_group_share{"));
     }
 }

@@ -37,7 +37,9 @@ use crate::checkpoint::gate::{Claim, SourceGate};
 use crate::checkpoint::storage::CheckpointStorage;
 use crate::key_group_load::KeyGroupLoad;
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
-use crate::metrics::{EngineMetrics, LocalLatencyHistogram, SourceProbe, SourceReading};
+use crate::metrics::{
+    EngineMetrics, KeyGroupShareSeries, LocalLatencyHistogram, SourceProbe, SourceReading,
+};
 use crate::nexmark::source::NexmarkGenerator;
 use crate::payload::Payload;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
@@ -306,9 +308,10 @@ struct Meter {
     /// Sinks with metrics on: the latency histogram and accounted counter.
     sink: Option<SinkMeter>,
     /// Keyed operators with metrics on: records per owned key group, decayed, for
-    /// `streamscale_hottest_key_group_share` (counted in [`Operator::process`] on the key group
-    /// the operator computes for its state).
-    key_groups: Option<KeyGroupLoad>,
+    /// `streamscale_hottest_key_group_share` and `streamscale_key_group_share` (counted in
+    /// [`Operator::process`] on the key group the operator computes for its state), with the
+    /// subtask's series of the latter.
+    key_groups: Option<(KeyGroupLoad, KeyGroupShareSeries)>,
     /// A clock reading and the wall clock (µs since the Unix epoch) at that moment, renewed
     /// at every flush: converts the monotonic readings a chain run takes anyway into wall
     /// time for a sink's latency ([`Meter::unix_us_at`]).
@@ -389,8 +392,11 @@ impl Meter {
             m.input_queue_length
                 .with_label_values(&l)
                 .set(queue_len as f64);
-            if let Some(share) = self.key_groups.as_mut().and_then(|k| k.flush(wall)) {
+            if let Some((load, top)) = self.key_groups.as_mut()
+                && let Some(share) = load.flush(wall)
+            {
                 m.hottest_key_group_share.with_label_values(&l).set(share);
+                top.set(load.top());
             }
             if let Some(sink) = &mut self.sink {
                 sink.latency.flush();
@@ -1020,8 +1026,14 @@ impl Job {
                         }
                     }),
                 anchor: (Instant::now(), now_unix_us()),
-                key_groups: (options.metrics_enabled && op.kind.is_keyed())
-                    .then(|| KeyGroupLoad::new(key_group_range(index, op.parallelism, k))),
+                key_groups: (options.metrics_enabled && op.kind.is_keyed()).then(|| {
+                    (
+                        KeyGroupLoad::new(key_group_range(index, op.parallelism, k)),
+                        metrics
+                            .key_group_shares
+                            .series([name.as_str(), &index.to_string()]),
+                    )
+                }),
             };
             // Every series of the subtask exists from its start, at 0, so that a scrape before
             // its first record reads "nothing yet" rather than "no such subtask".
@@ -1997,7 +2009,7 @@ impl Operator {
             Behaviour::EventTime { stage, out } => {
                 // A keyed stage's key group, computed once for its state and these counts.
                 if let Some(kg) = stage.on_record(rec, out)
-                    && let Some(load) = &mut ctx.meter.key_groups
+                    && let Some((load, _)) = &mut ctx.meter.key_groups
                 {
                     load.count(kg);
                 }
@@ -2028,7 +2040,7 @@ impl Operator {
                     *pane_end_us = (now / *size_us + 1) * *size_us;
                 }
                 let kg = key_group(rec.key, ctx.max_parallelism);
-                if let Some(load) = &mut ctx.meter.key_groups {
+                if let Some((load, _)) = &mut ctx.meter.key_groups {
                     load.count(kg);
                 }
                 let s = state
