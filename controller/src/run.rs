@@ -8,7 +8,6 @@
 //! writes the report.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -138,8 +137,10 @@ pub enum RunError {
         /// Why the report could not be written.
         source: ReportError,
     },
-    /// The run's first engine did not start; the report directory was left as it was.
-    #[error("engine: {error}; {}", start_note(.report, .kept.as_deref()))]
+    /// The run's first engine did not start; the report directory was left as it was. One
+    /// line: an engine that exited is said to have exited before serving metrics, with its
+    /// exit status and last warning or error line (or that there was none) and its log.
+    #[error("{}; {}", start_error(.error), start_note(.report, .kept.as_deref()))]
     Start {
         /// Why the engine did not start.
         error: RuntimeError,
@@ -148,6 +149,19 @@ pub enum RunError {
         /// Where this attempt's job file and engine log were kept, if anywhere.
         kept: Option<PathBuf>,
     },
+}
+
+/// Why the first engine did not start, without repeating "engine".
+fn start_error(error: &RuntimeError) -> String {
+    match error {
+        RuntimeError::Exited { status, last_error } => {
+            format!("the engine exited before serving metrics ({status}): {last_error}")
+        }
+        RuntimeError::Spawn { .. }
+        | RuntimeError::StartTimeout { .. }
+        | RuntimeError::BadListeningLine { .. } => error.to_string(),
+        _ => format!("the engine could not be started: {error}"),
+    }
 }
 
 fn start_note(report: &Path, kept: Option<&Path>) -> String {
@@ -296,15 +310,33 @@ fn at_most_a_year(name: &str, v: Option<f64>) -> Result<(), RunError> {
 /// Checks that `dir` can be a report directory: it is a directory whose report files
 /// ([`REPORT_FILES`]) are files where they exist and whose `logs` is a directory where it
 /// exists, or the nearest of its ancestors that exists is a directory (so it can be created);
-/// and that it, or that ancestor, lets this process create entries in it (tried:
-/// [`streamscale_engine::writable_dir::check_usable_dir`], which leaves nothing behind).
+/// that it, or that ancestor, lets this process create entries in it; and that its
+/// `savepoints`, where it exists, is a directory (a symbolic link to one included) in which
+/// entries can be created: the engines write every savepoint there, so a file or a read-only
+/// directory there would fail the run's first engine start or, worse, its final savepoint.
+/// Writability is tried with [`streamscale_engine::writable_dir::check_usable_dir`], which
+/// leaves nothing behind.
 ///
 /// # Errors
 /// [`RunError::Option`] naming `--report`, the path and why.
 pub fn check_report_dir(dir: &Path) -> Result<(), RunError> {
     check_report_path(dir)?;
     streamscale_engine::writable_dir::check_usable_dir(dir)
-        .map_err(|e| RunError::Option(format!("--report: {e}")))
+        .map_err(|e| RunError::Option(format!("--report: {e}")))?;
+    let savepoints = dir.join(SAVEPOINTS_DIR);
+    let Ok(link) = std::fs::symlink_metadata(&savepoints) else {
+        // Absent: the first engine creates it in `dir`, checked above.
+        return Ok(());
+    };
+    let keeps = "a run keeps its savepoints there: move it away or give another --report";
+    if link.file_type().is_symlink() && std::fs::metadata(&savepoints).is_err() {
+        return Err(RunError::Option(format!(
+            "--report: {} is a symbolic link to nothing; {keeps}",
+            savepoints.display()
+        )));
+    }
+    streamscale_engine::writable_dir::check_usable_dir(&savepoints)
+        .map_err(|e| RunError::Option(format!("--report: {e}; {keeps}")))
 }
 
 /// [`check_report_dir`] without trying to create anything.
@@ -409,18 +441,16 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
         at_most_a_year(name, v)?;
     }
     check_report_dir(&opts.report_dir)?;
-    let engine_binary =
-        |what: &str, path: &Path| match crate::runtime::local::engine_binary_problem(path) {
-            Some(why) => Err(RunError::Option(format!("{what} {} {why}", path.display()))),
-            None => Ok(()),
-        };
-    if let Some(engine) = &opts.engine_bin {
-        engine_binary("--engine:", engine)?;
-    } else if let Some(engine) =
-        std::env::var_os(crate::runtime::local::ENGINE_BIN_ENV).filter(|v| !v.is_empty())
-    {
-        let what = format!("{}:", crate::runtime::local::ENGINE_BIN_ENV);
-        engine_binary(&what, Path::new(&engine))?;
+    if let Some((what, engine)) = explicit_engine(opts) {
+        let full = absolute(&engine)?;
+        let why = crate::runtime::local::engine_binary_problem(&engine)
+            .or_else(|| engine_identity_problem(&full));
+        if let Some(why) = why {
+            return Err(RunError::Option(format!(
+                "{what}: {} {why}",
+                engine.display()
+            )));
+        }
     }
     if let Some(p) = opts.latency_percentile
         && !(p > 0.0 && p < 1.0)
@@ -437,6 +467,90 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
         )));
     }
     Ok(())
+}
+
+/// The engine binary named by the user, with the option that named it: `--engine`, else a
+/// non-empty `$STREAMSCALE_ENGINE_BIN`; `None` when the engine is looked for next to this
+/// executable ([`crate::runtime::local::locate_engine_binary`]).
+fn explicit_engine(opts: &RunOptions) -> Option<(&'static str, PathBuf)> {
+    if let Some(engine) = &opts.engine_bin {
+        return Some(("--engine", engine.clone()));
+    }
+    std::env::var_os(crate::runtime::local::ENGINE_BIN_ENV)
+        .filter(|v| !v.is_empty())
+        .map(|v| (crate::runtime::local::ENGINE_BIN_ENV, PathBuf::from(v)))
+}
+
+/// How long the engine binary may take to answer `--version`.
+pub const ENGINE_VERSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the executable `path` is not the engine, asked as `PATH --version` (the engine's
+/// command line answers `streamscale-engine VERSION` and exits at once): it cannot be run,
+/// does not answer within [`ENGINE_VERSION_TIMEOUT`] (killed then), or its first line of
+/// output does not start with the engine's name (`/bin/true` prints nothing). The phrase
+/// follows the path in a message. `None` when it answers as the engine does.
+fn engine_identity_problem(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    let name = crate::runtime::local::ENGINE_BIN_NAME;
+    let mut child = match std::process::Command::new(path)
+        .arg("--version")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => return Some(format!("cannot be run ({e}); give the {name} binary")),
+    };
+    // Read on a thread: a child that never closes its output must not hold the check.
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(stdout) = child.stdout.take() {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = stdout.take(4096).read_to_end(&mut text);
+            let _ = tx.send(text);
+        });
+    }
+    let started = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < ENGINE_VERSION_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Some(format!(
+                    "did not answer `--version` within {} s; give the {name} binary",
+                    ENGINE_VERSION_TIMEOUT.as_secs()
+                ));
+            }
+        }
+    };
+    let text = rx.recv_timeout(Duration::from_secs(1)).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let first = text.lines().next().unwrap_or_default().trim();
+    let is_engine = first
+        .strip_prefix(name)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '));
+    if status.success() && is_engine {
+        return None;
+    }
+    let printed = if first.is_empty() {
+        "printed nothing".to_string()
+    } else {
+        let shown: String = first.chars().take(80).collect();
+        format!("printed `{shown}`")
+    };
+    let status = match status.code() {
+        Some(code) => format!("exit code {code}"),
+        None => status.to_string(),
+    };
+    Some(format!(
+        "is not the {name} binary: asked for `--version` it {printed} ({status}), where the engine prints `{name} VERSION`"
+    ))
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, RunError> {
@@ -687,7 +801,9 @@ struct Loop<'a, R: EngineRuntime> {
     savepoints_removed: usize,
 }
 
-/// Runs the autoscaling loop locally and writes the report. Progress lines go to `print`.
+/// Runs the autoscaling loop locally and writes the report. Progress and result lines go to
+/// `print` (the command prints them on stdout), warnings (lines starting `warning:`) to `warn`
+/// (stderr).
 ///
 /// An engine failure during the run does not return an error: the report is still written and
 /// `summary.failure` says what happened.
@@ -703,14 +819,17 @@ struct Loop<'a, R: EngineRuntime> {
 pub async fn run(
     opts: &RunOptions,
     print: &mut (dyn FnMut(&str) + Send),
+    warn: &mut (dyn FnMut(&str) + Send),
 ) -> Result<RunOutcome, RunError> {
     let earlier = earlier_report(&opts.report_dir);
     let job = prepare_job(opts)?;
     let client = http_client()?;
-    let binary = opts
-        .engine_bin
-        .clone()
-        .unwrap_or_else(crate::runtime::local::locate_engine_binary);
+    // A path given by the user is a path (a bare `engine` means the one in the working
+    // directory, as checked), never a name looked up on PATH.
+    let binary = match explicit_engine(opts) {
+        Some((_, engine)) => absolute(&engine)?,
+        None => crate::runtime::local::locate_engine_binary(),
+    };
     // Symbolic links resolved: the staging directory must lie on the report's file system.
     let report_existed = opts.report_dir.exists();
     let report_dir = if report_existed {
@@ -726,7 +845,7 @@ pub async fn run(
     // Until the first engine runs, its job file and log live in a directory beside the
     // report's, so a run that cannot start leaves an earlier report as it was.
     let staging = Staging::create(&report_dir, &job.yaml)?;
-    let savepoints = report_dir.join("savepoints");
+    let savepoints = report_dir.join(SAVEPOINTS_DIR);
     let runtime = LocalRuntime::new(
         binary,
         savepoints.clone(),
@@ -734,7 +853,7 @@ pub async fn run(
         client.clone(),
     );
     if let Some(warning) = earlier {
-        print(&warning);
+        warn(&warning);
     }
     let slo_s = job.spec.autoscaler.latency_slo_seconds;
     print(&format!(
@@ -795,7 +914,7 @@ pub async fn run(
         savepoints_dir: savepoints,
         savepoints_removed: 0,
     };
-    lp.run(engine, started, signals, print).await
+    lp.run(engine, started, signals, print, warn).await
 }
 
 /// The report directory's parent (created if missing) and its name.
@@ -936,6 +1055,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
         started: Instant,
         mut signals: Signals,
         print: &mut (dyn FnMut(&str) + Send),
+        warn: &mut (dyn FnMut(&str) + Send),
     ) -> Result<RunOutcome, RunError> {
         let initial = self.job.spec.parallelism();
         let metrics_url = |e: &EngineHandle| format!("{}/metrics", e.base_url);
@@ -964,7 +1084,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
         for path in [&history_path, &learned_path] {
             match claim_job_file(path, &self.job.spec.name) {
                 Ok(notes) => notes.iter().for_each(|n| print(n)),
-                Err(warning) => print(&format!("warning: {warning}")),
+                Err(warning) => warn(&format!("warning: {warning}")),
             }
         }
         let unix_start = unix_now_s();
@@ -989,7 +1109,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     autoscaler.set_rate_history(h.shifted(-unix_start));
                 }
                 Ok(None) => {}
-                Err(warning) => print(&format!("warning: {warning}")),
+                Err(warning) => warn(&format!("warning: {warning}")),
             }
         }
         // What was learned about the job's operators in earlier runs (same report directory).
@@ -1005,7 +1125,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             }
             Ok(None) => None,
             Err(warning) => {
-                print(&format!("warning: {warning}"));
+                warn(&format!("warning: {warning}"));
                 None
             }
         };
@@ -1317,7 +1437,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     record.outcome = "rescaled".into();
                     record.savepoint = Some(savepoint.path.clone());
                     self.rescales.push(record);
-                    self.prune_savepoints(&savepoint.path, print);
+                    self.prune_savepoints(&savepoint.path, warn);
                 }
                 RescaleOutcome::SavepointFailed { error, .. } => {
                     print(&progress::rescale_failed_line(
@@ -1341,7 +1461,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     record.error = Some(error.clone());
                     record.savepoint = Some(savepoint.path.clone());
                     self.failed_rescales.push(record);
-                    self.prune_savepoints(&savepoint.path, print);
+                    self.prune_savepoints(&savepoint.path, warn);
                 }
             }
             engine = outcome.engine().clone();
@@ -1392,8 +1512,12 @@ impl<R: EngineRuntime> Loop<'_, R> {
             print("stopping with a draining savepoint…");
         }
         // The final savepoint's directory is the engine's to name: the ones there before the
-        // stop tell it apart if a second signal kills the engine before it answers.
-        let before = savepoint_dirs(&self.savepoints_dir);
+        // stop tell it apart if a second signal kills the engine before it answers (`None`
+        // when they cannot be listed: then no savepoint can be told to be the final one).
+        let before: Option<BTreeSet<PathBuf>> =
+            savepoint_history::completed(&self.savepoints_dir, &self.job.spec.name)
+                .ok()
+                .map(|found| found.into_iter().collect());
         let stopped = tokio::select! {
             r = self.executor.stop(&engine, true) => r,
             sig = signals.recv() => {
@@ -1405,7 +1529,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 let _ = self.executor.runtime().kill(&engine).await;
                 // As Flink's stop-with-savepoint: a savepoint that completed is a savepoint,
                 // whether or not its stop was acknowledged.
-                let (final_savepoint, failure) = match self.completed_after_kill(&before).await {
+                let (final_savepoint, failure) = match self.completed_after_kill(before.as_ref()).await {
                     FinalAfterKill::Completed(path) => {
                         print(&format!(
                             "final savepoint {path} had completed before the engine was killed (verified): restore from it"
@@ -1441,7 +1565,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     failure =
                         Some("the engine exited before its final totals could be read".into());
                 }
-                self.prune_savepoints(&stop.savepoint.path, print);
+                self.prune_savepoints(&stop.savepoint.path, warn);
                 if self.savepoints_removed > 0 {
                     print(&format!(
                         "savepoints: {} older one(s) of job `{}` removed from {}, the newest {} kept (--keep-savepoints)",
@@ -1471,18 +1595,21 @@ impl<R: EngineRuntime> Loop<'_, R> {
     }
 
     /// After the engine was killed during its final stop: the savepoint it was taking, if it
-    /// completed. Candidates are the `sp-*` directories of the savepoint directory that were
-    /// not there before the stop (`before`), newest name first (the engine's ids end with the
-    /// Unix milliseconds); each is verified in full as a restore would
-    /// ([`streamscale_engine::savepoint::Savepoint::read`]: metadata, fingerprint, every state
-    /// file's size and CRC-32), so a directory with `_metadata.json` but damaged state does not
-    /// count.
-    async fn completed_after_kill(&self, before: &BTreeSet<OsString>) -> FinalAfterKill {
-        let mut candidates: Vec<PathBuf> = savepoint_dirs(&self.savepoints_dir)
-            .difference(before)
-            .map(|name| self.savepoints_dir.join(name))
-            .collect();
-        candidates.sort_by(|a, b| b.cmp(a));
+    /// completed. Candidates are the job's completed savepoints
+    /// ([`savepoint_history::completed`], newest first) that were not there before the stop
+    /// (`before`; none when that could not be listed); each is verified in full as a restore
+    /// would ([`streamscale_engine::savepoint::Savepoint::read`]: metadata, fingerprint, every
+    /// state file's size and CRC-32), so a directory with `_metadata.json` but damaged state
+    /// does not count.
+    async fn completed_after_kill(&self, before: Option<&BTreeSet<PathBuf>>) -> FinalAfterKill {
+        let candidates: Vec<PathBuf> = match before {
+            Some(before) => savepoint_history::completed(&self.savepoints_dir, &self.job.spec.name)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|path| !before.contains(path))
+                .collect(),
+            None => Vec::new(),
+        };
         let mut invalid = None;
         for dir in candidates {
             let spec = self.job.spec.clone();
@@ -1503,7 +1630,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
     /// Removes the savepoints beyond the newest [`RunOptions::keep_savepoints`], never
     /// `running_from` (the savepoint the running engine was restored from, or the final one).
     /// A failure is reported as a warning line: the run goes on, nothing else is removed.
-    fn prune_savepoints(&mut self, running_from: &str, print: &mut (dyn FnMut(&str) + Send)) {
+    fn prune_savepoints(&mut self, running_from: &str, warn: &mut (dyn FnMut(&str) + Send)) {
         match savepoint_history::prune(
             &self.savepoints_dir,
             &self.job.spec.name,
@@ -1511,7 +1638,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             Path::new(running_from),
         ) {
             Ok(removed) => self.savepoints_removed += removed.len(),
-            Err(e) => print(&format!("warning: {e}")),
+            Err(e) => warn(&format!("warning: {e}")),
         }
     }
 
@@ -1606,20 +1733,6 @@ enum FinalAfterKill {
     None,
 }
 
-/// The names of the `sp-*` directories in `dir` (none when it cannot be listed). Symlinks are
-/// not followed: the engine writes real directories.
-fn savepoint_dirs(dir: &Path) -> BTreeSet<OsString> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return BTreeSet::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.file_name())
-        .filter(|n| n.to_str().is_some_and(|n| n.starts_with("sp-")))
-        .collect()
-}
-
 /// The signals that stop a run cleanly (with a draining savepoint): SIGINT, SIGTERM and SIGHUP
 /// on Unix, Ctrl-C elsewhere. The engine runs in its own process group, so only the controller
 /// receives a terminal's Ctrl-C.
@@ -1712,6 +1825,9 @@ async fn shed_total(resp: reqwest::Response, base: &str) -> Result<u64, String> 
         .map(|s| s.records_shed)
         .map_err(|e| format!("{base}/v1/shed: {e}"))
 }
+
+/// The directory in the report directory where the engines write savepoints.
+pub const SAVEPOINTS_DIR: &str = "savepoints";
 
 /// Files of a run's report that the next run in the same directory replaces, `summary.json`
 /// first: it is written last, so a `summary.json` marks a complete report.

@@ -114,6 +114,22 @@ fn completed_savepoints(dir: &Path, job: &str) -> Result<Vec<Completed>, PruneEr
     Ok(found)
 }
 
+/// The completed savepoints of the job named `job` in `dir` (a directory `sp-…`, not a
+/// symbolic link, whose `_metadata.json` names the job; see the module documentation), newest
+/// first. An absent `dir` has none. `streamscale run` takes from here both the savepoints it
+/// prunes and, after a second signal killed the engine during its final stop, the candidates
+/// for the final savepoint.
+///
+/// # Errors
+/// [`PruneError::List`] when `dir` cannot be read.
+pub fn completed(dir: &Path, job: &str) -> Result<Vec<PathBuf>, PruneError> {
+    Ok(completed_savepoints(dir, job)?
+        .into_iter()
+        .rev()
+        .map(|c| c.path)
+        .collect())
+}
+
 /// Removes the oldest completed savepoints of the job named `job` in `dir` so that at most
 /// `keep` (at least 1) of them remain, never removing `running_from` (the savepoint the running
 /// engine was restored from, or the run's final savepoint: it counts towards `keep`). Each is
@@ -272,6 +288,21 @@ mod tests {
                 .is_empty()
         );
         assert!(target.join(METADATA_FILE).is_file());
+    }
+
+    #[test]
+    fn completed_lists_only_the_jobs_completed_savepoints_newest_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = savepoint(dir.path(), "sp-job-b", 300);
+        let new = savepoint(dir.path(), "sp-job-a", 10);
+        savepoint_of(dir.path(), "other", "sp-other-1", 5);
+        std::fs::create_dir(dir.path().join("sp-job-writing")).expect("mkdir");
+        assert_eq!(completed(dir.path(), "job").expect("list"), vec![new, old]);
+        assert!(
+            completed(&dir.path().join("absent"), "job")
+                .expect("absent")
+                .is_empty()
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ autoscaler:
   forecast: { mode: recommend, seasonSeconds: 8, binSeconds: 1 }
 "#;
 
-fn run(job: &Path, report: &Path) -> (Value, String) {
+fn run(job: &Path, report: &Path) -> (Value, String, String) {
     let out = Command::new(workspace_bin("streamscale"))
         .arg("run")
         .arg(job)
@@ -58,6 +58,7 @@ fn run(job: &Path, report: &Path) -> (Value, String) {
     (
         serde_json::from_str(&text).expect("summary is JSON"),
         stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
 
@@ -68,7 +69,7 @@ fn sheds_beyond_the_limit_and_keeps_the_rate_history() {
     std::fs::write(&job, JOB).expect("write job");
     let report = dir.path().join("report");
 
-    let (summary, stdout) = run(&job, &report);
+    let (summary, stdout, _) = run(&job, &report);
     assert!(stdout.contains("SHED"), "{stdout}");
     let shed = summary["records_shed"].as_u64().expect("records_shed");
     let emitted = summary["records_emitted"]
@@ -92,13 +93,15 @@ fn sheds_beyond_the_limit_and_keeps_the_rate_history() {
     );
 
     // The next run reads it back; a corrupt file is set aside with a warning, never a crash.
-    let (_, stdout) = run(&job, &report);
+    let (_, stdout, _) = run(&job, &report);
     assert!(stdout.contains("bins of rate history from"), "{stdout}");
     std::fs::write(&history, "{ not json").expect("corrupt");
-    let (_, stdout) = run(&job, &report);
+    // The warning goes to stderr, not among the run's lines on stdout.
+    let (_, stdout, stderr) = run(&job, &report);
     assert!(
-        stdout.contains("warning:") && stdout.contains("forecast history ignored"),
-        "{stdout}"
+        stderr.contains("warning:") && stderr.contains("forecast history ignored"),
+        "{stderr}"
     );
+    assert!(!stdout.contains("warning"), "{stdout}");
     assert!(report.join("forecast-history.json.corrupt").exists());
 }

@@ -276,6 +276,72 @@ fn an_engine_binary_that_is_not_executable_is_refused_before_the_banner() {
 }
 
 #[test]
+fn an_executable_that_is_not_the_engine_is_refused_before_the_banner() {
+    // /bin/true runs, but is not the engine (the old code printed the banner, then failed
+    // with exit 1 once it had exited without announcing an address).
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let out = streamscale(
+        dir.path(),
+        &[
+            "run",
+            "job.yaml",
+            "--report",
+            "report",
+            "--engine",
+            "/bin/true",
+        ],
+    );
+    refused_up_front(
+        dir.path(),
+        &out,
+        &[
+            "--engine: /bin/true is not the streamscale-engine binary",
+            "`--version`",
+        ],
+        &["job.yaml"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    let out = Command::new(workspace_bin("streamscale"))
+        .current_dir(dir.path())
+        .args(["run", "job.yaml", "--report", "report"])
+        .env("STREAMSCALE_ENGINE_BIN", "/bin/true")
+        .output()
+        .expect("run streamscale");
+    refused_up_front(
+        dir.path(),
+        &out,
+        &["STREAMSCALE_ENGINE_BIN: /bin/true is not the streamscale-engine binary"],
+        &["job.yaml"],
+    );
+}
+
+#[test]
+fn a_report_whose_savepoints_entry_is_a_file_is_refused_and_left_as_it_was() {
+    // The old code staged the run, printed the banner and failed with exit 1 ("engine: …:
+    // File exists") when the engine could not create its savepoint directory.
+    let (dir, _, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    std::fs::create_dir(&report).expect("report");
+    fixtures::write(&report, "summary.json", "{}");
+    fixtures::write(&report, "savepoints", "not a directory");
+    let out = streamscale(dir.path(), &["run", "job.yaml", "--report", "report"]);
+    refused_up_front(
+        dir.path(),
+        &out,
+        &[
+            "--report: report/savepoints exists and is not a directory",
+            "savepoints",
+        ],
+        &["job.yaml", "report"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    assert_eq!(entries(&report), ["savepoints", "summary.json"]);
+    assert_eq!(
+        std::fs::read_to_string(report.join("savepoints")).expect("still a file"),
+        "not a directory"
+    );
+}
+
+#[test]
 fn plan_with_a_negative_interval_names_the_flag() {
     let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
     let out = streamscale(

@@ -51,14 +51,34 @@ fn staging_dirs(report: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A two-second run of `job` into `report`; checks its exit status and returns its stderr.
-fn run_2s(job: &Path, report: &Path, code: i32) -> String {
-    let out = fixtures::streamscale_run_fast(job, report, &["--duration", "2"])
+/// A two-second run of `job` into `report` (`extra` arguments after the others); checks its
+/// exit status and returns its stderr.
+fn run_2s_with(job: &Path, report: &Path, extra: &[&str], code: i32) -> String {
+    let out = fixtures::streamscale_run_fast(job, report, &[&["--duration", "2"], extra].concat())
         .output()
         .expect("streamscale run");
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(code), "{out:?}");
     stderr
+}
+
+/// A two-second run of `job` into `report`; checks its exit status and returns its stderr.
+fn run_2s(job: &Path, report: &Path, code: i32) -> String {
+    run_2s_with(job, report, &[], code)
+}
+
+/// An executable script `dir/NAME` that answers `--version` as the engine does and otherwise
+/// exits at once with status 1 after an `ERROR` line on stderr: an engine that fails on
+/// start-up, after the run has checked everything it can check up front.
+fn engine_that_exits_at_once(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = fixtures::write(
+        dir,
+        "failing-engine.sh",
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'streamscale-engine 0.0.0'; exit 0; fi\necho 'ERROR failing-engine: cannot start' >&2\nexit 1\n",
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
 }
 
 #[test]
@@ -75,18 +95,26 @@ fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
         assert!(before.contains_key(Path::new(f)), "{f} missing: {before:?}");
     }
 
-    // A run that cannot start once its staging began: the report's savepoint directory is a
-    // regular file (bad job files and options are refused before anything is staged).
-    let savepoints = report.join("savepoints");
-    std::fs::remove_dir_all(&savepoints).expect("remove savepoints");
-    fixtures::write(&report, "savepoints", "not a directory");
+    // A run that cannot start once its staging began: its engine exits at once (bad job
+    // files, options and report directories are refused before anything is staged). One
+    // line says so, with the engine's exit status and its last error line.
+    let engine = engine_that_exits_at_once(dir.path());
+    let engine = engine.to_str().expect("UTF-8 path");
     let before = snapshot(&report);
-    let stderr = run_2s(&job, &report, 1);
+    let stderr = run_2s_with(&job, &report, &["--engine", engine], 1);
+    // (Beside the warning that the directory holds an earlier report.)
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("warning: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
     assert!(
-        stderr.contains(&savepoints.display().to_string()),
+        errors[0].starts_with(
+            "streamscale: the engine exited before serving metrics (exit code 1): ERROR failing-engine: cannot start"
+        ),
         "{stderr}"
     );
-    assert!(stderr.contains("was left as it was"), "{stderr}");
+    assert!(errors[0].contains("was left as it was"), "{stderr}");
     assert!(
         snapshot(&report) == before,
         "the earlier report changed: {stderr}"
@@ -114,7 +142,6 @@ fn a_run_that_cannot_start_leaves_the_earlier_report_as_it_was() {
     assert_eq!(staging_dirs(&report).len(), 1, "nothing new beside it");
 
     // A run that starts replaces the report as a whole.
-    std::fs::remove_file(&savepoints).expect("remove the blocker");
     run_2s(&job, &report, 0);
     let after = snapshot(&report);
     assert_ne!(
@@ -285,6 +312,11 @@ fn only_the_newest_savepoints_are_kept_and_never_the_final_one_removed() {
             && stdout.contains("the newest 2 kept (--keep-savepoints)"),
         "{stdout}"
     );
+    // The closing line names the final savepoint (in the report directory as given).
+    let done = stdout
+        .lines()
+        .find(|l| l.starts_with("done in "))
+        .unwrap_or_else(|| panic!("no done line:\n{stdout}"));
     assert!(other.join("_metadata.json").is_file());
     let kept: Vec<PathBuf> = savepoint_dirs(&report)
         .into_iter()
@@ -302,6 +334,18 @@ fn only_the_newest_savepoints_are_kept_and_never_the_final_one_removed() {
         kept.iter()
             .any(|k| k.canonicalize().is_ok_and(|k| k == final_savepoint)),
         "{final_savepoint:?} not in {kept:?}"
+    );
+    let (_, named) = done
+        .split_once(", final savepoint ")
+        .unwrap_or_else(|| panic!("no final savepoint named: {done}"));
+    assert!(
+        named.starts_with(&report.join("savepoints").display().to_string()),
+        "{done}"
+    );
+    assert_eq!(
+        Path::new(named).canonicalize().ok(),
+        Some(final_savepoint.clone()),
+        "{done}"
     );
     assert!(report.join("savepoints").join("notes.txt").is_file());
     // Zero would remove the savepoint the job runs from: refused before anything starts.

@@ -58,13 +58,16 @@ fn a_second_run_into_the_same_report_directory_warns_that_it_replaces_it() {
         .output()
         .expect("first run");
     assert!(first.status.success(), "{first:?}");
-    let text = String::from_utf8_lossy(&first.stdout);
+    let text = String::from_utf8_lossy(&first.stderr);
     assert!(!text.contains("warning:"), "{text}");
     let second = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
         .output()
         .expect("second run");
     assert!(second.status.success(), "{second:?}");
-    let text = String::from_utf8_lossy(&second.stdout);
+    // Warnings go to stderr; stdout holds the run's lines and results only.
+    let stdout = String::from_utf8_lossy(&second.stdout);
+    assert!(!stdout.contains("warning"), "{stdout}");
+    let text = String::from_utf8_lossy(&second.stderr);
     let first_line = text.lines().next().unwrap_or_default();
     assert!(
         first_line.starts_with(&format!(

@@ -5,7 +5,7 @@
 //! * `streamscale plan JOB.yaml --metrics-url URL`: scrape a running engine twice and print the
 //!   planner's decision as JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -140,6 +140,23 @@ fn err(line: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
+/// `path` (absolute, as the engine reported it) shown under `report_dir` as the user gave it
+/// when it lies in that directory (`report/savepoints/sp-…`), else as it is.
+fn shown_under(path: &Path, report_dir: &Path) -> PathBuf {
+    [
+        std::fs::canonicalize(report_dir).ok(),
+        std::path::absolute(report_dir).ok(),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(|full| {
+        path.strip_prefix(full)
+            .ok()
+            .map(|rest| report_dir.join(rest))
+    })
+    .unwrap_or_else(|| path.to_path_buf())
+}
+
 fn exit_code(e: &RunError) -> u8 {
     match e {
         RunError::Option(_) | RunError::Spec(_) => 2,
@@ -207,10 +224,15 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 keep_savepoints,
             };
             let mut console = Console::default();
-            let outcome = run::run(&opts, &mut |line: &str| console.line(line)).await?;
+            let outcome = run::run(
+                &opts,
+                &mut |line: &str| console.line(line),
+                &mut |line: &str| err(line),
+            )
+            .await?;
             let s = &outcome.summary;
             console.line(&format!(
-                "done in {:.0} s: {} rescale(s) ({} failed), {:.0} subtask·s (mean parallelism {:.2}), {} above the {} s SLO for {:.0} s{}; report in {}",
+                "done in {:.0} s: {} rescale(s) ({} failed), {:.0} subtask·s (mean parallelism {:.2}), {} above the {} s SLO for {:.0} s{}; report in {}{}",
                 s.duration_s,
                 s.rescales.len(),
                 s.failed_rescales.len(),
@@ -227,7 +249,14 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 } else {
                     String::new()
                 },
-                outcome.report_dir.display()
+                outcome.report_dir.display(),
+                s.final_savepoint
+                    .as_deref()
+                    .map(|sp| format!(
+                        ", final savepoint {}",
+                        shown_under(Path::new(sp), &outcome.report_dir).display()
+                    ))
+                    .unwrap_or_default()
             ));
             if let (Some(e), Some(a), Some(f)) =
                 (s.records_emitted, s.records_accounted, s.records_filtered)
