@@ -8,7 +8,7 @@
 set -euo pipefail
 P99=${P99:-300}
 DAYS=${DAYS:-7}
-SIM=./target/release/streamscale-sim
+SIM=${SIM:-./target/release/streamscale-sim}
 [ -x "$SIM" ] || cargo build --release -p streamscale-simulations >&2
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
