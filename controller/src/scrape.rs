@@ -29,6 +29,10 @@ pub const SOURCE_ARRIVALS: &str = "streamscale_source_arrivals_total";
 pub const SOURCE_RATE: &str = "streamscale_source_rate_records_per_second";
 /// Gauge (keyed operators): the busiest key group's share of the subtask's recent records.
 pub const HOTTEST_KEY_GROUP_SHARE: &str = "streamscale_hottest_key_group_share";
+/// Gauge (keyed operators), one series per listed key group (label `key_group`, its index):
+/// the share of the subtask's recent records taken by each of its busiest key groups (the
+/// engine lists its 8 busiest).
+pub const KEY_GROUP_SHARE: &str = "streamscale_key_group_share";
 /// Histogram (sinks): end-to-end latency in seconds.
 pub const SINK_LATENCY: &str = "streamscale_sink_latency_seconds";
 /// Counter (sinks): source records whose effect reached the sink.
@@ -281,7 +285,8 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
             | QUEUE_LENGTH
             | SOURCE_BACKLOG
             | SOURCE_ARRIVALS
-            | HOTTEST_KEY_GROUP_SHARE => {
+            | HOTTEST_KEY_GROUP_SHARE
+            | KEY_GROUP_SHARE => {
                 let op = sample.labels.get("operator").ok_or_else(|| {
                     parse_err(format!("{name}: sample without an `operator` label"))
                 })?;
@@ -316,10 +321,34 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                         s.hottest_key_group_share =
                             (value.is_finite() && value > 0.0).then_some(value.min(1.0));
                     }
+                    KEY_GROUP_SHARE => {
+                        let group = sample
+                            .labels
+                            .get("key_group")
+                            .and_then(|g| g.parse::<u32>().ok())
+                            .filter(|g| *g < streamscale_engine::spec::MAX_KEY_GROUPS)
+                            .ok_or_else(|| {
+                                parse_err(format!(
+                                    "{name}{{operator=\"{op}\",subtask=\"{subtask}\"}}: no key_group label with a key-group index"
+                                ))
+                            })?;
+                        if value.is_finite() && value > 0.0 {
+                            s.key_group_shares.push((group, value.min(1.0)));
+                        }
+                    }
                     _ => s.source_arrivals = Some(value),
                 }
             }
             _ => {}
+        }
+    }
+    // Each subtask's listed key groups busiest first (the lower index first on a tie), as the
+    // engine lists them, whatever the order of the page.
+    for subtasks in operators.values_mut() {
+        for s in subtasks.iter_mut().filter(|s| s.key_group_shares.len() > 1) {
+            s.key_group_shares
+                .sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            s.key_group_shares.dedup_by_key(|x| x.0);
         }
     }
     let mut buckets: Vec<(f64, f64)> = latency_buckets.into_values().collect();
@@ -364,6 +393,10 @@ streamscale_input_queue_length{operator="enrich",subtask="0"} 17
 streamscale_input_queue_length{operator="enrich",subtask="1"} 17
 # TYPE streamscale_hottest_key_group_share gauge
 streamscale_hottest_key_group_share{operator="enrich",subtask="1"} 0.75
+# TYPE streamscale_key_group_share gauge
+streamscale_key_group_share{operator="enrich",subtask="1",key_group="70"} 0.125
+streamscale_key_group_share{operator="enrich",subtask="1",key_group="117"} 0.75
+streamscale_key_group_share{operator="enrich",subtask="1",key_group="64"} 0.125
 # TYPE streamscale_source_backlog_records gauge
 streamscale_source_backlog_records{operator="source",subtask="0"} 120
 # TYPE streamscale_source_arrivals_total counter
@@ -399,6 +432,12 @@ process_cpu_seconds_total 3.2
         assert_eq!(enrich[0].source_backlog, None);
         assert_eq!(enrich[0].hottest_key_group_share, None);
         assert_eq!(enrich[1].hottest_key_group_share, Some(0.75));
+        // Busiest first, the lower index first on a tie; none for the subtask without a list.
+        assert_eq!(
+            enrich[1].key_group_shares,
+            vec![(117, 0.75), (64, 0.125), (70, 0.125)]
+        );
+        assert!(enrich[0].key_group_shares.is_empty());
         let source = &m.sample.operators["source"];
         assert_eq!(source[0].records_out, 2500.0);
         assert_eq!(source[0].source_backlog, Some(120.0));

@@ -59,6 +59,15 @@ pub struct OperatorEstimate {
     /// empty when no subtask reports it (then the key groups' loads are estimated as before).
     #[serde(default)]
     pub subtask_hottest_key_group_shares: Vec<Option<f64>>,
+    /// Keyed operators: each subtask's busiest key groups as (key group, share of the
+    /// subtask's input) (index = subtask), from the last sample's `key_group_shares`, each share
+    /// read conservatively as [`Self::subtask_hottest_key_group_shares`] is (the share h of the
+    /// subtask's n records in the window, less 2·√(h·n), over n; groups read as 0 dropped).
+    /// Empty lists for subtasks without the figure or without a record in the window; empty
+    /// when no subtask reports them (then the key groups' loads are estimated from the
+    /// hottest share alone, as before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtask_key_group_shares: Vec<Vec<(u32, f64)>>,
     /// Source-only figures (`None` for other operators).
     pub source: Option<SourceEstimate>,
 }
@@ -534,6 +543,7 @@ fn estimate_operator(
             Vec::new()
         },
         subtask_hottest_key_group_shares: hottest_key_group_shares(first, last),
+        subtask_key_group_shares: key_group_shares(first, last),
         source,
     })
 }
@@ -559,14 +569,35 @@ fn hottest_key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> 
     first
         .iter()
         .zip(last)
+        .map(|(a, b)| conservative_share(b.hottest_key_group_share?, b.records_in - a.records_in))
+        .collect()
+}
+
+/// A share `h` of `n` records read conservatively: the count h·n less
+/// [`COUNT_CONFIDENCE_Z`]·√(h·n) ([`count_lower_bound`]), over n, within [0, 1]; `None` for
+/// no record or a share that is not a positive number.
+fn conservative_share(h: f64, n: f64) -> Option<f64> {
+    if !(h.is_finite() && h > 0.0 && n > 0.0) {
+        return None;
+    }
+    Some((count_lower_bound(h.min(1.0) * n) / n).min(1.0))
+}
+
+/// [`OperatorEstimate::subtask_key_group_shares`] from a window's first and last rows of one
+/// operator's subtasks.
+fn key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> Vec<Vec<(u32, f64)>> {
+    if last.iter().all(|s| s.key_group_shares.is_empty()) {
+        return Vec::new();
+    }
+    first
+        .iter()
+        .zip(last)
         .map(|(a, b)| {
-            let h = b.hottest_key_group_share?;
             let n = b.records_in - a.records_in;
-            if !(h.is_finite() && h > 0.0 && n > 0.0) {
-                return None;
-            }
-            let hot = h.min(1.0) * n;
-            Some((count_lower_bound(hot) / n).min(1.0))
+            b.key_group_shares
+                .iter()
+                .filter_map(|&(g, h)| Some((g, conservative_share(h, n)?)).filter(|x| x.1 > 0.0))
+                .collect()
         })
         .collect()
 }
@@ -610,6 +641,35 @@ edges:
         ] {
             assert!(!valid(x), "{x}");
         }
+    }
+
+    #[test]
+    fn key_group_shares_are_read_conservatively_per_group() {
+        let spec = job(CHAIN);
+        let mut w = window(&ops(), &[10.0, 20.0]);
+        // map: 100 rec/s over 2 subtasks, 500 records each in the 10 s window. Subtask 1 lists
+        // three key groups; subtask 0 lists none.
+        let last = w.last_mut().expect("rows");
+        let map = last.operators.get_mut("map").expect("map");
+        map[1].key_group_shares = vec![(117, 0.5), (70, 0.002), (64, 0.3)];
+        let est = estimate(&spec, &w).expect("estimates");
+        let got = &est.operators["map"].subtask_key_group_shares;
+        assert_eq!(got.len(), 2);
+        assert!(got[0].is_empty());
+        // 250 records less 2·√250, over 500; 150 less 2·√150; 1 record less 2 is 0: dropped.
+        let want = [
+            (117, (250.0 - 2.0 * 250f64.sqrt()) / 500.0),
+            (64, (150.0 - 2.0 * 150f64.sqrt()) / 500.0),
+        ];
+        assert_eq!(got[1].len(), 2, "{got:?}");
+        for (g, w) in got[1].iter().zip(want) {
+            assert_eq!(g.0, w.0);
+            assert!((g.1 - w.1).abs() < 1e-12, "{got:?}");
+        }
+        // No subtask lists any: empty, and nothing else changes.
+        assert!(est.operators["sink"].subtask_key_group_shares.is_empty());
+        let plain = estimate(&spec, &window(&ops(), &[10.0, 20.0])).expect("estimates");
+        assert!(plain.operators["map"].subtask_key_group_shares.is_empty());
     }
 
     #[test]

@@ -33,6 +33,13 @@ pub struct SubtaskSample {
     /// it (other operators, before the first record, the simulator, older stored windows).
     #[serde(default)]
     pub hottest_key_group_share: Option<f64>,
+    /// Gauges, keyed operators only: the subtask's busiest key groups (at most 8, the engine's
+    /// `streamscale_key_group_share{key_group}`) as (key group index among the job's
+    /// `maxParallelism`, share of the subtask's recent records in (0, 1]), busiest first (the
+    /// lower index first on a tie). Empty where the engine does not report them (other
+    /// operators, before the first record, the simulator, older stored windows).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_group_shares: Vec<(u32, f64)>,
 }
 
 /// One scrape of the whole job.
