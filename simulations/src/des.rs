@@ -11,7 +11,13 @@
 //! assignment, as the engine); other operators share one queue. Queues hold `channelCapacity`
 //! records per subtask; a server whose output queue is full holds its record, blocked
 //! (backpressure), and a source whose output is full keeps arrivals in its backlog. Latency is
-//! measured per record from its arrival at the source to a sink.
+//! measured per record from its arrival at the source to a sink. A window passes each record
+//! it keeps (its selectivity: one per active key and period) on after its service, without
+//! holding it until the window closes: a window result's latency counts from the window's end
+//! (Flink's convention; the engine's sink histogram and the planner count it so), and the wait
+//! for a window to close is not latency. Not modelled: the burst a window emits at its
+//! boundary (the planner adds its drain downstream) and the engine's stamp of a result with
+//! the largest delay among its pane's records.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};

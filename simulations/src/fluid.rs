@@ -16,7 +16,10 @@
 //! arrival variability ca² is the sources' (1 for Poisson arrivals, 0 for `arrivals: paced`)
 //! carried through the network with the Queueing Network Analyzer's departure, splitting and
 //! merging rules ([`JobModel::input_scv`], [`JobModel::output_scv`]): exactly 1 everywhere with
-//! Poisson arrivals and exponential service.
+//! Poisson arrivals and exponential service. A window is a keyed operator whose output is
+//! thinned by its selectivity and not held until the window closes: a window result's latency
+//! counts from the window's end (Flink's convention, as the engine's sink histogram, the
+//! planner and the event mode count it), and its boundary burst is not modelled.
 //!
 //! Service rates: constant per operator, or replayed over time
 //! ([`JobModel::with_service_rates`]); a step uses each operator's mean service time over the

@@ -78,7 +78,9 @@ pub enum OpKind {
     Map,
     /// Keeps the share `keep` of records.
     Filter(f64),
-    /// Keyed tumbling window of `size_s` seconds over `keys` distinct keys.
+    /// Keyed tumbling window of `size_s` seconds over `keys` distinct keys: `size_s` sets its
+    /// selectivity ([`JobModel::selectivity`]); its records are not held until the window
+    /// closes (a window result's latency counts from the window's end).
     Window {
         /// Window length, seconds.
         size_s: f64,

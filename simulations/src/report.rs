@@ -1,5 +1,6 @@
 //! Outputs: `summary.json`, `timeseries.csv`, `comparison.png` (or `.svg`) and the terminal
-//! table.
+//! table. Latencies count a window result from its window's end, as the engine and the
+//! planner do (see [`crate::des`] and [`crate::fluid`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
