@@ -1396,8 +1396,10 @@ impl Model {
     /// [`Model::isolating_parallelism`] instead (the smallest parallelism at which every other
     /// subtask fits at the target and the hot group's subtask carries almost nothing else), held
     /// there (not scaled further for utilization) and reported as a hot-key bottleneck, saying
-    /// when the group even exceeds a subtask's full capacity μ (then the job cannot keep up at
-    /// any parallelism).
+    /// when the group even exceeds a subtask's full capacity μ: then the job cannot keep up at
+    /// any parallelism, the operator takes at most μ / (the group's share of its input), and the
+    /// other subtasks are sized for that rate (a backlog's drain rate above it would otherwise
+    /// ask for subtasks that cannot raise what the operator takes).
     fn size_keyed(
         &self,
         i: usize,
@@ -1414,11 +1416,16 @@ impl Model {
         // subtask's load over its range, so uneven ranges alone differ by far less).
         let skewed = hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR;
         if skewed && lambda * hottest > cap * (1.0 + CEIL_SLACK) {
-            let (p, group, other) = self.isolating_parallelism(i, lambda, cap * (1.0 + CEIL_SLACK));
+            // A group above even a subtask's full μ caps what the operator takes at μ / its share
+            // (its subtask saturates and backpressure holds the input there): the other
+            // subtasks need to fit only that rate, not the target rate it cannot reach.
+            let hot = lambda * hottest;
+            let over = hot > mu * (1.0 + CEIL_SLACK);
+            let taken = if over { mu / hottest } else { lambda };
+            let (p, group, other) = self.isolating_parallelism(i, taken, cap * (1.0 + CEIL_SLACK));
             if !explain {
                 return p;
             }
-            let hot = lambda * hottest;
             reasons.push(format!(
                 "{}: hot-key bottleneck: key group {group} takes {:.1}% of {} rec/s ({} rec/s), more than one subtask's {} rec/s at ρ {:.2}{}; more parallelism cannot bring it under the target: p={p} isolates it (its subtask carries {:.1}% of the input besides it, every other subtask within the target), holds there",
                 self.name(i),
@@ -1427,10 +1434,11 @@ impl Model {
                 fmt_rate(hot),
                 fmt_rate(cap),
                 self.s.rho,
-                if hot > mu * (1.0 + CEIL_SLACK) {
+                if over {
                     format!(
-                        ", even more than its full capacity μ {} rec/s: the operator cannot keep up at any parallelism",
-                        fmt_rate(mu)
+                        ", even more than its full capacity μ {} rec/s: the operator cannot keep up at any parallelism (it takes at most {} rec/s, the rate the other subtasks are sized for)",
+                        fmt_rate(mu),
+                        fmt_rate(taken)
                     )
                 } else {
                     String::new()
@@ -3210,6 +3218,32 @@ edges:
             }
         });
         assert!(!isolated_at_q, "p={q} isolates it too");
+        // A backlog to drain raises the target rate to about 800 rec/s: the hot group's 160
+        // rec/s exceed even μ = 100, so the operator takes at most μ / 0.2 ≈ 500 rec/s whatever
+        // its parallelism. At that rate one key still fits a subtask: the plan stays at p
+        // (sizing the others for 800 rec/s, where one key alone is over the target, would ask
+        // for a subtask per key and twice the parallelism, for nothing).
+        let (spec, mut w) = window_at(p);
+        for sample in &mut w {
+            sample.operators.get_mut("src").expect("src")[0].source_backlog = Some(9600.0);
+        }
+        let d = plan(&spec, &w, &PlannerSettings::default()).expect("plans");
+        assert!(
+            d.operators["win"].arrival_rate > 700.0,
+            "{:?}",
+            d.operators["win"]
+        );
+        assert_eq!(d.parallelism["win"], p, "{:?}", d.operators["win"].reason);
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("win: hot-key bottleneck")
+                    && r.contains(
+                        "the operator cannot keep up at any parallelism (it takes at most"
+                    )),
+            "{:?}",
+            d.reasons
+        );
     }
 
     /// src (γ = 1000) → `mid` (window of 1 s or map, p = 4, μ = 1000, selectivity 0.5) → map
