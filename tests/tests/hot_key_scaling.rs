@@ -153,7 +153,7 @@ fn a_few_keys_are_scaled_up_to_isolate_the_hot_group_and_held_there() {
         .map(|r| r.split(',').collect::<Vec<_>>())
         .filter(|r| r[p] == "1")
         .filter_map(|r| r[cap].parse::<f64>().ok().filter(|c| *c > 0.0))
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("no capacity measured at p=1:\n{timeline}"));
     let emitted = summary["records_emitted"]
         .as_f64()
