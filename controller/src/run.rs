@@ -487,7 +487,7 @@ pub const ENGINE_VERSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Why the executable `path` is not the engine, asked as `PATH --version` (the engine's
 /// command line answers `streamscale-engine VERSION` and exits at once): it cannot be run,
 /// does not answer within [`ENGINE_VERSION_TIMEOUT`] (killed then), or its first line of
-/// output does not start with the engine's name (`/bin/true` prints nothing). The phrase
+/// output does not start with the engine's name (GNU `/bin/true` prints `true (GNU coreutils) …`). The phrase
 /// follows the path in a message. `None` when it answers as the engine does.
 fn engine_identity_problem(path: &Path) -> Option<String> {
     use std::io::Read as _;
