@@ -21,6 +21,21 @@ fn share(text: &str, operator: &str, subtask: u32) -> Option<f64> {
         .map(|v| v.trim().parse().unwrap())
 }
 
+/// The `streamscale_key_group_share` series of `operator`'s subtask `subtask`: (key group,
+/// share), in page order.
+fn listed(text: &str, operator: &str, subtask: u32) -> Vec<(u32, f64)> {
+    let prefix = format!(
+        "streamscale_key_group_share{{operator=\"{operator}\",subtask=\"{subtask}\",key_group=\""
+    );
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|rest| {
+            let (group, value) = rest.split_once("\"} ").unwrap();
+            (group.parse().unwrap(), value.trim().parse().unwrap())
+        })
+        .collect()
+}
+
 /// Runs a source with `keys` keys at 2000 records/s through a map into a keyed window at
 /// parallelism 2 (128 key groups, 64 per subtask) for 1.5 s and returns `/metrics`.
 fn metrics_with_keys(keys: u64) -> String {
@@ -45,6 +60,12 @@ fn one_key_gives_its_subtask_a_share_of_one() {
     assert_eq!(published.len(), 1, "{shares:?}\n{m}");
     assert!((published[0] - 1.0).abs() < 1e-9, "{shares:?}");
     assert_eq!(share(&m, "map", 0), None, "non-keyed operator:\n{m}");
+    // The list names the one key's group (key 0 hashes to group 0, subtask 0's range) at 1.
+    let group = streamscale_engine::keygroup::key_group(0, 128);
+    let subtask = u32::from(group >= 64);
+    assert_eq!(listed(&m, "counts", subtask), vec![(group, 1.0)], "{m}");
+    assert!(listed(&m, "counts", 1 - subtask).is_empty(), "{m}");
+    assert!(listed(&m, "map", 0).is_empty(), "{m}");
     assert_eq!(share(&m, "src", 0), None, "source:\n{m}");
 }
 
@@ -56,5 +77,13 @@ fn many_keys_give_a_small_share() {
         // Even spread: 1/64 per key group; ~1500 records per subtask make the busiest one
         // a few times that at most.
         assert!(h > 1.0 / 64.0 - 1e-9 && h < 0.1, "counts-{i}: {h}");
+        // The 8 busiest of the subtask's 64 groups, all in its range, the first at h.
+        let l = listed(&m, "counts", i);
+        assert_eq!(l.len(), 8, "counts-{i}: {l:?}");
+        assert!(
+            l.iter().all(|&(g, s)| g / 64 == i && s > 0.0 && s <= h),
+            "{l:?}"
+        );
+        assert!(l.iter().any(|&(_, s)| s == h), "{l:?}");
     }
 }
