@@ -1057,19 +1057,19 @@ impl Model {
         }
         let eps = (1.0 - s.percentile) / f64::from(graph.depth);
         tail_memo.reset(graph.tail_at[n]);
+        let wait = watermark_waits(topo, spec, &gamma);
         Ok(Model {
             budget: TailBudget::new(eps),
             lambda_smooth,
             burst_in,
+            wait,
             graph,
             est,
             s,
-        let wait = watermark_waits(topo, spec, &gamma);
             gamma,
             gamma_target,
             lambda_target,
             gamma_target_hold,
-            wait,
             lambda_target_hold,
             with_downtime: true,
             lambda_steady,
@@ -1931,10 +1931,26 @@ impl Model {
                         .longest_path_into(&w_max, &mut max_dist, &mut max_via);
             }
             if lat_max > self.s.slo {
-                reasons.push(format!(
+                let mut why = format!(
                     "latency SLO {} s unattainable: even at maximum parallelism the {} bound is {:.4} s; no subtasks added for latency",
-                    self.s.slo, self.percentile_label(), lat_max
-                ));
+                    self.s.slo,
+                    self.percentile_label(),
+                    lat_max
+                );
+                // What parallelism cannot shorten: event-time windows' watermark delays (a
+                // window's period is not latency: its results count from the window's end).
+                if let Some((i, w)) = (0..n)
+                    .map(|i| (i, self.window_wait(i)))
+                    .filter(|&(_, w)| w > 0.0)
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+                {
+                    let _ = write!(
+                        why,
+                        " ({} waits {w:.4} s beyond its windows' ends for the watermark, which no parallelism shortens)",
+                        self.name(i)
+                    );
+                }
+                reasons.push(why);
             } else {
                 let before = lat;
                 let mut st = LatencyState {
@@ -3337,6 +3353,106 @@ edges:
     }
 
     #[test]
+    fn a_window_period_above_the_slo_can_still_meet_it() {
+        // The burst job with a 2 s tumbling window and a 1 s SLO: the wait for the window to
+        // close is not latency (a window result counts from its window's end, Flink's
+        // convention and the engine's), so the SLO is met without reporting it unattainable;
+        // the period still sizes the map's burst (1000 records every 2 s: a 1 s drain at
+        // p = 1), which the allocation works off: map +1 → 0.5 s.
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(1.0),
+            ..PlannerSettings::default()
+        };
+        let (spec, w) = burst_job("window, sizeMs: 2000");
+        let d = plan(&spec, &w, &settings).expect("plans");
+        assert!(
+            !d.reasons.iter().any(|r| r.contains("unattainable")),
+            "{:?}",
+            d.reasons
+        );
+        assert!(d.slo_met(), "{d:?}");
+        assert!(d.predicted_latency_percentile_seconds < 1.0, "{d:?}");
+        assert_eq!(d.parallelism["map"], 2, "{:?}", d.reasons);
+        let map = &d.operators["map"];
+        let tail = 300f64.ln() / 1000.0 + 0.5;
+        assert!(
+            (map.predicted_sojourn_percentile_seconds - tail).abs() < 1e-9,
+            "{map:?}"
+        );
+    }
+
+    /// A Nexmark source (`eventRate` events per second of event time, watermark bound
+    /// `bound_ms`) → bids (select, p = 1, μ = 10 000) → counts (`eventWindow` with `assigner`,
+    /// keyed, p = 2, μ = 5000) → sink (μ = 100 000), at γ = 1000 rec/s.
+    fn event_time_job(
+        assigner: &str,
+        bound_ms: u64,
+        event_rate: u64,
+    ) -> (JobSpec, Vec<MetricSample>) {
+        let spec = job(&format!(
+            "name: et\noperators:\n  - {{ name: src, kind: source, rate: {{ constant: 1000 }}, nexmark: {{ eventRate: {event_rate}, maxOutOfOrdernessMs: {bound_ms} }} }}\n  - {{ name: bids, kind: select, query: bids }}\n  - {{ name: counts, kind: eventWindow, key: auction, window: {assigner}, parallelism: 2 }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: src, to: bids }}\n  - {{ from: bids, to: counts }}\n  - {{ from: counts, to: sink }}\n"
+        ));
+        let ops = [
+            Synth::source("src", 1, 1000.0, 0.0),
+            Synth::op("bids", 1, 1000.0, 10_000.0, 1.0),
+            Synth::op("counts", 2, 1000.0, 5000.0, 0.1),
+            Synth::op("sink", 1, 100.0, 100_000.0, 0.0),
+        ];
+        (spec, window(&ops, &[0.0, 10.0]))
+    }
+
+    #[test]
+    fn an_event_time_window_counts_its_watermark_delay() {
+        // Watermark bound 250 ms of event time at 2000 events/s of event time: the window
+        // ending at e fires once the source emitted event time e + 250 ms, 500 events later:
+        // 0.5 s at γ = 1000 rec/s. Added in full to the window's mean and percentile terms,
+        // not its 1 s period.
+        let tumbling = "{ tumbling: { sizeMs: 1000 } }";
+        let settings = PlannerSettings::default();
+        let (spec0, w0) = event_time_job(tumbling, 0, 2000);
+        let (spec, w) = event_time_job(tumbling, 250, 2000);
+        let d0 = plan(&spec0, &w0, &settings).expect("plans");
+        let d = plan(&spec, &w, &settings).expect("plans");
+        assert_eq!(d.parallelism, d0.parallelism);
+        let (c0, c) = (&d0.operators["counts"], &d.operators["counts"]);
+        assert!(c0.predicted_sojourn_percentile_seconds < 0.1, "{c0:?}");
+        let tail = c.predicted_sojourn_percentile_seconds - c0.predicted_sojourn_percentile_seconds;
+        let mean = c.predicted_sojourn_seconds - c0.predicted_sojourn_seconds;
+        assert!((tail - 0.5).abs() < 1e-12, "{c:?}");
+        assert!((mean - 0.5).abs() < 1e-12, "{c:?}");
+        let bound =
+            d.predicted_latency_percentile_seconds - d0.predicted_latency_percentile_seconds;
+        assert!((bound - 0.5).abs() < 1e-12);
+        // Only the window waits: the operators before and after it are unchanged.
+        for op in ["bids", "sink"] {
+            assert_eq!(d.operators[op], d0.operators[op], "{op}");
+        }
+        // At event time's own pace (eventRate = γ) the wait is the bound itself; a session
+        // window (its gap is its end's definition) waits the same.
+        let (spec_s, w_s) = event_time_job("{ session: { gapMs: 3000 } }", 250, 1000);
+        let s = plan(&spec_s, &w_s, &settings).expect("plans");
+        let (spec_s0, w_s0) = event_time_job("{ session: { gapMs: 3000 } }", 0, 1000);
+        let s0 = plan(&spec_s0, &w_s0, &settings).expect("plans");
+        let wait = s.operators["counts"].predicted_sojourn_percentile_seconds
+            - s0.operators["counts"].predicted_sojourn_percentile_seconds;
+        assert!((wait - 0.25).abs() < 1e-12, "{wait}");
+        assert!(
+            s0.slo_met() && s0.predicted_latency_percentile_seconds < 0.1,
+            "{s0:?}"
+        );
+        // A watermark delay above the SLO cannot be helped by parallelism: reported.
+        let (spec_l, w_l) = event_time_job(tumbling, 1000, 2000);
+        let late = plan(&spec_l, &w_l, &settings).expect("plans");
+        assert!(
+            late.reasons.iter().any(|r| r.contains("unattainable")
+                && r.contains("counts waits 2.0000 s beyond its windows' ends for the watermark")),
+            "{:?}",
+            late.reasons
+        );
+        assert!(late.predicted_latency_percentile_seconds > 2.0);
+    }
+
+    #[test]
     fn feedback_loops_are_planned_and_unstable_ones_rejected() {
         // src → a → b → a (loop), b → sink. Every edge out of b carries b's selectivity g:
         // λ_a = γ + g·λ_b, λ_b = λ_a, so λ_a = γ / (1 − g). (The engine's job validation still
@@ -3674,105 +3790,6 @@ edges:
                 inputs[i].push(j);
             }
         }
-    #[test]
-    fn a_window_period_above_the_slo_can_still_meet_it() {
-        // The burst job with a 2 s tumbling window and a 1 s SLO: the wait for the window to
-        // close is not latency (a window result counts from its window's end, Flink's
-        // convention and the engine's), so the SLO is met without reporting it unattainable;
-        // the period still sizes the map's burst (1000 records every 2 s: a 1 s drain at
-        // p = 1), which the allocation works off: map +1 → 0.5 s.
-        let settings = PlannerSettings {
-            latency_slo_seconds: Some(1.0),
-            ..PlannerSettings::default()
-        };
-        let (spec, w) = burst_job("window, sizeMs: 2000");
-        let d = plan(&spec, &w, &settings).expect("plans");
-        assert!(
-            !d.reasons.iter().any(|r| r.contains("unattainable")),
-            "{:?}",
-            d.reasons
-        );
-        assert!(d.slo_met(), "{d:?}");
-        assert!(d.predicted_latency_percentile_seconds < 1.0, "{d:?}");
-        assert_eq!(d.parallelism["map"], 2, "{:?}", d.reasons);
-        let map = &d.operators["map"];
-        let tail = 300f64.ln() / 1000.0 + 0.5;
-        assert!(
-            (map.predicted_sojourn_percentile_seconds - tail).abs() < 1e-9,
-            "{map:?}"
-        );
-    }
-
-    /// A Nexmark source (`eventRate` events per second of event time, watermark bound
-    /// `bound_ms`) → bids (select, p = 1, μ = 10 000) → counts (`eventWindow` with `assigner`,
-    /// keyed, p = 2, μ = 5000) → sink (μ = 100 000), at γ = 1000 rec/s.
-    fn event_time_job(
-        assigner: &str,
-        bound_ms: u64,
-        event_rate: u64,
-    ) -> (JobSpec, Vec<MetricSample>) {
-        let spec = job(&format!(
-            "name: et\noperators:\n  - {{ name: src, kind: source, rate: {{ constant: 1000 }}, nexmark: {{ eventRate: {event_rate}, maxOutOfOrdernessMs: {bound_ms} }} }}\n  - {{ name: bids, kind: select, query: bids }}\n  - {{ name: counts, kind: eventWindow, key: auction, window: {assigner}, parallelism: 2 }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: src, to: bids }}\n  - {{ from: bids, to: counts }}\n  - {{ from: counts, to: sink }}\n"
-        ));
-        let ops = [
-            Synth::source("src", 1, 1000.0, 0.0),
-            Synth::op("bids", 1, 1000.0, 10_000.0, 1.0),
-            Synth::op("counts", 2, 1000.0, 5000.0, 0.1),
-            Synth::op("sink", 1, 100.0, 100_000.0, 0.0),
-        ];
-        (spec, window(&ops, &[0.0, 10.0]))
-    }
-
-    #[test]
-    fn an_event_time_window_counts_its_watermark_delay() {
-        // Watermark bound 250 ms of event time at 2000 events/s of event time: the window
-        // ending at e fires once the source emitted event time e + 250 ms, 500 events later:
-        // 0.5 s at γ = 1000 rec/s. Added in full to the window's mean and percentile terms,
-        // not its 1 s period.
-        let tumbling = "{ tumbling: { sizeMs: 1000 } }";
-        let settings = PlannerSettings::default();
-        let (spec0, w0) = event_time_job(tumbling, 0, 2000);
-        let (spec, w) = event_time_job(tumbling, 250, 2000);
-        let d0 = plan(&spec0, &w0, &settings).expect("plans");
-        let d = plan(&spec, &w, &settings).expect("plans");
-        assert_eq!(d.parallelism, d0.parallelism);
-        let (c0, c) = (&d0.operators["counts"], &d.operators["counts"]);
-        assert!(c0.predicted_sojourn_percentile_seconds < 0.1, "{c0:?}");
-        let tail = c.predicted_sojourn_percentile_seconds - c0.predicted_sojourn_percentile_seconds;
-        let mean = c.predicted_sojourn_seconds - c0.predicted_sojourn_seconds;
-        assert!((tail - 0.5).abs() < 1e-12, "{c:?}");
-        assert!((mean - 0.5).abs() < 1e-12, "{c:?}");
-        let bound =
-            d.predicted_latency_percentile_seconds - d0.predicted_latency_percentile_seconds;
-        assert!((bound - 0.5).abs() < 1e-12);
-        // Only the window waits: the operators before and after it are unchanged.
-        for op in ["bids", "sink"] {
-            assert_eq!(d.operators[op], d0.operators[op], "{op}");
-        }
-        // At event time's own pace (eventRate = γ) the wait is the bound itself; a session
-        // window (its gap is its end's definition) waits the same.
-        let (spec_s, w_s) = event_time_job("{ session: { gapMs: 3000 } }", 250, 1000);
-        let s = plan(&spec_s, &w_s, &settings).expect("plans");
-        let (spec_s0, w_s0) = event_time_job("{ session: { gapMs: 3000 } }", 0, 1000);
-        let s0 = plan(&spec_s0, &w_s0, &settings).expect("plans");
-        let wait = s.operators["counts"].predicted_sojourn_percentile_seconds
-            - s0.operators["counts"].predicted_sojourn_percentile_seconds;
-        assert!((wait - 0.25).abs() < 1e-12, "{wait}");
-        assert!(
-            s0.slo_met() && s0.predicted_latency_percentile_seconds < 0.1,
-            "{s0:?}"
-        );
-        // A watermark delay above the SLO cannot be helped by parallelism: reported.
-        let (spec_l, w_l) = event_time_job(tumbling, 1000, 2000);
-        let late = plan(&spec_l, &w_l, &settings).expect("plans");
-        assert!(
-            late.reasons.iter().any(|r| r.contains("unattainable")),
-            "{:?}",
-            late.reasons
-        );
-        assert!(late.predicted_latency_percentile_seconds > 2.0);
-    }
-
         let mut yaml = String::from("name: dag\noperators:\n");
         for (i, ins) in inputs.iter().enumerate() {
             if ins.is_empty() {
