@@ -157,8 +157,8 @@ pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String 
 /// e.g. one hot key) whose λ exceeds that capacity. Either way their input queue and the
 /// sources' backlog grow. Also keyed operators the plan reports as a hot-key bottleneck (one
 /// key group needs more than a subtask at the target utilization, from the engine's
-/// `streamscale_hottest_key_group_share`): kept where they are, since more subtasks cannot
-/// help.
+/// `streamscale_key_group_share`): held at the parallelism that isolates that group, since
+/// more subtasks cannot take its load off its subtask.
 pub fn overloaded_held(
     decision: &crate::model::Decision,
     learned: &crate::model::learn::ScalabilityTracker,
