@@ -1524,8 +1524,12 @@ impl Model {
     /// further, so this is where the operator is held. Such a p exists: at p = K each range is
     /// one key group, a hot one alone or a cool one that fits by definition. Returns p, the
     /// hottest group and the load its subtask carries besides it at p (share of the input).
-    /// The search starts at a lower bound (the hot groups need a subtask each, and the others'
-    /// subtasks carry the rest at `limit`) and checks each p in O(p); it stops at the first p.
+    /// `lambda` is the operator's input rate, records/s ([`Model::size_keyed`] passes the
+    /// target rate, or the μ / share its hottest group lets through when that is less). The
+    /// search starts at a lower bound (the hot groups need a subtask each, and the others'
+    /// subtasks carry the rest at `limit`) and checks each p in O(p), stopping at the first: O(p²)
+    /// range sums in all, p usually a few dozen (at worst K² / 2, when only single-group ranges
+    /// separate the hot groups).
     fn isolating_parallelism(&self, i: usize, lambda: f64, limit: f64) -> (u32, u32, f64) {
         let k = self.graph.key_groups.max(1);
         let Some(s) = self.kg_slot[i] else {
