@@ -173,7 +173,7 @@ pub fn overloaded_held(
                 || held_by_flag(name, o, learned).is_some()
                 || hot_key_reason(name, decision).is_some()
         })
-        .map(|(name, _)| name.clone())
+        .map(|(name, _)| name.to_string())
         .collect()
 }
 
@@ -219,7 +219,7 @@ pub fn at_limit_line(
     let parts: Vec<String> = names
         .iter()
         .filter_map(|name| {
-            let o = decision.operators.get(name)?;
+            let o = decision.operators.get(name.as_str())?;
             if let Some(reason) = hot_key_reason(name, decision) {
                 stuck = true;
                 return Some(format!("{name}={} ({reason})", o.parallelism));

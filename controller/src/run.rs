@@ -1882,7 +1882,7 @@ pub fn rescale_reason(decision: &crate::model::Decision) -> String {
                     "{name}: {} → {}",
                     plan.current_parallelism, plan.parallelism
                 )
-            } else if plan.reason.starts_with(name.as_str()) {
+            } else if plan.reason.starts_with(&**name) {
                 plan.reason.clone()
             } else {
                 format!("{name}: {}", plan.reason)

@@ -138,7 +138,7 @@ pub fn demand_from_decision(d: &Decision, spec: &JobSpec) -> Vec<OperatorDemandS
                 _ => f64::from(o.current_parallelism.clamp(min, max)),
             };
             OperatorDemandStatus {
-                name: n.clone(),
+                name: n.to_string(),
                 need,
                 min,
                 max,

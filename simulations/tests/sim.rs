@@ -243,7 +243,9 @@ fn window_latency_counts_from_the_window_end() {
     let last = des.snapshot(80.0);
     let window = metric_samples(&model, &p, &[first, last]);
     let d = plan(&spec, &window, &PlannerSettings::default()).unwrap();
-    assert_eq!(d.parallelism, d.current, "pinned");
+    let current: Vec<(&str, u32)> = d.current.iter().map(|(k, &p)| (&**k, p)).collect();
+    let planned: Vec<(&str, u32)> = d.parallelism.iter().map(|(k, &p)| (&**k, p)).collect();
+    assert_eq!(planned, current, "pinned");
     assert!(
         !d.reasons.iter().any(|r| r.contains("unattainable")),
         "{:?}",

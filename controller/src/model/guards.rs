@@ -386,8 +386,8 @@ impl Autoscaler {
         // operator's current parallelism (what `get` would).
         let mut currents = planned.current.iter().peekable();
         for (name, new) in guarded.iter_mut() {
-            while currents.next_if(|(k, _)| *k < name).is_some() {}
-            let Some((_, &cur)) = currents.next_if(|(k, _)| *k == name) else {
+            while currents.next_if(|(k, _)| &***k < name.as_str()).is_some() {}
+            let Some((_, &cur)) = currents.next_if(|(k, _)| &***k == name.as_str()) else {
                 continue;
             };
             if *new >= cur {
@@ -473,7 +473,7 @@ impl Autoscaler {
         let changed = planned
             .parallelism
             .iter()
-            .any(|(k, p)| planned.current.get(k) != Some(p));
+            .any(|(k, p)| planned.current.get(k.as_str()) != Some(p));
         let notes: Vec<(String, String)> = notes;
         let worth = if changed {
             rescale_worth_its_cost(&model, &planned, &planned.parallelism, g)
@@ -530,13 +530,16 @@ fn change_note(what: &str, cur: u32, new: u32, rest: &[&str]) -> String {
 
 /// Appends each guard note (operator, note; in name order, as the guards make them) to its
 /// operator's reason: one merge of the two name-ordered lists instead of a lookup per note.
-fn append_guard_notes(operators: &mut BTreeMap<String, OperatorPlan>, notes: &[(String, String)]) {
+fn append_guard_notes(
+    operators: &mut BTreeMap<Arc<str>, OperatorPlan>,
+    notes: &[(String, String)],
+) {
     let mut ops = operators.iter_mut().peekable();
     for (op, note) in notes {
-        while ops.next_if(|(k, _)| k.as_str() < op.as_str()).is_some() {}
+        while ops.next_if(|(k, _)| &***k < op.as_str()).is_some() {}
         // Peeked, not taken: a second note on the same operator appends too.
         if let Some((k, plan)) = ops.peek_mut()
-            && k.as_str() == op.as_str()
+            && &***k == op.as_str()
         {
             plan.reason.push_str("; guard: ");
             plan.reason.push_str(note);
@@ -606,7 +609,7 @@ fn rescale_worth_its_cost(
     );
     let up = guarded
         .iter()
-        .any(|(k, p)| planned.current.get(k).is_some_and(|c| p > c));
+        .any(|(k, p)| planned.current.get(k.as_str()).is_some_and(|c| p > c));
     if up {
         let (rho_target_now, _, tail_now) = model.assess(&planned.current);
         let violates = rho_target_now > planned.target_utilization * (1.0 + 1e-9)

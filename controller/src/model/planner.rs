@@ -17,6 +17,7 @@
 //! Sources are never rescaled (as in DS2). Operators whose true processing rate is unknown
 //! (too little busy time in the window) keep their parallelism.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -203,12 +204,15 @@ pub struct SourcePlan {
 pub struct Decision {
     /// Planned parallelism per operator (sources included, unchanged).
     pub parallelism: BTreeMap<String, u32>,
-    /// Running parallelism per operator (subtasks reporting in the window).
-    pub current: BTreeMap<String, u32>,
+    /// Running parallelism per operator (subtasks reporting in the window). Keyed by the
+    /// operator names the planner's job graph shares between its decisions (an `Arc<str>`
+    /// each: a decision copies no name), as are [`Self::operators`] and [`Self::sources`];
+    /// serialized as plain strings.
+    pub current: BTreeMap<Arc<str>, u32>,
     /// Per-operator details.
-    pub operators: BTreeMap<String, OperatorPlan>,
+    pub operators: BTreeMap<Arc<str>, OperatorPlan>,
     /// Per-source rates and backlog.
-    pub sources: BTreeMap<String, SourcePlan>,
+    pub sources: BTreeMap<Arc<str>, SourcePlan>,
     /// Predicted mean end-to-end latency at the planned parallelism and steady arrival rates:
     /// the largest over source-to-sink paths of the sum of mean sojourn times (burst drains at
     /// half their length, event-time windows' watermark delays in full; window periods not
@@ -247,7 +251,7 @@ impl Decision {
     pub fn changed(&self) -> bool {
         self.parallelism
             .iter()
-            .any(|(k, p)| self.current.get(k) != Some(p))
+            .any(|(k, p)| self.current.get(k.as_str()) != Some(p))
     }
 
     /// Whether the predicted latency percentile bound meets the SLO.
@@ -300,6 +304,9 @@ pub(crate) struct JobGraph {
     after_init: Vec<f64>,
     /// Operator indices in name order (the order of a [`Decision`]'s maps).
     by_name: Vec<usize>,
+    /// Each operator's name (indexed like the topology), shared by every decision's name-keyed
+    /// maps: a decision takes a reference to it instead of a copy.
+    shared_names: Vec<Arc<str>>,
     /// The index of each of the spec's operators, in the spec's order (the same for every spec
     /// the graph [matches](JobGraph::matches)).
     spec_order: Vec<Option<usize>>,
@@ -373,10 +380,31 @@ impl PartialEq for BufferPool {
 /// into a vector; the maps are the same either way.
 #[derive(Debug, PartialEq)]
 struct DecisionTemplates {
-    /// Name → 0.
+    /// Name → 0 (for [`Decision::parallelism`]).
     names: BTreeMap<String, u32>,
-    /// Name → an empty plan.
-    plans: BTreeMap<String, OperatorPlan>,
+    /// Shared name → 0 (for [`Decision::current`]).
+    shared: BTreeMap<Arc<str>, u32>,
+    /// Shared name → an empty plan.
+    plans: BTreeMap<Arc<str>, OperatorPlan>,
+}
+
+/// The key type of one of a [`Decision`]'s name-keyed maps: a copy of the operator's name, or
+/// the graph's shared one.
+trait NameKey: Clone + Ord {
+    /// Operator `i`'s name in `graph`.
+    fn of(graph: &JobGraph, i: usize) -> Self;
+}
+
+impl NameKey for String {
+    fn of(graph: &JobGraph, i: usize) -> String {
+        graph.topo.names[i].clone()
+    }
+}
+
+impl NameKey for Arc<str> {
+    fn of(graph: &JobGraph, i: usize) -> Arc<str> {
+        graph.shared_name(i)
+    }
 }
 
 type GraphKey = (
@@ -465,6 +493,7 @@ impl JobGraph {
         }
         let mut by_name: Vec<usize> = (0..n).collect();
         by_name.sort_by(|&a, &b| topo.names[a].cmp(&topo.names[b]));
+        let shared_names = topo.names.iter().map(|s| Arc::from(s.as_str())).collect();
         let spec_order = spec
             .operators
             .iter()
@@ -484,6 +513,7 @@ impl JobGraph {
             fwd_out,
             after_init,
             by_name,
+            shared_names,
             spec_order,
             key,
             tail_at,
@@ -520,18 +550,31 @@ impl JobGraph {
             clamped_at_max: false,
             reason: String::new(),
         };
-        let plans = names.keys().map(|k| (k.clone(), empty.clone())).collect();
-        self.templates = Some(DecisionTemplates { names, plans });
+        let shared: BTreeMap<Arc<str>, u32> = self
+            .by_name
+            .iter()
+            .map(|&i| (Arc::clone(&self.shared_names[i]), 0))
+            .collect();
+        let plans = shared
+            .keys()
+            .map(|k| (Arc::clone(k), empty.clone()))
+            .collect();
+        self.templates = Some(DecisionTemplates {
+            names,
+            shared,
+            plans,
+        });
         self
     }
 
-    /// A map from every operator's name to `value(i)` (i its index), in name order.
-    fn name_map<V>(
+    /// A map from every operator's name (`key(i)`, i its index) to `value(i)`, in name order.
+    fn name_map<K, V>(
         &self,
-        template: Option<&BTreeMap<String, V>>,
+        template: Option<&BTreeMap<K, V>>,
         mut value: impl FnMut(usize) -> V,
-    ) -> BTreeMap<String, V>
+    ) -> BTreeMap<K, V>
     where
+        K: NameKey,
         V: Clone,
     {
         match template {
@@ -545,9 +588,14 @@ impl JobGraph {
             None => self
                 .by_name
                 .iter()
-                .map(|&i| (self.topo.names[i].clone(), value(i)))
+                .map(|&i| (K::of(self, i), value(i)))
                 .collect(),
         }
+    }
+
+    /// Operator `i`'s name as the key of a [`Decision`]'s map of shared names.
+    fn shared_name(&self, i: usize) -> Arc<str> {
+        Arc::clone(&self.shared_names[i])
     }
 
     /// [`Topology::longest_path_update`](super::network::Topology) after only operator
@@ -643,21 +691,22 @@ impl JobGraph {
     /// The operator index of each entry of `map` (keyed by operator name, in its order) when
     /// its keys are exactly this graph's operators, else `None`: one string comparison per
     /// entry instead of a lookup.
-    fn indices_of<'a, V>(
+    fn indices_of<'a, K: Borrow<str>, V>(
         &'a self,
-        map: &'a BTreeMap<String, V>,
+        map: &'a BTreeMap<K, V>,
     ) -> Option<impl Iterator<Item = (usize, &'a V)> + 'a> {
         self.keys_match(map)
             .then(|| self.by_name.iter().copied().zip(map.values()))
     }
 
-    /// Whether the keys of `map` are exactly this graph's operator names.
-    fn keys_match<V>(&self, map: &BTreeMap<String, V>) -> bool {
+    /// Whether the keys of `map` are exactly this graph's operator names (a key that is the
+    /// graph's shared name itself, as in the decisions it made, without comparing the text).
+    fn keys_match<K: Borrow<str>, V>(&self, map: &BTreeMap<K, V>) -> bool {
         map.len() == self.by_name.len()
-            && map
-                .keys()
-                .zip(&self.by_name)
-                .all(|(k, &i)| *k == self.topo.names[i])
+            && map.keys().zip(&self.by_name).all(|(k, &i)| {
+                let k: &str = k.borrow();
+                std::ptr::eq(k, &*self.shared_names[i]) || k == self.topo.names[i]
+            })
     }
 
     /// Whether this graph was built from a spec with the same operators (names, kinds,
@@ -2049,13 +2098,13 @@ impl Model {
                 reason: std::mem::take(&mut why[i]),
             }
         });
-        let sources: BTreeMap<String, SourcePlan> = g
+        let sources: BTreeMap<Arc<str>, SourcePlan> = g
             .by_name
             .iter()
             .filter_map(|&i| {
                 let src = self.est[i].source?;
                 Some((
-                    g.topo.names[i].clone(),
+                    g.shared_name(i),
                     SourcePlan {
                         arrival_rate: self.gamma[i],
                         backlog_records: src.backlog_records,
@@ -2089,7 +2138,7 @@ impl Model {
         });
         let mut d = Decision {
             parallelism: g.name_map(g.templates.as_ref().map(|t| &t.names), |i| p[i]),
-            current: g.name_map(g.templates.as_ref().map(|t| &t.names), |i| {
+            current: g.name_map(g.templates.as_ref().map(|t| &t.shared), |i| {
                 self.est[i].parallelism
             }),
             operators,
@@ -2127,7 +2176,7 @@ impl Model {
             }
         } else {
             for (i, name) in self.graph.topo.names.iter().enumerate() {
-                if let Some(o) = d.operators.get(name) {
+                if let Some(o) = d.operators.get(name.as_str()) {
                     mean[i] = o.predicted_sojourn_seconds;
                     tail[i] = o.predicted_sojourn_percentile_seconds;
                 }
@@ -2175,7 +2224,7 @@ impl Model {
     /// How parallelism `p` (by operator name; missing = current) would run: (highest
     /// predicted utilization ρ at the target rate, with catch-up; highest ρ at the steady rate;
     /// the percentile bound of the slowest path, seconds). Used to weigh a rescale's cost.
-    pub(crate) fn assess(&self, p: &BTreeMap<String, u32>) -> (f64, f64, f64) {
+    pub(crate) fn assess<K: Borrow<str> + Ord>(&self, p: &BTreeMap<K, u32>) -> (f64, f64, f64) {
         let n = self.graph.topo.len();
         let pv: Vec<u32> = if let Some(ps) = self.graph.indices_of(p) {
             let mut pv = vec![0; n];
@@ -2242,10 +2291,14 @@ impl Model {
             return;
         }
         for (name, plan) in d.operators.iter_mut() {
-            let Some(&i) = self.graph.topo.index.get(name) else {
+            let Some(&i) = self.graph.topo.index.get(&**name) else {
                 continue;
             };
-            let p = d.parallelism.get(name).copied().unwrap_or(plan.parallelism);
+            let p = d
+                .parallelism
+                .get(&**name)
+                .copied()
+                .unwrap_or(plan.parallelism);
             plan.parallelism = p;
             plan.predicted_utilization = self.predicted_rho(i, p);
             plan.predicted_sojourn_seconds = self.sojourn(i, p);
@@ -3588,6 +3641,58 @@ edges:
         // Planned twice more on the kept buffers: the same again.
         assert_eq!(model(&second).plan(), fresh);
         assert_eq!(model(&first).plan(), fresh_first);
+    }
+
+    #[test]
+    fn decisions_share_the_graphs_names_and_unshared_names_refresh_alike() {
+        let (spec, window) = keyed_window(4, 3500.0, &[0.1, 0.2, 0.3, 0.4]);
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(0.05),
+            ..PlannerSettings::default()
+        };
+        let graph = Arc::new(JobGraph::new(&spec).expect("graph").with_templates());
+        let mut model =
+            Model::with_graph(Arc::clone(&graph), &spec, &window, None, &settings).expect("model");
+        let d = model.plan();
+        // The name-keyed maps hold the graph's own names (from the templates and for the
+        // sources), and are what a graph without templates collects.
+        let shared = |k: &Arc<str>| graph.shared_names.iter().any(|s| Arc::ptr_eq(k, s));
+        assert!(d.operators.keys().all(shared));
+        assert!(d.current.keys().all(shared));
+        assert!(d.sources.keys().all(shared));
+        assert_eq!(d.operators.len(), 3);
+        assert_eq!(
+            d,
+            Model::new(&spec, &window, &settings).expect("model").plan()
+        );
+        // Serialized, the names are plain strings.
+        let json = serde_json::to_value(&d).expect("serializes");
+        assert_eq!(json["current"]["win"], 4);
+        assert!(json["operators"]["win"]["reason"].is_string());
+        // With copies of the names (as read back from JSON): still the graph's operators, and a
+        // guard's edit refreshes the same as on the decision itself.
+        let mut copy = d.clone();
+        let unshared = |k: &Arc<str>| Arc::<str>::from(&**k);
+        copy.current = d.current.iter().map(|(k, &v)| (unshared(k), v)).collect();
+        copy.operators = (d.operators.iter())
+            .map(|(k, v)| (unshared(k), v.clone()))
+            .collect();
+        assert!(!copy.operators.keys().any(shared) && !copy.current.keys().any(shared));
+        assert!(graph.keys_match(&copy.operators) && graph.keys_match(&copy.current));
+        assert_eq!(copy, d);
+        let mut edited = d.clone();
+        for x in [&mut edited, &mut copy] {
+            *x.parallelism.get_mut("win").expect("win") += 3;
+            model.refresh_planned(x);
+        }
+        assert_ne!(edited, d, "the edit changes the predictions");
+        assert_eq!(copy, edited);
+        // One operator missing, or another in its place: not the graph's operators.
+        let mut other = copy.clone();
+        let plan = other.operators.remove("win").expect("win");
+        assert!(!graph.keys_match(&other.operators));
+        other.operators.insert(Arc::from("wim"), plan);
+        assert!(!graph.keys_match(&other.operators));
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub fn limit_plan(
     let rho = decision.target_utilization;
     let load: f64 = decision.sources.values().map(|s| s.target_rate).sum();
     // Operators with a known μ and input; the others keep their planned parallelism.
-    let ops: Vec<(&String, f64, f64, u32)> = decision
+    let ops: Vec<(&str, f64, f64, u32)> = decision
         .operators
         .iter()
         .filter(|(_, o)| o.kind != "source")
@@ -87,10 +87,10 @@ pub fn limit_plan(
             (o.arrival_rate > 0.0).then(|| {
                 let p = decision
                     .parallelism
-                    .get(n)
+                    .get(&**n)
                     .copied()
                     .unwrap_or(o.parallelism);
-                (n, mu, o.arrival_rate, p)
+                (&**n, mu, o.arrival_rate, p)
             })
         })
         .collect();
@@ -99,7 +99,7 @@ pub fn limit_plan(
     for &(n, mu, lambda, p) in &ops {
         let s = share_at(rho, p, mu, lambda);
         if decision.operators[n].clamped_at_max && s < 1.0 - 1e-9 {
-            limited_by.push(n.clone());
+            limited_by.push(n.to_string());
             x = x.min(s);
         }
     }
@@ -108,7 +108,7 @@ pub fn limit_plan(
         .operators
         .iter()
         .filter(|(_, o)| o.kind != "source")
-        .map(|(n, o)| u64::from(parallelism.get(n).copied().unwrap_or(o.parallelism)))
+        .map(|(n, o)| u64::from(parallelism.get(&**n).copied().unwrap_or(o.parallelism)))
         .sum();
     let mut quota_note = String::new();
     if let Some(q) = limits
@@ -120,7 +120,7 @@ pub fn limit_plan(
                 .iter()
                 .map(|&(n, ..)| u64::from(parallelism[n]))
                 .sum::<u64>();
-        let lo = |n: &String| min_parallelism.get(n).copied().unwrap_or(1);
+        let lo = |n: &str| min_parallelism.get(n).copied().unwrap_or(1);
         let total_at = |share: f64| -> u64 {
             fixed
                 + ops
@@ -142,7 +142,7 @@ pub fn limit_plan(
             x = a;
         }
         for &(n, mu, l, p) in &ops {
-            parallelism.insert(n.clone(), need(x, rho, mu, l, lo(n)).min(p));
+            parallelism.insert(n.to_string(), need(x, rho, mu, l, lo(n)).min(p));
         }
         // The rounding up leaves some shares above x: the binding share is the smallest.
         x = ops
@@ -150,7 +150,7 @@ pub fn limit_plan(
             .map(|&(n, mu, l, _)| share_at(rho, parallelism[n], mu, l))
             .fold(x.max(0.0), f64::min)
             .max(0.0);
-        limited_by = ops.iter().map(|&(n, ..)| n.clone()).collect();
+        limited_by = ops.iter().map(|&(n, ..)| n.to_string()).collect();
         quota_note = format!(
             "quota {q} subtasks < {non_source_total} planned: sized for {}% of the load; ",
             Fixed(100.0 * x.min(1.0), 1)
