@@ -17,7 +17,7 @@
 //! Sources are never rescaled (as in DS2). Operators whose true processing rate is unknown
 //! (too little busy time in the window) keep their parallelism.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -136,8 +136,9 @@ impl PlannerSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OperatorPlan {
-    /// Operator kind (`source`, `map`, `filter`, `window`, `sink`).
-    pub kind: String,
+    /// Operator kind (`source`, `map`, `filter`, `window`, `sink`): the engine's static name of
+    /// the kind in a plan the planner made (no copy per decision), owned when read back.
+    pub kind: Cow<'static, str>,
     /// Subtasks running now (as reported in the metric window).
     pub current_parallelism: u32,
     /// Planned subtasks.
@@ -532,7 +533,7 @@ impl JobGraph {
             .map(|&i| (self.topo.names[i].clone(), 0))
             .collect();
         let empty = OperatorPlan {
-            kind: String::new(),
+            kind: Cow::Borrowed(""),
             current_parallelism: 0,
             parallelism: 0,
             max_parallelism: 0,
@@ -2079,7 +2080,7 @@ impl Model {
             mean[i] = self.sojourn(i, p[i]);
             tail[i] = self.tail(i, p[i]);
             OperatorPlan {
-                kind: g.kind[i].to_string(),
+                kind: Cow::Borrowed(g.kind[i]),
                 current_parallelism: e.parallelism,
                 parallelism: p[i],
                 max_parallelism: g.bounds[i].1,
@@ -3669,6 +3670,12 @@ edges:
         let json = serde_json::to_value(&d).expect("serializes");
         assert_eq!(json["current"]["win"], 4);
         assert!(json["operators"]["win"]["reason"].is_string());
+        // The kind is the engine's static name, and a plain string in JSON, read back owned.
+        assert!(matches!(d.operators["win"].kind, Cow::Borrowed("window")));
+        assert_eq!(json["operators"]["win"]["kind"], "window");
+        let back: OperatorPlan =
+            serde_json::from_value(json["operators"]["win"].clone()).expect("deserializes");
+        assert!(matches!(back.kind, Cow::Owned(ref k) if k == "window"));
         // With copies of the names (as read back from JSON): still the graph's operators, and a
         // guard's edit refreshes the same as on the decision itself.
         let mut copy = d.clone();
