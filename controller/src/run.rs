@@ -492,14 +492,18 @@ pub const ENGINE_VERSION_TIMEOUT: Duration = Duration::from_secs(10);
 fn engine_identity_problem(path: &Path) -> Option<String> {
     use std::io::Read as _;
     let name = crate::runtime::local::ENGINE_BIN_NAME;
-    let mut child = match std::process::Command::new(path)
+    let mut command = std::process::Command::new(path);
+    command
         .arg("--version")
         .env("NO_COLOR", "1")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    {
+        .stderr(std::process::Stdio::null());
+    // Its own process group, so that a script which hangs is stopped with everything it
+    // started (a `sleep` it runs would otherwise outlive the check, holding its output).
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => return Some(format!("cannot be run ({e}); give the {name} binary")),
     };
@@ -520,7 +524,7 @@ fn engine_identity_problem(path: &Path) -> Option<String> {
                 std::thread::sleep(Duration::from_millis(5));
             }
             Ok(None) | Err(_) => {
-                let _ = child.kill();
+                kill_process_group(&mut child);
                 let _ = child.wait();
                 return Some(format!(
                     "did not answer `--version` within {} s; give the {name} binary",
@@ -551,6 +555,20 @@ fn engine_identity_problem(path: &Path) -> Option<String> {
     Some(format!(
         "is not the {name} binary: asked for `--version` it {printed} ({status}), where the engine prints `{name} VERSION`"
     ))
+}
+
+/// Kills `child` and every process in its process group (it was started as the group's
+/// leader, `process_group(0)`, so the group id is its pid); falls back to killing the child
+/// alone where the group cannot be signalled.
+fn kill_process_group(child: &mut std::process::Child) {
+    #[cfg(unix)]
+    if let Ok(pid) = i32::try_from(child.id()) {
+        use nix::sys::signal::{Signal, killpg};
+        if killpg(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+            return;
+        }
+    }
+    let _ = child.kill();
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, RunError> {

@@ -315,6 +315,62 @@ fn an_executable_that_is_not_the_engine_is_refused_before_the_banner() {
     );
 }
 
+/// True while process `pid` runs (a zombie waiting for its parent counts as ended).
+fn process_runs(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            // The state follows the parenthesised command name.
+            let state = stat.rsplit(')').next().unwrap_or_default().trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn an_engine_that_hangs_on_version_is_stopped_with_what_it_started() {
+    // A script that never answers `--version` is refused after the timeout; the old code
+    // killed the shell alone and left its `sleep` running, adopted by init.
+    let (dir, _, _) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    fixtures::write(
+        dir.path(),
+        "hang.sh",
+        "#!/bin/sh\nsleep 600 &\necho $! > sleeper.pid\nwait\n",
+    );
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let script = dir.path().join("hang.sh");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod hang.sh");
+    }
+    let out = streamscale(
+        dir.path(),
+        &[
+            "run",
+            "job.yaml",
+            "--report",
+            "report",
+            "--engine",
+            "./hang.sh",
+        ],
+    );
+    refused_up_front(
+        dir.path(),
+        &out,
+        &["--engine: ./hang.sh did not answer `--version` within 10 s"],
+        &["hang.sh", "job.yaml", "sleeper.pid"],
+    );
+    let pid = std::fs::read_to_string(dir.path().join("sleeper.pid")).expect("sleeper.pid");
+    let pid = pid.trim();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while process_runs(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !process_runs(pid),
+        "the script's sleep (pid {pid}) outlived the check"
+    );
+}
+
 #[test]
 fn a_report_whose_savepoints_entry_is_a_file_is_refused_and_left_as_it_was() {
     // The old code staged the run, printed the banner and failed with exit 1 ("engine: …:
