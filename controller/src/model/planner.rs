@@ -940,6 +940,21 @@ pub const HOT_KEY_GROUP_FACTOR: f64 = 2.0;
 /// the isolated subtask runs within that band of its unavoidable minimum (the group alone).
 pub const HOT_KEY_ISOLATION: f64 = 0.1;
 
+/// Whether a key group carrying `load` records/s is isolated by [`Model::isolating_parallelism`]
+/// (and its operator held there) rather than sized for by the ordinary key-group search, with
+/// `limit` = ρ_target·μ a subtask's rate at the target: when `load` · (1 + [`HOT_KEY_ISOLATION`])
+/// exceeds `limit`, i.e. also a group up to the isolation margin *under* the limit. There
+/// the ordinary search would need its subtask to carry less than `HOT_KEY_ISOLATION` × its
+/// load besides it (limit − load < 0.1 · load), so it would go past the isolating
+/// parallelism only to shave that remainder (up to maxParallelism for a group just under the
+/// limit), while a group just over it was isolated and held: the two sides now meet. Under
+/// the margin the ordinary search lets the hot subtask carry limit − load ≥ 0.1 · load besides
+/// it, more than isolation does, so it never stops above the isolating parallelism for the
+/// sake of the hottest group's subtask.
+fn isolates(load: f64, limit: f64) -> bool {
+    load * (1.0 + HOT_KEY_ISOLATION) > limit
+}
+
 /// Relative slack when rounding λ/(ρμ) up, so that 2.0000000001 from float noise is 2.
 const CEIL_SLACK: f64 = 1e-9;
 
@@ -1441,8 +1456,10 @@ impl Model {
     /// and reports), then lowered to the smallest parallelism with the same busiest-subtask
     /// share (key-group alignment: with K key groups in contiguous ranges, p and
     /// ⌈K / ⌈K/p⌉⌉ give every subtask at most ⌈K/p⌉ groups, so extra subtasks would add
-    /// nothing). When one key group alone exceeds a subtask's capacity at the target, no
-    /// parallelism brings its subtask under the target: the operator is sized by
+    /// nothing). When one key group alone exceeds a subtask's capacity at the target, or comes
+    /// within the isolation margin under it ([`isolates`]), no parallelism brings its subtask
+    /// under the target, or only by shaving the little it carries besides the group: the
+    /// operator is sized by
     /// [`Model::isolating_parallelism`] instead (the smallest parallelism at which every other
     /// subtask fits at the target and the hot group's subtask carries almost nothing else), held
     /// there (not scaled further for utilization) and reported as a hot-key bottleneck, saying
@@ -1465,7 +1482,8 @@ impl Model {
         // Hot key: a key group with at least twice the mean load (the estimate spreads each
         // subtask's load over its range, so uneven ranges alone differ by far less).
         let skewed = hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR;
-        if skewed && lambda * hottest > cap * (1.0 + CEIL_SLACK) {
+        // (Also a group within the isolation margin under the limit: see `isolates`.)
+        if skewed && isolates(lambda * hottest, cap * (1.0 + CEIL_SLACK)) {
             // A group above even a subtask's full μ caps what the operator takes at μ / its share
             // (its subtask saturates and backpressure holds the input there): the other
             // subtasks need to fit only that rate, not the target rate it cannot reach.
@@ -1476,24 +1494,67 @@ impl Model {
             if !explain {
                 return p;
             }
+            // Rates to 4 significant digits at least, so that the group's load and a subtask's
+            // rate at the target read differently when they are close.
+            let rate = |x: f64| {
+                let d = match x.abs() {
+                    a if a >= 1000.0 => 0,
+                    a if a >= 100.0 => 1,
+                    a if a >= 10.0 => 2,
+                    _ => 3,
+                };
+                format!("{x:.d$}")
+            };
+            let compared = if hot > cap {
+                format!(
+                    "more than one subtask's {} rec/s at ρ {:.2}",
+                    rate(cap),
+                    self.s.rho
+                )
+            } else {
+                format!(
+                    "within {:.0}% under one subtask's {} rec/s at ρ {:.2}",
+                    HOT_KEY_ISOLATION * 100.0,
+                    rate(cap),
+                    self.s.rho
+                )
+            };
+            let cannot = if hot > cap {
+                "more parallelism cannot bring it under the target"
+            } else {
+                "more parallelism would only shave what its subtask carries besides it"
+            };
+            let isolated = if p == 1 {
+                format!(
+                    "p=1 isolates it (the one subtask carries {:.1}% of the input besides it)",
+                    other * 100.0
+                )
+            } else {
+                format!(
+                    "p={p} isolates it (its subtask carries {:.1}% of the input besides it, every other subtask within the target)",
+                    other * 100.0
+                )
+            };
             reasons.push(format!(
-                "{}: hot-key bottleneck: key group {group} takes {:.1}% of {} rec/s ({} rec/s), more than one subtask's {} rec/s at ρ {:.2}{}; more parallelism cannot bring it under the target: p={p} isolates it (its subtask carries {:.1}% of the input besides it, every other subtask within the target), holds there",
+                "{}: hot-key bottleneck: key group {group} takes {:.1}% of {} rec/s ({} rec/s), {compared}{}; {cannot}: {isolated}, holds there",
                 self.name(i),
                 hottest * 100.0,
                 fmt_rate(lambda),
-                fmt_rate(hot),
-                fmt_rate(cap),
-                self.s.rho,
+                rate(hot),
                 if over {
                     format!(
-                        ", even more than its full capacity μ {} rec/s: the operator cannot keep up at any parallelism (it takes at most {} rec/s, the rate the other subtasks are sized for)",
+                        ", even more than its full capacity μ {} rec/s: the operator cannot keep up at any parallelism (it takes at most {} rec/s{})",
                         fmt_rate(mu),
-                        fmt_rate(taken)
+                        fmt_rate(taken),
+                        if p > 1 {
+                            ", the rate the other subtasks are sized for"
+                        } else {
+                            ""
+                        }
                     )
                 } else {
                     String::new()
                 },
-                other * 100.0,
             ));
             let _ = write!(
                 why,
@@ -1552,20 +1613,24 @@ impl Model {
     /// Whether keyed operator `i` is a hot-key bottleneck at parallelism `p`'s μ (the learned
     /// scalability factor applied above the current parallelism, as in the sizing): its
     /// busiest key group holds at least [`HOT_KEY_GROUP_FACTOR`] times the mean load and, at
-    /// the target rate, more than one subtask takes at the target utilization (ρ_target·μ), the
-    /// condition under which [`Model::size_keyed`] sizes it by
+    /// the target rate, more than one subtask takes at the target utilization (ρ_target·μ) or
+    /// comes within the isolation margin under it ([`isolates`]), the condition under which [`Model::size_keyed`] sizes it by
     /// [`Model::isolating_parallelism`].
     fn hot_key_bottleneck(&self, i: usize, p: u32) -> bool {
         let hottest = self.hottest[i];
         self.kg_slot[i].is_some()
             && hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR
             && self.mu_at(i, p).is_some_and(|mu| {
-                self.lambda_target[i] * hottest > self.s.rho * mu * (1.0 + CEIL_SLACK)
+                isolates(
+                    self.lambda_target[i] * hottest,
+                    self.s.rho * mu * (1.0 + CEIL_SLACK),
+                )
             })
     }
 
     /// Keyed operator `i` with key groups too hot for one subtask at the target (`hot` = those
-    /// whose load λ·load exceeds `limit`, ρ_target·μ): the smallest parallelism p at which every
+    /// whose load λ·load exceeds `limit`, ρ_target·μ, or comes within the isolation margin
+    /// under it, [`isolates`]): the smallest parallelism p at which every
     /// subtask range (Flink's contiguous assignment, [`key_group_range`]) either holds no hot
     /// group and fits, λ·load ≤ `limit`, or holds exactly one hot group and besides it at most
     /// [`HOT_KEY_ISOLATION`] times that group's load ("almost nothing else": what is left is
@@ -1588,7 +1653,7 @@ impl Model {
         let load = &self.kg_loads[s * self.kg_len()..(s + 1) * self.kg_len()];
         let prefix = self.kg_prefix_of(s);
         let hot: Vec<u32> = (0..k)
-            .filter(|&g| lambda * load[g as usize] > limit)
+            .filter(|&g| isolates(lambda * load[g as usize], limit))
             .collect();
         let hottest = self.hot_run[i].0;
         let hot_sum: f64 = hot.iter().map(|&g| load[g as usize]).sum();
@@ -3083,6 +3148,54 @@ edges:
             "{:?}",
             d.reasons
         );
+    }
+
+    /// A hot key group just under a subtask's rate at the target (ρ·μ = 70 rec/s) and one just
+    /// over it get the same parallelism (found by a user test: just under, the ordinary search
+    /// went to maxParallelism for the hot group's subtask; just over, it was isolated at ~20).
+    /// One key group per subtask at p=128, group 0 hot, the other 127 sharing the rest of 200
+    /// rec/s (about 1.03 rec/s each): isolating group 0 lets its subtask carry 10 % of ~70 rec/s
+    /// besides it, 6 groups, so ranges of ⌈128/p⌉ ≤ 7 groups: p = 19 on both sides, held. A
+    /// group well under the margin (0.85 · 70) is sized by the ordinary search, no further.
+    #[test]
+    fn a_hot_group_just_under_or_over_the_target_gets_the_same_parallelism() {
+        let at = |load: f64| {
+            let h = load / 200.0;
+            let mut shares = vec![(1.0 - h) / 127.0; 128];
+            shares[0] = h;
+            let (mut spec, w) = keyed_window(128, 200.0, &shares);
+            spec.max_parallelism = 128;
+            plan(&spec, &w, &PlannerSettings::default()).expect("plans")
+        };
+        let hot_key = |d: &Decision| {
+            d.reasons
+                .iter()
+                .find(|r| r.starts_with("win: hot-key bottleneck"))
+                .cloned()
+        };
+        let under = at(0.99 * 70.0);
+        let over = at(1.01 * 70.0);
+        assert_eq!(
+            under.parallelism["win"], over.parallelism["win"],
+            "under: {:?}, over: {:?}",
+            under.operators["win"].reason, over.operators["win"].reason
+        );
+        assert_eq!(over.parallelism["win"], 19, "{:?}", over.operators["win"]);
+        let reason = hot_key(&under).unwrap_or_else(|| panic!("{:?}", under.reasons));
+        assert!(
+            reason.contains("(69.30 rec/s), within 10% under one subtask's 70.00 rec/s")
+                && reason.contains("p=19 isolates it"),
+            "{reason}"
+        );
+        let reason = hot_key(&over).unwrap_or_else(|| panic!("{:?}", over.reasons));
+        assert!(
+            reason.contains("(70.70 rec/s), more than one subtask's 70.00 rec/s"),
+            "{reason}"
+        );
+        // Well under the margin: no hot-key bottleneck, and no more than isolation would take.
+        let cool = at(0.85 * 70.0);
+        assert!(hot_key(&cool).is_none(), "{:?}", cool.reasons);
+        assert!(cool.parallelism["win"] <= 19, "{:?}", cool.operators["win"]);
     }
 
     #[test]
