@@ -107,15 +107,21 @@ impl BestScores {
         self.leaves.clear();
         self.leaves.extend(scores);
         self.width = self.leaves.len().next_power_of_two();
-        self.tree.clear();
+        // Every entry from 1 on is written below (the leaves and their padding, then the
+        // inner nodes), so the kept entries need no clearing; entry 0 is never read.
         self.tree.resize(2 * self.width, Self::NONE);
         self.nan = 0;
-        for (pos, s) in self.leaves.iter().enumerate() {
-            if let Some(x) = *s {
-                self.nan += usize::from(x.is_nan());
-                self.tree[self.width + pos] = (x, pos);
-            }
+        let leaves = &mut self.tree[self.width..];
+        for (pos, (t, s)) in leaves.iter_mut().zip(&self.leaves).enumerate() {
+            *t = match *s {
+                Some(x) => {
+                    self.nan += usize::from(x.is_nan());
+                    (x, pos)
+                }
+                None => Self::NONE,
+            };
         }
+        leaves[self.leaves.len()..].fill(Self::NONE);
         for k in (1..self.width).rev() {
             self.tree[k] = Self::pick(self.tree[2 * k], self.tree[2 * k + 1]);
         }
@@ -656,5 +662,35 @@ mod tests {
         assert_eq!(tree.best(), Some(3));
         tree.set(0, Some(3.0));
         assert_eq!(tree.best(), Some(0));
+    }
+
+    /// A tree reset after other rounds (longer, shorter, other scores) is the tree a fresh one
+    /// builds: no entry of an earlier round is left in it.
+    #[test]
+    fn a_reset_tree_is_a_fresh_tree() {
+        let cases: Vec<Vec<Option<f64>>> = vec![
+            (0..37).map(|k| Some(f64::from(k % 7))).collect(),
+            vec![Some(1.0), None, Some(4.0)],
+            vec![None; 5],
+            (0..9)
+                .map(|k| (k % 3 != 0).then_some(-f64::from(k)))
+                .collect(),
+            vec![Some(f64::INFINITY), Some(f64::NAN), Some(2.0)],
+            vec![Some(0.5)],
+            Vec::new(),
+            (0..130).map(|k| Some(f64::from(k * 31 % 17))).collect(),
+        ];
+        let bits = |t: &BestScores| -> Vec<(u64, usize)> {
+            t.tree[1..].iter().map(|&(x, p)| (x.to_bits(), p)).collect()
+        };
+        let mut reused = BestScores::default();
+        for scores in cases.iter().chain(cases.iter().rev()) {
+            reused.reset(scores.iter().copied());
+            let mut fresh = BestScores::default();
+            fresh.reset(scores.iter().copied());
+            assert_eq!((reused.width, reused.nan), (fresh.width, fresh.nan));
+            assert_eq!(bits(&reused), bits(&fresh), "{scores:?}");
+            assert_eq!(reused.best(), fresh.best());
+        }
     }
 }
