@@ -7,7 +7,7 @@
 //! rescales by stop-with-savepoint and restore, and finally stops with a draining savepoint and
 //! writes the report.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -479,6 +479,22 @@ fn explicit_engine(opts: &RunOptions) -> Option<(&'static str, PathBuf)> {
     std::env::var_os(crate::runtime::local::ENGINE_BIN_ENV)
         .filter(|v| !v.is_empty())
         .map(|v| (crate::runtime::local::ENGINE_BIN_ENV, PathBuf::from(v)))
+}
+
+/// What a run killed during its final savepoint tells the user to restore from: the newest
+/// savepoint of the job completed before the stop (`before`, newest first), as
+/// "; restore from the newest earlier savepoint PATH"; empty when there is none or the list
+/// could not be read.
+fn restore_hint(before: Option<&[PathBuf]>) -> String {
+    before
+        .and_then(<[PathBuf]>::first)
+        .map(|p| {
+            format!(
+                "; restore from the newest earlier savepoint {}",
+                p.display()
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// How long the engine binary may take to answer `--version`.
@@ -1532,10 +1548,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // The final savepoint's directory is the engine's to name: the ones there before the
         // stop tell it apart if a second signal kills the engine before it answers (`None`
         // when they cannot be listed: then no savepoint can be told to be the final one).
-        let before: Option<BTreeSet<PathBuf>> =
-            savepoint_history::completed(&self.savepoints_dir, &self.job.spec.name)
-                .ok()
-                .map(|found| found.into_iter().collect());
+        let before: Option<Vec<PathBuf>> =
+            savepoint_history::completed(&self.savepoints_dir, &self.job.spec.name).ok();
         let stopped = tokio::select! {
             r = self.executor.stop(&engine, true) => r,
             sig = signals.recv() => {
@@ -1559,14 +1573,22 @@ impl<R: EngineRuntime> Loop<'_, R> {
                         (Some(path), failure)
                     }
                     FinalAfterKill::Invalid(why) => (None, format!(
-                        "interrupted twice ({}): the engine was killed during the final savepoint, which is not usable: {why}",
-                        sig.name()
+                        "interrupted twice ({}): the engine was killed during the final savepoint, which is not usable: {why}{}",
+                        sig.name(),
+                        restore_hint(before.as_deref())
                     )),
                     FinalAfterKill::None => (None, format!(
-                        "interrupted twice ({}): the engine was killed during the final savepoint, before it completed",
-                        sig.name()
+                        "interrupted twice ({}): the engine was killed during the final savepoint, before it completed{}",
+                        sig.name(),
+                        restore_hint(before.as_deref())
                     )),
                 };
+                for abandoned in savepoint_history::remove_abandoned_in_progress(&self.savepoints_dir) {
+                    print(&format!(
+                        "removed {}: the killed engine's unfinished savepoint",
+                        abandoned.display()
+                    ));
+                }
                 return self
                     .finish(None, started, Some(failure), final_savepoint, &initial, &final_parallelism)
                     .await;
@@ -1619,7 +1641,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
     /// would ([`streamscale_engine::savepoint::Savepoint::read`]: metadata, fingerprint, every
     /// state file's size and CRC-32), so a directory with `_metadata.json` but damaged state
     /// does not count.
-    async fn completed_after_kill(&self, before: Option<&BTreeSet<PathBuf>>) -> FinalAfterKill {
+    async fn completed_after_kill(&self, before: Option<&Vec<PathBuf>>) -> FinalAfterKill {
         let candidates: Vec<PathBuf> = match before {
             Some(before) => savepoint_history::completed(&self.savepoints_dir, &self.job.spec.name)
                 .unwrap_or_default()
@@ -2455,5 +2477,19 @@ edges:
         let p = resolve_job_path(Path::new(DEFAULT_JOB));
         // Exists once the example is in the tree; the fallback path is under the workspace.
         assert!(p.ends_with(DEFAULT_JOB));
+    }
+
+    #[test]
+    fn a_run_killed_in_its_final_savepoint_names_the_newest_earlier_one() {
+        let newest_first = [
+            PathBuf::from("r/savepoints/sp-j-2"),
+            PathBuf::from("r/savepoints/sp-j-1"),
+        ];
+        assert_eq!(
+            restore_hint(Some(&newest_first)),
+            "; restore from the newest earlier savepoint r/savepoints/sp-j-2"
+        );
+        assert_eq!(restore_hint(Some(&[])), "");
+        assert_eq!(restore_hint(None), "");
     }
 }

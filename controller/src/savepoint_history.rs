@@ -6,7 +6,9 @@
 //! ids) whose `_metadata.json` exists (the engine writes the metadata last: a completed
 //! savepoint) and names the job (`job_name`). Anything else in the directory (an incomplete
 //! savepoint, another job's savepoints — one report directory may serve several jobs —, a
-//! user's own files, symlinks, unreadable metadata) is never touched. Savepoints are ordered by
+//! user's own files, symlinks, unreadable metadata) is never touched, except the temporary
+//! directory of a savepoint whose engine was killed while writing it
+//! ([`remove_abandoned_in_progress`]). Savepoints are ordered by
 //! their metadata's `created_unix_ms` (the modification time of the metadata when absent), the
 //! id breaking ties.
 
@@ -128,6 +130,36 @@ pub fn completed(dir: &Path, job: &str) -> Result<Vec<PathBuf>, PruneError> {
         .rev()
         .map(|c| c.path)
         .collect())
+}
+
+/// Removes the temporary directories that an engine killed while writing a savepoint left in
+/// `dir`: the engine writes a savepoint `sp-…` into `.sp-….inprogress-PID` (PID = its process
+/// id) and renames it into place when complete, so such a directory whose process no longer
+/// runs (no `/proc/PID`) can never complete and is not a savepoint. A directory of a process
+/// that still runs (a savepoint being written), other names and symlinks are left alone; a
+/// directory that cannot be removed is skipped. Returns the removed paths.
+pub fn remove_abandoned_in_progress(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.starts_with(".sp-"))
+            .and_then(|n| n.rsplit_once(".inprogress-"))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let runs = Path::new("/proc").join(pid.to_string()).exists();
+        if is_dir && !runs && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed.push(entry.path());
+        }
+    }
+    removed
 }
 
 /// Removes the oldest completed savepoints of the job named `job` in `dir` so that at most
@@ -303,6 +335,38 @@ mod tests {
                 .expect("absent")
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn only_in_progress_directories_of_ended_processes_are_removed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        let kept = savepoint(dir, "sp-job-1", 10);
+        // u32::MAX is above any pid_max: no such process.
+        let ended = dir.join(format!(".sp-job-2.inprogress-{}", u32::MAX));
+        let running = dir.join(format!(".sp-job-3.inprogress-{}", std::process::id()));
+        let odd = dir.join(".sp-job-4.inprogress-x");
+        for d in [&ended, &running, &odd] {
+            std::fs::create_dir(d).expect("mkdir");
+            std::fs::write(d.join("state-x.bin"), b"part").expect("part");
+        }
+        std::fs::write(
+            dir.join(format!(".sp-job-5.inprogress-{}", u32::MAX)),
+            b"file",
+        )
+        .expect("file");
+        assert_eq!(remove_abandoned_in_progress(dir), vec![ended]);
+        assert!(kept.join(METADATA_FILE).exists());
+        assert_eq!(
+            names(dir),
+            [
+                format!(".sp-job-3.inprogress-{}", std::process::id()),
+                ".sp-job-4.inprogress-x".to_string(),
+                format!(".sp-job-5.inprogress-{}", u32::MAX),
+                "sp-job-1".to_string(),
+            ]
+        );
+        assert!(remove_abandoned_in_progress(&dir.join("absent")).is_empty());
     }
 
     #[test]
