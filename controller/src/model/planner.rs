@@ -955,6 +955,12 @@ fn isolates(load: f64, limit: f64) -> bool {
     load * (1.0 + HOT_KEY_ISOLATION) > limit
 }
 
+/// A latency-allocation step is negligible, and not taken, when it cuts the slowest path's
+/// bound by less than this fraction of the SLO per subtask added (0.1 ms at a 1 s SLO: at that
+/// rate 100 subtasks would cut 1 % of the SLO). Without it the greedy gave a 2 M rec/s sink
+/// 127 subtasks for nanoseconds each while a held hot-key operator kept the bound over the SLO.
+pub const NEGLIGIBLE_CUT: f64 = 1e-4;
+
 /// Relative slack when rounding λ/(ρμ) up, so that 2.0000000001 from float noise is 2.
 const CEIL_SLACK: f64 = 1e-9;
 
@@ -1728,6 +1734,50 @@ impl Model {
         })
     }
 
+    /// Whether the latency allocation leaves operator `i` at `p` although it is below its max
+    /// ([`Model::next_parallelism`] offers no higher parallelism: a hot-key bottleneck, or a
+    /// keyed operator whose busiest subtask's share no higher parallelism lowers).
+    fn held_for_latency(&self, i: usize, p: u32) -> bool {
+        p < self.graph.bounds[i].1 && self.next_parallelism(i, p).is_none()
+    }
+
+    /// For an unattainable-SLO reason: the operators flagged in `held` on the path ending at
+    /// `end` (predecessors `via`), each with its parallelism in `p`, why it is held and its term
+    /// in `w` (seconds); empty when none is.
+    fn held_on_path(
+        &self,
+        p: &[u32],
+        w: &[f64],
+        held: &[bool],
+        via: &[usize],
+        end: usize,
+    ) -> String {
+        let mut out = String::new();
+        let mut at = end;
+        while at < held.len() {
+            if held[at] {
+                let what = if self.hot_key_bottleneck(at, p[at].saturating_add(1)) {
+                    "a hot-key bottleneck (more subtasks cannot unload its hot key group's subtask)"
+                } else {
+                    "a keyed operator whose busiest subtask's key-group share no higher parallelism lowers"
+                };
+                let _ = write!(
+                    out,
+                    "{}{} is held at p={} as {what}, its term {:.4} s",
+                    if out.is_empty() { " (" } else { "; " },
+                    self.name(at),
+                    p[at],
+                    w[at]
+                );
+            }
+            at = via.get(at).copied().unwrap_or(usize::MAX);
+        }
+        if !out.is_empty() {
+            out.push(')');
+        }
+        out
+    }
+
     fn name(&self, i: usize) -> &str {
         &self.graph.topo.names[i]
     }
@@ -2023,10 +2073,15 @@ impl Model {
         if lat > self.s.slo {
             // Attainable at maximum parallelism? Upper bounds on the tails first (the
             // longest path is monotone in its terms): when they meet the SLO so do the exact
-            // tails, which are then not needed.
+            // tails, which are then not needed. Operators the allocation cannot scale further
+            // (`next_parallelism` refuses: a hot-key bottleneck held where it isolates its hot
+            // group) count at their sized parallelism, where the allocation leaves them.
+            let held: Vec<bool> = (0..n)
+                .map(|i| adjustable(i) && self.held_for_latency(i, p[i]))
+                .collect();
             let mut w_max: Vec<f64> = (0..n)
                 .map(|i| {
-                    if adjustable(i) {
+                    if adjustable(i) && !held[i] {
                         self.tail_upper(i, self.graph.bounds[i].1.max(p[i]))
                     } else {
                         w[i]
@@ -2034,27 +2089,28 @@ impl Model {
                 })
                 .collect();
             let (mut max_dist, mut max_via) = (Vec::new(), Vec::new());
-            let (mut lat_max, _) =
+            let (mut lat_max, mut max_end) =
                 self.graph
                     .longest_path_into(&w_max, &mut max_dist, &mut max_via);
             // (NaN included: then the exact tails decide, as before.)
             if lat_max.is_nan() || lat_max > self.s.slo {
                 for (i, x) in w_max.iter_mut().enumerate() {
-                    if adjustable(i) {
+                    if adjustable(i) && !held[i] {
                         *x = self.tail(i, self.graph.bounds[i].1.max(p[i]));
                     }
                 }
-                (lat_max, _) =
+                (lat_max, max_end) =
                     self.graph
                         .topo
                         .longest_path_into(&w_max, &mut max_dist, &mut max_via);
             }
             if lat_max > self.s.slo {
                 let mut why = format!(
-                    "latency SLO {} s unattainable: even at maximum parallelism the {} bound is {:.4} s; no subtasks added for latency",
+                    "latency SLO {} s unattainable: even at maximum parallelism the {} bound is {:.4} s{}; no subtasks added for latency",
                     self.s.slo,
                     self.percentile_label(),
-                    lat_max
+                    lat_max,
+                    self.held_on_path(&p, &w, &held, &max_via, max_end)
                 );
                 // What parallelism cannot shorten: event-time windows' watermark delays (a
                 // window's period is not latency: its results count from the window's end).
@@ -2086,10 +2142,20 @@ impl Model {
                 (p, lat) = (st.p, st.lat);
                 match outcome {
                     Allocated::Grew => return None,
-                    Allocated::Stuck => reasons.push(format!(
-                        "latency SLO {} s unattainable: no subtask on the slowest path can cut its {} bound {:.4} s",
-                        self.s.slo, self.percentile_label(), lat
-                    )),
+                    Allocated::Stuck => {
+                        let held: Vec<bool> = (0..n)
+                            .map(|i| adjustable(i) && self.held_for_latency(i, p[i]))
+                            .collect();
+                        reasons.push(format!(
+                            "latency SLO {} s unattainable: no subtask on the slowest path cuts its {} bound {:.4} s by {:.2e} s or more (a negligible cut, under {:.0e} of the SLO, adds none){}",
+                            self.s.slo,
+                            self.percentile_label(),
+                            lat,
+                            NEGLIGIBLE_CUT * self.s.slo,
+                            NEGLIGIBLE_CUT,
+                            self.held_on_path(&p, &st.w, &held, &st.via, st.end)
+                        ));
+                    }
                     Allocated::Met => {}
                 }
                 let mut list = String::new();
@@ -3196,6 +3262,84 @@ edges:
         let cool = at(0.85 * 70.0);
         assert!(hot_key(&cool).is_none(), "{:?}", cool.reasons);
         assert!(cool.parallelism["win"] <= 19, "{:?}", cool.operators["win"]);
+    }
+
+    /// The user test's latency case: a keyed window held as a hot-key bottleneck (group 0 at
+    /// 1.01 × the 70 rec/s target, isolated at p=19) keeps the p99 bound over the SLO through
+    /// its hot subtask. The allocation judged the SLO attainable with the window at its max
+    /// (128: the hot subtask carries only its group) and then, the window being held, gave the
+    /// fast sink subtask after subtask for next to nothing. Now the window counts at its held
+    /// p: the SLO is reported unattainable naming it, and no subtask is added.
+    #[test]
+    fn a_held_hot_key_operator_makes_the_slo_unattainable_and_adds_no_subtasks() {
+        let mut shares = vec![(1.0 - 0.3535) / 127.0; 128];
+        shares[0] = 0.3535;
+        let (mut spec, w) = keyed_window(128, 200.0, &shares);
+        spec.max_parallelism = 128;
+        let slo = |s: f64| PlannerSettings {
+            latency_slo_seconds: Some(s),
+            ..PlannerSettings::default()
+        };
+        let loose = plan(&spec, &w, &slo(100.0)).expect("plans");
+        let held = loose.operators["win"].predicted_sojourn_percentile_seconds;
+        assert_eq!(loose.parallelism["win"], 19, "{:?}", loose.operators["win"]);
+        // The window's term at 128 subtasks (its hot subtask with group 0 alone) is lower.
+        let d = plan(&spec, &w, &slo(0.2)).expect("plans");
+        assert_eq!(d.parallelism, loose.parallelism, "{:?}", d.reasons);
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("latency SLO 0.2 s unattainable")
+                    && r.contains("win is held at p=19 as a hot-key bottleneck")),
+            "{:?}",
+            d.reasons
+        );
+        assert!(
+            !d.reasons
+                .iter()
+                .any(|r| r.contains("greedy marginal allocation")),
+            "{:?}",
+            d.reasons
+        );
+        assert!(held > 0.2, "held term {held}");
+    }
+
+    /// A step of the latency allocation that cuts the bound by a negligible amount (under
+    /// `NEGLIGIBLE_CUT` × SLO per subtask) is not taken: `map` at its max (p=2, ρ 0.95) keeps
+    /// the bound just over the SLO, and only the 10⁶ rec/s sink could cut it, by microseconds
+    /// a subtask. Before, the greedy gave the sink subtasks until it met the SLO.
+    #[test]
+    fn a_negligible_latency_cut_adds_no_subtask() {
+        let spec = job(
+            "name: chain\noperators:\n  - { name: src, kind: source, rate: { constant: 1 } }\n  - { name: map, kind: map, parallelism: 2, scaling: { max: 2 } }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: map }\n  - { from: map, to: sink }\n",
+        );
+        let ops = [
+            Synth::source("src", 1, 380.0, 0.0),
+            Synth::op("map", 2, 380.0, 200.0, 1.0),
+            Synth::op("sink", 1, 380.0, 20_000.0, 0.0),
+        ];
+        let w = window(&ops, &[0.0, 10.0]);
+        let slo = |s: f64| PlannerSettings {
+            latency_slo_seconds: Some(s),
+            ..PlannerSettings::default()
+        };
+        let loose = plan(&spec, &w, &slo(100.0)).expect("plans");
+        let bound = loose.predicted_latency_percentile_seconds;
+        let sink = loose.operators["sink"].predicted_sojourn_percentile_seconds;
+        assert_eq!(loose.parallelism["sink"], 1);
+        // 0.1 µs over: a second sink subtask would cut that (its queueing share of the ~5 µs
+        // term), but by far less than 10⁻⁴ × 0.27 s = 27 µs.
+        let tight = bound - 1e-6;
+        let d = plan(&spec, &w, &slo(tight)).expect("plans");
+        assert_eq!(d.parallelism, loose.parallelism, "{:?}", d.reasons);
+        assert!(
+            d.reasons.iter().any(|r| r
+                .contains("unattainable: no subtask on the slowest path cuts its p99 bound")
+                && r.contains("a negligible cut, under 1e-4 of the SLO, adds none")),
+            "{:?}",
+            d.reasons
+        );
+        assert!(sink < 1e-3, "{sink}");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! `rounds_end_where_the_one_step_greedy_ends` compares the result with the reference one-step
 //! allocation, [`Model::allocate_greedy`], over random DAGs.
 
-use super::{JobGraph, Model};
+use super::{JobGraph, Model, NEGLIGIBLE_CUT};
 
 /// How far (relative to the SLO) a round may take its path below the longest other path
 /// before the next longest-path pass.
@@ -228,7 +228,8 @@ impl Model {
 
     /// Operator `at`'s score in the greedy: the cut of its term per subtask added by its
     /// candidate step (∞ when an infinite term becomes finite, `f64::MAX` when it stays
-    /// infinite); `None` without a candidate. `next` caches each operator's candidate step
+    /// infinite); `None` without a candidate or when the cut is negligible, under
+    /// [`NEGLIGIBLE_CUT`] × SLO per subtask. `next` caches each operator's candidate step
     /// (parallelism, term; `u32::MAX` when it has none).
     fn score(&self, at: usize, st: &LatencyState, next: &mut [Option<(u32, f64)>]) -> Option<f64> {
         let (p, w) = (&st.p, &st.w);
@@ -251,8 +252,13 @@ impl Model {
                 f64::MAX
             }
         } else {
-            // Latency cut per subtask added (a keyed jump adds several).
-            (w[at] - nx) / f64::from(cand.0 - p[at])
+            // Latency cut per subtask added (a keyed jump adds several); a negligible one is no
+            // candidate (see `NEGLIGIBLE_CUT`).
+            let cut = (w[at] - nx) / f64::from(cand.0 - p[at]);
+            if cut < NEGLIGIBLE_CUT * self.s.slo {
+                return None;
+            }
+            cut
         })
     }
 
