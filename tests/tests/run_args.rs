@@ -106,6 +106,13 @@ fn an_absurd_duration_is_refused() {
         &["--report", "report", "--duration", "400d"],
         &["--duration", "not a duration"],
     );
+    // One `streamscale: --duration:` line like the other options (was clap's three-line
+    // usage error).
+    let (_, stderr) = refused_run(
+        &["--report", "report", "--duration", "0s"],
+        &["streamscale: --duration: must be > 0 (got 0s)"],
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
     // Other seconds options too (a timer cannot even hold 1e300 s).
     refused_run(
         &[

@@ -40,8 +40,8 @@ enum Command {
         #[arg(long, allow_negative_numbers = true)]
         scale: Option<f64>,
         /// Run length: seconds, or with a unit (`90s`, `10m`, `1h`). Default: the trace window.
-        #[arg(long, value_parser = parse_duration, allow_negative_numbers = true)]
-        duration: Option<f64>,
+        #[arg(long, allow_negative_numbers = true)]
+        duration: Option<String>,
         /// Report directory.
         #[arg(long, default_value = "report")]
         report: PathBuf,
@@ -206,6 +206,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             latency_percentile,
             keep_savepoints,
         } => {
+            // Parsed here rather than by clap, so that a bad value is one `streamscale: --X:`
+            // line like every other option's, not clap's three-line usage error.
+            let duration = duration
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| RunError::Option(format!("--duration: {e}")))?;
             let opts = RunOptions {
                 job: job.unwrap_or_else(|| PathBuf::from(run::DEFAULT_JOB)),
                 trace,
