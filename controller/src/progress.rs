@@ -222,6 +222,9 @@ pub fn at_limit_line(
             let o = decision.operators.get(name.as_str())?;
             if let Some(reason) = hot_key_reason(name, decision) {
                 stuck = true;
+                // (The line ends in "holding there": the reason's own "holds there" would say
+                // it twice.)
+                let reason = reason.strip_suffix(", holds there").unwrap_or(reason);
                 return Some(format!("{name}={} ({reason})", o.parallelism));
             }
             if let Some(flag) = held_by_flag(name, o, learned) {
@@ -381,7 +384,7 @@ mod tests {
             "operators": { "counts": plan(2), "counts2": plan(2) }, "sources": {},
             "predictedLatencySeconds": 0.1, "criticalPath": [], "latencySloSeconds": 1.0,
             "targetUtilization": 0.7,
-            "reasons": ["counts: hot-key bottleneck: one key group takes 100.0% of 800 rec/s, more than one subtask's 329 rec/s at ρ 0.70; more parallelism cannot help, keeps p=2"],
+            "reasons": ["counts: hot-key bottleneck: key group 7 takes 100.0% of 800 rec/s (800 rec/s), more than one subtask's 329.0 rec/s at ρ 0.70; more parallelism cannot bring it under the target: p=2 isolates it (its subtask carries 0.0% of the input besides it, every other subtask within the target), holds there"],
         }))
         .expect("decision");
         let learned = crate::model::learn::ScalabilityTracker::default();
@@ -391,7 +394,7 @@ mod tests {
         let line = at_limit_line(12.0, &decision, &learned, &held).expect("a line");
         assert_eq!(
             line,
-            "t=  12s AT LIMIT counts=2 (hot-key bottleneck: one key group takes 100.0% of 800 rec/s, more than one subtask's 329 rec/s at ρ 0.70; more parallelism cannot help, keeps p=2); holding there (spread the hot keys or speed up the operator)"
+            "t=  12s AT LIMIT counts=2 (hot-key bottleneck: key group 7 takes 100.0% of 800 rec/s (800 rec/s), more than one subtask's 329.0 rec/s at ρ 0.70; more parallelism cannot bring it under the target: p=2 isolates it (its subtask carries 0.0% of the input besides it, every other subtask within the target)); holding there (spread the hot keys or speed up the operator)"
         );
     }
 
