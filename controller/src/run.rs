@@ -880,6 +880,7 @@ pub async fn run(
     // report's, so a run that cannot start leaves an earlier report as it was.
     let staging = Staging::create(&report_dir, &job.yaml)?;
     let savepoints = report_dir.join(SAVEPOINTS_DIR);
+    let savepoints_existed = savepoints.exists();
     let runtime = LocalRuntime::new(
         binary,
         savepoints.clone(),
@@ -907,9 +908,11 @@ pub async fn run(
     let engine = match launched {
         Ok((engine, _)) => engine,
         Err(error) => {
-            if !report_existed {
-                // Only what this run created, and only when empty.
+            // Only what this run created, and only when empty.
+            if !savepoints_existed {
                 let _ = std::fs::remove_dir(&savepoints);
+            }
+            if !report_existed {
                 let _ = std::fs::remove_dir(&report_dir);
             }
             let kept = staging.abandon(&error);

@@ -177,6 +177,22 @@ fn a_run_into_a_new_report_directory_that_cannot_start_creates_nothing() {
 }
 
 #[test]
+fn a_run_into_an_empty_report_directory_that_cannot_start_leaves_it_empty() {
+    // The old code said "report was left as it was" and left a `savepoints` directory in it.
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    std::fs::create_dir(&report).expect("mkdir report");
+    let engine = engine_that_exits_at_once(dir.path());
+    let engine = engine.to_str().expect("UTF-8 path");
+    let stderr = run_2s_with(&job, &report, &["--engine", engine], 1);
+    assert!(stderr.contains("was left as it was"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&report)
+        .expect("list report")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}: {stderr}");
+}
+
+#[test]
 fn the_totals_cover_the_last_partial_interval_and_the_final_stop() {
     let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
     // Long intervals, interrupted in the middle of the second one.
