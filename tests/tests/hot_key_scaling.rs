@@ -30,24 +30,42 @@ edges:
   - { from: counts, to: sink }
 ";
 
-#[test]
-fn a_single_hot_key_does_not_drive_its_operator_to_max_parallelism() {
-    let (_dir, job, report) = fixtures::job_dir(HOT_KEY_JOB);
-    let out = fixtures::streamscale_run(&job, &report, &["--duration", "25s"])
+/// Runs `job` with `streamscale run --duration DURATION` (which must succeed) and returns its
+/// directory (kept alive), report directory, stdout, `summary.json` and the parallelism of
+/// `counts` after each of its rescales.
+fn run_counting_steps(
+    job: &str,
+    duration: &str,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    String,
+    serde_json::Value,
+    Vec<u64>,
+) {
+    let (dir, job, report) = fixtures::job_dir(job);
+    let out = fixtures::streamscale_run(&job, &report, &["--duration", duration])
         .output()
         .expect("run streamscale");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let summary = fixtures::summary(&report);
-    let rescales = summary["rescales"].as_array().expect("rescales");
-    let reached: Vec<u64> = rescales
+    let steps = summary["rescales"]
+        .as_array()
+        .expect("rescales")
         .iter()
         .filter_map(|r| r["to"]["counts"].as_u64())
         .collect();
+    (dir, report, stdout, summary, steps)
+}
+
+#[test]
+fn a_single_hot_key_does_not_drive_its_operator_to_max_parallelism() {
+    let (_dir, _report, stdout, _summary, reached) = run_counting_steps(HOT_KEY_JOB, "25s");
     // All of the input stays on one key group: no parallelism splits it, so the operator is
     // not scaled up at all (the engine's hottest-key-group share says so before any scale-up).
     assert!(
@@ -100,23 +118,7 @@ edges:
 
 #[test]
 fn a_few_keys_are_scaled_up_to_isolate_the_hot_group_and_held_there() {
-    let (_dir, job, report) = fixtures::job_dir(FEW_KEYS_JOB);
-    let out = fixtures::streamscale_run(&job, &report, &["--duration", "30s"])
-        .output()
-        .expect("run streamscale");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary = fixtures::summary(&report);
-    let steps: Vec<u64> = summary["rescales"]
-        .as_array()
-        .expect("rescales")
-        .iter()
-        .filter_map(|r| r["to"]["counts"].as_u64())
-        .collect();
+    let (_dir, report, stdout, summary, steps) = run_counting_steps(FEW_KEYS_JOB, "30s");
     // Scaled up, not held at p=1: the first step already separates the hot group from the
     // other keys (at least one subtask per loaded group, 9 of them), at most one correction
     // follows, and it stays far from the 128 key groups.
