@@ -1564,7 +1564,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 let _ = self.executor.runtime().kill(&engine).await;
                 // As Flink's stop-with-savepoint: a savepoint that completed is a savepoint,
                 // whether or not its stop was acknowledged.
-                let (final_savepoint, failure) = match self.completed_after_kill(before.as_ref()).await {
+                let (final_savepoint, failure) = match self.completed_after_kill(before.as_deref()).await {
                     FinalAfterKill::Completed(path) => {
                         print(&format!(
                             "final savepoint {path} had completed before the engine was killed (verified): restore from it"
@@ -1644,7 +1644,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
     /// would ([`streamscale_engine::savepoint::Savepoint::read`]: metadata, fingerprint, every
     /// state file's size and CRC-32), so a directory with `_metadata.json` but damaged state
     /// does not count.
-    async fn completed_after_kill(&self, before: Option<&Vec<PathBuf>>) -> FinalAfterKill {
+    async fn completed_after_kill(&self, before: Option<&[PathBuf]>) -> FinalAfterKill {
         let candidates: Vec<PathBuf> = match before {
             Some(before) => savepoint_history::completed(&self.savepoints_dir, &self.job.spec.name)
                 .unwrap_or_default()

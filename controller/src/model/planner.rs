@@ -1485,11 +1485,7 @@ impl Model {
         let lambda = self.lambda_target[i];
         let cap = self.s.rho * mu;
         let hottest = self.hottest[i];
-        // Hot key: a key group with at least twice the mean load (the estimate spreads each
-        // subtask's load over its range, so uneven ranges alone differ by far less).
-        let skewed = hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR;
-        // (Also a group within the isolation margin under the limit: see `isolates`.)
-        if skewed && isolates(lambda * hottest, cap * (1.0 + CEIL_SLACK)) {
+        if self.hot_key_at(i, mu) {
             // A group above even a subtask's full μ caps what the operator takes at μ / its share
             // (its subtask saturates and backpressure holds the input there): the other
             // subtasks need to fit only that rate, not the target rate it cannot reach.
@@ -1623,15 +1619,22 @@ impl Model {
     /// comes within the isolation margin under it ([`isolates`]), the condition under which [`Model::size_keyed`] sizes it by
     /// [`Model::isolating_parallelism`].
     fn hot_key_bottleneck(&self, i: usize, p: u32) -> bool {
+        self.kg_slot[i].is_some() && self.mu_at(i, p).is_some_and(|mu| self.hot_key_at(i, mu))
+    }
+
+    /// The hot-key rule of keyed operator `i` at service rate `mu` (records/s per subtask), the
+    /// one test [`Model::size_keyed`] and [`Model::hot_key_bottleneck`] share: its hottest key
+    /// group has at least [`HOT_KEY_GROUP_FACTOR`] times the mean load (the estimate spreads
+    /// each subtask's load over its range, so uneven ranges alone differ by far less) and that
+    /// group's load at the target rate is too much for one subtask at ρ_target·μ, or within
+    /// the isolation margin under it ([`isolates`]).
+    fn hot_key_at(&self, i: usize, mu: f64) -> bool {
         let hottest = self.hottest[i];
-        self.kg_slot[i].is_some()
-            && hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR
-            && self.mu_at(i, p).is_some_and(|mu| {
-                isolates(
-                    self.lambda_target[i] * hottest,
-                    self.s.rho * mu * (1.0 + CEIL_SLACK),
-                )
-            })
+        hottest * f64::from(self.graph.key_groups) >= HOT_KEY_GROUP_FACTOR
+            && isolates(
+                self.lambda_target[i] * hottest,
+                self.s.rho * mu * (1.0 + CEIL_SLACK),
+            )
     }
 
     /// Keyed operator `i` with key groups too hot for one subtask at the target (`hot` = those
