@@ -443,8 +443,8 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
     check_report_dir(&opts.report_dir)?;
     if let Some((what, engine)) = explicit_engine(opts) {
         let full = absolute(&engine)?;
-        let why = crate::runtime::local::engine_binary_problem(&engine)
-            .or_else(|| engine_identity_problem(&full));
+        let why = crate::runtime::engine_binary::engine_binary_problem(&engine)
+            .or_else(|| crate::runtime::engine_binary::engine_identity_problem(&full));
         if let Some(why) = why {
             return Err(RunError::Option(format!(
                 "{what}: {} {why}",
@@ -495,96 +495,6 @@ fn restore_hint(before: Option<&[PathBuf]>) -> String {
             )
         })
         .unwrap_or_default()
-}
-
-/// How long the engine binary may take to answer `--version`.
-pub const ENGINE_VERSION_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Why the executable `path` is not the engine, asked as `PATH --version` (the engine's
-/// command line answers `streamscale-engine VERSION` and exits at once): it cannot be run,
-/// does not answer within [`ENGINE_VERSION_TIMEOUT`] (killed then), or its first line of
-/// output does not start with the engine's name (GNU `/bin/true` prints `true (GNU coreutils) …`). The phrase
-/// follows the path in a message. `None` when it answers as the engine does.
-fn engine_identity_problem(path: &Path) -> Option<String> {
-    use std::io::Read as _;
-    let name = crate::runtime::local::ENGINE_BIN_NAME;
-    let mut command = std::process::Command::new(path);
-    command
-        .arg("--version")
-        .env("NO_COLOR", "1")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    // Its own process group, so that a script which hangs is stopped with everything it
-    // started (a `sleep` it runs would otherwise outlive the check, holding its output).
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => return Some(format!("cannot be run ({e}); give the {name} binary")),
-    };
-    // Read on a thread: a child that never closes its output must not hold the check.
-    let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(stdout) = child.stdout.take() {
-        std::thread::spawn(move || {
-            let mut text = Vec::new();
-            let _ = stdout.take(4096).read_to_end(&mut text);
-            let _ = tx.send(text);
-        });
-    }
-    let started = std::time::Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() < ENGINE_VERSION_TIMEOUT => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Ok(None) | Err(_) => {
-                kill_process_group(&mut child);
-                let _ = child.wait();
-                return Some(format!(
-                    "did not answer `--version` within {} s; give the {name} binary",
-                    ENGINE_VERSION_TIMEOUT.as_secs()
-                ));
-            }
-        }
-    };
-    let text = rx.recv_timeout(Duration::from_secs(1)).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text);
-    let first = text.lines().next().unwrap_or_default().trim();
-    let is_engine = first
-        .strip_prefix(name)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '));
-    if status.success() && is_engine {
-        return None;
-    }
-    let printed = if first.is_empty() {
-        "printed nothing".to_string()
-    } else {
-        let shown: String = first.chars().take(80).collect();
-        format!("printed `{shown}`")
-    };
-    let status = match status.code() {
-        Some(code) => format!("exit code {code}"),
-        None => status.to_string(),
-    };
-    Some(format!(
-        "is not the {name} binary: asked for `--version` it {printed} ({status}), where the engine prints `{name} VERSION`"
-    ))
-}
-
-/// Kills `child` and every process in its process group (it was started as the group's
-/// leader, `process_group(0)`, so the group id is its pid); falls back to killing the child
-/// alone where the group cannot be signalled.
-fn kill_process_group(child: &mut std::process::Child) {
-    #[cfg(unix)]
-    if let Ok(pid) = i32::try_from(child.id()) {
-        use nix::sys::signal::{Signal, killpg};
-        if killpg(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
-            return;
-        }
-    }
-    let _ = child.kill();
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, RunError> {

@@ -25,57 +25,7 @@ pub const EXIT_ON_STDIN_EOF_ENV: &str = "STREAMSCALE_ENGINE_EXIT_ON_STDIN_EOF";
 /// File name of the engine binary.
 pub const ENGINE_BIN_NAME: &str = "streamscale-engine";
 
-/// Finds the engine binary: `$STREAMSCALE_ENGINE_BIN`, else `streamscale-engine` next to the
-/// current executable (or one directory up, for test binaries in `target/*/deps`), else the bare
-/// name (looked up on `PATH` when started).
-pub fn locate_engine_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os(ENGINE_BIN_ENV).filter(|v| !v.is_empty()) {
-        return PathBuf::from(bin);
-    }
-    let name = format!("{ENGINE_BIN_NAME}{}", std::env::consts::EXE_SUFFIX);
-    if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        for candidate in [Some(dir), dir.parent()].into_iter().flatten() {
-            let path = candidate.join(&name);
-            if path.is_file() {
-                return path;
-            }
-        }
-    }
-    PathBuf::from(name)
-}
-
-/// Why `path` cannot be started as the engine binary, if it visibly cannot: it does not exist,
-/// is a directory, or (on Unix) is a file without an execute permission bit (`/etc/passwd`),
-/// which even root cannot run. The phrase follows the path in a message:
-/// `--engine: PATH is not executable (mode 644); give the streamscale-engine binary`.
-/// `None` when it is an executable file (whether it is really the engine shows when it starts).
-pub fn engine_binary_problem(path: &Path) -> Option<String> {
-    let what = format!("the {ENGINE_BIN_NAME} binary");
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Some("does not exist".to_string());
-        }
-        Err(e) => return Some(format!("cannot be read: {e}")),
-    };
-    if meta.is_dir() {
-        return Some(format!("is a directory, not {what}"));
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        let mode = meta.permissions().mode();
-        if mode & 0o111 == 0 {
-            return Some(format!(
-                "is not executable (mode {:o}); give {what}",
-                mode & 0o7777
-            ));
-        }
-    }
-    None
-}
+pub use super::engine_binary::{engine_binary_problem, locate_engine_binary};
 
 /// Timeouts of the local runtime.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use crate::api::{ApiError, JobStatus};
 
+pub mod engine_binary;
 pub mod local;
 
 pub use local::LocalRuntime;
