@@ -785,7 +785,7 @@ pub async fn run(
         absolute(&opts.report_dir)?
     };
     // One run per report directory: held until this function returns.
-    let _lock = lock_report_dir(&report_dir)?;
+    let (_lock, lock_path) = lock_report_dir(&report_dir)?;
     // Until the first engine runs, its job file and log live in a directory beside the
     // report's, so a run that cannot start leaves an earlier report as it was.
     let staging = Staging::create(&report_dir, &job.yaml)?;
@@ -804,7 +804,7 @@ pub async fn run(
     print(&format!(
         "streamscale run: job `{}` ({}), {:.0} s, interval {} s, SLO {} s, report in {}",
         job.spec.name,
-        job.path.display(),
+        opts.job.display(),
         job.duration_s,
         opts.interval_s,
         slo_s,
@@ -824,6 +824,11 @@ pub async fn run(
             }
             if !report_existed {
                 let _ = std::fs::remove_dir(&report_dir);
+                // Nothing is left to guard: the lock file goes with the directory it was for
+                // (a run started meanwhile has failed on the lock, it does not wait for it).
+                if !report_dir.exists() {
+                    let _ = std::fs::remove_file(&lock_path);
+                }
             }
             let kept = staging.abandon(&error);
             return Err(RunError::Start {
@@ -883,13 +888,14 @@ fn report_parent(report_dir: &Path) -> Result<(&Path, &std::ffi::OsStr), RunErro
 }
 
 /// Takes the lock file `.NAME.lock` beside the report directory `NAME` (created if missing,
-/// left in place afterwards; an exclusive advisory lock, released when the file is closed or
-/// the process exits), so that two runs never write into one report directory.
+/// left in place afterwards unless the run could not start and created no `NAME`; an exclusive
+/// advisory lock, released when the file is closed or the process exits), so that two runs
+/// never write into one report directory. Returns the open file and its path.
 ///
 /// # Errors
 /// [`RunError::Option`] naming `--report` when another process holds the lock or the lock file
 /// cannot be created.
-fn lock_report_dir(report_dir: &Path) -> Result<std::fs::File, RunError> {
+fn lock_report_dir(report_dir: &Path) -> Result<(std::fs::File, PathBuf), RunError> {
     let (parent, name) = report_parent(report_dir)?;
     let path = parent.join(format!(".{}.lock", name.to_string_lossy()));
     let file = std::fs::OpenOptions::new()
@@ -901,7 +907,7 @@ fn lock_report_dir(report_dir: &Path) -> Result<std::fs::File, RunError> {
             RunError::Option(format!("--report: cannot create {}: {e}", path.display()))
         })?;
     match file.try_lock() {
-        Ok(()) => Ok(file),
+        Ok(()) => Ok((file, path)),
         Err(std::fs::TryLockError::WouldBlock) => Err(RunError::Option(format!(
             "--report: {} is in use by another streamscale run (it holds {}); give another --report",
             report_dir.display(),

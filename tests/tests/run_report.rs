@@ -193,6 +193,38 @@ fn a_run_into_an_empty_report_directory_that_cannot_start_leaves_it_empty() {
 }
 
 #[test]
+fn a_run_into_a_new_report_directory_whose_engine_exits_leaves_no_lock_file() {
+    // The old code left `.report.lock` beside a `report` it never created.
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
+    let engine = engine_that_exits_at_once(dir.path());
+    let before = names_in(dir.path());
+    let engine = engine.to_str().expect("UTF-8 path");
+    let stderr = run_2s_with(&job, &report, &["--engine", engine], 1);
+    assert!(!report.exists(), "{stderr}");
+    // Besides what was there, only the attempt's kept job file and engine log.
+    let added: Vec<_> = names_in(dir.path())
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    let kept: Vec<_> = staging_dirs(&report)
+        .iter()
+        .filter_map(|p| p.file_name().map(std::ffi::OsStr::to_os_string))
+        .collect();
+    assert_eq!(added, kept, "{stderr}");
+    assert_eq!(added.len(), 1, "{stderr}");
+}
+
+/// The names of the entries of `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .expect("list dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
 fn the_totals_cover_the_last_partial_interval_and_the_final_stop() {
     let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(None));
     // Long intervals, interrupted in the middle of the second one.
