@@ -26,6 +26,7 @@ use crate::nexmark::queries::key_person;
 use crate::payload::{Payload, Row, Value};
 use crate::runtime::Record;
 use crate::state::KeyedState;
+use crate::time::arrivals::WindowArrivals;
 use crate::time::{StateCodecError, decode_groups, encode_groups};
 
 /// How the join bounds its state.
@@ -87,6 +88,7 @@ pub struct Join {
     max_parallelism: u32,
     groups: BTreeMap<u32, BTreeMap<u64, JoinKeyState>>,
     timers: BTreeSet<(u64, u32, u64)>,
+    arrivals: WindowArrivals,
 }
 
 impl Join {
@@ -115,6 +117,7 @@ impl Join {
             max_parallelism,
             groups,
             timers,
+            arrivals: WindowArrivals::default(),
         })
     }
 
@@ -194,12 +197,14 @@ impl Join {
                     Event::Bid(_) => {}
                 }
                 self.timers.insert((start + size, kg, key));
+                self.arrivals.note(start + size, rec.created_us);
                 true
             }
         }
     }
 
-    /// Windowed join: fires every window with end − 1 ≤ `wm`.
+    /// Windowed join: fires every window with end − 1 ≤ `wm`, its rows stamped with the
+    /// wall-clock time the window ended ([`WindowArrivals::stamp`]).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
         let Some(JoinWindow::Tumbling(size)) = self.window else {
             return;
@@ -237,7 +242,7 @@ impl Join {
                         key: id,
                         value: 0,
                         count: 1,
-                        created_us: now,
+                        created_us: self.arrivals.stamp(end, 0, now),
                         payload: Payload::Row(Arc::new(row)),
                     });
                 }
@@ -249,6 +254,7 @@ impl Join {
                 }
             }
         }
+        self.arrivals.forget_through(wm.saturating_add(1));
     }
 
     /// The join state by key group, for a savepoint.
@@ -277,5 +283,78 @@ fn q3_row(p: &PersonSide, a: AuctionSide, created_us: u64) -> Record {
         count: 1,
         created_us,
         payload: Payload::Row(Arc::new(row)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use nexmark::event::{Auction, Person};
+
+    fn person(id: usize, ts: u64, created_us: u64) -> Record {
+        let p = Person {
+            id,
+            name: format!("p{id}"),
+            email_address: String::new(),
+            credit_card: String::new(),
+            city: String::new(),
+            state: "OR".into(),
+            date_time: ts,
+            extra: String::new(),
+        };
+        Record {
+            seq: 0,
+            key: id as u64,
+            value: 0,
+            count: 1,
+            created_us,
+            payload: Payload::Event(Arc::new(Event::Person(p))),
+        }
+    }
+
+    fn auction(id: usize, seller: usize, ts: u64, created_us: u64) -> Record {
+        let a = Auction {
+            id,
+            item_name: String::new(),
+            description: String::new(),
+            initial_bid: 1,
+            reserve: 1,
+            date_time: ts,
+            expires: ts + 1_000,
+            seller,
+            category: 10,
+            extra: String::new(),
+        };
+        Record {
+            seq: 0,
+            key: seller as u64,
+            value: 0,
+            count: 1,
+            created_us,
+            payload: Payload::Event(Arc::new(Event::Auction(a))),
+        }
+    }
+
+    #[test]
+    fn windowed_join_rows_are_stamped_when_their_window_ended() {
+        // The old code stamped them with the firing time.
+        let mut j =
+            Join::restore(Some(JoinWindow::Tumbling(10)), 8, &KeyedState::default()).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        let mut out = Vec::new();
+        assert!(j.add(&person(7, 1, t0 + 1_000), None, &mut out));
+        assert!(j.add(&auction(1, 7, 6, t0 + 6_000), None, &mut out));
+        assert!(j.add(&person(8, 4, t0 + 9_000), None, &mut out));
+        assert!(
+            out.is_empty(),
+            "a windowed join emits when the window fires"
+        );
+        j.fire(9, &mut out);
+        let got: Vec<(u64, u64)> = out.iter().map(|r| (r.key, r.created_us)).collect();
+        // Person 8 has no auction in the window; person 7's row carries the window's latest
+        // arrival (person 8's, the last record of the window at this subtask).
+        assert_eq!(got, vec![(7, t0 + 9_000)]);
+        assert!(j.arrivals.is_empty());
     }
 }

@@ -9,6 +9,7 @@
 //! Records whose every window has already been fired (window end − 1 ≤ watermark) are late:
 //! they are dropped and counted in `streamscale_late_records_dropped_total`.
 
+pub mod arrivals;
 pub mod watermark;
 pub mod window;
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::arrivals::WindowArrivals;
 use super::{StateCodecError, assign_windows, decode_groups, encode_groups};
 use crate::keygroup::key_group;
 use crate::nexmark::queries::{BidKey, key_bid_auction, key_bid_bidder, key_window};
@@ -114,6 +115,7 @@ pub struct EventWindow {
     max_parallelism: u32,
     groups: BTreeMap<u32, BTreeMap<u64, Vec<Pane>>>,
     timers: BTreeSet<(u64, u32, u64)>,
+    arrivals: WindowArrivals,
 }
 
 impl EventWindow {
@@ -141,6 +143,7 @@ impl EventWindow {
             max_parallelism,
             groups,
             timers,
+            arrivals: WindowArrivals::default(),
         })
     }
 
@@ -183,6 +186,7 @@ impl EventWindow {
                 end: windows[0].end,
                 count: rec.count,
             };
+            let mut absorbed = Vec::new();
             // Session merging: windows that overlap become one. Windows that only touch
             // (a gap of exactly `gapMs`) stay apart — unlike Flink, which merges them — so the
             // result never depends on whether the watermark fired the first in between.
@@ -192,16 +196,25 @@ impl EventWindow {
                     merged.end = merged.end.max(p.end);
                     merged.count += p.count;
                     self.timers.remove(&(p.end, kg, key));
+                    absorbed.push(p.end);
                     false
                 } else {
                     true
                 }
             });
+            // The merged session's latest arrival: this record's or a merged one's.
+            self.arrivals.note(merged.end, rec.created_us);
+            for end in absorbed {
+                if let Some(t) = self.arrivals.latest(end) {
+                    self.arrivals.note(merged.end, t);
+                }
+            }
             self.timers.insert((merged.end, kg, key));
             panes.push(merged);
             return true;
         }
         for w in windows.into_iter().filter(|w| !late(w, wm)) {
+            self.arrivals.note(w.end, rec.created_us);
             match panes.iter_mut().find(|p| p.start == w.start) {
                 Some(p) => p.count += rec.count,
                 None => {
@@ -217,9 +230,14 @@ impl EventWindow {
         true
     }
 
-    /// Fires every window with end − 1 ≤ `wm`, in order of window end, appending the rows.
+    /// Fires every window with end − 1 ≤ `wm`, in order of window end, appending the rows,
+    /// each stamped with the wall-clock time its window ended ([`WindowArrivals::stamp`]).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
         let now = now_us();
+        let after_us = match self.spec {
+            WindowSpec::Session { gap_ms } => gap_ms.saturating_mul(1000),
+            _ => 0,
+        };
         while let Some(&(end, kg, key)) = self.timers.first() {
             if end.saturating_sub(1) > wm {
                 break;
@@ -241,8 +259,10 @@ impl EventWindow {
                     self.groups.remove(&kg);
                 }
             }
-            out.push(window_row(self.key, key, p, now));
+            let stamp = self.arrivals.stamp(end, after_us, now);
+            out.push(window_row(self.key, key, p, stamp));
         }
+        self.arrivals.forget_through(wm.saturating_add(1));
     }
 
     /// The open windows by key group, for a savepoint.
@@ -254,7 +274,9 @@ impl EventWindow {
     }
 }
 
-fn window_row(key_field: BidKey, key: u64, p: Pane, now_us: u64) -> Record {
+/// A window's result row for `key`, at event time `p.end − 1`, arrived (for the sink's latency)
+/// at `created_us`.
+fn window_row(key_field: BidKey, key: u64, p: Pane, created_us: u64) -> Record {
     let row = Row::new(
         p.end - 1,
         vec![
@@ -269,7 +291,7 @@ fn window_row(key_field: BidKey, key: u64, p: Pane, now_us: u64) -> Record {
         key,
         value: p.count as i64,
         count: 1,
-        created_us: now_us,
+        created_us,
         payload: Payload::Row(Arc::new(row)),
     }
 }
@@ -296,6 +318,7 @@ pub struct WindowTop {
     max_parallelism: u32,
     groups: BTreeMap<u32, BTreeMap<u64, TopPane>>,
     timers: BTreeSet<(u64, u32)>,
+    arrivals: WindowArrivals,
 }
 
 impl WindowTop {
@@ -318,6 +341,7 @@ impl WindowTop {
             max_parallelism,
             groups,
             timers,
+            arrivals: WindowArrivals::default(),
         })
     }
 
@@ -371,10 +395,12 @@ impl WindowTop {
             pane.keys.push(key);
         }
         self.timers.insert((ts, kg));
+        self.arrivals.note(ts, rec.created_us);
         true
     }
 
-    /// Fires every window whose end − 1 ≤ `wm`: one row per top key, keys ascending.
+    /// Fires every window whose end − 1 ≤ `wm`: one row per top key, keys ascending, stamped
+    /// with the latest stamp of the window's input rows (when its upstream windows ended).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
         let now = now_us();
         while let Some(&(ts, kg)) = self.timers.first() {
@@ -398,9 +424,15 @@ impl WindowTop {
                     end: pane.end,
                     count: pane.max,
                 };
-                out.push(window_row(self.key, key, p, now));
+                out.push(window_row(
+                    self.key,
+                    key,
+                    p,
+                    self.arrivals.stamp(ts, 0, now),
+                ));
             }
         }
+        self.arrivals.forget_through(wm);
     }
 
     /// The open windows by key group, for a savepoint.
@@ -538,5 +570,91 @@ mod tests {
         let got = rows(&out);
         // Window [0,10): auction 1 → 2 bids, 2 → 2, 3 → 1; window [5,15): 3 → 1.
         assert_eq!(got, vec![(1, 2, 0), (2, 2, 0), (3, 1, 5)]);
+    }
+    /// `bid(auction, ts)` that arrived at its source at `created_us`.
+    fn bid_at(auction: usize, ts: u64, created_us: u64) -> Record {
+        Record {
+            created_us,
+            ..bid(auction, ts)
+        }
+    }
+
+    /// The stamp of each result row: (auction, windowStart, created_us), sorted.
+    fn stamps(out: &[Record]) -> Vec<(i64, i64, u64)> {
+        let mut got: Vec<_> = rows(out)
+            .into_iter()
+            .zip(out)
+            .map(|((a, _, start), r)| (a, start, r.created_us))
+            .collect();
+        got.sort_unstable();
+        got
+    }
+
+    #[test]
+    fn results_are_stamped_when_their_window_ended_not_when_it_fired() {
+        // The old code stamped every row with the firing time (now): a sink then measured
+        // only what came after the watermark, not the upstream delay nor the watermark's wait.
+        let spec = WindowSpec::Tumbling { size_ms: 10 };
+        let mut w = EventWindow::restore(BidKey::Auction, spec, 8, &KeyedState::default()).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        // Window [0,10): auction 1 early, auction 2 last (out of order in event time).
+        assert!(w.add(&bid_at(1, 2, t0 + 1_000), None));
+        assert!(w.add(&bid_at(2, 9, t0 + 5_000), None));
+        assert!(w.add(&bid_at(1, 8, t0 + 7_000), None));
+        // Window [10,20).
+        assert!(w.add(&bid_at(1, 11, t0 + 12_000), None));
+        let mut out = Vec::new();
+        w.fire(9, &mut out);
+        // Every key's row of [0,10) carries the window's latest arrival (its end in wall time).
+        assert_eq!(stamps(&out), vec![(1, 0, t0 + 7_000), (2, 0, t0 + 7_000)]);
+        out.clear();
+        w.fire(u64::MAX, &mut out);
+        assert_eq!(stamps(&out), vec![(1, 10, t0 + 12_000)]);
+        assert!(w.arrivals.is_empty(), "fired windows are forgotten");
+    }
+
+    #[test]
+    fn a_session_ends_a_gap_after_its_last_arrival_and_restored_state_fires_now() {
+        let spec = WindowSpec::Session { gap_ms: 5 };
+        let mut w = EventWindow::restore(BidKey::Auction, spec, 8, &KeyedState::default()).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        // One session [0, 9): the later arrival has the earlier event time; they merge.
+        assert!(w.add(&bid_at(1, 4, t0 + 1_000), None));
+        assert!(w.add(&bid_at(1, 0, t0 + 3_000), None));
+        let state = w.snapshot().unwrap();
+        let mut out = Vec::new();
+        w.fire(u64::MAX, &mut out);
+        // Latest arrival + the 5 ms gap, never after the firing.
+        assert_eq!(stamps(&out), vec![(1, 0, t0 + 3_000 + 5_000)]);
+        // From a savepoint nothing was noted: stamped with the firing time.
+        let before = now_us();
+        let mut restored = EventWindow::restore(BidKey::Auction, spec, 8, &state).unwrap();
+        out.clear();
+        restored.fire(u64::MAX, &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(
+            out[0].created_us >= before,
+            "{} < {before}",
+            out[0].created_us
+        );
+    }
+
+    #[test]
+    fn window_top_rows_carry_their_input_rows_latest_stamp() {
+        let mut top = WindowTop::restore(BidKey::Auction, 8, &KeyedState::default()).unwrap();
+        let spec = WindowSpec::Tumbling { size_ms: 10 };
+        let mut w = EventWindow::restore(BidKey::Auction, spec, 8, &KeyedState::default()).unwrap();
+        let t0 = 1_700_000_000_000_000;
+        for (a, ts, at) in [(1, 1, 1_000), (1, 2, 2_000), (2, 3, 9_000), (2, 4, 4_000)] {
+            assert!(w.add(&bid_at(a, ts, t0 + at), None));
+        }
+        let mut results = Vec::new();
+        w.fire(u64::MAX, &mut results);
+        for r in &results {
+            assert!(top.add(r, None));
+        }
+        let mut out = Vec::new();
+        top.fire(u64::MAX, &mut out);
+        assert_eq!(stamps(&out), vec![(1, 0, t0 + 9_000), (2, 0, t0 + 9_000)]);
     }
 }
