@@ -68,6 +68,21 @@ pub struct OperatorEstimate {
     /// hottest share alone, as before).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subtask_key_group_shares: Vec<Vec<(u32, f64)>>,
+    /// Keyed operators: the same lists as [`Self::subtask_key_group_shares`] read as reported
+    /// (the point estimates, not lowered by the confidence bound; groups with a share that is
+    /// not a positive number dropped), for judging an operator the planner already holds as a
+    /// hot-key bottleneck: a lower bound is for *claiming* a hot key, and a held one is
+    /// released on the figure itself (see the planner's `HOT_KEY_RELEASE`). Empty lists and an
+    /// empty vector exactly where [`Self::subtask_key_group_shares`] has them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtask_key_group_point_shares: Vec<Vec<(u32, f64)>>,
+    /// Share of the window each subtask was saturated, busy or blocked on its output:
+    /// (Δbusy_seconds + Δbackpressured_seconds) / Δt, in 0..=1 (index = subtask). A subtask near
+    /// 1 processed all it could, so what it processed is a lower bound on what was offered to it
+    /// (DS2's useful time and backpressure, §3), not a measure of it: its share of the input
+    /// reads low when the others catch up a backlog or when it falls behind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtask_saturation: Vec<f64>,
     /// Source-only figures (`None` for other operators).
     pub source: Option<SourceEstimate>,
 }
@@ -543,7 +558,17 @@ fn estimate_operator(
             Vec::new()
         },
         subtask_hottest_key_group_shares: hottest_key_group_shares(first, last),
-        subtask_key_group_shares: key_group_shares(first, last),
+        subtask_key_group_shares: key_group_shares(first, last, true),
+        subtask_key_group_point_shares: key_group_shares(first, last, false),
+        subtask_saturation: first
+            .iter()
+            .zip(last)
+            .map(|(a, b)| {
+                let t = (b.busy_seconds - a.busy_seconds)
+                    + (b.backpressured_seconds - a.backpressured_seconds);
+                (t / elapsed).clamp(0.0, 1.0)
+            })
+            .collect(),
         source,
     })
 }
@@ -583,9 +608,14 @@ fn conservative_share(h: f64, n: f64) -> Option<f64> {
     Some((count_lower_bound(h.min(1.0) * n) / n).min(1.0))
 }
 
-/// [`OperatorEstimate::subtask_key_group_shares`] from a window's first and last rows of one
-/// operator's subtasks.
-fn key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> Vec<Vec<(u32, f64)>> {
+/// [`OperatorEstimate::subtask_key_group_shares`] (`conservative`) or
+/// [`OperatorEstimate::subtask_key_group_point_shares`] from a window's first and last rows of
+/// one operator's subtasks.
+fn key_group_shares(
+    first: &[SubtaskSample],
+    last: &[SubtaskSample],
+    conservative: bool,
+) -> Vec<Vec<(u32, f64)>> {
     if last.iter().all(|s| s.key_group_shares.is_empty()) {
         return Vec::new();
     }
@@ -596,10 +626,23 @@ fn key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> Vec<Vec<
             let n = b.records_in - a.records_in;
             b.key_group_shares
                 .iter()
-                .filter_map(|&(g, h)| Some((g, conservative_share(h, n)?)).filter(|x| x.1 > 0.0))
+                .filter_map(|&(g, h)| {
+                    let read = if conservative {
+                        conservative_share(h, n)?
+                    } else {
+                        point_share(h, n)?
+                    };
+                    Some((g, read)).filter(|x| x.1 > 0.0)
+                })
                 .collect()
         })
         .collect()
+}
+
+/// A share `h` of `n` records as reported, within (0, 1]; `None` where
+/// [`conservative_share`] is `None` (no record, or a share that is not a positive number).
+fn point_share(h: f64, n: f64) -> Option<f64> {
+    (h.is_finite() && h > 0.0 && n > 0.0).then(|| h.min(1.0))
 }
 
 #[cfg(test)]
@@ -670,6 +713,38 @@ edges:
         assert!(est.operators["sink"].subtask_key_group_shares.is_empty());
         let plain = estimate(&spec, &window(&ops(), &[10.0, 20.0])).expect("estimates");
         assert!(plain.operators["map"].subtask_key_group_shares.is_empty());
+    }
+
+    #[test]
+    fn point_shares_and_saturation_per_subtask() {
+        let spec = job(CHAIN);
+        let mut w = window(&ops(), &[10.0, 20.0]);
+        // map: 500 records per subtask in the 10 s window, busy 8 s each (μ 62.5); subtask 1
+        // also blocked on its output for 1.5 s and lists two groups.
+        let last = w.last_mut().expect("rows");
+        let map = last.operators.get_mut("map").expect("map");
+        map[1].backpressured_seconds += 1.5;
+        map[1].key_group_shares = vec![(117, 0.5), (70, 0.002), (64, f64::NAN)];
+        let est = estimate(&spec, &w).expect("estimates");
+        let m = &est.operators["map"];
+        // As reported (a share that is not a number dropped), not lowered by 2·√(h·n).
+        assert_eq!(
+            m.subtask_key_group_point_shares,
+            vec![vec![], vec![(117, 0.5), (70, 0.002)]]
+        );
+        assert_eq!(m.subtask_key_group_shares[1].len(), 1);
+        let sat = &m.subtask_saturation;
+        assert!(
+            (sat[0] - 0.8).abs() < 1e-9 && (sat[1] - 0.95).abs() < 1e-9,
+            "{sat:?}"
+        );
+        // Without lists: none either way.
+        let plain = estimate(&spec, &window(&ops(), &[10.0, 20.0])).expect("estimates");
+        assert!(
+            plain.operators["map"]
+                .subtask_key_group_point_shares
+                .is_empty()
+        );
     }
 
     #[test]
