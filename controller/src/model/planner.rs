@@ -973,6 +973,19 @@ pub const HOT_KEY_RELEASE: f64 = 0.1;
 /// could, not what was offered to it.
 pub const SATURATED: f64 = 0.9;
 
+/// The rates [`offered_shares`] relates a keyed operator's subtasks to, records/s.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    /// The rate the planner multiplies key-group shares by (the smaller of its targets).
+    target: f64,
+    /// The steady input rate from the sources' arrival rates (traffic equations), read
+    /// through the arrival scale.
+    steady: f64,
+    /// The arrival scale f the window's arrivals are read through (1 without one): the
+    /// operator processed what it did at f = 1, so its offered load scales by f.
+    scale: f64,
+}
+
 /// A keyed operator's subtask input shares corrected for saturated subtasks, written into
 /// `out`; false (and `out` left alone) when there is nothing to correct: no key-group list
 /// from the engine (the simulator's windows, which stay as they were), no input, or no
@@ -982,26 +995,31 @@ pub const SATURATED: f64 = 0.9;
 /// processed r_j = s_j · λ_obs records/s, less than was offered to it whenever it fell behind,
 /// and its share of the processed total reads low whenever the other subtasks processed more
 /// than the steady rate (catching up a backlog after a restart): the hot subtask of a job
-/// isolated at p=64 read 14.4 % of the input where its group took 21.5 %. So each saturated
-/// subtask gets at least (r_j + D · r_j / R) / λ_target, with D = max(0, λ_steady − λ_obs)
-/// the steady load the operator did not process (it queued at the saturated subtasks, the
-/// others keep up; split in proportion to what they processed, R their sum) and λ_target the
-/// rate the planner multiplies shares by: λ_target times the share is at least what the
-/// subtask processed plus its part of the deficit, a lower bound on its offered load. The
-/// other subtasks share the rest in their measured proportions. When the saturated subtasks'
-/// shares would reach 1 (all saturated, say) the measured shares stand.
-fn offered_shares(
-    e: &OperatorEstimate,
-    lambda_target: f64,
-    lambda_steady: f64,
-    out: &mut Vec<f64>,
-) -> bool {
+/// isolated at p=64 read 14.4 % of the input where its group took 21.75 %. So each saturated
+/// subtask gets at least f · (r_j + D · r_j / R) / λ_target, with D = max(0, λ_steady / f −
+/// λ_obs) the steady load the operator did not process (it queued at the saturated subtasks,
+/// the others keep up; split in proportion to what they processed, R their sum), λ_target the
+/// rate the planner multiplies shares by and f the arrival scale (a forecast's, 1 without):
+/// λ_target times the share is at least what the subtask processed plus its part of the
+/// deficit (scaled by f), a lower bound on its offered load. The other subtasks share the rest
+/// in their measured proportions. When the saturated subtasks' shares would reach 1 (all
+/// saturated, say) the measured shares stand.
+fn offered_shares(e: &OperatorEstimate, rates: Rates, out: &mut Vec<f64>) -> bool {
     let shares = &e.subtask_input_shares;
     let sat = &e.subtask_saturation;
+    let Rates {
+        target: lambda_target,
+        steady,
+        scale,
+    } = rates;
     if e.subtask_key_group_shares.is_empty()
         || shares.is_empty()
         || sat.len() != shares.len()
-        || !(e.input_rate > 0.0 && lambda_target > 0.0 && lambda_target.is_finite())
+        || !(e.input_rate > 0.0
+            && lambda_target > 0.0
+            && lambda_target.is_finite()
+            && scale > 0.0
+            && scale.is_finite())
     {
         return false;
     }
@@ -1013,12 +1031,12 @@ fn offered_shares(
     if processed.is_nan() || processed <= 0.0 {
         return false;
     }
-    let deficit = (lambda_steady - e.input_rate).max(0.0);
+    let deficit = (steady / scale - e.input_rate).max(0.0);
     out.clear();
     out.extend(shares.iter().enumerate().map(|(j, &s)| {
         if saturated(j) {
             let r = s * e.input_rate;
-            s.max((r + deficit * r / processed) / lambda_target)
+            s.max(scale * (r + deficit * r / processed) / lambda_target)
         } else {
             s
         }
@@ -1181,6 +1199,18 @@ impl Model {
         // A feedback loop whose gain is 1 or more has no finite rates: rejected, naming it.
         let lambda_target = topo.try_traffic(&gamma_target, &gain)?;
         let lambda_steady = topo.traffic(&gamma, &gain);
+        let gamma_target_hold: Vec<f64> = est
+            .iter()
+            .map(|e| {
+                e.source
+                    .map_or(0.0, |x| x.arrival_rate + x.backlog_records / s.catch_up)
+            })
+            .collect();
+        let lambda_target_hold = if s.downtime > 0.0 {
+            topo.traffic(&gamma_target_hold, &gain)
+        } else {
+            lambda_target.clone()
+        };
         let mut hot_run = Vec::with_capacity(n);
         let mut hottest = Vec::with_capacity(n);
         let mut hot_held = vec![false; n];
@@ -1194,7 +1224,14 @@ impl Model {
                 continue;
             }
             let start = kg_loads.len();
-            let shares = if offered_shares(e, lambda_target[i], lambda_steady[i], &mut offered) {
+            // The smaller target (without the rescale's downtime) as the denominator: either
+            // target times the corrected share is at least what a saturated subtask processed.
+            let rates = Rates {
+                target: lambda_target_hold[i].min(lambda_target[i]),
+                steady: lambda_steady[i],
+                scale: arrival_scale.unwrap_or(1.0),
+            };
+            let shares = if offered_shares(e, rates, &mut offered) {
                 &offered[..]
             } else {
                 &e.subtask_input_shares[..]
@@ -1246,18 +1283,6 @@ impl Model {
             slots += 1;
         }
         share_memo.reset(slots * (key_groups as usize + 1));
-        let gamma_target_hold: Vec<f64> = est
-            .iter()
-            .map(|e| {
-                e.source
-                    .map_or(0.0, |x| x.arrival_rate + x.backlog_records / s.catch_up)
-            })
-            .collect();
-        let lambda_target_hold = if s.downtime > 0.0 {
-            topo.traffic(&gamma_target_hold, &gain)
-        } else {
-            lambda_target.clone()
-        };
         // Window bursts: a bursty windowed operator's output reaches each downstream operator
         // as one batch of (output rate × period) records at every window boundary.
         let mut lambda_smooth = lambda_steady.clone();
@@ -3681,24 +3706,44 @@ edges:
             .expect("estimates")
             .operators["win"];
         let mut out = Vec::new();
-        assert!(offered_shares(est, 2036.0, 2000.0, &mut out));
+        let rates = Rates {
+            target: 2036.0,
+            steady: 2000.0,
+            scale: 1.0,
+        };
+        assert!(offered_shares(est, rates, &mut out));
         assert!((out[0] - 465.0 / 2036.0).abs() < 1e-9, "{}", out[0]);
         assert!((out.iter().sum::<f64>() - 1.0).abs() < 1e-9);
         let f = (1.0 - out[0]) / (1.0 - est.subtask_input_shares[0]);
         for (a, b) in out.iter().zip(&est.subtask_input_shares).skip(1) {
             assert!((a - b * f).abs() < 1e-12);
         }
+        // Through a forecast's arrival scale (1.5) the steady rate it reads is no deficit: the
+        // same share.
+        let scaled = Rates {
+            target: 1.5 * 2036.0,
+            steady: 1.5 * 2000.0,
+            scale: 1.5,
+        };
+        let mut again = Vec::new();
+        assert!(offered_shares(est, scaled, &mut again));
+        assert!(
+            (again[0] - out[0]).abs() < 1e-12,
+            "{} vs {}",
+            again[0],
+            out[0]
+        );
         // No saturated subtask, or no key-group lists (the simulator): nothing to correct.
         let mut cool = est.clone();
         cool.subtask_saturation[0] = 0.5;
-        assert!(!offered_shares(&cool, 2036.0, 2000.0, &mut out));
+        assert!(!offered_shares(&cool, rates, &mut out));
         let mut sim = est.clone();
         sim.subtask_key_group_shares.clear();
-        assert!(!offered_shares(&sim, 2036.0, 2000.0, &mut out));
+        assert!(!offered_shares(&sim, rates, &mut out));
         // Every subtask saturated: the measured shares stand.
         let mut all = est.clone();
         all.subtask_saturation.iter_mut().for_each(|x| *x = 1.0);
-        assert!(!offered_shares(&all, 2036.0, 2000.0, &mut out));
+        assert!(!offered_shares(&all, rates, &mut out));
     }
 
     #[test]
