@@ -242,7 +242,7 @@ impl Join {
                         key: id,
                         value: 0,
                         count: 1,
-                        created_us: self.arrivals.stamp(end, 0, now),
+                        created_us: self.arrivals.stamp(end, now),
                         payload: Payload::Row(Arc::new(row)),
                     });
                 }

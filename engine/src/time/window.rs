@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::arrivals::WindowArrivals;
+use super::arrivals::{WindowArrivals, stamp};
 use super::{StateCodecError, assign_windows, decode_groups, encode_groups};
 use crate::keygroup::key_group;
 use crate::nexmark::queries::{BidKey, key_bid_auction, key_bid_bidder, key_window};
@@ -92,6 +92,11 @@ pub struct Pane {
     pub end: u64,
     /// Records counted.
     pub count: u64,
+    /// Session windows: the latest source arrival (`created_us`, µs since the Unix epoch)
+    /// among its records, for stamping its result ([`super::arrivals`]); 0 when unknown. Not
+    /// in savepoints (restored panes are stamped with their firing time).
+    #[serde(skip)]
+    pub latest_us: u64,
 }
 
 fn now_us() -> u64 {
@@ -185,8 +190,8 @@ impl EventWindow {
                 start: windows[0].start,
                 end: windows[0].end,
                 count: rec.count,
+                latest_us: rec.created_us,
             };
-            let mut absorbed = Vec::new();
             // Session merging: windows that overlap become one. Windows that only touch
             // (a gap of exactly `gapMs`) stay apart — unlike Flink, which merges them — so the
             // result never depends on whether the watermark fired the first in between.
@@ -195,26 +200,21 @@ impl EventWindow {
                     merged.start = merged.start.min(p.start);
                     merged.end = merged.end.max(p.end);
                     merged.count += p.count;
+                    merged.latest_us = merged.latest_us.max(p.latest_us);
                     self.timers.remove(&(p.end, kg, key));
-                    absorbed.push(p.end);
                     false
                 } else {
                     true
                 }
             });
-            // The merged session's latest arrival: this record's or a merged one's.
-            self.arrivals.note(merged.end, rec.created_us);
-            for end in absorbed {
-                if let Some(t) = self.arrivals.latest(end) {
-                    self.arrivals.note(merged.end, t);
-                }
-            }
             self.timers.insert((merged.end, kg, key));
             panes.push(merged);
             return true;
         }
+        if let Some(first) = windows.iter().find(|w| !late(w, wm)) {
+            self.arrivals.note(first.end, rec.created_us);
+        }
         for w in windows.into_iter().filter(|w| !late(w, wm)) {
-            self.arrivals.note(w.end, rec.created_us);
             match panes.iter_mut().find(|p| p.start == w.start) {
                 Some(p) => p.count += rec.count,
                 None => {
@@ -222,6 +222,7 @@ impl EventWindow {
                         start: w.start,
                         end: w.end,
                         count: rec.count,
+                        latest_us: 0,
                     });
                     self.timers.insert((w.end, kg, key));
                 }
@@ -234,10 +235,6 @@ impl EventWindow {
     /// each stamped with the wall-clock time its window ended ([`WindowArrivals::stamp`]).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
         let now = now_us();
-        let after_us = match self.spec {
-            WindowSpec::Session { gap_ms } => gap_ms.saturating_mul(1000),
-            _ => 0,
-        };
         while let Some(&(end, kg, key)) = self.timers.first() {
             if end.saturating_sub(1) > wm {
                 break;
@@ -259,7 +256,12 @@ impl EventWindow {
                     self.groups.remove(&kg);
                 }
             }
-            let stamp = self.arrivals.stamp(end, after_us, now);
+            let stamp = match self.spec {
+                WindowSpec::Session { gap_ms } => {
+                    stamp(Some(p.latest_us), gap_ms.saturating_mul(1000), now)
+                }
+                _ => self.arrivals.stamp(end, now),
+            };
             out.push(window_row(self.key, key, p, stamp));
         }
         self.arrivals.forget_through(wm.saturating_add(1));
@@ -423,13 +425,9 @@ impl WindowTop {
                     start: pane.start,
                     end: pane.end,
                     count: pane.max,
+                    latest_us: 0,
                 };
-                out.push(window_row(
-                    self.key,
-                    key,
-                    p,
-                    self.arrivals.stamp(ts, 0, now),
-                ));
+                out.push(window_row(self.key, key, p, self.arrivals.stamp(ts, now)));
             }
         }
         self.arrivals.forget_through(wm);
