@@ -176,7 +176,7 @@ fn a_few_keys_are_scaled_up_to_isolate_the_hot_group_and_held_there() {
 /// 1000 keys) into a keyed window that takes 2 ms of blocking wait a record (μ ≈ 470
 /// records/s per subtask, 329 at the target utilization 0.7). Key group 0 (the hot source's
 /// key, one of the warm keys and 5 of the cold ones) takes 435 records/s, 21.75 %
-/// ([`KZIPF_HOT_SHARE`]): more than a subtask takes at the target, under its μ, so its
+/// ([`kzipf_hot_share`]): more than a subtask takes at the target, under its μ, so its
 /// subtask runs near saturation once isolated.
 const KZIPF_JOB: &str = "\
 name: kzipf
@@ -193,10 +193,16 @@ edges:
   - { from: counts, to: sink }
 ";
 
-/// How far a hot-key share the planner reads may lie from [`KZIPF_HOT_SHARE`] (absolute): the
-/// conservative reading of a claim takes 2·√(h·n) records off (about 1.5 points at p=1 over
-/// a few seconds), the saturated subtask's floor adds the backlog it drains itself (about 1).
-const SHARE_TOLERANCE: f64 = 0.03;
+/// How far the hot group's share the planner reads once the group is isolated may lie from
+/// the true one (absolute): the saturated subtask's floor counts the backlog it drains itself
+/// too (+0.75 points at most in the runs measured, 21.5–22.5 % for 21.75 %).
+const SHARE_TOLERANCE: f64 = 0.02;
+
+/// The same for the claim at p=1, where the one subtask is saturated and every source blocks
+/// on its channel: the mix it processes is how the blocked sources' emissions interleave, not
+/// their arrival rates, and the claim takes the lower bound 2·√(h·n) records off (read 19.5,
+/// 20.1, 23.8 and 24.0 % in four runs).
+const CLAIM_TOLERANCE: f64 = 0.04;
 
 /// The true share of [`KZIPF_JOB`]'s hot key group: each source's rate times the share of its
 /// keys that hash to that group (the engine's `key_group` of 128), over the total.
@@ -238,7 +244,7 @@ fn an_isolated_hot_key_group_stays_at_limit_while_its_subtask_is_saturated() {
     let share = reason_share(lines[first], group)
         .unwrap_or_else(|| panic!("no share of key group {group}: {}", lines[first]));
     assert!(
-        (share - truth).abs() <= SHARE_TOLERANCE,
+        (share - truth).abs() <= CLAIM_TOLERANCE,
         "read {share}, true {truth}:\n{stdout}"
     );
     assert!(
