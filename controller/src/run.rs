@@ -358,6 +358,19 @@ fn check_report_path(dir: &Path) -> Result<(), RunError> {
                     a.display()
                 )));
             }
+            // A symbolic link to nothing (`ln -s /gone DIR`): nothing can be created at it or
+            // under it, and the run would fail only once its first engine is staged.
+            Err(_) if std::fs::symlink_metadata(a).is_ok_and(|m| m.file_type().is_symlink()) => {
+                let under = if a == dir {
+                    String::new()
+                } else {
+                    format!(" cannot be created: {}", a.display())
+                };
+                return Err(RunError::Option(format!(
+                    "--report: {}{under} is a symbolic link to nothing (the link's target does not exist)",
+                    dir.display()
+                )));
+            }
             Err(_) => {}
         }
     }
@@ -2288,6 +2301,38 @@ edges:
             .expect_err("logs a file")
             .to_string();
         assert!(e.contains("logs is not a directory"), "{e}");
+    }
+
+    #[test]
+    fn a_report_directory_that_is_a_link_to_nothing_is_refused_before_anything_starts() {
+        // The old code let it pass: the run printed its banner, staged its first engine and
+        // failed with exit 1 `…/savepoints: File exists`, leaving DIR.starting-… behind.
+        let (dir, opts) = setup(JOB);
+        let report = &opts.report_dir;
+        std::os::unix::fs::symlink(dir.path().join("gone"), report).expect("symlink");
+        let e = check_report_dir(report)
+            .expect_err("a dangling link")
+            .to_string();
+        assert!(e.starts_with("--report: "), "{e}");
+        assert!(e.contains(&report.display().to_string()), "{e}");
+        assert!(e.contains("symbolic link to nothing"), "{e}");
+        let e = check_report_dir(&report.join("sub"))
+            .expect_err("under a dangling link")
+            .to_string();
+        assert!(e.contains(&report.join("sub").display().to_string()), "{e}");
+        assert!(
+            e.contains(&format!(
+                "cannot be created: {} is a symbolic link to nothing",
+                report.display()
+            )),
+            "{e}"
+        );
+        assert!(!dir.path().join("gone").exists(), "nothing created");
+        // A link to a directory is a report directory like any other.
+        std::fs::remove_file(report).expect("rm link");
+        std::fs::create_dir(dir.path().join("gone")).expect("target");
+        std::os::unix::fs::symlink(dir.path().join("gone"), report).expect("symlink");
+        check_report_dir(report).expect("a link to a directory");
     }
 
     #[test]
