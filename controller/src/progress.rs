@@ -207,12 +207,15 @@ fn held_by_flag<'a>(
 /// (ρ 2.05), falls behind by ~205 rec/s; holding there (…)`, or for an operator flagged for
 /// ineffective scaling `counts=3 (more subtasks did not help: its busiest subtask takes 100%
 /// of the input, a hot key?): λ 800 rec/s > 468 rec/s it can carry, falls behind by ~332
-/// rec/s`; `None` for no operator.
+/// rec/s`; `None` for no operator. With `applied` false (`--no-autoscale`: the job keeps its
+/// file's parallelism, the plan is only recommended) the line ends `would hold there
+/// (--no-autoscale keeps the job's parallelism; …)` instead: nothing is held there.
 pub fn at_limit_line(
     t_s: f64,
     decision: &crate::model::Decision,
     learned: &crate::model::learn::ScalabilityTracker,
     names: &[String],
+    applied: bool,
 ) -> Option<String> {
     use crate::model::planner::fmt_rate;
     let (mut at_max, mut stuck) = (false, false);
@@ -255,6 +258,9 @@ pub fn at_limit_line(
         })
         .collect();
     let mut advice = Vec::new();
+    if !applied {
+        advice.push("--no-autoscale keeps the job's parallelism");
+    }
     if at_max {
         advice.push("raise scaling.max or maxParallelism, or set autoscaler.limits.onLimit: shed");
     }
@@ -263,8 +269,9 @@ pub fn at_limit_line(
     }
     (!parts.is_empty()).then(|| {
         format!(
-            "t={t_s:>4.0}s AT LIMIT {}; holding there ({})",
+            "t={t_s:>4.0}s AT LIMIT {}; {} there ({})",
             parts.join("; "),
+            if applied { "holding" } else { "would hold" },
             advice.join("; ")
         )
     })
@@ -391,11 +398,19 @@ mod tests {
         // Only the operator the reason names (not one whose name it begins with).
         let held = overloaded_held(&decision, &learned);
         assert_eq!(held, vec!["counts".to_string()]);
-        let line = at_limit_line(12.0, &decision, &learned, &held).expect("a line");
+        let line = at_limit_line(12.0, &decision, &learned, &held, true).expect("a line");
         assert_eq!(
             line,
             "t=  12s AT LIMIT counts=2 (hot-key bottleneck: key group 7 takes 100.0% of 800 rec/s (800 rec/s), more than one subtask's 329.0 rec/s at ρ 0.70; more parallelism cannot bring it under the target: p=2 isolates it (its subtask carries 0.0% of the input besides it, every other subtask within the target)); holding there (spread the hot keys or speed up the operator)"
         );
+        // Under --no-autoscale the job keeps its file's parallelism: nothing is held at the
+        // plan's p (the old line said `holding there` of a p the job never ran at).
+        let line = at_limit_line(12.0, &decision, &learned, &held, false).expect("a line");
+        assert!(
+            line.ends_with("; would hold there (--no-autoscale keeps the job's parallelism; spread the hot keys or speed up the operator)"),
+            "{line}"
+        );
+        assert!(!line.contains("holding"), "{line}");
     }
 
     #[test]

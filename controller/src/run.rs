@@ -1282,7 +1282,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 let learned = autoscaler.scalability();
                 let overloaded = progress::overloaded_held(d, learned);
                 if overloaded != at_limit {
-                    if let Some(line) = progress::at_limit_line(now_s, d, learned, &overloaded) {
+                    if let Some(line) =
+                        progress::at_limit_line(now_s, d, learned, &overloaded, self.opts.autoscale)
+                    {
                         print(&line);
                     } else if overloaded.is_empty() {
                         print(&progress::within_limits_line(now_s));
