@@ -277,12 +277,26 @@ pub fn at_limit_line(
     })
 }
 
+/// The line printed when a job whose sources have a record `count` finished: `t=   4s job
+/// finished: …`, its `t=` column as wide as the other lines'.
+pub fn job_finished_line(t_s: f64) -> String {
+    format!(
+        "t={t_s:>4.0}s job finished: the sources reached their record count and the graph drained"
+    )
+}
+
+/// The line printed when load shedding changes: `t=  42s SHED 12.5% of source records: why`
+/// (`percent` in 0..=100).
+pub fn shed_line(t_s: f64, percent: f64, why: &str) -> String {
+    format!("t={t_s:>4.0}s SHED {percent:.1}% of source records: {why}")
+}
+
 /// The line printed when no operator is held overloaded at its limit any more.
 pub fn within_limits_line(t_s: f64) -> String {
     format!("t={t_s:>4.0}s WITHIN LIMITS again: every operator can take its load")
 }
 
-/// The line printed when a rescale finished: `t= 123s RESCALED enrich 4→6 in 2.31s (downtime)`.
+/// The line printed when a rescale finished: `t= 123s RESCALED enrich 4→6: downtime 2.31s`.
 pub fn rescale_done_line(t_s: f64, change: &str, downtime_s: f64) -> String {
     format!(
         "t={t_s:>4.0}s RESCALED {change}: downtime {}",
@@ -475,5 +489,23 @@ mod tests {
             rescale_done_line(123.0, "enrich 4→6", 2.314),
             "t= 123s RESCALED enrich 4→6: downtime 2.31s"
         );
+    }
+
+    #[test]
+    fn every_timed_line_has_the_same_t_column() {
+        // The job-finished and SHED lines were written `t={:>3.0}s` (`t=  4s job finished`
+        // under `t=   4s in=…`), the others `t={:>4.0}s`.
+        let width = |l: &str| l.find('s').expect("t=…s");
+        let reference = width(&within_limits_line(4.0));
+        assert_eq!(reference, width("t=   4s"));
+        for t in [4.0, 42.0, 123.0] {
+            assert_eq!(width(&job_finished_line(t)), reference);
+            assert_eq!(width(&shed_line(t, 12.5, "why")), reference);
+        }
+        assert_eq!(
+            shed_line(42.0, 12.5, "why"),
+            "t=  42s SHED 12.5% of source records: why"
+        );
+        assert!(job_finished_line(4.0).starts_with("t=   4s job finished: "));
     }
 }

@@ -1202,9 +1202,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 && let Ok(job) = self.executor.runtime().job_status(&engine).await
                 && job.state == "finished"
             {
-                print(&format!(
-                    "t={now_s:>3.0}s job finished: the sources reached their record count and the graph drained"
-                ));
+                print(&progress::job_finished_line(now_s));
                 break;
             }
             if Instant::now() >= deadline {
@@ -1255,10 +1253,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                                 .map_or("within the limits again".to_string(), |lp| {
                                     lp.reason.clone()
                                 });
-                            print(&format!(
-                                "t={now_s:>3.0}s SHED {:.1}% of source records: {why}",
-                                100.0 * shed_wanted
-                            ));
+                            print(&progress::shed_line(now_s, 100.0 * shed_wanted, &why));
                             shed_applied = shed_wanted;
                             self.shed_now = n;
                         }
