@@ -1450,9 +1450,47 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 .await;
         }
         // A bounded source may have finished the job already: nothing to stop, read the totals.
-        if let Ok(job) = self.executor.runtime().job_status(&engine).await
-            && job.state == "finished"
-        {
+        // Once every source reached its record count the engine injects no barrier (the final
+        // savepoint would fail and the records in flight go unaccounted): wait for the graph
+        // to drain instead (at most DRAIN_GRACE; a signal ends the wait).
+        let total_count = total_source_count(&self.job.spec);
+        let wait_until = Instant::now() + DRAIN_GRACE;
+        let mut said_waiting = false;
+        let finished = loop {
+            let Ok(job) = self.executor.runtime().job_status(&engine).await else {
+                break None;
+            };
+            if job.state == "finished" {
+                break Some(job);
+            }
+            let draining = job.state == "running"
+                && total_count.is_some_and(|total| job.records_emitted >= total);
+            if !draining || Instant::now() >= wait_until {
+                break None;
+            }
+            if !said_waiting {
+                said_waiting = true;
+                print(
+                    "every source reached its record count: waiting for the job to finish (no savepoint can be taken now)",
+                );
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                sig = signals.recv() => {
+                    if self.interrupted.is_none() {
+                        self.interrupted = Some(sig);
+                        print(&format!("interrupted ({}): stopping with a draining savepoint", sig.name()));
+                    }
+                    break None;
+                }
+            }
+        };
+        if let Some(job) = finished {
+            if said_waiting {
+                print(&progress::job_finished_line(
+                    started.elapsed().as_secs_f64(),
+                ));
+            }
             let _ = self.executor.runtime().kill(&engine).await;
             let totals = RecordTotals {
                 records_emitted: job.records_emitted,
@@ -1700,6 +1738,18 @@ enum FinalAfterKill {
     /// No new savepoint directory (the engine writes into a hidden temporary one and renames
     /// it into place only once complete).
     None,
+}
+
+/// The sum of the sources' record `count`s when every source has one (the job then finishes
+/// on its own once its sources emitted that many records in all), else `None`.
+fn total_source_count(spec: &JobSpec) -> Option<u64> {
+    spec.operators
+        .iter()
+        .filter_map(|o| match &o.kind {
+            OperatorKind::Source { count, .. } => Some(*count),
+            _ => None,
+        })
+        .try_fold(0u64, |sum, count| count.map(|c| sum.saturating_add(c)))
 }
 
 /// The signals that stop a run cleanly (with a draining savepoint): SIGINT, SIGTERM and SIGHUP

@@ -309,6 +309,35 @@ edges:
     );
 }
 
+#[test]
+fn a_bounded_job_whose_sources_reach_their_count_at_the_end_finishes_without_a_savepoint() {
+    // 3000 records at 1000 records/s: the source reaches its count as the 3 s run ends. Once
+    // it has, the engine injects no barrier, so the final stop-with-savepoint failed (exit 1,
+    // `a source already reached its record count; no barrier can be injected`, 3 of 3 runs
+    // of the old code) with the records in flight unaccounted; now the run waits for the
+    // job to finish and reads its totals (4 of 4).
+    let job = "name: counted
+operators:
+  - { name: source, kind: source, keys: 10, count: 3000, rate: { constant: 1000 } }
+  - { name: work, kind: map }
+  - { name: sink, kind: sink }
+edges:
+  - { from: source, to: work }
+  - { from: work, to: sink }
+";
+    let (_dir, job, report) = fixtures::job_dir(job);
+    let out = fixtures::streamscale_run(&job, &report, &["--duration", "3s"])
+        .output()
+        .expect("streamscale run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout.contains("job finished"), "{stdout}");
+    let s = summary(&report);
+    assert_eq!(s["records_emitted"], 3000, "{s}");
+    assert_eq!(s["records_accounted"], 3000, "{s}");
+    assert!(s["failure"].is_null(), "{s}");
+}
+
 /// The savepoint directories (`sp-*`) in `REPORT/savepoints`, sorted.
 fn savepoint_dirs(report: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(report.join("savepoints"))
