@@ -339,6 +339,29 @@ pub fn check_report_dir(dir: &Path) -> Result<(), RunError> {
         .map_err(|e| RunError::Option(format!("--report: {e}; {keeps}")))
 }
 
+/// Refuses a job file that is one of the files a run writes into its report directory `dir`
+/// ([`REPORT_FILES`]: `streamscale run DIR/job.yaml --report DIR` would replace the user's
+/// job file with the report's effective copy, its comments and relative paths lost). A job
+/// file that cannot be resolved is left to the job file's own check.
+///
+/// # Errors
+/// [`RunError::Option`] naming `--report`, the file and the job.
+fn check_job_outside_report(job: &Path, dir: &Path) -> Result<(), RunError> {
+    let Ok(job) = std::fs::canonicalize(job) else {
+        return Ok(());
+    };
+    for name in REPORT_FILES {
+        let path = dir.join(name);
+        if std::fs::canonicalize(&path).is_ok_and(|p| p == job) {
+            return Err(RunError::Option(format!(
+                "--report: {} is the job file itself; a run replaces it with its report's copy of the job: give another --report or move the job file",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// [`check_report_dir`] without trying to create anything.
 fn check_report_path(dir: &Path) -> Result<(), RunError> {
     for a in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
@@ -454,6 +477,7 @@ pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
         at_most_a_year(name, v)?;
     }
     check_report_dir(&opts.report_dir)?;
+    check_job_outside_report(&opts.job, &opts.report_dir)?;
     if let Some((what, engine)) = explicit_engine(opts) {
         let full = absolute(&engine)?;
         let why = crate::runtime::engine_binary::engine_binary_problem(&engine)
@@ -2380,6 +2404,29 @@ edges:
         std::fs::create_dir(dir.path().join("gone")).expect("target");
         std::os::unix::fs::symlink(dir.path().join("gone"), report).expect("symlink");
         check_report_dir(report).expect("a link to a directory");
+    }
+
+    #[test]
+    fn a_job_file_the_run_would_replace_is_refused() {
+        // The old code ran `DIR/job.yaml --report DIR`, warned that DIR held an earlier
+        // report (job.yaml) and replaced the user's job file with the effective copy.
+        let (dir, mut opts) = setup(JOB);
+        let report = dir.path().to_path_buf();
+        opts.report_dir = report.clone();
+        let e = check_options(&opts).expect_err("DIR/job.yaml").to_string();
+        assert!(e.starts_with("--report: "), "{e}");
+        assert!(
+            e.contains(&report.join("job.yaml").display().to_string()),
+            "{e}"
+        );
+        assert!(e.contains("is the job file itself"), "{e}");
+        assert_eq!(std::fs::read_to_string(&opts.job).expect("job"), JOB);
+        // Named another way (a relative `.` component) it is the same file.
+        opts.report_dir = report.join(".");
+        check_options(&opts).expect_err("DIR/./job.yaml");
+        // Any other report directory is fine.
+        opts.report_dir = report.join("report");
+        check_options(&opts).expect("a report beside the job file");
     }
 
     #[test]
