@@ -17,7 +17,8 @@
 /// The latest source arrival (`created_us`, µs since the Unix epoch) of a subtask's records,
 /// by the first window end after their event time (ms): one entry per window boundary not yet
 /// passed by the watermark (a few: size / slide for sliding windows, plus what the
-/// out-of-orderness keeps open), sorted, plus the latest arrival of the boundaries already
+/// out-of-orderness keeps open; for session windows, whose ends differ per key, every quarter
+/// gap), sorted, plus the latest arrival of the boundaries already
 /// passed. A record in event-time order finds its boundary in the last entry or two, so noting
 /// costs a few comparisons per record, whatever the number of windows a record falls into.
 #[derive(Debug, Default)]
@@ -62,7 +63,7 @@ impl WindowArrivals {
     /// [`WindowArrivals::latest_before`] `end`, never later than `now_us`; `now_us` when
     /// nothing was noted (state restored from a savepoint).
     pub fn stamp(&self, end: u64, now_us: u64) -> u64 {
-        stamp(self.latest_before(end), 0, now_us)
+        self.latest_before(end).map_or(now_us, |t| t.min(now_us))
     }
 
     /// Forgets the boundaries at or before `end` (the watermark has passed them), keeping
@@ -82,17 +83,6 @@ impl WindowArrivals {
     /// Whether no boundary is open.
     pub fn is_empty(&self) -> bool {
         self.latest.is_empty()
-    }
-}
-
-/// The `created_us` of a window result fired at `now_us` whose end lies `after_us` after the
-/// source arrival `latest` (a session's gap after its last record, else 0; `None` or 0:
-/// unknown, restored from a savepoint): `latest + after_us`, never later than `now_us`;
-/// `now_us` when unknown.
-pub fn stamp(latest: Option<u64>, after_us: u64, now_us: u64) -> u64 {
-    match latest {
-        Some(t) if t > 0 => t.saturating_add(after_us).min(now_us),
-        _ => now_us,
     }
 }
 
@@ -139,13 +129,5 @@ mod tests {
         a.forget_through(u64::MAX);
         assert!(a.is_empty());
         assert_eq!(a.stamp(40, 100_000), 30_000);
-    }
-
-    #[test]
-    fn a_session_ends_a_gap_after_its_last_arrival() {
-        assert_eq!(stamp(Some(12_000), 3_000, 100_000), 15_000);
-        assert_eq!(stamp(Some(12_000), 500_000, 100_000), 100_000);
-        assert_eq!(stamp(Some(0), 3_000, 100_000), 100_000);
-        assert_eq!(stamp(None, 0, 100_000), 100_000);
     }
 }

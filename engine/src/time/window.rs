@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::arrivals::{WindowArrivals, stamp};
+use super::arrivals::WindowArrivals;
 use super::{StateCodecError, assign_windows, decode_groups, encode_groups};
 use crate::keygroup::key_group;
 use crate::nexmark::queries::{BidKey, key_bid_auction, key_bid_bidder, key_window};
@@ -92,11 +92,6 @@ pub struct Pane {
     pub end: u64,
     /// Records counted.
     pub count: u64,
-    /// Session windows: the latest source arrival (`created_us`, µs since the Unix epoch)
-    /// among its records, for stamping its result ([`super::arrivals`]); 0 when unknown. Not
-    /// in savepoints (restored panes are stamped with their firing time).
-    #[serde(skip)]
-    pub latest_us: u64,
 }
 
 fn now_us() -> u64 {
@@ -190,7 +185,6 @@ impl EventWindow {
                 start: windows[0].start,
                 end: windows[0].end,
                 count: rec.count,
-                latest_us: rec.created_us,
             };
             // Session merging: windows that overlap become one. Windows that only touch
             // (a gap of exactly `gapMs`) stay apart — unlike Flink, which merges them — so the
@@ -200,7 +194,6 @@ impl EventWindow {
                     merged.start = merged.start.min(p.start);
                     merged.end = merged.end.max(p.end);
                     merged.count += p.count;
-                    merged.latest_us = merged.latest_us.max(p.latest_us);
                     self.timers.remove(&(p.end, kg, key));
                     false
                 } else {
@@ -209,6 +202,8 @@ impl EventWindow {
             });
             self.timers.insert((merged.end, kg, key));
             panes.push(merged);
+            self.arrivals
+                .note(session_boundary(ts, self.spec), rec.created_us);
             return true;
         }
         if let Some(first) = windows.iter().find(|w| !late(w, wm)) {
@@ -222,7 +217,6 @@ impl EventWindow {
                         start: w.start,
                         end: w.end,
                         count: rec.count,
-                        latest_us: 0,
                     });
                     self.timers.insert((w.end, kg, key));
                 }
@@ -256,13 +250,7 @@ impl EventWindow {
                     self.groups.remove(&kg);
                 }
             }
-            let stamp = match self.spec {
-                WindowSpec::Session { gap_ms } => {
-                    stamp(Some(p.latest_us), gap_ms.saturating_mul(1000), now)
-                }
-                _ => self.arrivals.stamp(end, now),
-            };
-            out.push(window_row(self.key, key, p, stamp));
+            out.push(window_row(self.key, key, p, self.arrivals.stamp(end, now)));
         }
         self.arrivals.forget_through(wm.saturating_add(1));
     }
@@ -274,6 +262,19 @@ impl EventWindow {
     pub fn snapshot(&self) -> Result<KeyedState, StateCodecError> {
         encode_groups(&self.groups)
     }
+}
+
+/// The boundary a session window's record at event time `ts` (ms) is noted at in
+/// [`WindowArrivals`]: the next multiple of a quarter of the gap above it. A session's end is
+/// its last record's time plus the gap, different per key, so arrivals are kept per quarter gap
+/// (a handful of open boundaries) rather than per end; a session's stamp then leaves out the
+/// records less than a quarter gap before its end, at most that much event time early.
+fn session_boundary(ts: u64, spec: WindowSpec) -> u64 {
+    let q = match spec {
+        WindowSpec::Session { gap_ms } => (gap_ms / 4).max(1),
+        _ => 1,
+    };
+    (ts / q).saturating_add(1).saturating_mul(q)
 }
 
 /// A window's result row for `key`, at event time `p.end − 1`, arrived (for the sink's latency)
@@ -425,7 +426,6 @@ impl WindowTop {
                     start: pane.start,
                     end: pane.end,
                     count: pane.max,
-                    latest_us: 0,
                 };
                 out.push(window_row(self.key, key, p, self.arrivals.stamp(ts, now)));
             }
@@ -612,29 +612,46 @@ mod tests {
     }
 
     #[test]
-    fn a_session_ends_a_gap_after_its_last_arrival_and_restored_state_fires_now() {
+    fn a_session_ends_when_its_end_passed_at_the_source_and_restored_state_fires_now() {
+        // A session's end is event time (last record + gap); it is read off the records that
+        // came before it, never by adding the gap's event-time ms to a wall-clock arrival
+        // (event time need not run at wall-clock speed).
         let spec = WindowSpec::Session { gap_ms: 5 };
         let mut w = EventWindow::restore(BidKey::Auction, spec, 8, &KeyedState::default()).unwrap();
         let t0 = 1_700_000_000_000_000;
-        // One session [0, 9): the later arrival has the earlier event time; they merge.
+        // Auction 1: one session [0, 9) (the later arrival has the earlier event time).
         assert!(w.add(&bid_at(1, 4, t0 + 1_000), None));
         assert!(w.add(&bid_at(1, 0, t0 + 3_000), None));
+        // Auction 2 at 8 (session [8, 13)) arrives before 1's end passed; auction 3 at 9 after.
+        assert!(w.add(&bid_at(2, 8, t0 + 6_000), None));
+        assert!(w.add(&bid_at(3, 9, t0 + 8_000), None));
         let state = w.snapshot().unwrap();
         let mut out = Vec::new();
         w.fire(u64::MAX, &mut out);
-        // Latest arrival + the 5 ms gap, never after the firing.
-        assert_eq!(stamps(&out), vec![(1, 0, t0 + 3_000 + 5_000)]);
+        assert_eq!(
+            stamps(&out),
+            vec![(1, 0, t0 + 6_000), (2, 8, t0 + 8_000), (3, 9, t0 + 8_000)]
+        );
         // From a savepoint nothing was noted: stamped with the firing time.
         let before = now_us();
         let mut restored = EventWindow::restore(BidKey::Auction, spec, 8, &state).unwrap();
         out.clear();
         restored.fire(u64::MAX, &mut out);
-        assert_eq!(out.len(), 1);
+        assert_eq!(out.len(), 3);
         assert!(
             out[0].created_us >= before,
             "{} < {before}",
             out[0].created_us
         );
+    }
+
+    #[test]
+    fn session_boundaries_are_quarter_gaps() {
+        let s = WindowSpec::Session { gap_ms: 2_000 };
+        assert_eq!(session_boundary(0, s), 500);
+        assert_eq!(session_boundary(499, s), 500);
+        assert_eq!(session_boundary(500, s), 1_000);
+        assert_eq!(session_boundary(7, WindowSpec::Session { gap_ms: 3 }), 8);
     }
 
     #[test]
