@@ -17,8 +17,8 @@
 /// The latest source arrival (`created_us`, µs since the Unix epoch) of a subtask's records,
 /// by the first window end after their event time (ms): one entry per window boundary not yet
 /// passed by the watermark (a few: size / slide for sliding windows, plus what the
-/// out-of-orderness keeps open; for session windows, whose ends differ per key, every quarter
-/// gap), sorted, plus the latest arrival of the boundaries already
+/// out-of-orderness keeps open; for session windows, whose ends differ per key, every 1/64
+/// of the gap), sorted, plus the latest arrival of the boundaries already
 /// passed. A record in event-time order finds its boundary in the last entry or two, so noting
 /// costs a few comparisons per record, whatever the number of windows a record falls into.
 #[derive(Debug, Default)]

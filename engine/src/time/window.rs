@@ -264,14 +264,17 @@ impl EventWindow {
     }
 }
 
+/// Boundaries per session gap in [`WindowArrivals`] ([`session_boundary`]).
+const SESSION_BOUNDARIES: u64 = 64;
+
 /// The boundary a session window's record at event time `ts` (ms) is noted at in
-/// [`WindowArrivals`]: the next multiple of a quarter of the gap above it. A session's end is
-/// its last record's time plus the gap, different per key, so arrivals are kept per quarter gap
-/// (a handful of open boundaries) rather than per end; a session's stamp then leaves out the
-/// records less than a quarter gap before its end, at most that much event time early.
+/// [`WindowArrivals`]: the next multiple of 1/[`SESSION_BOUNDARIES`] of the gap above it. A
+/// session's end is its last record's time plus the gap, different per key, so arrivals are kept
+/// per such step (about that many open boundaries) rather than per end; a session's stamp then
+/// leaves out the records less than one step before its end, at most that much event time early.
 fn session_boundary(ts: u64, spec: WindowSpec) -> u64 {
     let q = match spec {
-        WindowSpec::Session { gap_ms } => (gap_ms / 4).max(1),
+        WindowSpec::Session { gap_ms } => (gap_ms / SESSION_BOUNDARIES).max(1),
         _ => 1,
     };
     (ts / q).saturating_add(1).saturating_mul(q)
@@ -646,11 +649,11 @@ mod tests {
     }
 
     #[test]
-    fn session_boundaries_are_quarter_gaps() {
-        let s = WindowSpec::Session { gap_ms: 2_000 };
-        assert_eq!(session_boundary(0, s), 500);
-        assert_eq!(session_boundary(499, s), 500);
-        assert_eq!(session_boundary(500, s), 1_000);
+    fn session_boundaries_are_steps_of_a_64th_of_the_gap() {
+        let s = WindowSpec::Session { gap_ms: 6_400 };
+        assert_eq!(session_boundary(0, s), 100);
+        assert_eq!(session_boundary(99, s), 100);
+        assert_eq!(session_boundary(100, s), 200);
         assert_eq!(session_boundary(7, WindowSpec::Session { gap_ms: 3 }), 8);
     }
 
