@@ -33,6 +33,17 @@ pub const HOTTEST_KEY_GROUP_SHARE: &str = "streamscale_hottest_key_group_share";
 /// the share of the subtask's recent records taken by each of its busiest key groups (the
 /// engine lists its 8 busiest).
 pub const KEY_GROUP_SHARE: &str = "streamscale_key_group_share";
+/// Counter (non-source operators): records in the subtask's timed batches, Σn
+/// (`streamscale_engine::service_time`).
+pub const SERVICE_RECORDS: &str = "streamscale_service_records_total";
+/// Counter: the timed batches' processing seconds, ΣT.
+pub const SERVICE_SECONDS: &str = "streamscale_service_time_seconds_total";
+/// Counter: the timed batches' squared seconds, ΣT².
+pub const SERVICE_SECONDS_SQ: &str = "streamscale_service_time_sq_seconds_total";
+/// Counter: the timed batches' records times seconds, ΣnT.
+pub const SERVICE_RECORD_SECONDS: &str = "streamscale_service_time_records_seconds_total";
+/// Counter: the timed batches' squared record counts, Σn².
+pub const SERVICE_RECORDS_SQ: &str = "streamscale_service_records_sq_total";
 /// Histogram (sinks): end-to-end latency in seconds.
 pub const SINK_LATENCY: &str = "streamscale_sink_latency_seconds";
 /// Counter (sinks): source records whose effect reached the sink.
@@ -286,7 +297,12 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
             | SOURCE_BACKLOG
             | SOURCE_ARRIVALS
             | HOTTEST_KEY_GROUP_SHARE
-            | KEY_GROUP_SHARE => {
+            | KEY_GROUP_SHARE
+            | SERVICE_RECORDS
+            | SERVICE_SECONDS
+            | SERVICE_SECONDS_SQ
+            | SERVICE_RECORD_SECONDS
+            | SERVICE_RECORDS_SQ => {
                 let op = sample.labels.get("operator").ok_or_else(|| {
                     parse_err(format!("{name}: sample without an `operator` label"))
                 })?;
@@ -317,6 +333,13 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                     BACKPRESSURED => s.backpressured_seconds = value,
                     QUEUE_LENGTH => s.queue_length = value,
                     SOURCE_BACKLOG => s.source_backlog = Some(value),
+                    SERVICE_RECORDS => s.service.get_or_insert_default().records = value,
+                    SERVICE_SECONDS => s.service.get_or_insert_default().seconds = value,
+                    SERVICE_SECONDS_SQ => s.service.get_or_insert_default().seconds_sq = value,
+                    SERVICE_RECORD_SECONDS => {
+                        s.service.get_or_insert_default().record_seconds = value;
+                    }
+                    SERVICE_RECORDS_SQ => s.service.get_or_insert_default().records_sq = value,
                     HOTTEST_KEY_GROUP_SHARE => {
                         s.hottest_key_group_share =
                             (value.is_finite() && value > 0.0).then_some(value.min(1.0));
@@ -397,6 +420,16 @@ streamscale_hottest_key_group_share{operator="enrich",subtask="1"} 0.75
 streamscale_key_group_share{operator="enrich",subtask="1",key_group="70"} 0.125
 streamscale_key_group_share{operator="enrich",subtask="1",key_group="117"} 0.75
 streamscale_key_group_share{operator="enrich",subtask="1",key_group="64"} 0.125
+# TYPE streamscale_service_records_total counter
+streamscale_service_records_total{operator="enrich",subtask="0"} 1150
+# TYPE streamscale_service_time_seconds_total counter
+streamscale_service_time_seconds_total{operator="enrich",subtask="0"} 7.25
+# TYPE streamscale_service_time_sq_seconds_total counter
+streamscale_service_time_sq_seconds_total{operator="enrich",subtask="0"} 0.0625
+# TYPE streamscale_service_time_records_seconds_total counter
+streamscale_service_time_records_seconds_total{operator="enrich",subtask="0"} 80.5
+# TYPE streamscale_service_records_sq_total counter
+streamscale_service_records_sq_total{operator="enrich",subtask="0"} 14000
 # TYPE streamscale_source_backlog_records gauge
 streamscale_source_backlog_records{operator="source",subtask="0"} 120
 # TYPE streamscale_source_arrivals_total counter
@@ -438,6 +471,17 @@ process_cpu_seconds_total 3.2
             vec![(117, 0.75), (64, 0.125), (70, 0.125)]
         );
         assert!(enrich[0].key_group_shares.is_empty());
+        assert_eq!(
+            enrich[0].service,
+            Some(crate::model::ServiceMoments {
+                records: 1150.0,
+                seconds: 7.25,
+                seconds_sq: 0.0625,
+                record_seconds: 80.5,
+                records_sq: 14000.0,
+            })
+        );
+        assert_eq!(enrich[1].service, None, "no service sums for subtask 1");
         let source = &m.sample.operators["source"];
         assert_eq!(source[0].records_out, 2500.0);
         assert_eq!(source[0].source_backlog, Some(120.0));

@@ -21,6 +21,7 @@ pub mod runtime;
 pub mod savepoint;
 pub mod savepoint_disposal;
 pub mod server;
+pub mod service_time;
 pub mod shed;
 pub mod spec;
 pub mod state;

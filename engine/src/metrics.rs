@@ -35,6 +35,12 @@ pub struct EngineMetrics {
     pub backpressured_seconds: CounterVec,
     /// Records waiting in the subtask's input queue (gauge).
     pub input_queue_length: GaugeVec,
+    /// Non-source operators: the sums of the subtask's timed batches from which the controller
+    /// estimates the per-record service time's variability (`streamscale_service_records_total`,
+    /// `streamscale_service_time_seconds_total`, `streamscale_service_time_sq_seconds_total`,
+    /// `streamscale_service_time_records_seconds_total`, `streamscale_service_records_sq_total`;
+    /// counters, [`crate::service_time`]).
+    pub service_time: crate::service_time::ServiceTimeVec,
     /// Keyed operators: the share of the subtask's recent records (decayed counts, half-life
     /// 5 s, [`crate::key_group_load`]) that its busiest key group took, in (0, 1] (gauge;
     /// absent for other operators and before the subtask's first record).
@@ -122,6 +128,7 @@ impl EngineMetrics {
             "streamscale_input_queue_length",
             "Records waiting in the input queue.",
         )?;
+        let service_time = crate::service_time::ServiceTimeVec::register(&registry)?;
         let hottest_key_group_share = gauge(
             "streamscale_hottest_key_group_share",
             "Keyed operators: share of the subtask's recent records (half-life 5 s) taken by its busiest key group.",
@@ -183,6 +190,7 @@ impl EngineMetrics {
             idle_seconds,
             backpressured_seconds,
             input_queue_length,
+            service_time,
             hottest_key_group_share,
             key_group_shares,
             sources,

@@ -43,6 +43,7 @@ use crate::metrics::{
 use crate::nexmark::source::NexmarkGenerator;
 use crate::payload::Payload;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
+use crate::service_time::{ServiceMoments, ServiceTimeSeries};
 use crate::spec::{JobSpec, OperatorKind};
 use crate::state::backend::KeyedStateBackend;
 use crate::state::{KeyedState, StateBackend, StateError, StateOwner};
@@ -312,10 +313,29 @@ struct Meter {
     /// [`Operator::process`] on the key group the operator computes for its state), with the
     /// subtask's series of the latter.
     key_groups: Option<(KeyGroupLoad, KeyGroupShareSeries)>,
+    /// Non-source operators with metrics on: the service-time batches
+    /// ([`crate::service_time`]).
+    service: Option<ServiceMeter>,
     /// A clock reading and the wall clock (µs since the Unix epoch) at that moment, renewed
     /// at every flush: converts the monotonic readings a chain run takes anyway into wall
     /// time for a sink's latency ([`Meter::unix_us_at`]).
     anchor: (Instant, u64),
+}
+
+/// A subtask's service-time batches ([`crate::service_time`]): where the current batch
+/// started, and the sums of the closed ones since the last flush.
+struct ServiceMeter {
+    series: ServiceTimeSeries,
+    moments: ServiceMoments,
+    /// `totals.records_in` when the current batch started.
+    mark_records: u64,
+    /// The clock reading the current batch started at (subtasks reading their own queue).
+    mark_at: Instant,
+    /// [`Meter::service_clock`] when the current batch started.
+    mark_clock: Duration,
+    /// What [`Meter::service_clock`] counts, up to the last flush (the meter's own counts
+    /// restart from zero at every flush).
+    flushed: Duration,
 }
 
 /// A sink subtask's metrics: the latency histogram, counted per record in the thread, and
@@ -360,6 +380,13 @@ impl Meter {
     /// [`Meter::flush`] with the clock read at `now`.
     fn flush_at(&mut self, now: Instant, queue_len: usize) {
         let wall = now.saturating_duration_since(self.last_flush);
+        let clock = self.service_clock_since_flush();
+        if let Some(svc) = &mut self.service {
+            // The counts below restart from zero: keep the batch clock running.
+            svc.flushed += clock;
+            svc.series.publish(&svc.moments);
+            svc.moments = ServiceMoments::default();
+        }
         if self.chained {
             let busy = self.busy.min(wall);
             self.backpressured = self.backpressured.min(wall - busy);
@@ -430,6 +457,47 @@ impl Meter {
         unix_us.saturating_add(since_us)
     }
 
+    /// Time that does not count towards a service batch, since the last flush: for a chain
+    /// member its busy time (measured directly; the batch time is its growth), for any other
+    /// subtask its idle and backpressured time (the batch time is the wall time less its
+    /// growth).
+    #[inline]
+    fn service_clock_since_flush(&self) -> Duration {
+        if self.chained {
+            self.busy
+        } else {
+            self.idle + self.backpressured
+        }
+    }
+
+    /// Closes the current service batch at the clock reading `now` (a reading taken anyway)
+    /// if it holds a record ([`crate::service_time`]): its records are those received since
+    /// it started, its time what the subtask spent on them (and on any work without records
+    /// since, carried in). A few arithmetic operations, no allocation.
+    #[inline]
+    fn close_service_batch(&mut self, now: Instant) {
+        let clock = self.service_clock_since_flush();
+        let records = self.totals.records_in;
+        let chained = self.chained;
+        let Some(svc) = &mut self.service else { return };
+        let n = records.saturating_sub(svc.mark_records);
+        if n == 0 {
+            return;
+        }
+        let clock = svc.flushed + clock;
+        let counted = clock.saturating_sub(svc.mark_clock);
+        let took = if chained {
+            counted
+        } else {
+            now.saturating_duration_since(svc.mark_at)
+                .saturating_sub(counted)
+        };
+        svc.moments.add(n, took);
+        svc.mark_records = records;
+        svc.mark_clock = clock;
+        svc.mark_at = now;
+    }
+
     /// Called once per record (or source batch): flushes if the flush interval has passed,
     /// reading the clock only every `check_every` calls: [`MAX_TICKS_PER_CHECK`] for
     /// fast operators, fewer for slow ones so that the clock is read at least
@@ -454,6 +522,7 @@ impl Meter {
 
     /// [`Meter::check`] with the clock read at `now`.
     fn check_with(&mut self, now: Instant, queue_len: impl FnOnce() -> usize) -> Check {
+        self.close_service_batch(now);
         self.adapt(now);
         if now >= self.next_flush {
             self.flush_at(now, queue_len());
@@ -467,6 +536,7 @@ impl Meter {
     /// happens at the next tick (which knows the input queue's length).
     #[inline]
     fn saw_clock(&mut self, now: Instant) {
+        self.close_service_batch(now);
         self.adapt(now);
         if now >= self.next_flush {
             self.check_at = 0;
@@ -1026,6 +1096,18 @@ impl Job {
                         }
                     }),
                 anchor: (Instant::now(), now_unix_us()),
+                service: (options.metrics_enabled
+                    && !matches!(op.kind, OperatorKind::Source { .. }))
+                .then(|| ServiceMeter {
+                    series: metrics
+                        .service_time
+                        .series([name.as_str(), &index.to_string()]),
+                    moments: ServiceMoments::default(),
+                    mark_records: 0,
+                    mark_at: Instant::now(),
+                    mark_clock: Duration::ZERO,
+                    flushed: Duration::ZERO,
+                }),
                 key_groups: (options.metrics_enabled && op.kind.is_keyed()).then(|| {
                     (
                         KeyGroupLoad::new(key_group_range(index, op.parallelism, k)),

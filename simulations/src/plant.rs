@@ -160,6 +160,7 @@ fn subtask_sample(c: &OpCounters, w: f64, n: f64, is_source: bool) -> SubtaskSam
         source_arrivals: is_source.then_some(c.arrivals * w),
         hottest_key_group_share: None,
         key_group_shares: Vec::new(),
+        service: None,
     }
 }
 

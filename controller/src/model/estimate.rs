@@ -83,6 +83,14 @@ pub struct OperatorEstimate {
     /// reads low when the others catch up a backlog or when it falls behind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subtask_saturation: Vec<f64>,
+    /// Measured coefficient of variation cs of the per-record service time
+    /// ([`super::service_cv`]: the subtasks' batch sums over the window, pooled), at most
+    /// [`super::service_cv::MAX_MEASURED_SERVICE_CV`]. `None` for sources, where the samples
+    /// lack the sums (the simulator, older engines) or the window holds fewer than
+    /// [`super::service_cv::MIN_SERVICE_BATCHES`] effective batches; the planner then uses
+    /// the configured cs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_cv: Option<f64>,
     /// Source-only figures (`None` for other operators).
     pub source: Option<SourceEstimate>,
 }
@@ -569,8 +577,25 @@ fn estimate_operator(
                 (t / elapsed).clamp(0.0, 1.0)
             })
             .collect(),
+        service_cv: if is_source {
+            None
+        } else {
+            measured_service_cv(first, last)
+        },
         source,
     })
+}
+
+/// [`OperatorEstimate::service_cv`] from a window's first and last rows of one operator's
+/// subtasks: each subtask reporting the batch sums at both ends adds its deltas.
+fn measured_service_cv(first: &[SubtaskSample], last: &[SubtaskSample]) -> Option<f64> {
+    let mut pool = super::service_cv::ServicePool::default();
+    for (a, b) in first.iter().zip(last) {
+        if let (Some(a), Some(b)) = (&a.service, &b.service) {
+            pool.add(&b.since(a));
+        }
+    }
+    pool.cv()
 }
 
 /// Standard deviations taken off a record count in [`count_lower_bound`].

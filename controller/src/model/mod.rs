@@ -5,6 +5,8 @@
 //!
 //! * [`sample`]: the metric window, one [`MetricSample`] per scrape of cumulative counters.
 //! * [`estimate`](mod@estimate): rates from a window (DS2's useful time and true processing rate).
+//! * [`service_cv`]: the per-record service time's coefficient of variation from the
+//!   engine's batch sums.
 //! * [`queueing`]: Erlang B/C, M/M/1, M/M/c, Allen-Cunneen and Kingman sojourn times.
 //! * [`network`]: the open Jackson network of the job graph (traffic equations, path latency).
 //! * [`planner`]: DS2 sizing at a target utilization plus greedy marginal allocation for the
@@ -29,6 +31,7 @@ pub mod queueing;
 pub mod quota;
 pub mod sample;
 mod serde_inf;
+pub mod service_cv;
 pub mod shed;
 
 pub use estimate::{Estimates, MIN_BUSY_SECONDS, OperatorEstimate, SourceEstimate, estimate};
@@ -40,7 +43,7 @@ pub use queueing::{
     ggc_waiting_tail, kingman_waiting_time, mm1_sojourn_time, mm1_waiting_time, mmc_sojourn_time,
     mmc_waiting_time, operator_sojourn_time, path_latency_quantile_bound,
 };
-pub use sample::{MetricSample, SubtaskSample};
+pub use sample::{MetricSample, ServiceMoments, SubtaskSample};
 
 /// Everything that can go wrong while turning a metric window into a decision.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -61,7 +61,10 @@ pub struct PlannerSettings {
     /// `autoscaler.catchUpSeconds` (30).
     pub catch_up_seconds: Option<f64>,
     /// Coefficient of variation cs of service times (for the Allen-Cunneen and Kingman
-    /// approximations). `None` = 1, exponential service (M/M/c, M/M/1).
+    /// approximations), every operator's. `None`: each operator's measured cs
+    /// ([`OperatorEstimate::service_cv`], from the engine's batch timings), and 1
+    /// (exponential service: M/M/c, M/M/1) for an operator without a measurement. Set, it
+    /// overrides the measurements.
     pub service_cv: Option<f64>,
     /// Coefficient of variation ca of inter-arrival times. `None` = 1, Poisson arrivals.
     pub arrival_cv: Option<f64>,
@@ -83,6 +86,9 @@ pub(crate) struct Resolved {
     pub catch_up: f64,
     pub ca: f64,
     pub cs: f64,
+    /// Whether `cs` was set ([`PlannerSettings::service_cv`]): it then overrides the
+    /// operators' measured cs.
+    pub cs_set: bool,
     pub downtime: f64,
     pub percentile: f64,
 }
@@ -95,6 +101,7 @@ impl PlannerSettings {
             catch_up: self.catch_up_seconds.unwrap_or(a.catch_up_seconds),
             ca: self.arrival_cv.unwrap_or(1.0),
             cs: self.service_cv.unwrap_or(1.0),
+            cs_set: self.service_cv.is_some(),
             downtime: self.rescale_downtime_seconds.unwrap_or(0.0),
             percentile: self.latency_percentile.unwrap_or(a.latency_percentile),
         };
@@ -1520,6 +1527,20 @@ impl Model {
         }
     }
 
+    /// Operator `i`'s service-time coefficient of variation: the configured cs when set
+    /// ([`PlannerSettings::service_cv`]), else its measured one
+    /// ([`OperatorEstimate::service_cv`]), else the default cs (1).
+    #[inline]
+    fn cs(&self, i: usize) -> f64 {
+        self.measured_cs(i).unwrap_or(self.s.cs)
+    }
+
+    /// Operator `i`'s measured cs when the planner uses it (no configured cs overrides it).
+    #[inline]
+    fn measured_cs(&self, i: usize) -> Option<f64> {
+        self.est[i].service_cv.filter(|_| !self.s.cs_set)
+    }
+
     /// Mean sojourn at the steady rate with `p` subtasks: queueing of the smooth input and
     /// service, plus an event-time window's watermark delay ([`Model::window_wait`]: a window
     /// result counts from its window's end, the period is not added) and half the burst drain
@@ -1535,7 +1556,7 @@ impl Model {
                     mu,
                     p,
                     self.s.ca,
-                    self.s.cs,
+                    self.cs(i),
                 ) + window
                     + 0.5 * self.drain(i, p, mu)
             }
@@ -1589,8 +1610,12 @@ impl Model {
         if self.overloaded(i, p, mu) {
             return f64::INFINITY;
         }
-        sojourn_quantile_upper_in(self.tail_node(i, p, mu), self.s.ca, self.s.cs, &self.budget)
-            + window
+        sojourn_quantile_upper_in(
+            self.tail_node(i, p, mu),
+            self.s.ca,
+            self.cs(i),
+            &self.budget,
+        ) + window
             + self.drain(i, p, mu)
     }
 
@@ -1622,7 +1647,7 @@ impl Model {
             return f64::INFINITY;
         }
         let node = self.tail_node(i, p, mu);
-        sojourn_quantile_bound_in(node, self.s.ca, self.s.cs, &self.budget, f64::NAN)
+        sojourn_quantile_bound_in(node, self.s.ca, self.cs(i), &self.budget, f64::NAN)
             + window
             + self.drain(i, p, mu)
     }
@@ -2380,6 +2405,9 @@ impl Model {
                         cat!(&mut why[i];
                             "; +", added[i], " for the latency SLO (greedy marginal allocation) → p=", p[i]
                         );
+                        if let Some(cs) = self.measured_cs(i) {
+                            let _ = write!(why[i], " (measured service cs {cs:.2})");
+                        }
                     }
                 }
             }
@@ -2887,7 +2915,8 @@ fn key_group_load_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::sample::SubtaskSample;
+    use crate::model::estimate;
+    use crate::model::sample::{ServiceMoments, SubtaskSample};
     use crate::model::testutil::{Synth, job, window};
     use proptest::prelude::*;
 
@@ -3181,6 +3210,82 @@ edges:
             assert_eq!(ups[p as usize - 1], cold, "p={p}");
             assert_eq!(downs[12 - p as usize], cold, "p={p}");
         }
+    }
+
+    /// [`ds2_window`] with the map's subtasks reporting service-time sums at its first and
+    /// last scrapes: 100 batches of 10 records each per subtask, whose residuals make cs² =
+    /// `cs`² exactly (Σr² = cs²·m²·(Σn − Σn²/Σn), m the subtask's mean).
+    fn ds2_window_with_service_cv(cs: f64) -> Vec<MetricSample> {
+        let mut w = ds2_window();
+        let last = w.len() - 1;
+        for (k, m) in [2e-3, 3e-3].into_iter().enumerate() {
+            let (records, records_sq) = (1000.0, 100.0 * 100.0);
+            let dof = records - records_sq / records;
+            let sums = ServiceMoments {
+                records,
+                seconds: records * m,
+                seconds_sq: records_sq * m * m + cs * cs * m * m * dof,
+                record_seconds: 10.0 * records * m,
+                records_sq,
+            };
+            for (i, at) in [(0, ServiceMoments::default()), (last, sums)] {
+                w[i].operators.get_mut("map").expect("map")[k].service = Some(at);
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn a_variable_operator_gets_more_subtasks_for_the_same_slo() {
+        let spec = job(CHAIN);
+        // Sized at ρ 0.95, where the map's wait (Allen-Cunneen: (ca² + cs²)/2 times the M/M/c
+        // wait) dominates its p99 term, so cs decides how many subtasks the SLO needs.
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(0.2),
+            target_utilization: Some(0.95),
+            ..PlannerSettings::default()
+        };
+        let at = |cs: f64, settings: &PlannerSettings| {
+            plan(&spec, &ds2_window_with_service_cv(cs), settings).expect("plans")
+        };
+        let est = estimate(&spec, &ds2_window_with_service_cv(1.2)).expect("estimates");
+        let measured = est.operators["map"].service_cv.expect("measured");
+        assert!((measured - 1.2).abs() < 1e-9, "{measured}");
+        assert_eq!(
+            est.operators["sink"].service_cv, None,
+            "no sums, no measurement"
+        );
+        let (steady, variable) = (at(0.5, &settings), at(1.2, &settings));
+        let plain = plan(&spec, &ds2_window(), &settings).expect("plans");
+        assert!(
+            steady.parallelism["map"] < variable.parallelism["map"],
+            "map: cs 0.5 → {}, cs 1.2 → {}",
+            steady.parallelism["map"],
+            variable.parallelism["map"]
+        );
+        assert!(steady.slo_met() && variable.slo_met());
+        let why = &variable.operators["map"].reason;
+        assert!(why.contains("(measured service cs 1.20)"), "{why}");
+        // No measurement is cs 1, as before; a measured 1 plans the same.
+        assert_eq!(at(1.0, &settings).parallelism, plain.parallelism);
+        assert!(!plain.operators["map"].reason.contains("measured"));
+        // The utilization sizing does not depend on cs: a loose SLO gives the same plan.
+        let loose = PlannerSettings {
+            latency_slo_seconds: Some(100.0),
+            ..settings.clone()
+        };
+        assert_eq!(at(0.5, &loose).parallelism, at(1.2, &loose).parallelism);
+        // A configured cs overrides the measurement: the plan without one, reason and all.
+        let set = PlannerSettings {
+            service_cv: Some(1.0),
+            ..settings.clone()
+        };
+        let overridden = at(1.2, &set);
+        assert_eq!(overridden.parallelism, plain.parallelism);
+        assert_eq!(
+            overridden.operators["map"].reason,
+            plain.operators["map"].reason
+        );
     }
 
     #[test]

@@ -40,6 +40,43 @@ pub struct SubtaskSample {
     /// operators, before the first record, the simulator, older stored windows).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key_group_shares: Vec<(u32, f64)>,
+    /// Counters, non-source operators: the sums of the subtask's timed batches of records
+    /// (the engine's `streamscale_service_*` families), from which
+    /// [`super::service_cv`] estimates the per-record service time's coefficient of
+    /// variation. `None` where the engine does not report them (sources, the simulator, older
+    /// engines and stored windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceMoments>,
+}
+
+/// Cumulative sums over a subtask's timed batches of records (batch i: n_i records in T_i
+/// seconds of processing), as the engine exports them (`streamscale_engine::service_time`).
+/// Counters: a window's deltas are the sums over the batches closed in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServiceMoments {
+    /// Σ n_i, records (`streamscale_service_records_total`).
+    pub records: f64,
+    /// Σ T_i, seconds (`streamscale_service_time_seconds_total`).
+    pub seconds: f64,
+    /// Σ T_i², seconds² (`streamscale_service_time_sq_seconds_total`).
+    pub seconds_sq: f64,
+    /// Σ n_i·T_i, record-seconds (`streamscale_service_time_records_seconds_total`).
+    pub record_seconds: f64,
+    /// Σ n_i², records² (`streamscale_service_records_sq_total`).
+    pub records_sq: f64,
+}
+
+impl ServiceMoments {
+    /// `self − earlier`, field by field: the sums over the batches between two scrapes.
+    pub fn since(&self, earlier: &ServiceMoments) -> ServiceMoments {
+        ServiceMoments {
+            records: self.records - earlier.records,
+            seconds: self.seconds - earlier.seconds,
+            seconds_sq: self.seconds_sq - earlier.seconds_sq,
+            record_seconds: self.record_seconds - earlier.record_seconds,
+            records_sq: self.records_sq - earlier.records_sq,
+        }
+    }
 }
 
 /// One scrape of the whole job.
