@@ -471,9 +471,10 @@ impl Meter {
     }
 
     /// Closes the current service batch at the clock reading `now` (a reading taken anyway)
-    /// if it holds a record ([`crate::service_time`]): its records are those received since
-    /// it started, its time what the subtask spent on them (and on any work without records
-    /// since, carried in). A few arithmetic operations, no allocation.
+    /// ([`crate::service_time`]): its records are those received since it started, its time
+    /// what the subtask spent since then; a batch without records (the subtask's start, a
+    /// timer, a barrier) is dropped. The next batch starts at `now`. A few arithmetic
+    /// operations, no allocation.
     #[inline]
     fn close_service_batch(&mut self, now: Instant) {
         let clock = self.service_clock_since_flush();
@@ -481,19 +482,18 @@ impl Meter {
         let chained = self.chained;
         let Some(svc) = &mut self.service else { return };
         let n = records.saturating_sub(svc.mark_records);
-        if n == 0 {
-            return;
-        }
         let clock = svc.flushed + clock;
-        let counted = clock.saturating_sub(svc.mark_clock);
-        let took = if chained {
-            counted
-        } else {
-            now.saturating_duration_since(svc.mark_at)
-                .saturating_sub(counted)
-        };
-        svc.moments.add(n, took);
-        svc.mark_records = records;
+        if n > 0 {
+            let counted = clock.saturating_sub(svc.mark_clock);
+            let took = if chained {
+                counted
+            } else {
+                now.saturating_duration_since(svc.mark_at)
+                    .saturating_sub(counted)
+            };
+            svc.moments.add(n, took);
+            svc.mark_records = records;
+        }
         svc.mark_clock = clock;
         svc.mark_at = now;
     }

@@ -7,8 +7,9 @@
 //! `runtime::ChainMember::run_pending`); a subtask that reads its own input queue closes a batch
 //! at each of its periodic clock checks (every 1 to 128 records) and at the end of each
 //! chain run, and its batch time is the wall time since the previous one minus the time it
-//! waited for input or on its output meanwhile. Time spent without records (a window fired
-//! on a timer, a barrier) is carried into the next batch with records, where it delays them.
+//! waited for input or on its output meanwhile. A stretch without records (the subtask's
+//! start, a window fired on a timer, a barrier) is no batch and is left out: the planner
+//! models window bursts on their own.
 //!
 //! Each subtask exports five counters per `operator`/`subtask`, from which a reader takes
 //! deltas over any window:
