@@ -666,11 +666,28 @@ impl JobGraph {
         // it): no clearing needed.
         dist.resize(n, 0.0);
         via.resize(n, usize::MAX);
+        self.longest_path_from(w, dist, via, 0)
+    }
+
+    /// [`JobGraph::longest_path_into`] when only the terms of operators at index `from` or
+    /// later changed since `dist` and `via` (n entries each) were last made for `w`: the
+    /// entries below `from` are kept (no forward edge goes back, so their inputs are
+    /// unchanged) and every entry from `from` on is made afresh, as the full pass makes it,
+    /// so the result is the full pass's bit for bit. Entries from `from` on may hold
+    /// anything before the call.
+    pub(super) fn longest_path_from(
+        &self,
+        w: &[f64],
+        dist: &mut [f64],
+        via: &mut [usize],
+        from: usize,
+    ) -> (f64, usize) {
+        let n = self.topo.len();
         let (dist, via) = (&mut dist[..n], &mut via[..n]);
         // (Slices of length n up front, so that only the edge sources are bounds-checked.)
         let (at, src, w) = (&self.fwd_in_at[..=n], &self.topo.is_source[..n], &w[..n]);
-        let mut lo = at[0] as usize;
-        for i in 0..n {
+        let mut lo = at[from.min(n)] as usize;
+        for i in from..n {
             let hi = at[i + 1] as usize;
             let (d, arg) = farthest_of(&self.fwd_in[lo..hi], dist);
             dist[i] = d + if src[i] { 0.0 } else { w[i] };

@@ -83,17 +83,27 @@ impl LatencyState {
 /// first on a tie) as long as no score is NaN (a NaN first score stays the scan's choice, which
 /// does not split into halves); with a NaN anywhere it scans. Tests compare every choice with
 /// the scan.
+///
+/// The tree is built only at a round's [`BestScores::SCANS`]-th choice: most rounds take a
+/// step or two, and a scan of the chain costs less than building the tree.
 #[derive(Default)]
 struct BestScores {
     leaves: Vec<Option<f64>>,
-    /// Heap order, root at 1, leaves from `width`.
+    /// Heap order, root at 1, leaves from `width` (when `built`).
     tree: Vec<(f64, usize)>,
     width: usize,
     nan: usize,
+    /// Whether `tree`, `width` and `nan` are those of `leaves`.
+    built: bool,
+    /// Choices made by scanning since the reset.
+    scans: usize,
 }
 
 impl BestScores {
     const NONE: (f64, usize) = (f64::NEG_INFINITY, usize::MAX);
+
+    /// Choices made by scanning the leaves before the tree is built.
+    const SCANS: usize = 3;
 
     fn pick(a: (f64, usize), b: (f64, usize)) -> (f64, usize) {
         if a.1 == usize::MAX || (b.1 != usize::MAX && b.0 > a.0) {
@@ -106,6 +116,13 @@ impl BestScores {
     fn reset(&mut self, scores: impl Iterator<Item = Option<f64>>) {
         self.leaves.clear();
         self.leaves.extend(scores);
+        self.built = false;
+        self.scans = 0;
+    }
+
+    /// Builds the tree over the leaves.
+    fn build(&mut self) {
+        self.built = true;
         self.width = self.leaves.len().next_power_of_two();
         // Every entry from 1 on is written below (the leaves and their padding, then the
         // inner nodes), so the kept entries need no clearing; entry 0 is never read.
@@ -128,6 +145,10 @@ impl BestScores {
     }
 
     fn set(&mut self, pos: usize, score: Option<f64>) {
+        if !self.built {
+            self.leaves[pos] = score;
+            return;
+        }
         let was_nan = self.leaves[pos].is_some_and(f64::is_nan);
         let is_nan = score.is_some_and(f64::is_nan);
         self.nan = self.nan + usize::from(is_nan) - usize::from(was_nan);
@@ -141,7 +162,14 @@ impl BestScores {
     }
 
     /// [`Model::best_of`] over the scores.
-    fn best(&self) -> Option<usize> {
+    fn best(&mut self) -> Option<usize> {
+        if !self.built {
+            if self.scans < Self::SCANS {
+                self.scans += 1;
+                return Model::best_of(self.leaves.iter().copied());
+            }
+            self.build();
+        }
         let best = if self.nan > 0 || self.width < 2 {
             Model::best_of(self.leaves.iter().copied())
         } else {
@@ -210,6 +238,50 @@ impl ChainSum {
         } else {
             None
         }
+    }
+}
+
+/// The "longest after" sums of [`JobGraph::longest_other_path`], kept from one call to the
+/// next, indexed like the topology: `after` the longest sum of terms after each operator to a
+/// sink ([`JobGraph::longest_after`]), `through` that operator's own term (sources 0) plus
+/// it (the sum its upstream operators compare; the same expression, so the same bits). Both
+/// are current from index `stale` on: the caller keeps `stale` at or above the highest index
+/// whose entries may differ from what the terms now give (an operator's entries depend only
+/// on its own term and those after it: after terms changed at indices up to m, m + 1 will
+/// do; n when they were never made). The entries below are made afresh, as the full pass
+/// makes them, so every entry is the full pass's bit for bit; `stale` is then 0 (left as it
+/// was when a NaN term makes the call return ∞ before any entry is made). `nan`: how many
+/// terms are NaN (kept by the caller through [`AfterSums::changed`] instead of a scan per
+/// call).
+pub(super) struct AfterSums {
+    pub after: Vec<f64>,
+    pub through: Vec<f64>,
+    pub stale: usize,
+    pub nan: usize,
+}
+
+impl AfterSums {
+    /// Sums for the terms `w` (n operators), none current.
+    pub fn new(w: &[f64]) -> AfterSums {
+        let n = w.len();
+        AfterSums {
+            after: vec![0.0; n],
+            through: vec![0.0; n],
+            stale: n,
+            nan: w.iter().filter(|x| x.is_nan()).count(),
+        }
+    }
+
+    /// Operator `i`'s term changed from `was` to `now`.
+    fn changed(&mut self, i: usize, was: f64, now: f64) {
+        self.stale = self.stale.max(i + 1);
+        self.nan = self.nan + usize::from(now.is_nan()) - usize::from(was.is_nan());
+    }
+
+    /// Every term may have changed (`w` the terms now).
+    fn reset(&mut self, w: &[f64]) {
+        self.stale = w.len();
+        self.nan = w.iter().filter(|x| x.is_nan()).count();
     }
 }
 
@@ -334,7 +406,7 @@ impl Model {
         let mut dirty = vec![false; n];
         let (mut chain, mut scores) = (Vec::new(), BestScores::default());
         let mut on_chain = vec![false; n];
-        let mut after = vec![0.0; n];
+        let mut sums = AfterSums::new(&st.w);
         let slack = ROUND_SLACK * self.s.slo.abs();
         // After a path over the SLO that cannot be cut: one-step greedy to the end.
         let mut one_step = false;
@@ -344,8 +416,7 @@ impl Model {
             let stop = if one_step {
                 f64::INFINITY
             } else {
-                let other =
-                    g.longest_other_path(&chain, &st.w, &st.dist, &mut on_chain, &mut after);
+                let other = g.longest_other_path(&chain, &st.w, &st.dist, &mut on_chain, &mut sums);
                 if other == f64::NEG_INFINITY {
                     self.s.slo
                 } else {
@@ -357,7 +428,9 @@ impl Model {
                 let Some(i) = self.best_on(&chain, st, &mut next) else {
                     return Allocated::Stuck;
                 };
+                let was = st.w[i];
                 self.take_step(st, &mut next, i);
+                sums.changed(i, was, st.w[i]);
                 known[i] = None;
                 if hold_only && st.p[i] > self.est[i].parallelism {
                     return Allocated::Grew;
@@ -374,14 +447,18 @@ impl Model {
                     .map(|&at| self.score_known(at, st, &mut next, &mut known)),
             );
             let mut sum = ChainSum::new(st.dist[chain[0]], chain.len());
+            // The lowest index stepped in this round: the distances below it stay current.
+            let mut stepped_from = n;
             loop {
                 let Some(pos) = scores.best() else {
                     one_step = true;
                     break;
                 };
                 let i = chain[pos];
-                let before = g.own(&st.w, i);
+                let (before, was) = (g.own(&st.w, i), st.w[i]);
                 self.take_step(st, &mut next, i);
+                stepped_from = stepped_from.min(i);
+                sums.changed(i, was, st.w[i]);
                 if hold_only && st.p[i] > self.est[i].parallelism {
                     return Allocated::Grew;
                 }
@@ -415,10 +492,27 @@ impl Model {
                     break;
                 }
             }
-            (st.lat, st.end) = g.longest_path_into(&st.w, &mut st.dist, &mut st.via);
+            // Only the terms stepped in the round changed, and the round rewrote only chain
+            // distances at or after the first of them: the longest-path pass from there on
+            // (the full pass's result, bit for bit).
+            (st.lat, st.end) = g.longest_path_from(&st.w, &mut st.dist, &mut st.via, stepped_from);
+            #[cfg(test)]
+            {
+                let (mut dist, mut via) = (Vec::new(), Vec::new());
+                let (lat, end) = g.longest_path_into(&st.w, &mut dist, &mut via);
+                assert_eq!((lat.to_bits(), end), (st.lat.to_bits(), st.end));
+                assert_eq!(via, st.via);
+                let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&dist),
+                    bits(&st.dist),
+                    "the pass from the first step is the full one"
+                );
+            }
             if !exceeds(st.lat, self.s.slo) && !trimmed {
                 trimmed = true;
-                self.trim(st, &mut after);
+                self.trim(st, &mut sums.after);
+                sums.reset(&st.w);
                 // (Trimming changes parallelisms and terms: their scores are made afresh.)
                 known.fill(None);
             }
@@ -441,6 +535,7 @@ impl Model {
         let n = st.p.len();
         let limit = self.s.slo - TRIM_MARGIN * self.s.slo.abs();
         let mut changed = true;
+        let mut fresh = false;
         while changed {
             changed = false;
             let mut cand: Vec<(f64, usize)> = (0..n)
@@ -452,7 +547,11 @@ impl Model {
                 return;
             }
             cand.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            g.longest_after(&st.w, after);
+            // (Current from the pass before, which ended with an update of both.)
+            if !fresh {
+                g.longest_after(&st.w, after);
+                fresh = true;
+            }
             for (_, i) in cand {
                 let lower = self.tail(i, st.p[i] - 1);
                 let ins = &g.fwd_in[g.fwd_in_at[i] as usize..g.fwd_in_at[i + 1] as usize];
@@ -463,8 +562,20 @@ impl Model {
                 st.p[i] -= 1;
                 st.added[i] -= 1;
                 st.w[i] = lower;
-                (st.lat, st.end) = g.longest_path_into(&st.w, &mut st.dist, &mut st.via);
-                g.longest_after(&st.w, after);
+                // Only operator i's term changed: the distances from i on and the "longest
+                // after" sums below it (each the full pass's, bit for bit).
+                (st.lat, st.end) = g.longest_path_from(&st.w, &mut st.dist, &mut st.via, i);
+                g.longest_after_below(&st.w, after, i + 1);
+                #[cfg(test)]
+                {
+                    let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let (mut dist, mut via, mut full) = (Vec::new(), Vec::new(), vec![0.0; n]);
+                    let (lat, end) = g.longest_path_into(&st.w, &mut dist, &mut via);
+                    g.longest_after(&st.w, &mut full);
+                    assert_eq!((lat.to_bits(), end), (st.lat.to_bits(), st.end));
+                    assert_eq!((bits(&dist), via), (bits(&st.dist), st.via.clone()));
+                    assert_eq!(bits(&full), bits(after));
+                }
                 changed = true;
             }
         }
@@ -504,12 +615,21 @@ impl JobGraph {
     /// operators after it on a path over forward edges to a sink, seconds (0 at a sink, −∞
     /// when no sink is reachable over forward edges).
     fn longest_after(&self, w: &[f64], after: &mut [f64]) {
+        self.longest_after_below(w, after, after.len());
+    }
+
+    /// [`JobGraph::longest_after`] when only the terms of operators below index `below`
+    /// changed since `after` was last made for `w`: an operator's entry depends only on the
+    /// terms after it, so the entries from `below` on are kept, and each entry below is made
+    /// as the full pass makes it (the same bits).
+    fn longest_after_below(&self, w: &[f64], after: &mut [f64], below: usize) {
         let n = after.len();
+        let below = below.min(n);
         // (Slices of length n up front, so that only the edge targets are bounds-checked.)
         let (at, init) = (&self.fwd_out_at[..=n], &self.after_init[..n]);
         let (src, w) = (&self.topo.is_source[..n], &w[..n]);
-        let mut hi = at[n] as usize;
-        for i in (0..n).rev() {
+        let mut hi = at[below] as usize;
+        for i in (0..below).rev() {
             let lo = at[i] as usize;
             let mut a = init[i];
             for &k in &self.fwd_out[lo..hi] {
@@ -531,17 +651,18 @@ impl JobGraph {
     /// each operator, current for `w`): the longest path through any operator off the chain,
     /// or through an edge between two chain operators that the chain does not take (every
     /// other path has one of the two). −∞ when there is no other path, ∞ when a term is NaN.
-    /// `on_chain` (all `false`, left all `false`) and `after` (the longest sum of terms after
-    /// each operator to a sink) are scratch space.
+    /// `on_chain` (all `false`, left all `false`) is scratch space; `sums` keeps the "longest
+    /// after" sums from call to call (see [`AfterSums`]).
     pub(super) fn longest_other_path(
         &self,
         chain: &[usize],
         w: &[f64],
         dist: &[f64],
         on_chain: &mut [bool],
-        after: &mut [f64],
+        sums: &mut AfterSums,
     ) -> f64 {
-        if w.iter().any(|x| x.is_nan()) {
+        debug_assert_eq!(sums.nan, w.iter().filter(|x| x.is_nan()).count());
+        if sums.nan > 0 {
             return f64::INFINITY;
         }
         let n = dist.len();
@@ -557,32 +678,57 @@ impl JobGraph {
         // caller's `other − slack` does not see.)
         let mut other = f64::NEG_INFINITY;
         let (at, init) = (&self.fwd_out_at[..=n], &self.after_init[..n]);
-        let (src, w, dist, after, on) = (
+        let fresh_below = std::mem::take(&mut sums.stale).min(n);
+        let (src, w, dist, after, through, on) = (
             &self.topo.is_source[..n],
             &w[..n],
             &dist[..n],
-            &mut after[..n],
+            &mut sums.after[..n],
+            &mut sums.through[..n],
             &on_chain[..n],
         );
-        let mut hi = at[n] as usize;
-        for v in (0..n).rev() {
+        // The kept entries first, then the ones made afresh: every operator in the reverse of
+        // the operators' order, as in one loop.
+        for v in (fresh_below..n).rev() {
+            let a = after[v];
+            if !on[v] && a > f64::NEG_INFINITY {
+                let t = dist[v] + a;
+                if t > other {
+                    other = t;
+                }
+            }
+        }
+        let mut hi = at[fresh_below] as usize;
+        for v in (0..fresh_below).rev() {
             let lo = at[v] as usize;
             let mut a = init[v];
             for &k in &self.fwd_out[lo..hi] {
-                let k = k as usize;
-                // ∞ + (−∞): no sink after k, no path.
-                let t = (if src[k] { 0.0 } else { w[k] }) + after[k];
+                // ∞ + (−∞): no sink after k, no path (`through` is NaN).
+                let t = through[k as usize];
                 if t > a {
                     a = t;
                 }
             }
             after[v] = a;
+            through[v] = (if src[v] { 0.0 } else { w[v] }) + a;
             hi = lo;
             if !on[v] && a > f64::NEG_INFINITY {
                 let t = dist[v] + a;
                 if t > other {
                     other = t;
                 }
+            }
+        }
+        let after = &sums.after[..n];
+        #[cfg(test)]
+        {
+            // Every kept entry is the full pass's.
+            let mut full = vec![0.0; n];
+            self.longest_after(w, &mut full);
+            for v in 0..n {
+                let through = (if src[v] { 0.0 } else { w[v] }) + full[v];
+                assert_eq!(after[v].to_bits(), full[v].to_bits(), "after[{v}]");
+                assert_eq!(sums.through[v].to_bits(), through.to_bits(), "through[{v}]");
             }
         }
         for (pos, &u) in chain.iter().enumerate().skip(1) {
@@ -660,14 +806,25 @@ mod tests {
                 );
             }
         }
-        // Ties go to the first position.
-        let mut tree = BestScores::default();
-        tree.reset([Some(1.0), Some(3.0), Some(2.0), Some(3.0)].into_iter());
-        assert_eq!(tree.best(), Some(1));
-        tree.set(1, Some(2.0));
-        assert_eq!(tree.best(), Some(3));
-        tree.set(0, Some(3.0));
-        assert_eq!(tree.best(), Some(0));
+        // Ties go to the first position, scanned or from the tree (built before the first
+        // choice, or after the first scans as in a round).
+        for build_first in [false, true] {
+            let mut tree = BestScores::default();
+            tree.reset([Some(1.0), Some(3.0), Some(2.0), Some(3.0)].into_iter());
+            if build_first {
+                tree.build();
+            }
+            assert_eq!(tree.best(), Some(1));
+            tree.set(1, Some(2.0));
+            assert_eq!(tree.best(), Some(3));
+            tree.set(0, Some(3.0));
+            assert_eq!(tree.best(), Some(0));
+            tree.set(0, Some(1.0));
+            assert_eq!(tree.best(), Some(3));
+            assert!(tree.built, "the tree is built by the fourth choice");
+            tree.set(3, Some(2.0));
+            assert_eq!(tree.best(), Some(1));
+        }
     }
 
     /// A tree reset after other rounds (longer, shorter, other scores) is the tree a fresh one
@@ -692,8 +849,10 @@ mod tests {
         let mut reused = BestScores::default();
         for scores in cases.iter().chain(cases.iter().rev()) {
             reused.reset(scores.iter().copied());
+            reused.build();
             let mut fresh = BestScores::default();
             fresh.reset(scores.iter().copied());
+            fresh.build();
             assert_eq!((reused.width, reused.nan), (fresh.width, fresh.nan));
             assert_eq!(bits(&reused), bits(&fresh), "{scores:?}");
             assert_eq!(reused.best(), fresh.best());
