@@ -2,41 +2,22 @@
 //! attributed to the member that spent it (see `streamscale_engine::chain`).
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
-
-use streamscale_engine::metrics::EngineMetrics;
-use streamscale_engine::runtime::{Job, RuntimeOptions};
-use streamscale_engine::spec::JobSpec;
+mod common;
 
 const RECORDS: u64 = 5000;
 const MAP_CPU_US: f64 = 200.0;
 
 /// Runs source → map (200 µs of CPU a record) → sink to the end; returns the metrics text.
 fn run(chaining: bool) -> String {
-    let yaml = format!(
-        "name: chain\noperators:\n  - {{ name: source, kind: source, keys: 10, count: {RECORDS}, rate: {{ constant: 1.0e9 }} }}\n  - {{ name: map, kind: map, cpu: {MAP_CPU_US} }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: source, to: map }}\n  - {{ from: map, to: sink }}\n"
-    );
-    let spec = JobSpec::from_yaml(&yaml).unwrap();
-    spec.validate().unwrap();
-    let metrics = EngineMetrics::new().unwrap();
-    let options = RuntimeOptions {
-        chaining,
-        flush_interval: Duration::from_millis(20),
-        ..RuntimeOptions::default()
-    };
-    let job = Job::start(spec, None, metrics.clone(), options).unwrap();
-    while !job.is_finished() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let done = job.join();
-    assert!(done.errors.is_empty(), "{:?}", done.errors);
+    let (done, text) =
+        common::run_source_map_sink(RECORDS, &format!("cpu: {MAP_CPU_US}"), chaining);
     let c = &done.savepoint.metadata.counters;
     assert_eq!(c["source"].records_out, RECORDS);
     assert_eq!(c["map"].records_in, RECORDS);
     assert_eq!(c["map"].records_out, RECORDS);
     assert_eq!(c["sink"].records_in, RECORDS);
     assert_eq!(c["sink"].accounted, RECORDS);
-    metrics.render()
+    text
 }
 
 fn seconds(text: &str, family: &str, operator: &str) -> f64 {

@@ -3,11 +3,7 @@
 //! its own thread and chained to its source.
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
-
-use streamscale_engine::metrics::EngineMetrics;
-use streamscale_engine::runtime::{Job, RuntimeOptions};
-use streamscale_engine::spec::JobSpec;
+mod common;
 
 const RECORDS: u64 = 300;
 /// The map's cost per record: a sleep (`io`), which a busy machine stretches by its wake-up
@@ -17,24 +13,8 @@ const MAP_IO_US: f64 = 10_000.0;
 
 /// Runs source → map (10 ms a record) → sink to the end; returns the metrics text.
 fn run(chaining: bool) -> String {
-    let yaml = format!(
-        "name: svc\noperators:\n  - {{ name: source, kind: source, keys: 10, count: {RECORDS}, rate: {{ constant: 1.0e9 }} }}\n  - {{ name: map, kind: map, io: {MAP_IO_US} }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: source, to: map }}\n  - {{ from: map, to: sink }}\n"
-    );
-    let spec = JobSpec::from_yaml(&yaml).unwrap();
-    spec.validate().unwrap();
-    let metrics = EngineMetrics::new().unwrap();
-    let options = RuntimeOptions {
-        chaining,
-        flush_interval: Duration::from_millis(20),
-        ..RuntimeOptions::default()
-    };
-    let job = Job::start(spec, None, metrics.clone(), options).unwrap();
-    while !job.is_finished() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let done = job.join();
-    assert!(done.errors.is_empty(), "{:?}", done.errors);
-    metrics.render()
+    let (_, text) = common::run_source_map_sink(RECORDS, &format!("io: {MAP_IO_US}"), chaining);
+    text
 }
 
 fn value(text: &str, family: &str, operator: &str) -> Option<f64> {

@@ -211,3 +211,36 @@ pub fn metric_sample(
     *m.get(&key)
         .unwrap_or_else(|| panic!("no {key} in /metrics: {m:?}"))
 }
+
+/// Runs the in-process job source → map → sink to its end (`Job::start`, metrics flushed every
+/// 20 ms, chained or not): the source emits `records` records over 10 keys as fast as it can,
+/// the map costs `map_cost` per record (a job-file fragment, e.g. `cpu: 200` µs of CPU or
+/// `io: 10000` µs of sleep). Returns the finished job (errors already checked empty) and the
+/// metrics text.
+pub fn run_source_map_sink(
+    records: u64,
+    map_cost: &str,
+    chaining: bool,
+) -> (streamscale_engine::runtime::Finished, String) {
+    use streamscale_engine::metrics::EngineMetrics;
+    use streamscale_engine::runtime::{Job, RuntimeOptions};
+    use streamscale_engine::spec::JobSpec;
+    let yaml = format!(
+        "name: chain\noperators:\n  - {{ name: source, kind: source, keys: 10, count: {records}, rate: {{ constant: 1.0e9 }} }}\n  - {{ name: map, kind: map, {map_cost} }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: source, to: map }}\n  - {{ from: map, to: sink }}\n"
+    );
+    let spec = JobSpec::from_yaml(&yaml).unwrap();
+    spec.validate().unwrap();
+    let metrics = EngineMetrics::new().unwrap();
+    let options = RuntimeOptions {
+        chaining,
+        flush_interval: Duration::from_millis(20),
+        ..RuntimeOptions::default()
+    };
+    let job = Job::start(spec, None, metrics.clone(), options).unwrap();
+    while !job.is_finished() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let done = job.join();
+    assert!(done.errors.is_empty(), "{:?}", done.errors);
+    (done, metrics.render())
+}
