@@ -8,8 +8,10 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group};
 use streamscale_controller::model::forecast::{ForecastConfig, RateHistory};
 use streamscale_controller::model::{
-    Autoscaler, GuardSettings, MetricSample, PlannerSettings, SubtaskSample, Verdict, plan,
+    Autoscaler, GuardSettings, MetricSample, PlannerSettings, ServiceMoments, SubtaskSample,
+    Verdict, plan,
 };
+use streamscale_engine::keygroup::key_group_range;
 use streamscale_engine::spec::{
     AutoscalerSpec, EdgeSpec, ForecastMode, ForecastSpec, JobSpec, OperatorKind, OperatorSpec,
     RateSpec, ScalingBounds,
@@ -49,7 +51,21 @@ struct Dag {
     par: Vec<u32>,
     outdeg: Vec<usize>,
     keyed: Vec<bool>,
+    /// The keyed operator with a hot key group: at p=1, its group 0 takes [`HOT_SHARE`] of the
+    /// input, 0.8 × its μ at the target rate (a hot-key bottleneck to the planner, held where
+    /// the group has a subtask of its own).
+    hot: usize,
 }
+
+/// Key groups (the job's max parallelism).
+const KEY_GROUPS: u32 = 128;
+/// The hot operator's hottest key group's share of its input.
+const HOT_SHARE: f64 = 0.5;
+/// The hot operator's target rate over its steady input rate in the bench window (the sources'
+/// backlog drained within the catch-up time, the forecast's rise ahead).
+const TARGET_OVER_STEADY: f64 = 3.75;
+/// Records per timed batch in the bench's service sums.
+const BATCH: f64 = 8.0;
 
 /// Seconds of the bench window's first sample: two days and a bit into the forecast's
 /// history, on the rising side of its daily cycle.
@@ -58,8 +74,11 @@ const T0: f64 = 2.0 * 86_400.0 + 1_000.0;
 /// A 200-operator DAG (4 sources, every other operator fed by 1–3 earlier ones) and a
 /// 6-sample window whose counters follow flow-conserving rates (each operator splits its
 /// output evenly over its outgoing edges, so rates stay bounded through the graph). Keyed
-/// (window) operators get skewed subtasks: odd subtasks take twice the input of even ones.
-/// Forecasting is on (`autoscaler.forecast.mode: on`, a daily season).
+/// (window) operators get skewed subtasks: odd subtasks take twice the input of even ones, and
+/// list their busiest key groups as the engine does (`Dag::listed_groups`; one operator has a
+/// hot group the planner isolates and holds); every other subtask reports timed-batch service
+/// sums (measured cs 0.5, 0.9 or 1.3, [`cs_of`]). Forecasting is on
+/// (`autoscaler.forecast.mode: on`, a daily season).
 fn build(seed: u64) -> (JobSpec, Vec<MetricSample>) {
     let dag = build_dag(seed);
     let window = dag.window(&dag.par, 1.0, T0);
@@ -147,7 +166,7 @@ fn build_dag(seed: u64) -> Dag {
         "name: bench\noperators:\n  - { name: s, kind: source, rate: { constant: 1 } }\nedges: []\n",
     )
     .expect("the minimal job parses");
-    spec.max_parallelism = 128;
+    spec.max_parallelism = KEY_GROUPS;
     spec.channel_capacity = 1024;
     spec.operators = operators;
     spec.edges = edges;
@@ -161,6 +180,17 @@ fn build_dag(seed: u64) -> Dag {
         }),
         ..AutoscalerSpec::default()
     };
+    // The keyed operator with the most input gets one hot key group: at p=1 its group 0 carries
+    // HOT_SHARE of the input, more than one subtask takes at ρ_target 0.7 but less than its μ.
+    let hot = (0..OPERATORS)
+        .filter(|&i| keyed[i])
+        .max_by(|&a, &b| lambda[a].total_cmp(&lambda[b]))
+        .expect("the DAG has keyed operators");
+    par[hot] = 1;
+    // The planner sizes for the target rate, with the sources' backlog drained and the forecast
+    // ahead: about TARGET_OVER_STEADY × the steady rate here. The group takes 0.8 × μ there.
+    mu[hot] = HOT_SHARE * lambda[hot] * TARGET_OVER_STEADY / 0.8;
+    spec.operators[hot].parallelism = 1;
     Dag {
         spec,
         gamma,
@@ -170,6 +200,7 @@ fn build_dag(seed: u64) -> Dag {
         par,
         outdeg,
         keyed,
+        hot,
     }
 }
 
@@ -205,12 +236,19 @@ impl Dag {
                                     }
                                 } else {
                                     let rin = self.lambda[i] * t * share;
+                                    let busy = rin / (self.mu[i] * mu_scale);
                                     SubtaskSample {
                                         records_in: rin,
                                         // Gain per edge sel/outdeg: flow is conserved overall.
                                         records_out: rin * self.sel[i]
                                             / self.outdeg[i].max(1) as f64,
-                                        busy_seconds: rin / (self.mu[i] * mu_scale),
+                                        busy_seconds: busy,
+                                        key_group_shares: if self.keyed[i] {
+                                            self.listed_groups(i, j, p)
+                                        } else {
+                                            Vec::new()
+                                        },
+                                        service: Some(service_sums(rin, busy, cs_of(i))),
                                         ..SubtaskSample::default()
                                     }
                                 }
@@ -221,6 +259,21 @@ impl Dag {
                     .collect::<BTreeMap<_, _>>(),
             })
             .collect()
+    }
+
+    /// The key groups keyed operator `i`'s subtask `j` of `p` lists, as the engine does (its
+    /// busiest 8 with their share of its input): its range's groups evenly, except the hot
+    /// operator's group 0, which takes [`HOT_SHARE`].
+    fn listed_groups(&self, i: usize, j: u32, p: u32) -> Vec<(u32, f64)> {
+        let range = key_group_range(j, p, KEY_GROUPS);
+        let n = f64::from(range.end - range.start);
+        if i == self.hot && range.contains(&0) {
+            let rest = (1.0 - HOT_SHARE) / (n - 1.0).max(1.0);
+            return std::iter::once((0, HOT_SHARE))
+                .chain(range.clone().skip(1).take(7).map(|g| (g, rest)))
+                .collect();
+        }
+        range.take(8).map(|g| (g, 1.0 / n)).collect()
     }
 
     /// Two days of the sources' total input rate with a daily cycle (±20% around the bench
@@ -252,6 +305,32 @@ impl Dag {
             h.observe(&cfg, &[sample], &self.spec);
         }
         h
+    }
+}
+
+/// The bench's measured service-time coefficient of variation of operator `i`: 0.5, 0.9 or 1.3.
+fn cs_of(i: usize) -> f64 {
+    0.5 + 0.4 * (i % 3) as f64
+}
+
+/// Cumulative timed-batch sums of a subtask that processed `records` records in `seconds`, in
+/// batches of [`BATCH`] records whose per-record service times have coefficient of variation
+/// `cs` (independent, so a batch's time has variance BATCH·σ², σ = cs·m): the estimator's σ̂²
+/// reads σ² · n/(n − BATCH).
+fn service_sums(records: f64, seconds: f64, cs: f64) -> ServiceMoments {
+    let batches = records / BATCH;
+    let m = if records > 0.0 {
+        seconds / records
+    } else {
+        0.0
+    };
+    let var_batch = BATCH * (cs * m).powi(2);
+    ServiceMoments {
+        records,
+        seconds,
+        seconds_sq: batches * ((BATCH * m).powi(2) + var_batch),
+        record_seconds: BATCH * seconds,
+        records_sq: BATCH * records,
     }
 }
 
@@ -299,6 +378,17 @@ fn dag_bench() -> DagBench {
     let dag = build_dag(0x5eed_cafe_f00d_d00d);
     let (spec, window) = build(0x5eed_cafe_f00d_d00d);
     let settings = dag_settings(&spec, &window);
+    // The window holds what the engine reports: measured service cs and key-group lists.
+    let est =
+        streamscale_controller::model::estimate(&spec, &window).expect("the window estimates");
+    let read = |i: usize| &est.operators[format!("op{i:03}").as_str()];
+    let cs = read(SOURCES).service_cv;
+    assert!(
+        cs.is_some_and(|cs| (cs - cs_of(SOURCES)).abs() < 0.05),
+        "measured cs {cs:?}, bench {}",
+        cs_of(SOURCES)
+    );
+    assert!(!read(dag.hot).subtask_key_group_shares.is_empty());
     // The guarded policy on the same job with everything on: forecasting (two days of
     // history, a usable forecast above the measured rate), the learned correction (the
     // previous window ran one subtask fewer of every operator with more than one, 5% faster
