@@ -14,6 +14,9 @@ rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup compon
 
 # Incremental caches double the size of target/ and a one-shot run gains nothing from them.
 export CARGO_INCREMENTAL=0
+# Property tests draw their cases from a fixed seed, so that a run is reproducible (a failure
+# on one machine fails on every machine); set PROPTEST_RNG_SEED to another u64 to draw others.
+export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261202}"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
