@@ -32,7 +32,9 @@ use crossbeam_channel::{
 
 use crate::chain::{self, CHAIN_BATCH};
 use crate::checkpoint::barrier::{Aligner, Barrier, BarrierKind, Event, Message};
-use crate::checkpoint::coordinator::{Ack, Coordinator, Failed, JobContext, Outcome, Target};
+use crate::checkpoint::coordinator::{
+    Ack, AckOf, Coordinator, Failed, JobContext, Outcome, Target,
+};
 use crate::checkpoint::gate::{Claim, SourceGate};
 use crate::checkpoint::storage::CheckpointStorage;
 use crate::key_group_load::KeyGroupLoad;
@@ -834,8 +836,10 @@ impl ChainMember {
             }
             Event::Barrier(b) => self.timed(|m| m.op.on_aligned(b, &mut m.ctx)),
             Event::End => self.timed(|m| {
-                m.op.fire_due_windows(&mut m.ctx, true)
-                    && m.ctx.outputs.broadcast(Event::End, &mut m.ctx.meter)
+                let ok = m.op.fire_due_windows(&mut m.ctx, true)
+                    && m.ctx.outputs.broadcast(Event::End, &mut m.ctx.meter);
+                m.ctx.ended = ok;
+                ok
             }),
         }
     }
@@ -1133,6 +1137,7 @@ impl Job {
                 acks: ack_tx.clone(),
                 panic_at: options.panic_at.clone().filter(|p| p.operator == *name),
                 channel: channel_base.get(name).copied().unwrap_or(0) + index,
+                ended: false,
             }
         };
         // What subtask `index` of non-source operator `op` does, with its restored state.
@@ -1534,13 +1539,17 @@ struct SubtaskContext {
     panic_at: Option<PanicAt>,
     /// Job-wide channel number of this subtask (identifies its watermarks downstream).
     channel: u32,
+    /// The subtask ended by itself (its source reached its record count, or every input
+    /// channel ended) and passed the end on: its final state is reported to the checkpoint
+    /// coordinator when it exits ([`AckOf::End`]).
+    ended: bool,
 }
 
 impl SubtaskContext {
     /// Acknowledges barrier `b` to the coordinator with this subtask's snapshot.
     fn ack(&self, b: Barrier, state: Option<KeyedState>) {
         let _ = self.acks.send(Ack {
-            checkpoint: b.id,
+            of: AckOf::Barrier(b.id),
             operator: self.operator.clone(),
             subtask: self.index,
             state,
@@ -1560,6 +1569,15 @@ impl SubtaskContext {
         if error.is_some() {
             self.control.failed.store(true, Ordering::SeqCst);
             self.control.stop.store(true, Ordering::SeqCst);
+        } else if self.ended {
+            // Its final state stands in for its snapshot at every later barrier (FLIP-147).
+            let _ = self.acks.send(Ack {
+                of: AckOf::End,
+                operator: self.operator.clone(),
+                subtask: self.index,
+                state: state.clone(),
+                counters: self.meter.totals,
+            });
         }
         SubtaskResult {
             operator: self.operator,
@@ -1666,6 +1684,7 @@ impl SourceTask {
                         ctx.meter.flush(0);
                         return ctx.finish(None, Some(err));
                     }
+                    ctx.ended = true;
                     break;
                 }
                 Claim::Idle => {
@@ -1972,6 +1991,9 @@ impl OperatorTask {
                 stash.append(&mut replay);
                 std::mem::swap(&mut stash, &mut replay);
                 if b.stops() {
+                    // Stopped at the barrier, also when the last end of input completed its
+                    // alignment: nothing may be sent after it (downstream exits on it).
+                    natural_end = false;
                     break;
                 }
             }
@@ -1992,6 +2014,7 @@ impl OperatorTask {
         {
             error = Some(closed(&ctx));
         }
+        ctx.ended = error.is_none() && natural_end;
         ctx.meter.flush(0);
         let (state, finish_error) = self.op.finish(&ctx);
         let error = error.or(finish_error);

@@ -7,6 +7,20 @@
 //! timeout, a job failure, or a storage error (counted in
 //! `streamscale_checkpoints_failed_total` and logged; the job keeps running and earlier
 //! checkpoints stay).
+//!
+//! # Checkpoints after subtasks finished (FLIP-147)
+//!
+//! A subtask that ends by itself (a bounded source at its record count, or an operator whose
+//! input channels have all ended) reports its final state once ([`AckOf::End`]). It receives
+//! no later barrier, so that report stands in for its acknowledgement of every later
+//! checkpoint: the barrier is injected only into the sources still running
+//! ([`SourceGate::inject_all`]), downstream alignment counts ended channels as aligned, and
+//! everything a finished subtask sent precedes its end of input on each channel, hence the
+//! snapshot of every subtask downstream of it. The snapshot is therefore a consistent cut in
+//! which the finished subtask is at its final state: a finished source at its record count
+//! (a restore emits none of its records again), a finished operator with its final keyed state
+//! and counters. When every source finished, no barrier is injected and the request fails;
+//! the job's final state is saved once it ended.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -28,19 +42,31 @@ use crate::savepoint::{
 use crate::spec::JobSpec;
 use crate::state::KeyedState;
 
-/// A subtask's acknowledgement of barrier `checkpoint`: its snapshot at the barrier.
-#[derive(Debug)]
+/// What an [`Ack`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckOf {
+    /// The snapshot at barrier `n` (the checkpoint id).
+    Barrier(u64),
+    /// The final state of a subtask that ended by itself (its source reached its record
+    /// count, or all its input channels ended); it stands in for the subtask's snapshot at
+    /// every barrier it did not acknowledge.
+    End,
+}
+
+/// A subtask's acknowledgement of a barrier (its snapshot at the barrier) or its final state.
+#[derive(Debug, Clone)]
 pub struct Ack {
-    /// Checkpoint id.
-    pub checkpoint: u64,
+    /// What this reports.
+    pub of: AckOf,
     /// Operator name.
     pub operator: String,
     /// Subtask index.
     pub subtask: u32,
-    /// Keyed state at the barrier (keyed operators), shared copy-on-write with the subtask.
+    /// Keyed state at the barrier or at the end (keyed operators), shared copy-on-write with
+    /// the subtask.
     pub state: Option<KeyedState>,
     /// Records this subtask received, sent, accounted and filtered since the job (re)started,
-    /// up to the barrier.
+    /// up to the barrier (or the end).
     pub counters: OperatorCounters,
 }
 
@@ -155,7 +181,19 @@ struct Pending {
     reply: Option<Sender<Outcome>>,
     started: Instant,
     positions: BTreeMap<String, u64>,
-    acks: Vec<Ack>,
+    /// Acknowledgements of this barrier by subtask (operator, index).
+    acks: BTreeMap<(String, u32), Ack>,
+}
+
+/// Final states of the subtasks that ended by themselves, by subtask (operator, index).
+type Ended = BTreeMap<(String, u32), Ack>;
+
+impl Pending {
+    /// Subtasks accounted for: those that acknowledged the barrier, and those that ended
+    /// without acknowledging it.
+    fn covered(&self, ended: &Ended) -> usize {
+        self.acks.len() + ended.keys().filter(|k| !self.acks.contains_key(*k)).count()
+    }
 }
 
 fn fail(ctx: &JobContext, reply: Option<Sender<Outcome>>, failed: Failed) {
@@ -172,6 +210,10 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     let mut queued: VecDeque<Request> = VecDeque::new();
     let mut next_periodic = ctx.interval.map(|i| Instant::now() + i);
     let mut open = true;
+    let mut ended: Ended = BTreeMap::new();
+    // Once every subtask has exited the channel is disconnected: stop selecting on it (it
+    // would be ready at once, forever).
+    let mut acks = acks;
     loop {
         let tick = crossbeam_channel::after(Duration::from_millis(20));
         select! {
@@ -179,18 +221,26 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
                 Ok(req) => queued.push_back(req),
                 Err(_) => open = false,
             },
-            recv(acks) -> a => {
-                if let (Ok(ack), Some(p)) = (a, pending.as_mut())
-                    && ack.checkpoint == p.id
-                {
-                    p.acks.push(ack);
+            recv(acks) -> a => match a {
+                Ok(ack) => {
+                    let who = (ack.operator.clone(), ack.subtask);
+                    match (ack.of, pending.as_mut()) {
+                        (AckOf::End, _) => {
+                            ended.insert(who, ack);
+                        }
+                        (AckOf::Barrier(id), Some(p)) if id == p.id => {
+                            p.acks.insert(who, ack);
+                        }
+                        _ => {}
+                    }
                 }
+                Err(_) => acks = crossbeam_channel::never(),
             },
             recv(tick) -> _ => {},
         }
         if let Some(p) = pending.take() {
-            if p.acks.len() >= ctx.subtasks {
-                complete(&ctx, p);
+            if p.covered(&ended) >= ctx.subtasks {
+                complete(&ctx, p, &ended);
             } else if !open || ctx.failed.load(Ordering::SeqCst) {
                 let reason = if open {
                     "a subtask failed"
@@ -207,16 +257,17 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
                     },
                 );
             } else if p.started.elapsed() > ctx.timeout {
+                let covered = p.covered(&ended);
                 fail(
                     &ctx,
                     p.reply,
                     Failed {
                         id: Some(p.id),
                         reason: format!(
-                            "checkpoint {} timed out after {:.1} s ({} of {} subtasks acknowledged)",
+                            "checkpoint {} timed out after {:.1} s ({} of {} subtasks acknowledged or finished)",
                             p.id,
                             ctx.timeout.as_secs_f64(),
-                            p.acks.len(),
+                            covered,
                             ctx.subtasks
                         ),
                         snapshot: None,
@@ -294,7 +345,7 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
                         .map(|(n, _)| n.clone())
                         .zip(positions)
                         .collect(),
-                    acks: Vec::new(),
+                    acks: BTreeMap::new(),
                 });
             }
             None => {
@@ -304,12 +355,12 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
                         req.reply,
                         Failed {
                             id: None,
-                            reason: "a source already reached its record count; no barrier can be injected".into(),
+                            reason: "every source already reached its record count; no barrier can be injected (the job's final state is saved once it ended)".into(),
                             snapshot: None,
                         },
                     );
                 } else {
-                    // Periodic checkpoints end with the bounded sources (as in Flink before FLIP-147).
+                    // Periodic checkpoints end when every source finished.
                     next_periodic = None;
                 }
             }
@@ -317,12 +368,19 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     }
 }
 
-/// Assembles the snapshot from the acknowledgements.
-fn assemble(ctx: &JobContext, p: &mut Pending) -> Savepoint {
+/// Assembles the snapshot from the acknowledgements, with the final state of each subtask
+/// that ended without acknowledging the barrier.
+fn assemble(ctx: &JobContext, p: &mut Pending, ended: &Ended) -> Savepoint {
     let spec = &ctx.spec;
     let mut state: BTreeMap<String, KeyedState> = BTreeMap::new();
     let mut counters = ctx.base_counters.clone();
-    for ack in p.acks.drain(..) {
+    let finals: Vec<Ack> = ended
+        .iter()
+        .filter(|(k, _)| !p.acks.contains_key(*k))
+        .map(|(_, a)| a.clone())
+        .collect();
+    let acks = std::mem::take(&mut p.acks).into_values().chain(finals);
+    for ack in acks {
         let c = counters.entry(ack.operator.clone()).or_default();
         c.records_in += ack.counters.records_in;
         c.records_out += ack.counters.records_out;
@@ -366,12 +424,13 @@ fn assemble(ctx: &JobContext, p: &mut Pending) -> Savepoint {
     Savepoint { metadata, state }
 }
 
-fn complete(ctx: &JobContext, mut p: Pending) {
+fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended) {
     tracing::debug!(
         acked_s = p.started.elapsed().as_secs_f64(),
-        "every subtask acknowledged the barrier"
+        acked = p.acks.len(),
+        "every subtask acknowledged the barrier or finished"
     );
-    let snapshot = assemble(ctx, &mut p);
+    let snapshot = assemble(ctx, &mut p, ended);
     let written = match &p.target {
         Target::Savepoint(dir) => snapshot
             .write(dir)

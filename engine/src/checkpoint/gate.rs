@@ -92,22 +92,36 @@ impl SourceGate {
         Claim::Batch { start, n }
     }
 
-    /// Sets `barrier` on every gate at once and returns their positions, or `None` (nothing
-    /// set) when a source already finished (no checkpoint after a bounded source ended).
+    /// Sets `barrier` on every gate whose source is still running, at once, and returns every
+    /// gate's position (in `gates` order), or `None` (nothing set) when every source already
+    /// finished (the job's final state is then its last snapshot).
+    ///
+    /// A finished gate (a subtask claimed [`Claim::Finished`]: the position reached the
+    /// record count) gets no barrier: its subtasks end without claiming again, and its
+    /// position, the record count, is its final state (FLIP-147, "checkpoints after tasks
+    /// finished"). Its remaining subtasks send the end of input instead of the barrier, which
+    /// downstream alignment counts as aligned ([`super::barrier::Aligner`]).
     pub fn inject_all(gates: &[&SourceGate], barrier: Barrier) -> Option<Vec<u64>> {
         let mut guards: Vec<_> = gates.iter().map(|g| g.lock()).collect();
-        if guards.iter().any(|g| g.finished) {
+        if !guards.is_empty() && guards.iter().all(|g| g.finished) {
             return None;
         }
         Some(
             guards
                 .iter_mut()
                 .map(|g| {
-                    g.barrier = Some(barrier);
+                    if !g.finished {
+                        g.barrier = Some(barrier);
+                    }
                     g.next
                 })
                 .collect(),
         )
+    }
+
+    /// Whether a subtask found the source at its record count.
+    pub fn is_finished(&self) -> bool {
+        self.lock().finished
     }
 }
 
@@ -140,5 +154,31 @@ mod tests {
         let b2 = Barrier { id: 2, ..b };
         assert_eq!(SourceGate::inject_all(&[&g], b2), None);
         assert_eq!(g.emitted(), 120);
+    }
+
+    #[test]
+    fn a_finished_gate_keeps_its_final_position_and_gets_no_barrier() {
+        let done = SourceGate::new(0);
+        assert_eq!(done.claim(0, 100, 50, 64), Claim::Batch { start: 0, n: 50 });
+        assert_eq!(done.claim(0, 100, 50, 64), Claim::Finished);
+        assert!(done.is_finished());
+        let running = SourceGate::new(7);
+        let b = Barrier {
+            id: 3,
+            kind: BarrierKind::Savepoint,
+        };
+        // The running source gets the barrier; the finished one reports its count.
+        assert_eq!(
+            SourceGate::inject_all(&[&done, &running], b),
+            Some(vec![50, 7])
+        );
+        assert_eq!(running.claim(0, 100, u64::MAX, 64), Claim::Inject(b));
+        // A subtask of the finished source that was still sending its last batch ends
+        // instead of injecting.
+        assert_eq!(done.claim(0, 100, 50, 64), Claim::Finished);
+        // Once every source finished, nothing is injected.
+        assert_eq!(running.claim(3, 100, 7, 64), Claim::Finished);
+        let b4 = Barrier { id: 4, ..b };
+        assert_eq!(SourceGate::inject_all(&[&done, &running], b4), None);
     }
 }

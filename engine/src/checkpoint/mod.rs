@@ -28,6 +28,16 @@
 //!   and goes on processing. The coordinator merges, encodes (key groups in parallel, one
 //!   thread per core) and writes on its own thread: [`storage`] for checkpoints, the savepoint
 //!   directory for savepoints (same format, [`crate::savepoint`]).
+//! - **Finished subtasks (FLIP-147).** A bounded source that reached its record count sends
+//!   the end of input on every channel; an operator whose channels have all ended does the
+//!   same after firing its open panes. Each reports its final state to the coordinator as it
+//!   exits. Later barriers go only into the sources still running; the finished sources'
+//!   positions are their counts, the ended channels count as aligned, and a finished
+//!   subtask's final state stands in for its snapshot ([`coordinator`]). So a job mixing
+//!   bounded and unbounded sources keeps checkpointing, and can be stopped with a savepoint
+//!   and restored at another parallelism, after some sources finished; a restore emits none
+//!   of a finished source's records again. Only once every source finished is no barrier
+//!   injected (the job's final state is then its savepoint).
 //! - **Stop.** A stop-with-savepoint is the same barrier with a stop flag: sources exit after
 //!   injecting it, every subtask exits after forwarding it (with `drain`, open window panes
 //!   fire before the snapshot), so nothing is drained by hand.

@@ -1,0 +1,355 @@
+//! Checkpoints after tasks finished (Flink's FLIP-147): a job with a bounded source of a few
+//! hundred records and a longer one, both feeding a keyed window and a sink. Once the short
+//! source finished (and the operators fed only by it ended), a savepoint of the running job
+//! and a stop-with-savepoint still complete as consistent cuts, a restore at another
+//! parallelism emits none of the finished source's records again, and at the end the sink
+//! accounted exactly what both sources emitted, each record once.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::EngineProcess;
+use streamscale_engine::checkpoint::BarrierKind;
+use streamscale_engine::checkpoint::coordinator::{Outcome, Target};
+use streamscale_engine::metrics::EngineMetrics;
+use streamscale_engine::runtime::{Job, RuntimeOptions, StopKind};
+use streamscale_engine::savepoint::Savepoint;
+use streamscale_engine::spec::JobSpec;
+
+/// Records of the short source: it finishes at once.
+const SHORT: u64 = 400;
+/// Records of the long source, at [`LONG_RATE`]: it runs for several seconds.
+const LONG: u64 = 16_000;
+const LONG_RATE: f64 = 2000.0;
+
+/// short (1) → tag (2) → tag2 (2, chained to tag) → counts (window, keyed, 2) → sink (1), and
+/// long (2) → work (2, chained to long) → counts. `tag` reads its own queue and `tag2` runs in
+/// its thread, so both ways a subtask ends by itself are covered.
+fn mixed_yaml(long_rate: f64) -> String {
+    format!(
+        r#"name: mixed
+maxParallelism: 64
+operators:
+  - {{ name: short, kind: source, keys: 50, count: {SHORT}, rate: {{ constant: 1.0e6 }} }}
+  - {{ name: tag, kind: map, parallelism: 2 }}
+  - {{ name: tag2, kind: map, parallelism: 2 }}
+  - {{ name: long, kind: source, keys: 300, count: {LONG}, rate: {{ constant: {long_rate} }}, parallelism: 2 }}
+  - {{ name: work, kind: map, parallelism: 2 }}
+  - {{ name: counts, kind: window, sizeMs: 100, parallelism: 2 }}
+  - {{ name: sink, kind: sink }}
+edges:
+  - {{ from: short, to: tag }}
+  - {{ from: tag, to: tag2 }}
+  - {{ from: tag2, to: counts }}
+  - {{ from: long, to: work }}
+  - {{ from: work, to: counts }}
+  - {{ from: counts, to: sink }}
+"#
+    )
+}
+
+fn mixed_spec(long_rate: f64) -> JobSpec {
+    let spec = JobSpec::from_yaml(&mixed_yaml(long_rate)).unwrap();
+    spec.validate().unwrap();
+    spec
+}
+
+fn options() -> RuntimeOptions {
+    RuntimeOptions {
+        flush_interval: Duration::from_millis(20),
+        ..RuntimeOptions::default()
+    }
+}
+
+fn outcome(
+    rx: &crossbeam_channel::Receiver<Outcome>,
+) -> streamscale_engine::checkpoint::coordinator::Completed {
+    match rx.recv_timeout(Duration::from_secs(90)).unwrap() {
+        Ok(c) => c,
+        Err(f) => panic!("savepoint failed: {}", f.reason),
+    }
+}
+
+/// Waits until the short source emitted all its records and `tag2` passed them all on.
+fn wait_short_finished(job: &Job) {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let c = job.counters();
+        if c["short"].records_out == SHORT && c["tag2"].records_out == SHORT {
+            break;
+        }
+        assert!(Instant::now() < until, "short source never finished: {c:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Let the end of input reach `tag2` and `counts` (not needed for correctness: a barrier
+    // waits for it), so that the finished subtasks have exited before the barrier.
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// Checks that `sp` is a consistent cut with the short source and the operators fed only by
+/// it at their final state: nothing is in flight across the barrier, and the window's state
+/// holds exactly what it received.
+fn assert_consistent_cut_with_short_finished(sp: &Savepoint) {
+    let m = &sp.metadata;
+    let c = |op: &str| m.counters[op];
+    assert_eq!(m.sources["short"].emitted, SHORT, "{m:?}");
+    assert_eq!(c("short").records_out, SHORT, "{m:?}");
+    assert_eq!(c("tag").records_in, SHORT, "{m:?}");
+    assert_eq!(c("tag2").records_in, c("tag").records_out, "{m:?}");
+    assert_eq!(c("tag2").records_out, SHORT, "{m:?}");
+    let long = m.sources["long"].emitted;
+    assert!(long > 0 && long < LONG, "the long source still runs: {m:?}");
+    assert_eq!(c("long").records_out, long, "{m:?}");
+    assert_eq!(c("work").records_in, c("long").records_out, "{m:?}");
+    assert_eq!(
+        c("counts").records_in,
+        c("tag2").records_out + c("work").records_out,
+        "{m:?}"
+    );
+    let state = &sp.state["counts"];
+    let total: u64 = state.totals().values().map(|(n, _)| n).sum();
+    assert_eq!(
+        total,
+        c("counts").records_in,
+        "window state vs its input: {m:?}"
+    );
+    let open: u64 = state
+        .groups
+        .iter()
+        .flat_map(|(kg, g)| g.entries(*kg).unwrap())
+        .map(|(_, s)| s.pane_count)
+        .sum();
+    assert_eq!(c("sink").accounted + open, total, "{m:?}");
+    assert_eq!(c("sink").records_in, c("counts").records_out, "{m:?}");
+}
+
+/// Per-key (count, sum) of the window after an uninterrupted run of the same records.
+fn uninterrupted_totals() -> BTreeMap<u64, (u64, i64)> {
+    let job = Job::start(
+        mixed_spec(1.0e9),
+        None,
+        EngineMetrics::new().unwrap(),
+        options(),
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(120);
+    while !job.is_finished() {
+        assert!(Instant::now() < until, "uninterrupted run never finished");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let done = job.join();
+    assert!(done.errors.is_empty(), "{:?}", done.errors);
+    let c = &done.savepoint.metadata.counters;
+    assert_eq!(c["sink"].accounted, SHORT + LONG, "{c:?}");
+    done.savepoint.state["counts"].totals()
+}
+
+fn read(dir: &Path, spec: &JobSpec) -> Savepoint {
+    Savepoint::read(dir, spec).unwrap()
+}
+
+#[test]
+fn savepoints_after_a_bounded_source_finished_restore_exactly_once_at_another_parallelism() {
+    let expected = uninterrupted_totals();
+    assert_eq!(expected.values().map(|(n, _)| n).sum::<u64>(), SHORT + LONG);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = mixed_spec(LONG_RATE);
+    let job = Job::start(spec.clone(), None, EngineMetrics::new().unwrap(), options()).unwrap();
+    wait_short_finished(&job);
+
+    // A savepoint of the running job after the short source finished.
+    let sp1 = dir.path().join("sp1");
+    let done = outcome(&job.trigger(BarrierKind::Savepoint, Target::Savepoint(sp1.clone())));
+    assert_eq!(done.location, sp1.display().to_string());
+    assert_consistent_cut_with_short_finished(&read(&sp1, &spec));
+
+    // The job keeps running; then a stop-with-savepoint (what a rescale starts with).
+    std::thread::sleep(Duration::from_millis(300));
+    let sp2 = dir.path().join("sp2");
+    outcome(&job.stop_with_savepoint(StopKind::Stop, sp2.clone()));
+    let stopped = job.join();
+    assert!(stopped.errors.is_empty(), "{:?}", stopped.errors);
+    let snapshot = read(&sp2, &spec);
+    assert_consistent_cut_with_short_finished(&snapshot);
+    assert!(
+        snapshot.metadata.sources["long"].emitted
+            > read(&sp1, &spec).metadata.sources["long"].emitted
+    );
+
+    // Restore at another parallelism of every operator; run to the end.
+    let rescaled = spec.with_parallelism(&BTreeMap::from([
+        ("short".to_string(), 2),
+        ("tag".to_string(), 3),
+        ("tag2".to_string(), 3),
+        ("long".to_string(), 1),
+        ("work".to_string(), 1),
+        ("counts".to_string(), 3),
+        ("sink".to_string(), 2),
+    ]));
+    let restored = read(&sp2, &rescaled);
+    let job = Job::start(
+        rescaled,
+        Some(&restored),
+        EngineMetrics::new().unwrap(),
+        options(),
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(120);
+    while !job.is_finished() {
+        assert!(
+            Instant::now() < until,
+            "restored job never finished: {:?}",
+            job.counters()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let done = job.join();
+    assert!(done.errors.is_empty(), "{:?}", done.errors);
+    let c = &done.savepoint.metadata.counters;
+    // The finished source emitted nothing again, and nothing went missing.
+    assert_eq!(done.savepoint.metadata.sources["short"].emitted, SHORT);
+    assert_eq!(c["short"].records_out, SHORT, "{c:?}");
+    assert_eq!(c["tag"].records_in, SHORT, "{c:?}");
+    assert_eq!(c["long"].records_out, LONG, "{c:?}");
+    assert_eq!(c["counts"].records_in, SHORT + LONG, "{c:?}");
+    assert_eq!(c["sink"].accounted, SHORT + LONG, "{c:?}");
+    assert_eq!(done.savepoint.state["counts"].totals(), expected);
+}
+
+#[test]
+fn periodic_checkpoints_go_on_after_a_bounded_source_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("checkpoints");
+    let storage = std::sync::Arc::new(
+        streamscale_engine::checkpoint::storage::CheckpointStorage::new(&chk, 3),
+    );
+    let spec = JobSpec::from_yaml(&format!(
+        "{}checkpoint: {{ intervalSeconds: 0.1, retain: 3, dir: \"{}\" }}\n",
+        mixed_yaml(LONG_RATE),
+        chk.display()
+    ))
+    .unwrap();
+    spec.validate().unwrap();
+    let job = Job::start(
+        spec.clone(),
+        None,
+        EngineMetrics::new().unwrap(),
+        RuntimeOptions {
+            checkpoint_storage: Some(storage.clone()),
+            ..options()
+        },
+    )
+    .unwrap();
+    wait_short_finished(&job);
+    let after = storage
+        .completed_ids()
+        .unwrap()
+        .last()
+        .copied()
+        .unwrap_or(0);
+    let until = Instant::now() + Duration::from_secs(90);
+    loop {
+        let last = storage
+            .completed_ids()
+            .unwrap()
+            .last()
+            .copied()
+            .unwrap_or(0);
+        if last >= after + 3 {
+            let sp = read(&storage.path_of(last), &spec);
+            assert_consistent_cut_with_short_finished(&sp);
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "no checkpoint after the short source finished (last {last}, {after} before)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    job.cancel();
+    let _ = job.join();
+}
+
+/// The same over the engine's REST API, as the controller rescales: a savepoint of the
+/// running job and a stop-with-savepoint after the short source finished, a restore at
+/// another parallelism, and exact totals once the job finished.
+#[test]
+fn engine_rescales_after_a_bounded_source_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, mixed_yaml(LONG_RATE)).unwrap();
+    let spec = JobSpec::from_file(&job).unwrap();
+    let sps = dir.path().join("savepoints");
+    let mut first = EngineProcess::start(&job, &sps, &[]);
+    let operator = |view: &serde_json::Value, name: &str, field: &str| -> u64 {
+        view["operators"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == name)
+            .unwrap()[field]
+            .as_u64()
+            .unwrap()
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while operator(&first.job(), "tag2", "recordsOut") < SHORT {
+        assert!(Instant::now() < until, "short source never finished");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+
+    let client = reqwest::blocking::Client::new();
+    let resp = client
+        .post(format!("{}/v1/savepoints", first.base))
+        .json(&serde_json::json!({"stop": false, "id": "running"}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let until = Instant::now() + Duration::from_secs(90);
+    loop {
+        let st: serde_json::Value = client
+            .get(format!("{}/v1/savepoints/running", first.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        match st["status"].as_str().unwrap() {
+            "completed" => break,
+            "failed" => panic!("savepoint of the running job failed: {st}"),
+            _ => {}
+        }
+        assert!(Instant::now() < until, "savepoint never completed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_consistent_cut_with_short_finished(&read(&sps.join("running"), &spec));
+    assert_eq!(first.job()["state"], "running");
+
+    let (sp, view) = first.stop_with_savepoint(false);
+    assert_eq!(operator(&view, "short", "recordsOut"), SHORT);
+    assert_consistent_cut_with_short_finished(&read(&sp, &spec));
+    let sp_arg = sp.display().to_string();
+    let mut second = EngineProcess::start(
+        &job,
+        &sps,
+        &[
+            "--parallelism",
+            "short=2,tag=1,tag2=1,long=3,work=3,counts=4,sink=2",
+            "--restore",
+            &sp_arg,
+        ],
+    );
+    let end = second.wait_state("finished", Duration::from_secs(120));
+    assert_eq!(operator(&end, "short", "recordsOut"), SHORT, "{end}");
+    assert_eq!(operator(&end, "long", "recordsOut"), LONG, "{end}");
+    assert_eq!(end["sourceRecords"], SHORT + LONG, "{end}");
+    assert_eq!(end["recordsEmitted"], SHORT + LONG, "{end}");
+    assert_eq!(end["recordsAccounted"], SHORT + LONG, "{end}");
+    // A finished job's savepoint is served from its final state, as before.
+    let (last, _) = second.stop_with_savepoint(false);
+    let totals = read(&last, &spec).state["counts"].totals();
+    assert_eq!(totals.values().map(|(n, _)| n).sum::<u64>(), SHORT + LONG);
+}
