@@ -15,7 +15,9 @@
 //! Stop: a stop-with-savepoint is a barrier with a stop flag ([`Job::trigger`]). A bounded
 //! source that reached its count sends `End` on every channel; a subtask whose channels have
 //! all ended fires its open windows, sends `End` and exits, and the job [`Job::join`]s into a
-//! final [`Savepoint`]. A failed subtask (an error or a panic) stops the sources; the rest
+//! final [`Savepoint`]. Each subtask that ends so reports its final state to the checkpoint
+//! coordinator, which uses it for the checkpoints taken while other sources still run
+//! ([`crate::checkpoint::coordinator`], FLIP-147). A failed subtask (an error or a panic) stops the sources; the rest
 //! exit as their inputs close.
 
 use std::collections::{BTreeMap, VecDeque};

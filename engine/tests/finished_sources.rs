@@ -1,6 +1,6 @@
 //! Checkpoints after tasks finished (Flink's FLIP-147): a job with a bounded source of a few
 //! hundred records and a longer one, both feeding a keyed window and a sink. Once the short
-//! source finished (and the operators fed only by it ended), a savepoint of the running job
+//! source finished (and the operators fed only by it ended, one of them keyed), a savepoint of the running job
 //! and a stop-with-savepoint still complete as consistent cuts, a restore at another
 //! parallelism emits none of the finished source's records again, and at the end the sink
 //! accounted exactly what both sources emitted, each record once.
@@ -26,10 +26,12 @@ const SHORT: u64 = 400;
 const LONG: u64 = 16_000;
 const LONG_RATE: f64 = 2000.0;
 
-/// short (1) → tag (2) → tag2 (2, chained to tag) → counts (window, keyed, 2) → sink (1), and
-/// long (2) → work (2, chained to long) → counts. `tag` reads its own queue and `tag2` runs in
-/// its thread, so both ways a subtask ends by itself are covered.
-fn mixed_yaml(long_rate: f64) -> String {
+/// short (1) → tag (2) → tag2 (2, chained to tag) → counts (window, keyed, 2) → sink (1),
+/// long (2) → work (2, chained to long) → counts, and short → early (window, keyed, 2) → sink.
+/// `tag` reads its own queue and `tag2` runs in its thread, so both ways a subtask ends by
+/// itself are covered; `early` ends with keyed state. The short source has two paths to the
+/// sink, so the sink accounts its records twice. `state` is a job-file `state:` line or empty.
+fn mixed_yaml(long_rate: f64, state: &str) -> String {
     format!(
         r#"name: mixed
 maxParallelism: 64
@@ -40,6 +42,7 @@ operators:
   - {{ name: long, kind: source, keys: 300, count: {LONG}, rate: {{ constant: {long_rate} }}, parallelism: 2 }}
   - {{ name: work, kind: map, parallelism: 2 }}
   - {{ name: counts, kind: window, sizeMs: 100, parallelism: 2 }}
+  - {{ name: early, kind: window, sizeMs: 50, parallelism: 2 }}
   - {{ name: sink, kind: sink }}
 edges:
   - {{ from: short, to: tag }}
@@ -48,12 +51,17 @@ edges:
   - {{ from: long, to: work }}
   - {{ from: work, to: counts }}
   - {{ from: counts, to: sink }}
-"#
+  - {{ from: short, to: early }}
+  - {{ from: early, to: sink }}
+{state}"#
     )
 }
 
-fn mixed_spec(long_rate: f64) -> JobSpec {
-    let spec = JobSpec::from_yaml(&mixed_yaml(long_rate)).unwrap();
+/// Source records the sink accounts: the short source's twice (two paths).
+const ACCOUNTED: u64 = 2 * SHORT + LONG;
+
+fn mixed_spec(long_rate: f64, state: &str) -> JobSpec {
+    let spec = JobSpec::from_yaml(&mixed_yaml(long_rate, state)).unwrap();
     spec.validate().unwrap();
     spec
 }
@@ -79,7 +87,10 @@ fn wait_short_finished(job: &Job) {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         let c = job.counters();
-        if c["short"].records_out == SHORT && c["tag2"].records_out == SHORT {
+        if c["short"].records_out == SHORT
+            && c["tag2"].records_out == SHORT
+            && c["early"].records_in == SHORT
+        {
             break;
         }
         assert!(Instant::now() < until, "short source never finished: {c:?}");
@@ -101,6 +112,15 @@ fn assert_consistent_cut_with_short_finished(sp: &Savepoint) {
     assert_eq!(c("tag").records_in, SHORT, "{m:?}");
     assert_eq!(c("tag2").records_in, c("tag").records_out, "{m:?}");
     assert_eq!(c("tag2").records_out, SHORT, "{m:?}");
+    // `early` ended: every pane fired, its state holds every short record.
+    assert_eq!(c("early").records_in, SHORT, "{m:?}");
+    let early = &sp.state["early"];
+    assert_eq!(
+        early.totals().values().map(|(n, _)| n).sum::<u64>(),
+        SHORT,
+        "{m:?}"
+    );
+    assert_eq!(open_panes(early), 0, "{m:?}");
     let long = m.sources["long"].emitted;
     assert!(long > 0 && long < LONG, "the long source still runs: {m:?}");
     assert_eq!(c("long").records_out, long, "{m:?}");
@@ -117,20 +137,33 @@ fn assert_consistent_cut_with_short_finished(sp: &Savepoint) {
         c("counts").records_in,
         "window state vs its input: {m:?}"
     );
-    let open: u64 = state
+    assert_eq!(
+        c("sink").accounted + open_panes(state),
+        total + SHORT,
+        "{m:?}"
+    );
+    assert_eq!(
+        c("sink").records_in,
+        c("counts").records_out + c("early").records_out,
+        "{m:?}"
+    );
+}
+
+/// Records in open window panes.
+fn open_panes(state: &streamscale_engine::state::KeyedState) -> u64 {
+    state
         .groups
         .iter()
         .flat_map(|(kg, g)| g.entries(*kg).unwrap())
         .map(|(_, s)| s.pane_count)
-        .sum();
-    assert_eq!(c("sink").accounted + open, total, "{m:?}");
-    assert_eq!(c("sink").records_in, c("counts").records_out, "{m:?}");
+        .sum()
 }
 
-/// Per-key (count, sum) of the window after an uninterrupted run of the same records.
-fn uninterrupted_totals() -> BTreeMap<u64, (u64, i64)> {
+/// Per-key (count, sum) of the windows `counts` and `early` after an uninterrupted run of the
+/// same records.
+fn uninterrupted_totals() -> [BTreeMap<u64, (u64, i64)>; 2] {
     let job = Job::start(
-        mixed_spec(1.0e9),
+        mixed_spec(1.0e9, ""),
         None,
         EngineMetrics::new().unwrap(),
         options(),
@@ -144,32 +177,37 @@ fn uninterrupted_totals() -> BTreeMap<u64, (u64, i64)> {
     let done = job.join();
     assert!(done.errors.is_empty(), "{:?}", done.errors);
     let c = &done.savepoint.metadata.counters;
-    assert_eq!(c["sink"].accounted, SHORT + LONG, "{c:?}");
-    done.savepoint.state["counts"].totals()
+    assert_eq!(c["sink"].accounted, ACCOUNTED, "{c:?}");
+    let s = &done.savepoint.state;
+    [s["counts"].totals(), s["early"].totals()]
 }
 
 fn read(dir: &Path, spec: &JobSpec) -> Savepoint {
     Savepoint::read(dir, spec).unwrap()
 }
 
-#[test]
-fn savepoints_after_a_bounded_source_finished_restore_exactly_once_at_another_parallelism() {
-    let expected = uninterrupted_totals();
-    assert_eq!(expected.values().map(|(n, _)| n).sum::<u64>(), SHORT + LONG);
-    let dir = tempfile::tempdir().unwrap();
-    let spec = mixed_spec(LONG_RATE);
+/// The scenario of the module documentation in-process, with keyed state in `state` (a
+/// job-file `state:` line, empty for the heap backend).
+fn savepoint_stop_restore_run_to_end(dir: &Path, state: &str) {
+    let [expected_counts, expected_early] = uninterrupted_totals();
+    assert_eq!(
+        expected_counts.values().map(|(n, _)| n).sum::<u64>(),
+        SHORT + LONG
+    );
+    assert_eq!(expected_early.values().map(|(n, _)| n).sum::<u64>(), SHORT);
+    let spec = mixed_spec(LONG_RATE, state);
     let job = Job::start(spec.clone(), None, EngineMetrics::new().unwrap(), options()).unwrap();
     wait_short_finished(&job);
 
     // A savepoint of the running job after the short source finished.
-    let sp1 = dir.path().join("sp1");
+    let sp1 = dir.join("sp1");
     let done = outcome(&job.trigger(BarrierKind::Savepoint, Target::Savepoint(sp1.clone())));
     assert_eq!(done.location, sp1.display().to_string());
     assert_consistent_cut_with_short_finished(&read(&sp1, &spec));
 
     // The job keeps running; then a stop-with-savepoint (what a rescale starts with).
     std::thread::sleep(Duration::from_millis(300));
-    let sp2 = dir.path().join("sp2");
+    let sp2 = dir.join("sp2");
     outcome(&job.stop_with_savepoint(StopKind::Stop, sp2.clone()));
     let stopped = job.join();
     assert!(stopped.errors.is_empty(), "{:?}", stopped.errors);
@@ -188,6 +226,7 @@ fn savepoints_after_a_bounded_source_finished_restore_exactly_once_at_another_pa
         ("long".to_string(), 1),
         ("work".to_string(), 1),
         ("counts".to_string(), 3),
+        ("early".to_string(), 1),
         ("sink".to_string(), 2),
     ]));
     let restored = read(&sp2, &rescaled);
@@ -215,9 +254,29 @@ fn savepoints_after_a_bounded_source_finished_restore_exactly_once_at_another_pa
     assert_eq!(c["short"].records_out, SHORT, "{c:?}");
     assert_eq!(c["tag"].records_in, SHORT, "{c:?}");
     assert_eq!(c["long"].records_out, LONG, "{c:?}");
+    assert_eq!(c["early"].records_in, SHORT, "{c:?}");
     assert_eq!(c["counts"].records_in, SHORT + LONG, "{c:?}");
-    assert_eq!(c["sink"].accounted, SHORT + LONG, "{c:?}");
-    assert_eq!(done.savepoint.state["counts"].totals(), expected);
+    assert_eq!(c["sink"].accounted, ACCOUNTED, "{c:?}");
+    assert_eq!(done.savepoint.state["counts"].totals(), expected_counts);
+    assert_eq!(done.savepoint.state["early"].totals(), expected_early);
+}
+
+#[test]
+fn savepoints_after_a_bounded_source_finished_restore_exactly_once_at_another_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    savepoint_stop_restore_run_to_end(dir.path(), "");
+}
+
+/// The same with keyed state on disk: a finished subtask's final snapshot (segment files and a
+/// read transaction) goes into two savepoints and the job's final state.
+#[test]
+fn finished_subtasks_disk_state_goes_into_every_later_savepoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = format!(
+        "state: {{ backend: disk, dir: \"{}\", cacheEntries: 64 }}\n",
+        dir.path().join("state").display()
+    );
+    savepoint_stop_restore_run_to_end(dir.path(), &state);
 }
 
 #[test]
@@ -229,7 +288,7 @@ fn periodic_checkpoints_go_on_after_a_bounded_source_finished() {
     );
     let spec = JobSpec::from_yaml(&format!(
         "{}checkpoint: {{ intervalSeconds: 0.1, retain: 3, dir: \"{}\" }}\n",
-        mixed_yaml(LONG_RATE),
+        mixed_yaml(LONG_RATE, ""),
         chk.display()
     ))
     .unwrap();
@@ -281,7 +340,7 @@ fn periodic_checkpoints_go_on_after_a_bounded_source_finished() {
 fn engine_rescales_after_a_bounded_source_finished() {
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("job.yaml");
-    std::fs::write(&job, mixed_yaml(LONG_RATE)).unwrap();
+    std::fs::write(&job, mixed_yaml(LONG_RATE, "")).unwrap();
     let spec = JobSpec::from_file(&job).unwrap();
     let sps = dir.path().join("savepoints");
     let mut first = EngineProcess::start(&job, &sps, &[]);
@@ -337,7 +396,7 @@ fn engine_rescales_after_a_bounded_source_finished() {
         &sps,
         &[
             "--parallelism",
-            "short=2,tag=1,tag2=1,long=3,work=3,counts=4,sink=2",
+            "short=2,tag=1,tag2=1,long=3,work=3,counts=4,early=3,sink=2",
             "--restore",
             &sp_arg,
         ],
@@ -346,8 +405,8 @@ fn engine_rescales_after_a_bounded_source_finished() {
     assert_eq!(operator(&end, "short", "recordsOut"), SHORT, "{end}");
     assert_eq!(operator(&end, "long", "recordsOut"), LONG, "{end}");
     assert_eq!(end["sourceRecords"], SHORT + LONG, "{end}");
-    assert_eq!(end["recordsEmitted"], SHORT + LONG, "{end}");
-    assert_eq!(end["recordsAccounted"], SHORT + LONG, "{end}");
+    assert_eq!(end["recordsEmitted"], ACCOUNTED, "{end}");
+    assert_eq!(end["recordsAccounted"], ACCOUNTED, "{end}");
     // A finished job's savepoint is served from its final state, as before.
     let (last, _) = second.stop_with_savepoint(false);
     let totals = read(&last, &spec).state["counts"].totals();
