@@ -470,3 +470,127 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::checkpoint::gate::Claim;
+
+    const YAML: &str = "name: c
+operators:
+  - { name: s, kind: source, keys: 4, count: 10, rate: { constant: 1.0 } }
+  - { name: t, kind: source, keys: 4, count: 10, rate: { constant: 1.0 } }
+  - { name: m, kind: map }
+  - { name: k, kind: sink }
+edges:
+  - { from: s, to: m }
+  - { from: t, to: m }
+  - { from: m, to: k }
+";
+
+    fn ack(of: AckOf, operator: &str, records_in: u64, records_out: u64) -> Ack {
+        Ack {
+            of,
+            operator: operator.into(),
+            subtask: 0,
+            state: None,
+            counters: OperatorCounters {
+                records_in,
+                records_out,
+                ..OperatorCounters::default()
+            },
+        }
+    }
+
+    /// A coordinator for [`YAML`] (4 subtasks) with gates `s` and `t`, and its ack sender.
+    fn start(s: Arc<SourceGate>, t: Arc<SourceGate>) -> (Coordinator, Sender<Ack>) {
+        let spec = JobSpec::from_yaml(YAML).unwrap();
+        let ctx = JobContext {
+            spec,
+            gates: vec![("s".into(), s), ("t".into(), t)],
+            subtasks: 4,
+            base_counters: BTreeMap::new(),
+            job_started_unix_ms: 0,
+            failed: Arc::new(AtomicBool::new(false)),
+            metrics: EngineMetrics::new().unwrap(),
+            storage: None,
+            interval: None,
+            timeout: Duration::from_secs(30),
+            first_id: 1,
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        (Coordinator::start(ctx, rx).unwrap(), tx)
+    }
+
+    fn finished_gate(count: u64) -> Arc<SourceGate> {
+        let g = SourceGate::new(count);
+        assert_eq!(g.claim(0, count, count, 64), Claim::Finished);
+        Arc::new(g)
+    }
+
+    #[test]
+    fn finished_subtasks_final_state_completes_a_checkpoint_and_an_ack_wins_over_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, t) = (Arc::new(SourceGate::new(4)), finished_gate(10));
+        let (c, acks) = start(s.clone(), t.clone());
+        // `t` reached its count and ended; so did `m`, but it also acknowledges the barrier
+        // (its inputs ended after it), and that snapshot is the one taken.
+        acks.send(ack(AckOf::End, "t", 0, 10)).unwrap();
+        acks.send(ack(AckOf::End, "m", 3, 3)).unwrap();
+        let out = c.trigger(
+            BarrierKind::Savepoint,
+            Target::Savepoint(dir.path().join("sp")),
+        );
+        // Only the running source gets the barrier (the coordinator injects asynchronously).
+        let b = Barrier {
+            id: 1,
+            kind: BarrierKind::Savepoint,
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while s.claim(0, 4, 10, 64) != Claim::Inject(b) {
+            assert!(Instant::now() < until, "no barrier on the running source");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(t.claim(0, 10, 10, 64), Claim::Finished);
+        acks.send(ack(AckOf::Barrier(1), "s", 0, 4)).unwrap();
+        acks.send(ack(AckOf::Barrier(1), "m", 14, 14)).unwrap();
+        // Not complete yet: the sink neither acknowledged nor ended.
+        assert!(out.recv_timeout(Duration::from_millis(200)).is_err());
+        acks.send(ack(AckOf::End, "k", 14, 0)).unwrap();
+        let done = out.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        let m = &done.metadata;
+        assert_eq!(m.checkpoint_id, Some(1));
+        assert_eq!(m.sources["s"].emitted, 4);
+        assert_eq!(m.sources["t"].emitted, 10);
+        assert_eq!(m.counters["s"].records_out, 4);
+        assert_eq!(m.counters["t"].records_out, 10);
+        assert_eq!(
+            m.counters["m"].records_in, 14,
+            "the ack, not the final state"
+        );
+        assert_eq!(m.counters["k"].records_in, 14);
+    }
+
+    #[test]
+    fn no_barrier_once_every_source_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, _acks) = start(finished_gate(10), finished_gate(10));
+        let out = c.trigger(
+            BarrierKind::Savepoint,
+            Target::Savepoint(dir.path().join("sp")),
+        );
+        let failed = out
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            failed
+                .reason
+                .contains("every source already reached its record count"),
+            "{}",
+            failed.reason
+        );
+        assert!(!dir.path().join("sp").exists());
+    }
+}
