@@ -222,7 +222,9 @@ pub struct Finished {
     pub errors: Vec<String>,
 }
 
-fn now_unix_us() -> u64 {
+/// Microseconds since the Unix epoch (0 for a clock before it): the wall clock that records'
+/// creation times and window results' stamps are read on.
+pub(crate) fn now_unix_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)

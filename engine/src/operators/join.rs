@@ -209,9 +209,7 @@ impl Join {
         let Some(JoinWindow::Tumbling(size)) = self.window else {
             return;
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let now = crate::runtime::now_unix_us();
         while let Some(&(end, kg, key)) = self.timers.first() {
             if end - 1 > wm {
                 break;

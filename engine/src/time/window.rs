@@ -94,12 +94,6 @@ pub struct Pane {
     pub count: u64,
 }
 
-fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 fn late(window: &Range<u64>, wm: Option<u64>) -> bool {
     wm.is_some_and(|wm| window.end.saturating_sub(1) <= wm)
 }
@@ -228,7 +222,7 @@ impl EventWindow {
     /// Fires every window with end − 1 ≤ `wm`, in order of window end, appending the rows,
     /// each stamped with the wall-clock time its window ended ([`WindowArrivals::stamp`]).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
-        let now = now_us();
+        let now = crate::runtime::now_unix_us();
         while let Some(&(end, kg, key)) = self.timers.first() {
             if end.saturating_sub(1) > wm {
                 break;
@@ -408,7 +402,7 @@ impl WindowTop {
     /// Fires every window whose end − 1 ≤ `wm`: one row per top key, keys ascending, stamped
     /// with the latest stamp of the window's input rows (when its upstream windows ended).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
-        let now = now_us();
+        let now = crate::runtime::now_unix_us();
         while let Some(&(ts, kg)) = self.timers.first() {
             if ts > wm {
                 break;
@@ -636,7 +630,7 @@ mod tests {
             vec![(1, 0, t0 + 6_000), (2, 8, t0 + 8_000), (3, 9, t0 + 8_000)]
         );
         // From a savepoint nothing was noted: stamped with the firing time.
-        let before = now_us();
+        let before = crate::runtime::now_unix_us();
         let mut restored = EventWindow::restore(BidKey::Auction, spec, 8, &state).unwrap();
         out.clear();
         restored.fire(u64::MAX, &mut out);
