@@ -110,28 +110,7 @@ fn savepoint_of_a_running_job_then_stop_with_savepoint() {
     let sps = dir.path().join("savepoints");
     let mut engine = EngineProcess::start(&job, &sps, &["--parallelism", "work=2,counts=3"]);
     std::thread::sleep(Duration::from_millis(800));
-    let client = reqwest::blocking::Client::new();
-    let resp = client
-        .post(format!("{}/v1/savepoints", engine.base))
-        .json(&serde_json::json!({"stop": false, "id": "live"}))
-        .send()
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 202);
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let st: serde_json::Value = client
-            .get(format!("{}/v1/savepoints/live", engine.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        if st["status"] == "completed" {
-            break;
-        }
-        assert_ne!(st["status"], "failed", "{st}");
-        assert!(Instant::now() < until);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    engine.savepoint("live", Duration::from_secs(30));
     let live = Savepoint::read(&sps.join("live"), &spec).unwrap();
     assert!(live.metadata.sources["source"].emitted > 0);
     assert_consistent_cut(&live);

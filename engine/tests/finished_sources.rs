@@ -361,29 +361,7 @@ fn engine_rescales_after_a_bounded_source_finished() {
     }
     std::thread::sleep(Duration::from_millis(200));
 
-    let client = reqwest::blocking::Client::new();
-    let resp = client
-        .post(format!("{}/v1/savepoints", first.base))
-        .json(&serde_json::json!({"stop": false, "id": "running"}))
-        .send()
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 202);
-    let until = Instant::now() + Duration::from_secs(90);
-    loop {
-        let st: serde_json::Value = client
-            .get(format!("{}/v1/savepoints/running", first.base))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        match st["status"].as_str().unwrap() {
-            "completed" => break,
-            "failed" => panic!("savepoint of the running job failed: {st}"),
-            _ => {}
-        }
-        assert!(Instant::now() < until, "savepoint never completed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    first.savepoint("running", Duration::from_secs(90));
     assert_consistent_cut_with_short_finished(&read(&sps.join("running"), &spec));
     assert_eq!(first.job()["state"], "running");
 

@@ -91,38 +91,66 @@ impl EngineProcess {
 
     /// Stop-with-savepoint; returns the savepoint path and the job view taken right after.
     pub fn stop_with_savepoint(&mut self, drain: bool) -> (PathBuf, Value) {
-        let resp = self
-            .client
-            .post(format!("{}/v1/savepoints", self.base))
-            .json(&serde_json::json!({"stop": true, "drain": drain}))
+        let request = serde_json::json!({"stop": true, "drain": drain});
+        let mut job = Value::Null;
+        let st = request_savepoint(
+            &self.client,
+            &self.base,
+            &request,
+            Duration::from_secs(60),
+            || {
+                job = self.job();
+            },
+        );
+        let _ = self.child.wait();
+        (PathBuf::from(st["path"].as_str().unwrap()), job)
+    }
+
+    /// A savepoint of the running job with id `id` (not stopping it); returns its completed
+    /// status, panicking when it fails or does not complete within `within`.
+    pub fn savepoint(&self, id: &str, within: Duration) -> Value {
+        let request = serde_json::json!({"stop": false, "id": id});
+        request_savepoint(&self.client, &self.base, &request, within, || {})
+    }
+}
+
+/// Posts savepoint request `request` to the engine at `base` (`POST /v1/savepoints`, answered
+/// 202) and polls its status every 50 ms until `completed`, which it returns; `before_poll`
+/// runs before each poll. Panics when the request is refused, the savepoint fails, or it does
+/// not complete within `within`.
+pub fn request_savepoint(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    request: &Value,
+    within: Duration,
+    mut before_poll: impl FnMut(),
+) -> Value {
+    let resp = client
+        .post(format!("{base}/v1/savepoints"))
+        .json(request)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202, "{}", resp.text().unwrap());
+    let id = resp.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let until = Instant::now() + within;
+    loop {
+        before_poll();
+        let st: Value = client
+            .get(format!("{base}/v1/savepoints/{id}"))
             .send()
-            .unwrap();
-        assert_eq!(resp.status().as_u16(), 202, "{}", resp.text().unwrap());
-        let id = resp.json::<Value>().unwrap()["id"]
-            .as_str()
             .unwrap()
-            .to_string();
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            let job = self.job();
-            let st: Value = self
-                .client
-                .get(format!("{}/v1/savepoints/{id}", self.base))
-                .send()
-                .unwrap()
-                .json()
-                .unwrap();
-            match st["status"].as_str().unwrap() {
-                "completed" => {
-                    let _ = self.child.wait();
-                    return (PathBuf::from(st["path"].as_str().unwrap()), job);
-                }
-                "failed" => panic!("savepoint failed: {st}"),
-                _ => {}
-            }
-            assert!(Instant::now() < until, "savepoint never completed");
-            std::thread::sleep(Duration::from_millis(50));
+            .json()
+            .unwrap();
+        match st["status"].as_str().unwrap() {
+            "completed" => return st,
+            "failed" => panic!("savepoint {id} failed: {st}"),
+            _ => {}
         }
+        assert!(Instant::now() < until, "savepoint {id} never completed");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
