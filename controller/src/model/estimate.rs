@@ -173,6 +173,176 @@ pub(crate) fn estimate_indexed(
     window: &[MetricSample],
     arrival_scale: Option<f64>,
 ) -> Result<(f64, Vec<OperatorEstimate>), ModelError> {
+    let mut figures = SubtaskFigures::default();
+    let (elapsed, mut ests) = estimate_flat(topo, window, arrival_scale, &mut figures)?;
+    for (i, e) in ests.iter_mut().enumerate() {
+        figures.fill(i, e);
+    }
+    Ok((elapsed, ests))
+}
+
+/// Every operator's per-subtask figures of a window in flat storage: what
+/// [`OperatorEstimate`]'s per-subtask vectors (`subtask_input_shares`, `subtask_saturation`,
+/// `subtask_hottest_key_group_shares`, `subtask_key_group_shares` and
+/// `subtask_key_group_point_shares`) hold, the same values, in a few arrays whose allocations
+/// a caller reuses from one window to the next (the planner makes a model per decision, with
+/// a list per keyed subtask and reading otherwise).
+#[derive(Debug, Default)]
+pub(crate) struct SubtaskFigures {
+    /// Per operator (topological order): where its figures lie in the arrays below.
+    ops: Vec<OperatorFigures>,
+    /// Operators' subtask input shares, one run per operator.
+    input_shares: Vec<f64>,
+    /// Operators' subtask saturations, one run per operator.
+    saturation: Vec<f64>,
+    /// Operators' subtasks' busiest-key-group shares (conservative), one run per operator.
+    hottest: Vec<Option<f64>>,
+    /// Per listed subtask: the ends of its lists in `conservative` and `point`.
+    list_ends: Vec<(u32, u32)>,
+    /// Listed subtasks' key groups, conservative readings.
+    conservative: Vec<(u32, f64)>,
+    /// Listed subtasks' key groups, point readings.
+    point: Vec<(u32, f64)>,
+}
+
+/// Where one operator's figures lie in a [`SubtaskFigures`]: start and end of each run.
+#[derive(Debug, Default, Clone, Copy)]
+struct OperatorFigures {
+    input_shares: (u32, u32),
+    saturation: (u32, u32),
+    hottest: (u32, u32),
+    /// Its listed subtasks in `list_ends` (none when no subtask lists key groups).
+    lists: (u32, u32),
+    /// Where its first listed subtask's lists start in `conservative` and `point`.
+    lists_from: (u32, u32),
+}
+
+/// One operator's key-group lists in a [`SubtaskFigures`] (one reading), by subtask.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyGroupLists<'a> {
+    /// The reading's entries of every operator (the operator's lists lie within).
+    entries: &'a [(u32, f64)],
+    /// Per subtask of the operator: the ends of its lists in `entries`, (conservative, point).
+    ends: &'a [(u32, u32)],
+    /// Where the first subtask's list starts.
+    from: u32,
+    /// Whether the point readings (`.1` of `ends`) are read.
+    point: bool,
+}
+
+impl<'a> KeyGroupLists<'a> {
+    /// Subtasks with a list (0 when no subtask lists key groups).
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether no subtask lists key groups.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Subtask `j`'s list; `None` past the last subtask.
+    pub(crate) fn get(&self, j: usize) -> Option<&'a [(u32, f64)]> {
+        let end = |k: usize| {
+            let e = self.ends[k];
+            (if self.point { e.1 } else { e.0 }) as usize
+        };
+        if j >= self.ends.len() {
+            return None;
+        }
+        let start = if j == 0 {
+            self.from as usize
+        } else {
+            end(j - 1)
+        };
+        Some(&self.entries[start..end(j)])
+    }
+}
+
+/// A run's bounds as a range.
+fn run(r: (u32, u32)) -> std::ops::Range<usize> {
+    r.0 as usize..r.1 as usize
+}
+
+/// The current length of `v` as a run bound.
+fn at<T>(v: &[T]) -> u32 {
+    u32::try_from(v.len()).unwrap_or(u32::MAX)
+}
+
+impl SubtaskFigures {
+    /// Empties every array, keeping the allocations.
+    fn clear(&mut self) {
+        self.ops.clear();
+        self.input_shares.clear();
+        self.saturation.clear();
+        self.hottest.clear();
+        self.list_ends.clear();
+        self.conservative.clear();
+        self.point.clear();
+    }
+
+    /// Operator `i`'s [`OperatorEstimate::subtask_input_shares`].
+    pub(crate) fn input_shares(&self, i: usize) -> &[f64] {
+        &self.input_shares[run(self.ops[i].input_shares)]
+    }
+
+    /// Operator `i`'s [`OperatorEstimate::subtask_saturation`].
+    pub(crate) fn saturation(&self, i: usize) -> &[f64] {
+        &self.saturation[run(self.ops[i].saturation)]
+    }
+
+    /// Operator `i`'s [`OperatorEstimate::subtask_hottest_key_group_shares`].
+    pub(crate) fn hottest(&self, i: usize) -> &[Option<f64>] {
+        &self.hottest[run(self.ops[i].hottest)]
+    }
+
+    /// Operator `i`'s [`OperatorEstimate::subtask_key_group_shares`] (`point` false) or
+    /// [`OperatorEstimate::subtask_key_group_point_shares`] (`point` true).
+    pub(crate) fn lists(&self, i: usize, point: bool) -> KeyGroupLists<'_> {
+        let o = self.ops[i];
+        KeyGroupLists {
+            entries: if point {
+                &self.point
+            } else {
+                &self.conservative
+            },
+            ends: &self.list_ends[run(o.lists)],
+            from: if point {
+                o.lists_from.1
+            } else {
+                o.lists_from.0
+            },
+            point,
+        }
+    }
+
+    /// Writes operator `i`'s per-subtask figures into `e`'s vectors.
+    fn fill(&self, i: usize, e: &mut OperatorEstimate) {
+        e.subtask_input_shares = self.input_shares(i).to_vec();
+        e.subtask_saturation = self.saturation(i).to_vec();
+        e.subtask_hottest_key_group_shares = self.hottest(i).to_vec();
+        let read = |point: bool| -> Vec<Vec<(u32, f64)>> {
+            let l = self.lists(i, point);
+            (0..l.len())
+                .map(|j| l.get(j).unwrap_or_default().to_vec())
+                .collect()
+        };
+        e.subtask_key_group_shares = read(false);
+        e.subtask_key_group_point_shares = read(true);
+    }
+}
+
+/// [`estimate_indexed`] with the per-subtask vectors of the estimates left empty and their
+/// figures written into `figures` instead (cleared first; operator i's at
+/// [`SubtaskFigures::input_shares`]`(i)` and so on): the same values, without a vector per
+/// operator and list.
+pub(crate) fn estimate_flat(
+    topo: &Topology,
+    window: &[MetricSample],
+    arrival_scale: Option<f64>,
+    figures: &mut SubtaskFigures,
+) -> Result<(f64, Vec<OperatorEstimate>), ModelError> {
+    figures.clear();
     let elapsed = window_elapsed(window)?;
     let s = window.len();
     // The recent part of the window: its last RECENT_INTERVALS intervals.
@@ -214,6 +384,7 @@ pub(crate) fn estimate_indexed(
             elapsed,
             recent,
             arrival_scale,
+            figures,
         )?);
     }
     Ok((elapsed, ests))
@@ -493,6 +664,7 @@ fn estimate_operator(
     elapsed: f64,
     recent: Option<(usize, f64)>,
     arrival_scale: Option<f64>,
+    figures: &mut SubtaskFigures,
 ) -> Result<OperatorEstimate, ModelError> {
     let plain = if is_source { None } else { plain_window(rows) };
     let (first, last, out_with_input) = match plain {
@@ -512,6 +684,7 @@ fn estimate_operator(
         queue += b.queue_length;
     }
     let pf = p as f64;
+    subtask_figures(first, last, d_in, elapsed, figures);
     let source = if is_source {
         let arrivals = |row: &[SubtaskSample]| -> f64 {
             row.iter()
@@ -556,27 +729,11 @@ fn estimate_operator(
         utilization: (d_busy / (pf * elapsed)).clamp(0.0, 1.0),
         backpressured_share: (d_bp / (pf * elapsed)).clamp(0.0, 1.0),
         queue_length: queue,
-        subtask_input_shares: if d_in > 0.0 {
-            first
-                .iter()
-                .zip(last)
-                .map(|(a, b)| (b.records_in - a.records_in) / d_in)
-                .collect()
-        } else {
-            Vec::new()
-        },
-        subtask_hottest_key_group_shares: hottest_key_group_shares(first, last),
-        subtask_key_group_shares: key_group_shares(first, last, true),
-        subtask_key_group_point_shares: key_group_shares(first, last, false),
-        subtask_saturation: first
-            .iter()
-            .zip(last)
-            .map(|(a, b)| {
-                let t = (b.busy_seconds - a.busy_seconds)
-                    + (b.backpressured_seconds - a.backpressured_seconds);
-                (t / elapsed).clamp(0.0, 1.0)
-            })
-            .collect(),
+        subtask_input_shares: Vec::new(),
+        subtask_hottest_key_group_shares: Vec::new(),
+        subtask_key_group_shares: Vec::new(),
+        subtask_key_group_point_shares: Vec::new(),
+        subtask_saturation: Vec::new(),
         service_cv: if is_source {
             None
         } else {
@@ -584,6 +741,65 @@ fn estimate_operator(
         },
         source,
     })
+}
+
+/// Appends one operator's per-subtask figures to `figures` from the window's first and last
+/// rows of its subtasks (Δrecords_in `d_in` summed over them, over `elapsed` seconds): its
+/// [`OperatorEstimate::subtask_input_shares`] (none when `d_in` ≤ 0),
+/// [`OperatorEstimate::subtask_saturation`],
+/// [`OperatorEstimate::subtask_hottest_key_group_shares`] (none when no subtask reports it) and
+/// key-group lists, both readings (none when no subtask lists any).
+fn subtask_figures(
+    first: &[SubtaskSample],
+    last: &[SubtaskSample],
+    d_in: f64,
+    elapsed: f64,
+    figures: &mut SubtaskFigures,
+) {
+    let mut o = OperatorFigures::default();
+    let f = &mut *figures;
+    o.input_shares.0 = at(&f.input_shares);
+    if d_in > 0.0 {
+        f.input_shares.extend(
+            first
+                .iter()
+                .zip(last)
+                .map(|(a, b)| (b.records_in - a.records_in) / d_in),
+        );
+    }
+    o.input_shares.1 = at(&f.input_shares);
+    o.saturation.0 = at(&f.saturation);
+    f.saturation.extend(first.iter().zip(last).map(|(a, b)| {
+        let t =
+            (b.busy_seconds - a.busy_seconds) + (b.backpressured_seconds - a.backpressured_seconds);
+        (t / elapsed).clamp(0.0, 1.0)
+    }));
+    o.saturation.1 = at(&f.saturation);
+    o.hottest.0 = at(&f.hottest);
+    if !last.iter().all(|s| s.hottest_key_group_share.is_none()) {
+        f.hottest.extend(first.iter().zip(last).map(|(a, b)| {
+            conservative_share(b.hottest_key_group_share?, b.records_in - a.records_in)
+        }));
+    }
+    o.hottest.1 = at(&f.hottest);
+    o.lists.0 = at(&f.list_ends);
+    o.lists_from = (at(&f.conservative), at(&f.point));
+    if !last.iter().all(|s| s.key_group_shares.is_empty()) {
+        for (a, b) in first.iter().zip(last) {
+            let n = b.records_in - a.records_in;
+            for &(g, h) in &b.key_group_shares {
+                if let Some(read) = conservative_share(h, n).filter(|&x| x > 0.0) {
+                    f.conservative.push((g, read));
+                }
+                if let Some(read) = point_share(h, n).filter(|&x| x > 0.0) {
+                    f.point.push((g, read));
+                }
+            }
+            f.list_ends.push((at(&f.conservative), at(&f.point)));
+        }
+    }
+    o.lists.1 = at(&f.list_ends);
+    f.ops.push(o);
 }
 
 /// [`OperatorEstimate::service_cv`] from a window's first and last rows of one operator's
@@ -610,19 +826,6 @@ pub fn count_lower_bound(n: f64) -> f64 {
     (n - COUNT_CONFIDENCE_Z * n.sqrt()).max(0.0)
 }
 
-/// [`OperatorEstimate::subtask_hottest_key_group_shares`] from a window's first and last rows
-/// of one operator's subtasks.
-fn hottest_key_group_shares(first: &[SubtaskSample], last: &[SubtaskSample]) -> Vec<Option<f64>> {
-    if last.iter().all(|s| s.hottest_key_group_share.is_none()) {
-        return Vec::new();
-    }
-    first
-        .iter()
-        .zip(last)
-        .map(|(a, b)| conservative_share(b.hottest_key_group_share?, b.records_in - a.records_in))
-        .collect()
-}
-
 /// A share `h` of `n` records read conservatively: the count h·n less
 /// [`COUNT_CONFIDENCE_Z`]·√(h·n) ([`count_lower_bound`]), over n, within [0, 1]; `None` for
 /// no record or a share that is not a positive number.
@@ -631,37 +834,6 @@ fn conservative_share(h: f64, n: f64) -> Option<f64> {
         return None;
     }
     Some((count_lower_bound(h.min(1.0) * n) / n).min(1.0))
-}
-
-/// [`OperatorEstimate::subtask_key_group_shares`] (`conservative`) or
-/// [`OperatorEstimate::subtask_key_group_point_shares`] from a window's first and last rows of
-/// one operator's subtasks.
-fn key_group_shares(
-    first: &[SubtaskSample],
-    last: &[SubtaskSample],
-    conservative: bool,
-) -> Vec<Vec<(u32, f64)>> {
-    if last.iter().all(|s| s.key_group_shares.is_empty()) {
-        return Vec::new();
-    }
-    first
-        .iter()
-        .zip(last)
-        .map(|(a, b)| {
-            let n = b.records_in - a.records_in;
-            b.key_group_shares
-                .iter()
-                .filter_map(|&(g, h)| {
-                    let read = if conservative {
-                        conservative_share(h, n)?
-                    } else {
-                        point_share(h, n)?
-                    };
-                    Some((g, read)).filter(|x| x.1 > 0.0)
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// A share `h` of `n` records as reported, within (0, 1]; `None` where

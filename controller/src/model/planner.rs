@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::{AutoscalerSpec, JobSpec};
 
 use super::ModelError;
-use super::estimate::{OperatorEstimate, estimate_indexed};
+use super::estimate::{KeyGroupLists, OperatorEstimate, SubtaskFigures, estimate_flat};
 use super::fmtfast::{Fixed, Short, cat};
 use super::learn::{Observed, ScalabilityTracker};
 use super::network::Topology;
@@ -344,6 +344,8 @@ struct ModelBuffers {
     kg_prefixes: Vec<f64>,
     share_memo: NanMemo,
     tail_memo: NanMemo,
+    /// The window's per-subtask figures ([`estimate_flat`]).
+    figures: SubtaskFigures,
 }
 
 /// The [`ModelBuffers`] of one [`JobGraph`]'s models: a model takes them when it is made and
@@ -846,7 +848,11 @@ fn watermark_waits(topo: &Topology, spec: &JobSpec, gamma: &[f64]) -> Vec<f64> {
 /// Everything the planner derives from a spec and a window, indexed in topological order.
 pub(crate) struct Model {
     graph: Arc<JobGraph>,
+    /// The window's estimates, their per-subtask vectors empty: those figures are in
+    /// `figures`.
     est: Vec<OperatorEstimate>,
+    /// The window's per-subtask figures by operator ([`estimate_flat`]).
+    figures: SubtaskFigures,
     s: Resolved,
     gamma: Vec<f64>,
     gamma_target: Vec<f64>,
@@ -928,6 +934,7 @@ impl Drop for Model {
             kg_prefixes: std::mem::take(&mut self.kg_prefixes),
             share_memo: std::mem::take(self.share_memo.get_mut()),
             tail_memo: std::mem::take(self.tail_memo.get_mut()),
+            figures: std::mem::take(&mut self.figures),
         });
     }
 }
@@ -1028,18 +1035,27 @@ struct Rates {
 /// deficit (scaled by f), a lower bound on its offered load. The other subtasks share the rest
 /// in their measured proportions. When the saturated subtasks' shares would reach 1 (all
 /// saturated, say) the measured shares stand.
-fn offered_shares(e: &OperatorEstimate, rates: Rates, out: &mut Vec<f64>) -> bool {
-    let shares = &e.subtask_input_shares;
-    let sat = &e.subtask_saturation;
+///
+/// `input_rate`, `shares`, `sat`: the operator's [`OperatorEstimate::input_rate`],
+/// [`OperatorEstimate::subtask_input_shares`] and [`OperatorEstimate::subtask_saturation`];
+/// `listed`: whether its [`OperatorEstimate::subtask_key_group_shares`] is not empty.
+fn offered_shares(
+    input_rate: f64,
+    shares: &[f64],
+    sat: &[f64],
+    listed: bool,
+    rates: Rates,
+    out: &mut Vec<f64>,
+) -> bool {
     let Rates {
         target: lambda_target,
         steady,
         scale,
     } = rates;
-    if e.subtask_key_group_shares.is_empty()
+    if !listed
         || shares.is_empty()
         || sat.len() != shares.len()
-        || !(e.input_rate > 0.0
+        || !(input_rate > 0.0
             && lambda_target > 0.0
             && lambda_target.is_finite()
             && scale > 0.0
@@ -1050,16 +1066,16 @@ fn offered_shares(e: &OperatorEstimate, rates: Rates, out: &mut Vec<f64>) -> boo
     let saturated = |j: usize| sat[j] >= SATURATED;
     let processed: f64 = (0..shares.len())
         .filter(|&j| saturated(j))
-        .map(|j| shares[j] * e.input_rate)
+        .map(|j| shares[j] * input_rate)
         .sum();
     if processed.is_nan() || processed <= 0.0 {
         return false;
     }
-    let deficit = (steady / scale - e.input_rate).max(0.0);
+    let deficit = (steady / scale - input_rate).max(0.0);
     out.clear();
     out.extend(shares.iter().enumerate().map(|(j, &s)| {
         if saturated(j) {
-            let r = s * e.input_rate;
+            let r = s * input_rate;
             s.max(scale * (r + deficit * r / processed) / lambda_target)
         } else {
             s
@@ -1091,17 +1107,15 @@ fn offered_shares(e: &OperatorEstimate, rates: Rates, out: &mut Vec<f64>) -> boo
 /// and the subtask carries at most [`HOT_KEY_ISOLATION`] of its load besides it (share ≥
 /// 1 / (1 + that)), as [`Model::isolating_parallelism`] leaves a hot group. Empty without
 /// lists.
-fn isolated_groups(e: &OperatorEstimate, key_groups: u32) -> Vec<u32> {
-    let p = e.subtask_key_group_point_shares.len() as u32;
+fn isolated_groups(point: KeyGroupLists<'_>, key_groups: u32) -> Vec<u32> {
+    let p = point.len() as u32;
     let k = key_groups.max(1);
     if p == 0 || p > k {
         return Vec::new();
     }
-    e.subtask_key_group_point_shares
-        .iter()
-        .enumerate()
-        .filter_map(|(j, list)| {
-            let &(g, h) = list.first()?;
+    (0..point.len())
+        .filter_map(|j| {
+            let &(g, h) = point.get(j)?.first()?;
             (key_group_range(j as u32, p, k).contains(&g)
                 && h * (1.0 + HOT_KEY_ISOLATION) >= 1.0 - 1e-9)
                 .then_some(g)
@@ -1170,7 +1184,14 @@ impl Model {
     ) -> Result<Model, ModelError> {
         let s = settings.resolve(&spec.autoscaler)?;
         let topo = &graph.topo;
-        let (_, est) = estimate_indexed(topo, window, arrival_scale)?;
+        let ModelBuffers {
+            mut kg_loads,
+            mut kg_prefixes,
+            mut share_memo,
+            mut tail_memo,
+            mut figures,
+        } = graph.buffers.take();
+        let (_, est) = estimate_flat(topo, window, arrival_scale, &mut figures)?;
         let n = topo.len();
         let mut spec_parallelism = vec![1; n];
         if graph.spec_order.len() == spec.operators.len() {
@@ -1208,12 +1229,6 @@ impl Model {
         let keyed = (0..n)
             .filter(|&i| topo.queue[i] == QueueKind::Keyed)
             .count();
-        let ModelBuffers {
-            mut kg_loads,
-            mut kg_prefixes,
-            mut share_memo,
-            mut tail_memo,
-        } = graph.buffers.take();
         let mut kg_slot = Vec::with_capacity(n);
         kg_loads.clear();
         kg_loads.reserve(keyed * kl);
@@ -1255,21 +1270,29 @@ impl Model {
                 steady: lambda_steady[i],
                 scale: arrival_scale.unwrap_or(1.0),
             };
-            let shares = if offered_shares(e, rates, &mut offered) {
+            let listed = figures.lists(i, false);
+            let shares = if offered_shares(
+                e.input_rate,
+                figures.input_shares(i),
+                figures.saturation(i),
+                !listed.is_empty(),
+                rates,
+                &mut offered,
+            ) {
                 &offered[..]
             } else {
-                &e.subtask_input_shares[..]
+                figures.input_shares(i)
             };
             // Held as a hot-key bottleneck (its hottest group already has a subtask to itself):
             // judged on the point readings; else on the lower bounds, which claim a hot key
             // only when the counts leave no doubt.
-            let isolated = isolated_groups(e, key_groups);
+            let isolated = isolated_groups(figures.lists(i, true), key_groups);
             let mut run_top = None;
             if !isolated.is_empty() {
                 key_group_load_into(
                     shares,
-                    &e.subtask_hottest_key_group_shares,
-                    &e.subtask_key_group_point_shares,
+                    figures.hottest(i),
+                    &figures.lists(i, true),
                     key_groups,
                     &mut kg_loads,
                 );
@@ -1286,8 +1309,8 @@ impl Model {
                 None => {
                     key_group_load_into(
                         shares,
-                        &e.subtask_hottest_key_group_shares,
-                        &e.subtask_key_group_shares,
+                        figures.hottest(i),
+                        &listed,
                         key_groups,
                         &mut kg_loads,
                     );
@@ -1330,6 +1353,7 @@ impl Model {
             wait,
             graph,
             est,
+            figures,
             s,
             gamma,
             gamma_target,
@@ -1367,7 +1391,12 @@ impl Model {
                         parallelism: e.parallelism,
                         true_processing_rate: e.true_processing_rate,
                         input_rate: e.input_rate,
-                        busiest_share: e.subtask_input_shares.iter().copied().reduce(f64::max),
+                        busiest_share: self
+                            .figures
+                            .input_shares(i)
+                            .iter()
+                            .copied()
+                            .reduce(f64::max),
                     },
                 )
             })
@@ -2853,11 +2882,29 @@ pub fn key_group_load_with_hot(
     load
 }
 
+/// Subtasks' listed key groups by subtask, as [`key_group_load_with_hot`] reads them.
+trait Listed {
+    /// Subtask `j`'s list; `None` past the last subtask with one.
+    fn list(&self, j: usize) -> Option<&[(u32, f64)]>;
+}
+
+impl Listed for [Vec<(u32, f64)>] {
+    fn list(&self, j: usize) -> Option<&[(u32, f64)]> {
+        self.get(j).map(Vec::as_slice)
+    }
+}
+
+impl Listed for KeyGroupLists<'_> {
+    fn list(&self, j: usize) -> Option<&[(u32, f64)]> {
+        self.get(j)
+    }
+}
+
 /// [`key_group_load_with_hot`] appended to `out` (max(K, 1) entries).
-fn key_group_load_into(
+fn key_group_load_into<L: Listed + ?Sized>(
     subtask_shares: &[f64],
     hottest: &[Option<f64>],
-    listed: &[Vec<(u32, f64)>],
+    listed: &L,
     key_groups: u32,
     out: &mut Vec<f64>,
 ) {
@@ -2874,7 +2921,7 @@ fn key_group_load_into(
         let r = key_group_range(j as u32, p, k);
         let width = f64::from(r.end - r.start).max(1.0);
         if r.end - r.start > 1
-            && let Some(groups) = listed.get(j).filter(|l| !l.is_empty())
+            && let Some(groups) = listed.list(j).filter(|l| !l.is_empty())
         {
             // The listed groups of the range that are hotter than an even spread, first
             // listing of each, their shares' sum kept within 1.
@@ -3821,6 +3868,18 @@ edges:
         assert!(hot_key_reason(&at(1.05, true)).is_some());
     }
 
+    /// [`offered_shares`] of an operator's estimate.
+    fn offered_of(e: &OperatorEstimate, rates: Rates, out: &mut Vec<f64>) -> bool {
+        offered_shares(
+            e.input_rate,
+            &e.subtask_input_shares,
+            &e.subtask_saturation,
+            !e.subtask_key_group_shares.is_empty(),
+            rates,
+            out,
+        )
+    }
+
     #[test]
     fn offered_shares_raise_only_saturated_subtasks_and_keep_the_sum() {
         let (spec, w) = kzipf_at_64(465.0, 0.99, 2.0 * 1569.0, 1084.0);
@@ -3833,7 +3892,7 @@ edges:
             steady: 2000.0,
             scale: 1.0,
         };
-        assert!(offered_shares(est, rates, &mut out));
+        assert!(offered_of(est, rates, &mut out));
         assert!((out[0] - 465.0 / 2036.0).abs() < 1e-9, "{}", out[0]);
         assert!((out.iter().sum::<f64>() - 1.0).abs() < 1e-9);
         let f = (1.0 - out[0]) / (1.0 - est.subtask_input_shares[0]);
@@ -3848,7 +3907,7 @@ edges:
             scale: 1.5,
         };
         let mut again = Vec::new();
-        assert!(offered_shares(est, scaled, &mut again));
+        assert!(offered_of(est, scaled, &mut again));
         assert!(
             (again[0] - out[0]).abs() < 1e-12,
             "{} vs {}",
@@ -3858,14 +3917,14 @@ edges:
         // No saturated subtask, or no key-group lists (the simulator): nothing to correct.
         let mut cool = est.clone();
         cool.subtask_saturation[0] = 0.5;
-        assert!(!offered_shares(&cool, rates, &mut out));
+        assert!(!offered_of(&cool, rates, &mut out));
         let mut sim = est.clone();
         sim.subtask_key_group_shares.clear();
-        assert!(!offered_shares(&sim, rates, &mut out));
+        assert!(!offered_of(&sim, rates, &mut out));
         // Every subtask saturated: the measured shares stand.
         let mut all = est.clone();
         all.subtask_saturation.iter_mut().for_each(|x| *x = 1.0);
-        assert!(!offered_shares(&all, rates, &mut out));
+        assert!(!offered_of(&all, rates, &mut out));
     }
 
     #[test]
