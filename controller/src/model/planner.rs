@@ -2733,8 +2733,9 @@ fn busiest_of_ranges(prefix: &[f64], q: u32, k: u32, first: u64, last: u64) -> f
     busiest_of_ranges_until(prefix, q, k, first, last, |_| false)
 }
 
-/// [`busiest_of_ranges`], stopping at the first range after which the running maximum
-/// satisfies `stop` (then that maximum).
+/// [`busiest_of_ranges`], stopping at the first range that raises the running maximum to a
+/// value satisfying `stop` (then that maximum; the full maximum when none does). For a `stop`
+/// non-decreasing in the share, `stop` of the result is `stop` of the full maximum.
 #[inline]
 fn busiest_of_ranges_until(
     prefix: &[f64],
@@ -2749,16 +2750,26 @@ fn busiest_of_ranges_until(
     let b = first * k64 + q64 - 1;
     let mut start = (b / q64) as usize;
     let mut rem = b % q64;
+    // The running maximum: `x > share` keeps what `f64::max(share, x)` keeps (a NaN load is
+    // skipped, share is never NaN), and `stop` is asked again only when the maximum changed
+    // (it answered false for the same value before). Each range's end is the next one's start:
+    // one prefix read per range.
     let mut share = 0.0;
+    let mut at_start = prefix[start];
     if r == 0 {
         // q divides k: no range carries an extra key group (the remainder stays q − 1).
         for _ in first..=last {
             let end = start + d;
-            share = f64::max(share, prefix[end] - prefix[start]);
-            if stop(share) {
-                break;
+            let at_end = prefix[end];
+            let x = at_end - at_start;
+            if x > share {
+                share = x;
+                if stop(share) {
+                    break;
+                }
             }
             start = end;
+            at_start = at_end;
         }
         return share;
     }
@@ -2769,11 +2780,16 @@ fn busiest_of_ranges_until(
             rem -= q64;
         }
         let end = start + d + usize::from(carry);
-        share = f64::max(share, prefix[end] - prefix[start]);
-        if stop(share) {
-            break;
+        let at_end = prefix[end];
+        let x = at_end - at_start;
+        if x > share {
+            share = x;
+            if stop(share) {
+                break;
+            }
         }
         start = end;
+        at_start = at_end;
     }
     share
 }
