@@ -2756,9 +2756,11 @@ fn busiest_of_ranges_until(
     // one prefix read per range.
     let mut share = 0.0;
     let mut at_start = prefix[start];
+    // (A half-open count: an inclusive range's iteration checks its end twice.)
+    let ranges = (last + 1).saturating_sub(first);
     if r == 0 {
         // q divides k: no range carries an extra key group (the remainder stays q − 1).
-        for _ in first..=last {
+        for _ in 0..ranges {
             let end = start + d;
             let at_end = prefix[end];
             let x = at_end - at_start;
@@ -2773,7 +2775,7 @@ fn busiest_of_ranges_until(
         }
         return share;
     }
-    for _ in first..=last {
+    for _ in 0..ranges {
         rem += r;
         let carry = rem >= q64;
         if carry {
