@@ -589,7 +589,7 @@ fn rescale_worth_its_cost(
 ) -> Result<String, String> {
     let downtime = g.planner.rescale_downtime_seconds.unwrap_or(0.0).max(0.0);
     let horizon = g.rescale_horizon_seconds;
-    let (_, rho_new, _) = model.assess(guarded);
+    let rho_new = model.assess_steady_rho(guarded);
     let drain = if downtime == 0.0 {
         0.0
     } else if rho_new < 1.0 {

@@ -2632,21 +2632,7 @@ impl Model {
     /// the percentile bound of the slowest path, seconds). Used to weigh a rescale's cost.
     pub(crate) fn assess<K: Borrow<str> + Ord>(&self, p: &BTreeMap<K, u32>) -> (f64, f64, f64) {
         let n = self.graph.topo.len();
-        let pv: Vec<u32> = if let Some(ps) = self.graph.indices_of(p) {
-            let mut pv = vec![0; n];
-            for (i, &x) in ps {
-                pv[i] = x;
-            }
-            pv
-        } else {
-            (0..n)
-                .map(|i| {
-                    p.get(self.name(i))
-                        .copied()
-                        .unwrap_or(self.est[i].parallelism)
-                })
-                .collect()
-        };
+        let pv = self.parallelism_by_index(p);
         let (mut rho_target, mut rho_steady) = (0.0f64, 0.0f64);
         for (i, &pi) in pv.iter().enumerate() {
             if let Some(mu) = self.mu_at(i, pi) {
@@ -2661,6 +2647,41 @@ impl Model {
             .graph
             .longest_path_into(&tail, &mut Vec::new(), &mut Vec::new());
         (rho_target, rho_steady, seconds)
+    }
+
+    /// The second of [`Model::assess`]'s figures alone (the highest ρ at the steady rate),
+    /// without the others' utilizations and tails.
+    pub(crate) fn assess_steady_rho<K: Borrow<str> + Ord>(&self, p: &BTreeMap<K, u32>) -> f64 {
+        let pv = self.parallelism_by_index(p);
+        let mut rho_steady = 0.0f64;
+        for (i, &pi) in pv.iter().enumerate() {
+            if let Some(mu) = self.mu_at(i, pi) {
+                let c = f64::from(pi.max(1)) * mu;
+                rho_steady =
+                    rho_steady.max(self.effective_lambda(i, self.lambda_steady[i], pi) / c);
+            }
+        }
+        rho_steady
+    }
+
+    /// Parallelism `p` (by operator name; missing = current) indexed like the topology.
+    fn parallelism_by_index<K: Borrow<str> + Ord>(&self, p: &BTreeMap<K, u32>) -> Vec<u32> {
+        let n = self.graph.topo.len();
+        if let Some(ps) = self.graph.indices_of(p) {
+            let mut pv = vec![0; n];
+            for (i, &x) in ps {
+                pv[i] = x;
+            }
+            pv
+        } else {
+            (0..n)
+                .map(|i| {
+                    p.get(self.name(i))
+                        .copied()
+                        .unwrap_or(self.est[i].parallelism)
+                })
+                .collect()
+        }
     }
 
     /// Sources' total steady arrival rate γ, records/s.
