@@ -1255,6 +1255,8 @@ impl Model {
         let mut hot_held = vec![false; n];
         let mut slots = 0;
         let mut offered = Vec::new();
+        // One row per keyed operator (each takes the next slot).
+        share_memo.reset(keyed * (key_groups as usize + 1));
         for (i, (e, queue)) in est.iter().zip(&topo.queue).enumerate() {
             if *queue != QueueKind::Keyed {
                 kg_slot.push(None);
@@ -1319,17 +1321,30 @@ impl Model {
             };
             let load = &kg_loads[start..];
             let mut acc = 0.0;
+            // The busiest subtask's share at one key group per subtask (q = K), made on the
+            // way as `busiest_range_load` makes it from these prefix sums (the largest
+            // difference of neighbours, kept when larger): the same value, for the sizing
+            // at the maximum parallelism, without another pass.
+            let mut single = 0.0;
             kg_prefixes.push(0.0);
             for x in load {
-                acc += x;
+                let next = acc + x;
+                let d = next - acc;
+                if d > single {
+                    single = d;
+                }
+                acc = next;
                 kg_prefixes.push(acc);
+            }
+            if key_groups > 0 {
+                let k = key_groups as usize;
+                share_memo.set(slots * (k + 1) + k, single);
             }
             hot_run.push(run);
             hottest.push(top);
             kg_slot.push(Some(slots));
             slots += 1;
         }
-        share_memo.reset(slots * (key_groups as usize + 1));
         // Window bursts: a bursty windowed operator's output reaches each downstream operator
         // as one batch of (output rate × period) records at every window boundary.
         let mut lambda_smooth = lambda_steady.clone();
