@@ -29,28 +29,50 @@ pub(crate) struct Fixed(pub f64, pub usize);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Short(pub f64);
 
+/// The two-digit decimal strings "00" to "99", back to back.
+const PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// Writes the two digits of `r` (below 100) just before `at` in `buf`; returns the new start.
+fn pair(buf: &mut [u8; 48], at: usize, r: u64) -> usize {
+    let r = r as usize * 2;
+    buf[at - 2..at].copy_from_slice(&PAIRS[r..r + 2]);
+    at - 2
+}
+
 /// Writes `int.frac` (frac zero-padded to `decimals` digits) into `buf` from the end; returns
-/// the start index.
+/// the start index. (Two digits per division where it can: the same digits.)
 fn digits(buf: &mut [u8; 48], mut int: u64, mut frac: u64, decimals: usize) -> usize {
     let mut at = buf.len();
-    for _ in 0..decimals {
+    let mut left = decimals;
+    while left >= 2 {
+        at = pair(buf, at, frac % 100);
+        frac /= 100;
+        left -= 2;
+    }
+    if left == 1 {
         at -= 1;
         buf[at] = b'0' + (frac % 10) as u8;
-        frac /= 10;
     }
     if decimals > 0 {
         at -= 1;
         buf[at] = b'.';
     }
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (int % 10) as u8;
-        int /= 10;
-        if int == 0 {
-            break;
-        }
+    while int >= 100 {
+        at = pair(buf, at, int % 100);
+        int /= 100;
     }
-    at
+    if int >= 10 {
+        pair(buf, at, int)
+    } else {
+        at -= 1;
+        buf[at] = b'0' + int as u8;
+        at
+    }
 }
 
 fn write_buf(f: &mut fmt::Formatter<'_>, negative: bool, buf: &[u8]) -> fmt::Result {
