@@ -788,6 +788,10 @@ fn subtask_figures(
         for (a, b) in first.iter().zip(last) {
             let n = b.records_in - a.records_in;
             for &(g, h) in &b.key_group_shares {
+                // (Where either reading is `None`, so is the other: the same test.)
+                if !(h.is_finite() && h > 0.0 && n > 0.0) {
+                    continue;
+                }
                 if let Some(read) = conservative_share(h, n).filter(|&x| x > 0.0) {
                     f.conservative.push((g, read));
                 }
