@@ -1327,15 +1327,16 @@ impl Model {
             // at the maximum parallelism, without another pass.
             let mut single = 0.0;
             kg_prefixes.push(0.0);
-            for x in load {
+            // (Extended from the slice's exact-length iterator: no capacity check per entry.)
+            kg_prefixes.extend(load.iter().map(|x| {
                 let next = acc + x;
                 let d = next - acc;
                 if d > single {
                     single = d;
                 }
                 acc = next;
-                kg_prefixes.push(acc);
-            }
+                next
+            }));
             if key_groups > 0 {
                 let k = key_groups as usize;
                 share_memo.set(slots * (k + 1) + k, single);
