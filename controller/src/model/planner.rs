@@ -2651,10 +2651,8 @@ impl Model {
         let pv = self.parallelism_by_index(p);
         let (mut rho_target, mut rho_steady) = (0.0f64, 0.0f64);
         for (i, &pi) in pv.iter().enumerate() {
-            if let Some(mu) = self.mu_at(i, pi) {
-                let c = f64::from(pi.max(1)) * mu;
-                rho_steady =
-                    rho_steady.max(self.effective_lambda(i, self.lambda_steady[i], pi) / c);
+            if let Some(rho) = self.steady_rho(i, pi) {
+                rho_steady = rho_steady.max(rho);
                 rho_target = rho_target.max(self.predicted_rho(i, pi).unwrap_or(0.0));
             }
         }
@@ -2671,13 +2669,19 @@ impl Model {
         let pv = self.parallelism_by_index(p);
         let mut rho_steady = 0.0f64;
         for (i, &pi) in pv.iter().enumerate() {
-            if let Some(mu) = self.mu_at(i, pi) {
-                let c = f64::from(pi.max(1)) * mu;
-                rho_steady =
-                    rho_steady.max(self.effective_lambda(i, self.lambda_steady[i], pi) / c);
+            if let Some(rho) = self.steady_rho(i, pi) {
+                rho_steady = rho_steady.max(rho);
             }
         }
         rho_steady
+    }
+
+    /// Utilization ρ of operator `i`'s busiest subtask at parallelism `p` and the steady
+    /// arrival rate (`None` without μ): λ_eff / (p · μ).
+    fn steady_rho(&self, i: usize, p: u32) -> Option<f64> {
+        self.mu_at(i, p).map(|mu| {
+            self.effective_lambda(i, self.lambda_steady[i], p) / (f64::from(p.max(1)) * mu)
+        })
     }
 
     /// Parallelism `p` (by operator name; missing = current) indexed like the topology.
