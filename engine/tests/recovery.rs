@@ -46,6 +46,17 @@ impl Rng {
     }
 }
 
+/// Waits until the checkpoint directory `chk` holds a completed checkpoint; a deadline for a
+/// stuck coordinator only.
+fn wait_for_a_checkpoint(chk: &Path) {
+    let storage = CheckpointStorage::new(chk, 3);
+    let until = Instant::now() + Duration::from_secs(120);
+    while storage.completed_ids().unwrap().is_empty() {
+        assert!(Instant::now() < until, "no checkpoint completed in 120 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn sigkill_at_random_moments_then_recover_gives_exactly_once_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -76,6 +87,11 @@ fn sigkill_at_random_moments_then_recover_gives_exactly_once_state() {
         }
         let wait = 400 + rng.next() % 900;
         std::thread::sleep(Duration::from_millis(wait));
+        if kill == 0 {
+            // The later runs must have a checkpoint to recover from: on a loaded machine the
+            // first one (0.2 s interval) can come after the drawn moment, so wait for it.
+            wait_for_a_checkpoint(&chk);
+        }
         engine.child.kill().unwrap(); // SIGKILL
         engine.child.wait().unwrap();
         if let Some(id) = CheckpointStorage::new(&chk, 3)
@@ -268,7 +284,10 @@ fn unwritable_checkpoint_storage_fails_checkpoints_but_not_the_job() {
     let until = Instant::now() + Duration::from_secs(60);
     let mut text = engine.metrics();
     while metric_sum(&text, "streamscale_checkpoints_failed_total") < 2.0 {
-        assert!(Instant::now() < until, "fewer than 2 failed checkpoints in 60 s: {text}");
+        assert!(
+            Instant::now() < until,
+            "fewer than 2 failed checkpoints in 60 s: {text}"
+        );
         std::thread::sleep(Duration::from_millis(50));
         text = engine.metrics();
     }
@@ -305,6 +324,8 @@ fn file_sink_is_at_least_once_across_a_sigkill() {
     {
         let _engine = EngineProcess::start(&job, &sps, &["--recover-from", &chk_arg]);
         std::thread::sleep(Duration::from_millis(2500));
+        // The second run must recover from a checkpoint (a loaded machine can take longer).
+        wait_for_a_checkpoint(&chk);
     } // SIGKILL on drop
     let mut engine = EngineProcess::start(&job, &sps, &["--recover-from", &chk_arg]);
     assert!(engine.job()["restoredFrom"].is_string());
