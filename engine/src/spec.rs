@@ -513,6 +513,33 @@ pub struct AutoscalerSpec {
     /// the limit and report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<LimitsSpec>,
+    /// What the latency allocation does when the latency SLO is unattainable even at every
+    /// operator's maximum parallelism: `utilizationOnly` (the default) or `bestEffort`.
+    #[serde(default, skip_serializing_if = "UnattainableSlo::is_default")]
+    pub on_unattainable_slo: UnattainableSlo,
+}
+
+/// What the planner does when the latency SLO cannot be met even with every operator at its
+/// maximum parallelism (`autoscaler.onUnattainableSlo` in the job file).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UnattainableSlo {
+    /// Size for the target utilization only and add no subtasks for latency (DS2's and the
+    /// Flink autoscaler's sizing); the decision reports the SLO unattainable. The default.
+    #[default]
+    UtilizationOnly,
+    /// Add subtasks for latency anyway, up to the point where the slowest path's percentile
+    /// bound is within 10 % of the lowest bound the maximum parallelism allows (beyond it,
+    /// subtasks buy little latency); the decision still reports the SLO unattainable.
+    BestEffort,
+}
+
+impl UnattainableSlo {
+    /// Whether this is the default (`utilizationOnly`): then the job file leaves it out.
+    pub fn is_default(&self) -> bool {
+        *self == UnattainableSlo::default()
+    }
 }
 
 impl Default for AutoscalerSpec {
@@ -524,6 +551,7 @@ impl Default for AutoscalerSpec {
             catch_up_seconds: default_catch_up(),
             forecast: None,
             limits: None,
+            on_unattainable_slo: UnattainableSlo::UtilizationOnly,
         }
     }
 }

@@ -49,7 +49,7 @@ pub struct StreamJobSpec {
     /// `parallelism` is the initial parallelism; `scaling.min`/`scaling.max` bound what the
     /// autoscaler may choose. Of the job's own `autoscaler:` block, `targetUtilization`,
     /// `latencySloSeconds` and `catchUpSeconds` are overridden by `spec.autoscaler`;
-    /// `latencyPercentile`, `forecast` and `limits` are read from here.
+    /// `latencyPercentile`, `forecast`, `limits` and `onUnattainableSlo` are read from here.
     #[schemars(schema_with = "job_graph_schema")]
     pub job: JobSpec,
     /// The engine container: image and resources per subtask.

@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use streamscale_engine::spec::{AutoscalerSpec, JobSpec};
+use streamscale_engine::spec::{AutoscalerSpec, JobSpec, UnattainableSlo};
 
 use super::ModelError;
 use super::estimate::{KeyGroupLists, OperatorEstimate, SubtaskFigures, estimate_flat};
@@ -91,6 +91,8 @@ pub(crate) struct Resolved {
     pub cs_set: bool,
     pub downtime: f64,
     pub percentile: f64,
+    /// `autoscaler.onUnattainableSlo: bestEffort` (see [`BEST_EFFORT_MARGIN`]).
+    pub best_effort: bool,
 }
 
 impl PlannerSettings {
@@ -104,6 +106,7 @@ impl PlannerSettings {
             cs_set: self.service_cv.is_some(),
             downtime: self.rescale_downtime_seconds.unwrap_or(0.0),
             percentile: self.latency_percentile.unwrap_or(a.latency_percentile),
+            best_effort: a.on_unattainable_slo == UnattainableSlo::BestEffort,
         };
         if !(r.percentile > 0.0 && r.percentile < 1.0) {
             return Err(ModelError::InvalidSettings(format!(
@@ -1128,6 +1131,14 @@ fn isolated_groups(point: KeyGroupLists<'_>, key_groups: u32) -> Vec<u32> {
 /// rate 100 subtasks would cut 1 % of the SLO). Without it the greedy gave a 2 M rec/s sink
 /// 127 subtasks for nanoseconds each while a held hot-key operator kept the bound over the SLO.
 pub const NEGLIGIBLE_CUT: f64 = 1e-4;
+
+/// With `autoscaler.onUnattainableSlo: bestEffort`, an SLO unattainable even at maximum
+/// parallelism (the slowest path's bound there is L_max > SLO) is replaced, for the latency
+/// allocation, by the bound (1 + this) · L_max: subtasks are added while they cut the
+/// bound toward the lowest the limits allow, and stop within 10 % of it, where each further
+/// subtask buys little (a path's queueing terms fall off exponentially in the spare capacity
+/// cμ − λ, the M/M/c waiting-time tail, so the last 10 % would take most of the subtasks).
+pub const BEST_EFFORT_MARGIN: f64 = 0.1;
 
 /// Relative slack when rounding λ/(ρμ) up, so that 2.0000000001 from float noise is 2.
 const CEIL_SLACK: f64 = 1e-9;
@@ -2391,14 +2402,30 @@ impl Model {
                         .topo
                         .longest_path_into(&w_max, &mut max_dist, &mut max_via);
             }
-            if lat_max > self.s.slo {
+            // The bound the allocation works down to: the SLO, or with an unattainable one
+            // the best-effort bound (`None`: no subtasks added for latency).
+            let target = if lat_max > self.s.slo {
+                let best_effort = self
+                    .s
+                    .best_effort
+                    .then_some(lat_max * (1.0 + BEST_EFFORT_MARGIN));
                 let mut why = format!(
-                    "latency SLO {} s unattainable: even at maximum parallelism the {} bound is {:.4} s{}; no subtasks added for latency",
+                    "latency SLO {} s unattainable: even at maximum parallelism the {} bound is {:.4} s{}",
                     self.s.slo,
                     self.percentile_label(),
                     lat_max,
                     self.held_on_path(&p, &w, &held, &max_via, max_end)
                 );
+                match best_effort {
+                    Some(t) => {
+                        let _ = write!(
+                            why,
+                            "; best effort (onUnattainableSlo: bestEffort): subtasks added for latency down to {t:.4} s, within {:.0} % of that bound",
+                            100.0 * BEST_EFFORT_MARGIN
+                        );
+                    }
+                    None => why.push_str("; no subtasks added for latency"),
+                }
                 // What parallelism cannot shorten: event-time windows' watermark delays (a
                 // window's period is not latency: its results count from the window's end).
                 if let Some((i, w)) = (0..n)
@@ -2413,9 +2440,14 @@ impl Model {
                     );
                 }
                 reasons.push(why);
+                best_effort
             } else {
+                Some(self.s.slo)
+            };
+            if let Some(target) = target.filter(|&t| lat > t) {
                 let before = lat;
                 let mut st = LatencyState {
+                    target,
                     p,
                     w,
                     dist,
@@ -2434,8 +2466,12 @@ impl Model {
                             .map(|i| adjustable(i) && self.held_for_latency(i, p[i]))
                             .collect();
                         reasons.push(format!(
-                            "latency SLO {} s unattainable: no subtask on the slowest path cuts its {} bound {:.4} s by {:.2e} s or more (a negligible cut, under {:.0e} of the SLO, adds none){}",
-                            self.s.slo,
+                            "{}: no subtask on the slowest path cuts its {} bound {:.4} s by {:.2e} s or more (a negligible cut, under {:.0e} of the SLO, adds none){}",
+                            if target > self.s.slo {
+                                format!("best-effort bound {target:.4} s not reached")
+                            } else {
+                                format!("latency SLO {} s unattainable", self.s.slo)
+                            },
                             self.percentile_label(),
                             lat,
                             NEGLIGIBLE_CUT * self.s.slo,
@@ -2452,12 +2488,17 @@ impl Model {
                     }
                     cat!(&mut list; self.name(i), " +", added[i]);
                 }
+                let best_effort = target > self.s.slo;
                 if !list.is_empty() {
+                    let over = if best_effort {
+                        format!("best-effort bound {target:.4} s")
+                    } else {
+                        format!("SLO {} s", self.s.slo)
+                    };
                     reasons.push(format!(
-                        "latency: {} bound {:.4} s at utilization-sized parallelism exceeds the SLO {} s; greedy marginal allocation added {} → {:.4} s",
+                        "latency: {} bound {:.4} s at utilization-sized parallelism exceeds the {over}; greedy marginal allocation added {} → {:.4} s",
                         self.percentile_label(),
                         before,
-                        self.s.slo,
                         list,
                         lat
                     ));
@@ -2465,7 +2506,13 @@ impl Model {
                 for i in 0..n {
                     if added[i] > 0 {
                         cat!(&mut why[i];
-                            "; +", added[i], " for the latency SLO (greedy marginal allocation) → p=", p[i]
+                            "; +", added[i],
+                            if best_effort {
+                                " for latency, best effort (greedy marginal allocation) → p="
+                            } else {
+                                " for the latency SLO (greedy marginal allocation) → p="
+                            },
+                            p[i]
                         );
                         if let Some(cs) = self.measured_cs(i) {
                             let _ = write!(why[i], " (measured service cs {cs:.2})");
@@ -3428,6 +3475,82 @@ edges:
             "{:?}",
             d.reasons
         );
+    }
+
+    /// With `onUnattainableSlo: bestEffort`, the SLO of the test above (unattainable: service
+    /// times alone exceed it) still gets subtasks for latency: down to (1 + BEST_EFFORT_MARGIN)
+    /// × the bound at maximum parallelism, and none that bound does not need.
+    #[test]
+    fn best_effort_allocates_an_unattainable_slo_down_to_near_its_lowest_bound() {
+        let mut spec = job(CHAIN);
+        spec.autoscaler.on_unattainable_slo = UnattainableSlo::BestEffort;
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(0.019),
+            ..PlannerSettings::default()
+        };
+        let d = plan(&spec, &ds2_window(), &settings).expect("plans");
+        assert!(!d.slo_met());
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("latency SLO 0.019 s unattainable")
+                    && r.contains("best effort (onUnattainableSlo: bestEffort)")),
+            "{:?}",
+            d.reasons
+        );
+        let model = Model::new(&spec, &ds2_window(), &settings).expect("model");
+        let at = |map: u32, sink: u32| {
+            let p: BTreeMap<&str, u32> = [("src", 1), ("map", map), ("sink", sink)].into();
+            model.assess(&p).2
+        };
+        let max = spec.max_parallelism;
+        let target = (1.0 + BEST_EFFORT_MARGIN) * at(max, max);
+        let (map, sink) = (d.parallelism["map"], d.parallelism["sink"]);
+        let bound = d.predicted_latency_percentile_seconds;
+        assert!(bound <= target, "{bound} > {target}");
+        assert!((bound - at(map, sink)).abs() < 1e-12);
+        // More subtasks than the utilization sizing (map 3, sink 1), each one needed.
+        assert!(map + sink > 4, "map {map}, sink {sink}");
+        if map > 3 {
+            assert!(at(map - 1, sink) > target, "map {map} has a spare subtask");
+        }
+        if sink > 1 {
+            assert!(
+                at(map, sink - 1) > target,
+                "sink {sink} has a spare subtask"
+            );
+        }
+        // The utilization-only plan's bound is above the target: best effort bought latency.
+        spec.autoscaler.on_unattainable_slo = UnattainableSlo::UtilizationOnly;
+        let plain = plan(&spec, &ds2_window(), &settings).expect("plans");
+        assert!(plain.predicted_latency_percentile_seconds > target);
+    }
+
+    /// An attainable SLO is planned the same with or without best effort (at 0.11 s the
+    /// allocation adds subtasks: the bound is 0.1190 s at the sizing, 0.1060 s at maximum
+    /// parallelism).
+    #[test]
+    fn best_effort_changes_nothing_when_the_slo_is_attainable() {
+        for slo in [0.11, 0.2, 1.0] {
+            let settings = PlannerSettings {
+                latency_slo_seconds: Some(slo),
+                ..PlannerSettings::default()
+            };
+            let mut spec = job(CHAIN);
+            let plain = plan(&spec, &ds2_window(), &settings).expect("plans");
+            spec.autoscaler.on_unattainable_slo = UnattainableSlo::BestEffort;
+            let best = plan(&spec, &ds2_window(), &settings).expect("plans");
+            assert_eq!(plain, best, "SLO {slo} s");
+            assert!(best.slo_met(), "SLO {slo} s");
+            assert_eq!(
+                slo == 0.11,
+                best.reasons
+                    .iter()
+                    .any(|r| r.contains("greedy marginal allocation added")),
+                "SLO {slo} s: {:?}",
+                best.reasons
+            );
+        }
     }
 
     #[test]
@@ -4814,6 +4937,40 @@ edges:
             prop_assert!(total(&hi) >= total(&lo), "{} → {} subtasks with ×{}", total(&lo), total(&hi), factor);
             if slo >= 1000.0 {
                 prop_assert_eq!(&sized.parallelism, &lo.parallelism);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// `onUnattainableSlo: bestEffort` changes a plan only when the SLO is unattainable
+        /// even at maximum parallelism, and then only adds subtasks (per operator at least the
+        /// utilization-only plan's) and only lowers the slowest path's bound.
+        #[test]
+        fn best_effort_only_adds_subtasks_and_only_cuts_the_bound(d in dag(), slo in prop::sample::select(vec![0.001, 0.01, 0.1, 1.0])) {
+            let mut spec = job(&d.yaml);
+            let settings = PlannerSettings {
+                latency_slo_seconds: Some(slo),
+                ..PlannerSettings::default()
+            };
+            let w = window(&d.ops, &[0.0, 7.0]);
+            let plain = plan(&spec, &w, &settings).expect("plans");
+            spec.autoscaler.on_unattainable_slo = UnattainableSlo::BestEffort;
+            let best = plan(&spec, &w, &settings).expect("plans");
+            let gave_up = plain
+                .reasons
+                .iter()
+                .any(|r| r.contains("unattainable: even at maximum parallelism"));
+            if !gave_up {
+                prop_assert_eq!(&plain, &best);
+            } else {
+                for (name, p) in &plain.parallelism {
+                    prop_assert!(best.parallelism[name] >= *p, "{}: {} → {}", name, p, best.parallelism[name]);
+                }
+                let (a, b) = (plain.predicted_latency_percentile_seconds, best.predicted_latency_percentile_seconds);
+                prop_assert!(b <= a || (a.is_nan() && b.is_nan()) || a == f64::INFINITY, "bound {} → {}", a, b);
+                prop_assert!(!best.slo_met());
             }
         }
     }

@@ -1,5 +1,7 @@
 //! Step 2 of a plan, the latency allocation: while the slowest path's percentile bound exceeds
-//! the SLO, one subtask (a keyed operator: the smallest jump that lowers its busiest subtask's
+//! the SLO (or, for an SLO unattainable even at maximum parallelism under
+//! `onUnattainableSlo: bestEffort`, the best-effort bound [`super::BEST_EFFORT_MARGIN`] above
+//! the lowest bound there; either is the state's `target`), one subtask (a keyed operator: the smallest jump that lowers its busiest subtask's
 //! share) goes to the operator on the slowest path whose step cuts its term the most per
 //! subtask added (greedy marginal allocation, DRS ICDCS'15 / Lohrmann et al. ICDCS'15).
 //!
@@ -46,7 +48,7 @@ fn within(x: f64, limit: f64) -> bool {
 /// How the latency allocation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Allocated {
-    /// The slowest path's bound meets the SLO.
+    /// The slowest path's bound meets the target (the SLO, or the best-effort bound).
     Met,
     /// No operator on the slowest path can cut its term: the allocation stops there.
     Stuck,
@@ -57,9 +59,12 @@ pub(super) enum Allocated {
 /// The allocation's state, indexed like the topology: parallelism `p`, each operator's term of
 /// the path bound `w` (seconds; 0 for operators left out), the longest-path distance into each
 /// operator `dist` (seconds) and its predecessor `via` (`usize::MAX`: none), the slowest path's
-/// bound `lat` (seconds) and its last operator `end`, and the subtasks `added` per operator.
+/// bound `lat` (seconds) and its last operator `end`, the subtasks `added` per operator, and
+/// the bound the allocation works down to, `target` (seconds: the SLO, or the best-effort
+/// bound of an unattainable SLO, see [`super::BEST_EFFORT_MARGIN`]).
 #[derive(Clone)]
 pub(super) struct LatencyState {
+    pub target: f64,
     pub p: Vec<u32>,
     pub w: Vec<f64>,
     pub dist: Vec<f64>,
@@ -397,7 +402,7 @@ impl Model {
     }
 
     /// The latency allocation from `st` (the sized parallelism, its terms and longest path)
-    /// until the slowest path's bound is at most the SLO (see the module docs). With
+    /// until the slowest path's bound is at most `st.target` (see the module docs). With
     /// `hold_only` it stops with [`Allocated::Grew`] as soon as an operator rises above its
     /// current parallelism.
     pub(super) fn allocate_latency(&self, st: &mut LatencyState, hold_only: bool) -> Allocated {
@@ -414,21 +419,21 @@ impl Model {
         let (mut chain, mut scores) = (Vec::new(), BestScores::default());
         let mut on_chain = vec![false; n];
         let mut sums = AfterSums::new(&st.w);
-        let slack = ROUND_SLACK * self.s.slo.abs();
+        let slack = ROUND_SLACK * st.target.abs();
         // After a path over the SLO that cannot be cut: one-step greedy to the end.
         let mut one_step = false;
         let mut trimmed = false;
-        while st.lat > self.s.slo {
+        while st.lat > st.target {
             st.slowest_path_into(&mut chain);
             let stop = if one_step {
                 f64::INFINITY
             } else {
                 let other = g.longest_other_path(&chain, &st.w, &st.dist, &mut on_chain, &mut sums);
                 if other == f64::NEG_INFINITY {
-                    self.s.slo
+                    st.target
                 } else {
                     // ∞ or NaN (an infinite or NaN term): a single step.
-                    (other - slack).max(self.s.slo)
+                    (other - slack).max(st.target)
                 }
             };
             if !exceeds(st.lat, stop) {
@@ -521,9 +526,10 @@ impl Model {
                     "the pass from the first step is the full one"
                 );
             }
-            if !exceeds(st.lat, self.s.slo) && !trimmed {
+            if !exceeds(st.lat, st.target) && !trimmed {
                 trimmed = true;
-                self.trim(st, &mut sums.after, self.s.slo);
+                let target = st.target;
+                self.trim(st, &mut sums.after, target);
                 sums.reset(&st.w);
                 // (Trimming changes parallelisms and terms: their scores are made afresh.)
                 known.fill(None);
@@ -532,7 +538,7 @@ impl Model {
         Allocated::Met
     }
 
-    /// After the rounds met the SLO (`bound` the SLO), or got stuck on a path they cannot cut
+    /// After the rounds met the target (`bound` the target), or got stuck on a path they cannot cut
     /// (`bound` that path's finite bound, seconds): gives back subtasks the allocation added
     /// that the bound does not need, least useful first (the smallest rise of the operator's
     /// term), each only when every path through the operator stays `TRIM_MARGIN` × `bound`
@@ -603,7 +609,7 @@ impl Model {
             Allocated::Grew => return outcome,
             Allocated::Stuck if st.lat.is_finite() => st.lat,
             Allocated::Stuck => return outcome,
-            Allocated::Met => self.s.slo,
+            Allocated::Met => st.target,
         };
         let mut after = vec![0.0; st.p.len()];
         self.trim(st, &mut after, bound);
@@ -617,7 +623,7 @@ impl Model {
         let mut next: Vec<Option<(u32, f64)>> = vec![None; n];
         let mut dirty = vec![false; n];
         let mut chain = Vec::new();
-        while st.lat > self.s.slo {
+        while st.lat > st.target {
             st.slowest_path_into(&mut chain);
             let Some(i) = self.best_on(&chain, st, &mut next) else {
                 return Allocated::Stuck;
