@@ -578,7 +578,10 @@ fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
 /// * Scale-up (any operator grows): the benefit is the SLO violation avoided over the horizon
 ///   H: H seconds when the current parallelism violates the utilization target at the target
 ///   rate (with catch-up) or the latency SLO's percentile bound, else 0. Rescale when the
-///   benefit exceeds the D + T seconds of violation the rescale causes.
+///   benefit exceeds the D + T seconds of violation the rescale causes. A scale-up for latency
+///   alone whose plan still exceeds the SLO (`onUnattainableSlo: bestEffort`, or an allocation
+///   stuck above it) avoids no violation but cuts the bound, which best effort asks for: it
+///   counts H as well, and its reason says the SLO stays unmet.
 /// * Scale-down: the benefit is the subtask-seconds saved over H, (P_now − P_new)·H; the cost
 ///   is the whole job's output for D + T seconds, P_now·(D + T) subtask-seconds.
 fn rescale_worth_its_cost(
@@ -615,10 +618,27 @@ fn rescale_worth_its_cost(
         let violates = rho_target_now > planned.target_utilization * (1.0 + 1e-9)
             || tail_now > planned.latency_slo_seconds;
         let benefit = if violates { horizon } else { 0.0 };
+        // A scale-up for latency alone whose plan still exceeds the SLO (best effort, or an
+        // allocation stuck above it) avoids no violation; it cuts the bound, and counts the
+        // horizon as its benefit all the same (what `onUnattainableSlo: bestEffort` asks for).
+        let latency_only = rho_target_now <= planned.target_utilization * (1.0 + 1e-9)
+            && tail_now > planned.latency_slo_seconds
+            && !planned.slo_met();
+        let gain = if latency_only {
+            format!(
+                "scale-up cuts the {} bound {} → {} s, still over the SLO (best effort: counted as {} s of violation avoided",
+                format_args!("p{}", (planned.latency_percentile * 100.0).round()),
+                Fixed(tail_now, 4),
+                Fixed(planned.predicted_latency_percentile_seconds, 4),
+                Fixed(benefit, 0)
+            )
+        } else {
+            format!("scale-up avoids {} s of SLO violation", Fixed(benefit, 0))
+        };
         let verdict = format!(
-            "{cost}; scale-up avoids {} s of SLO violation over the {} s horizon (now: ρ {} vs target {}, {} bound {} s vs SLO {} s) vs {} s late during the rescale",
-            Fixed(benefit, 0),
+            "{cost}; {gain} over the {} s horizon{} (now: ρ {} vs target {}, {} bound {} s vs SLO {} s) vs {} s late during the rescale",
             Fixed(horizon, 0),
+            if latency_only { ")" } else { "" },
             Fixed(rho_target_now, 2),
             Fixed(planned.target_utilization, 2),
             format_args!("p{}", (planned.latency_percentile * 100.0).round()),
@@ -680,6 +700,7 @@ mod tests {
     use super::*;
     use crate::model::sample::SubtaskSample;
     use crate::model::testutil::{Synth, job, window};
+    use streamscale_engine::spec::UnattainableSlo;
 
     const CHAIN: &str = r"
 name: chain
@@ -808,6 +829,33 @@ edges:
         // Without a downtime a rescale costs nothing and is always worth it.
         let v = Autoscaler::default().decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
         assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
+    }
+
+    /// Best effort: a scale-up for latency alone (map at ρ 0.67 ≤ 0.7 already, an SLO below
+    /// its service time) is applied, and its reason says that the SLO stays unmet.
+    #[test]
+    fn a_best_effort_scale_up_says_the_slo_stays_unmet() {
+        let mut spec = job(CHAIN);
+        let settings = GuardSettings {
+            rescale_horizon_seconds: 600.0,
+            planner: PlannerSettings {
+                rescale_downtime_seconds: Some(1.0),
+                latency_slo_seconds: Some(0.005),
+                ..PlannerSettings::default()
+            },
+            ..GuardSettings::default()
+        };
+        let v = Autoscaler::new(settings.clone()).decide(0.0, &win(3, 200.0, 0.0, 1), &spec);
+        assert!(matches!(v, Verdict::Hold { .. }), "{v:?}");
+        spec.autoscaler.on_unattainable_slo = UnattainableSlo::BestEffort;
+        let v = Autoscaler::new(settings).decide(0.0, &win(3, 200.0, 0.0, 1), &spec);
+        assert!(parallelism(&v).is_some_and(|p| p["map"] > 3), "{v:?}");
+        assert!(
+            planned(&v).reasons.iter().any(|r| r.contains(
+                "still over the SLO (best effort: counted as 600 s of violation avoided over the 600 s horizon)"
+            ) && r.ends_with("worth it")),
+            "{v:?}"
+        );
     }
 
     #[test]
