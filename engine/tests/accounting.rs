@@ -86,6 +86,8 @@ fn nexmark_q5_balances_after_a_draining_stop_mid_stream() {
     let job = example(dir.path(), "nexmark/q5.yaml", None);
     let mut engine = EngineProcess::start(&job, &dir.path().join("sp"), &[]);
     std::thread::sleep(Duration::from_millis(1500));
+    // Mid-stream means after some records (a loaded machine can delay them past the pause).
+    engine.wait_source_records_above(0);
     let (_, view) = engine.stop_with_savepoint(true);
     assert_balanced(&view);
 }

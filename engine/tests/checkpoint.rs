@@ -116,7 +116,8 @@ fn savepoint_of_a_running_job_then_stop_with_savepoint() {
     let sps = dir.path().join("savepoints");
     let mut engine = EngineProcess::start(&job, &sps, &["--parallelism", "work=2,counts=3"]);
     std::thread::sleep(Duration::from_millis(800));
-    engine.savepoint("live", Duration::from_secs(30));
+    engine.wait_source_records_above(0);
+    engine.savepoint("live", Duration::from_secs(120));
     let live = Savepoint::read(&sps.join("live"), &spec).unwrap();
     assert!(live.metadata.sources["source"].emitted > 0);
     assert_consistent_cut(&live);
@@ -126,6 +127,7 @@ fn savepoint_of_a_running_job_then_stop_with_savepoint() {
         "a savepoint does not stop the job"
     );
     std::thread::sleep(Duration::from_millis(300));
+    engine.wait_source_records_above(live.metadata.sources["source"].emitted);
     let (stopped, job_view) = engine.stop_with_savepoint(false);
     let sp = Savepoint::read(&stopped, &spec).unwrap();
     assert_consistent_cut(&sp);

@@ -108,7 +108,7 @@ fn corrupted_savepoint_is_refused_and_left_alone() {
     let job = common::bounded_job(dir.path(), 3000, 3000.0);
     let sps = dir.path().join("savepoints");
     let mut engine = common::EngineProcess::start(&job, &sps, &[]);
-    engine.wait_state("finished", std::time::Duration::from_secs(30));
+    engine.wait_state("finished", std::time::Duration::from_secs(120));
     let (sp, _) = engine.stop_with_savepoint(false);
     let state = sp.join("state-counts.bin");
     let mut bytes = std::fs::read(&state).unwrap();

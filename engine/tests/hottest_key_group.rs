@@ -7,9 +7,9 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::EngineProcess;
+use common::{EngineProcess, metric_sum};
 
 /// `streamscale_hottest_key_group_share` of `operator`'s subtask `subtask`, if published.
 fn share(text: &str, operator: &str, subtask: u32) -> Option<f64> {
@@ -37,8 +37,10 @@ fn listed(text: &str, operator: &str, subtask: u32) -> Vec<(u32, f64)> {
 }
 
 /// Runs a source with `keys` keys at 2000 records/s through a map into a keyed window at
-/// parallelism 2 (128 key groups, 64 per subtask) for 1.5 s and returns `/metrics`.
-fn metrics_with_keys(keys: u64) -> String {
+/// parallelism 2 (128 key groups, 64 per subtask) for 1.5 s, and on until the window has taken
+/// `min_records` records (a loaded machine can lag behind the source's rate), and returns
+/// `/metrics`.
+fn metrics_with_keys(keys: u64, min_records: f64) -> String {
     let yaml = format!(
         "name: keys\nmaxParallelism: 128\noperators:\n  - {{ name: src, kind: source, keys: {keys}, rate: {{ constant: 2000 }} }}\n  - {{ name: map, kind: map }}\n  - {{ name: counts, kind: window, sizeMs: 1000, parallelism: 2 }}\n  - {{ name: sink, kind: sink }}\nedges:\n  - {{ from: src, to: map }}\n  - {{ from: map, to: counts }}\n  - {{ from: counts, to: sink }}\n"
     );
@@ -47,12 +49,25 @@ fn metrics_with_keys(keys: u64) -> String {
     std::fs::write(&job, yaml).unwrap();
     let engine = EngineProcess::start(&job, &dir.path().join("savepoints"), &[]);
     std::thread::sleep(Duration::from_millis(1500));
-    engine.metrics()
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let m = engine.metrics();
+        let taken = metric_sum(&m, "streamscale_records_in_total{operator=\"counts\"");
+        // The share is set just after the flush adds to the record counter: wait for both.
+        if taken >= min_records && share(&m, "counts", 0).or(share(&m, "counts", 1)).is_some() {
+            return m;
+        }
+        assert!(
+            Instant::now() < until,
+            "in 120 s the window took {taken} records (awaited {min_records}) or published no share:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
 fn one_key_gives_its_subtask_a_share_of_one() {
-    let m = metrics_with_keys(1);
+    let m = metrics_with_keys(1, 100.0);
     let shares = [share(&m, "counts", 0), share(&m, "counts", 1)];
     // The one key's group belongs to one subtask: that one reads 1, the other has had no
     // record and publishes nothing.
@@ -71,7 +86,7 @@ fn one_key_gives_its_subtask_a_share_of_one() {
 
 #[test]
 fn many_keys_give_a_small_share() {
-    let m = metrics_with_keys(100_000);
+    let m = metrics_with_keys(100_000, 2000.0);
     for i in 0..2 {
         let h = share(&m, "counts", i).unwrap_or_else(|| panic!("no share for counts-{i}:\n{m}"));
         // Even spread: 1/64 per key group; ~1500 records per subtask make the busiest one

@@ -13,7 +13,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{EngineProcess, metric_sample, parse_metrics};
 
@@ -46,7 +46,34 @@ fn check_fresh(
     std::fs::write(&job, yaml).unwrap();
     let engine = EngineProcess::start(&job, &dir.path().join("savepoints"), &[]);
     std::thread::sleep(WARM_UP);
-    let a = parse_metrics(&engine.metrics());
+    // A loaded machine can delay a subtask's first flush past the warm-up: the window starts
+    // once every listed subtask has published its series at least once.
+    let until = Instant::now() + Duration::from_secs(60);
+    let a = loop {
+        let a = parse_metrics(&engine.metrics());
+        let missing: Vec<String> = subtasks
+            .iter()
+            .flat_map(|&(op, i, _)| {
+                [
+                    "busy_time_seconds_total",
+                    "idle_time_seconds_total",
+                    "backpressured_time_seconds_total",
+                    "records_in_total",
+                    "records_out_total",
+                ]
+                .map(|f| format!("streamscale_{f}{{operator=\"{op}\",subtask=\"{i}\"}}"))
+            })
+            .filter(|series| !a.contains_key(series))
+            .collect();
+        if missing.is_empty() {
+            break a;
+        }
+        assert!(
+            Instant::now() < until,
+            "no first flush in 60 s: {missing:?} absent from /metrics: {a:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     std::thread::sleep(WINDOW);
     let b = parse_metrics(&engine.metrics());
     let min_growth = WINDOW.as_secs_f64() / 4.0;

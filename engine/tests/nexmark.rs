@@ -444,6 +444,8 @@ fn window_and_join_state_survive_rescaling() {
         let sp = dir.path().join("sp");
         let mut engine = EngineProcess::start(&job, &sp, &["--parallelism", first]);
         std::thread::sleep(Duration::from_millis(2000));
+        // Mid-stream means after some events (a loaded machine can delay them past the pause).
+        engine.wait_source_records_above(0);
         let (savepoint, view) = engine.stop_with_savepoint(false);
         // Records the source emitted, each once.
         let sent = view["sourceRecords"].as_u64().unwrap();

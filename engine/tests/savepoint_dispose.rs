@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::EngineProcess;
+use common::{EngineProcess, parse_metrics};
 use reqwest::blocking::Client;
 use serde_json::{Value, json};
 
@@ -94,6 +94,27 @@ fn completed_savepoints_are_disposed_and_nothing_else_is() {
     let base = engine.base.clone();
 
     // Pending: asked at once after the request, while the barrier waits behind the slow map.
+    // The channels fill within a tenth of a second; on a loaded machine wait until they hold a
+    // few records (0.1 s each) so that the barrier is still queued when the question comes.
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = parse_metrics(&engine.metrics());
+        let queued = |i: u32| {
+            m.get(&format!(
+                "streamscale_input_queue_length{{operator=\"work\",subtask=\"{i}\"}}"
+            ))
+            .copied()
+            .unwrap_or(0.0)
+        };
+        if queued(0) >= 4.0 && queued(1) >= 4.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the slow map's input queues never filled in 60 s: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(trigger(&client, &base, "sp-a", false), 202);
     let (code, body) = dispose(&client, &base, "sp-a");
     assert_eq!(code, 409, "{body}");

@@ -104,6 +104,23 @@ fn after_a_restore_arrivals_count_from_the_jobs_first_start() {
         &["--restore", &sp_arg, "--parallelism", "source=3"],
     );
     std::thread::sleep(Duration::from_millis(500));
+    // Each source subtask's series appear when its thread starts, which a loaded machine can
+    // delay past the pause.
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = parse_metrics(&restored.metrics());
+        let series = |i: u32| {
+            format!("streamscale_source_arrivals_total{{operator=\"source\",subtask=\"{i}\"}}")
+        };
+        if (0..3).all(|i| m.contains_key(&series(i))) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the 3 restored source subtasks did not all publish in 60 s: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let before = unix_now();
     let m = parse_metrics(&restored.metrics());
     let after = unix_now();

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{EngineProcess, bounded_job, checkpointed_job};
 use streamscale_engine::checkpoint::storage::CheckpointStorage;
@@ -78,6 +78,8 @@ fn disk_backend_savepoint_at_p2_restores_at_p3_and_p1_with_the_same_keyed_state(
 
     let mut first = EngineProcess::start(&job, &sps, &["--parallelism", "work=2,counts=2"]);
     std::thread::sleep(Duration::from_millis(1500));
+    // The stop must land after some progress (a loaded machine can delay it past the pause).
+    first.wait_source_records_above(0);
     assert!(
         !redb_files(&state_dir).is_empty(),
         "the disk backend keeps its working files in state.dir"
@@ -197,6 +199,19 @@ fn disk_backend_sigkill_at_random_moments_then_recover_gives_exactly_once_state(
             restored.push(engine.job()["restoredFrom"].clone());
         }
         std::thread::sleep(Duration::from_millis(400 + rng.next() % 900));
+        if kill == 0 {
+            // The later runs must have a checkpoint to recover from: on a loaded machine the
+            // first one (0.2 s interval) can come after the drawn moment, so wait for it.
+            let until = Instant::now() + Duration::from_secs(120);
+            while CheckpointStorage::new(&chk, 3)
+                .completed_ids()
+                .unwrap()
+                .is_empty()
+            {
+                assert!(Instant::now() < until, "no checkpoint completed in 120 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         engine.child.kill().unwrap(); // SIGKILL: no cleanup runs
         engine.child.wait().unwrap();
         let storage = CheckpointStorage::new(&chk, 3);

@@ -89,19 +89,49 @@ impl EngineProcess {
         }
     }
 
-    /// Stop-with-savepoint; returns the savepoint path and the job view taken right after.
+    /// Waits until the job view counts more than `records` source records (`sourceRecords`,
+    /// published at the subtasks' flushes, so at most the sources' position) and returns the
+    /// view: a stop or savepoint after a fixed pause must still land after some progress when
+    /// a loaded machine delays the sources. Panics after 60 s.
+    pub fn wait_source_records_above(&self, records: u64) -> Value {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let job = self.job();
+            if job["sourceRecords"].as_u64().unwrap() > records {
+                return job;
+            }
+            assert!(
+                Instant::now() < until,
+                "no more than {records} source records in 60 s: {job}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop-with-savepoint; returns the savepoint path and the job view taken once the job left
+    /// `stopping` (its final counters).
+    ///
+    /// The engine publishes the stopped state, the final counters and the `completed` status
+    /// under one lock, but it exits shortly after its terminal status is read, so the view is
+    /// taken first: the job view is polled until it is no longer `stopping`, and only then is
+    /// the status read. (A view taken before each status poll could predate the completion
+    /// that the status poll then saw, leaving the live, unbalanced counters of a draining job.)
     pub fn stop_with_savepoint(&mut self, drain: bool) -> (PathBuf, Value) {
         let request = serde_json::json!({"stop": true, "drain": drain});
+        let within = Duration::from_secs(120);
+        let until = Instant::now() + within;
         let mut job = Value::Null;
-        let st = request_savepoint(
-            &self.client,
-            &self.base,
-            &request,
-            Duration::from_secs(60),
-            || {
+        let st = request_savepoint(&self.client, &self.base, &request, within, || {
+            job = self.job();
+            while job["state"] == "stopping" {
+                assert!(
+                    Instant::now() < until,
+                    "the job was still stopping after {within:?}: {job}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
                 job = self.job();
-            },
-        );
+            }
+        });
         let _ = self.child.wait();
         (PathBuf::from(st["path"].as_str().unwrap()), job)
     }
