@@ -15,6 +15,7 @@
 //! arrivals: poisson        # `poisson` (default) or `paced` (as the engine's source)
 //! sloSeconds: 1            # latency SLO (default: the job's autoscaler.latencySloSeconds)
 //! latencyPercentile: 0.95  # its percentile (default: the job's autoscaler.latencyPercentile)
+//! onUnattainableSlo: bestEffort # or utilizationOnly (default: the job's autoscaler.onUnattainableSlo)
 //! operators:
 //!   enrich: { meanMicros: 5200, cv: 1.5 }   # per-record service time: mean (µs) and CV
 //! rescale:
@@ -27,6 +28,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use streamscale_engine::spec::UnattainableSlo;
 
 use crate::SimError;
 
@@ -118,6 +120,11 @@ pub struct SimConfig {
     /// Percentile the SLO is on, in (0, 1) (0.95 = p95). `None` = the job's
     /// `autoscaler.latencyPercentile` (0.99 by default).
     pub latency_percentile: Option<f64>,
+    /// What the planner (the streamscale policies) does when the latency SLO is unattainable
+    /// even at every operator's maximum parallelism by its bound: `utilizationOnly` (no
+    /// subtasks for latency) or `bestEffort` (subtasks down to 1.1 × the lowest bound there).
+    /// `None` = the job's `autoscaler.onUnattainableSlo` (default `utilizationOnly`).
+    pub on_unattainable_slo: Option<UnattainableSlo>,
 }
 
 impl Default for SimConfig {
@@ -136,6 +143,7 @@ impl Default for SimConfig {
             rescale: RescaleCost::default(),
             slo_seconds: None,
             latency_percentile: None,
+            on_unattainable_slo: None,
         }
     }
 }

@@ -116,7 +116,9 @@ pub struct OpModel {
 /// The job as the simulator sees it. Operators are indexed in topological order.
 #[derive(Debug, Clone)]
 pub struct JobModel {
-    /// The job file (with its original parallelism).
+    /// The job file (with its original parallelism), its `autoscaler` latency SLO, percentile
+    /// and `onUnattainableSlo` as the simulator settings override them (the planner reads them
+    /// from here).
     pub spec: JobSpec,
     /// Operators in topological order.
     pub ops: Vec<OpModel>,
@@ -309,6 +311,9 @@ impl JobModel {
         let mut spec = spec.clone();
         spec.autoscaler.latency_slo_seconds = slo_s;
         spec.autoscaler.latency_percentile = slo_percentile;
+        if let Some(u) = cfg.on_unattainable_slo {
+            spec.autoscaler.on_unattainable_slo = u;
+        }
         let duration_s = duration_s
             .or_else(|| {
                 let last = ends.iter().flatten().copied().reduce(f64::max)?;

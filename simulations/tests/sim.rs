@@ -484,6 +484,7 @@ fn cli_writes_summary_csv_and_plot() {
         "mean_backlog",
         "downtime_s",
         "records_late",
+        "records",
     ];
     for p in ["streamscale", "flink"] {
         for k in keys {
@@ -1371,4 +1372,110 @@ fn the_slo_is_graded_at_its_percentile() {
             "{err}"
         );
     }
+}
+
+/// `onUnattainableSlo` reaches the planner, from the job file, from the simulator settings
+/// (which win) and from `--on-unattainable-slo`. A 6 ms p99 SLO on `chain` at 300 records/s
+/// is unattainable by the planner's union bound even at maximum parallelism (the service times
+/// alone, 0.5 ms and 1 ms exponential, take ≈ 8.6 ms at the bound's per-operator tail
+/// 0.01 / 3), so `utilizationOnly` keeps the utilization sizing (one subtask each) and
+/// `bestEffort` adds subtasks.
+#[test]
+fn on_unattainable_slo_reaches_the_planner() {
+    use streamscale_engine::spec::UnattainableSlo;
+    let yaml = chain("{ constant: 300 }");
+    let fast = |model: &JobModel| run(model, "streamscale", Mode::Fast, 1.0, 1);
+    let tight = |u: Option<UnattainableSlo>| SimConfig {
+        slo_seconds: Some(0.006),
+        on_unattainable_slo: u,
+        ..SimConfig::default()
+    };
+    let plain_spec = job(&yaml);
+    let default = JobModel::new(&plain_spec, &tight(None), Some(300.0)).unwrap();
+    assert_eq!(
+        default.spec.autoscaler.on_unattainable_slo,
+        UnattainableSlo::UtilizationOnly
+    );
+    let base = fast(&default);
+    assert_eq!(
+        base.rows.last().unwrap().parallelism,
+        vec![1, 1, 1, 1],
+        "utilizationOnly: the sizing alone"
+    );
+    let best = JobModel::new(
+        &plain_spec,
+        &tight(Some(UnattainableSlo::BestEffort)),
+        Some(300.0),
+    )
+    .unwrap();
+    assert_eq!(
+        best.spec.autoscaler.on_unattainable_slo,
+        UnattainableSlo::BestEffort
+    );
+    let b = fast(&best);
+    let last = &b.rows.last().unwrap().parallelism;
+    assert!(
+        last.iter().sum::<u32>() > 4 && b.summary.resource_hours > base.summary.resource_hours,
+        "bestEffort added no subtask: {last:?}"
+    );
+    // The job file's setting is kept without a simulator setting and overridden by one.
+    let be_spec = job(&yaml.replace(
+        "catchUpSeconds: 30 }",
+        "catchUpSeconds: 30, onUnattainableSlo: bestEffort }",
+    ));
+    let from_job = JobModel::new(&be_spec, &tight(None), Some(300.0)).unwrap();
+    assert_eq!(fast(&from_job).summary, b.summary);
+    let overridden = JobModel::new(
+        &be_spec,
+        &tight(Some(UnattainableSlo::UtilizationOnly)),
+        Some(300.0),
+    )
+    .unwrap();
+    assert_eq!(fast(&overridden).summary, base.summary);
+    // The YAML settings file and the command line.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_file = dir.path().join("sim.yaml");
+    std::fs::write(&cfg_file, "onUnattainableSlo: bestEffort\n").unwrap();
+    assert_eq!(
+        SimConfig::from_file(&cfg_file).unwrap().on_unattainable_slo,
+        Some(UnattainableSlo::BestEffort)
+    );
+    let job_file = dir.path().join("chain.yaml");
+    std::fs::write(&job_file, &yaml).unwrap();
+    let cli = |extra: &[&str]| {
+        let rep = dir.path().join(format!("rep{}", extra.len()));
+        let mut args = vec![
+            job_file.to_str().unwrap(),
+            "--policy",
+            "streamscale",
+            "--slo",
+            "0.006",
+            "--duration",
+            "300",
+            "--step",
+            "1",
+            "--quiet",
+            "--report",
+            rep.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (code, _, err) = sim(&args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(rep.join("summary.json")).unwrap())
+                .unwrap();
+        v["policies"]["streamscale"]["resource_hours"]
+            .as_f64()
+            .unwrap()
+    };
+    let (plain_h, best_h) = (cli(&[]), cli(&["--on-unattainable-slo", "bestEffort"]));
+    assert!((plain_h - base.summary.resource_hours).abs() < 1e-9);
+    assert!((best_h - b.summary.resource_hours).abs() < 1e-9);
+    let (code, _, err) = sim(&[
+        job_file.to_str().unwrap(),
+        "--on-unattainable-slo",
+        "sometimes",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--on-unattainable-slo"), "{err}");
 }

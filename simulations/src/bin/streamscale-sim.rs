@@ -2,7 +2,7 @@
 //! autoscaling policies and compares them.
 //!
 //! `streamscale-sim JOB.yaml --trace FILE [--policy NAME[,NAME...]|all] [--slo SECONDS]
-//! [--latency-percentile P]
+//! [--latency-percentile P] [--on-unattainable-slo utilizationOnly|bestEffort]
 //! [--report DIR] [--scale X] [--speedup N] [--gaps hold|zero] [--start S] [--end S]
 //! [--duration S] [--mode fast|event] [--step S] [--interval S] [--window S] [--seed N]
 //! [--sim-config FILE] [--downtime S] [--seconds-per-mb S] [--service OP=MEAN_US[:CV],...]
@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Parser;
 use indicatif::ProgressDrawTarget;
-use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec};
+use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec, UnattainableSlo};
 use streamscale_simulations::config::SimConfig;
 use streamscale_simulations::model::JobModel;
 use streamscale_simulations::policy::POLICIES;
@@ -41,6 +41,12 @@ struct Args {
     /// 0.99 = p99): the latency graded, planned for and plotted.
     #[arg(long)]
     latency_percentile: Option<f64>,
+    /// What streamscale's planner does when the SLO is unattainable even at maximum
+    /// parallelism by its bound: `utilizationOnly` (no subtasks for latency) or `bestEffort`
+    /// (subtasks down to 1.1 × the lowest bound there) (default: the job's
+    /// autoscaler.onUnattainableSlo, itself `utilizationOnly` by default).
+    #[arg(long, value_parser = ["utilizationOnly", "bestEffort"])]
+    on_unattainable_slo: Option<String>,
     /// Report directory (summary.json, timeseries.csv, comparison.png).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -212,6 +218,14 @@ fn run(a: Args) -> anyhow::Result<()> {
             bail!("--latency-percentile: {q} is not in (0, 1) (0.99 is p99)");
         }
         cfg.latency_percentile = Some(q);
+    }
+    match a.on_unattainable_slo.as_deref() {
+        None => {}
+        Some("bestEffort") => cfg.on_unattainable_slo = Some(UnattainableSlo::BestEffort),
+        Some("utilizationOnly") => {
+            cfg.on_unattainable_slo = Some(UnattainableSlo::UtilizationOnly);
+        }
+        Some(v) => bail!("--on-unattainable-slo: `{v}` is not `utilizationOnly` or `bestEffort`"),
     }
     if let Some(v) = a.step {
         cfg.step_seconds = Some(v);
