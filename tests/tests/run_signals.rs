@@ -58,7 +58,8 @@ fn engines_of(report: &Path) -> Vec<u32> {
 }
 
 fn wait_until_no_engine(report: &Path) -> Vec<u32> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // A deadline for an engine that stays only (a loaded machine can delay a prompt exit).
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let left = engines_of(report);
         if left.is_empty() || Instant::now() > deadline {
