@@ -129,13 +129,14 @@ pub struct SavepointStatus {
     pub reason: Option<String>,
 }
 
-/// A completed savepoint and the job's totals read right after it completed.
+/// A completed stop-with-savepoint and the job's final totals.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SavepointOutcome {
     /// Directory of the savepoint, as the engine names it.
     pub path: String,
-    /// `GET /v1/job` fetched right after completion (`None` if the engine had already gone).
-    pub final_job: Option<JobStatus>,
+    /// `GET /v1/job` once the job had left `stopping`, read just before the completed status
+    /// (the engine sets both at once): the final totals.
+    pub final_job: JobStatus,
 }
 
 /// Client for one engine's REST API at `base_url` (e.g. `http://127.0.0.1:40123`).
@@ -319,13 +320,16 @@ impl EngineApi {
         })
     }
 
-    /// Stop-with-savepoint: requests it, polls its status every 100 ms until terminal, and on
-    /// completion fetches `/v1/job` at once (the engine exits 300 ms after the terminal
-    /// status was read).
+    /// Stop-with-savepoint: requests it, then every 100 ms reads `/v1/job` until the job has
+    /// left `stopping`, and only then the savepoint's status. The engine sets the stopped state,
+    /// the final counters and the completed status together, and exits 300 ms after the
+    /// terminal status was read (`EXIT_GRACE_AFTER_READ`): the job view read just before
+    /// holds the final counters, while one read after the status could find the engine gone
+    /// on a loaded machine.
     ///
     /// # Errors
     /// [`ApiError::SavepointFailed`] when the engine reports `failed`,
-    /// [`ApiError::SavepointTimeout`] after `timeout`, or a request error.
+    /// [`ApiError::SavepointTimeout`] after `timeout`, or a request error (after 20 in a row).
     pub async fn stop_with_savepoint(
         &self,
         drain: bool,
@@ -335,9 +339,13 @@ impl EngineApi {
         let started = tokio::time::Instant::now();
         let mut transient_errors = 0;
         loop {
-            match self.savepoint(&id).await {
-                Ok(s) if s.status == "completed" => {
-                    let final_job = self.job().await.ok();
+            let polled = match self.job().await {
+                Ok(job) if job.state == "stopping" => Ok(None),
+                Ok(job) => self.savepoint(&id).await.map(|s| Some((s, job))),
+                Err(e) => Err(e),
+            };
+            match polled {
+                Ok(Some((s, job))) if s.status == "completed" => {
                     let path = s.path.unwrap_or_default();
                     if path.is_empty() {
                         return Err(ApiError::SavepointFailed {
@@ -345,9 +353,12 @@ impl EngineApi {
                             reason: "completed without a path".into(),
                         });
                     }
-                    return Ok(SavepointOutcome { path, final_job });
+                    return Ok(SavepointOutcome {
+                        path,
+                        final_job: job,
+                    });
                 }
-                Ok(s) if s.status == "failed" => {
+                Ok(Some((s, _))) if s.status == "failed" => {
                     return Err(ApiError::SavepointFailed {
                         id,
                         reason: s.reason.unwrap_or_else(|| "no reason given".into()),

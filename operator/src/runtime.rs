@@ -181,7 +181,7 @@ impl EngineRuntime for KubeRuntime {
             .await?;
         Ok(StopOutcome {
             savepoint: Savepoint { path: out.path },
-            final_job: out.final_job,
+            final_job: Some(out.final_job),
         })
     }
 

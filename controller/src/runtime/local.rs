@@ -393,7 +393,7 @@ impl EngineRuntime for LocalRuntime {
         {
             Ok(outcome) => Ok(StopOutcome {
                 savepoint: Savepoint { path: outcome.path },
-                final_job: outcome.final_job,
+                final_job: Some(outcome.final_job),
             }),
             Err(e) => match self.exited(handle).await {
                 Some(exit) => Err(exit),

@@ -41,8 +41,8 @@ pub struct Savepoint {
 pub struct StopOutcome {
     /// The completed savepoint.
     pub savepoint: Savepoint,
-    /// The job's status read right after the savepoint completed (totals such as
-    /// `recordsEmitted`); `None` when the engine had already gone.
+    /// The job's final status (totals such as `recordsEmitted`), read with the completed
+    /// savepoint; `None` from a runtime that cannot read it (the unit tests' mock runtime).
     pub final_job: Option<JobStatus>,
 }
 
