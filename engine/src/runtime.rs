@@ -1157,17 +1157,26 @@ impl Job {
                     .map(|s| s.slice(range))
                     .unwrap_or_default()
             };
-            let stage = EventTimeStage::for_kind(
-                &op.kind,
-                channels.get(name).copied().unwrap_or(0),
-                channel,
-                k,
-                restored_state(),
-            )
-            .map_err(|source| RuntimeError::State {
-                operator: name.clone(),
-                source,
-            })?;
+            // Job-wide channel (watermark sender) of each input channel, by input index: a
+            // chain member's only input is its upstream member, others are numbered per
+            // upstream subtask, upstream operators in edge order (as `outputs_of` tags them).
+            let base = |u: &str| channel_base.get(u).copied().unwrap_or(0);
+            let ups = spec.inputs_of(name);
+            let input_channels: Vec<u32> = if member(name) {
+                ups.first().map(|u| base(u) + index).into_iter().collect()
+            } else {
+                ups.iter()
+                    .filter_map(|u| spec.operator(u))
+                    .flat_map(|u| (0..u.parallelism).map(move |i| (&u.name, i)))
+                    .map(|(u, i)| base(u) + i)
+                    .collect()
+            };
+            let stage =
+                EventTimeStage::for_kind(&op.kind, &input_channels, channel, k, restored_state())
+                    .map_err(|source| RuntimeError::State {
+                    operator: name.clone(),
+                    source,
+                })?;
             let behaviour = match stage {
                 Some(stage) => Behaviour::EventTime {
                     stage: Box::new(stage),
@@ -1982,6 +1991,11 @@ impl OperatorTask {
                 }
                 Event::Barrier(b) => self.aligner.on_barrier(msg.channel, b),
                 Event::End => {
+                    // Nothing follows on the channel: its watermark is +∞ from now on.
+                    if !self.op.end_input(msg.channel, &mut ctx) {
+                        error = Some(closed(&ctx));
+                        break;
+                    }
                     let aligned = self.aligner.on_end(msg.channel);
                     natural_end = self.aligner.all_ended();
                     aligned
@@ -2065,6 +2079,19 @@ impl Operator {
             w.flush()?;
         }
         Ok(())
+    }
+
+    /// Input channel `input` ended: an event-time stage counts its watermark as `+∞` from now
+    /// on (whatever it sent last) and fires what that completes. Returns false if a
+    /// downstream receiver is gone.
+    fn end_input(&mut self, input: u32, ctx: &mut SubtaskContext) -> bool {
+        match &mut self.behaviour {
+            Behaviour::EventTime { stage, out } => {
+                stage.end_input(input, out);
+                emit_stage_output(out, ctx)
+            }
+            _ => true,
+        }
     }
 
     /// Every live input delivered barrier `b`: (drain: fire open panes,) snapshot, acknowledge,

@@ -6,6 +6,12 @@
 //! downstream subtask keeps the largest watermark per upstream subtask and takes the minimum
 //! over all of them ([`watermark::WatermarkTracker`]); when that minimum advances the operator
 //! fires what the new watermark completes, then forwards the watermark on its own outputs.
+//! A finished input is at `+∞` (Flink's final watermark `Long.MAX_VALUE`, FLIP-147): a
+//! finished source sends `u64::MAX` before its end of input, a stage whose inputs all ended
+//! fires everything and sends it too, and an input channel's end counts as `u64::MAX` even
+//! without it ([`EventTimeStage::end_input`]), so a bounded source that finished never holds
+//! back the windows of the sources still running, also after a restore (its restored
+//! subtasks claim nothing and send `u64::MAX` and the end at once).
 //! Records whose every window has already been fired (window end − 1 ≤ watermark) are late:
 //! they are dropped and counted in `streamscale_late_records_dropped_total`.
 
@@ -60,6 +66,8 @@ enum Operator {
 /// An event-time operator subtask: its input watermark and its operator.
 pub struct EventTimeStage {
     tracker: WatermarkTracker,
+    /// Job-wide channel number (watermark sender) of each input channel, by input index.
+    inputs: Vec<u32>,
     channel: u32,
     operator: Operator,
 }
@@ -73,7 +81,7 @@ impl EventTimeStage {
     /// [`StateCodecError`] when restored state cannot be decoded.
     pub fn for_kind(
         kind: &OperatorKind,
-        inputs: usize,
+        inputs: &[u32],
         channel: u32,
         max_parallelism: u32,
         restored: KeyedState,
@@ -98,7 +106,8 @@ impl EventTimeStage {
                 _ => return Ok(None),
             };
         Ok(Some(EventTimeStage {
-            tracker: WatermarkTracker::new(inputs),
+            tracker: WatermarkTracker::new(inputs.len()),
+            inputs: inputs.to_vec(),
             channel,
             operator,
         }))
@@ -147,6 +156,18 @@ impl EventTimeStage {
                 }
                 Some(kg)
             }
+        }
+    }
+
+    /// The end of input channel `input` (its index at this subtask): its watermark counts as
+    /// `+∞` from now on ([`WatermarkTracker::end`]), so that its last watermark no longer holds
+    /// back the others'; fires what that completes, appending it to `out`.
+    pub fn end_input(&mut self, input: u32, out: &mut StageOutput) {
+        let Some(&channel) = self.inputs.get(input as usize) else {
+            return;
+        };
+        if let Some(wm) = self.tracker.end(channel) {
+            self.advance(wm, out);
         }
     }
 
@@ -279,7 +300,7 @@ mod tests {
     fn check_key_groups(kind: &OperatorKind, records: Vec<Record>) -> Vec<Record> {
         let k = 128;
         let route = crate::runtime::key_selector(kind);
-        let mut stage = EventTimeStage::for_kind(kind, 1, 0, k, KeyedState::default())
+        let mut stage = EventTimeStage::for_kind(kind, &[0], 0, k, KeyedState::default())
             .unwrap()
             .unwrap();
         let mut out = StageOutput::default();
@@ -294,6 +315,88 @@ mod tests {
         assert!(groups.len() > 10, "{kind:?}: only {groups:?}");
         stage.finish(&mut out);
         out.records
+    }
+
+    /// (c) of the finished-sources scenario at one window subtask: an input channel that ends
+    /// without sending the final watermark no longer holds back the input watermark, so the
+    /// windows the other channel's watermark completes fire at once, each once.
+    #[test]
+    fn an_ended_input_channels_last_watermark_does_not_hold_back_the_windows() {
+        use crate::nexmark::queries::BidKey;
+        use crate::nexmark::source::{NexmarkGenerator, watermark_record};
+        use crate::payload::Payload;
+        let base = crate::nexmark::DEFAULT_BASE_TIME_MS;
+        // 3000 events: 0.3 s of event time at the default 10 000 events/s; the bids only.
+        let mut generator = NexmarkGenerator::new(&Default::default(), 0);
+        let bids: Vec<Record> = generator
+            .batch(0, 3000)
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| generator.record(i as u64, e, 0))
+            .filter(|r| matches!(&r.payload, Payload::Event(e) if matches!(**e, nexmark::event::Event::Bid(_))))
+            .collect();
+        let kind = OperatorKind::EventWindow {
+            key: BidKey::Auction,
+            window: WindowSpec::Tumbling { size_ms: 100 },
+        };
+        // Input channels 0 and 1 carry the watermarks of job-wide channels 7 and 9.
+        let mut stage = EventTimeStage::for_kind(&kind, &[7, 9], 20, 128, KeyedState::default())
+            .unwrap()
+            .unwrap();
+        let mut out = StageOutput::default();
+        for rec in bids.iter().cloned() {
+            stage.on_record(rec, &mut out);
+        }
+        // (window end, count) of the fired rows, and the watermarks forwarded, since last call.
+        let drain = |out: &mut StageOutput| {
+            let mut rows = Vec::new();
+            let mut marks = Vec::new();
+            for r in out.records.drain(..) {
+                match &r.payload {
+                    Payload::Watermark(w) => marks.push((w.channel, w.ms)),
+                    Payload::Row(row) => rows.push((row.ts_ms + 1, r.value as u64)),
+                    p => panic!("unexpected output {p:?}"),
+                }
+            }
+            (rows, marks)
+        };
+        stage.on_record(watermark_record(9, base + 50), &mut out);
+        stage.on_record(watermark_record(7, base + 150), &mut out);
+        stage.on_record(watermark_record(7, base + 250), &mut out);
+        let (rows, marks) = drain(&mut out);
+        assert!(
+            rows.is_empty(),
+            "channel 9 holds the windows back: {rows:?}"
+        );
+        assert_eq!(marks, vec![(20, base + 50)]);
+        // Channel 9 (input 1) ends after its last watermark base + 50, without +∞.
+        stage.end_input(1, &mut out);
+        let (rows, marks) = drain(&mut out);
+        assert_eq!(
+            marks,
+            vec![(20, base + 250)],
+            "the input watermark follows channel 7"
+        );
+        let due = |end: u64| {
+            bids.iter()
+                .filter(|r| r.payload.event_time_ms().unwrap() < end)
+                .count() as u64
+        };
+        assert!(rows.iter().all(|(end, _)| *end <= base + 200), "{rows:?}");
+        assert_eq!(rows.iter().map(|(_, n)| n).sum::<u64>(), due(base + 200));
+        assert!(due(base + 200) > 0 && due(base + 200) < bids.len() as u64);
+        // The other channel ends too: the rest fires, and every bid was counted once.
+        stage.end_input(0, &mut out);
+        let (rest, marks) = drain(&mut out);
+        assert_eq!(marks, vec![(20, u64::MAX)]);
+        assert!(rest.iter().all(|(end, _)| *end > base + 200), "{rest:?}");
+        assert_eq!(
+            rows.iter().chain(&rest).map(|(_, n)| n).sum::<u64>(),
+            bids.len() as u64
+        );
+        // The end of input after both channels ended fires nothing more.
+        stage.finish(&mut out);
+        assert!(out.records.is_empty());
     }
 
     #[test]

@@ -3,6 +3,13 @@
 //! Every upstream subtask is one channel (numbered job-wide). A subtask's input watermark is
 //! the minimum, over all `expected` upstream channels, of the largest watermark received on
 //! each; until every channel has sent one it is "none" (no event time has passed).
+//!
+//! An ended channel counts as `+∞` (`u64::MAX`), whatever it sent last: nothing follows on
+//! it, so its last watermark must not hold back the minimum over the channels that still
+//! run. A finished Flink task sends the final watermark `Long.MAX_VALUE` before its end of
+//! input (FLIP-147); so do this engine's finished sources and event-time stages, and
+//! [`WatermarkTracker::end`] makes the end of a channel count as that final watermark even
+//! when the sender did not send it.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +35,13 @@ impl WatermarkTracker {
     /// The input watermark (ms since the Unix epoch), or `None` before every channel has sent one.
     pub fn current(&self) -> Option<u64> {
         self.current
+    }
+
+    /// Records the end of `channel` (nothing follows on it): its watermark becomes `+∞`
+    /// (`u64::MAX`, the final watermark), so that its last one no longer holds back the
+    /// input watermark. Returns the new input watermark if it advanced.
+    pub fn end(&mut self, channel: u32) -> Option<u64> {
+        self.update(channel, u64::MAX)
     }
 
     /// Records watermark `ms` on `channel`; returns the new input watermark if it advanced.
@@ -63,5 +77,23 @@ mod tests {
         assert_eq!(t.update(9, 120), Some(100));
         assert_eq!(t.update(7, 110), Some(110));
         assert_eq!(t.current(), Some(110));
+    }
+
+    #[test]
+    fn an_ended_channels_last_watermark_does_not_hold_back_the_others() {
+        let mut t = WatermarkTracker::new(3);
+        assert_eq!(t.update(1, 100), None);
+        assert_eq!(t.update(2, 300), None);
+        // Channel 3 ends without having sent a watermark: it counts as +∞.
+        assert_eq!(t.end(3), Some(100));
+        assert_eq!(t.update(1, 200), Some(200));
+        // Channel 2 ends after its last watermark 300: the minimum follows channel 1 alone.
+        assert_eq!(t.end(2), None);
+        assert_eq!(t.update(1, 1000), Some(1000));
+        assert_eq!(t.update(1, 5000), Some(5000));
+        // A final watermark before the end changes nothing more.
+        assert_eq!(t.update(1, u64::MAX), Some(u64::MAX));
+        assert_eq!(t.end(1), None);
+        assert_eq!(t.current(), Some(u64::MAX));
     }
 }
