@@ -547,6 +547,29 @@ process_cpu_seconds_total 3.2
         assert_eq!(after.count_since(Some(&before)), 100.0);
     }
 
+    /// The engine's own histogram, rendered and parsed back: a p99 between 1 and 2.5 s is
+    /// read inside the engine's finer bucket (1, 1.5] s, where the former (1, 2.5] bucket
+    /// read a true 1.2 s as 1.75 s and failed a 1.5 s SLO the records met.
+    #[test]
+    fn p99_between_1_and_2_5_s_reads_within_the_engines_finer_bucket() {
+        let engine = streamscale_engine::metrics::EngineMetrics::new().expect("metrics");
+        let mut sink = engine.sink_latency.local(["sink", "0"]);
+        let clock_us = 10_000_000;
+        sink.set_clock(clock_us);
+        // 980 records at 50 ms, 20 at 1.2 s (each with its own timestamp, as records arrive).
+        for i in 0..1000u64 {
+            let latency_us = if i % 50 == 0 { 1_200_000 } else { 50_000 };
+            sink.observe(clock_us - latency_us - i % 2);
+        }
+        sink.flush();
+        let m = parse_metrics(&engine.render(), 0.0).expect("the engine's page parses");
+        assert_eq!(m.latency.count, 1000.0);
+        let p99 = m.latency.quantile_since(None, 0.99).expect("observations");
+        assert!(p99 <= 1.5, "a 1.5 s SLO is met: {p99}");
+        // Rank 990: the 10th of the 20 records in (1, 1.5].
+        assert!((p99 - 1.25).abs() < 1e-9, "{p99}: {:?}", m.latency.buckets);
+    }
+
     #[test]
     fn p99_in_the_first_bucket_starts_from_zero() {
         let h = hist(&[(0.2, 100.0), (f64::INFINITY, 100.0)]);

@@ -14,8 +14,22 @@ use prometheus::{
 /// Upper bounds (seconds) of the sinks' end-to-end latency histogram
 /// (`streamscale_sink_latency_seconds`); a +∞ bucket follows. Shared with the simulator, which
 /// reports its p99 through the same buckets to compare like with like.
-pub const SINK_LATENCY_BUCKETS: [f64; 16] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0,
+///
+/// A 1–1.5–2–3–5–7 series per decade from 1 ms to 70 s, then 100 and 120 s (32 bounds). The
+/// controller grades the latency SLO on a p99 interpolated linearly inside the bucket that
+/// holds it (`LatencyHistogram::quantile_since` in the controller's `scrape` module), so a bucket's
+/// width bounds the error of that reading: at most 67 % of the bucket's lower bound here
+/// (3 → 5), where the former 1–2.5–5 series allowed 150 % (1 → 2.5 s: a true p99 of 1.2 s
+/// could read 1.75 s). Usual SLOs (0.1, 0.2, 0.3, 0.5, 1, 2, 3, 5 s) are bounds themselves, so
+/// whether 99 % of the records met them is read exactly. Bounds are whole microseconds (the
+/// sinks count in µs, [`LocalLatencyHistogram`]).
+pub const SINK_LATENCY_BUCKETS: [f64; 32] = [
+    0.001, 0.0015, 0.002, 0.003, 0.005, 0.007, //
+    0.01, 0.015, 0.02, 0.03, 0.05, 0.07, //
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.7, //
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.0, //
+    10.0, 15.0, 20.0, 30.0, 50.0, 70.0, //
+    100.0, 120.0,
 ];
 
 /// The engine's metric families.
@@ -230,7 +244,7 @@ fn bucket_bound_us(i: usize) -> u64 {
 }
 
 /// One series' observations: count per bucket (not cumulative) and the sum in seconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatencyCounts {
     /// Observations per bucket: `buckets[i]` counts latencies in
     /// (`SINK_LATENCY_BUCKETS[i-1]`, `SINK_LATENCY_BUCKETS[i]`]; the last one those above
@@ -238,6 +252,15 @@ pub struct LatencyCounts {
     pub buckets: [u64; LATENCY_BUCKETS],
     /// Sum of the observed latencies, seconds.
     pub sum_seconds: f64,
+}
+
+impl Default for LatencyCounts {
+    fn default() -> Self {
+        LatencyCounts {
+            buckets: [0; LATENCY_BUCKETS],
+            sum_seconds: 0.0,
+        }
+    }
 }
 
 impl LatencyCounts {
@@ -872,6 +895,22 @@ mod tests {
         }
     }
 
+    /// The documented series: increasing, from 1 ms to 120 s, every bucket at most 5/3 of the
+    /// one before (the width that bounds the controller's interpolated p99), and the usual
+    /// SLOs among the bounds.
+    #[test]
+    fn latency_buckets_are_a_fine_series_with_the_usual_slos_as_bounds() {
+        let b = SINK_LATENCY_BUCKETS;
+        assert_eq!((b[0], b[b.len() - 1]), (0.001, 120.0));
+        for w in b.windows(2) {
+            assert!(w[0] < w[1], "{w:?}");
+            assert!(w[1] / w[0] <= 5.0 / 3.0 + 1e-12, "{w:?} is too wide");
+        }
+        for slo in [0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0] {
+            assert!(b.contains(&slo), "{slo} s is no bound");
+        }
+    }
+
     /// A clock far from 0, so that `CLOCK - latency` is a valid timestamp for every latency
     /// of the tests.
     const CLOCK: u64 = u64::MAX / 2;
@@ -879,8 +918,8 @@ mod tests {
     #[test]
     fn local_histogram_counts_as_a_prometheus_histogram() {
         // Every bound, its neighbours, zero, huge values, and runs in and out of a bucket.
-        let mut latencies = vec![0, 1, 999, 1000, 1001, 7, 7, 7, 2500, 2501, 120_000_000];
-        latencies.extend([120_000_001, u64::MAX / 4, 3, 60_000_000, 60_000_001, 1000]);
+        let mut latencies = vec![0, 1, 999, 1000, 1001, 7, 7, 7, 1500, 1501, 120_000_000];
+        latencies.extend([120_000_001, u64::MAX / 4, 3, 70_000_000, 70_000_001, 1000]);
         for i in 0..SINK_LATENCY_BUCKETS.len() {
             let b = bucket_bound_us(i);
             latencies.extend([b - 1, b, b + 1, b, b - 1]);
@@ -933,7 +972,7 @@ mod tests {
         let got = family.get(["sink", "0"]).expect("series");
         let mut want = [0; LATENCY_BUCKETS];
         want[0] = 4; // 500 µs ×3 and 0 µs: le=0.001
-        want[7] = 1; // 200 ms: le=0.25
+        want[14] = 1; // 200 ms: le=0.2
         assert_eq!(got.buckets, want);
         assert!(
             (got.sum_seconds - 0.2015).abs() < 1e-12,
@@ -1057,8 +1096,8 @@ mod tests {
             "{text}"
         );
         local.set_clock(1_000_000);
-        local.observe(997_000); // 3 ms: le=0.005
-        local.observe(800_000); // 200 ms: le=0.25
+        local.observe(997_000); // 3 ms: le=0.003
+        local.observe(800_000); // 200 ms: le=0.2
         let before = metrics.render();
         assert!(
             before.contains(
@@ -1069,10 +1108,10 @@ mod tests {
         local.flush();
         let text = metrics.render();
         for line in [
-            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.0025\"} 0",
-            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.005\"} 1",
-            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.1\"} 1",
-            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.25\"} 2",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.002\"} 0",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.003\"} 1",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.15\"} 1",
+            "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"0.2\"} 2",
             "streamscale_sink_latency_seconds_bucket{operator=\"sink\",subtask=\"1\",le=\"+Inf\"} 2",
             "streamscale_sink_latency_seconds_sum{operator=\"sink\",subtask=\"1\"} 0.203",
             "streamscale_sink_latency_seconds_count{operator=\"sink\",subtask=\"1\"} 2",
