@@ -240,7 +240,12 @@ const LATENCY_BUCKETS: usize = SINK_LATENCY_BUCKETS.len() + 1;
 fn bucket_bound_us(i: usize) -> u64 {
     SINK_LATENCY_BUCKETS
         .get(i)
-        .map_or(u64::MAX, |b| (b * 1e6).round() as u64)
+        .map_or(u64::MAX, |b| seconds_to_us(*b))
+}
+
+/// A bucket bound (seconds, whole microseconds) in microseconds.
+fn seconds_to_us(bound: f64) -> u64 {
+    (bound * 1e6).round() as u64
 }
 
 /// One series' observations: count per bucket (not cumulative) and the sum in seconds.
@@ -829,9 +834,9 @@ impl LocalLatencyHistogram {
     /// Makes the bucket of `latency_us` the current one.
     #[cold]
     fn find_bucket(&mut self, latency_us: u64) {
-        let at = (0..LATENCY_BUCKETS)
-            .find(|&i| latency_us <= bucket_bound_us(i))
-            .unwrap_or(LATENCY_BUCKETS - 1);
+        // The first bound at or above the latency (bounds increase; binary search over the
+        // 32 bounds), else the +∞ bucket.
+        let at = SINK_LATENCY_BUCKETS.partition_point(|b| seconds_to_us(*b) < latency_us);
         self.first_us = at.checked_sub(1).map_or(0, |i| bucket_bound_us(i) + 1);
         self.span_us = bucket_bound_us(at) - self.first_us;
         self.at = at;
