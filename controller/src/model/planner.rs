@@ -2076,6 +2076,29 @@ impl Model {
         out
     }
 
+    /// For best effort at the bound `target` (seconds): the slowest path's bound at the
+    /// current parallelism when it can hold, i.e. every operator's current parallelism is at
+    /// least its sized one `p` (operators the allocation leaves alone — μ unknown, flagged for
+    /// ineffective scaling, or `held` hot-key operators — at exactly it), within its bounds, and
+    /// the bound is at most target · (1 + [`SCALE_UP_TOLERANCE`]); `None` otherwise. `w` holds
+    /// the terms at `p`.
+    fn best_effort_hold(&self, p: &[u32], w: &[f64], held: &[bool], target: f64) -> Option<f64> {
+        let n = p.len();
+        let mut cur_w = Vec::with_capacity(n);
+        for i in 0..n {
+            let cur = self.est[i].parallelism;
+            let (lo, hi) = self.graph.bounds[i];
+            let fixed = !self.adjustable(i) || held[i] || self.graph.topo.is_source[i];
+            if cur < p[i] || (fixed && cur != p[i]) || !(lo..=hi).contains(&cur) {
+                return None;
+            }
+            cur_w.push(if cur == p[i] { w[i] } else { self.tail(i, cur) });
+        }
+        let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (bound, _) = self.graph.longest_path_into(&cur_w, &mut dist, &mut via);
+        (bound <= target * (1.0 + SCALE_UP_TOLERANCE)).then_some(bound)
+    }
+
     fn name(&self, i: usize) -> &str {
         &self.graph.topo.names[i]
     }
@@ -2444,6 +2467,15 @@ impl Model {
             } else {
                 Some(self.s.slo)
             };
+            // Best effort follows the load more finely than the sizing does (its target moves
+            // with every window's rates): a best-effort allocation that would raise an operator
+            // above its current parallelism is not taken while the current parallelism has at
+            // least the sizing everywhere and its bound is within the scale-up tolerance above
+            // the best-effort bound (the current parallelism holds instead).
+            let hold_at = match target {
+                Some(t) if t > self.s.slo => self.best_effort_hold(&p, &w, &held, t),
+                _ => None,
+            };
             if let Some(target) = target.filter(|&t| lat > t) {
                 let before = lat;
                 let mut st = LatencyState {
@@ -2457,6 +2489,25 @@ impl Model {
                     added: vec![0u32; n],
                 };
                 let outcome = self.allocate_latency(&mut st, hold_only);
+                let grows =
+                    outcome == Allocated::Grew || (0..n).any(|i| st.p[i] > self.est[i].parallelism);
+                if let Some(bound) = hold_at.filter(|_| grows) {
+                    reasons.push(format!(
+                        "best effort: the current parallelism's {} bound {:.4} s is within {:.0} % above the best-effort bound {target:.4} s; held",
+                        self.percentile_label(),
+                        bound,
+                        100.0 * SCALE_UP_TOLERANCE
+                    ));
+                    p = st.p;
+                    for (i, x) in p.iter_mut().enumerate() {
+                        let cur = self.est[i].parallelism;
+                        if *x != cur {
+                            cat!(&mut why[i]; "; held at the current p=", cur, " (best effort within its band)");
+                            *x = cur;
+                        }
+                    }
+                    return Some(self.decision(&p, &clamped, why, reasons));
+                }
                 let added = st.added;
                 (p, lat) = (st.p, st.lat);
                 match outcome {
@@ -3524,6 +3575,62 @@ edges:
         spec.autoscaler.on_unattainable_slo = UnattainableSlo::UtilizationOnly;
         let plain = plan(&spec, &ds2_window(), &settings).expect("plans");
         assert!(plain.predicted_latency_percentile_seconds > target);
+    }
+
+    /// Best effort does not scale up while the current parallelism's bound is within the
+    /// scale-up tolerance above the best-effort bound (map μ 100 rec/s at γ 180 rec/s: sized 3,
+    /// best effort 4, and at 3 the bound is 4.7 % above the best-effort bound; the SLO 5 ms is
+    /// below the service time); it scales down to its plan from above it.
+    #[test]
+    fn best_effort_holds_the_current_parallelism_within_its_band() {
+        let mut spec = job(CHAIN);
+        spec.autoscaler.on_unattainable_slo = UnattainableSlo::BestEffort;
+        let settings = PlannerSettings {
+            latency_slo_seconds: Some(0.005),
+            ..PlannerSettings::default()
+        };
+        let gamma = 180.0;
+        let win = |map: u32| {
+            window(
+                &[
+                    Synth::source("src", 1, gamma, 0.0),
+                    Synth::op("map", map, gamma, 100.0, 1.0),
+                    Synth::op("sink", 1, gamma, 10_000.0, 0.0),
+                ],
+                &[0.0, 5.0, 10.0],
+            )
+        };
+        let held = |d: &Decision| {
+            d.reasons
+                .iter()
+                .any(|r| r.starts_with("best effort: the current parallelism"))
+        };
+        let sized = plan(&spec, &win(1), &PlannerSettings::default())
+            .expect("plans")
+            .parallelism["map"];
+        let best = plan(&spec, &win(1), &settings).expect("plans").parallelism["map"];
+        assert_eq!((sized, best), (3, 4));
+        let mut seen = [0; 3];
+        for map in 1..=3 * best {
+            let d = plan(&spec, &win(map), &settings).expect("plans");
+            let model = Model::new(&spec, &win(map), &settings).expect("model");
+            let at = |m: u32| {
+                let p: BTreeMap<&str, u32> = [("src", 1), ("map", m), ("sink", 1)].into();
+                model.assess(&p).2
+            };
+            let target = (1.0 + BEST_EFFORT_MARGIN) * at(spec.max_parallelism);
+            let band = map >= sized && at(map) <= target * (1.0 + SCALE_UP_TOLERANCE);
+            let want = if map < best && band { map } else { best };
+            assert_eq!(d.parallelism["map"], want, "current {map}: {:?}", d.reasons);
+            assert_eq!(
+                held(&d),
+                map < best && band,
+                "current {map}: {:?}",
+                d.reasons
+            );
+            seen[usize::from(map < best) + usize::from(map < best && band)] += 1;
+        }
+        assert!(seen.iter().all(|&k| k > 0), "{seen:?}");
     }
 
     /// An attainable SLO is planned the same with or without best effort (at 0.11 s the

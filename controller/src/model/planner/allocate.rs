@@ -305,7 +305,7 @@ thread_local! {
 impl Model {
     /// Whether operator `i` takes part in the latency allocation (μ known, not flagged for
     /// ineffective scaling).
-    fn adjustable(&self, i: usize) -> bool {
+    pub(super) fn adjustable(&self, i: usize) -> bool {
         self.mu(i).is_some() && !self.frozen[i]
     }
 
