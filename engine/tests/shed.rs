@@ -32,13 +32,16 @@ fn shed_records_are_counted_and_never_silently_lost() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
     assert!(resp.text().unwrap().contains("share"));
+    // The records emitted before the shed took effect lie between the count read just before
+    // the request and the one read just after it (a loaded machine can put seconds between).
+    let emitted_before_request = engine.job()["recordsEmitted"].as_u64().unwrap();
     let resp = client
         .post(&url)
         .json(&json!({"share": 0.25}))
         .send()
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200, "{}", resp.text().unwrap());
-    let emitted_before = engine.job()["recordsEmitted"].as_u64().unwrap();
+    let emitted_after_request = engine.job()["recordsEmitted"].as_u64().unwrap();
 
     let done = engine.wait_state("finished", Duration::from_secs(60));
     let st: Value = client.get(&url).send().unwrap().json().unwrap();
@@ -58,11 +61,15 @@ fn shed_records_are_counted_and_never_silently_lost() {
         "{done}"
     );
     // About a quarter of the records due after the request were shed (each claimed batch of
-    // sequence numbers loses ⌊n/4⌋ or ⌈n/4⌉; the ones emitted before the request are kept).
-    let after = COUNT - emitted_before;
+    // sequence numbers loses ⌊n/4⌋ or ⌈n/4⌉; the ones emitted before the request are kept):
+    // between a quarter of the fewest and of the most that can have been due after it.
+    let (fewest, most) = (
+        COUNT - emitted_after_request,
+        COUNT - emitted_before_request,
+    );
     assert!(
-        shed as f64 >= 0.2 * after as f64 && shed as f64 <= 0.3 * after as f64,
-        "shed {shed} of {after} due after the request"
+        shed as f64 >= 0.2 * fewest as f64 && shed as f64 <= 0.3 * most as f64,
+        "shed {shed} of {fewest}..{most} due after the request"
     );
     assert!(shed > 0);
     let (_, job) = engine.stop_with_savepoint(false);
