@@ -152,10 +152,7 @@ fn sink_rows(path: &Path) -> Vec<Row> {
 }
 
 fn options() -> RuntimeOptions {
-    RuntimeOptions {
-        flush_interval: Duration::from_millis(20),
-        ..RuntimeOptions::default()
-    }
+    common::fast_flush_options()
 }
 
 /// Polls `counters` until the short source emitted everything, the long one `long` events

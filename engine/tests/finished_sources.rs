@@ -67,10 +67,7 @@ fn mixed_spec(long_rate: f64, state: &str) -> JobSpec {
 }
 
 fn options() -> RuntimeOptions {
-    RuntimeOptions {
-        flush_interval: Duration::from_millis(20),
-        ..RuntimeOptions::default()
-    }
+    common::fast_flush_options()
 }
 
 fn outcome(

@@ -291,8 +291,7 @@ pub fn run_source_map_sink(
     let metrics = EngineMetrics::new().unwrap();
     let options = RuntimeOptions {
         chaining,
-        flush_interval: Duration::from_millis(20),
-        ..RuntimeOptions::default()
+        ..fast_flush_options()
     };
     let job = Job::start(spec, None, metrics.clone(), options).unwrap();
     while !job.is_finished() {
@@ -301,4 +300,13 @@ pub fn run_source_map_sink(
     let done = job.join();
     assert!(done.errors.is_empty(), "{:?}", done.errors);
     (done, metrics.render())
+}
+
+/// In-process runtime options with a 20 ms metrics flush (tests read the counters soon after
+/// the records pass), the rest the defaults.
+pub fn fast_flush_options() -> streamscale_engine::runtime::RuntimeOptions {
+    streamscale_engine::runtime::RuntimeOptions {
+        flush_interval: Duration::from_millis(20),
+        ..streamscale_engine::runtime::RuntimeOptions::default()
+    }
 }
