@@ -82,7 +82,7 @@ pub fn progress_line(
     match stats.slo_percentile {
         None => {
             mark(&mut line, stats.p99_s, true);
-            line.push_str(&format!(" (SLO {slo_s:.1}s)"));
+            line.push_str(&format!(" (SLO {}s)", slo_label(slo_s)));
         }
         Some(_) => {
             // The SLO is on another percentile: p99 for reference, the graded one beside it.
@@ -90,10 +90,42 @@ pub fn progress_line(
             let label = percentile_label(q);
             line.push_str(&format!(" {label}="));
             mark(&mut line, at_q, true);
-            line.push_str(&format!(" (SLO {slo_s:.1}s on {label})"));
+            line.push_str(&format!(" (SLO {}s on {label})", slo_label(slo_s)));
         }
     }
     line
+}
+
+/// The SLO in seconds as the progress lines print it: one decimal when that is exact (`1.0`,
+/// `0.5`), else every digit it needs (`0.02`, `0.005`, `0.25`: a tight SLO must not read as 0.0).
+fn slo_label(slo_s: f64) -> String {
+    if ((slo_s * 10.0).round() / 10.0 - slo_s).abs() < 1e-12 {
+        format!("{slo_s:.1}")
+    } else {
+        format!("{slo_s}")
+    }
+}
+
+/// The line printed when the planner first reports the latency SLO unattainable (its reason:
+/// the bound at maximum parallelism, and what `autoscaler.onUnattainableSlo` does about it),
+/// `None` while it is attainable: `t=  42s SLO UNATTAINABLE: latency SLO 0.02 s unattainable: …`.
+pub fn slo_unattainable_line(t_s: f64, decision: &crate::model::Decision) -> Option<String> {
+    let reason = unattainable_reason(decision)?;
+    Some(format!("t={t_s:>4.0}s SLO UNATTAINABLE: {reason}"))
+}
+
+/// The decision's reason saying that the latency SLO is unattainable, if any.
+pub fn unattainable_reason(decision: &crate::model::Decision) -> Option<&str> {
+    decision
+        .reasons
+        .iter()
+        .find(|r| r.starts_with("latency SLO ") && r.contains(" unattainable"))
+        .map(String::as_str)
+}
+
+/// The line printed when the planner finds the latency SLO attainable again.
+pub fn slo_attainable_line(t_s: f64) -> String {
+    format!("t={t_s:>4.0}s SLO ATTAINABLE again: the planner's bound can meet it")
 }
 
 /// The name of the `q`-quantile as the run's progress lines, `timeline.csv` columns and the
@@ -441,6 +473,62 @@ mod tests {
         assert!(!line.contains("trace="), "{line}");
         stats.p99_s = None;
         assert!(progress_line(&stats, &order(), 1.0, 0.0).contains("p99=- "));
+    }
+
+    #[test]
+    fn a_tight_slo_is_printed_with_its_digits() {
+        let stats = IntervalStats {
+            t_s: 5.0,
+            p99_s: Some(0.048),
+            ..IntervalStats::default()
+        };
+        let line = progress_line(&stats, &order(), 0.02, 0.0);
+        assert!(line.ends_with("p99=0.048s! (SLO 0.02s)"), "{line}");
+        assert_eq!(slo_label(1.0), "1.0");
+        assert_eq!(slo_label(0.5), "0.5");
+        assert_eq!(slo_label(0.005), "0.005");
+        assert_eq!(slo_label(0.25), "0.25");
+    }
+
+    /// A real plan (map μ 100 rec/s, an SLO of 5 ms below its service time): the unattainable
+    /// SLO gets its own line and is named in the rescale's reason; an attainable one neither.
+    #[test]
+    fn an_unattainable_slo_has_a_line_and_a_place_in_the_rescale_reason() {
+        use crate::model::testutil::{Synth, job, window};
+        use streamscale_engine::spec::UnattainableSlo;
+        let mut spec = job(
+            "name: chain\noperators:\n  - { name: src, kind: source, rate: { constant: 100 } }\n  - { name: map, kind: map, parallelism: 1 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: map }\n  - { from: map, to: sink }\n",
+        );
+        spec.autoscaler.on_unattainable_slo = UnattainableSlo::BestEffort;
+        let w = window(
+            &[
+                Synth::source("src", 1, 180.0, 0.0),
+                Synth::op("map", 1, 180.0, 100.0, 1.0),
+                Synth::op("sink", 1, 180.0, 10_000.0, 0.0),
+            ],
+            &[0.0, 5.0, 10.0],
+        );
+        let settings = |slo: f64| crate::model::PlannerSettings {
+            latency_slo_seconds: Some(slo),
+            ..crate::model::PlannerSettings::default()
+        };
+        let d = crate::model::plan(&spec, &w, &settings(0.005)).expect("plans");
+        assert!(d.parallelism["map"] > 1, "{d:?}");
+        let line = slo_unattainable_line(42.0, &d).expect("a line");
+        assert!(
+            line.starts_with("t=  42s SLO UNATTAINABLE: latency SLO 0.005 s unattainable: even at maximum parallelism the p99 bound is ")
+                && line.contains("best effort (onUnattainableSlo: bestEffort): the latency allocation aims at"),
+            "{line}"
+        );
+        let reason = crate::run::rescale_reason(&d);
+        assert!(reason.starts_with("map: "), "{reason}");
+        assert!(
+            reason.contains("; latency SLO 0.005 s unattainable: "),
+            "{reason}"
+        );
+        let d = crate::model::plan(&spec, &w, &settings(1.0)).expect("plans");
+        assert!(slo_unattainable_line(42.0, &d).is_none(), "{:?}", d.reasons);
+        assert!(!crate::run::rescale_reason(&d).contains("unattainable"));
     }
 
     #[test]

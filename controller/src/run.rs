@@ -1127,6 +1127,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
         let mut waiting_for_backlog = false;
         // Operators last reported as held overloaded ([`progress::at_limit_line`]).
         let mut at_limit: Vec<String> = Vec::new();
+        // Whether the last plan reported the latency SLO unattainable
+        // ([`progress::slo_unattainable_line`]).
+        let mut unattainable = false;
         let mut engine_changed = false;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -1297,6 +1300,21 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 Verdict::Rescale(d) => Some(d),
                 Verdict::Hold { recommendation, .. } => recommendation.as_ref(),
             };
+            // The latency SLO unattainable: said once when that starts (and when it ends),
+            // since a hold prints no rescale line to carry the planner's reason.
+            if let Some(d) = plan_now {
+                match progress::slo_unattainable_line(now_s, d) {
+                    Some(line) if !unattainable => {
+                        print(&line);
+                        unattainable = true;
+                    }
+                    None if unattainable => {
+                        print(&progress::slo_attainable_line(now_s));
+                        unattainable = false;
+                    }
+                    _ => {}
+                }
+            }
             if let Some(d) = plan_now.filter(|_| !shedding) {
                 let learned = autoscaler.scalability();
                 let overloaded = progress::overloaded_held(d, learned);
@@ -1951,6 +1969,13 @@ pub fn rescale_reason(decision: &crate::model::Decision) -> String {
             parts.extend(sources.iter().take(3).map(|r| (*r).clone()));
             parts.push(format!("and {} more sources", n - 3));
         }
+    }
+    // An unattainable SLO (and what best effort does about it) explains the latency the
+    // rescale leaves.
+    if let Some(r) = crate::progress::unattainable_reason(decision)
+        && !parts.iter().any(|p| p == r)
+    {
+        parts.push(r.to_string());
     }
     if parts.is_empty() {
         "planner decision".to_string()

@@ -2443,7 +2443,7 @@ impl Model {
                     Some(t) => {
                         let _ = write!(
                             why,
-                            "; best effort (onUnattainableSlo: bestEffort): subtasks added for latency down to {t:.4} s, within {:.0} % of that bound",
+                            "; best effort (onUnattainableSlo: bestEffort): the latency allocation aims at {t:.4} s instead, within {:.0} % of that bound",
                             100.0 * BEST_EFFORT_MARGIN
                         );
                     }
