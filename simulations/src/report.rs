@@ -30,6 +30,10 @@ pub struct Summary {
     /// Percentile the SLO is on (0.99 = p99; [`JobModel::slo_quantile`]): the latency that
     /// `slo_violation_fraction` grades.
     pub latency_percentile: f64,
+    /// What the streamscale policies' planner does when the SLO is unattainable even at
+    /// maximum parallelism (`utilizationOnly` or `bestEffort`: the job's
+    /// `autoscaler.onUnattainableSlo`, or `--on-unattainable-slo` over it).
+    pub on_unattainable_slo: streamscale_engine::spec::UnattainableSlo,
     /// `fast` or `event`.
     pub mode: String,
 }

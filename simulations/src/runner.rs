@@ -557,6 +557,7 @@ pub fn replay_all(
         step_s: opts.step_s,
         slo_s: model.slo_s,
         latency_percentile: model.slo_quantile.q,
+        on_unattainable_slo: model.spec.autoscaler.on_unattainable_slo,
         mode: match opts.mode {
             Mode::Fast => "fast".into(),
             Mode::Event => "event".into(),

@@ -1464,13 +1464,21 @@ fn on_unattainable_slo_reaches_the_planner() {
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(rep.join("summary.json")).unwrap())
                 .unwrap();
-        v["policies"]["streamscale"]["resource_hours"]
-            .as_f64()
-            .unwrap()
+        (
+            v["policies"]["streamscale"]["resource_hours"]
+                .as_f64()
+                .unwrap(),
+            v["on_unattainable_slo"].as_str().unwrap().to_string(),
+        )
     };
-    let (plain_h, best_h) = (cli(&[]), cli(&["--on-unattainable-slo", "bestEffort"]));
-    assert!((plain_h - base.summary.resource_hours).abs() < 1e-9);
-    assert!((best_h - b.summary.resource_hours).abs() < 1e-9);
+    let (plain, best) = (cli(&[]), cli(&["--on-unattainable-slo", "bestEffort"]));
+    assert!((plain.0 - base.summary.resource_hours).abs() < 1e-9);
+    assert!((best.0 - b.summary.resource_hours).abs() < 1e-9);
+    // summary.json says which setting made it.
+    assert_eq!(
+        (plain.1.as_str(), best.1.as_str()),
+        ("utilizationOnly", "bestEffort")
+    );
     let (code, _, err) = sim(&[
         job_file.to_str().unwrap(),
         "--on-unattainable-slo",
