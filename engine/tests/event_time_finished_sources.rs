@@ -297,16 +297,7 @@ fn engine_process_fires_windows_after_a_bounded_source_finished_and_after_a_resc
 
     fn rest_counters(engine: &EngineProcess) -> BTreeMap<&'static str, u64> {
         let view = engine.job();
-        let op = |name: &str, field: &str| -> u64 {
-            view["operators"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|o| o["name"] == name)
-                .unwrap()[field]
-                .as_u64()
-                .unwrap()
-        };
+        let op = |name: &str, field: &str| common::operator_count(&view, name, field);
         BTreeMap::from([
             ("short", op("short", "recordsOut")),
             ("long", op("long", "recordsOut")),
@@ -345,14 +336,7 @@ fn engine_process_fires_windows_after_a_bounded_source_finished_and_after_a_resc
         || rest_counters(&second),
     );
     let (_, view) = second.stop_with_savepoint(false);
-    let short = view["operators"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["name"] == "short")
-        .unwrap()["recordsOut"]
-        .as_u64()
-        .unwrap();
+    let short = common::operator_count(&view, "short", "recordsOut");
     assert_eq!(short, SHORT, "the finished source emitted nothing again");
     assert_eq!(sink_rows(&out), expected2);
 }

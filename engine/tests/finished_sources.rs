@@ -341,16 +341,7 @@ fn engine_rescales_after_a_bounded_source_finished() {
     let spec = JobSpec::from_file(&job).unwrap();
     let sps = dir.path().join("savepoints");
     let mut first = EngineProcess::start(&job, &sps, &[]);
-    let operator = |view: &serde_json::Value, name: &str, field: &str| -> u64 {
-        view["operators"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|o| o["name"] == name)
-            .unwrap()[field]
-            .as_u64()
-            .unwrap()
-    };
+    let operator = common::operator_count;
     let until = Instant::now() + Duration::from_secs(60);
     while operator(&first.job(), "tag2", "recordsOut") < SHORT {
         assert!(Instant::now() < until, "short source never finished");

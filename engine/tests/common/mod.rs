@@ -310,3 +310,16 @@ pub fn fast_flush_options() -> streamscale_engine::runtime::RuntimeOptions {
         ..streamscale_engine::runtime::RuntimeOptions::default()
     }
 }
+
+/// Counter `field` (`recordsIn`, `recordsOut`) of operator `name` in a `GET /v1/job` view;
+/// panics when the view has no such operator or field.
+pub fn operator_count(view: &Value, name: &str, field: &str) -> u64 {
+    view["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == name)
+        .unwrap_or_else(|| panic!("no operator {name} in {view}"))[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {field} of {name} in {view}"))
+}
