@@ -323,6 +323,11 @@ fn fast_mode_matches_event_mode() {
     }
 }
 
+/// The `summary.json` a CLI run wrote into report directory `report`.
+fn summary_json(report: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(report.join("summary.json")).unwrap()).unwrap()
+}
+
 fn sim(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_streamscale-sim"))
         .args(args)
@@ -473,8 +478,7 @@ fn cli_writes_summary_csv_and_plot() {
         out.contains("streamscale") && out.contains("flink"),
         "{out}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(rep.join("summary.json")).unwrap()).unwrap();
+    let v = summary_json(&rep);
     let keys = [
         "resource_hours",
         "resource_vs_oracle",
@@ -1179,9 +1183,7 @@ fn cli_service_rates_input() {
         args.extend_from_slice(extra);
         let (code, _, err) = sim(&args);
         assert_eq!(code, 0, "{err}");
-        let s: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(report.join("summary.json")).unwrap())
-                .unwrap();
+        let s = summary_json(&report);
         s["policies"]["static"]["max_backlog"].as_f64().unwrap()
     };
     let nominal = summary(&[], "nominal");
@@ -1461,9 +1463,7 @@ fn on_unattainable_slo_reaches_the_planner() {
         args.extend_from_slice(extra);
         let (code, _, err) = sim(&args);
         assert_eq!(code, 0, "{err}");
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(rep.join("summary.json")).unwrap())
-                .unwrap();
+        let v = summary_json(&rep);
         (
             v["policies"]["streamscale"]["resource_hours"]
                 .as_f64()
