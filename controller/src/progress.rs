@@ -350,6 +350,38 @@ pub fn rescale_failed_line(
     )
 }
 
+/// The line after a failed rescale: `t=  12s BACKOFF enrich 4→6 failed (2 in a row): no rescale
+/// for 20 s` (the wait doubles with each failure in a row, see
+/// [`crate::executor::RescaleBackoff`]).
+pub fn rescale_backoff_line(t_s: f64, change: &str, failures: u32, wait_s: f64) -> String {
+    format!(
+        "t={t_s:>4.0}s BACKOFF {change} failed ({failures} in a row): no rescale for {} (doubling with each failure, at most {})",
+        format_seconds(wait_s),
+        format_seconds(crate::executor::BACKOFF_MAX_S)
+    )
+}
+
+/// The line when the planner wants a rescale during a backoff, said once per wait:
+/// `t=  15s RESCALE HELD enrich 4→6: this parallelism failed to start 2 time(s) (2 failures in a
+/// row); next attempt in 8 s`.
+pub fn rescale_backoff_hold_line(
+    t_s: f64,
+    change: &str,
+    failures_here: u32,
+    failures: u32,
+    left_s: f64,
+) -> String {
+    let which = if failures_here > 0 {
+        format!("this parallelism failed {failures_here} time(s)")
+    } else {
+        "another parallelism failed".to_string()
+    };
+    format!(
+        "t={t_s:>4.0}s RESCALE HELD {change}: {which} ({failures} failure(s) in a row); backing off, next attempt in {}",
+        format_seconds(left_s)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec, SpecE
 use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::executor::{Executor, ExecutorError, RescaleOutcome};
+use crate::executor::{Executor, ExecutorError, RescaleBackoff, RescaleOutcome};
 use crate::job_memory::{
     HISTORY_FILE, LEARNED_FILE, claim_job_file, load_history, load_learned, save_history,
     save_learned,
@@ -1131,6 +1131,10 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // ([`progress::slo_unattainable_line`]).
         let mut unattainable = false;
         let mut engine_changed = false;
+        // Rescales that failed: the next attempt waits, longer after each failure in a row.
+        let mut backoff = RescaleBackoff::default();
+        // Whether the current backoff's hold was said (once per wait).
+        let mut backoff_said = false;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let deadline = started + Duration::from_secs_f64(self.job.duration_s);
@@ -1376,6 +1380,19 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
                 continue;
             }
+            if let Some(left) = backoff.wait_at(now_s) {
+                if !backoff_said {
+                    backoff_said = true;
+                    print(&progress::rescale_backoff_hold_line(
+                        now_s,
+                        &change,
+                        backoff.failures_of(&decision.parallelism),
+                        backoff.failures(),
+                        left,
+                    ));
+                }
+                continue;
+            }
             print(&progress::rescale_started_line(now_s, &change, &reason));
             let from = engine.parallelism.clone();
             let outcome = match self
@@ -1441,6 +1458,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             };
             match &outcome {
                 RescaleOutcome::Rescaled { savepoint, .. } => {
+                    backoff.succeeded();
                     print(&progress::rescale_done_line(done_s, &change, downtime_s));
                     autoscaler.observe_rescale_downtime(downtime_s);
                     record.outcome = "rescaled".into();
@@ -1472,6 +1490,16 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     self.failed_rescales.push(record);
                     self.prune_savepoints(&savepoint.path, warn);
                 }
+            }
+            if !matches!(outcome, RescaleOutcome::Rescaled { .. }) {
+                let wait = backoff.failed(done_s, &decision.parallelism);
+                backoff_said = false;
+                print(&progress::rescale_backoff_line(
+                    done_s,
+                    &change,
+                    backoff.failures(),
+                    wait,
+                ));
             }
             engine = outcome.engine().clone();
             // A new engine starts without shedding; its counter starts at 0.
