@@ -261,7 +261,8 @@ pub async fn scrape_stamped(
 /// Parses Prometheus text exposition into [`EngineMetrics`] stamped `at_seconds`.
 ///
 /// Metrics other than streamscale's are ignored. Subtasks are indexed by their `subtask` label;
-/// an operator whose exported subtask indices have holes gets default (zero) samples there.
+/// an operator whose exported subtask indices have holes gets [`SubtaskSample::absent`] places
+/// there (a subtask missing from the scrape, never zeros that would read as a counter reset).
 ///
 /// # Errors
 /// [`ScrapeError::Parse`] when a per-subtask sample lacks `operator`/`subtask` labels or the
@@ -342,9 +343,13 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                     })?;
                 let subtasks = operators.entry(op.to_string()).or_default();
                 if subtasks.len() <= index {
-                    subtasks.resize(index + 1, SubtaskSample::default());
+                    // Places of lower subtasks not seen (yet) are absent until they are.
+                    subtasks.resize(index + 1, SubtaskSample::absent());
                 }
                 let s = &mut subtasks[index];
+                if s.is_absent() {
+                    *s = SubtaskSample::default();
+                }
                 match name {
                     RECORDS_IN => s.records_in = value,
                     RECORDS_OUT => s.records_out = value,
