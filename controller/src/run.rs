@@ -1131,6 +1131,10 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // ([`progress::slo_unattainable_line`]).
         let mut unattainable = false;
         let mut engine_changed = false;
+        // Subtasks missing from the last scrape, per operator, as last said.
+        let mut last_missing: Vec<(String, Vec<usize>)> = Vec::new();
+        // Sources already named for exporting no backlog metric (said once each).
+        let mut no_backlog_said: Vec<String> = Vec::new();
         // Rescales that failed: the next attempt waits, longer after each failure in a row.
         let mut backoff = RescaleBackoff::default();
         // Whether the current backoff's hold was said (once per wait).
@@ -1167,7 +1171,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             let clock = || started.elapsed().as_secs_f64();
             let scraped = scrape_stamped(&self.client, &metrics_url(&engine), &clock).await;
             let now_s = clock();
-            let cur = match scraped {
+            let mut cur = match scraped {
                 Ok(m) => {
                     scrape_failures = 0;
                     m
@@ -1189,7 +1193,25 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     continue;
                 }
             };
-            if let Some(p) = &prev {
+            // Subtasks missing from the scrape: an incomplete sample at the parallelism the
+            // engine runs (the planner leaves it out), said when that starts or changes.
+            let missing = cur.sample.mark_missing(&engine.parallelism);
+            if missing != last_missing {
+                if let Some(line) =
+                    progress::missing_subtasks_line(now_s, &missing, &engine.parallelism)
+                {
+                    warn(&line);
+                }
+                last_missing.clone_from(&missing);
+            }
+            for src in cur.sources_without_backlog(&self.sources) {
+                if !no_backlog_said.iter().any(|s| s == src) {
+                    warn(&progress::no_backlog_metric_line(src));
+                    no_backlog_said.push(src.to_string());
+                }
+            }
+            // An interval with an incomplete end is not counted; the next one spans both.
+            if let Some(p) = prev.as_ref().filter(|_| missing.is_empty()) {
                 // Counters restart with a new engine: an interval spanning a restore says
                 // nothing about service rates.
                 if !engine_changed {
@@ -1228,8 +1250,10 @@ impl<R: EngineRuntime> Loop<'_, R> {
             {
                 window.pop_front();
             }
-            prev = Some(cur);
-            engine_changed = false;
+            if missing.is_empty() {
+                prev = Some(cur);
+                engine_changed = false;
+            }
             if stopping {
                 break;
             }
@@ -2092,8 +2116,17 @@ pub async fn plan_once(job: &Path, metrics_url: &str, gap_s: f64) -> Result<Plan
     let clock = || started.elapsed().as_secs_f64();
     let first = scrape_stamped(&client, metrics_url, &clock).await?;
     tokio::time::sleep(Duration::from_secs_f64(gap_s)).await;
-    let second = scrape_stamped(&client, metrics_url, &clock).await?;
-    let running = second.parallelism();
+    let mut second = scrape_stamped(&client, metrics_url, &clock).await?;
+    // An operator runs the most subtasks either scrape shows: one missing from a scrape makes
+    // that sample incomplete (the planner refuses it), never a smaller operator.
+    let mut running = first.parallelism();
+    for (op, p) in second.parallelism() {
+        let known = running.entry(op).or_insert(p);
+        *known = (*known).max(p);
+    }
+    let mut first = first;
+    first.sample.mark_missing(&running);
+    second.sample.mark_missing(&running);
     check_same_job(&spec, job, metrics_url, &running)?;
     let spec = spec.with_parallelism(&running);
     guarded_plan(&spec, &[first.sample, second.sample])

@@ -179,6 +179,34 @@ impl EngineMetrics {
             .fold(0.0, |a, b| a + b)
     }
 
+    /// Sum over the subtasks of the `sources` operators of the backlog gauge, in records; NaN
+    /// (unknown, never 0) when a subtask of one of them does not report it (a source without
+    /// the metric, or a subtask missing from the scrape).
+    pub fn sources_backlog(&self, sources: &[String]) -> f64 {
+        let mut total = 0.0;
+        for subtasks in sources.iter().filter_map(|s| self.sample.operators.get(s)) {
+            for s in subtasks {
+                total += s.source_backlog.unwrap_or(f64::NAN);
+            }
+        }
+        total
+    }
+
+    /// The `sources` operators that report no backlog gauge in this scrape (no subtask has it),
+    /// in the order given.
+    pub fn sources_without_backlog<'a>(&self, sources: &'a [String]) -> Vec<&'a str> {
+        sources
+            .iter()
+            .filter(|src| {
+                self.sample
+                    .operators
+                    .get(*src)
+                    .is_some_and(|subs| subs.iter().all(|s| s.source_backlog.is_none()))
+            })
+            .map(String::as_str)
+            .collect()
+    }
+
     /// Sum over all source subtasks of the arrivals counter (records that should have been
     /// emitted by now).
     pub fn total_arrivals(&self) -> f64 {

@@ -284,6 +284,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     "sources' backlog at the end: {due} {noun} {verb} due but not emitted when the run stopped (summary.json: source_backlog_at_end)"
                 ));
             }
+            if s.source_backlog_at_end.is_nan() {
+                console.line(
+                    "sources' backlog at the end: unknown (a source exports no backlog metric; summary.json: source_backlog_at_end null)",
+                );
+            }
             if let Some(failure) = &s.failure {
                 err(&format!("streamscale: run failed: {failure}"));
                 return Ok(ExitCode::from(1));
