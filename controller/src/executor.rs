@@ -340,7 +340,7 @@ impl RescaleBackoff {
 
     /// Seconds left before a rescale may be tried at `now_s`; `None` when one may be tried.
     pub fn wait_at(&self, now_s: f64) -> Option<f64> {
-        (self.failures > 0 && now_s < self.until_s).then(|| self.until_s - now_s)
+        (self.failures > 0 && now_s < self.until_s).then_some(self.until_s - now_s)
     }
 
     /// When the next attempt may be made, seconds (meaningful while [`Self::failures`] > 0).

@@ -2207,7 +2207,7 @@ fn busy_share_notes(window: &[MetricSample]) -> Vec<String> {
         return Vec::new();
     };
     let dt = last.at_seconds - first.at_seconds;
-    if !(dt > 0.0) {
+    if dt.is_nan() || dt <= 0.0 {
         return Vec::new();
     }
     let mut notes = Vec::new();
