@@ -68,7 +68,12 @@ pub fn progress_line(
             _ => {}
         }
     }
-    line.push_str(&format!(" | backlog={:.0} | p99=", stats.backlog));
+    if stats.backlog.is_nan() {
+        // A source without a backlog metric: unknown, never shown as 0.
+        line.push_str(" | backlog=? | p99=");
+    } else {
+        line.push_str(&format!(" | backlog={:.0} | p99=", stats.backlog));
+    }
     let (q, at_q) = stats.slo_latency();
     let mark = |line: &mut String, value: Option<f64>, graded: bool| match value {
         Some(v) => {
@@ -350,9 +355,92 @@ pub fn rescale_failed_line(
     )
 }
 
+/// The line after a failed rescale: `t=  12s BACKOFF enrich 4→6 failed (2 in a row): no rescale
+/// for 20 s` (the wait doubles with each failure in a row, see
+/// [`crate::executor::RescaleBackoff`]).
+pub fn rescale_backoff_line(t_s: f64, change: &str, failures: u32, wait_s: f64) -> String {
+    format!(
+        "t={t_s:>4.0}s BACKOFF {change} failed ({failures} in a row): no rescale for {} (doubling with each failure, at most {})",
+        format_seconds(wait_s),
+        format_seconds(crate::executor::BACKOFF_MAX_S)
+    )
+}
+
+/// The line when the planner wants a rescale during a backoff, said once per wait:
+/// `t=  15s RESCALE HELD enrich 4→6: this parallelism failed to start 2 time(s) (2 failures in a
+/// row); next attempt in 8 s`.
+pub fn rescale_backoff_hold_line(
+    t_s: f64,
+    change: &str,
+    failures_here: u32,
+    failures: u32,
+    left_s: f64,
+) -> String {
+    let which = if failures_here > 0 {
+        format!("this parallelism failed {failures_here} time(s)")
+    } else {
+        "another parallelism failed".to_string()
+    };
+    format!(
+        "t={t_s:>4.0}s RESCALE HELD {change}: {which} ({failures} failure(s) in a row); backing off, next attempt in {}",
+        format_seconds(left_s)
+    )
+}
+
+/// The warning when subtasks are missing from a scrape (`missing`: operator and indices, from
+/// [`crate::model::MetricSample::mark_missing`]), `None` when none is (any more: then the
+/// line says the metrics are complete again). `parallelism`: what the engine runs.
+pub fn missing_subtasks_line(
+    t_s: f64,
+    missing: &[(String, Vec<usize>)],
+    parallelism: &BTreeMap<String, u32>,
+) -> Option<String> {
+    if missing.is_empty() {
+        return Some(format!(
+            "warning: t={t_s:.0}s every subtask reports its metrics again"
+        ));
+    }
+    let list: Vec<String> = missing
+        .iter()
+        .map(|(op, ks)| {
+            let ks: Vec<String> = ks.iter().map(usize::to_string).collect();
+            format!(
+                "{op} subtask {} of {}",
+                ks.join(", "),
+                parallelism.get(op).map_or(ks.len() as u32, |p| *p)
+            )
+        })
+        .collect();
+    Some(format!(
+        "warning: t={t_s:.0}s metrics missing from the scrape: {}; incomplete samples are left out of the plan and the progress lines (the operators still run their subtasks)",
+        list.join("; ")
+    ))
+}
+
+/// The warning, said once per source, when a source exports no backlog metric.
+pub fn no_backlog_metric_line(source: &str) -> String {
+    format!(
+        "warning: source `{source}` exports no {}: its backlog is unknown (backlog=? on the progress lines, null in summary.json, never 0); the planner sizes from its arrival rate and makes no scale-down while the backlog is unknown",
+        crate::scrape::SOURCE_BACKLOG
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_subtasks_are_named_with_the_parallelism_the_operator_runs() {
+        let p: BTreeMap<String, u32> = [("src".to_string(), 2)].into_iter().collect();
+        let line = missing_subtasks_line(7.0, &[("src".to_string(), vec![1])], &p).expect("a line");
+        assert!(
+            line.contains("src subtask 1 of 2") && line.contains("left out of the plan"),
+            "{line}"
+        );
+        let again = missing_subtasks_line(9.0, &[], &p).expect("a line");
+        assert!(again.contains("again"), "{again}");
+        assert!(no_backlog_metric_line("src").contains("never 0"));
+    }
 
     fn order() -> Vec<String> {
         ["source", "parse", "enrich", "counts", "sink"]

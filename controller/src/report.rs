@@ -289,7 +289,11 @@ pub fn timeline_csv(rows: &[IntervalStats], operators: &[String]) -> String {
         for op in operators {
             let _ = write!(out, ",{}", opt(r.utilization.get(op).copied()));
         }
-        let _ = write!(out, ",{},{:.0}", opt(r.p99_s), r.backlog);
+        // An unknown backlog (NaN) is an empty cell, as other unknown figures are.
+        let _ = write!(out, ",{},", opt(r.p99_s));
+        if !r.backlog.is_nan() {
+            let _ = write!(out, "{:.0}", r.backlog);
+        }
         if slo_percentile.is_some() {
             let _ = write!(out, ",{}", opt(r.slo_latency_s));
         }

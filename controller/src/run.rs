@@ -15,7 +15,7 @@ use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec, SpecE
 use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::executor::{Executor, ExecutorError, RescaleOutcome};
+use crate::executor::{Executor, ExecutorError, RescaleBackoff, RescaleOutcome};
 use crate::job_memory::{
     HISTORY_FILE, LEARNED_FILE, claim_job_file, load_history, load_learned, save_history,
     save_learned,
@@ -26,7 +26,7 @@ use crate::progress;
 use crate::report::{self, Accounting, RecordTotals, ReportError, RescaleRecord, Summary};
 use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
 use crate::savepoint_history;
-use crate::scrape::{EngineMetrics, scrape};
+use crate::scrape::{EngineMetrics, scrape_stamped};
 use crate::stats::{CapacityEstimator, IntervalStats};
 
 /// Job file used when none is given, relative to the current directory or the workspace root.
@@ -1131,6 +1131,14 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // ([`progress::slo_unattainable_line`]).
         let mut unattainable = false;
         let mut engine_changed = false;
+        // Subtasks missing from the last scrape, per operator, as last said.
+        let mut last_missing: Vec<(String, Vec<usize>)> = Vec::new();
+        // Sources already named for exporting no backlog metric (said once each).
+        let mut no_backlog_said: Vec<String> = Vec::new();
+        // Rescales that failed: the next attempt waits, longer after each failure in a row.
+        let mut backoff = RescaleBackoff::default();
+        // Whether the current backoff's hold was said (once per wait).
+        let mut backoff_said = false;
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(self.opts.interval_s));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let deadline = started + Duration::from_secs_f64(self.job.duration_s);
@@ -1158,8 +1166,12 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     stopping = true;
                 }
             }
-            let now_s = started.elapsed().as_secs_f64();
-            let cur = match scrape(&self.client, &metrics_url(&engine), now_s).await {
+            // The sample is stamped when the page arrived (the time its figures are of); the
+            // loop's own time is read after it, so a slow answer does not skew the rates.
+            let clock = || started.elapsed().as_secs_f64();
+            let scraped = scrape_stamped(&self.client, &metrics_url(&engine), &clock).await;
+            let now_s = clock();
+            let mut cur = match scraped {
                 Ok(m) => {
                     scrape_failures = 0;
                     m
@@ -1181,7 +1193,25 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     continue;
                 }
             };
-            if let Some(p) = &prev {
+            // Subtasks missing from the scrape: an incomplete sample at the parallelism the
+            // engine runs (the planner leaves it out), said when that starts or changes.
+            let missing = cur.sample.mark_missing(&engine.parallelism);
+            if missing != last_missing {
+                if let Some(line) =
+                    progress::missing_subtasks_line(now_s, &missing, &engine.parallelism)
+                {
+                    warn(&line);
+                }
+                last_missing.clone_from(&missing);
+            }
+            for src in cur.sources_without_backlog(&self.sources) {
+                if !no_backlog_said.iter().any(|s| s == src) {
+                    warn(&progress::no_backlog_metric_line(src));
+                    no_backlog_said.push(src.to_string());
+                }
+            }
+            // An interval with an incomplete end is not counted; the next one spans both.
+            if let Some(p) = prev.as_ref().filter(|_| missing.is_empty()) {
                 // Counters restart with a new engine: an interval spanning a restore says
                 // nothing about service rates.
                 if !engine_changed {
@@ -1220,8 +1250,10 @@ impl<R: EngineRuntime> Loop<'_, R> {
             {
                 window.pop_front();
             }
-            prev = Some(cur);
-            engine_changed = false;
+            if missing.is_empty() {
+                prev = Some(cur);
+                engine_changed = false;
+            }
             if stopping {
                 break;
             }
@@ -1372,6 +1404,19 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
                 continue;
             }
+            if let Some(left) = backoff.wait_at(now_s) {
+                if !backoff_said {
+                    backoff_said = true;
+                    print(&progress::rescale_backoff_hold_line(
+                        now_s,
+                        &change,
+                        backoff.failures_of(&decision.parallelism),
+                        backoff.failures(),
+                        left,
+                    ));
+                }
+                continue;
+            }
             print(&progress::rescale_started_line(now_s, &change, &reason));
             let from = engine.parallelism.clone();
             let outcome = match self
@@ -1437,6 +1482,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             };
             match &outcome {
                 RescaleOutcome::Rescaled { savepoint, .. } => {
+                    backoff.succeeded();
                     print(&progress::rescale_done_line(done_s, &change, downtime_s));
                     autoscaler.observe_rescale_downtime(downtime_s);
                     record.outcome = "rescaled".into();
@@ -1468,6 +1514,16 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     self.failed_rescales.push(record);
                     self.prune_savepoints(&savepoint.path, warn);
                 }
+            }
+            if !matches!(outcome, RescaleOutcome::Rescaled { .. }) {
+                let wait = backoff.failed(done_s, &decision.parallelism);
+                backoff_said = false;
+                print(&progress::rescale_backoff_line(
+                    done_s,
+                    &change,
+                    backoff.failures(),
+                    wait,
+                ));
             }
             engine = outcome.engine().clone();
             // A new engine starts without shedding; its counter starts at 0.
@@ -2035,32 +2091,143 @@ fn check_same_job(
     )))
 }
 
-/// `streamscale plan`: scrapes `metrics_url` twice, `gap_s` seconds apart, and plans the job
-/// (no guards) from those two samples.
+/// What `streamscale plan` shows: the guarded decision (printed as JSON) and notes for the
+/// user (printed on stderr; each is also one of the decision's reasons).
+#[derive(Debug, Clone)]
+pub struct PlanOutcome {
+    /// The decision after the guards (see [`guarded_plan`]).
+    pub decision: crate::model::Decision,
+    /// Lines for the user: what the guards did, figures the plan had to correct.
+    pub notes: Vec<String>,
+}
+
+/// `streamscale plan`: scrapes `metrics_url` twice, about `gap_s` seconds apart (each sample
+/// stamped with the time its page arrived, so the measured gap is what the rates divide by),
+/// and plans the job from those two samples through the guards ([`guarded_plan`]).
 ///
 /// # Errors
 /// [`RunError`] when the job is invalid, a scrape fails or the planner rejects the window.
-pub async fn plan_once(
-    job: &Path,
-    metrics_url: &str,
-    gap_s: f64,
-) -> Result<crate::model::Decision, RunError> {
+pub async fn plan_once(job: &Path, metrics_url: &str, gap_s: f64) -> Result<PlanOutcome, RunError> {
     scrape_interval(gap_s)?;
     let spec = JobSpec::from_file(&resolve_job_path(job))?;
     check_metrics_url(metrics_url)?;
     let client = http_client()?;
-    let first = scrape(&client, metrics_url, 0.0).await?;
+    let started = Instant::now();
+    let clock = || started.elapsed().as_secs_f64();
+    let first = scrape_stamped(&client, metrics_url, &clock).await?;
     tokio::time::sleep(Duration::from_secs_f64(gap_s)).await;
-    let second = scrape(&client, metrics_url, gap_s).await?;
-    let running = second.parallelism();
+    let mut second = scrape_stamped(&client, metrics_url, &clock).await?;
+    // An operator runs the most subtasks either scrape shows: one missing from a scrape makes
+    // that sample incomplete (the planner refuses it), never a smaller operator.
+    let mut running = first.parallelism();
+    for (op, p) in second.parallelism() {
+        let known = running.entry(op).or_insert(p);
+        *known = (*known).max(p);
+    }
+    let mut first = first;
+    first.sample.mark_missing(&running);
+    second.sample.mark_missing(&running);
     check_same_job(&spec, job, metrics_url, &running)?;
     let spec = spec.with_parallelism(&running);
-    let window = [first.sample, second.sample];
-    Ok(crate::model::plan(
-        &spec,
-        &window,
-        &crate::model::PlannerSettings::default(),
-    )?)
+    guarded_plan(&spec, &[first.sample, second.sample])
+}
+
+/// Largest busy share (Δbusy seconds per subtask over the measured Δt) read as measurement
+/// noise; above it the counters and the measured time disagree, and `plan` says so.
+const BUSY_SHARE_TOLERANCE: f64 = 1.02;
+
+/// Plans `spec` from the two samples of `streamscale plan` and applies the guards of
+/// `streamscale run` ([`Autoscaler::decide`]: no scale-down while a source has a backlog or
+/// the metrics are incomplete, change thresholds, the rescale's cost) to this one look: no
+/// stabilization wait (the engine has been running) and no scale-down delay (one look cannot
+/// wait; `run` would want the scale-down for its delay first). A hold keeps the current
+/// parallelism and names the unguarded plan. Operators whose busy share exceeds 1 (the plan
+/// reads it as 1) are named.
+///
+/// # Errors
+/// [`RunError::Model`] when the planner rejects the window.
+pub fn guarded_plan(spec: &JobSpec, window: &[MetricSample]) -> Result<PlanOutcome, RunError> {
+    // The unguarded plan first: a window the planner rejects is an error, as it always was.
+    let unguarded = crate::model::plan(spec, window, &crate::model::PlannerSettings::default())?;
+    let mut notes = busy_share_notes(window);
+    let mut autoscaler = Autoscaler::new(GuardSettings {
+        min_samples: 2,
+        window_seconds: 0.0,
+        stabilization_seconds: 0.0,
+        scale_down_delay_seconds: 0.0,
+        ..GuardSettings::default()
+    });
+    let now_s = window.last().map_or(0.0, |s| s.at_seconds);
+    let mut decision = match autoscaler.decide(now_s, window, spec) {
+        Verdict::Rescale(d) => {
+            notes.push(
+                "guards applied as in `streamscale run` (backlog, change thresholds, rescale cost); a scale-down is shown without run's scale-down delay".to_string(),
+            );
+            d
+        }
+        Verdict::Hold {
+            reason,
+            recommendation,
+        } => {
+            let mut d = recommendation.unwrap_or_else(|| unguarded.clone());
+            let wanted = progress::format_change(
+                &current_map(&d),
+                &unguarded.parallelism,
+                &spec
+                    .operators
+                    .iter()
+                    .map(|o| o.name.clone())
+                    .collect::<Vec<_>>(),
+            );
+            d.parallelism = current_map(&d);
+            notes.push(if unguarded.parallelism == d.parallelism {
+                format!("guards applied: the plan keeps the current parallelism ({reason})")
+            } else {
+                format!(
+                    "guards hold the current parallelism: {reason}; the unguarded plan was {wanted}"
+                )
+            });
+            d
+        }
+    };
+    decision.reasons.extend(notes.iter().cloned());
+    Ok(PlanOutcome { decision, notes })
+}
+
+/// The running parallelism of a decision, keyed by plain strings like its plan.
+fn current_map(d: &crate::model::Decision) -> BTreeMap<String, u32> {
+    d.current.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+/// A note per operator whose subtasks were busy more than the measured time between the
+/// window's first and last samples allows (busy share above [`BUSY_SHARE_TOLERANCE`]): the
+/// planner reads the share as 1.
+fn busy_share_notes(window: &[MetricSample]) -> Vec<String> {
+    let (Some(first), Some(last)) = (window.first(), window.last()) else {
+        return Vec::new();
+    };
+    let dt = last.at_seconds - first.at_seconds;
+    if dt.is_nan() || dt <= 0.0 {
+        return Vec::new();
+    }
+    let mut notes = Vec::new();
+    for (op, subs) in &last.operators {
+        let Some(before) = first.operators.get(op).filter(|b| b.len() == subs.len()) else {
+            continue;
+        };
+        let busy: f64 = before
+            .iter()
+            .zip(subs)
+            .map(|(a, b)| b.busy_seconds - a.busy_seconds)
+            .sum();
+        let share = busy / (subs.len() as f64 * dt);
+        if share > BUSY_SHARE_TOLERANCE {
+            notes.push(format!(
+                "warning: {op} was busy {share:.2} of the {dt:.2} s measured between the scrapes (more than all of it): its counters and the measured time disagree; planned as fully busy (1.00)"
+            ));
+        }
+    }
+    notes
 }
 
 #[cfg(test)]
@@ -2084,6 +2251,76 @@ mod tests {
             ..RunOptions::default()
         };
         (dir, opts)
+    }
+
+    const PLAN_CHAIN: &str = "name: chain\noperators:\n  - { name: src, kind: source, rate: { constant: 100 } }\n  - { name: map, kind: map, parallelism: 8 }\n  - { name: sink, kind: sink }\nedges:\n  - { from: src, to: map }\n  - { from: map, to: sink }\n";
+
+    /// `plan`'s two samples, 2 s apart: map (μ = 100 rec/s per subtask) at p = `map_p` taking
+    /// `input` rec/s, the source at γ = 200 with `backlog` records.
+    fn plan_window(map_p: u32, input: f64, backlog: f64) -> Vec<MetricSample> {
+        use crate::model::testutil::{Synth, window};
+        window(
+            &[
+                Synth::source("src", 1, 200.0, backlog),
+                Synth::op("map", map_p, input, 100.0, 1.0),
+                Synth::op("sink", 1, input, 10_000.0, 0.0),
+            ],
+            &[0.0, 2.0],
+        )
+    }
+
+    /// Issue 22, case 10: `plan` during a catch-up (1000 records due at the source, 5 s of
+    /// arrivals) recommended scaling map down 8 → 4, which `run`'s guards never do while a source has a
+    /// backlog. It applies the guards now and says what they held back.
+    #[test]
+    fn plan_applies_the_guards_during_a_catch_up() {
+        let spec = crate::model::testutil::job(PLAN_CHAIN);
+        let spec = spec.with_parallelism(&[("map".to_string(), 8)].into_iter().collect());
+        let out = guarded_plan(&spec, &plan_window(8, 200.0, 1000.0)).expect("plans");
+        let d = &out.decision;
+        assert_eq!(d.parallelism["map"], 8, "{:?}", d.reasons);
+        let said = out.notes.join("\n");
+        for what in ["guards", "backlog", "map 8→"] {
+            assert!(said.contains(what), "{what}: {said}");
+        }
+        assert!(
+            d.reasons.iter().any(|r| r.contains("guards")),
+            "{:?}",
+            d.reasons
+        );
+        // Without a backlog the scale-down is shown (no delay in one look), guards named.
+        let out = guarded_plan(&spec, &plan_window(8, 200.0, 0.0)).expect("plans");
+        assert!(
+            out.decision.parallelism["map"] < 8,
+            "{:?}",
+            out.decision.reasons
+        );
+        assert!(
+            out.notes.iter().any(|n| n.contains("guards applied")),
+            "{:?}",
+            out.notes
+        );
+    }
+
+    /// Issue 22, case 2: a busy share of 1.25 (map's subtasks busy 2.5 s in the 2 s measured
+    /// between the scrapes) was clamped to 1 without a word.
+    #[test]
+    fn plan_names_a_busy_share_above_one() {
+        let spec = crate::model::testutil::job(PLAN_CHAIN);
+        let spec = spec.with_parallelism(&[("map".to_string(), 2)].into_iter().collect());
+        let out = guarded_plan(&spec, &plan_window(2, 250.0, 0.0)).expect("plans");
+        let said = out.notes.join("\n");
+        for what in ["map", "1.25", "2.00 s", "1.00"] {
+            assert!(said.contains(what), "{what}: {said}");
+        }
+        assert!(!said.contains("sink was busy"), "{said}");
+        // A consistent window says nothing of the kind.
+        let out = guarded_plan(&spec, &plan_window(2, 150.0, 0.0)).expect("plans");
+        assert!(
+            !out.notes.iter().any(|n| n.contains("busy")),
+            "{:?}",
+            out.notes
+        );
     }
 
     #[test]

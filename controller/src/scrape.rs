@@ -179,6 +179,34 @@ impl EngineMetrics {
             .fold(0.0, |a, b| a + b)
     }
 
+    /// Sum over the subtasks of the `sources` operators of the backlog gauge, in records; NaN
+    /// (unknown, never 0) when a subtask of one of them does not report it (a source without
+    /// the metric, or a subtask missing from the scrape).
+    pub fn sources_backlog(&self, sources: &[String]) -> f64 {
+        let mut total = 0.0;
+        for subtasks in sources.iter().filter_map(|s| self.sample.operators.get(s)) {
+            for s in subtasks {
+                total += s.source_backlog.unwrap_or(f64::NAN);
+            }
+        }
+        total
+    }
+
+    /// The `sources` operators that report no backlog gauge in this scrape (no subtask has it),
+    /// in the order given.
+    pub fn sources_without_backlog<'a>(&self, sources: &'a [String]) -> Vec<&'a str> {
+        sources
+            .iter()
+            .filter(|src| {
+                self.sample
+                    .operators
+                    .get(*src)
+                    .is_some_and(|subs| subs.iter().all(|s| s.source_backlog.is_none()))
+            })
+            .map(String::as_str)
+            .collect()
+    }
+
     /// Sum over all source subtasks of the arrivals counter (records that should have been
     /// emitted by now).
     pub fn total_arrivals(&self) -> f64 {
@@ -206,7 +234,8 @@ impl EngineMetrics {
 }
 
 /// Fetches `url` (an engine's `/metrics`) and parses it; `at_seconds` is the controller's clock
-/// (seconds since the run started) stamped on the sample.
+/// (seconds since the run started) stamped on the sample. Prefer [`scrape_stamped`], which
+/// reads the clock when the page arrived.
 ///
 /// # Errors
 /// [`ScrapeError::Http`] / [`ScrapeError::Status`] when the page cannot be fetched,
@@ -216,11 +245,30 @@ pub async fn scrape(
     url: &str,
     at_seconds: f64,
 ) -> Result<EngineMetrics, ScrapeError> {
+    scrape_stamped(client, url, &|| at_seconds).await
+}
+
+/// Fetches `url` (an engine's `/metrics`) and parses it, stamping the sample with `clock`
+/// (seconds on the caller's monotonic clock, e.g. since the run started) read when the answer
+/// arrived: the engine renders its page (its counters, the sources' arrivals computed then)
+/// just before it answers, so that is the time the figures are of. A time read when the
+/// request was sent would add the engine's delay in answering (a busy engine, a loaded
+/// machine) to one interval and take it from the next, and every rate divides by these times.
+///
+/// # Errors
+/// [`ScrapeError::Http`] / [`ScrapeError::Status`] when the page cannot be fetched,
+/// [`ScrapeError::Parse`] when it is not valid.
+pub async fn scrape_stamped(
+    client: &reqwest::Client,
+    url: &str,
+    clock: &(dyn Fn() -> f64 + Sync),
+) -> Result<EngineMetrics, ScrapeError> {
     let http = |source| ScrapeError::Http {
         url: url.to_string(),
         source,
     };
     let response = client.get(url).send().await.map_err(http)?;
+    let at_seconds = clock();
     let status = response.status();
     if !status.is_success() {
         return Err(ScrapeError::Status {
@@ -241,7 +289,8 @@ pub async fn scrape(
 /// Parses Prometheus text exposition into [`EngineMetrics`] stamped `at_seconds`.
 ///
 /// Metrics other than streamscale's are ignored. Subtasks are indexed by their `subtask` label;
-/// an operator whose exported subtask indices have holes gets default (zero) samples there.
+/// an operator whose exported subtask indices have holes gets [`SubtaskSample::absent`] places
+/// there (a subtask missing from the scrape, never zeros that would read as a counter reset).
 ///
 /// # Errors
 /// [`ScrapeError::Parse`] when a per-subtask sample lacks `operator`/`subtask` labels or the
@@ -322,9 +371,13 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                     })?;
                 let subtasks = operators.entry(op.to_string()).or_default();
                 if subtasks.len() <= index {
-                    subtasks.resize(index + 1, SubtaskSample::default());
+                    // Places of lower subtasks not seen (yet) are absent until they are.
+                    subtasks.resize(index + 1, SubtaskSample::absent());
                 }
                 let s = &mut subtasks[index];
+                if s.is_absent() {
+                    *s = SubtaskSample::default();
+                }
                 match name {
                     RECORDS_IN => s.records_in = value,
                     RECORDS_OUT => s.records_out = value,
@@ -449,6 +502,77 @@ streamscale_sink_accounted_records_total{operator="sink",subtask="0"} 2400
 # TYPE process_cpu_seconds_total counter
 process_cpu_seconds_total 3.2
 "#;
+
+    /// A one-connection-at-a-time HTTP server whose every answer first advances the virtual
+    /// `clock` by the next of `delays` (the engine busy before it renders, as on a loaded
+    /// machine), then renders a source's arrivals counter at 1000 records/s of that clock.
+    async fn delayed_engine(
+        clock: std::sync::Arc<std::sync::Mutex<f64>>,
+        delays: Vec<f64>,
+    ) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/metrics", listener.local_addr().expect("address"));
+        tokio::spawn(async move {
+            for delay in delays {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let now = {
+                    let mut c = clock.lock().expect("clock");
+                    *c += delay;
+                    *c
+                };
+                let body = format!(
+                    "{SOURCE_ARRIVALS}{{operator=\"src\",subtask=\"0\"}} {}\n{SOURCE_BACKLOG}{{operator=\"src\",subtask=\"0\"}} 0\n",
+                    1000.0 * now
+                );
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+            }
+        });
+        url
+    }
+
+    /// Issue 22, case 2: jittered scrapes of a constant load. The engine renders its page some
+    /// time after the request was sent (0 or 0.5 s here); a sample stamped when the request
+    /// was sent mixes that delay into Δt, and the arrival rate read 1500 rec/s for 1000.
+    #[tokio::test]
+    async fn samples_are_stamped_when_the_engine_rendered_them() {
+        let clock = std::sync::Arc::new(std::sync::Mutex::new(0.0_f64));
+        let delays = vec![0.0, 0.5, 0.0, 0.5, 0.5, 0.0];
+        let url = delayed_engine(clock.clone(), delays.clone()).await;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let read = || *clock.lock().expect("clock");
+        let mut samples = Vec::new();
+        for _ in &delays {
+            let m = scrape_stamped(&client, &url, &read).await.expect("scrape");
+            samples.push((m.sample.at_seconds, m.total_arrivals()));
+            // The controller's interval between scrapes.
+            *clock.lock().expect("clock") += 1.0;
+        }
+        for pair in samples.windows(2) {
+            let ((t0, a0), (t1, a1)) = (pair[0], pair[1]);
+            let rate = (a1 - a0) / (t1 - t0);
+            assert!((rate - 1000.0).abs() < 1e-6, "{rate} rec/s: {samples:?}");
+        }
+    }
 
     #[test]
     fn parses_subtasks_sources_and_sinks() {

@@ -45,7 +45,8 @@ pub struct IntervalStats {
     /// backpressured) of that subtask), for operators with more than one subtask; with a hot key
     /// it is near 1 while [`Self::utilization`] (the mean) stays low.
     pub busiest_utilization: BTreeMap<String, f64>,
-    /// Records waiting at the sources at the end of the interval.
+    /// Records waiting at the sources at the end of the interval; NaN when a source does not
+    /// report its backlog (unknown, never 0).
     pub backlog: f64,
     /// 99th percentile end-to-end latency of the records that reached a sink in the interval,
     /// seconds.
@@ -145,7 +146,7 @@ impl IntervalStats {
             parallelism: parallelism.clone(),
             utilization,
             busiest_utilization,
-            backlog: cur.total_backlog(),
+            backlog: cur.sources_backlog(sources),
             p99_s: cur.latency.quantile_since(Some(&prev.latency), 0.99),
             slo_percentile: None,
             slo_latency_s: None,
@@ -355,6 +356,45 @@ mod tests {
             count: sink_count,
         };
         m
+    }
+
+    /// Issue 22, case 3: a source exporting no backlog metric had its backlog reported as 0
+    /// (an overloaded job's summary said "backlog 0"). It is unknown: NaN, shown as `?` on the
+    /// progress line and `null` in summary.json.
+    #[test]
+    fn a_source_without_a_backlog_metric_has_an_unknown_backlog() {
+        let no_backlog = |m: &mut EngineMetrics| {
+            for s in m.sample.operators.get_mut("source").expect("source") {
+                s.source_backlog = None;
+            }
+        };
+        let mut prev = metrics(
+            10.0,
+            1000.0,
+            1000.0,
+            vec![sub(500.0, 500.0, 1.0, 9.0)],
+            1000.0,
+        );
+        let mut cur = metrics(
+            12.0,
+            1200.0,
+            1100.0,
+            vec![sub(600.0, 600.0, 2.0, 10.0)],
+            1100.0,
+        );
+        no_backlog(&mut prev);
+        no_backlog(&mut cur);
+        let p: BTreeMap<String, u32> = [("source".to_string(), 1), ("enrich".to_string(), 1)]
+            .into_iter()
+            .collect();
+        let s = one_interval(&prev, &cur, &["source".to_string()], &p, None);
+        assert!(
+            s.backlog.is_nan(),
+            "backlog {} for an unknown one",
+            s.backlog
+        );
+        let line = crate::progress::progress_line(&s, &["source".to_string()], 1.0, 0.0);
+        assert!(line.contains("backlog=?"), "{line}");
     }
 
     #[test]

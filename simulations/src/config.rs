@@ -161,6 +161,33 @@ impl SimConfig {
         }
     }
 
+    /// Checks that the `streamscale` policy's metric window, sampled once per `step_s`
+    /// (simulated seconds), can ever satisfy its guards: the window keeps the snapshots of the
+    /// last `windowSeconds` (⌊window / step⌋ + 1 of them), and the guards want at least
+    /// [`GuardSettings::min_samples`](streamscale_controller::model::GuardSettings) of them
+    /// spanning their history (`guardWindowSeconds`). A window not longer than the step holds
+    /// two snapshots at most: every decision would wait for data, silently.
+    ///
+    /// # Errors
+    /// A message naming `windowSeconds`, the step and what to change.
+    pub fn check_step(&self, step_s: f64) -> Result<(), String> {
+        let guards = self.guard_settings();
+        let need = guards.min_samples.max(2);
+        // Snapshots are `step_s` apart; those within the window are kept.
+        let kept = (self.window_seconds / step_s + 1e-9).floor() + 1.0;
+        let span = (kept - 1.0) * step_s;
+        if kept >= need as f64 && span + 1e-9 >= guards.window_seconds {
+            return Ok(());
+        }
+        let least = (need as f64 - 1.0) * step_s;
+        Err(format!(
+            "windowSeconds: a {} s metric window at a step of {step_s} s holds {kept} snapshot(s) spanning {span} s, but streamscale needs {need} spanning {} s (guardWindowSeconds): it would never decide; give windowSeconds (--window) at least {} s or a smaller step (--step / stepSeconds)",
+            self.window_seconds,
+            guards.window_seconds,
+            least.max(guards.window_seconds),
+        ))
+    }
+
     /// Reads a YAML settings file.
     ///
     /// # Errors

@@ -470,7 +470,10 @@ pub fn replayed_policies(names: &[String]) -> Vec<String> {
 /// depend on the number of threads); `on_steps` may be called from any of them.
 ///
 /// # Errors
-/// [`crate::SimError::Model`] for an unknown policy name.
+/// [`crate::SimError::Model`] for an unknown policy name, or when `streamscale` is replayed
+/// with a metric window its guards can never use at this step ([`SimConfig::check_step`]).
+///
+/// [`SimConfig::check_step`]: crate::config::SimConfig::check_step
 pub fn replay_all(
     model: &JobModel,
     names: &[String],
@@ -486,6 +489,10 @@ pub fn replay_all(
                 crate::policy::POLICIES.join(", ")
             )));
         }
+    }
+    if all.iter().any(|n| n == "streamscale") {
+        cfg.check_step(opts.step_s)
+            .map_err(crate::SimError::Model)?;
     }
     let mut order: Vec<usize> = (0..all.len()).collect();
     order.sort_by_key(|&i| COST_ORDER.iter().position(|n| *n == all[i]));

@@ -1487,3 +1487,45 @@ fn on_unattainable_slo_reaches_the_planner() {
     assert_ne!(code, 0);
     assert!(err.contains("--on-unattainable-slo"), "{err}");
 }
+
+/// Issue 22, case 9: a metric window not longer than the step holds two snapshots at most,
+/// fewer than the three the guards need, so streamscale never decided (0 rescales, the SLO
+/// violated throughout) without a word. The replay is refused, naming both settings.
+#[test]
+fn a_window_not_longer_than_the_step_is_refused() {
+    let spec = job(&chain(
+        "{ steps: [{atSeconds: 0, recordsPerSecond: 300}, {atSeconds: 60, recordsPerSecond: 1500}] }",
+    ));
+    let cfg = SimConfig {
+        interval_seconds: 5.0,
+        window_seconds: 10.0,
+        ..SimConfig::default()
+    };
+    cfg.validate().unwrap();
+    let model = JobModel::new(&spec, &cfg, Some(600.0)).unwrap();
+    let names = vec!["streamscale".to_string()];
+    let opts = |step_s| ReplayOptions {
+        mode: Mode::Fast,
+        step_s,
+        seed: 1,
+        max_rows: 10,
+        threads: 1,
+        engine_p99: false,
+    };
+    let err = match replay_all(&model, &names, &opts(10.0), &cfg, &|_| {}) {
+        Ok((summary, _)) => panic!(
+            "a 10 s window at a 10 s step replayed: {:?}",
+            summary.policies["streamscale"]
+        ),
+        Err(e) => e.to_string(),
+    };
+    for what in ["windowSeconds", "10 s", "step", "never decide"] {
+        assert!(err.contains(what), "{what}: {err}");
+    }
+    // A step that leaves the window three snapshots decides as before.
+    let (summary, _) = replay_all(&model, &names, &opts(5.0), &cfg, &|_| {}).unwrap();
+    assert!(
+        summary.policies["streamscale"].rescales >= 1.0,
+        "{summary:?}"
+    );
+}

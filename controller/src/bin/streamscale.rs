@@ -3,7 +3,7 @@
 //! * `streamscale run [JOB.yaml]`: run the job on a local engine under the autoscaler and write
 //!   a report.
 //! * `streamscale plan JOB.yaml --metrics-url URL`: scrape a running engine twice and print the
-//!   planner's decision as JSON.
+//!   planner's decision after `run`'s guards as JSON (what the guards did on stderr).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -73,7 +73,8 @@ enum Command {
         #[arg(long, default_value_t = streamscale_controller::savepoint_history::DEFAULT_KEEP_SAVEPOINTS)]
         keep_savepoints: u32,
     },
-    /// Scrape a running engine twice and print the planner's decision as JSON.
+    /// Scrape a running engine twice and print the planner's decision, after the guards of
+    /// `run`, as JSON.
     Plan {
         /// Job file the engine runs.
         job: PathBuf,
@@ -283,6 +284,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     "sources' backlog at the end: {due} {noun} {verb} due but not emitted when the run stopped (summary.json: source_backlog_at_end)"
                 ));
             }
+            if s.source_backlog_at_end.is_nan() {
+                console.line(
+                    "sources' backlog at the end: unknown (a source exports no backlog metric; summary.json: source_backlog_at_end null)",
+                );
+            }
             if let Some(failure) = &s.failure {
                 err(&format!("streamscale: run failed: {failure}"));
                 return Ok(ExitCode::from(1));
@@ -316,8 +322,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             metrics_url,
             interval,
         } => {
-            let decision = run::plan_once(&job, &metrics_url, interval).await?;
-            Console::default().line(&serde_json::to_string_pretty(&decision)?);
+            let outcome = run::plan_once(&job, &metrics_url, interval).await?;
+            for note in &outcome.notes {
+                err(&format!("streamscale plan: {note}"));
+            }
+            Console::default().line(&serde_json::to_string_pretty(&outcome.decision)?);
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -449,6 +449,26 @@ fn not_below(a: &SubtaskSample, b: &SubtaskSample) -> bool {
         & (b.backpressured_seconds >= a.backpressured_seconds)
 }
 
+/// [`ModelError::MissingSubtask`] when `s` (subtask `subtask` of `name`'s `p` in sample
+/// `sample`) is the place of a subtask missing from its scrape.
+fn absent(
+    name: &str,
+    subtask: usize,
+    sample: usize,
+    p: usize,
+    s: &SubtaskSample,
+) -> Result<(), ModelError> {
+    if s.is_absent() {
+        return Err(ModelError::MissingSubtask {
+            operator: name.to_string(),
+            subtask,
+            parallelism: p,
+            sample,
+        });
+    }
+    Ok(())
+}
+
 fn check_value(
     name: &str,
     subtask: usize,
@@ -487,12 +507,65 @@ fn scaled_arrivals(
     }
 }
 
+/// Which figures a source reports at all in a window: `(backlog, arrivals)`, each true when
+/// some subtask of the source has it in some sample. A source that never reports one (its
+/// connector exports no such metric) is planned without it: the backlog unknown (never read as
+/// 0 records due), the arrivals read from the records it emitted. A figure missing from some
+/// scrapes only is an incomplete sample.
+fn source_reports(rows: &[Option<&[SubtaskSample]>]) -> (bool, bool) {
+    let subtasks = || rows.iter().flatten().flat_map(|r| r.iter());
+    (
+        subtasks().any(|s| s.source_backlog.is_some()),
+        subtasks().any(|s| s.source_arrivals.is_some()),
+    )
+}
+
+/// The source operators of `spec` that report no `source_backlog` in any sample of `window`
+/// where they appear (see [`source_reports`]): their backlog is unknown. Sorted by name.
+pub fn sources_without_backlog(spec: &JobSpec, window: &[MetricSample]) -> Vec<String> {
+    spec.operators
+        .iter()
+        .filter(|o| {
+            matches!(
+                o.kind,
+                streamscale_engine::spec::OperatorKind::Source { .. }
+            )
+        })
+        .filter(|o| {
+            let rows: Vec<_> = window
+                .iter()
+                .map(|w| w.operators.get(&o.name).map(Vec::as_slice))
+                .collect();
+            rows.iter().any(Option::is_some) && !source_reports(&rows).0
+        })
+        .map(|o| o.name.clone())
+        .collect()
+}
+
+/// Subtask `k`'s arrivals in `s` ([`scaled_arrivals`]); for a source that reports no
+/// `source_arrivals` in the window (`reported` false), the records it emitted (a lower bound
+/// on what arrived, as Flink's autoscaler reads a source without a pending-records metric).
+fn source_arrivals(
+    s: &SubtaskSample,
+    k: usize,
+    base: &[SubtaskSample],
+    scale: Option<f64>,
+    reported: bool,
+) -> Option<f64> {
+    if reported {
+        scaled_arrivals(s, k, base, scale)
+    } else {
+        Some(s.records_out)
+    }
+}
+
 fn source_fields(
     name: &str,
     subtask: usize,
     sample: usize,
     s: &SubtaskSample,
     arrivals: Option<f64>,
+    backlog_reported: bool,
 ) -> Result<(f64, f64), ModelError> {
     let missing = |missing| ModelError::SourceWithoutBacklog {
         operator: name.to_string(),
@@ -500,6 +573,12 @@ fn source_fields(
         missing,
         sample,
     };
+    if !backlog_reported {
+        // Never reported: unknown, not checked (the estimate's backlog is then no figure).
+        let arrivals = arrivals.ok_or_else(|| missing("source_arrivals"))?;
+        check_value(name, subtask, sample, "source_arrivals", arrivals)?;
+        return Ok((0.0, arrivals));
+    }
     let backlog = s.source_backlog.ok_or_else(|| missing("source_backlog"))?;
     let arrivals = arrivals.ok_or_else(|| missing("source_arrivals"))?;
     check_value(name, subtask, sample, "source_backlog", backlog)?;
@@ -531,7 +610,14 @@ fn checked_window<'a>(
     arrival_scale: Option<f64>,
 ) -> Result<Checked<'a>, ModelError> {
     let first = subtasks(rows, 0, name)?;
-    let arr = |k: usize, s: &SubtaskSample| scaled_arrivals(s, k, first, arrival_scale);
+    let (backlog_reported, arrivals_reported) = if is_source {
+        source_reports(rows)
+    } else {
+        (true, true)
+    };
+    let arr = |k: usize, s: &SubtaskSample| {
+        source_arrivals(s, k, first, arrival_scale, arrivals_reported)
+    };
     let p = first.len();
     if p == 0 {
         return Err(ModelError::NoSubtasks {
@@ -550,12 +636,13 @@ fn checked_window<'a>(
         if !is_source && all_valid(s) {
             continue;
         }
+        absent(name, k, 0, p, s)?;
         for (field, v) in counters(s) {
             check_value(name, k, 0, field, v)?;
         }
         check_value(name, k, 0, "queue_length", s.queue_length)?;
         if is_source {
-            source_fields(name, k, 0, s, arr(k, s))?;
+            source_fields(name, k, 0, s, arr(k, s), backlog_reported)?;
         }
     }
     for i in 1..rows.len() {
@@ -573,10 +660,11 @@ fn checked_window<'a>(
             if !is_source && valid(b.queue_length) && grown(a, b) {
                 continue;
             }
+            absent(name, k, i, p, b)?;
             check_value(name, k, i, "queue_length", b.queue_length)?;
             let arrivals = if is_source {
-                let (_, arr_a) = source_fields(name, k, i - 1, a, arr(k, a))?;
-                let (_, arr_b) = source_fields(name, k, i, b, arr(k, b))?;
+                let (_, arr_a) = source_fields(name, k, i - 1, a, arr(k, a), backlog_reported)?;
+                let (_, arr_b) = source_fields(name, k, i, b, arr(k, b), backlog_reported)?;
                 Some(("source_arrivals", arr_a, arr_b))
             } else {
                 None
@@ -671,7 +759,10 @@ fn estimate_operator(
         Some(w) => w,
         None => checked_window(name, is_source, rows, arrival_scale)?,
     };
-    let arr = |k: usize, s: &SubtaskSample| scaled_arrivals(s, k, first, arrival_scale);
+    let arrivals_reported = !is_source || source_reports(rows).1;
+    let arr = |k: usize, s: &SubtaskSample| {
+        source_arrivals(s, k, first, arrival_scale, arrivals_reported)
+    };
     let p = first.len();
     // The counters' deltas over the window and the last queue lengths, in one pass (sums
     // from −0.0, as iterator sums: the same values bit for bit).

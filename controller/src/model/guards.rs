@@ -362,7 +362,7 @@ impl Autoscaler {
             why
         });
 
-        let mut backlogged = String::new();
+        let mut backlogged = unknown_backlogs(spec, window, &mut planned);
         for (n, s) in &planned.sources {
             if s.backlog_records > g.backlog_threshold_records.unwrap_or(s.arrival_rate) {
                 if !backlogged.is_empty() {
@@ -510,6 +510,38 @@ impl Autoscaler {
             }
         }
     }
+}
+
+/// Sources that export no backlog figure in the window ([`super::estimate::sources_without_backlog`]):
+/// planned from their arrivals, so the plan's figure is unknown, not 0 records. Their backlog
+/// in `planned` becomes NaN (`null` in JSON), their reason says "backlog unknown", one reason
+/// says why; returns them listed as the backlog guard lists backlogged sources (no scale-down
+/// while a backlog is unknown). Empty for sources that report it (the usual case).
+fn unknown_backlogs(spec: &JobSpec, window: &[MetricSample], planned: &mut Decision) -> String {
+    let unknown = super::estimate::sources_without_backlog(spec, window);
+    let mut listed = String::new();
+    for n in &unknown {
+        if let Some(s) = planned.sources.get_mut(n.as_str()) {
+            s.backlog_records = f64::NAN;
+        }
+        let prefix = format!("source {n}: ");
+        for r in planned
+            .reasons
+            .iter_mut()
+            .filter(|r| r.starts_with(&prefix))
+        {
+            *r = r.replacen(", backlog 0 records", ", backlog unknown", 1);
+        }
+        planned.reasons.push(format!(
+            "source {n}: backlog unknown (it exports no {}): planned from its arrival rate without a catch-up, no scale-down while its backlog is unknown",
+            crate::scrape::SOURCE_BACKLOG
+        ));
+        if !listed.is_empty() {
+            listed.push_str(", ");
+        }
+        let _ = write!(listed, "{n} (backlog unknown)");
+    }
+    listed
 }
 
 /// The end of a guard's note on a change below the change threshold.
@@ -688,6 +720,7 @@ fn drop_incomplete(window: &[MetricSample], err: &ModelError) -> Option<Vec<Metr
         ModelError::MissingOperator { sample, .. }
         | ModelError::NoSubtasks { sample, .. }
         | ModelError::ParallelismChanged { sample, .. }
+        | ModelError::MissingSubtask { sample, .. }
         | ModelError::InvalidValue { sample, .. }
         | ModelError::SourceWithoutBacklog { sample, .. } => Some(drop_one(sample)),
         ModelError::CounterReset { sample, .. } => Some(window.get(sample..)?.to_vec()),
@@ -1344,16 +1377,124 @@ edges:
         let v = Autoscaler::new(settings.clone()).decide(0.0, &up, &spec);
         assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
         assert!(says_incomplete(&v, "source_backlog"), "{v:?}");
+    }
 
-        // A source that never reports its backlog: no plan at all.
-        let mut never = complete;
-        for s in &mut never {
-            s.operators.get_mut("src").expect("src")[0].source_backlog = None;
-        }
-        let v = Autoscaler::new(settings).decide(0.0, &never, &spec);
+    /// Issue 22, case 3: a source that exports no backlog metric at all (its connector has
+    /// none) made every sample incomplete, so the job was never scaled (an overloaded job ran
+    /// at p = 1). It is planned from its arrivals, its backlog said to be unknown (never 0),
+    /// and no scale-down is made while the backlog is unknown.
+    #[test]
+    fn a_source_without_a_backlog_metric_is_planned_with_the_backlog_unknown() {
+        let spec = job(CHAIN);
+        let settings = GuardSettings {
+            scale_down_delay_seconds: 0.0,
+            ..GuardSettings::default()
+        };
+        let without_backlog = |mut w: Vec<MetricSample>| {
+            for s in &mut w {
+                s.operators.get_mut("src").expect("src")[0].source_backlog = None;
+            }
+            w
+        };
+        // Overloaded: map at 1 subtask under γ = 600 wants 9, as with the figure.
+        let v = Autoscaler::new(settings.clone()).decide(
+            0.0,
+            &without_backlog(win(1, 600.0, 0.0, 1)),
+            &spec,
+        );
+        let Verdict::Rescale(d) = &v else {
+            panic!("a scale-up expected: {v:?}");
+        };
+        assert_eq!(d.parallelism["map"], 9, "{v:?}");
+        assert!(d.sources["src"].backlog_records.is_nan(), "{:?}", d.sources);
+        let reasons = d.reasons.join("\n");
+        assert!(reasons.contains("backlog unknown"), "{reasons}");
+        assert!(!reasons.contains("backlog 0 records"), "{reasons}");
+        // Over-provisioned (map at 8 wants 3): held, the unknown backlog named.
+        let v =
+            Autoscaler::new(settings).decide(0.0, &without_backlog(win(8, 200.0, 0.0, 1)), &spec);
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        let Verdict::Hold { reason, .. } = &v else {
+            unreachable!()
+        };
         assert!(
-            matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.contains("source_backlog")),
-            "{v:?}"
+            reason.contains("no scale-down") && reason.contains("backlog unknown"),
+            "{reason}"
+        );
+    }
+
+    /// The engine's page at `t` s: src at γ = 200 rec/s over 2 subtasks, map at 3 subtasks of
+    /// μ = 100 rec/s (those in `map` on the page), the sink at 1.
+    fn page(t: f64, map: &[usize]) -> String {
+        use crate::scrape::{BUSY, IDLE, RECORDS_IN, RECORDS_OUT, SOURCE_ARRIVALS, SOURCE_BACKLOG};
+        let mut text = String::new();
+        let mut line = |family: &str, op: &str, k: usize, v: f64| {
+            text.push_str(&format!(
+                "{family}{{operator=\"{op}\",subtask=\"{k}\"}} {v}\n"
+            ));
+        };
+        for k in 0..2 {
+            line(RECORDS_OUT, "src", k, 100.0 * t);
+            line(SOURCE_ARRIVALS, "src", k, 100.0 * t);
+            line(SOURCE_BACKLOG, "src", k, 0.0);
+        }
+        for (op, p, mu) in [("map", 3u32, 100.0), ("sink", 1, 10_000.0)] {
+            for k in (0..p as usize).filter(|k| op == "sink" || map.contains(k)) {
+                let rin = 200.0 * t / f64::from(p);
+                line(RECORDS_IN, op, k, rin);
+                line(RECORDS_OUT, op, k, if op == "sink" { 0.0 } else { rin });
+                line(BUSY, op, k, rin / mu);
+                line(IDLE, op, k, t - rin / mu);
+            }
+        }
+        text
+    }
+
+    /// Issue 22, case 5: a subtask missing from one scrape (here map's subtask 0, a hole in
+    /// the labels) was read as zeros, so as a counter reset: the window restarted at that
+    /// scrape and the subtask's whole count since the job started entered one interval. It is
+    /// an incomplete sample (dropped, the operator's parallelism kept), never a reset.
+    #[test]
+    fn a_subtask_missing_from_a_scrape_is_an_incomplete_sample_not_a_reset() {
+        let spec = job(&CHAIN.replace("kind: map, parallelism: 8", "kind: map, parallelism: 3"));
+        let w: Vec<MetricSample> = [0.0, 5.0, 10.0, 15.0, 20.0]
+            .into_iter()
+            .map(|t| {
+                let map: &[usize] = if t == 10.0 { &[1, 2] } else { &[0, 1, 2] };
+                crate::scrape::parse_metrics(&page(100.0 + t, map), t)
+                    .expect("page parses")
+                    .sample
+            })
+            .collect();
+        let settings = GuardSettings {
+            scale_down_delay_seconds: 0.0,
+            ..GuardSettings::default()
+        };
+        let v = Autoscaler::new(settings).decide(20.0, &w, &spec);
+        let said = match &v {
+            Verdict::Hold { reason, .. } => reason.clone(),
+            Verdict::Rescale(d) => d.reasons.join("\n"),
+        };
+        assert!(parallelism(&v).is_none(), "map stays at 3: {v:?}");
+        assert!(!said.contains("went backwards"), "{said}");
+        let Verdict::Hold {
+            recommendation: Some(d),
+            ..
+        } = &v
+        else {
+            panic!("a plan expected: {v:?}");
+        };
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("subtask 0 of `map` is missing from metric sample 2")),
+            "{:?}",
+            d.reasons
+        );
+        assert!(
+            (d.sources["src"].arrival_rate - 200.0).abs() < 1e-6,
+            "{:?}",
+            d.sources
         );
     }
 }

@@ -100,6 +100,21 @@ pub enum ModelError {
         /// Index of the later sample.
         sample: usize,
     },
+    /// A subtask the operator runs is missing from a scrape ([`SubtaskSample::absent`]): the
+    /// sample is incomplete (neither a smaller operator nor a counter reset).
+    #[error(
+        "subtask {subtask} of `{operator}` is missing from metric sample {sample} (the operator runs {parallelism})"
+    )]
+    MissingSubtask {
+        /// Operator name.
+        operator: String,
+        /// Index of the missing subtask.
+        subtask: usize,
+        /// The operator's parallelism in that sample (missing subtasks included).
+        parallelism: usize,
+        /// Index of the sample in the window.
+        sample: usize,
+    },
     /// A cumulative counter decreased between two consecutive samples (a restart reset it).
     #[error(
         "counter {counter} of `{operator}` subtask {subtask} went backwards from {from} to {to} at sample {sample} (counter reset?)"

@@ -49,6 +49,31 @@ pub struct SubtaskSample {
     pub service: Option<ServiceMoments>,
 }
 
+impl SubtaskSample {
+    /// The place of a subtask that is missing from a scrape (the operator still runs it):
+    /// every counter NaN, so that no figure of it can be read as a value (zeros would read as a
+    /// counter reset, a shorter list as a smaller operator). See [`Self::is_absent`].
+    pub fn absent() -> SubtaskSample {
+        SubtaskSample {
+            records_in: f64::NAN,
+            records_out: f64::NAN,
+            busy_seconds: f64::NAN,
+            idle_seconds: f64::NAN,
+            backpressured_seconds: f64::NAN,
+            queue_length: f64::NAN,
+            ..SubtaskSample::default()
+        }
+    }
+
+    /// Whether this is the place of a subtask missing from its scrape ([`Self::absent`]).
+    pub fn is_absent(&self) -> bool {
+        self.records_in.is_nan()
+            && self.records_out.is_nan()
+            && self.busy_seconds.is_nan()
+            && self.idle_seconds.is_nan()
+    }
+}
+
 /// Cumulative sums over a subtask's timed batches of records (batch i: n_i records in T_i
 /// seconds of processing), as the engine exports them (`streamscale_engine::service_time`).
 /// Counters: a window's deltas are the sums over the batches closed in it.
@@ -86,4 +111,65 @@ pub struct MetricSample {
     pub at_seconds: f64,
     /// Operator name -> its subtasks' counters, in subtask index order.
     pub operators: BTreeMap<String, Vec<SubtaskSample>>,
+}
+
+impl MetricSample {
+    /// Marks the subtasks missing from this scrape against the parallelism each operator is
+    /// known to run (`known`, e.g. what the controller started the engine with): an operator
+    /// listing fewer subtasks gets [`SubtaskSample::absent`] places up to its known count.
+    /// Returns, per operator with a missing subtask (in name order), the missing indices
+    /// (places already absent, e.g. holes in the subtask labels, included). Operators absent
+    /// altogether are left out (that is a missing operator, not a missing subtask).
+    pub fn mark_missing(&mut self, known: &BTreeMap<String, u32>) -> Vec<(String, Vec<usize>)> {
+        let mut missing = Vec::new();
+        for (op, subtasks) in &mut self.operators {
+            if let Some(&p) = known.get(op) {
+                let p = p as usize;
+                if subtasks.len() < p {
+                    subtasks.resize(p, SubtaskSample::absent());
+                }
+            }
+            let gone: Vec<usize> = subtasks
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_absent())
+                .map(|(k, _)| k)
+                .collect();
+            if !gone.is_empty() {
+                missing.push((op.clone(), gone));
+            }
+        }
+        missing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_subtasks_are_marked_up_to_the_known_parallelism() {
+        let mut s = MetricSample {
+            at_seconds: 1.0,
+            operators: [
+                ("a".to_string(), vec![SubtaskSample::default()]),
+                (
+                    "b".to_string(),
+                    vec![SubtaskSample::absent(), SubtaskSample::default()],
+                ),
+                ("c".to_string(), vec![SubtaskSample::default(); 2]),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let known = [("a".to_string(), 3), ("c".to_string(), 2)]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            s.mark_missing(&known),
+            vec![("a".to_string(), vec![1, 2]), ("b".to_string(), vec![0])]
+        );
+        assert_eq!(s.operators["a"].len(), 3);
+        assert!(s.operators["a"][2].is_absent() && !s.operators["a"][0].is_absent());
+    }
 }
