@@ -517,6 +517,24 @@ pub struct AutoscalerSpec {
     /// operator's maximum parallelism: `utilizationOnly` (the default) or `bestEffort`.
     #[serde(default, skip_serializing_if = "UnattainableSlo::is_default")]
     pub on_unattainable_slo: UnattainableSlo,
+    /// Seconds of the planner's recommendations a scale-down looks back over: an operator is
+    /// scaled down no lower than the highest parallelism recommended for it in that time (the
+    /// Flink autoscaler's scale-down interval as a sliding window), so a load that came back
+    /// within it costs no new pair of rescales. 0: off (the default); 1800 is a good start
+    /// for spiky traffic (`docs/planner.md`, "Rescale discipline").
+    #[serde(
+        default = "default_scale_down_lookback",
+        skip_serializing_if = "is_default_scale_down_lookback"
+    )]
+    pub scale_down_lookback_seconds: f64,
+    /// Rescale budget: at most this many rescales in any hour; a further one is held back (the
+    /// decision says so) unless the current parallelism cannot keep up (ρ ≥ 1 at the target
+    /// rate, or the latency bound over the SLO). 0: no budget (the default).
+    #[serde(
+        default = "default_max_rescales_per_hour",
+        skip_serializing_if = "is_default_max_rescales_per_hour"
+    )]
+    pub max_rescales_per_hour: u32,
 }
 
 /// What the planner does when the latency SLO cannot be met even with every operator at its
@@ -552,6 +570,8 @@ impl Default for AutoscalerSpec {
             forecast: None,
             limits: None,
             on_unattainable_slo: UnattainableSlo::UtilizationOnly,
+            scale_down_lookback_seconds: DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS,
+            max_rescales_per_hour: DEFAULT_MAX_RESCALES_PER_HOUR,
         }
     }
 }
@@ -689,6 +709,22 @@ fn default_latency_slo() -> f64 {
 }
 fn default_catch_up() -> f64 {
     DEFAULT_CATCH_UP_SECONDS
+}
+/// Default scale-down lookback (`autoscaler.scaleDownLookbackSeconds`), seconds.
+pub const DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS: f64 = 0.0;
+fn default_scale_down_lookback() -> f64 {
+    DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS
+}
+fn is_default_scale_down_lookback(v: &f64) -> bool {
+    *v == DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS
+}
+/// Default rescale budget per hour (`autoscaler.maxRescalesPerHour`).
+pub const DEFAULT_MAX_RESCALES_PER_HOUR: u32 = 0;
+fn default_max_rescales_per_hour() -> u32 {
+    DEFAULT_MAX_RESCALES_PER_HOUR
+}
+fn is_default_max_rescales_per_hour(v: &u32) -> bool {
+    *v == DEFAULT_MAX_RESCALES_PER_HOUR
 }
 /// Default percentile of end-to-end latency the SLO is on (p99).
 pub const DEFAULT_LATENCY_PERCENTILE: f64 = 0.99;
@@ -1148,6 +1184,12 @@ impl JobSpec {
             return Err(format!(
                 "autoscaler.catchUpSeconds: {} must be a positive number of seconds",
                 a.catch_up_seconds
+            ));
+        }
+        if !(a.scale_down_lookback_seconds >= 0.0 && a.scale_down_lookback_seconds.is_finite()) {
+            return Err(format!(
+                "autoscaler.scaleDownLookbackSeconds: {} must be 0 (off) or a positive number of seconds",
+                a.scale_down_lookback_seconds
             ));
         }
         if let Some(f) = &a.forecast {

@@ -6,11 +6,12 @@
 # A row passes when streamscale has fewer rescales than flink, no more SLO-violation time and
 # no more resource-hours than flink, and at most 1.05x the oracle's resource-hours.
 # Usage: simulations/scripts/discipline-table.sh [P99] [DAYS]   (from the repository root)
-# SIM= another simulator binary; OUT=DIR KEEP=1 keep the reports; DOWNTIMES="0.6 10".
+# SIM= another simulator binary; JOB= another job; OUT=DIR KEEP=1 keep the reports; DOWNTIMES="0.6 10".
 set -euo pipefail
 P99=${1:-300}
 DAYS=${2:-28}
 SIM=${SIM:-./target/release/streamscale-sim}
+JOB=${JOB:-examples/sim/six-ops.yaml}
 [ -x "$SIM" ] || cargo build --release -p streamscale-simulations >&2
 OUT=${OUT:-$(mktemp -d)}
 KEEP=${KEEP:-0}
@@ -37,7 +38,7 @@ for dt in $DOWNTIMES; do
     name=${f#examples/traces/}
     end=$(python3 -c "print(float(open('$f').read().split()[1].split(',')[0]) + $DAYS * 86400)")
     rep="$OUT/dt$dt-$(basename "$f" .rate.csv)"
-    "$SIM" examples/sim/six-ops.yaml --trace "$f" --scale "$scale" --speedup 1 --start 0 \
+    "$SIM" "$JOB" --trace "$f" --scale "$scale" --speedup 1 --start 0 \
       --end "$end" --step 10 --downtime "$dt" --policy streamscale,flink,threshold,oracle \
       --report "$rep" --quiet > /dev/null
     python3 - "$name" "$rep/summary.json" <<'PY'

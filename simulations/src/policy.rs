@@ -6,7 +6,7 @@
 //! * [`Ds2`], [`Flink`], [`Threshold`], [`Static`], [`Oracle`]: baselines, implemented here from
 //!   their public descriptions (`baseline-policies.md`).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use streamscale_controller::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use streamscale_engine::spec::JobSpec;
@@ -208,8 +208,9 @@ pub struct Streamscale {
     samples: VecDeque<MetricSample>,
     /// Samples dropped from `samples`, refilled for new snapshots.
     spare: Vec<MetricSample>,
-    /// Window keys that held without guard memory under `memo_settings`.
-    memo: HashSet<u64>,
+    /// Window keys that held without guard memory under `memo_settings`, with the planner's
+    /// recommendation (parallelism per operator in name order) they gave.
+    memo: HashMap<u64, Vec<u32>>,
     /// The settings `memo` was filled under.
     memo_settings: Option<GuardSettings>,
     /// Whether `memo` is used (off only to test that it changes nothing).
@@ -243,7 +244,7 @@ impl Streamscale {
             shares: Vec::new(),
             samples: VecDeque::new(),
             spare: Vec::new(),
-            memo: HashSet::new(),
+            memo: HashMap::new(),
             memo_settings: None,
             use_memo: true,
             planner_calls: (0, 0),
@@ -321,7 +322,12 @@ impl Policy for Streamscale {
         let key = obs.window_key.filter(|_| self.use_memo);
         let settled = self.auto.state().pending_scale_downs.is_empty()
             && obs.now_s - obs.started_s >= self.auto.settings().stabilization_seconds;
-        if settled && key.is_some_and(|k| self.memo.contains(&k)) {
+        if settled
+            && let Some(rec) = key.and_then(|k| self.memo.get(&k))
+            && let Some((_, spec)) = &self.spec
+        {
+            // The skipped call's recommendation still counts for the scale-down lookback.
+            self.auto.repeat_recommendation(obs.now_s, rec, spec);
             self.planner_calls.1 += 1;
             return None;
         }
@@ -358,11 +364,12 @@ impl Policy for Streamscale {
                     .collect(),
             ),
             Verdict::Hold {
-                recommendation: Some(_),
+                recommendation: Some(d),
                 ..
-            } if self.auto.state().pending_scale_downs.is_empty() => {
+            } if self.auto.state().pending_scale_downs.is_empty() && !self.auto.used_history() => {
                 if let Some(k) = key {
-                    self.memo.insert(k);
+                    self.memo
+                        .insert(k, d.parallelism.values().copied().collect());
                 }
                 None
             }

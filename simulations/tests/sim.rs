@@ -546,6 +546,43 @@ fn memo_and_threads_change_nothing() {
     assert_eq!(one.policies, two.policies);
 }
 
+/// With the rescale discipline on (scale-down lookback, rescale budget) the memo still changes
+/// nothing: a skipped window's recommendation is fed to the lookback, and holds that read the
+/// guards' history are never memoized. The discipline also cuts the rescales.
+#[test]
+fn memo_changes_nothing_with_the_rescale_discipline() {
+    use streamscale_simulations::policy::Streamscale;
+    let f = root().join("examples/traces/nab/realTweets/Twitter_volume_AAPL.rate.csv");
+    let mut spec = trace_job(&f, 1.0, 400.0);
+    spec.autoscaler.catch_up_seconds = 60.0;
+    let opts = ReplayOptions {
+        mode: Mode::Fast,
+        step_s: 10.0,
+        seed: 1,
+        max_rows: 1000,
+        threads: 1,
+        engine_p99: false,
+    };
+    let plain = JobModel::new(&spec, &SimConfig::default(), Some(2.0 * 86400.0)).unwrap();
+    let base = replay(&plain, &mut Streamscale::new(5.0, 30.0), &opts, &mut |_| {});
+    spec.autoscaler.scale_down_lookback_seconds = 1800.0;
+    spec.autoscaler.max_rescales_per_hour = 2;
+    let model = JobModel::new(&spec, &SimConfig::default(), Some(2.0 * 86400.0)).unwrap();
+    let a = replay(&model, &mut Streamscale::new(5.0, 30.0), &opts, &mut |_| {});
+    let mut without = Streamscale::new(5.0, 30.0).without_memo();
+    let b = replay(&model, &mut without, &opts, &mut |_| {});
+    let (made, skipped) = a.planner_calls.unwrap();
+    assert!(skipped > 0, "{made} made, {skipped} skipped");
+    assert_eq!(a.rescales, b.rescales);
+    assert_eq!(a.summary, b.summary);
+    assert!(
+        a.rescales.len() < base.rescales.len(),
+        "discipline {} rescales, without {}",
+        a.rescales.len(),
+        base.rescales.len()
+    );
+}
+
 /// `--scale` multiplies the trace's rates, `--speedup` compresses its time, and `--gaps`
 /// decides what a missing row means (`hold` the last rate, `zero`), through the CLI.
 #[test]

@@ -11,7 +11,7 @@
 //! scale-down half-way); scale-ups apply immediately. Time comes in only as `now_s` arguments (seconds on any
 //! monotonic clock, the same clock for every call).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -95,7 +95,20 @@ pub struct GuardState {
     pub last_restart_s: Option<f64>,
     /// Scale-downs waiting out their delay, per operator.
     pub pending_scale_downs: BTreeMap<String, PendingScaleDown>,
+    /// Per operator, the planner's recommendations within the scale-down lookback
+    /// (`autoscaler.scaleDownLookbackSeconds`) as a sliding-window maximum: (seconds on the
+    /// `now_s` clock, parallelism), times increasing and parallelism strictly decreasing, so
+    /// the front is the highest recommendation of the lookback.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub recommended: BTreeMap<String, VecDeque<(f64, u32)>>,
+    /// When the rescales of the last hour were decided (seconds, the `now_s` clock), for the
+    /// rescale budget (`autoscaler.maxRescalesPerHour`).
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub rescales_s: VecDeque<f64>,
 }
+
+/// The budget's window: `autoscaler.maxRescalesPerHour` counts the rescales of the last hour.
+const BUDGET_WINDOW_S: f64 = 3600.0;
 
 /// What to do now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +138,9 @@ pub struct Autoscaler {
     history: RateHistory,
     /// The limit decision of the last call ([`super::shed`]), when a limit bound.
     limit: Option<LimitPlan>,
+    /// Whether the last call's verdict depended on the guards' history (the scale-down
+    /// lookback limited a scale-down, or the rescale budget held a rescale).
+    used_history: bool,
 }
 
 /// The job graph's derived model from the last call, reused while the spec's graph (operators,
@@ -168,6 +184,29 @@ impl Autoscaler {
             learned: ScalabilityTracker::default(),
             history: RateHistory::default(),
             limit: None,
+            used_history: false,
+        }
+    }
+
+    /// Whether the last [`Autoscaler::decide`] depended on the guards' history: the scale-down
+    /// lookback limited a scale-down or the rescale budget held a rescale back. A verdict
+    /// that did not is a function of the window and the settings alone.
+    pub fn used_history(&self) -> bool {
+        self.used_history
+    }
+
+    /// Records, at `now_s`, the planner's recommendation (parallelism per operator, in name
+    /// order, the order of [`Decision::parallelism`]) of a decision made again without calling
+    /// [`Autoscaler::decide`] (a caller that knows the window repeats one already decided), so
+    /// that the scale-down lookback sees it as if it had been made.
+    pub fn repeat_recommendation(&mut self, now_s: f64, recommended: &[u32], spec: &JobSpec) {
+        let lookback = spec.autoscaler.scale_down_lookback_seconds;
+        let names: Vec<String> = self.state.recommended.keys().cloned().collect();
+        if names.len() != recommended.len() {
+            return;
+        }
+        for (name, &p) in names.iter().zip(recommended) {
+            remember(&mut self.state.recommended, name, now_s, p, lookback);
         }
     }
 
@@ -250,6 +289,7 @@ impl Autoscaler {
     /// reasons and not scaled up again until its μ or input changes by more than 20%.
     pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
         let g = &self.settings;
+        self.used_history = false;
         // Forecasting (`autoscaler.forecast`): every window feeds the rate history; with mode
         // `on` a usable forecast above the measured rate raises the sources' rates planned for.
         self.limit = None;
@@ -375,6 +415,16 @@ impl Autoscaler {
         // The guarded parallelism, edited in the plan's own map; the plan's values are kept
         // in name order and put back when the plan is returned as the recommendation of a hold.
         let recommended: Vec<u32> = planned.parallelism.values().copied().collect();
+        let lookback = spec.autoscaler.scale_down_lookback_seconds;
+        if lookback > 0.0 {
+            for (name, &p) in &planned.parallelism {
+                let steady = planned
+                    .operators
+                    .get(name.as_str())
+                    .map_or(p, |o| steady_need(o, planned.target_utilization).min(p));
+                remember(&mut self.state.recommended, name, now_s, steady, lookback);
+            }
+        }
         let guarded = &mut planned.parallelism;
         let mut notes = Vec::new();
         if !self.state.pending_scale_downs.is_empty() {
@@ -408,6 +458,38 @@ impl Autoscaler {
                 notes.push((name.clone(), change_note("scale-down", cur, *new, IGNORED)));
                 *new = cur;
                 continue;
+            }
+            // Scale-down lookback: no lower than the highest recommendation of the lookback.
+            if let Some(highest) = self
+                .state
+                .recommended
+                .get(name)
+                .and_then(|h| h.front())
+                .map(|&(_, p)| p)
+                .filter(|&p| p > *new)
+            {
+                self.used_history = true;
+                let floor = highest.min(cur);
+                if floor == cur {
+                    self.state.pending_scale_downs.remove(name);
+                    notes.push((
+                        name.clone(),
+                        format!(
+                            "no scale-down {cur}→{new}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
+                            Fixed(lookback, 0)
+                        ),
+                    ));
+                    *new = cur;
+                    continue;
+                }
+                notes.push((
+                    name.clone(),
+                    format!(
+                        "scale-down {cur}→{new} limited to {floor}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
+                        Fixed(lookback, 0)
+                    ),
+                ));
+                *new = floor;
             }
             if let Some(why) = &incomplete {
                 self.state.pending_scale_downs.remove(name);
@@ -475,6 +557,17 @@ impl Autoscaler {
             .iter()
             .any(|(k, p)| planned.current.get(k.as_str()) != Some(p));
         let notes: Vec<(String, String)> = notes;
+        if changed
+            && let Some(why) =
+                over_budget(&mut self.state.rescales_s, now_s, &model, &planned, spec)
+        {
+            self.used_history = true;
+            restore(&mut planned.parallelism, &recommended);
+            return Verdict::Hold {
+                reason: why,
+                recommendation: Some(planned),
+            };
+        }
         let worth = if changed {
             rescale_worth_its_cost(&model, &planned, &planned.parallelism, g)
         } else {
@@ -496,6 +589,9 @@ impl Autoscaler {
             model.refresh_planned(&mut d);
             d.reasons.extend(notes.iter().map(|(op, n)| op_note(op, n)));
             d.reasons.push(worth);
+            if spec.autoscaler.max_rescales_per_hour > 0 {
+                self.state.rescales_s.push_back(now_s);
+            }
             Verdict::Rescale(d)
         } else {
             restore(&mut planned.parallelism, &recommended);
@@ -542,6 +638,83 @@ fn unknown_backlogs(spec: &JobSpec, window: &[MetricSample], planned: &mut Decis
         let _ = write!(listed, "{n} (backlog unknown)");
     }
     listed
+}
+
+/// The rescale budget (`autoscaler.maxRescalesPerHour`, 0 = none): `Some(reason)` when the
+/// rescales decided in the last hour already fill it and the current parallelism can keep
+/// up (its busiest operator below ρ = 1 at the target rate, backlog drain included, and the
+/// latency bound within the SLO); a job falling behind is rescaled whatever the budget.
+/// `times` are the rescales decided so far ([`GuardState::rescales_s`]); those older than an
+/// hour are dropped from it.
+fn over_budget(
+    times: &mut VecDeque<f64>,
+    now_s: f64,
+    model: &Model,
+    planned: &Decision,
+    spec: &JobSpec,
+) -> Option<String> {
+    let budget = spec.autoscaler.max_rescales_per_hour;
+    while times.front().is_some_and(|&t| t <= now_s - BUDGET_WINDOW_S) {
+        times.pop_front();
+    }
+    if budget == 0 || times.len() < budget as usize {
+        return None;
+    }
+    let (rho_now, _, tail_now) = model.assess(&planned.current);
+    if rho_now >= 1.0 || tail_now > planned.latency_slo_seconds {
+        return None;
+    }
+    let next = times.front().map_or(0.0, |&t| t + BUDGET_WINDOW_S - now_s);
+    Some(format!(
+        "rescale budget: {} rescales in the last hour, autoscaler.maxRescalesPerHour {budget}; the next in {} s unless the job falls behind (now ρ {} at the target rate, p{} bound {} s vs SLO {} s)",
+        times.len(),
+        Fixed(next, 0),
+        Fixed(rho_now, 2),
+        (planned.latency_percentile * 100.0).round(),
+        Fixed(tail_now, 3),
+        planned.latency_slo_seconds
+    ))
+}
+
+/// The parallelism operator `o` needs at the sources' steady rate (no backlog catch-up) at
+/// the target utilization `rho`: ⌈λ_steady / (ρ · μ)⌉, at least 1; its planned parallelism
+/// when μ is unknown. What the scale-down lookback remembers: a scale-up sized to drain a
+/// spike's backlog does not hold the job at that size for the whole lookback.
+fn steady_need(o: &OperatorPlan, rho: f64) -> u32 {
+    match o.true_processing_rate {
+        Some(mu) if mu > 0.0 && rho > 0.0 => {
+            let x = o.steady_arrival_rate / (rho * mu);
+            if x.is_finite() {
+                (x * (1.0 - 1e-9)).ceil().clamp(1.0, f64::from(u32::MAX)) as u32
+            } else {
+                o.parallelism
+            }
+        }
+        _ => o.parallelism,
+    }
+}
+
+/// Adds the recommendation `p` of operator `name` at `now_s` to the sliding-window maximum of
+/// `lookback` seconds (see [`GuardState::recommended`]): drops what is older than the
+/// lookback and what `p` dominates.
+fn remember(
+    recommended: &mut BTreeMap<String, VecDeque<(f64, u32)>>,
+    name: &str,
+    now_s: f64,
+    p: u32,
+    lookback: f64,
+) {
+    let h = match recommended.get_mut(name) {
+        Some(h) => h,
+        None => recommended.entry(name.to_string()).or_default(),
+    };
+    while h.front().is_some_and(|&(t, _)| t < now_s - lookback) {
+        h.pop_front();
+    }
+    while h.back().is_some_and(|&(_, q)| q <= p) {
+        h.pop_back();
+    }
+    h.push_back((now_s, p));
 }
 
 /// The end of a guard's note on a change below the change threshold.
@@ -792,6 +965,85 @@ edges:
         // The bound is honoured after switching back and forth (map wants 9 here).
         let v = reused.decide(0.0, &win(1, 600.0, 0.0, 1), &bounded);
         assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4));
+    }
+
+    fn disciplined(lookback: f64, budget: u32) -> JobSpec {
+        let mut spec = job(CHAIN);
+        spec.autoscaler.scale_down_lookback_seconds = lookback;
+        spec.autoscaler.max_rescales_per_hour = budget;
+        spec
+    }
+
+    fn no_delay() -> Autoscaler {
+        Autoscaler::new(GuardSettings {
+            scale_down_delay_seconds: 0.0,
+            ..GuardSettings::default()
+        })
+    }
+
+    #[test]
+    fn the_scale_down_lookback_keeps_the_highest_steady_need_of_its_lookback() {
+        // γ = 600 needs map at 9 (600 / (0.7 × 100) = 8.6); at γ = 120 it needs 2.
+        let off = disciplined(0.0, 0);
+        let mut plain = no_delay();
+        assert_eq!(
+            parallelism(&plain.decide(0.0, &win(1, 600.0, 0.0, 1), &off)).map(|p| p["map"]),
+            Some(9)
+        );
+        let v = plain.decide(100.0, &win(9, 120.0, 0.0, 1), &off);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+        assert!(plain.state().recommended.is_empty());
+
+        let spec = disciplined(600.0, 0);
+        let mut auto = no_delay();
+        assert_eq!(
+            parallelism(&auto.decide(0.0, &win(1, 600.0, 0.0, 1), &spec)).map(|p| p["map"]),
+            Some(9)
+        );
+        let v = auto.decide(100.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: Some(r) }
+                if reason.contains("no scale-down 9→2: p=9 was recommended within the last 600 s (autoscaler.scaleDownLookbackSeconds)")
+                    && r.parallelism["map"] == 2),
+            "{v:?}"
+        );
+        assert!(auto.used_history());
+        // Within the lookback a smaller load still holds; once the γ = 600 window is older than
+        // the lookback, the scale-down goes to what the lookback's highest steady need is.
+        assert!(parallelism(&auto.decide(599.0, &win(9, 120.0, 0.0, 1), &spec)).is_none());
+        let v = auto.decide(700.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+    }
+
+    #[test]
+    fn the_rescale_budget_holds_back_all_but_a_job_falling_behind() {
+        let spec = disciplined(0.0, 1);
+        let mut auto = no_delay();
+        assert_eq!(
+            parallelism(&auto.decide(0.0, &win(1, 600.0, 0.0, 1), &spec)).map(|p| p["map"]),
+            Some(9)
+        );
+        // A scale-down the budget holds back, with the reason and the plan.
+        let v = auto.decide(100.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: Some(r) }
+                if reason.starts_with("rescale budget: 1 rescales in the last hour, autoscaler.maxRescalesPerHour 1; the next in 3500 s")
+                    && r.parallelism["map"] == 2),
+            "{v:?}"
+        );
+        // 2000 rec/s overload 9 subtasks (ρ 2.2): rescaled whatever the budget.
+        let v = auto.decide(200.0, &win(9, 2000.0, 0.0, 1), &spec);
+        assert!(parallelism(&v).is_some_and(|p| p["map"] > 9), "{v:?}");
+        // Both rescales count: held until an hour after the second.
+        let p = parallelism(&v).map_or(0, |p| p["map"]);
+        assert!(parallelism(&auto.decide(3700.0, &win(p, 120.0, 0.0, 1), &spec)).is_none());
+        let v = auto.decide(3900.0, &win(p, 120.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+        // Without a budget the same scale-down goes at once.
+        let mut free = no_delay();
+        free.decide(0.0, &win(1, 600.0, 0.0, 1), &disciplined(0.0, 0));
+        let v = free.decide(100.0, &win(9, 120.0, 0.0, 1), &disciplined(0.0, 0));
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
     }
 
     #[test]
