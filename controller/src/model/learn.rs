@@ -194,8 +194,11 @@ impl ScalabilityTracker {
     /// replaced): lifts its flag when its metrics changed and, after a rescale, updates its
     /// factor and flag, with notes.
     fn learn(&mut self, op: &str, cur: Observed, prev: Option<Observed>, notes: &mut Vec<String>) {
-        // Lift a flag whose metrics changed.
+        let rescaled = prev.is_some_and(|p| p.parallelism != cur.parallelism);
+        // Lift a flag whose metrics changed (not across a rescale: μ per subtask moves with
+        // the parallelism by design there, and the rescale itself is judged below).
         if let (Some(flag), Some(mu)) = (self.ineffective.get(op), cur.true_processing_rate)
+            && !rescaled
             && (changed_by(mu, flag.mu, METRICS_CHANGE)
                 || changed_by(cur.input_rate, flag.input_rate, METRICS_CHANGE))
         {
@@ -246,6 +249,17 @@ impl ScalabilityTracker {
                     input_rate: cur.input_rate,
                 },
             );
+        } else if let Some(flag) = self.ineffective.get_mut(op).filter(|f| {
+            !up && cur.parallelism >= f.from && cap1 * INEFFECTIVE_GAIN >= f.capacity_after
+        }) {
+            // Scaled back down (towards the parallelism the flag started from) without losing
+            // capacity: the flat capacity is confirmed, so the flag stays, measured anew here.
+            flag.mu = mu1;
+            flag.input_rate = cur.input_rate;
+            notes.push(format!(
+                "{op}: scaled back down p={}→{} at the same capacity ({:.2} rec/s vs {:.2}): still not scaled up",
+                prev.parallelism, cur.parallelism, cap1, cap0
+            ));
         } else {
             self.ineffective.remove(op);
         }
