@@ -939,12 +939,13 @@ impl Flow {
         f
     }
 
-    /// `gamma` (external arrivals per operator, records/s) plus the fixed outputs injected.
-    fn injected(&self, gamma: &[f64]) -> Vec<f64> {
-        if self.fixed.iter().all(|&x| x == 0.0) {
-            return gamma.to_vec();
+    /// `gamma` (external arrivals per operator, records/s) plus the fixed outputs injected
+    /// (borrowed as it is when no operator has a fixed output, the usual case).
+    fn injected<'a>(&self, gamma: &'a [f64]) -> Cow<'a, [f64]> {
+        if self.inject.iter().all(|&x| x == 0.0) {
+            return Cow::Borrowed(gamma);
         }
-        gamma.iter().zip(&self.inject).map(|(g, x)| g + x).collect()
+        Cow::Owned(gamma.iter().zip(&self.inject).map(|(g, x)| g + x).collect())
     }
 
     /// Operator `i`'s output rate at input rate `lambda` (records/s).
