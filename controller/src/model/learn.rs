@@ -33,6 +33,12 @@
 //! operator is flagged and not scaled up again until its metrics change (its μ per subtask or
 //! its input rate moves by more than [`METRICS_CHANGE`] relative to when it was flagged).
 //!
+//! A flagged operator is planned back down to the parallelism its flat scale-up started from
+//! (the smallest measured to give that capacity). When that scale-back keeps the capacity
+//! (within [`INEFFECTIVE_GAIN`]) the flag stays, re-measured at the new parallelism; a
+//! scale-down that loses capacity lifts it. Across a rescale the flag is never lifted for the
+//! change of μ per subtask that the rescale itself causes.
+//!
 //! Pure: no clock, no I/O. A rescale is detected from a change of an operator's observed
 //! parallelism between two observations, so the callers need no new API.
 
@@ -362,6 +368,21 @@ mod tests {
         t.observe([("map", obs(4, 55.0, 220.0))]);
         assert!(t.is_ineffective("map"));
         t.observe([("map", obs(4, 55.0, 250.0))]);
+        assert!(!t.is_ineffective("map"));
+    }
+
+    #[test]
+    fn the_flag_survives_a_scale_back_that_keeps_the_capacity() {
+        let mut t = ScalabilityTracker::default();
+        t.observe([("map", obs(5, 40.0, 200.0))]);
+        t.observe([("map", obs(17, 200.0 / 17.0, 200.0))]);
+        assert!(t.is_ineffective("map"));
+        // Back to 5: μ per subtask rose 3.4× (the rescale's own doing), capacity unchanged.
+        let notes = t.observe([("map", obs(5, 40.0, 200.0))]);
+        assert!(t.is_ineffective("map"), "{notes:?}");
+        assert_eq!(t.ineffective["map"].mu, 40.0);
+        // Down to 2 at half the capacity: the flag lifts.
+        t.observe([("map", obs(2, 50.0, 100.0))]);
         assert!(!t.is_ineffective("map"));
     }
 
