@@ -1331,14 +1331,16 @@ const CEIL_SLACK: f64 = 1e-9;
 pub const SCALE_UP_TOLERANCE: f64 = 0.1;
 
 /// The largest parallelism a scale-up from `cur` subtasks may probe in one step for an
-/// operator with learned scalability factor `f` (see [`super::learn`]): unbounded for linear
-/// or better scaling (f ≥ 1, the prior: DS2's one-step sizing), else ⌈cur / (1 − f)⌉. The
-/// factor is how far the linear model was off on the last rescales: the further it is below
-/// 1, the less an extrapolation to many more subtasks is worth (capacity that stops growing,
-/// shared CPU), so the step is smaller and the next window measures it before the next step
-/// (f = 0.8: up to 5×; 0.5: 2×; the smallest factor kept, 0.25: 1.33×).
+/// operator with learned scalability factor `f` (see [`super::learn`]): unbounded for
+/// scaling within [`SCALE_UP_TOLERANCE`] of linear (f > 0.9: the prior f = 1 included, DS2's
+/// one-step sizing; a factor of 0.98 from one noisy rescale is no evidence against linear
+/// scaling), else ⌈cur / (1 − f)⌉. The factor is how far the linear model was off on the last
+/// rescales: the further it is below 1, the less an extrapolation to many more subtasks is
+/// worth (capacity that stops growing, shared CPU), so the step is smaller and the next
+/// window measures it before the next step (f = 0.9: up to 10×; 0.8: 5×; 0.5: 2×; the
+/// smallest factor kept, 0.25: 1.33×).
 fn probe_limit(cur: u32, f: f64) -> u32 {
-    if !(f < 1.0 && f > 0.0) {
+    if f.is_nan() || f <= 0.0 || f > 1.0 - SCALE_UP_TOLERANCE {
         return u32::MAX;
     }
     let x = f64::from(cur.max(1)) / (1.0 - f);
