@@ -239,6 +239,13 @@ fn held_by_flag<'a>(
     })
 }
 
+/// Whether an operator of kind `kind` (the plan's [`crate::model::OperatorPlan::kind`]) is
+/// partitioned by key group (`OperatorKind::is_keyed` in the engine): only such an operator
+/// can be held back by a hot key.
+fn keyed_kind(kind: &str) -> bool {
+    matches!(kind, "window" | "eventWindow" | "windowTop" | "join")
+}
+
 /// The line printed when operators ([`overloaded_held`]) start being held although they
 /// cannot take their load: `t=  42s AT LIMIT lookup=1 (its max): λ 400 rec/s > 1 × μ 195 rec/s
 /// (ρ 2.05), falls behind by ~205 rec/s; holding there (…)`, or for an operator flagged for
@@ -255,7 +262,7 @@ pub fn at_limit_line(
     applied: bool,
 ) -> Option<String> {
     use crate::model::planner::fmt_rate;
-    let (mut at_max, mut stuck) = (false, false);
+    let (mut at_max, mut stuck, mut flat) = (false, false, false);
     let parts: Vec<String> = names
         .iter()
         .filter_map(|name| {
@@ -266,6 +273,24 @@ pub fn at_limit_line(
                 // it twice.)
                 let reason = reason.strip_suffix(", holds there").unwrap_or(reason);
                 return Some(format!("{name}={} ({reason})", o.parallelism));
+            }
+            if let Some(flag) = held_by_flag(name, o, learned)
+                && !keyed_kind(&o.kind)
+            {
+                // No key groups: capacity that stopped growing is sub-linear scaling (a
+                // shared CPU, an external system), not a hot key.
+                flat = true;
+                return Some(format!(
+                    "{name}={} (more subtasks did not help: {} rec/s at p={} vs {} rec/s at p={}, sub-linear scaling): λ {} rec/s > {} rec/s it can carry, falls behind by ~{} rec/s",
+                    o.parallelism,
+                    fmt_rate(flag.capacity_after),
+                    flag.to,
+                    fmt_rate(flag.capacity_before),
+                    flag.from,
+                    fmt_rate(o.arrival_rate),
+                    fmt_rate(flag.capacity_after),
+                    fmt_rate((o.arrival_rate - flag.capacity_after).max(0.0)),
+                ));
             }
             if let Some(flag) = held_by_flag(name, o, learned) {
                 stuck = true;
@@ -303,6 +328,11 @@ pub fn at_limit_line(
     }
     if stuck {
         advice.push("spread the hot keys or speed up the operator");
+    }
+    if flat {
+        advice.push(
+            "more subtasks do not raise its capacity: give it more CPU, or speed up the operator or what it waits on",
+        );
     }
     (!parts.is_empty()).then(|| {
         format!(
@@ -545,6 +575,45 @@ mod tests {
             "{line}"
         );
         assert!(!line.contains("holding"), "{line}");
+    }
+
+    /// Issue 22 case 7: a non-keyed map whose capacity stopped growing (shared CPU) is not
+    /// blamed on hot keys.
+    #[test]
+    fn a_flagged_map_is_not_blamed_on_hot_keys() {
+        let decision: crate::model::Decision = serde_json::from_value(serde_json::json!({
+            "parallelism": { "map": 1 }, "current": { "map": 1 },
+            "operators": { "map": {
+                "kind": "map", "currentParallelism": 1, "parallelism": 1,
+                "maxParallelism": 128, "observedInputRate": 200.0, "arrivalRate": 450.0,
+                "steadyArrivalRate": 450.0, "trueProcessingRate": 200.0, "selectivity": 1.0,
+                "selectivityIsPrior": false, "observedUtilization": 1.0,
+                "backpressuredShare": 0.0, "predictedUtilization": 2.25,
+                "predictedSojournSeconds": 0.01, "clampedAtMax": false, "reason": "",
+            } }, "sources": {},
+            "predictedLatencySeconds": 0.1, "criticalPath": [], "latencySloSeconds": 1.0,
+            "targetUtilization": 0.7, "reasons": [],
+        }))
+        .expect("decision");
+        let mut learned = crate::model::learn::ScalabilityTracker::default();
+        learned.ineffective.insert(
+            "map".to_string(),
+            crate::model::learn::Ineffective {
+                from: 1,
+                to: 3,
+                capacity_before: 200.0,
+                capacity_after: 205.0,
+                mu: 200.0,
+                input_rate: 200.0,
+            },
+        );
+        let held = overloaded_held(&decision, &learned);
+        let line = at_limit_line(12.0, &decision, &learned, &held, true).expect("a line");
+        assert!(!line.contains("hot key"), "{line}");
+        assert!(
+            line.contains("more subtasks do not raise its capacity"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -500,7 +500,7 @@ impl Autoscaler {
                 *new = cur;
                 continue;
             }
-            if !backlogged.is_empty() {
+            if !backlogged.is_empty() && !model.scale_back_keeps_capacity(name, *new) {
                 self.state.pending_scale_downs.remove(name);
                 let why = [" while sources have a backlog: ", backlogged.as_str()];
                 notes.push((name.clone(), change_note("no scale-down", cur, *new, &why)));
@@ -1225,12 +1225,13 @@ edges:
         let mut a = Autoscaler::default();
         a.decide(0.0, &win_mu(2, 150.0, 100.0), &spec);
         // p=4 with μ=50: total capacity 200, not above 1.05 × 200. The plan would want
-        // ⌈150 / (0.7 · 50 · 0.75)⌉ = 6 subtasks; the operator is held at 4.
+        // ⌈150 / (0.7 · 50 · 0.75)⌉ = 6 subtasks; the operator is not scaled up, but back
+        // down to the 2 that gave the same capacity (a scale-down, delayed by the guards).
         let v = a.decide(10.0, &win_mu(4, 150.0, 50.0), &spec);
         assert!(a.scalability().is_ineffective("map"));
         assert!(parallelism(&v).is_none(), "{v:?}");
         let d = planned(&v);
-        assert_eq!(d.parallelism["map"], 4);
+        assert_eq!(d.parallelism["map"], 2);
         assert_eq!(d.parallelism["sink"], 1);
         assert!(
             d.reasons

@@ -33,6 +33,12 @@
 //! operator is flagged and not scaled up again until its metrics change (its μ per subtask or
 //! its input rate moves by more than [`METRICS_CHANGE`] relative to when it was flagged).
 //!
+//! A flagged operator is planned back down to the parallelism its flat scale-up started from
+//! (the smallest measured to give that capacity). When that scale-back keeps the capacity
+//! (within [`INEFFECTIVE_GAIN`]) the flag stays, re-measured at the new parallelism; a
+//! scale-down that loses capacity lifts it. Across a rescale the flag is never lifted for the
+//! change of μ per subtask that the rescale itself causes.
+//!
 //! Pure: no clock, no I/O. A rescale is detected from a change of an operator's observed
 //! parallelism between two observations, so the callers need no new API.
 
@@ -194,8 +200,11 @@ impl ScalabilityTracker {
     /// replaced): lifts its flag when its metrics changed and, after a rescale, updates its
     /// factor and flag, with notes.
     fn learn(&mut self, op: &str, cur: Observed, prev: Option<Observed>, notes: &mut Vec<String>) {
-        // Lift a flag whose metrics changed.
+        let rescaled = prev.is_some_and(|p| p.parallelism != cur.parallelism);
+        // Lift a flag whose metrics changed (not across a rescale: μ per subtask moves with
+        // the parallelism by design there, and the rescale itself is judged below).
         if let (Some(flag), Some(mu)) = (self.ineffective.get(op), cur.true_processing_rate)
+            && !rescaled
             && (changed_by(mu, flag.mu, METRICS_CHANGE)
                 || changed_by(cur.input_rate, flag.input_rate, METRICS_CHANGE))
         {
@@ -246,6 +255,17 @@ impl ScalabilityTracker {
                     input_rate: cur.input_rate,
                 },
             );
+        } else if let Some(flag) = self.ineffective.get_mut(op).filter(|f| {
+            !up && cur.parallelism >= f.from && cap1 * INEFFECTIVE_GAIN >= f.capacity_after
+        }) {
+            // Scaled back down (towards the parallelism the flag started from) without losing
+            // capacity: the flat capacity is confirmed, so the flag stays, measured anew here.
+            flag.mu = mu1;
+            flag.input_rate = cur.input_rate;
+            notes.push(format!(
+                "{op}: scaled back down p={}→{} at the same capacity ({:.2} rec/s vs {:.2}): still not scaled up",
+                prev.parallelism, cur.parallelism, cap1, cap0
+            ));
         } else {
             self.ineffective.remove(op);
         }
@@ -348,6 +368,21 @@ mod tests {
         t.observe([("map", obs(4, 55.0, 220.0))]);
         assert!(t.is_ineffective("map"));
         t.observe([("map", obs(4, 55.0, 250.0))]);
+        assert!(!t.is_ineffective("map"));
+    }
+
+    #[test]
+    fn the_flag_survives_a_scale_back_that_keeps_the_capacity() {
+        let mut t = ScalabilityTracker::default();
+        t.observe([("map", obs(5, 40.0, 200.0))]);
+        t.observe([("map", obs(17, 200.0 / 17.0, 200.0))]);
+        assert!(t.is_ineffective("map"));
+        // Back to 5: μ per subtask rose 3.4× (the rescale's own doing), capacity unchanged.
+        let notes = t.observe([("map", obs(5, 40.0, 200.0))]);
+        assert!(t.is_ineffective("map"), "{notes:?}");
+        assert_eq!(t.ineffective["map"].mu, 40.0);
+        // Down to 2 at half the capacity: the flag lifts.
+        t.observe([("map", obs(2, 50.0, 100.0))]);
         assert!(!t.is_ineffective("map"));
     }
 

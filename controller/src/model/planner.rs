@@ -42,6 +42,8 @@ use streamscale_engine::spec::OperatorKind;
 use streamscale_engine::time::window::WindowSpec;
 
 mod allocate;
+#[cfg(test)]
+mod failure_cases;
 mod memo;
 
 /// Planner settings. `None` fields take their value from the job's [`AutoscalerSpec`]
@@ -788,6 +790,170 @@ fn window_period(kind: &OperatorKind) -> Option<(f64, bool)> {
     }
 }
 
+/// Fewest input records (over the metric window, all subtasks) from which an operator's
+/// selectivity above 1 drives the plan: the input count's relative standard error is 1/√n (a
+/// Poisson count), 10 % at 100 records, the scale-up tolerance band ([`SCALE_UP_TOLERANCE`]).
+/// Below it a ratio out/in above 1 is noise that the traffic equations multiply into the
+/// downstream's target rate (2 records in, 1000 out read as selectivity 500), and the
+/// operator's output is taken as the fixed rate it was measured at ([`OutputModel::Fixed`]).
+/// A selectivity up to 1 can at most pass the operator's own rate on, and stands.
+pub const MIN_SELECTIVITY_RECORDS: f64 = 100.0;
+
+/// How an operator's output rate follows its input rate in the traffic equations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum OutputModel {
+    /// Output = selectivity × input (DS2's edge gain), records out per record in.
+    Proportional(f64),
+    /// Output at a fixed rate (records/s), whatever the input: a selectivity above 1 rests
+    /// on fewer than [`MIN_SELECTIVITY_RECORDS`] input records (a trickle of input with a
+    /// burst of output from a window or timers), so the measured output rate is what is known.
+    Fixed(f64),
+    /// A window that fires once per period emitted nothing in a metric window shorter than
+    /// that period (seconds): its output rate is unknown, not 0, and no operator downstream
+    /// of it is planned from this window ("a window of silence").
+    Silent(f64),
+}
+
+/// The output of a window that emits in bursts ([`window_period`]), read over its period
+/// rather than over the metric window: per scrape interval the operator's Σ Δrecords_in and
+/// Σ Δrecords_out. `None` when the output is not bursty at the scrape resolution (every
+/// interval with input has output), or an operator's row is missing (then the window-wide
+/// selectivity stands). Otherwise `Some(Some(rate))`: the output in the window O over its B
+/// bursts (maximal runs of intervals with output), one per firing, O / (B · period) records/s
+/// (a window shorter than the period holds at most one firing, and O over the window's span
+/// would overstate the rate by period / span); `Some(None)` when no burst is in a window
+/// shorter than the period (silence). A window spanning a period or more without output
+/// reads as rate 0 (`Some(Some(0))`).
+fn burst_output_rate(
+    name: &str,
+    window: &[MetricSample],
+    period: f64,
+    span: f64,
+) -> Option<Option<f64>> {
+    let totals = |s: &MetricSample| {
+        s.operators.get(name).map(|subs| {
+            subs.iter().fold((0.0, 0.0), |(i, o), x| {
+                (i + x.records_in, o + x.records_out)
+            })
+        })
+    };
+    let mut prev = totals(window.first()?)?;
+    let (mut out, mut bursts, mut silent, mut in_burst) = (0.0, 0u32, false, false);
+    for s in &window[1..] {
+        let cur = totals(s)?;
+        let (d_in, d_out) = (cur.0 - prev.0, cur.1 - prev.1);
+        prev = cur;
+        if d_out > 0.0 {
+            out += d_out;
+            bursts += u32::from(!in_burst);
+            in_burst = true;
+        } else {
+            silent |= d_in > 0.0;
+            in_burst = false;
+        }
+    }
+    if !silent || period.is_nan() || period <= 0.0 {
+        return None;
+    }
+    Some(match bursts {
+        0 if span < period => None,
+        0 => Some(0.0),
+        b => Some(out / (f64::from(b) * period)),
+    })
+}
+
+/// Operator `e`'s [`OutputModel`] from the metric `window` (spanning `span` seconds);
+/// `window_kind` is its [`window_period`], `name` its name in the samples. Sources and
+/// operators without input keep their estimate's selectivity (1 and the prior 1).
+fn output_model(
+    e: &OperatorEstimate,
+    window_kind: Option<(f64, bool)>,
+    name: &str,
+    window: &[MetricSample],
+    span: f64,
+) -> OutputModel {
+    if e.source.is_some() {
+        return OutputModel::Proportional(e.selectivity);
+    }
+    let records_in = e.input_rate * span;
+    let burst = match window_kind {
+        Some((period, true)) => burst_output_rate(name, window, period, span),
+        _ => None,
+    };
+    let out_rate = match burst {
+        Some(None) => return OutputModel::Silent(window_kind.map_or(0.0, |(p, _)| p)),
+        Some(Some(rate)) => Some(rate),
+        None => None,
+    };
+    let fixed = out_rate.unwrap_or(e.output_rate);
+    if records_in > 0.0 && records_in < MIN_SELECTIVITY_RECORDS && fixed > e.input_rate {
+        return OutputModel::Fixed(fixed);
+    }
+    match out_rate {
+        Some(rate) if e.input_rate > 0.0 => OutputModel::Proportional(rate / e.input_rate),
+        _ => OutputModel::Proportional(e.selectivity),
+    }
+}
+
+/// The traffic equations' inputs from every operator's [`OutputModel`], indexed like the
+/// topology: edge gains (selectivity; 0 for a fixed or unknown output), the fixed output
+/// rate each operator injects into every one of its outputs (records/s), and whether an
+/// operator's arrival rate is unknown (downstream of a silent window, feedback edges not
+/// followed).
+#[derive(Debug, Clone, PartialEq)]
+struct Flow {
+    gain: Vec<f64>,
+    fixed: Vec<f64>,
+    inject: Vec<f64>,
+    unknown: Vec<bool>,
+    /// The silent window upstream of each operator whose rate is unknown (its index).
+    silent_from: Vec<Option<usize>>,
+}
+
+impl Flow {
+    fn of(topo: &Topology, outputs: &[OutputModel]) -> Flow {
+        let n = topo.len();
+        let mut f = Flow {
+            gain: vec![0.0; n],
+            fixed: vec![0.0; n],
+            inject: vec![0.0; n],
+            unknown: vec![false; n],
+            silent_from: vec![None; n],
+        };
+        for (i, m) in outputs.iter().enumerate() {
+            match *m {
+                OutputModel::Proportional(g) => f.gain[i] = g,
+                OutputModel::Fixed(rate) => f.fixed[i] = rate,
+                OutputModel::Silent(_) => f.silent_from[i] = Some(i),
+            }
+        }
+        for i in 0..n {
+            for &u in topo.inputs[i].iter().filter(|&&u| u < i) {
+                f.inject[i] += f.fixed[u];
+                if let Some(w) = f.silent_from[u].filter(|_| !f.unknown[i]) {
+                    f.unknown[i] = true;
+                    f.silent_from[i] = f.silent_from[i].or(Some(w));
+                }
+            }
+        }
+        f
+    }
+
+    /// `gamma` (external arrivals per operator, records/s) plus the fixed outputs injected
+    /// (borrowed as it is when no operator has a fixed output, the usual case).
+    fn injected<'a>(&self, gamma: &'a [f64]) -> Cow<'a, [f64]> {
+        if self.inject.iter().all(|&x| x == 0.0) {
+            return Cow::Borrowed(gamma);
+        }
+        Cow::Owned(gamma.iter().zip(&self.inject).map(|(g, x)| g + x).collect())
+    }
+
+    /// Operator `i`'s output rate at input rate `lambda` (records/s).
+    fn out_rate(&self, i: usize, lambda: f64) -> f64 {
+        self.gain[i] * lambda + self.fixed[i]
+    }
+}
+
 /// Seconds by which each operator's window results trail their windows' ends, indexed like
 /// `topo` (empty when the job has no event-time windowed operator): an event-time window
 /// (`eventWindow`, a windowed `join`) fires when the watermark passes its end, and a Nexmark
@@ -923,6 +1089,17 @@ pub(crate) struct Model {
     /// the first; sizings at rising rates (without, then with the rescale's downtime backlog)
     /// start from there.
     keyed_searches: std::cell::RefCell<Vec<Option<KeyedSearch>>>,
+    /// Seconds from the window's first to its last sample.
+    elapsed: f64,
+    /// Operators flagged for ineffective scaling: the parallelism the scale-up that did not
+    /// raise their capacity started from ([`super::learn::Ineffective::from`]), the smallest
+    /// measured to give that capacity; 0 when not flagged.
+    flat_from: Vec<u32>,
+    /// How each operator's output follows its input ([`output_model`]).
+    outputs: Vec<OutputModel>,
+    /// The traffic equations' gains and fixed outputs, and the operators whose rate is
+    /// unknown (downstream of a silent window: planned as if μ were unknown, kept).
+    flow: Flow,
     /// Operators flagged for ineffective scaling: never sized above their current parallelism,
     /// and their sojourn is left out of the latency allocation so that no other operator is
     /// scaled to make up for them.
@@ -1153,6 +1330,28 @@ const CEIL_SLACK: f64 = 1e-9;
 /// than under HPA. Scale-downs are not affected.
 pub const SCALE_UP_TOLERANCE: f64 = 0.1;
 
+/// The largest parallelism a scale-up from `cur` subtasks may probe in one step for an
+/// operator with learned scalability factor `f` (see [`super::learn`]): unbounded for
+/// scaling within [`SCALE_UP_TOLERANCE`] of linear (f > 0.9: the prior f = 1 included, DS2's
+/// one-step sizing; a factor of 0.98 from one noisy rescale is no evidence against linear
+/// scaling), else ⌈cur / (1 − f)⌉. The factor is how far the linear model was off on the last
+/// rescales: the further it is below 1, the less an extrapolation to many more subtasks is
+/// worth (capacity that stops growing, shared CPU), so the step is smaller and the next
+/// window measures it before the next step (f = 0.9: up to 10×; 0.8: 5×; 0.5: 2×; the
+/// smallest factor kept, 0.25: 1.33×).
+fn probe_limit(cur: u32, f: f64) -> u32 {
+    if f.is_nan() || f <= 0.0 || f > 1.0 - SCALE_UP_TOLERANCE {
+        return u32::MAX;
+    }
+    let x = f64::from(cur.max(1)) / (1.0 - f);
+    let r = (x - CEIL_SLACK * x).ceil();
+    if r >= f64::from(u32::MAX) {
+        u32::MAX
+    } else {
+        (r as u32).max(cur.saturating_add(1))
+    }
+}
+
 /// Whether `x` > `limit` (false when either is NaN).
 fn above(x: f64, limit: f64) -> bool {
     x > limit
@@ -1202,7 +1401,7 @@ impl Model {
             mut tail_memo,
             mut figures,
         } = graph.buffers.take();
-        let (_, est) = estimate_flat(topo, window, arrival_scale, &mut figures)?;
+        let (elapsed, est) = estimate_flat(topo, window, arrival_scale, &mut figures)?;
         let n = topo.len();
         let mut spec_parallelism = vec![1; n];
         if graph.spec_order.len() == spec.operators.len() {
@@ -1245,10 +1444,17 @@ impl Model {
         kg_loads.reserve(keyed * kl);
         kg_prefixes.clear();
         kg_prefixes.reserve(keyed * (kl + 1));
-        let gain: Vec<f64> = est.iter().map(|e| e.selectivity).collect();
+        // How each operator's output follows its input (a burst window's over its period, a
+        // trickle's as a fixed rate, see `OutputModel`): the edge gains, the fixed rates
+        // injected into the downstream operators, and the operators whose rate is unknown.
+        let outputs: Vec<OutputModel> = (0..n)
+            .map(|i| output_model(&est[i], graph.window[i], &topo.names[i], window, elapsed))
+            .collect();
+        let flow = Flow::of(topo, &outputs);
+        let gain = &flow.gain;
         // A feedback loop whose gain is 1 or more has no finite rates: rejected, naming it.
-        let lambda_target = topo.try_traffic(&gamma_target, &gain)?;
-        let lambda_steady = topo.traffic(&gamma, &gain);
+        let lambda_target = topo.try_traffic(&flow.injected(&gamma_target), gain)?;
+        let lambda_steady = topo.traffic(&flow.injected(&gamma), gain);
         let gamma_target_hold: Vec<f64> = est
             .iter()
             .map(|e| {
@@ -1257,7 +1463,7 @@ impl Model {
             })
             .collect();
         let lambda_target_hold = if s.downtime > 0.0 {
-            topo.traffic(&gamma_target_hold, &gain)
+            topo.traffic(&flow.injected(&gamma_target_hold), gain)
         } else {
             lambda_target.clone()
         };
@@ -1361,9 +1567,9 @@ impl Model {
         // as one batch of (output rate × period) records at every window boundary.
         let mut lambda_smooth = lambda_steady.clone();
         let mut burst_in = vec![0.0; n];
-        for i in 0..n {
+        for (i, &lambda) in lambda_steady.iter().enumerate() {
             if let Some((period, true)) = graph.window[i] {
-                let out = gain[i] * lambda_steady[i];
+                let out = flow.out_rate(i, lambda);
                 for &j in &topo.outputs[i] {
                     lambda_smooth[j] = (lambda_smooth[j] - out).max(0.0);
                     burst_in[j] += out * period;
@@ -1401,6 +1607,10 @@ impl Model {
             factor: vec![1.0; n],
             decided_with: std::cell::Cell::new(None),
             frozen: vec![false; n],
+            elapsed,
+            flat_from: vec![0; n],
+            outputs,
+            flow,
             keyed_searches: std::cell::RefCell::new(vec![None; n]),
         })
     }
@@ -1458,16 +1668,18 @@ impl Model {
         // finds every operator's entries (what `factor` and `is_ineffective` look up).
         let graph = Arc::clone(&self.graph);
         let mut factors = learned.factors.iter().peekable();
-        let mut flagged = learned.ineffective.keys().peekable();
+        let mut flagged = learned.ineffective.iter().peekable();
         for &i in &graph.by_name {
             let name = graph.topo.names[i].as_str();
             while factors.next_if(|(k, _)| k.as_str() < name).is_some() {}
-            while flagged.next_if(|k| k.as_str() < name).is_some() {}
+            while flagged.next_if(|(k, _)| k.as_str() < name).is_some() {}
             let f = factors
                 .next_if(|(k, _)| k.as_str() == name)
                 .map_or(1.0, |(_, &f)| f);
             self.factor[i] = if f.is_finite() && f > 0.0 { f } else { 1.0 };
-            self.frozen[i] = flagged.next_if(|k| k.as_str() == name).is_some();
+            let flag = flagged.next_if(|(k, _)| k.as_str() == name).map(|(_, f)| f);
+            self.frozen[i] = flag.is_some();
+            self.flat_from[i] = flag.map_or(0, |f| f.from);
         }
         let memo = self.tail_memo.get_mut();
         if memo.is_used() {
@@ -1566,8 +1778,12 @@ impl Model {
         })
     }
 
+    /// μ per subtask at the current parallelism (records/s); `None` for sources, when the
+    /// window has too little busy time, and when the operator's arrival rate is unknown
+    /// (downstream of a silent window, [`OutputModel::Silent`]): such an operator keeps its
+    /// parallelism and is left out of the latency prediction.
     fn mu(&self, i: usize) -> Option<f64> {
-        if self.graph.topo.is_source[i] {
+        if self.graph.topo.is_source[i] || self.flow.unknown[i] {
             None
         } else {
             self.est[i].true_processing_rate
@@ -2012,14 +2228,14 @@ impl Model {
     }
 
     /// The next parallelism above `p` worth trying for operator `i` in the latency allocation,
-    /// within its max: `p + 1`, or for a keyed operator the smallest higher parallelism that
+    /// within its max ([`Model::step_max`]): `p + 1`, or for a keyed operator the smallest higher parallelism that
     /// lowers its busiest subtask's share (adding subtasks that leave ⌈K/p⌉ unchanged cuts no
     /// latency, which would break the convexity the greedy allocation relies on). `None` for a
     /// keyed operator held as a hot-key bottleneck ([`Model::hot_key_bottleneck`]): sized to
     /// isolate its hot key group, it is not scaled further, for latency either (more subtasks
     /// would only shave the little its hot subtask carries besides that group).
     fn next_parallelism(&self, i: usize, p: u32) -> Option<u32> {
-        let hi = self.graph.bounds[i].1;
+        let hi = self.step_max(i);
         if self.kg_slot[i].is_none() {
             return (p < hi).then_some(p + 1);
         }
@@ -2036,7 +2252,15 @@ impl Model {
     /// ([`Model::next_parallelism`] offers no higher parallelism: a hot-key bottleneck, or a
     /// keyed operator whose busiest subtask's share no higher parallelism lowers).
     fn held_for_latency(&self, i: usize, p: u32) -> bool {
-        p < self.graph.bounds[i].1 && self.next_parallelism(i, p).is_none()
+        p < self.step_max(i) && self.next_parallelism(i, p).is_none()
+    }
+
+    /// The largest parallelism operator `i` may take in this decision: its max, and for an
+    /// operator with learned sub-linear scaling the probe step's limit ([`probe_limit`]).
+    fn step_max(&self, i: usize) -> u32 {
+        self.graph.bounds[i]
+            .1
+            .min(probe_limit(self.est[i].parallelism, self.factor[i]))
     }
 
     /// For an unattainable-SLO reason: the operators flagged in `held` on the path ending at
@@ -2101,6 +2325,52 @@ impl Model {
 
     fn name(&self, i: usize) -> &str {
         &self.graph.topo.names[i]
+    }
+
+    /// Why operator `i`, downstream of the silent window `w`, keeps `p` subtasks.
+    fn silent_why(&self, w: usize, p: u32) -> String {
+        let period = match self.outputs[w] {
+            OutputModel::Silent(period) => period,
+            _ => 0.0,
+        };
+        format!(
+            "arrival rate unknown: window {} fires once per {} s and did not fire in this metric window: keeps p={p} (not planned from a window of silence)",
+            self.name(w),
+            Short(period)
+        )
+    }
+
+    /// The job-wide reason for operator `i`'s output model when it is not the window's
+    /// selectivity (a burst read over its period, a fixed rate, a silent window).
+    fn output_reason(&self, i: usize, reasons: &mut Vec<String>) {
+        let e = &self.est[i];
+        let text = match (self.outputs[i], self.graph.window[i]) {
+            (OutputModel::Silent(period), _) => format!(
+                "{}: window fires once per {} s and emitted nothing in this shorter metric window: its output rate is unknown, the operators downstream keep their parallelism",
+                self.name(i),
+                Short(period)
+            ),
+            (OutputModel::Fixed(rate), _) => format!(
+                "{}: selectivity from {} input records (fewer than {}) is not used; its output is taken as the measured {} rec/s, not scaled with its input",
+                self.name(i),
+                Fixed(e.input_rate * self.elapsed, 0),
+                MIN_SELECTIVITY_RECORDS,
+                fmt_rate(rate)
+            ),
+            (OutputModel::Proportional(g), Some((period, true)))
+                if (g - e.selectivity).abs() > 1e-12 * e.selectivity.abs().max(1.0) =>
+            {
+                format!(
+                    "{}: window bursts read over its {} s period: selectivity {} (the metric window alone read {})",
+                    self.name(i),
+                    Short(period),
+                    Fixed(g, 4),
+                    Fixed(e.selectivity, 4)
+                )
+            }
+            _ => return,
+        };
+        reasons.push(text);
     }
 
     /// Plans (see the module docs). With a rescale downtime D > 0 the plan is first made
@@ -2197,6 +2467,7 @@ impl Model {
                     e.parallelism
                 ));
             }
+            self.output_reason(i, reasons);
             if !self.graph.topo.is_source[i] && e.selectivity_is_prior {
                 reasons.push(format!(
                     "{}: no input in the window; selectivity prior 1.0 assumed",
@@ -2217,6 +2488,13 @@ impl Model {
                 continue;
             }
             let Some(mu) = self.mu(i) else {
+                if let Some(w) = self.flow.silent_from[i].filter(|_| self.flow.unknown[i]) {
+                    p[i] = cur.clamp(lo, hi);
+                    if explain {
+                        why[i] = self.silent_why(w, p[i]);
+                    }
+                    continue;
+                }
                 if self.lambda_target[i] <= 0.0 && self.lambda_steady[i] <= 0.0 {
                     // No input at all (a pause in the stream): μ cannot be measured, but DS2
                     // needs no subtask for λ = 0, so the operator goes to its minimum.
@@ -2283,6 +2561,16 @@ impl Model {
                 } else {
                     (needf as u32).max(cur.saturating_add(1))
                 };
+                let probe = probe_limit(cur, f);
+                if need_u > probe {
+                    if explain {
+                        cat!(&mut why[i];
+                            "; sub-linear scaling: probes at most ", Fixed(1.0 / (1.0 - f), 2),
+                            "× its current p per step → p=", probe
+                        );
+                    }
+                    need_u = probe;
+                }
                 if explain {
                     cat!(&mut why[i];
                         "; scalability factor ", Fixed(f, 2), " (μ ", fmt_rate(mu_size),
@@ -2303,6 +2591,18 @@ impl Model {
                     );
                 }
                 need_u = cur;
+            }
+            // Scale back down to the smallest parallelism measured to give the capacity that
+            // more subtasks did not raise (μ per subtask at `cur` understates it below `cur`).
+            let from = self.flat_from[i];
+            if self.frozen[i] && from > 0 && from < cur && need_u > from {
+                if explain {
+                    let _ = write!(
+                        why[i],
+                        "; p={from} gave the same capacity before the scale-up that did not raise it → p={from}"
+                    );
+                }
+                need_u = from;
             }
             if need_u > cur
                 && (lo..=hi).contains(&cur)
@@ -2361,6 +2661,88 @@ impl Model {
                 let _ = write!(why[i], "; raised to min {lo}");
             }
         }
+        self.limit_upstream_of_bottlenecks(explain, p, why);
+    }
+
+    /// The rate operator `i` passes on at most at `p` subtasks, records/s: the input rate at
+    /// which its busiest subtask saturates, μ(p) / (its share of the input at p)
+    /// ([`Model::mu_at`], [`Model::max_share`]); ∞ when μ is unknown (a source, too little
+    /// busy time).
+    fn capacity_at(&self, i: usize, p: u32) -> f64 {
+        self.mu_at(i, p)
+            .map_or(f64::INFINITY, |mu| mu / self.max_share(i, p))
+    }
+
+    /// Nothing upstream of a bottleneck is sized for more than the bottleneck can take
+    /// (FLINK-31215): an operator planned at `p` whose capacity ([`Model::capacity_at`]) is
+    /// below its target rate (capped at its max, a hot-key bottleneck, held for ineffective
+    /// scaling) passes on only the fraction capacity / λ_target of it, and backpressure holds
+    /// everything upstream of it to that fraction (a blocked output blocks the whole subtask,
+    /// so an operator takes the smallest fraction over its outputs, and that of anything
+    /// further down). In reverse topological order each operator's fraction is the smaller of
+    /// its own and its outputs'; a planned scale-up of an operator whose outputs pass on a
+    /// fraction f < 1 is then sized for f · λ_target instead (the smallest parallelism whose
+    /// busiest subtask stays within ρ_target there, and not below the current one). Operators
+    /// without such a bottleneck below them keep their sizing.
+    fn limit_upstream_of_bottlenecks(&self, explain: bool, p: &mut [u32], why: &mut [String]) {
+        let topo = &self.graph.topo;
+        let n = topo.len();
+        let mut through = vec![1.0_f64; n];
+        let mut any = false;
+        for i in (0..n).rev() {
+            let lambda = self.lambda_target[i];
+            let own = if topo.is_source[i] || lambda.is_nan() || lambda <= 0.0 {
+                1.0
+            } else {
+                (self.capacity_at(i, p[i]) / lambda).min(1.0)
+            };
+            let below = self.fraction_below(i, &through);
+            through[i] = own.min(below);
+            any |= through[i] < 1.0;
+        }
+        if !any {
+            return;
+        }
+        for i in 0..n {
+            let cur = self.est[i].parallelism;
+            let f = self.fraction_below(i, &through);
+            if topo.is_source[i] || p[i] <= cur || f.is_nan() || f >= 1.0 || self.mu(i).is_none() {
+                continue;
+            }
+            let lambda = self.lambda_target[i] * f;
+            let limit =
+                |q: u32| self.mu_at(i, q).map_or(0.0, |mu| self.s.rho * mu) * (1.0 + CEIL_SLACK);
+            let q = (1..p[i])
+                .find(|&q| lambda * self.max_share(i, q) <= limit(q))
+                .unwrap_or(p[i]);
+            let band = (self.s.rho * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK);
+            let keep_cur = self
+                .mu_at(i, cur)
+                .is_some_and(|mu| lambda * self.max_share(i, cur) <= band * mu);
+            let q = if keep_cur { cur } else { q.max(cur) };
+            let q = q.max(self.graph.bounds[i].0);
+            if q >= p[i] {
+                continue;
+            }
+            if explain {
+                let _ = write!(
+                    why[i],
+                    "; upstream of a bottleneck that passes on only {}% of its target rate: sized for {} rec/s → p={q} (FLINK-31215)",
+                    Fixed(100.0 * f, 1),
+                    fmt_rate(lambda)
+                );
+            }
+            p[i] = q;
+        }
+    }
+
+    /// The smallest of `through` over operator `i`'s forward outputs (1 without outputs).
+    fn fraction_below(&self, i: usize, through: &[f64]) -> f64 {
+        self.graph.topo.outputs[i]
+            .iter()
+            .filter(|&&j| j > i)
+            .map(|&j| through[j])
+            .fold(1.0, f64::min)
     }
 
     /// One plan at the targets in use. With `hold_only` (called only when the sizing keeps
@@ -2800,6 +3182,18 @@ impl Model {
                 })
                 .collect()
         }
+    }
+
+    /// Whether `new` subtasks for operator `op` is a scale-back to the smallest parallelism
+    /// measured to give the capacity more subtasks did not raise (an operator flagged for
+    /// ineffective scaling, [`super::learn::Ineffective::from`]): a scale-down that removes
+    /// no capacity, so a source backlog is no reason to hold it.
+    pub(crate) fn scale_back_keeps_capacity(&self, op: &str, new: u32) -> bool {
+        self.graph
+            .topo
+            .index
+            .get(op)
+            .is_some_and(|&i| self.frozen[i] && self.flat_from[i] > 0 && new >= self.flat_from[i])
     }
 
     /// Sources' total steady arrival rate γ, records/s.
@@ -4982,6 +5376,11 @@ edges:
                 if dec.reasons.iter().any(|r| r.starts_with(&hot)) {
                     continue; // kept on purpose: more parallelism cannot help a hot key
                 }
+                if op.reason.contains("upstream of a bottleneck") {
+                    // Sized for what the bottleneck below it passes on (FLINK-31215).
+                    prop_assert!(op.parallelism < op.max_parallelism);
+                    continue;
+                }
                 prop_assert!(op.parallelism >= 1 && op.parallelism <= op.max_parallelism);
                 let u = op.predicted_utilization.expect("μ known");
                 if op.clamped_at_max {
@@ -5307,7 +5706,10 @@ edges:
             |name: &str, mu: Option<f64>, selectivity: f64, source: Option<(f64, f64)>| Synth {
                 name: name.into(),
                 parallelism: 1,
-                input_rate: if source.is_some() { 0.0 } else { 1.0 },
+                // 10 rec/s: 120 records over the window, enough for op2's selectivity 1.47
+                // to be used (`MIN_SELECTIVITY_RECORDS`; the rates planned come from the
+                // sources, so the figure changes nothing else).
+                input_rate: if source.is_some() { 0.0 } else { 10.0 },
                 mu,
                 selectivity,
                 source,
