@@ -7,6 +7,8 @@
 //! * [`api`]: the engine's REST API (job status, savepoints).
 //! * [`runtime`]: where engines run ([`runtime::EngineRuntime`], [`runtime::LocalRuntime`]).
 //! * [`executor`]: rescale by stop-with-savepoint and restore, with fallbacks.
+//! * [`flink`]: the Flink backend (`streamscale flink`): a Flink cluster's jobs autoscaled
+//!   through its REST API.
 //! * [`savepoint_history`]: keeps the newest savepoints of a run's report, removes older ones.
 //! * [`stats`], [`progress`], [`report`], [`plot`]: per-interval statistics, live lines, the
 //!   run report and its chart.
@@ -14,6 +16,7 @@
 pub mod api;
 pub mod causes;
 pub mod executor;
+pub mod flink;
 pub mod job_memory;
 pub mod model;
 pub mod plot;

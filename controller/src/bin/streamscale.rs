@@ -4,6 +4,8 @@
 //!   a report.
 //! * `streamscale plan JOB.yaml --metrics-url URL`: scrape a running engine twice and print the
 //!   planner's decision after `run`'s guards as JSON (what the guards did on stderr).
+//! * `streamscale flink --rest-url URL (--job ID ... | --all)`: autoscale the jobs of an Apache
+//!   Flink session cluster through its REST API and write a report.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,6 +13,7 @@ use std::process::ExitCode;
 use std::io::{IsTerminal as _, Write as _};
 
 use clap::{Parser, Subcommand};
+use streamscale_controller::flink::session::FlinkOptions;
 use streamscale_controller::run::{self, RunError, RunOptions};
 
 #[derive(Parser)]
@@ -85,6 +88,185 @@ enum Command {
         #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
         interval: f64,
     },
+    /// Autoscale the jobs of an Apache Flink session cluster through its REST API and write a
+    /// report (summary.json, timeline.csv).
+    Flink(Box<FlinkArgs>),
+}
+
+#[derive(clap::Args)]
+struct FlinkArgs {
+    /// The cluster's REST URL.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    rest_url: String,
+    /// A job id to autoscale (repeatable).
+    #[arg(long = "job")]
+    jobs: Vec<String>,
+    /// Autoscale every running job of the cluster, also those submitted later.
+    #[arg(long)]
+    all: bool,
+    /// `auto` applies decisions; `recommend` only prints and records them.
+    #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
+    mode: ModeArg,
+    /// `auto`: in place when the cluster runs the adaptive scheduler, else savepoint +
+    /// resubmit; `in-place`; `savepoint`.
+    #[arg(long, value_enum, default_value_t = RescaleArg::Auto)]
+    rescale: RescaleArg,
+    /// Resubmit from a savepoint by running this jar id (as `POST /jars/upload` named it).
+    #[arg(long)]
+    resubmit_jar: Option<String>,
+    /// Entry class for --resubmit-jar (default: the jar's manifest).
+    #[arg(long)]
+    entry_class: Option<String>,
+    /// Program argument for --resubmit-jar (repeatable, in order).
+    #[arg(long = "arg", allow_hyphen_values = true)]
+    args: Vec<String>,
+    /// Resubmit from a savepoint by this shell command; `{savepoint}` and `{overrides}` are
+    /// replaced, and its output must name the new job (`JobID <id>`, as `flink run -d` does).
+    #[arg(long)]
+    resubmit_command: Option<String>,
+    /// Where savepoints go (default: the cluster's execution.checkpointing.savepoint-dir).
+    #[arg(long)]
+    savepoint_dir: Option<String>,
+    /// Settings file: `autoscaler:` (the job file's schema) and `vertices:` bounds by name.
+    #[arg(long)]
+    settings: Option<PathBuf>,
+    /// Latency SLO in seconds (overrides the settings file).
+    #[arg(long, allow_negative_numbers = true)]
+    slo: Option<f64>,
+    /// Utilization every vertex must stay under, in (0, 1] (overrides the settings file).
+    #[arg(long, allow_negative_numbers = true)]
+    target_utilization: Option<f64>,
+    /// Seconds between scrapes (Flink refreshes its metrics every 10 s by default).
+    #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
+    interval: f64,
+    /// Seconds of metrics the planner reads.
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    window: f64,
+    /// Seconds after a (re)start before the planner may decide again.
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
+    stabilization: f64,
+    /// Seconds a scale-down must be wanted before it is applied.
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    scale_down_delay: f64,
+    /// Seconds a rescale may take before it is given up and rolled back.
+    #[arg(long, default_value_t = 120.0, allow_negative_numbers = true)]
+    rescale_timeout: f64,
+    /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: until Ctrl-C.
+    #[arg(long)]
+    duration: Option<String>,
+    /// Report directory.
+    #[arg(long, default_value = "report-flink")]
+    report: PathBuf,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ModeArg {
+    Auto,
+    Recommend,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RescaleArg {
+    Auto,
+    InPlace,
+    Savepoint,
+}
+
+/// Builds the Flink session's options from the command line.
+fn flink_options(a: FlinkArgs) -> Result<FlinkOptions, RunError> {
+    use streamscale_controller::flink::rest::JarSubmission;
+    use streamscale_controller::flink::runtime::Resubmit;
+    use streamscale_controller::flink::session::{Mode, RescalePath};
+    let mut settings = match &a.settings {
+        Some(p) => streamscale_controller::flink::settings::load(p).map_err(RunError::Option)?,
+        None => Default::default(),
+    };
+    if let Some(slo) = a.slo {
+        settings.autoscaler.latency_slo_seconds = slo;
+    }
+    if let Some(u) = a.target_utilization {
+        settings.autoscaler.target_utilization = u;
+    }
+    streamscale_controller::flink::settings::check_autoscaler(&settings.autoscaler)
+        .map_err(|e| RunError::Option(format!("--slo/--target-utilization: {e}")))?;
+    let resubmit = match (a.resubmit_jar, a.resubmit_command) {
+        (Some(_), Some(_)) => {
+            return Err(RunError::Option(
+                "give --resubmit-jar or --resubmit-command, not both".into(),
+            ));
+        }
+        (Some(jar_id), None) => Some(Resubmit::Jar(JarSubmission {
+            jar_id,
+            entry_class: a.entry_class,
+            args: a.args,
+        })),
+        (None, Some(c)) => Some(Resubmit::Command(c)),
+        (None, None) => None,
+    };
+    if matches!(a.rescale, RescaleArg::Savepoint) && resubmit.is_none() {
+        return Err(RunError::Option(
+            "--rescale savepoint needs --resubmit-jar or --resubmit-command (how to submit the job again)".into(),
+        ));
+    }
+    if a.jobs.is_empty() && !a.all {
+        return Err(RunError::Option(
+            "name the jobs to autoscale (--job ID, repeatable) or pass --all".into(),
+        ));
+    }
+    run::check_metrics_url(&a.rest_url)
+        .map_err(|e| RunError::Option(format!("--rest-url: {e}")))?;
+    let duration_s = a
+        .duration
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| RunError::Option(format!("--duration: {e}")))?;
+    for (flag, v) in [
+        ("--interval", a.interval),
+        ("--window", a.window),
+        ("--rescale-timeout", a.rescale_timeout),
+    ] {
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(RunError::Option(format!(
+                "{flag}: must be a positive number of seconds (got {v})"
+            )));
+        }
+    }
+    for (flag, v) in [
+        ("--stabilization", a.stabilization),
+        ("--scale-down-delay", a.scale_down_delay),
+    ] {
+        if !(v >= 0.0 && v.is_finite()) {
+            return Err(RunError::Option(format!(
+                "{flag}: must be 0 or a positive number of seconds (got {v})"
+            )));
+        }
+    }
+    Ok(FlinkOptions {
+        rest_url: a.rest_url,
+        jobs: a.jobs,
+        all: a.all,
+        mode: match a.mode {
+            ModeArg::Auto => Mode::Auto,
+            ModeArg::Recommend => Mode::Recommend,
+        },
+        rescale: match a.rescale {
+            RescaleArg::Auto => RescalePath::Auto,
+            RescaleArg::InPlace => RescalePath::InPlace,
+            RescaleArg::Savepoint => RescalePath::Savepoint,
+        },
+        resubmit,
+        savepoint_dir: a.savepoint_dir,
+        settings: settings.autoscaler,
+        bounds: settings.vertices,
+        interval_s: a.interval,
+        window_s: a.window,
+        stabilization_s: a.stabilization,
+        scale_down_delay_s: a.scale_down_delay,
+        duration_s,
+        report_dir: a.report,
+        rescale_timeout_s: a.rescale_timeout,
+    })
 }
 
 /// Parses `90`, `90s`, `10m`, `1.5h` into seconds.
@@ -327,6 +509,40 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 err(&format!("streamscale plan: {note}"));
             }
             Console::default().line(&serde_json::to_string_pretty(&outcome.decision)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Flink(args) => {
+            let opts = flink_options(*args)?;
+            let mut console = Console::default();
+            let stop = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            let summary = streamscale_controller::flink::session::run(
+                &opts,
+                // Submitting a job from a jar can take tens of seconds.
+                reqwest::Client::builder()
+                    .no_proxy()
+                    .timeout(std::time::Duration::from_secs(90))
+                    .build()?,
+                stop,
+                &mut |line: &str| console.line(line),
+            )
+            .await?;
+            let rescales: usize = summary
+                .jobs
+                .iter()
+                .map(|j| {
+                    j.rescales
+                        .iter()
+                        .filter(|r| r.outcome == "rescaled")
+                        .count()
+                })
+                .sum();
+            console.line(&format!(
+                "done in {:.0} s: {} job(s), {rescales} rescale(s)",
+                summary.duration_seconds,
+                summary.jobs.len()
+            ));
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -91,12 +91,24 @@ pub enum RuntimeError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A Flink cluster's REST API refused or failed a request.
+    #[error(transparent)]
+    Flink(Box<crate::flink::FlinkError>),
+    /// A job submission (the Flink backend's resubmit command) failed.
+    #[error("{0}")]
+    Submit(String),
     /// The handle does not belong to this runtime (or was already shut down).
     #[error("unknown engine handle {id}")]
     UnknownHandle {
         /// The handle's id.
         id: u64,
     },
+}
+
+impl From<crate::flink::FlinkError> for RuntimeError {
+    fn from(e: crate::flink::FlinkError) -> Self {
+        RuntimeError::Flink(Box::new(e))
+    }
 }
 
 /// Starts and stops engines. Implementations: [`LocalRuntime`] (child processes on loopback);

@@ -1,0 +1,23 @@
+//! The Flink backend: autoscaling the jobs of an Apache Flink session cluster through its REST
+//! API with the same planner and guards as the bundled engine.
+//!
+//! The phases, one module each:
+//! * collect: [`rest`] (the REST client), [`topology`] (vertices and edges as the planner's
+//!   job graph), [`metrics`] (per-subtask counters as the planner's metric sample);
+//! * evaluate, plan, guard: [`crate::model::Autoscaler`], unchanged;
+//! * realize: [`in_place`] (the adaptive scheduler's resource requirements, FLIP-291) or
+//!   [`runtime`] (stop-with-savepoint and resubmit, driven by [`crate::executor::Executor`],
+//!   the rescale protocol the bundled engine uses);
+//! * [`settings`]: the `--settings` file (the job file's `autoscaler` schema, vertex bounds);
+//! * [`session`]: the loop of `streamscale flink` over one or more jobs, its live lines and its
+//!   report.
+
+pub mod in_place;
+pub mod metrics;
+pub mod rest;
+pub mod runtime;
+pub mod session;
+pub mod settings;
+pub mod topology;
+
+pub use rest::{FlinkError, FlinkRest};

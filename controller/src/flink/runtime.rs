@@ -1,0 +1,358 @@
+//! [`FlinkRuntime`]: a Flink job as an [`EngineRuntime`], so that the one rescale protocol of
+//! [`crate::executor::Executor`] (stop-with-savepoint, start at the new parallelism from it,
+//! back to the old parallelism from the same savepoint when that fails) drives Flink's
+//! savepoint + resubmit path too.
+//!
+//! A "start" resubmits the job from a savepoint with `pipeline.jobvertex-parallelism-overrides`
+//! and returns once every vertex runs at the requested parallelism; a job that comes up at
+//! another parallelism (a submission route that ignores the overrides, FLINK-38770) is
+//! cancelled and the start fails, so the executor rolls back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use crate::api::{JobOperator, JobStatus};
+use crate::runtime::{EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome};
+
+use super::rest::{FlinkRest, JarSubmission};
+use super::topology::FlinkTopology;
+
+/// The configuration key that sets each vertex's parallelism at submission (`vid:p,...`).
+pub const OVERRIDES_KEY: &str = "pipeline.jobvertex-parallelism-overrides";
+/// The configuration key that restores a submission from a savepoint.
+pub const RECOVERY_KEY: &str = "execution.state-recovery.path";
+
+/// How a stopped job is submitted again from its savepoint.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resubmit {
+    /// `POST /jars/:jarid/run` of a jar already uploaded to the cluster, with the savepoint and
+    /// the overrides in its `flinkConfiguration`.
+    Jar(JarSubmission),
+    /// A shell command (run with `sh -c`) whose output names the new job (`JobID <32 hex>`, as
+    /// `flink run -d` and PyFlink print it); `{savepoint}` and `{overrides}` in it are
+    /// replaced by the savepoint path and the overrides value.
+    Command(String),
+}
+
+/// Timeouts of the Flink runtime.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlinkTimeouts {
+    /// How long a stop-with-savepoint may take.
+    pub savepoint: Duration,
+    /// How long a resubmitted job may take to run every vertex.
+    pub running: Duration,
+}
+
+impl Default for FlinkTimeouts {
+    fn default() -> Self {
+        FlinkTimeouts {
+            savepoint: Duration::from_secs(120),
+            running: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Flink jobs of one session cluster, started by resubmission from savepoints.
+pub struct FlinkRuntime {
+    rest: FlinkRest,
+    topology: Arc<Mutex<FlinkTopology>>,
+    resubmit: Resubmit,
+    savepoint_dir: Option<String>,
+    timeouts: FlinkTimeouts,
+    next_id: AtomicU64,
+    jobs: Mutex<HashMap<u64, String>>,
+}
+
+impl FlinkRuntime {
+    /// A runtime submitting by `resubmit`, taking savepoints into `savepoint_dir` (the
+    /// cluster's `execution.checkpointing.savepoint-dir` when `None`). `topology` maps the
+    /// model's operator names to vertex ids.
+    pub fn new(
+        rest: FlinkRest,
+        topology: Arc<Mutex<FlinkTopology>>,
+        resubmit: Resubmit,
+        savepoint_dir: Option<String>,
+        timeouts: FlinkTimeouts,
+    ) -> FlinkRuntime {
+        FlinkRuntime {
+            rest,
+            topology,
+            resubmit,
+            savepoint_dir,
+            timeouts,
+            next_id: AtomicU64::new(1),
+            jobs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A handle for a job that is already running (the one the controller was pointed at).
+    pub async fn adopt(&self, jid: &str, parallelism: BTreeMap<String, u32>) -> EngineHandle {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.jobs.lock().await.insert(id, jid.to_string());
+        EngineHandle {
+            id,
+            base_url: format!("{}/jobs/{jid}", self.rest.base_url()),
+            parallelism,
+            restored_from: None,
+        }
+    }
+
+    /// The Flink job id of a handle.
+    ///
+    /// # Errors
+    /// [`RuntimeError::UnknownHandle`].
+    pub async fn job_id(&self, handle: &EngineHandle) -> Result<String, RuntimeError> {
+        self.jobs
+            .lock()
+            .await
+            .get(&handle.id)
+            .cloned()
+            .ok_or(RuntimeError::UnknownHandle { id: handle.id })
+    }
+
+    async fn submit(&self, savepoint: &str, overrides: &str) -> Result<String, RuntimeError> {
+        match &self.resubmit {
+            Resubmit::Jar(jar) => {
+                let config: BTreeMap<String, String> = [
+                    (RECOVERY_KEY.to_string(), savepoint.to_string()),
+                    (OVERRIDES_KEY.to_string(), overrides.to_string()),
+                ]
+                .into_iter()
+                .collect();
+                Ok(self.rest.run_jar(jar, &config, Some(savepoint)).await?)
+            }
+            Resubmit::Command(template) => {
+                let command = template
+                    .replace("{savepoint}", savepoint)
+                    .replace("{overrides}", overrides);
+                let out = tokio::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(&command)
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .await
+                    .map_err(|e| RuntimeError::Submit(format!("cannot run `{command}`: {e}")))?;
+                let text = format!(
+                    "{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                match job_id_in(&text) {
+                    Some(jid) if out.status.success() => Ok(jid),
+                    _ => Err(RuntimeError::Submit(format!(
+                        "resubmit command `{command}` ({}) printed no `JobID <id>`; its last line: {}",
+                        out.status,
+                        text.lines()
+                            .rev()
+                            .map(str::trim)
+                            .find(|l| !l.is_empty())
+                            .unwrap_or("(no output)")
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Waits until `jid` runs every vertex; then checks the parallelism against `wanted` (by
+    /// vertex id).
+    async fn wait_at(&self, jid: &str, wanted: &BTreeMap<String, u32>) -> Result<(), RuntimeError> {
+        let started = std::time::Instant::now();
+        loop {
+            let last = match self.rest.job(jid).await {
+                Ok(job) if job.all_running() => {
+                    let got = job.parallelism_by_id();
+                    let off: Vec<String> = wanted
+                        .iter()
+                        .filter(|(vid, p)| got.get(*vid) != Some(*p))
+                        .map(|(vid, p)| {
+                            format!(
+                                "{vid} at {} (asked {p})",
+                                got.get(vid).copied().unwrap_or(0)
+                            )
+                        })
+                        .collect();
+                    if off.is_empty() {
+                        return Ok(());
+                    }
+                    let _ = self.rest.cancel(jid).await;
+                    return Err(RuntimeError::Submit(format!(
+                        "job {jid} came up at another parallelism: {} (the submission route ignored {OVERRIDES_KEY}; cancelled)",
+                        off.join(", ")
+                    )));
+                }
+                Ok(job) if matches!(job.state.as_str(), "FAILED" | "CANCELED" | "FINISHED") => {
+                    return Err(RuntimeError::Exited {
+                        status: format!("job {jid} {}", job.state),
+                        last_error: "see the JobManager's log or GET /jobs/<id>/exceptions".into(),
+                    });
+                }
+                Ok(job) => format!("job {}", job.state),
+                Err(e) => e.to_string(),
+            };
+            if started.elapsed() >= self.timeouts.running {
+                let _ = self.rest.cancel(jid).await;
+                return Err(RuntimeError::Submit(format!(
+                    "job {jid} was not running within {:.0} s (last: {last}); cancelled",
+                    self.timeouts.running.as_secs_f64()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// The first `JobID <32 hex digits>` (or `JobID: <id>`) of a submission's output.
+pub fn job_id_in(text: &str) -> Option<String> {
+    let mut rest = text;
+    while let Some(i) = rest.find("JobID") {
+        rest = &rest[i + "JobID".len()..];
+        let token: String = rest
+            .trim_start_matches([' ', ':', '\t'])
+            .chars()
+            .take_while(char::is_ascii_hexdigit)
+            .collect();
+        if token.len() == 32 {
+            return Some(token);
+        }
+    }
+    None
+}
+
+fn status_of(job: &super::rest::JobDetails, topology: &FlinkTopology) -> JobStatus {
+    let state = match job.state.as_str() {
+        "RUNNING" if job.all_running() => "running",
+        "FINISHED" => "finished",
+        "FAILED" => "failed",
+        "CANCELED" => "stopped",
+        _ => "starting",
+    };
+    JobStatus {
+        name: job.name.clone(),
+        fingerprint: String::new(),
+        state: state.to_string(),
+        max_parallelism: topology.spec.max_parallelism,
+        operators: job
+            .vertices
+            .iter()
+            .map(|v| JobOperator {
+                name: topology
+                    .vertices
+                    .iter()
+                    .find(|t| t.id == v.id)
+                    .map_or_else(|| v.name.clone(), |t| t.name.clone()),
+                kind: String::new(),
+                parallelism: v.parallelism,
+                records_in: 0,
+                records_out: 0,
+            })
+            .collect(),
+        records_emitted: 0,
+        records_accounted: 0,
+        records_filtered: 0,
+        restored_from: None,
+    }
+}
+
+impl EngineRuntime for FlinkRuntime {
+    async fn start(
+        &self,
+        _job: &Path,
+        parallelism: &BTreeMap<String, u32>,
+        restore: Option<&Savepoint>,
+    ) -> Result<EngineHandle, RuntimeError> {
+        let Some(savepoint) = restore else {
+            return Err(RuntimeError::Submit(
+                "a Flink job is only started again from a savepoint (its state would be lost)"
+                    .into(),
+            ));
+        };
+        let (overrides, wanted) = {
+            let t = self.topology.lock().await;
+            (t.overrides(parallelism), t.by_id(parallelism))
+        };
+        let jid = self.submit(&savepoint.path, &overrides).await?;
+        self.wait_at(&jid, &wanted).await?;
+        let mut handle = self.adopt(&jid, parallelism.clone()).await;
+        handle.restored_from = Some(savepoint.clone());
+        // The new job has a new id: the topology follows it (vertex ids stay).
+        self.topology.lock().await.job_id = jid;
+        Ok(handle)
+    }
+
+    async fn stop_with_savepoint(
+        &self,
+        handle: &EngineHandle,
+        _drain: bool,
+    ) -> Result<StopOutcome, RuntimeError> {
+        let jid = self.job_id(handle).await?;
+        let path = self
+            .rest
+            .stop_with_savepoint(&jid, self.savepoint_dir.as_deref(), self.timeouts.savepoint)
+            .await?;
+        Ok(StopOutcome {
+            savepoint: Savepoint { path },
+            final_job: None,
+        })
+    }
+
+    async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
+        let jid = self.job_id(handle).await?;
+        let job = self.rest.job(&jid).await?;
+        Ok(status_of(&job, &*self.topology.lock().await))
+    }
+
+    async fn shutdown(&self, handle: &EngineHandle) -> Result<(), RuntimeError> {
+        // A stopped Flink job has ended on the cluster; only the handle goes.
+        self.jobs
+            .lock()
+            .await
+            .remove(&handle.id)
+            .map(|_| ())
+            .ok_or(RuntimeError::UnknownHandle { id: handle.id })
+    }
+
+    async fn kill(&self, handle: &EngineHandle) -> Result<(), RuntimeError> {
+        let jid = self.job_id(handle).await?;
+        self.jobs.lock().await.remove(&handle.id);
+        self.rest.cancel(&jid).await?;
+        Ok(())
+    }
+
+    async fn exited(&self, handle: &EngineHandle) -> Option<RuntimeError> {
+        let jid = self.job_id(handle).await.ok()?;
+        match self.rest.job(&jid).await {
+            Ok(job) if matches!(job.state.as_str(), "FAILED" | "CANCELED" | "FINISHED") => {
+                Some(RuntimeError::Exited {
+                    status: format!("job {jid} {}", job.state),
+                    last_error: "see the JobManager's log or GET /jobs/<id>/exceptions".into(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_id_is_read_from_flink_run_and_pyflink_output() {
+        let id = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+        assert_eq!(
+            job_id_in(&format!("Job has been submitted with JobID {id}\n")),
+            Some(id.to_string())
+        );
+        assert_eq!(
+            job_id_in(&format!("JobID: {id} submitted in 3.1s")),
+            Some(id.to_string())
+        );
+        assert_eq!(job_id_in("JobID abc"), None);
+        assert_eq!(job_id_in("nothing"), None);
+    }
+}
