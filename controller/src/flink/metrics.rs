@@ -108,24 +108,57 @@ pub fn metric_values(values: &[MetricValue]) -> BTreeMap<String, f64> {
 /// A scrape turned into a sample.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlinkSample {
-    /// The planner's sample (operators named as the topology names them).
+    /// The planner's sample (operators named as the topology names them), stamped with the
+    /// time Flink fetched the counters (see [`sample`]).
     pub sample: MetricSample,
+    /// How old the counters were when they were read, seconds (Flink serves the metrics it
+    /// fetched last, up to `metrics.fetcher.update-interval` old and older when nobody asked).
+    pub age_seconds: f64,
     /// Sources planned without a reported backlog, with what was used instead.
     pub notes: Vec<String>,
 }
 
-/// Builds the sample of one scrape taken at `at_seconds` (seconds on the caller's monotonic
-/// clock; `now_ms` is the JobManager's clock of the answers, for subtask running times) from
-/// every vertex's answers (by vertex id). `previous` is the last sample, to judge whether a
-/// source without `pendingRecords` was back-pressured since. A vertex missing from
-/// `scrapes`, and a subtask not `RUNNING` or without counters, gets
-/// [`SubtaskSample::absent`] places: an incomplete sample the planner does not read as zeros.
+/// When Flink fetched the counters it served, milliseconds on the JobManager's clock: a
+/// subtask's busy, idle and back-pressured times add up to its running time at the fetch, so
+/// `start-time + busy + idle + back-pressured` dates the fetch (all subtasks are fetched
+/// together; the median over subtasks with all three measured). `None` when no subtask has
+/// all three.
+pub fn fetched_at_ms(scrapes: &BTreeMap<String, VertexScrape>) -> Option<f64> {
+    let mut at: Vec<f64> = scrapes
+        .values()
+        .flat_map(|v| v.details.subtasks.iter())
+        .filter(|s| s.status == "RUNNING")
+        .filter_map(|s| {
+            let c = s.metrics.as_ref()?;
+            let sum = c.busy_ms + c.idle_ms + c.backpressured_ms;
+            (sum.is_finite() && s.start_time_ms > 0).then(|| s.start_time_ms as f64 + sum)
+        })
+        .collect();
+    if at.is_empty() {
+        return None;
+    }
+    at.sort_by(f64::total_cmp);
+    Some(at[at.len() / 2])
+}
+
+/// Builds the sample of one scrape read at `at_seconds` (seconds on the caller's monotonic
+/// clock) from every vertex's answers (by vertex id). The sample is stamped with the time the
+/// counters were fetched ([`fetched_at_ms`], moved to the caller's clock by the age of the
+/// counters at the answer's `now`), so that rates are deltas over the time the counters really
+/// span. `previous` is the last sample, to judge whether a source without `pendingRecords`
+/// was back-pressured since. A vertex missing from `scrapes`, and a subtask not `RUNNING` or
+/// without counters, gets [`SubtaskSample::absent`] places: an incomplete sample the planner
+/// does not read as zeros.
 pub fn sample(
     topo: &FlinkTopology,
     scrapes: &BTreeMap<String, VertexScrape>,
     at_seconds: f64,
     previous: Option<&MetricSample>,
 ) -> FlinkSample {
+    let answered_ms = scrapes.values().map(|v| v.details.now).max().unwrap_or(0) as f64;
+    let fetched_ms = fetched_at_ms(scrapes).filter(|&f| f <= answered_ms);
+    let age_seconds = fetched_ms.map_or(0.0, |f| (answered_ms - f) / 1000.0);
+    let at_seconds = at_seconds - age_seconds;
     let mut operators = BTreeMap::new();
     let mut notes = Vec::new();
     for v in &topo.vertices {
@@ -168,7 +201,8 @@ pub fn sample(
                     0.0
                 };
                 if !c.busy_ms.is_finite() {
-                    let running_ms = (d.now - s.start_time_ms).max(0) as f64;
+                    let at_ms = fetched_ms.unwrap_or(d.now as f64);
+                    let running_ms = (at_ms - s.start_time_ms as f64).max(0.0);
                     sub.busy_seconds = (running_ms - idle - bp).max(0.0) * ms;
                 }
                 sub.idle_seconds = idle * ms;
@@ -231,6 +265,7 @@ pub fn sample(
             at_seconds,
             operators,
         },
+        age_seconds,
         notes,
     }
 }
