@@ -131,7 +131,7 @@ pub fn fetched_at_ms(scrapes: &BTreeMap<String, VertexScrape>) -> Option<f64> {
         .filter_map(|s| {
             let c = s.metrics.as_ref()?;
             let sum = c.busy_ms + c.idle_ms + c.backpressured_ms;
-            (sum.is_finite() && s.start_time_ms > 0).then(|| s.start_time_ms as f64 + sum)
+            (sum.is_finite() && s.start_time_ms > 0).then_some(s.start_time_ms as f64 + sum)
         })
         .collect();
     if at.is_empty() {
