@@ -25,5 +25,9 @@ cargo build --workspace --bins
 # proxy (cached in ~/.cache/streamscale/k8s; about 16 minutes the first time on 2 cores), etcd and
 # kubectl from Debian. The tests start it; the trap stops it.
 ./scripts/k8s-testenv.sh build
-trap './scripts/k8s-testenv.sh stop >/dev/null 2>&1 || true' EXIT
+# A real Apache Flink 2.3 session cluster for the Flink backend's tests: Flink from its PyPI
+# wheels and the demo job compiled with javac (cached in ~/.cache/streamscale/flink; about a
+# minute and 330 MB the first time). The test starts and stops the cluster.
+./scripts/flink-testenv.sh install
+trap './scripts/k8s-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true' EXIT
 cargo test --workspace

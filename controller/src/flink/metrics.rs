@@ -29,6 +29,10 @@ use super::topology::{FlinkTopology, VertexRole};
 /// still be taken as keeping up (backlog 0).
 pub const SOURCE_BP_LIMIT: f64 = 0.1;
 
+/// Largest step back (seconds) of an accumulated time that is read as Flink's measurement
+/// noise rather than a restarted subtask.
+pub const STEP_BACK_TOLERANCE_S: f64 = 1.0;
+
 /// The metric ids (as `GET /jobs/:jid/vertices/:vid/metrics` lists them, `<subtask>.<name>`)
 /// of a source vertex's backlog and output, by subtask index.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -239,6 +243,24 @@ pub fn sample(
                             sub.source_backlog = None;
                             sub.source_arrivals = None;
                         }
+                    }
+                }
+            }
+            // Flink's accumulated times of a source task can step back a little between
+            // fetches (seen: busy 471 ms, then 464 ms); a counter that only grows must not
+            // read as a reset, so a small step back keeps the previous value.
+            if let Some(p) = previous
+                .and_then(|p| p.operators.get(&v.name))
+                .and_then(|p| p.get(s.subtask as usize))
+                .filter(|p| !p.is_absent() && sub.records_out >= p.records_out)
+            {
+                for (now, before) in [
+                    (&mut sub.busy_seconds, p.busy_seconds),
+                    (&mut sub.idle_seconds, p.idle_seconds),
+                    (&mut sub.backpressured_seconds, p.backpressured_seconds),
+                ] {
+                    if *now < before && before - *now < STEP_BACK_TOLERANCE_S {
+                        *now = before;
                     }
                 }
             }
@@ -456,5 +478,27 @@ mod tests {
         let got = sample(&t, &[("s".to_string(), s)].into_iter().collect(), 1.0, None);
         assert!(got.sample.operators["src"][0].is_absent());
         assert!(got.sample.operators["agg"][0].is_absent());
+    }
+
+    #[test]
+    fn a_small_step_back_of_an_accumulated_time_is_not_a_reset() {
+        let t = topo();
+        let k = || scrape("k", 10_000, counters(0.0, 0.0, 0.0, 0.0), "RUNNING");
+        let at = |busy: f64, out: f64, prev: Option<&MetricSample>| {
+            let s = scrape("s", 10_000, counters(out, busy, 0.0, 0.0), "RUNNING");
+            sample(
+                &t,
+                &[("s".to_string(), s), ("k".to_string(), k())]
+                    .into_iter()
+                    .collect(),
+                1.0,
+                prev,
+            )
+        };
+        let first = at(471.0, 100.0, None);
+        let later = at(464.0, 200.0, Some(&first.sample));
+        assert!((later.sample.operators["src"][0].busy_seconds - 0.471).abs() < 1e-12);
+        let restarted = at(10.0, 5.0, Some(&later.sample));
+        assert!((restarted.sample.operators["src"][0].busy_seconds - 0.010).abs() < 1e-12);
     }
 }

@@ -659,6 +659,22 @@ impl FlinkRest {
     }
 }
 
+/// A Java stack trace as one line: its first line, then its last two `Caused by:` messages
+/// (where the reason is: "Failed to create savepoint directory at ...", "Permission denied").
+fn with_root_causes(trace: &str) -> String {
+    let first = first_error_line(&serde_json::json!({ "errors": [trace] }).to_string());
+    let causes: Vec<&str> = trace
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Caused by: "))
+        .collect();
+    let root: Vec<&str> = causes.iter().rev().take(2).rev().copied().collect();
+    if root.is_empty() {
+        first
+    } else {
+        format!("{first} (caused by: {})", root.join("; "))
+    }
+}
+
 /// The savepoint location of a completed trigger's `operation`, or its failure cause.
 fn savepoint_location(
     jid: &str,
@@ -674,7 +690,7 @@ fn savepoint_location(
             c.get("stack-trace")
                 .or_else(|| c.get("class"))
                 .and_then(|s| s.as_str())
-                .map(|s| first_error_line(&serde_json::json!({"errors": [s]}).to_string()))
+                .map(with_root_causes)
                 .unwrap_or_else(|| c.to_string())
         })
         .unwrap_or_else(|| "no location and no failure cause in the answer".to_string());
@@ -717,6 +733,14 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "savepoint of job j1 failed: java.io.IOException: Permission denied"
+        );
+        let trace = "java.util.concurrent.CompletionException: stop failed\n\tat x\nCaused by: a.B: outer\nCaused by: java.io.IOException: Failed to create savepoint directory at file:/x\nCaused by: java.nio.file.AccessDeniedException: /x";
+        let op = serde_json::json!({"failure-cause": {"stack-trace": trace}});
+        assert_eq!(
+            savepoint_location("j1", Some(op))
+                .expect_err("failed")
+                .to_string(),
+            "savepoint of job j1 failed: java.util.concurrent.CompletionException: stop failed (caused by: java.io.IOException: Failed to create savepoint directory at file:/x; java.nio.file.AccessDeniedException: /x)"
         );
         let ok = savepoint_location("j1", Some(serde_json::json!({"location": "file:/sp/1"})));
         assert_eq!(ok.expect("location"), "file:/sp/1");

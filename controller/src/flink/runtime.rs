@@ -180,8 +180,16 @@ impl FlinkRuntime {
                         return Ok(());
                     }
                     let _ = self.rest.cancel(jid).await;
+                    let slots = self.rest.overview().await.map(|o| o.slots_total).ok();
+                    let most = wanted.values().copied().max().unwrap_or(0);
+                    let why = match slots {
+                        Some(s) if most > s => format!("the cluster has {s} slots"),
+                        _ => format!(
+                            "the submission ignored {OVERRIDES_KEY} (Flink 2.x applies it only to a job graph built by the client, FLINK-38770), or slots were short"
+                        ),
+                    };
                     return Err(RuntimeError::Submit(format!(
-                        "job {jid} came up at another parallelism: {} (the submission route ignored {OVERRIDES_KEY}; cancelled)",
+                        "job {jid} came up at another parallelism: {} ({why}); cancelled",
                         off.join(", ")
                     )));
                 }

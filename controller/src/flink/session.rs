@@ -537,11 +537,11 @@ impl JobSession {
                     .collect();
                 let to = decision.parallelism.clone();
                 let reason = crate::run::rescale_reason(&decision);
-                if let Some(until) = self.backoff.wait_at(now_s) {
+                if let Some(left) = self.backoff.wait_at(now_s) {
                     print(&format!(
                         "{}: RESCALE HELD: backing off for {:.0} s more after {} failed attempt(s)",
                         short(&jid),
-                        until - now_s,
+                        left,
                         self.backoff.failures()
                     ));
                     return;

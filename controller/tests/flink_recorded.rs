@@ -1,0 +1,126 @@
+//! The Flink backend's collect phase on REST answers recorded from a real Flink 2.3 session
+//! cluster running the demo job (`controller/tests/data/flink/README.md` says how): the job
+//! graph, two reads of every vertex ten seconds apart, and the source's metrics.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use streamscale_controller::flink::metrics::{self, SourceMetricIds, VertexScrape};
+use streamscale_controller::flink::rest::{JobDetails, MetricValue, VertexDetails};
+use streamscale_controller::flink::topology::{FlinkTopology, VertexRole};
+
+fn data(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/flink")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    serde_json::from_str(&data(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The source's values, read per subtask (`Source__trace.x`), as the vertex-level ids
+/// (`0.Source__trace.x`) the collector asks for.
+fn source_values(name: &str) -> Vec<MetricValue> {
+    parse::<Vec<MetricValue>>(name)
+        .into_iter()
+        .map(|m| MetricValue {
+            id: format!("0.{}", m.id),
+            value: m.value,
+        })
+        .collect()
+}
+
+fn scrapes(topo: &FlinkTopology, suffix: &str, values: &str) -> BTreeMap<String, VertexScrape> {
+    let mut out = BTreeMap::new();
+    for v in &topo.vertices {
+        let file = match v.role {
+            VertexRole::Source => format!("vertex-source{suffix}.json"),
+            _ => format!("vertex-keyed{suffix}.json"),
+        };
+        let details: VertexDetails = parse(&file);
+        let (ids, vals) = if v.role == VertexRole::Source {
+            let vals = source_values(values);
+            (
+                SourceMetricIds::from_listing(&vals),
+                metrics::metric_values(&vals),
+            )
+        } else {
+            (SourceMetricIds::default(), BTreeMap::new())
+        };
+        out.insert(
+            v.id.clone(),
+            VertexScrape {
+                details,
+                source_values: vals,
+                source_ids: ids,
+            },
+        );
+    }
+    out
+}
+
+#[test]
+fn the_demo_jobs_graph_is_a_source_feeding_a_keyed_vertex() {
+    let job: JobDetails = parse("job.json");
+    let t =
+        FlinkTopology::from_job(&job, &Default::default(), &Default::default()).expect("topology");
+    let roles: Vec<_> = t
+        .vertices
+        .iter()
+        .map(|v| (v.name.as_str(), v.role, v.max_parallelism))
+        .collect();
+    assert_eq!(
+        roles,
+        vec![
+            ("Source: trace", VertexRole::Source, 128),
+            ("count -> discard: Writer", VertexRole::Keyed, 128),
+        ]
+    );
+    assert_eq!(t.spec.edges.len(), 1);
+    assert!(job.all_running());
+    let restarting: JobDetails = parse("job-restarting.json");
+    assert!(!restarting.all_running());
+}
+
+#[test]
+fn counters_are_dated_by_when_flink_fetched_them() {
+    let job: JobDetails = parse("job.json");
+    let t =
+        FlinkTopology::from_job(&job, &Default::default(), &Default::default()).expect("topology");
+    // Read at local times 100 s and 110 s (the answers' `now` 10.1 s apart).
+    let first = metrics::sample(
+        &t,
+        &scrapes(&t, "", "source-subtask0-metric-values.json"),
+        100.0,
+        None,
+    );
+    let later = metrics::sample(
+        &t,
+        &scrapes(&t, "-later", "source-subtask0-metric-values-later.json"),
+        110.0,
+        Some(&first.sample),
+    );
+    // The first answer served counters fetched right after the job started (71 s before),
+    // the later one counters about 10 s old.
+    assert!(first.age_seconds > 60.0, "{}", first.age_seconds);
+    assert!(
+        later.age_seconds > 5.0 && later.age_seconds < 15.0,
+        "{}",
+        later.age_seconds
+    );
+    let dt = later.sample.at_seconds - first.sample.at_seconds;
+    assert!((dt - 71.05).abs() < 0.2, "{dt}");
+    // The keyed vertex was busy the whole time (overloaded at parallelism 1), not 7 times
+    // over as a delta over the 10 s between the reads would say.
+    let k = "count -> discard: Writer";
+    let (a, b) = (&first.sample.operators[k][0], &later.sample.operators[k][0]);
+    let busy = (b.busy_seconds - a.busy_seconds) / dt;
+    assert!(busy > 0.95 && busy <= 1.01, "{busy}");
+    // The source reports its backlog and its emitted records.
+    let s = &later.sample.operators["Source: trace"][0];
+    assert_eq!(s.source_backlog, Some(42_796.0));
+    assert_eq!(s.source_arrivals, Some(251_000.0 + 42_796.0));
+    assert!(later.notes.is_empty(), "{:?}", later.notes);
+}
