@@ -492,6 +492,9 @@ impl JobSession {
                 .iter()
                 .any(|(n, s)| sample.sample.operators.get(n).map(Vec::len) != Some(s.len()))
         });
+        // What the job runs now (a change made outside streamscale included): a savepoint
+        // rescale's rollback goes back to it.
+        self.handle.parallelism = self.topology.lock().await.by_name(&job.parallelism_by_id());
         if parallelism_changed {
             // Rescaled from outside (the user, Flink's own scheduler): a new deployment.
             print(&format!(
