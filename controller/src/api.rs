@@ -144,6 +144,7 @@ pub struct SavepointOutcome {
 pub struct EngineApi {
     client: reqwest::Client,
     base_url: String,
+    token: Option<String>,
 }
 
 fn truncate(mut s: String) -> String {
@@ -164,6 +165,22 @@ impl EngineApi {
         EngineApi {
             client,
             base_url: base_url.trim_end_matches('/').to_string(),
+            token: None,
+        }
+    }
+
+    /// Sends `token` as `Authorization: Bearer` on state-changing requests (an engine started
+    /// with `--auth-token-file` refuses them without it).
+    pub fn with_token(mut self, token: Option<&str>) -> EngineApi {
+        self.token = token.map(str::to_string);
+        self
+    }
+
+    /// `request` with the bearer token, when there is one.
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
         }
     }
 
@@ -252,8 +269,7 @@ impl EngineApi {
     pub async fn request_stop_with_savepoint(&self, drain: bool) -> Result<String, ApiError> {
         let url = format!("{}/v1/savepoints", self.base_url);
         let request = self
-            .client
-            .post(&url)
+            .authorized(self.client.post(&url))
             .json(&serde_json::json!({ "stop": true, "drain": drain }));
         let created: SavepointCreated = self.call("POST", request, url).await?;
         Ok(created.id)
@@ -273,8 +289,7 @@ impl EngineApi {
     ) -> Result<String, ApiError> {
         let url = format!("{}/v1/savepoints", self.base_url);
         let request = self
-            .client
-            .post(&url)
+            .authorized(self.client.post(&url))
             .json(&serde_json::json!({ "stop": true, "drain": drain, "id": id }));
         let created: SavepointCreated = self.call("POST", request, url).await?;
         Ok(created.id)
@@ -298,8 +313,7 @@ impl EngineApi {
     pub async fn dispose_savepoint(&self, id: &str) -> Result<(), ApiError> {
         let url = format!("{}/v1/savepoints/{id}", self.base_url);
         let response = self
-            .client
-            .delete(&url)
+            .authorized(self.client.delete(&url))
             .send()
             .await
             .map_err(|source| ApiError::Http {

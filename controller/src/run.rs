@@ -1305,7 +1305,14 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     shed_wanted = autoscaler.limit_plan().map_or(0.0, |lp| lp.shed_share);
                 }
                 if (shed_wanted - shed_applied).abs() > 1e-3 {
-                    match set_shed(&self.client, &engine.base_url, shed_wanted).await {
+                    match set_shed(
+                        &self.client,
+                        &engine.base_url,
+                        self.executor.runtime().auth_token(),
+                        shed_wanted,
+                    )
+                    .await
+                    {
                         Ok(n) => {
                             let why = autoscaler
                                 .limit_plan()
@@ -1909,9 +1916,17 @@ impl Signals {
 
 /// `POST BASE/v1/shed {"share": S}` (see `streamscale_engine::shed`); returns the engine's
 /// records shed so far.
-async fn set_shed(client: &reqwest::Client, base: &str, share: f64) -> Result<u64, String> {
-    let resp = client
-        .post(format!("{base}/v1/shed"))
+async fn set_shed(
+    client: &reqwest::Client,
+    base: &str,
+    token: Option<&str>,
+    share: f64,
+) -> Result<u64, String> {
+    let mut request = client.post(format!("{base}/v1/shed"));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let resp = request
         .json(&serde_json::json!({ "share": share }))
         .send()
         .await

@@ -15,6 +15,8 @@
 //!   invalid id. Once removed, `GET /v1/savepoints/{id}` answers 404.
 //! - `GET|POST /v1/shed`: load shedding at the sources ([`crate::shed`]).
 //!
+//! With a bearer token ([`crate::auth`]) every request but `GET`/`HEAD` needs it.
+//!
 //! After a stop-with-savepoint reaches a terminal status and a client has read it, the engine
 //! asks its process to exit ([`Coordinator::exit_requested`]). If a stop-with-savepoint's
 //! snapshot was taken but cannot be written, the job resumes from that snapshot in memory
@@ -360,7 +362,19 @@ impl Coordinator {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The axum router with every endpoint.
+    /// The axum router with every endpoint, state-changing requests guarded by `token` when
+    /// one is given ([`crate::auth`]).
+    pub fn router_with_auth(&self, token: Option<crate::auth::AuthToken>) -> Router {
+        match token {
+            Some(t) => self.router().layer(axum::middleware::from_fn_with_state(
+                t,
+                crate::auth::require_token,
+            )),
+            None => self.router(),
+        }
+    }
+
+    /// The axum router with every endpoint (no authentication).
     pub fn router(&self) -> Router {
         Router::new()
             .route("/metrics", get(metrics_handler))

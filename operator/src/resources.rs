@@ -165,6 +165,9 @@ pub fn engine_args(
         savepoint_dir.to_string(),
         "--bind".to_string(),
         format!("0.0.0.0:{ENGINE_PORT}"),
+        // The pod's address must be reachable by the operator and Prometheus; the engine's
+        // per-job token (a Secret) is not wired yet, so say so explicitly.
+        "--insecure-bind".to_string(),
         "--parallelism".to_string(),
         streamscale_controller::runtime::parallelism_arg(parallelism),
     ];

@@ -70,6 +70,9 @@ pub struct LocalRuntime {
     client: reqwest::Client,
     engines: Mutex<HashMap<u64, LocalEngine>>,
     next_id: AtomicU64,
+    /// The run's engine token (`None` only when it could not be made; the engines then bind
+    /// loopback without one).
+    token: Option<super::token::RunToken>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +112,16 @@ impl LocalRuntime {
             client,
             engines: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            token: match super::token::RunToken::generate(None) {
+                Ok(t) => Some(t),
+                Err((path, e)) => {
+                    tracing::warn!(
+                        "cannot make the engines' auth token ({}: {e}); they run without one, on loopback",
+                        path.display()
+                    );
+                    None
+                }
+            },
         }
     }
 
@@ -289,6 +302,9 @@ impl EngineRuntime for LocalRuntime {
             .arg(&self.savepoint_dir)
             .arg("--bind")
             .arg("127.0.0.1:0");
+        if let Some(t) = &self.token {
+            cmd.arg("--auth-token-file").arg(t.file());
+        }
         if !parallelism.is_empty() {
             cmd.arg("--parallelism").arg(parallelism_arg(parallelism));
         }
@@ -386,7 +402,8 @@ impl EngineRuntime for LocalRuntime {
         handle: &EngineHandle,
         drain: bool,
     ) -> Result<StopOutcome, RuntimeError> {
-        let api = EngineApi::new(self.client.clone(), &handle.base_url);
+        let api =
+            EngineApi::new(self.client.clone(), &handle.base_url).with_token(self.auth_token());
         match api
             .stop_with_savepoint(drain, self.timeouts.savepoint)
             .await
@@ -404,6 +421,7 @@ impl EngineRuntime for LocalRuntime {
 
     async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
         Ok(EngineApi::new(self.client.clone(), &handle.base_url)
+            .with_token(self.auth_token())
             .job()
             .await?)
     }
@@ -440,6 +458,10 @@ impl EngineRuntime for LocalRuntime {
             let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
         }
         Ok(())
+    }
+
+    fn auth_token(&self) -> Option<&str> {
+        self.token.as_ref().map(super::token::RunToken::token)
     }
 
     async fn exited(&self, handle: &EngineHandle) -> Option<RuntimeError> {

@@ -13,6 +13,7 @@ use crate::api::{ApiError, JobStatus};
 
 pub mod engine_binary;
 pub mod local;
+pub mod token;
 
 pub use local::LocalRuntime;
 
@@ -147,6 +148,12 @@ pub trait EngineRuntime: Send + Sync {
 
     /// Kills the engine at once (no savepoint).
     fn kill(&self, handle: &EngineHandle) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// The bearer token the engines of this runtime require on state-changing requests
+    /// (`streamscale_engine::auth`), `None` when they require none.
+    fn auth_token(&self) -> Option<&str> {
+        None
+    }
 
     /// `Some(description)` when the engine has exited (with its status and last error line),
     /// `None` while it is alive.

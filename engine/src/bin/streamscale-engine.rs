@@ -34,6 +34,16 @@ struct Args {
     /// Address to serve REST and metrics on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     bind: String,
+    /// File holding a bearer token that every state-changing request (stop-with-savepoint,
+    /// savepoint disposal, shed share) must carry (`Authorization: Bearer TOKEN`); reads
+    /// (`/metrics`, `/v1/job`) stay open. Default: the file named by
+    /// `STREAMSCALE_ENGINE_AUTH_TOKEN_FILE`, else none.
+    #[arg(long)]
+    auth_token_file: Option<PathBuf>,
+    /// Bind a non-loopback `--bind` address without an auth token (anyone who can reach the
+    /// port can then stop the job or delete its savepoints).
+    #[arg(long)]
+    insecure_bind: bool,
     /// Per-operator parallelism overrides: `op=N,op=N`.
     #[arg(long, value_delimiter = ',')]
     parallelism: Vec<String>,
@@ -301,6 +311,24 @@ fn run(args: Args) -> anyhow::Result<()> {
         .block_on(tokio::net::TcpListener::bind(&args.bind))
         .map_err(|e| anyhow::anyhow!("--bind {}: {e}", args.bind))?;
     let address = listener.local_addr()?;
+    let token_file = args.auth_token_file.clone().or_else(|| {
+        std::env::var_os(streamscale_engine::auth::TOKEN_FILE_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    let token = token_file
+        .as_deref()
+        .map(streamscale_engine::auth::AuthToken::from_file)
+        .transpose()?;
+    if token.is_none() && !streamscale_engine::auth::is_loopback_bind(&address) {
+        if !args.insecure_bind {
+            anyhow::bail!(
+                "--bind {}: refusing a non-loopback address without --auth-token-file (anyone who can reach it could stop the job or delete its savepoints); pass --insecure-bind to do it anyway",
+                args.bind
+            );
+        }
+        tracing::warn!(%address, "serving without an auth token on a non-loopback address (--insecure-bind): anyone who can reach it can stop the job");
+    }
     let job = Job::start(spec, restore.as_ref(), metrics.clone(), options)?;
     let mut coordinator = Coordinator::new(
         job,
@@ -316,7 +344,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         "{}",
         serde_json::json!({"event": "listening", "address": address.to_string()})
     );
-    let router = coordinator.router();
+    let router = coordinator.router_with_auth(token);
     rt.block_on(async move {
         let c = coordinator.clone();
         let shutdown = async move {
