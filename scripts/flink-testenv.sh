@@ -2,7 +2,8 @@
 # A real Apache Flink 2.3.0 standalone session cluster on loopback, for the Flink backend's
 # integration tests, plus the project's demo job (flink-jobs/trace-job).
 #
-#   scripts/flink-testenv.sh install                  fetch Flink, assemble FLINK_HOME, build the job jar
+#   scripts/flink-testenv.sh install                  fetch Flink, assemble FLINK_HOME, build the job jar,
+#                                                     and a PyFlink venv (for the PyFlink test)
 #   scripts/flink-testenv.sh start [--scheduler adaptive|default]
 #                                                     start 1 JobManager + 1 TaskManager (4 slots)
 #   scripts/flink-testenv.sh stop                     stop both (no error when not running)
@@ -132,10 +133,25 @@ build_job() {
   mv "$JAR.tmp" "$JAR"
 }
 
+# PyFlink (the apache-flink package, ~850 MB with its dependencies) in a venv of the cache, for
+# the test that runs a PyFlink job; the wheels downloaded for FLINK_HOME are reused.
+PYVENV="$CACHE/pyflink-venv"
+install_pyflink() {
+  if [[ -x "$PYVENV/bin/python" ]] && "$PYVENV/bin/python" -c 'import pyflink' 2>/dev/null; then
+    return 0
+  fi
+  log "installing PyFlink $FLINK_VERSION into $PYVENV"
+  rm -rf "$PYVENV"
+  python3 -m venv "$PYVENV" || die "python3 -m venv $PYVENV failed"
+  "$PYVENV/bin/pip" install -q --disable-pip-version-check --find-links "$CACHE/dl" \
+    "apache-flink==$FLINK_VERSION" || die "pip install apache-flink==$FLINK_VERSION failed"
+}
+
 cmd_install() {
-  need java
+  need java python3
   assemble_home
   build_job
+  install_pyflink
 }
 
 # ---------------------------------------------------------------------------------- start/stop
@@ -317,6 +333,7 @@ cmd_env() {
   echo "FLINK_REST_URL=$(rest_url)"
   echo "FLINK_SAVEPOINT_DIR=$RUN/savepoints"
   echo "FLINK_CONF_DIR=$RUN/conf"
+  echo "FLINK_PYTHON=$PYVENV/bin/python"
 }
 
 cmd_submit() {

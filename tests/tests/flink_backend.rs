@@ -8,7 +8,8 @@
 //! and keeps its keyed state; a rescale by savepoint + resubmit keeps the state under a new job
 //! id; a savepoint that cannot be written leaves the job running; a resubmission that cannot
 //! reach the new parallelism is rolled back from the same savepoint; an unreachable cluster,
-//! an unknown job and a job cancelled under the controller each end with one clear line.
+//! an unknown job and a job cancelled under the controller each end with one clear line; a
+//! PyFlink job's graph and metrics are read like any other job's.
 //!
 //! Needs `scripts/flink-testenv.sh install` (the README's test command runs it). Without it
 //! the test is skipped locally and fails with CI=true.
@@ -574,7 +575,56 @@ fn streamscale_autoscales_a_real_flink_job() {
     );
     flink.cancel_all();
 
-    // 6. An unknown job and an unreachable cluster: exit 1 and one line naming it.
+    // 6. A PyFlink job (Table API: datagen, which reports no pendingRecords, GROUP BY a key,
+    // blackhole) is as opaque to the controller as any: its graph and metrics are read.
+    let python = env.get("FLINK_PYTHON").cloned().expect("FLINK_PYTHON");
+    let host = flink.rest.trim_start_matches("http://").to_string();
+    let out = Command::new(&python)
+        .arg(root().join("flink-jobs/pyflink/keyed_count.py"))
+        .args([host.as_str(), "2000"])
+        .output()
+        .expect("run the PyFlink job");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let py_jid = text
+        .split_whitespace()
+        .skip_while(|t| *t != "JobID")
+        .nth(1)
+        .unwrap_or_else(|| {
+            panic!(
+                "no JobID from the PyFlink job: {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .to_string();
+    flink.wait_running(&py_jid);
+    let report = tmp.path().join("pyflink");
+    let (code, out, _) = streamscale_flink(
+        &[
+            &[
+                "--rest-url",
+                &flink.rest,
+                "--job",
+                &py_jid,
+                "--duration",
+                "25s",
+                "--mode",
+                "recommend",
+            ][..],
+            &FAST,
+            &["--report", report.to_str().expect("utf-8")],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("(keyed, p=1"),
+        "the GROUP BY vertex is keyed: {out}"
+    );
+    assert!(out.contains("no pendingRecords metric"), "{out}");
+    assert!(out.contains(" busy "), "live lines with rates: {out}");
+    flink.cancel_all();
+
+    // 7. An unknown job and an unreachable cluster: exit 1 and one line naming it.
     let (code, _, err) = streamscale_flink(&[
         "--rest-url",
         &flink.rest,
