@@ -290,6 +290,20 @@ fn outcomes(s: &serde_json::Value) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// `streamscale flink` on job `jid` of the test cluster for `duration`, with the fast loop
+/// settings ([`FAST`]), `extra` options and its report in `report`.
+fn autoscale(
+    rest: &str,
+    jid: &str,
+    duration: &str,
+    extra: &[&str],
+    report: &Path,
+) -> (Option<i32>, String, String) {
+    let report = report.to_str().expect("utf-8");
+    let head = ["--rest-url", rest, "--job", jid, "--duration", duration];
+    streamscale_flink(&[&head[..], &FAST, extra, &["--report", report]].concat())
+}
+
 /// Fast loop settings: the test cluster refreshes its metrics every second.
 const FAST: [&str; 8] = [
     "--interval",
@@ -367,21 +381,12 @@ fn streamscale_autoscales_a_real_flink_job() {
     };
     bound(1, 2);
     let report = tmp.path().join("inplace");
-    let (code, out, _) = streamscale_flink(
-        &[
-            &[
-                "--rest-url",
-                &flink.rest,
-                "--job",
-                &jid,
-                "--duration",
-                "75s",
-            ][..],
-            &FAST,
-            &["--settings", &settings_arg],
-            &["--report", report.to_str().expect("utf-8")],
-        ]
-        .concat(),
+    let (code, out, _) = autoscale(
+        &flink.rest,
+        &jid,
+        "75s",
+        &["--settings", &settings_arg],
+        &report,
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(
@@ -432,22 +437,16 @@ fn streamscale_autoscales_a_real_flink_job() {
         resubmit.push(a);
     }
     let report = tmp.path().join("savepoint");
-    let (code, out, _) = streamscale_flink(
+    let (code, out, _) = autoscale(
+        &flink.rest,
+        &jid,
+        "45s",
         &[
-            &[
-                "--rest-url",
-                &flink.rest,
-                "--job",
-                &jid,
-                "--duration",
-                "45s",
-            ][..],
-            &FAST,
-            &resubmit,
+            &resubmit[..],
             &["--savepoint-dir", &sp_dir, "--settings", &settings_arg],
-            &["--report", report.to_str().expect("utf-8")],
         ]
         .concat(),
+        &report,
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("rescaled by savepoint"), "{out}");
@@ -470,26 +469,20 @@ fn streamscale_autoscales_a_real_flink_job() {
     // 3. A savepoint that cannot be written: the job keeps running, same id, same parallelism.
     bound(want + 1, want + 1);
     let report = tmp.path().join("sp-failed");
-    let (code, out, _) = streamscale_flink(
+    let (code, out, _) = autoscale(
+        &flink.rest,
+        &new_jid,
+        "30s",
         &[
-            &[
-                "--rest-url",
-                &flink.rest,
-                "--job",
-                &new_jid,
-                "--duration",
-                "30s",
-            ][..],
-            &FAST,
-            &resubmit,
+            &resubmit[..],
             &[
                 "--savepoint-dir",
                 "file:///proc/streamscale-cannot-write-here",
             ],
             &["--settings", &settings_arg],
-            &["--report", report.to_str().expect("utf-8")],
         ]
         .concat(),
+        &report,
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("savepointFailed"), "{out}");
@@ -502,23 +495,17 @@ fn streamscale_autoscales_a_real_flink_job() {
     // cancelled and rolled back to the old parallelism from the same savepoint.
     bound(6, 6);
     let report = tmp.path().join("restore-failed");
-    let (code, out, _) = streamscale_flink(
+    let (code, out, _) = autoscale(
+        &flink.rest,
+        &new_jid,
+        "60s",
         &[
-            &[
-                "--rest-url",
-                &flink.rest,
-                "--job",
-                &new_jid,
-                "--duration",
-                "60s",
-            ][..],
-            &FAST,
-            &resubmit,
+            &resubmit[..],
             &["--savepoint-dir", &sp_dir, "--rescale-timeout", "20"],
             &["--settings", &settings_arg],
-            &["--report", report.to_str().expect("utf-8")],
         ]
         .concat(),
+        &report,
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("restoreFailed"), "{out}");
@@ -547,25 +534,12 @@ fn streamscale_autoscales_a_real_flink_job() {
             .output();
     });
     let report = tmp.path().join("cancelled");
-    let (code, out, _) = streamscale_flink(
-        &[
-            &[
-                "--rest-url",
-                &flink.rest,
-                "--job",
-                &rolled,
-                "--duration",
-                "60s",
-            ][..],
-            &FAST,
-            &[
-                "--mode",
-                "recommend",
-                "--report",
-                report.to_str().expect("utf-8"),
-            ],
-        ]
-        .concat(),
+    let (code, out, _) = autoscale(
+        &flink.rest,
+        &rolled,
+        "60s",
+        &["--mode", "recommend"],
+        &report,
     );
     canceller.join().expect("canceller");
     assert_eq!(code, Some(0), "{out}");
@@ -598,22 +572,12 @@ fn streamscale_autoscales_a_real_flink_job() {
         .to_string();
     flink.wait_running(&py_jid);
     let report = tmp.path().join("pyflink");
-    let (code, out, _) = streamscale_flink(
-        &[
-            &[
-                "--rest-url",
-                &flink.rest,
-                "--job",
-                &py_jid,
-                "--duration",
-                "25s",
-                "--mode",
-                "recommend",
-            ][..],
-            &FAST,
-            &["--report", report.to_str().expect("utf-8")],
-        ]
-        .concat(),
+    let (code, out, _) = autoscale(
+        &flink.rest,
+        &py_jid,
+        "25s",
+        &["--mode", "recommend"],
+        &report,
     );
     assert_eq!(code, Some(0), "{out}");
     assert!(
