@@ -12,12 +12,14 @@
 pub mod auth;
 pub mod chain;
 pub mod checkpoint;
+pub mod clock;
 pub mod key_group_load;
 pub mod keygroup;
 pub mod metrics;
 pub mod nexmark;
 pub mod operators;
 pub mod payload;
+pub mod record;
 pub mod runtime;
 pub mod savepoint;
 pub mod savepoint_disposal;

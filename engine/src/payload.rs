@@ -1,4 +1,4 @@
-//! What a [`Record`](crate::runtime::Record) carries besides its key and counters: a Nexmark
+//! What a [`Record`](crate::record::Record) carries besides its key and counters: a Nexmark
 //! event, a query's output row, or a watermark.
 //!
 //! Payloads are reference-counted so that fanning a record out to several downstream

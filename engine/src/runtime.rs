@@ -26,7 +26,7 @@ use std::io::{BufWriter, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{
     Receiver, RecvTimeoutError, Select, Sender, TryRecvError, TrySendError, bounded,
@@ -39,13 +39,16 @@ use crate::checkpoint::coordinator::{
 };
 use crate::checkpoint::gate::{Claim, SourceGate};
 use crate::checkpoint::storage::CheckpointStorage;
+use crate::clock::now_unix_us;
 use crate::key_group_load::KeyGroupLoad;
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
 use crate::metrics::{
     EngineMetrics, KeyGroupShareSeries, LocalLatencyHistogram, SourceProbe, SourceReading,
 };
+use crate::nexmark::queries::key_selector;
 use crate::nexmark::source::NexmarkGenerator;
 use crate::payload::Payload;
+pub use crate::record::Record;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
 use crate::service_time::{ServiceMoments, ServiceTimeSeries};
 use crate::spec::{JobSpec, OperatorKind};
@@ -54,25 +57,6 @@ use crate::state::{KeyedState, StateBackend, StateError, StateOwner};
 use crate::time::{EventTimeStage, StageOutput};
 use crate::trace::{RateFunction, TraceError};
 use prometheus::IntCounter;
-
-/// A record flowing between operators.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Record {
-    /// Sequence number at the source (window outputs: the key).
-    pub seq: u64,
-    /// Key.
-    pub key: u64,
-    /// Value (window outputs: the pane's sum).
-    pub value: i64,
-    /// Source records this record stands for (1, or a window pane's count).
-    pub count: u64,
-    /// Arrival time at the source, µs since the Unix epoch, from which the sink measures
-    /// end-to-end latency. Window outputs carry the firing time minus the largest delay any
-    /// of their records had on reaching the window, so latency excludes window buffering.
-    pub created_us: u64,
-    /// A Nexmark event, a query row or a watermark ([`Payload::None`] for plain sources).
-    pub payload: Payload,
-}
 
 /// Errors starting a job.
 #[derive(Debug, thiserror::Error)]
@@ -220,19 +204,6 @@ pub struct Finished {
     pub savepoint: Savepoint,
     /// Subtask failures (empty when the job ended cleanly).
     pub errors: Vec<String>,
-}
-
-/// Microseconds since the Unix epoch (0 for a clock before it): the wall clock that records'
-/// creation times and window results' stamps are read on.
-pub(crate) fn now_unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_unix_ms() -> u64 {
-    now_unix_us() / 1000
 }
 
 /// Output of one subtask: one route per downstream operator, or the next member of its chain.
@@ -2317,22 +2288,4 @@ fn chained_successor_of<'a>(
     enabled: bool,
 ) -> Option<&'a crate::spec::OperatorSpec> {
     chain::chained_successor(spec, &op.name, enabled).and_then(|n| spec.operator(n))
-}
-
-/// The key that partitions the input of an operator of kind `kind` among its subtasks.
-pub(crate) fn key_selector(kind: &OperatorKind) -> fn(&Record) -> u64 {
-    use crate::nexmark::queries::{self as q, BidKey};
-    match kind {
-        OperatorKind::EventWindow {
-            key: BidKey::Auction,
-            ..
-        } => q::key_bid_auction,
-        OperatorKind::EventWindow {
-            key: BidKey::Bidder,
-            ..
-        } => q::key_bid_bidder,
-        OperatorKind::WindowTop { .. } => q::key_window,
-        OperatorKind::Join { .. } => q::key_person,
-        _ => q::key_record,
-    }
 }

@@ -1,7 +1,7 @@
 //! What flows on a channel (data records, barriers, end of input) and the alignment of
 //! barriers at a subtask with several input channels.
 
-use crate::runtime::Record;
+use crate::record::Record;
 
 /// What a checkpoint barrier asks of the subtasks it passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

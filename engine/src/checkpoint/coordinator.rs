@@ -410,7 +410,7 @@ fn assemble(ctx: &JobContext, p: &mut Pending, ended: &Ended) -> Savepoint {
         max_parallelism: spec.max_parallelism,
         parallelism: spec.parallelism(),
         job_started_unix_ms: ctx.job_started_unix_ms,
-        created_unix_ms: crate::runtime::now_unix_ms(),
+        created_unix_ms: crate::clock::now_unix_ms(),
         sources: p
             .positions
             .iter()

@@ -15,7 +15,8 @@ use nexmark::event::Event;
 use serde::{Deserialize, Serialize};
 
 use crate::payload::{Payload, Row, Value};
-use crate::runtime::Record;
+use crate::record::Record;
+use crate::spec::OperatorKind;
 
 /// Conversion factor of Nexmark Q1 (dollars to euros).
 pub const Q1_EURO_PER_DOLLAR: f64 = 0.908;
@@ -162,4 +163,21 @@ pub fn key_record(rec: &Record) -> u64 {
 /// The record's sequence number: spreads records of a non-keyed stage over its subtasks.
 pub fn key_rebalance(rec: &Record) -> u64 {
     rec.seq
+}
+
+/// The key that partitions the input of an operator of kind `kind` among its subtasks.
+pub(crate) fn key_selector(kind: &OperatorKind) -> fn(&Record) -> u64 {
+    match kind {
+        OperatorKind::EventWindow {
+            key: BidKey::Auction,
+            ..
+        } => key_bid_auction,
+        OperatorKind::EventWindow {
+            key: BidKey::Bidder,
+            ..
+        } => key_bid_bidder,
+        OperatorKind::WindowTop { .. } => key_window,
+        OperatorKind::Join { .. } => key_person,
+        _ => key_record,
+    }
 }

@@ -23,7 +23,7 @@ use nexmark::event::Event;
 
 use super::NexmarkSourceSpec;
 use crate::payload::{Payload, Watermark};
-use crate::runtime::Record;
+use crate::record::Record;
 
 /// One source subtask's generator and watermark state.
 pub struct NexmarkGenerator {

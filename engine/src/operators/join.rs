@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::keygroup::key_group;
 use crate::nexmark::queries::key_person;
 use crate::payload::{Payload, Row, Value};
-use crate::runtime::Record;
+use crate::record::Record;
 use crate::state::KeyedState;
 use crate::time::arrivals::WindowArrivals;
 use crate::time::{StateCodecError, decode_groups, encode_groups};
@@ -209,7 +209,7 @@ impl Join {
         let Some(JoinWindow::Tumbling(size)) = self.window else {
             return;
         };
-        let now = crate::runtime::now_unix_us();
+        let now = crate::clock::now_unix_us();
         while let Some(&(end, kg, key)) = self.timers.first() {
             if end - 1 > wm {
                 break;

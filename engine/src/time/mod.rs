@@ -24,7 +24,7 @@ use std::ops::Range;
 use crate::nexmark::queries::SelectQuery;
 use crate::operators::join::{Join, JoinWindow};
 use crate::payload::Payload;
-use crate::runtime::Record;
+use crate::record::Record;
 use crate::spec::OperatorKind;
 use crate::state::KeyedState;
 use watermark::WatermarkTracker;
@@ -299,7 +299,7 @@ mod tests {
     /// the key the upstream routing partitions `kind`'s input by; returns what it emitted.
     fn check_key_groups(kind: &OperatorKind, records: Vec<Record>) -> Vec<Record> {
         let k = 128;
-        let route = crate::runtime::key_selector(kind);
+        let route = crate::nexmark::queries::key_selector(kind);
         let mut stage = EventTimeStage::for_kind(kind, &[0], 0, k, KeyedState::default())
             .unwrap()
             .unwrap();

@@ -17,7 +17,7 @@ use super::{StateCodecError, assign_windows, decode_groups, encode_groups};
 use crate::keygroup::key_group;
 use crate::nexmark::queries::{BidKey, key_bid_auction, key_bid_bidder, key_window};
 use crate::payload::{Payload, Row, Value};
-use crate::runtime::Record;
+use crate::record::Record;
 use crate::state::KeyedState;
 
 /// An event-time window assigner.
@@ -222,7 +222,7 @@ impl EventWindow {
     /// Fires every window with end − 1 ≤ `wm`, in order of window end, appending the rows,
     /// each stamped with the wall-clock time its window ended ([`WindowArrivals::stamp`]).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
-        let now = crate::runtime::now_unix_us();
+        let now = crate::clock::now_unix_us();
         while let Some(&(end, kg, key)) = self.timers.first() {
             if end.saturating_sub(1) > wm {
                 break;
@@ -402,7 +402,7 @@ impl WindowTop {
     /// Fires every window whose end − 1 ≤ `wm`: one row per top key, keys ascending, stamped
     /// with the latest stamp of the window's input rows (when its upstream windows ended).
     pub fn fire(&mut self, wm: u64, out: &mut Vec<Record>) {
-        let now = crate::runtime::now_unix_us();
+        let now = crate::clock::now_unix_us();
         while let Some(&(ts, kg)) = self.timers.first() {
             if ts > wm {
                 break;
@@ -630,7 +630,7 @@ mod tests {
             vec![(1, 0, t0 + 6_000), (2, 8, t0 + 8_000), (3, 9, t0 + 8_000)]
         );
         // From a savepoint nothing was noted: stamped with the firing time.
-        let before = crate::runtime::now_unix_us();
+        let before = crate::clock::now_unix_us();
         let mut restored = EventWindow::restore(BidKey::Auction, spec, 8, &state).unwrap();
         out.clear();
         restored.fire(u64::MAX, &mut out);
