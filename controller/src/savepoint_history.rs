@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use streamscale_engine::savepoint_disposal::{self, DisposeError};
+use streamscale_engine::savepoint::disposal::{self, DisposeError};
 
 /// Savepoints kept by default (`--keep-savepoints`), the Flink Kubernetes Operator's default
 /// `kubernetes.operator.savepoint.history.max.count`.
@@ -165,7 +165,7 @@ pub fn remove_abandoned_in_progress(dir: &Path) -> Vec<PathBuf> {
 /// Removes the oldest completed savepoints of the job named `job` in `dir` so that at most
 /// `keep` (at least 1) of them remain, never removing `running_from` (the savepoint the running
 /// engine was restored from, or the run's final savepoint: it counts towards `keep`). Each is
-/// removed as the engine disposes of one ([`savepoint_disposal::detach`]: renamed to a hidden
+/// removed as the engine disposes of one ([`disposal::detach`]: renamed to a hidden
 /// name, then deleted, so a half-removed savepoint never looks complete). Returns the removed
 /// savepoints' paths, oldest first.
 ///
@@ -189,7 +189,7 @@ pub fn prune(
         let Some(id) = old.path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
-        let detached = match savepoint_disposal::detach(dir, id, Some(running_from)) {
+        let detached = match disposal::detach(dir, id, Some(running_from)) {
             Ok(detached) => detached,
             // The one the job runs from, or gone or changed since it was listed: not removed.
             Err(

@@ -5,6 +5,8 @@
 //! where `K` is the number of key groups, so rescaling moves whole key groups and each
 //! subtask loads only the ranges it now owns.
 
+pub mod load;
+
 use std::ops::Range;
 
 /// 64-bit finalizer of MurmurHash3 (fmix64): a fast, well-mixed, deterministic hash of a key.

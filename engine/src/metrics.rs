@@ -56,11 +56,11 @@ pub struct EngineMetrics {
     /// counters, [`crate::service_time`]).
     pub service_time: crate::service_time::ServiceTimeVec,
     /// Keyed operators: the share of the subtask's recent records (decayed counts, half-life
-    /// 5 s, [`crate::key_group_load`]) that its busiest key group took, in (0, 1] (gauge;
+    /// 5 s, [`crate::keygroup::load`]) that its busiest key group took, in (0, 1] (gauge;
     /// absent for other operators and before the subtask's first record).
     pub hottest_key_group_share: GaugeVec,
     /// Keyed operators: `streamscale_key_group_share{operator, subtask, key_group}`, the
-    /// subtask's busiest [`crate::key_group_load::TOP_KEY_GROUPS`] key groups (by index) with
+    /// subtask's busiest [`crate::keygroup::load::TOP_KEY_GROUPS`] key groups (by index) with
     /// their shares of its recent records (same decayed counts), replaced as a whole at every
     /// flush, so a key group that leaves the busiest set leaves the page ([`KeyGroupShareVec`]).
     pub key_group_shares: KeyGroupShareVec,
@@ -399,12 +399,12 @@ impl Collector for LatencyHistogramVec {
 /// The keyed subtasks' busiest key groups (`streamscale_key_group_share`, a gauge family with
 /// the labels `operator`, `subtask` and `key_group`, the key group's index among the job's
 /// `maxParallelism`): one series per listed key group, with its share of the subtask's recent
-/// records ([`crate::key_group_load::KeyGroupLoad::top`]).
+/// records ([`crate::keygroup::load::KeyGroupLoad::top`]).
 ///
 /// Unlike a `GaugeVec`, a subtask's list is replaced as a whole ([`KeyGroupShareSeries::set`],
 /// at each metrics flush, one lock), so a key group that is no longer among the busiest
 /// disappears from the page and the family holds at most
-/// [`crate::key_group_load::TOP_KEY_GROUPS`] series per subtask whatever the number of key
+/// [`crate::keygroup::load::TOP_KEY_GROUPS`] series per subtask whatever the number of key
 /// groups; a subtask started again (a restart in place) starts from an empty list.
 #[derive(Clone)]
 pub struct KeyGroupShareVec {

@@ -40,7 +40,7 @@ use crate::checkpoint::coordinator::{
 use crate::checkpoint::gate::{Claim, SourceGate};
 use crate::checkpoint::storage::CheckpointStorage;
 use crate::clock::now_unix_us;
-use crate::key_group_load::KeyGroupLoad;
+use crate::keygroup::load::KeyGroupLoad;
 use crate::keygroup::{key_group, key_group_range, murmur_fmix64, subtask_for_key_group};
 use crate::metrics::{
     EngineMetrics, KeyGroupShareSeries, LocalLatencyHistogram, SourceProbe, SourceReading,

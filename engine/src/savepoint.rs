@@ -262,6 +262,7 @@ impl IndexBuilder {
     }
 }
 
+pub mod disposal;
 pub mod reader;
 mod writer;
 

@@ -8,7 +8,7 @@
 //! - `GET /v1/savepoints/{id}`: [`SavepointStatus`].
 //! - `DELETE /v1/savepoints/{id}`: disposes of the completed savepoint `DIR/ID` in the
 //!   engine's savepoint directory (Flink's savepoint disposal; rules in
-//!   [`crate::savepoint_disposal`]): 204 when removed; 404 when there is no such savepoint
+//!   [`crate::savepoint::disposal`]): 204 when removed; 404 when there is no such savepoint
 //!   (nothing named `ID`, or an entry that is not a completed savepoint: a symlink, which is
 //!   never followed, a file, or a directory without `_metadata.json`, all left in place); 409
 //!   when it is the savepoint this engine was restored from or one still pending; 400 for an
@@ -43,8 +43,8 @@ use crate::checkpoint::coordinator::{Outcome, Target};
 use crate::checkpoint::storage::CheckpointStorage;
 use crate::metrics::EngineMetrics;
 use crate::runtime::{Finished, Job, RuntimeOptions, StopKind};
+use crate::savepoint::disposal::{self, DisposeError};
 use crate::savepoint::{OperatorCounters, Savepoint};
-use crate::savepoint_disposal::{self, DisposeError};
 use crate::spec::{JobSpec, OperatorKind};
 
 /// The job's record balance, exact for any acyclic job graph: once nothing is in flight
@@ -736,11 +736,11 @@ impl Coordinator {
     }
 
     /// Disposes of the completed savepoint `id` in the savepoint directory (see
-    /// [`crate::savepoint_disposal`]) and forgets its status; returns its former path.
+    /// [`crate::savepoint::disposal`]) and forgets its status; returns its former path.
     ///
     /// # Errors
     /// [`DisposeError::Pending`] for a savepoint still being taken, and the errors of
-    /// [`savepoint_disposal::detach`] and [`savepoint_disposal::Detached::remove`].
+    /// [`disposal::detach`] and [`disposal::Detached::remove`].
     pub fn dispose(&self, id: &str) -> Result<PathBuf, DisposeError> {
         let detached = {
             let mut inner = self.lock();
@@ -752,7 +752,7 @@ impl Coordinator {
                 return Err(DisposeError::Pending { id: id.to_string() });
             }
             let restored_from = inner.restored_from.as_deref().map(std::path::Path::new);
-            let detached = savepoint_disposal::detach(&self.savepoint_dir, id, restored_from)?;
+            let detached = disposal::detach(&self.savepoint_dir, id, restored_from)?;
             inner.savepoints.remove(id);
             detached
         };
