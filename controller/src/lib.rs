@@ -17,7 +17,7 @@ pub mod api;
 pub mod causes;
 pub mod executor;
 pub mod flink;
-pub mod job_memory;
+pub mod learned_file;
 pub mod model;
 pub mod plot;
 pub mod progress;

@@ -16,7 +16,7 @@ use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::executor::{Executor, ExecutorError, RescaleBackoff, RescaleOutcome};
-use crate::job_memory::{
+use crate::learned_file::{
     HISTORY_FILE, LEARNED_FILE, claim_job_file, load_history, load_learned, save_history,
     save_learned,
 };

@@ -17,6 +17,7 @@
 //!   ConfigMap, kept across operator restarts.
 
 pub mod crd;
+pub mod learned_configmap;
 pub mod metrics;
 pub mod prometheus;
 pub mod quota;
@@ -26,4 +27,3 @@ pub mod resources;
 pub mod runtime;
 pub mod savepoint_history;
 pub mod spec_check;
-pub mod state;

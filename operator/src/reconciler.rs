@@ -45,6 +45,7 @@ use crate::crd::{
     AutoscalerMode, DecisionStatus, FINALIZER, LimitStatus, OperatorDemandStatus, Phase,
     QuotaShareStatus, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus, StreamQuota,
 };
+use crate::learned_configmap::{self, SavedState};
 use crate::metrics::Metrics;
 use crate::quota;
 use crate::rescale::{self, Action, EngineObs, Observation, Outcome, SavepointObs};
@@ -52,7 +53,6 @@ use crate::resources::{self, FIELD_MANAGER};
 use crate::runtime::{ApplyError, KubeRuntime};
 use crate::savepoint_history;
 use crate::spec_check;
-use crate::state::{self, SavedState};
 
 /// Errors of one reconcile (retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +125,7 @@ impl StateFingerprint {
 fn snapshot(job: &StreamJob, autoscaler: &Autoscaler, unix0: f64) -> SavedState {
     let h = autoscaler.rate_history();
     SavedState {
-        version: state::VERSION,
+        version: learned_configmap::VERSION,
         job: job.name_any(),
         history: (h.bin_seconds > 0.0 && (!h.bins.is_empty() || h.open.is_some()))
             .then(|| h.shifted(unix0)),
@@ -149,7 +149,7 @@ fn restore(autoscaler: &mut Autoscaler, s: &SavedState, unix0: f64) {
 /// warning Event names the problem; the job starts with nothing learned).
 async fn load_state(job: &StreamJob, ctx: &Context) -> Option<SavedState> {
     let ns = job.namespace().unwrap_or_else(|| "default".into());
-    let name = state::configmap_name(job);
+    let name = learned_configmap::configmap_name(job);
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
     let cm = match cms.get_opt(&name).await {
         Ok(cm) => cm?,
@@ -158,8 +158,10 @@ async fn load_state(job: &StreamJob, ctx: &Context) -> Option<SavedState> {
             return None;
         }
     };
-    let text = cm.data.and_then(|mut d| d.remove(state::STATE_KEY))?;
-    match state::decode(&name, &text, &job.name_any()) {
+    let text = cm
+        .data
+        .and_then(|mut d| d.remove(learned_configmap::STATE_KEY))?;
+    match learned_configmap::decode(&name, &text, &job.name_any()) {
         Ok(s) => {
             if let Some(s) = &s {
                 tracing::info!(
@@ -188,10 +190,10 @@ async fn load_state(job: &StreamJob, ctx: &Context) -> Option<SavedState> {
 /// Writes the job's state ConfigMap (server-side apply, owned by the StreamJob).
 async fn save_state(job: &StreamJob, ctx: &Context, text: String) -> Result<(), String> {
     let ns = job.namespace().unwrap_or_else(|| "default".into());
-    let cm = state::configmap(job, text).map_err(|e| e.to_string())?;
+    let cm = learned_configmap::configmap(job, text).map_err(|e| e.to_string())?;
     Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
         .patch(
-            &state::configmap_name(job),
+            &learned_configmap::configmap_name(job),
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&cm),
         )
@@ -861,8 +863,8 @@ async fn autoscale(job: &StreamJob, ctx: &Context, rt: &KubeRuntime, status: &mu
         let verdict = m.autoscaler.decide(now_s, &window, &spec);
         let snap = snapshot(job, &m.autoscaler, ctx.unix0);
         let fp = StateFingerprint::of(&snap);
-        let to_save =
-            (m.saved.as_ref() != Some(&fp) && !fp.is_empty()).then(|| (fp, state::encode(&snap)));
+        let to_save = (m.saved.as_ref() != Some(&fp) && !fp.is_empty())
+            .then(|| (fp, learned_configmap::encode(&snap)));
         (
             verdict,
             m.autoscaler.limit_plan().cloned(),

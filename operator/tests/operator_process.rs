@@ -2061,23 +2061,25 @@ async fn quota_scenario(tag: &str, shed: Option<f64>) {
 }
 
 /// The job's `NAME-autoscaler` ConfigMap, decoded.
-async fn saved_state(world: &World) -> Option<streamscale_operator::state::SavedState> {
+async fn saved_state(world: &World) -> Option<streamscale_operator::learned_configmap::SavedState> {
     Some(saved_state_version(world).await?.1)
 }
 
 /// The job's `NAME-autoscaler` ConfigMap's resourceVersion and its state, decoded.
 async fn saved_state_version(
     world: &World,
-) -> Option<(String, streamscale_operator::state::SavedState)> {
+) -> Option<(String, streamscale_operator::learned_configmap::SavedState)> {
     let cm = Api::<ConfigMap>::namespaced(world.admin.clone(), &world.ns)
         .get_opt(&format!("{JOB}-autoscaler"))
         .await
         .ok()??;
     let version = cm.metadata.resource_version.clone()?;
-    let text = cm.data?.remove(streamscale_operator::state::STATE_KEY)?;
+    let text = cm
+        .data?
+        .remove(streamscale_operator::learned_configmap::STATE_KEY)?;
     Some((
         version,
-        streamscale_operator::state::decode("cm", &text, JOB).ok()??,
+        streamscale_operator::learned_configmap::decode("cm", &text, JOB).ok()??,
     ))
 }
 
@@ -2085,8 +2087,8 @@ async fn saved_state_version(
 async fn wait_state(
     world: &World,
     what: &str,
-    done: impl Fn(&streamscale_operator::state::SavedState) -> bool,
-) -> streamscale_operator::state::SavedState {
+    done: impl Fn(&streamscale_operator::learned_configmap::SavedState) -> bool,
+) -> streamscale_operator::learned_configmap::SavedState {
     let start = Instant::now();
     loop {
         let s = saved_state(world).await;

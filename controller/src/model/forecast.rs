@@ -41,7 +41,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::{ForecastMode, ForecastSpec, JobSpec, OperatorKind};
 
-use super::fmtfast::Fixed;
+use super::float_text::Fixed;
 use super::sample::MetricSample;
 
 /// Level smoothing constant α.

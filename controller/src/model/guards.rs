@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
-use super::fmtfast::{Fixed, cat};
+use super::float_text::{Fixed, cat};
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::learn::ScalabilityTracker;
 use super::planner::{Decision, JobGraph, Model, OperatorPlan, PlannerSettings};

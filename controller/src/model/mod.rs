@@ -21,7 +21,7 @@
 //! Units everywhere: rates in records/s, times in seconds, backlogs in records.
 
 pub mod estimate;
-mod fmtfast;
+mod float_text;
 pub mod forecast;
 pub mod guards;
 pub mod learn;

@@ -27,7 +27,7 @@ use streamscale_engine::spec::{AutoscalerSpec, JobSpec, UnattainableSlo};
 
 use super::ModelError;
 use super::estimate::{KeyGroupLists, OperatorEstimate, SubtaskFigures, estimate_flat};
-use super::fmtfast::{Fixed, Short, cat};
+use super::float_text::{Fixed, Short, cat};
 use super::learn::{Observed, ScalabilityTracker};
 use super::network::Topology;
 use super::queueing::{

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::{LimitsSpec, OnLimit};
 
-use super::fmtfast::Fixed;
+use super::float_text::Fixed;
 use super::planner::Decision;
 
 /// The limit decision for one job. Rates in records/s at the sources.

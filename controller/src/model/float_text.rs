@@ -162,7 +162,7 @@ fn push_buf(s: &mut String, negative: bool, buf: &[u8]) {
 macro_rules! cat {
     ($s:expr; $($x:expr),* $(,)?) => {{
         let s: &mut String = $s;
-        $( $crate::model::fmtfast::PushText::push_to(&$x, s); )*
+        $( $crate::model::float_text::PushText::push_to(&$x, s); )*
     }};
 }
 pub(crate) use cat;
