@@ -13,7 +13,7 @@
 //!   which old ones are disposed of (pure).
 //! * [`spec_check`]: the engine's job-file validation applied to `spec.job` before it is
 //!   planned or deployed.
-//! * [`state`]: the autoscaler's learned state (rate history, scalability factors) in a
+//! * [`learned_configmap`]: the autoscaler's learned state (rate history, scalability factors) in a
 //!   ConfigMap, kept across operator restarts.
 
 pub mod crd;
