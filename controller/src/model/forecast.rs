@@ -555,7 +555,7 @@ pub fn scale_arrivals(window: &[MetricSample], spec: &JobSpec, factor: f64) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::guards::{Autoscaler, Verdict};
+    use crate::model::autoscaler::{Autoscaler, Verdict};
     use crate::model::sample::SubtaskSample;
     use crate::model::testutil::job;
     use proptest::prelude::*;

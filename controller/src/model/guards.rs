@@ -1,5 +1,5 @@
-//! Guards: a pure policy wrapper around [`plan`](super::planner::plan) that decides *when* a
-//! plan may be applied.
+//! Guards: the rules by which [`Autoscaler`](super::autoscaler::Autoscaler) decides *when* a
+//! plan of [`plan`](super::planner::plan) may be applied, their settings and their memory.
 //!
 //! Guards, in order: enough samples and history; a stabilization period after every (re)start
 //! (warm-up metrics are not representative, as DS2 and the Flink autoscaler note); no
@@ -20,11 +20,8 @@ use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
 use super::float_text::{Fixed, cat};
-use super::forecast::{self, ForecastConfig, RateHistory};
-use super::learn::ScalabilityTracker;
-use super::planner::{Decision, JobGraph, Model, OperatorPlan, PlannerSettings};
+use super::planner::{Decision, Model, OperatorPlan, PlannerSettings};
 use super::sample::MetricSample;
-use super::shed::{LimitPlan, limit_plan};
 
 /// Guard settings. Times in seconds, backlogs in records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,512 +105,18 @@ pub struct GuardState {
 }
 
 /// The budget's window: `autoscaler.maxRescalesPerHour` counts the rescales of the last hour.
-const BUDGET_WINDOW_S: f64 = 3600.0;
-
-/// What to do now.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Verdict {
-    /// Rescale the job to `parallelism` of the decision (guards already applied).
-    Rescale(Decision),
-    /// Keep the current parallelism.
-    Hold {
-        /// Why, in words.
-        reason: String,
-        /// The planner's unguarded decision, when one was computed.
-        recommendation: Option<Decision>,
-    },
-}
-
-/// The guarded autoscaling policy: [`plan`](super::planner::plan) plus the guards in the
-/// module docs. Pure: state changes only through its methods, time only through arguments.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Autoscaler {
-    settings: GuardSettings,
-    state: GuardState,
-    cache: GraphCache,
-    /// Scalability factors and ineffective-scaling flags learned from past rescales.
-    learned: ScalabilityTracker,
-    /// The job's input-rate history for forecasting ([`super::forecast`]).
-    history: RateHistory,
-    /// The limit decision of the last call ([`super::shed`]), when a limit bound.
-    limit: Option<LimitPlan>,
-    /// Whether the last call's verdict depended on the guards' history (the scale-down
-    /// lookback limited a scale-down, or the rescale budget held a rescale).
-    used_history: bool,
-}
-
-/// The job graph's derived model from the last call, reused while the spec's graph (operators,
-/// kinds, scaling bounds, edges, maxParallelism) is unchanged. A pure memo: it never changes a
-/// decision, so it takes no part in equality.
-#[derive(Debug, Clone, Default)]
-struct GraphCache(Option<Arc<JobGraph>>);
-
-impl PartialEq for GraphCache {
-    fn eq(&self, _: &GraphCache) -> bool {
-        true
-    }
-}
-
-impl GraphCache {
-    fn get(&mut self, spec: &JobSpec) -> Result<Arc<JobGraph>, ModelError> {
-        if let Some(g) = self.0.as_ref().filter(|g| g.matches(spec)) {
-            return Ok(Arc::clone(g));
-        }
-        let g = Arc::new(JobGraph::new(spec)?.with_templates());
-        self.0 = Some(Arc::clone(&g));
-        Ok(g)
-    }
-}
-
-fn hold(reason: String) -> Verdict {
-    Verdict::Hold {
-        reason,
-        recommendation: None,
-    }
-}
-
-impl Autoscaler {
-    /// A policy with these settings and a fresh state (no restart reported yet: no
-    /// stabilization wait until [`Autoscaler::restarted`] is called).
-    pub fn new(settings: GuardSettings) -> Autoscaler {
-        Autoscaler {
-            settings,
-            state: GuardState::default(),
-            cache: GraphCache::default(),
-            learned: ScalabilityTracker::default(),
-            history: RateHistory::default(),
-            limit: None,
-            used_history: false,
-        }
-    }
-
-    /// Whether the last [`Autoscaler::decide`] depended on the guards' history: the scale-down
-    /// lookback limited a scale-down or the rescale budget held a rescale back. A verdict
-    /// that did not is a function of the window and the settings alone.
-    pub fn used_history(&self) -> bool {
-        self.used_history
-    }
-
-    /// Records, at `now_s`, the planner's recommendation (parallelism per operator, in name
-    /// order, the order of [`Decision::parallelism`]) of a decision made again without calling
-    /// [`Autoscaler::decide`] (a caller that knows the window repeats one already decided), so
-    /// that the scale-down lookback sees it as if it had been made.
-    pub fn repeat_recommendation(&mut self, now_s: f64, recommended: &[u32], spec: &JobSpec) {
-        let lookback = spec.autoscaler.scale_down_lookback_seconds;
-        let names: Vec<String> = self.state.recommended.keys().cloned().collect();
-        if names.len() != recommended.len() {
-            return;
-        }
-        for (name, &p) in names.iter().zip(recommended) {
-            remember(&mut self.state.recommended, name, now_s, p, lookback);
-        }
-    }
-
-    /// The limit decision of the last [`Autoscaler::decide`] (capacity, load, shed share under
-    /// `autoscaler.limits`), `None` when no limit bound or no plan was made. See [`super::shed`].
-    pub fn limit_plan(&self) -> Option<&LimitPlan> {
-        self.limit.as_ref()
-    }
-
-    /// The input-rate history the forecast learns from (see [`super::forecast`]); persist it
-    /// and hand it back with [`Autoscaler::set_rate_history`] after a restart.
-    pub fn rate_history(&self) -> &RateHistory {
-        &self.history
-    }
-
-    /// Replaces the input-rate history (e.g. one loaded from a file, moved to this clock with
-    /// [`RateHistory::shifted`]).
-    pub fn set_rate_history(&mut self, history: RateHistory) {
-        self.history = history;
-    }
-
-    /// The settings.
-    pub fn settings(&self) -> &GuardSettings {
-        &self.settings
-    }
-
-    /// The guards' memory.
-    pub fn state(&self) -> &GuardState {
-        &self.state
-    }
-
-    /// What was learned from past rescales: per-operator scalability factors (measured μ per
-    /// subtask / predicted, smoothed, within [0.25, 1.5]) and ineffective-scaling flags. See
-    /// [`super::learn`].
-    pub fn scalability(&self) -> &ScalabilityTracker {
-        &self.learned
-    }
-
-    /// Replaces what was learned from past rescales (e.g. one persisted before a restart).
-    pub fn set_scalability(&mut self, learned: ScalabilityTracker) {
-        self.learned = learned;
-    }
-
-    /// Reports that the job (re)started at `now_s` (seconds): starts the stabilization period
-    /// and forgets pending scale-downs (they were measured on the old deployment).
-    pub fn restarted(&mut self, now_s: f64) {
-        self.state.last_restart_s = Some(now_s);
-        self.state.pending_scale_downs.clear();
-    }
-
-    /// Records the measured downtime (seconds) of a completed rescale. The planner then sizes
-    /// scale-ups to drain the backlog a rescale creates (downtime × γ) within the catch-up
-    /// time, using an exponentially weighted mean (weight 0.5) of the measured downtimes.
-    pub fn observe_rescale_downtime(&mut self, seconds: f64) {
-        if !(seconds.is_finite() && seconds >= 0.0) {
-            return;
-        }
-        let planner = &mut self.settings.planner;
-        planner.rescale_downtime_seconds = Some(match planner.rescale_downtime_seconds {
-            Some(prev) => 0.5 * prev + 0.5 * seconds,
-            None => seconds,
-        });
-    }
-
-    /// Decides at `now_s` (seconds) from a metric window (oldest first) of the job `spec`.
-    /// Never fails: every problem (too little data, a planning error) is a
-    /// [`Verdict::Hold`] with the reason.
-    ///
-    /// An incomplete metric set (an operator or subtask missing from a scrape, a counter
-    /// reset, a source without `source_backlog`/`source_arrivals`, an invalid value) is planned
-    /// from the complete samples only (the offending scrape dropped; after a reset, the samples
-    /// from the reset on) when at least two remain, and then allows no scale-down; the reason
-    /// names what was missing ("incomplete metrics (...)"). Missing backlog is never read as 0.
-    ///
-    /// Every call that gets as far as a model also feeds the learned correction
-    /// ([`super::learn`]): a change of an operator's observed parallelism since the previous
-    /// call is taken as a rescale, its measured μ per subtask is compared with the prediction,
-    /// the operator's scalability factor is updated and applied to this decision, and an
-    /// operator whose total capacity did not grow is flagged "ineffective scaling" in the
-    /// reasons and not scaled up again until its μ or input changes by more than 20%.
-    pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
-        let g = &self.settings;
-        self.used_history = false;
-        // Forecasting (`autoscaler.forecast`): every window feeds the rate history; with mode
-        // `on` a usable forecast above the measured rate raises the sources' rates planned for.
-        self.limit = None;
-        let fc = ForecastConfig::of(spec);
-        if let Some(cfg) = &fc {
-            self.history.observe(cfg, window, spec);
-        }
-        if window.len() < g.min_samples.max(2) {
-            return hold(format!(
-                "waiting for data: {} metric samples, need {}",
-                window.len(),
-                g.min_samples.max(2)
-            ));
-        }
-        let span = window[window.len() - 1].at_seconds - window[0].at_seconds;
-        if span.is_nan() || span < g.window_seconds {
-            return hold(format!(
-                "waiting for data: the window spans {span:.1} s, need {} s",
-                g.window_seconds
-            ));
-        }
-        if let Some(t) = self.state.last_restart_s {
-            let since = now_s - t;
-            if since < g.stabilization_seconds {
-                return hold(format!(
-                    "stabilizing: {since:.1} s since the last (re)start, need {} s",
-                    g.stabilization_seconds
-                ));
-            }
-        }
-        let graph = match self.cache.get(spec) {
-            Ok(graph) => graph,
-            Err(e) => return hold(format!("cannot plan: {e}")),
-        };
-        let advice = fc.as_ref().and_then(|cfg| {
-            let measured = forecast::measured_rate(window, spec)?;
-            let downtime = g.planner.rescale_downtime_seconds.unwrap_or(0.0);
-            Some(self.history.advise(cfg, now_s, measured, downtime))
-        });
-        // A usable forecast scales the sources' arrivals in the window
-        // ([`forecast::scale_arrivals`]); the model reads them scaled in place, and the scaled
-        // copy is made only when an incomplete window is repaired from it.
-        let factor = advice.as_ref().and_then(|a| a.factor);
-        // An incomplete metric set (a subtask or operator missing from a scrape, a counter
-        // reset, a source without a backlog figure) is planned from the complete samples only,
-        // and then may scale up but never down: a missing figure is not read as zero.
-        let mut repaired: Option<Vec<MetricSample>> = None;
-        let mut incomplete: Vec<String> = Vec::new();
-        let mut model = loop {
-            let (w, scale) = match &repaired {
-                Some(kept) => (kept.as_slice(), None),
-                None => (window, factor),
-            };
-            match Model::with_graph(Arc::clone(&graph), spec, w, scale, &g.planner) {
-                Ok(m) => break m,
-                Err(e) => {
-                    let scaled;
-                    let w = match scale {
-                        Some(f) => {
-                            scaled = forecast::scale_arrivals(w, spec, f);
-                            scaled.as_slice()
-                        }
-                        None => w,
-                    };
-                    let Some(kept) = drop_incomplete(w, &e) else {
-                        return hold(format!("cannot plan: {e}"));
-                    };
-                    let span = kept.last().map_or(0.0, |l| l.at_seconds)
-                        - kept.first().map_or(0.0, |f| f.at_seconds);
-                    if kept.len() < 2 || span.is_nan() || span <= 0.0 {
-                        return hold(format!(
-                            "cannot plan: {e}; fewer than 2 complete metric samples remain"
-                        ));
-                    }
-                    incomplete.push(e.to_string());
-                    repaired = Some(kept);
-                }
-            }
-        };
-        let learned_notes = {
-            let (now, by_name) = model.observed_ordered();
-            self.learned.observe_ordered(&now, &by_name)
-        };
-        model.apply_learned(&self.learned);
-        let mut planned = model.plan();
-        planned.reasons.extend(learned_notes);
-        planned.reasons.extend(advice.map(|a| a.note));
-        // Limits (`autoscaler.limits`): a subtask quota caps the plan; beyond max parallelism
-        // or the quota, hold at the limit or shed the excess at the sources.
-        self.limit = spec.autoscaler.limits.as_ref().and_then(|lim| {
-            let mins = spec
-                .operators
-                .iter()
-                .map(|o| (o.name.clone(), o.scaling.min.unwrap_or(1)))
-                .collect();
-            limit_plan(&planned, lim, &mins)
-        });
-        if let Some(lp) = &self.limit {
-            planned.parallelism.clone_from(&lp.parallelism);
-            planned.reasons.push(lp.reason.clone());
-        }
-        let incomplete = (!incomplete.is_empty()).then(|| {
-            let used = repaired.as_ref().map_or(window.len(), Vec::len);
-            let why = format!(
-                "incomplete metrics ({}); planned from {used} of {} samples, scale-ups only",
-                incomplete.join("; "),
-                window.len()
-            );
-            planned.reasons.push(why.clone());
-            why
-        });
-
-        let mut backlogged = unknown_backlogs(spec, window, &mut planned);
-        for (n, s) in &planned.sources {
-            if s.backlog_records > g.backlog_threshold_records.unwrap_or(s.arrival_rate) {
-                if !backlogged.is_empty() {
-                    backlogged.push_str(", ");
-                }
-                let _ = write!(backlogged, "{n} ({} records)", Fixed(s.backlog_records, 0));
-            }
-        }
-
-        // The guarded parallelism, edited in the plan's own map; the plan's values are kept
-        // in name order and put back when the plan is returned as the recommendation of a hold.
-        let recommended: Vec<u32> = planned.parallelism.values().copied().collect();
-        let lookback = spec.autoscaler.scale_down_lookback_seconds;
-        if lookback > 0.0 {
-            for (name, &p) in &planned.parallelism {
-                let steady = planned
-                    .operators
-                    .get(name.as_str())
-                    .map_or(p, |o| steady_need(o, planned.target_utilization).min(p));
-                remember(&mut self.state.recommended, name, now_s, steady, lookback);
-            }
-        }
-        let guarded = &mut planned.parallelism;
-        let mut notes = Vec::new();
-        if !self.state.pending_scale_downs.is_empty() {
-            self.state
-                .pending_scale_downs
-                .retain(|k, _| guarded.contains_key(k));
-        }
-        // `guarded` and `planned.current` are both in name order: one merge finds each
-        // operator's current parallelism (what `get` would).
-        let mut currents = planned.current.iter().peekable();
-        for (name, new) in guarded.iter_mut() {
-            while currents.next_if(|(k, _)| &***k < name.as_str()).is_some() {}
-            let Some((_, &cur)) = currents.next_if(|(k, _)| &***k == name.as_str()) else {
-                continue;
-            };
-            if *new >= cur {
-                if !self.state.pending_scale_downs.is_empty() {
-                    self.state.pending_scale_downs.remove(name);
-                }
-                if *new - cur > 0 && *new - cur < g.min_change_subtasks {
-                    notes.push((name.clone(), change_note("scale-up", cur, *new, IGNORED)));
-                    *new = cur;
-                }
-                continue;
-            }
-            let drop = cur - *new;
-            if drop < g.min_change_subtasks
-                || f64::from(drop) / f64::from(cur) < g.min_scale_down_fraction
-            {
-                self.state.pending_scale_downs.remove(name);
-                notes.push((name.clone(), change_note("scale-down", cur, *new, IGNORED)));
-                *new = cur;
-                continue;
-            }
-            // Scale-down lookback: no lower than the highest recommendation of the lookback.
-            if let Some(highest) = self
-                .state
-                .recommended
-                .get(name)
-                .and_then(|h| h.front())
-                .map(|&(_, p)| p)
-                .filter(|&p| p > *new)
-            {
-                self.used_history = true;
-                let floor = highest.min(cur);
-                if floor == cur {
-                    self.state.pending_scale_downs.remove(name);
-                    notes.push((
-                        name.clone(),
-                        format!(
-                            "no scale-down {cur}→{new}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
-                            Fixed(lookback, 0)
-                        ),
-                    ));
-                    *new = cur;
-                    continue;
-                }
-                notes.push((
-                    name.clone(),
-                    format!(
-                        "scale-down {cur}→{new} limited to {floor}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
-                        Fixed(lookback, 0)
-                    ),
-                ));
-                *new = floor;
-            }
-            if let Some(why) = &incomplete {
-                self.state.pending_scale_downs.remove(name);
-                notes.push((
-                    name.clone(),
-                    change_note("no scale-down", cur, *new, &[": ", why.as_str()]),
-                ));
-                *new = cur;
-                continue;
-            }
-            if !backlogged.is_empty() && !model.scale_back_keeps_capacity(name, *new) {
-                self.state.pending_scale_downs.remove(name);
-                let why = [" while sources have a backlog: ", backlogged.as_str()];
-                notes.push((name.clone(), change_note("no scale-down", cur, *new, &why)));
-                *new = cur;
-                continue;
-            }
-            let pending = self
-                .state
-                .pending_scale_downs
-                .entry(name.clone())
-                .or_insert(PendingScaleDown {
-                    since_s: now_s,
-                    highest: *new,
-                    settled_s: None,
-                });
-            // This window began at now − span: at or after `since_s` it holds no sample from
-            // before the load dropped, so its recommendation is the settled one.
-            if (now_s - span >= pending.since_s || g.scale_down_delay_seconds <= 0.0)
-                && pending.settled_s.is_none()
-            {
-                pending.settled_s = Some(now_s);
-                pending.highest = *new;
-            }
-            pending.highest = pending.highest.max(*new);
-            let waited = now_s - pending.since_s;
-            let settled_for = pending.settled_s.map(|s| now_s - s);
-            if settled_for.is_some_and(|s| s >= g.scale_down_delay_seconds) {
-                notes.push((name.clone(), format!(
-                    "scale-down wanted for {waited:.1} s; applying the highest recommendation over the last {} s of windows that began after it was first wanted, {}",
-                    Fixed(settled_for.unwrap_or(0.0), 1),
-                    pending.highest
-                )));
-                *new = pending.highest;
-                self.state.pending_scale_downs.remove(name);
-            } else {
-                notes.push((
-                    name.clone(),
-                    match settled_for {
-                        Some(s) => format!(
-                            "scale-down {cur}→{new} delayed ({s:.1} of {} s in windows that began after it was first wanted {waited:.1} s ago)",
-                            g.scale_down_delay_seconds
-                        ),
-                        None => format!(
-                            "scale-down {cur}→{new} delayed (wanted for {waited:.1} s; waiting for a metric window that began after that, then {} s)",
-                            g.scale_down_delay_seconds
-                        ),
-                    },
-                ));
-                *new = cur;
-            }
-        }
-        let changed = planned
-            .parallelism
-            .iter()
-            .any(|(k, p)| planned.current.get(k.as_str()) != Some(p));
-        let notes: Vec<(String, String)> = notes;
-        if changed
-            && let Some(why) =
-                over_budget(&mut self.state.rescales_s, now_s, &model, &planned, spec)
-        {
-            self.used_history = true;
-            restore(&mut planned.parallelism, &recommended);
-            return Verdict::Hold {
-                reason: why,
-                recommendation: Some(planned),
-            };
-        }
-        let worth = if changed {
-            rescale_worth_its_cost(&model, &planned, &planned.parallelism, g)
-        } else {
-            Ok(String::new())
-        };
-        let worth = match worth {
-            Ok(note) => note,
-            Err(why) => {
-                restore(&mut planned.parallelism, &recommended);
-                return Verdict::Hold {
-                    reason: why,
-                    recommendation: Some(planned),
-                };
-            }
-        };
-        if changed {
-            let mut d = planned;
-            append_guard_notes(&mut d.operators, &notes);
-            model.refresh_planned(&mut d);
-            d.reasons.extend(notes.iter().map(|(op, n)| op_note(op, n)));
-            d.reasons.push(worth);
-            if spec.autoscaler.max_rescales_per_hour > 0 {
-                self.state.rescales_s.push_back(now_s);
-            }
-            Verdict::Rescale(d)
-        } else {
-            restore(&mut planned.parallelism, &recommended);
-            Verdict::Hold {
-                reason: if notes.is_empty() {
-                    "the plan keeps the current parallelism".to_string()
-                } else {
-                    let list: Vec<String> = notes.iter().map(|(op, n)| op_note(op, n)).collect();
-                    format!("no change after guards: {}", list.join("; "))
-                },
-                recommendation: Some(planned),
-            }
-        }
-    }
-}
+pub(super) const BUDGET_WINDOW_S: f64 = 3600.0;
 
 /// Sources that export no backlog figure in the window ([`super::estimate::sources_without_backlog`]):
 /// planned from their arrivals, so the plan's figure is unknown, not 0 records. Their backlog
 /// in `planned` becomes NaN (`null` in JSON), their reason says "backlog unknown", one reason
 /// says why; returns them listed as the backlog guard lists backlogged sources (no scale-down
 /// while a backlog is unknown). Empty for sources that report it (the usual case).
-fn unknown_backlogs(spec: &JobSpec, window: &[MetricSample], planned: &mut Decision) -> String {
+pub(super) fn unknown_backlogs(
+    spec: &JobSpec,
+    window: &[MetricSample],
+    planned: &mut Decision,
+) -> String {
     let unknown = super::estimate::sources_without_backlog(spec, window);
     let mut listed = String::new();
     for n in &unknown {
@@ -646,7 +149,7 @@ fn unknown_backlogs(spec: &JobSpec, window: &[MetricSample], planned: &mut Decis
 /// latency bound within the SLO); a job falling behind is rescaled whatever the budget.
 /// `times` are the rescales decided so far ([`GuardState::rescales_s`]); those older than an
 /// hour are dropped from it.
-fn over_budget(
+pub(super) fn over_budget(
     times: &mut VecDeque<f64>,
     now_s: f64,
     model: &Model,
@@ -680,7 +183,7 @@ fn over_budget(
 /// the target utilization `rho`: ⌈λ_steady / (ρ · μ)⌉, at least 1; its planned parallelism
 /// when μ is unknown. What the scale-down lookback remembers: a scale-up sized to drain a
 /// spike's backlog does not hold the job at that size for the whole lookback.
-fn steady_need(o: &OperatorPlan, rho: f64) -> u32 {
+pub(super) fn steady_need(o: &OperatorPlan, rho: f64) -> u32 {
     match o.true_processing_rate {
         Some(mu) if mu > 0.0 && rho > 0.0 => {
             let x = o.steady_arrival_rate / (rho * mu);
@@ -697,7 +200,7 @@ fn steady_need(o: &OperatorPlan, rho: f64) -> u32 {
 /// Adds the recommendation `p` of operator `name` at `now_s` to the sliding-window maximum of
 /// `lookback` seconds (see [`GuardState::recommended`]): drops what is older than the
 /// lookback and what `p` dominates.
-fn remember(
+pub(super) fn remember(
     recommended: &mut BTreeMap<String, VecDeque<(f64, u32)>>,
     name: &str,
     now_s: f64,
@@ -718,12 +221,12 @@ fn remember(
 }
 
 /// The end of a guard's note on a change below the change threshold.
-const IGNORED: &[&str] = &[" below the change threshold, ignored"];
+pub(super) const IGNORED: &[&str] = &[" below the change threshold, ignored"];
 
 /// A guard's note on a change of one operator's parallelism: `"{what} {cur}→{new}"` and then
 /// the pieces of `rest`; the text of `format!` without its machinery (a decision of a large
 /// job writes one per operator the guards hold).
-fn change_note(what: &str, cur: u32, new: u32, rest: &[&str]) -> String {
+pub(super) fn change_note(what: &str, cur: u32, new: u32, rest: &[&str]) -> String {
     let mut s =
         String::with_capacity(what.len() + 24 + rest.iter().map(|r| r.len()).sum::<usize>());
     cat!(&mut s; what, " ", cur, "→", new);
@@ -735,7 +238,7 @@ fn change_note(what: &str, cur: u32, new: u32, rest: &[&str]) -> String {
 
 /// Appends each guard note (operator, note; in name order, as the guards make them) to its
 /// operator's reason: one merge of the two name-ordered lists instead of a lookup per note.
-fn append_guard_notes(
+pub(super) fn append_guard_notes(
     operators: &mut BTreeMap<Arc<str>, OperatorPlan>,
     notes: &[(String, String)],
 ) {
@@ -753,7 +256,7 @@ fn append_guard_notes(
 }
 
 /// `"{op}: {note}"`, a guard's note as one of the decision's reasons.
-fn op_note(op: &str, note: &str) -> String {
+pub(super) fn op_note(op: &str, note: &str) -> String {
     let mut s = String::with_capacity(op.len() + 2 + note.len());
     s.push_str(op);
     s.push_str(": ");
@@ -763,7 +266,7 @@ fn op_note(op: &str, note: &str) -> String {
 
 /// Puts the plan's parallelism back into `parallelism` after the guards edited it in place:
 /// `values` are its values in name order from before the edit (the keys are never changed).
-fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
+pub(super) fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
     for (p, &v) in parallelism.values_mut().zip(values) {
         *p = v;
     }
@@ -789,7 +292,7 @@ fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
 ///   counts H as well, and its reason says the SLO stays unmet.
 /// * Scale-down: the benefit is the subtask-seconds saved over H, (P_now − P_new)·H; the cost
 ///   is the whole job's output for D + T seconds, P_now·(D + T) subtask-seconds.
-fn rescale_worth_its_cost(
+pub(super) fn rescale_worth_its_cost(
     model: &Model,
     planned: &Decision,
     guarded: &BTreeMap<String, u32>,
@@ -880,7 +383,10 @@ fn rescale_worth_its_cost(
 /// drops the scrape that lacks an operator, a subtask, a source's backlog or arrivals, or has an
 /// invalid value; after a counter reset keeps the samples from the reset on. `None` when `err`
 /// is not about incomplete metrics (nothing to repair).
-fn drop_incomplete(window: &[MetricSample], err: &ModelError) -> Option<Vec<MetricSample>> {
+pub(super) fn drop_incomplete(
+    window: &[MetricSample],
+    err: &ModelError,
+) -> Option<Vec<MetricSample>> {
     let drop_one = |k: usize| -> Vec<MetricSample> {
         window
             .iter()
@@ -903,6 +409,7 @@ fn drop_incomplete(window: &[MetricSample], err: &ModelError) -> Option<Vec<Metr
 
 #[cfg(test)]
 mod tests {
+    use super::super::autoscaler::{Autoscaler, Verdict};
     use super::*;
     use crate::model::sample::SubtaskSample;
     use crate::model::testutil::{Synth, job, window};

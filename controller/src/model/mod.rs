@@ -20,6 +20,7 @@
 //!
 //! Units everywhere: rates in records/s, times in seconds, backlogs in records.
 
+pub mod autoscaler;
 pub mod estimate;
 mod float_text;
 pub mod forecast;
@@ -34,8 +35,9 @@ mod serde_inf;
 pub mod service_cv;
 pub mod shed;
 
+pub use autoscaler::{Autoscaler, Verdict};
 pub use estimate::{Estimates, MIN_BUSY_SECONDS, OperatorEstimate, SourceEstimate, estimate};
-pub use guards::{Autoscaler, GuardSettings, GuardState, PendingScaleDown, Verdict};
+pub use guards::{GuardSettings, GuardState, PendingScaleDown};
 pub use network::{PathLatency, Topology, end_to_end_latency, traffic_equations};
 pub use planner::{Decision, OperatorPlan, PlannerSettings, SourcePlan, plan};
 pub use queueing::{

@@ -289,7 +289,7 @@ pub fn plan(
 }
 
 /// What the planner derives from the job graph alone (not from a window), indexed in
-/// topological order. The [`Autoscaler`](super::guards::Autoscaler) keeps it between calls
+/// topological order. The [`Autoscaler`](super::autoscaler::Autoscaler) keeps it between calls
 /// while the graph does not change.
 #[derive(Debug, PartialEq)]
 pub(crate) struct JobGraph {

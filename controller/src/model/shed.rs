@@ -220,7 +220,7 @@ pub fn limit_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::guards::{Autoscaler, Verdict};
+    use crate::model::autoscaler::{Autoscaler, Verdict};
     use crate::model::testutil::{Synth, job, window};
     use proptest::prelude::*;
 

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::guards::{Autoscaler, GuardSettings, Verdict};
+use crate::model::autoscaler::{Autoscaler, Verdict};
+use crate::model::guards::GuardSettings;
 use crate::model::planner::{Decision, PlannerSettings, plan};
 use crate::model::sample::{MetricSample, SubtaskSample};
 use crate::model::testutil::{Synth, job, window};
