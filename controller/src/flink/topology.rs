@@ -293,6 +293,11 @@ fn job_name_for_spec(name: &str) -> String {
             }
         })
         .collect();
+    // At most the engine spec's 63 characters (MAX_NAME_LEN).
+    let s: String = s
+        .chars()
+        .take(streamscale_engine::spec::MAX_NAME_LEN)
+        .collect();
     if s.is_empty() { "flink-job".into() } else { s }
 }
 

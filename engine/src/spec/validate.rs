@@ -1,0 +1,733 @@
+//! Reading a job file (resolving its relative paths) and checking it: names, bounds, rates,
+//! the graph, checkpoints and autoscaler settings, each error naming its field.
+
+use super::*;
+
+impl JobSpec {
+    /// Reads, parses and validates a job file. Relative paths in it (trace files, sink
+    /// `output`, checkpoint and disk-state directories) are resolved against the job file's
+    /// directory.
+    ///
+    /// # Errors
+    /// [`SpecError::Read`] if the file is unreadable, [`SpecError::Parse`] if it is not a job
+    /// spec, [`SpecError::Invalid`] if the graph or a setting is invalid.
+    pub fn from_file(path: &Path) -> Result<JobSpec, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut spec = JobSpec::from_yaml(&text).map_err(|message| SpecError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for op in &mut spec.operators {
+            match &mut op.kind {
+                OperatorKind::Source {
+                    rate: RateSpec::Trace(trace),
+                    ..
+                } if trace.file.is_relative() => trace.file = base.join(&trace.file),
+                OperatorKind::Sink {
+                    output: Some(out), ..
+                } if out.is_relative() => *out = base.join(&*out),
+                _ => {}
+            }
+        }
+        if let Some(c) = &mut spec.checkpoint {
+            let job_name = spec.name.clone();
+            let dir = c
+                .dir
+                .get_or_insert_with(|| format!("checkpoints/{job_name}"));
+            if !dir.contains("://") && Path::new(dir.as_str()).is_relative() {
+                *dir = base.join(dir.as_str()).display().to_string();
+            }
+        }
+        if spec.state.backend == StateBackendKind::Disk {
+            let dir = spec.state.dir.get_or_insert_with(|| "state".into());
+            if Path::new(dir.as_str()).is_relative() {
+                *dir = base.join(dir.as_str()).display().to_string();
+            }
+        }
+        spec.validate()
+            .and_then(|()| spec.validate_job_file())
+            .map_err(|problem| SpecError::Invalid {
+                path: path.to_path_buf(),
+                problem,
+            })?;
+        Ok(spec)
+    }
+
+    /// Reads a job file as [`Self::from_file`] does and checks its paths against this machine's
+    /// file system ([`Self::check_file_paths`]), for the programs that run the job here (the
+    /// engine, `streamscale run`). Readers that only plan or simulate it (`streamscale plan`,
+    /// the simulator) use [`Self::from_file`]: the job may run elsewhere (a pod's volume).
+    ///
+    /// # Errors
+    /// As [`Self::from_file`], and [`SpecError::Invalid`] naming the field, the path and the
+    /// reason when a sink's `output` or the disk backend's `state.dir` is unusable.
+    pub fn from_file_to_run(path: &Path) -> Result<Self, SpecError> {
+        let spec = Self::from_file(path)?;
+        spec.check_file_paths()
+            .map_err(|problem| SpecError::Invalid {
+                path: path.to_path_buf(),
+                problem,
+            })?;
+        Ok(spec)
+    }
+
+    /// Parses YAML without validating the graph.
+    ///
+    /// # Errors
+    /// When the text is not a job spec: `line L column C: FIELD: REASON`, naming the field the
+    /// problem is about (`operators[2] (win).kind`, `operators[0] (src).rate.constant`) and
+    /// pointing at its bad value, at the unknown key, or at the start of the mapping that lacks
+    /// a required field; the parser's own first line when the text is not valid YAML.
+    ///
+    /// Unknown fields are errors for every operator kind (including `map`, whose kind has no
+    /// fields of its own); the message lists the fields common to all kinds too.
+    pub fn from_yaml(text: &str) -> Result<JobSpec, String> {
+        let spec: JobSpec =
+            serde_saphyr::from_str(text).map_err(|e| parse_error::explain(text, &e))?;
+        // `map` has no fields of its own, and serde ignores extra keys on a unit variant of
+        // a flattened enum: check them here.
+        let maps = spec
+            .operators
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| matches!(op.kind, OperatorKind::Map));
+        let any_map = spec
+            .operators
+            .iter()
+            .any(|op| matches!(op.kind, OperatorKind::Map));
+        let tree = any_map.then(|| yaml_tree::Node::parse(text)).flatten();
+        let items = tree.as_ref().and_then(|t| match &t.get("operators")?.kind {
+            yaml_tree::Kind::Seq(items) => Some(items),
+            _ => None,
+        });
+        for (i, op) in maps {
+            let Some(item) = items.and_then(|items| items.get(i)) else {
+                continue;
+            };
+            if let Some((key, _)) = item.entries().iter().find(|(k, _)| {
+                k.scalar()
+                    .is_none_or(|k| !COMMON_OPERATOR_FIELDS.contains(&k))
+            }) {
+                return Err(format!(
+                    "line {} column {}: operators[{i}] ({}): unknown field `{}` for kind `map`, expected one of {}",
+                    key.at.0,
+                    key.at.1,
+                    op.name,
+                    key.scalar().unwrap_or(&key.raw),
+                    COMMON_OPERATOR_FIELDS.join(", ")
+                ));
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Serializes the spec back to YAML.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# cannot serialize: {e}"))
+    }
+
+    /// Looks an operator up by name.
+    pub fn operator(&self, name: &str) -> Option<&OperatorSpec> {
+        self.operators.iter().find(|o| o.name == name)
+    }
+
+    /// Names of the operators feeding `name`.
+    pub fn inputs_of(&self, name: &str) -> Vec<&str> {
+        self.edges
+            .iter()
+            .filter(|e| e.to == name)
+            .map(|e| e.from.as_str())
+            .collect()
+    }
+
+    /// Names of the operators `name` feeds.
+    pub fn outputs_of(&self, name: &str) -> Vec<&str> {
+        self.edges
+            .iter()
+            .filter(|e| e.from == name)
+            .map(|e| e.to.as_str())
+            .collect()
+    }
+
+    /// Current parallelism per operator name.
+    pub fn parallelism(&self) -> BTreeMap<String, u32> {
+        self.operators
+            .iter()
+            .map(|o| (o.name.clone(), o.parallelism))
+            .collect()
+    }
+
+    /// A copy of this spec with the given parallelism per operator (others unchanged).
+    pub fn with_parallelism(&self, parallelism: &BTreeMap<String, u32>) -> JobSpec {
+        let mut spec = self.clone();
+        for op in &mut spec.operators {
+            if let Some(p) = parallelism.get(&op.name) {
+                op.parallelism = *p;
+            }
+        }
+        spec
+    }
+
+    /// Operator names in a topological order (every edge goes from earlier to later).
+    ///
+    /// # Errors
+    /// A message naming the operators on a cycle.
+    pub fn topological_order(&self) -> Result<Vec<String>, String> {
+        let mut indegree: BTreeMap<&str, usize> = self
+            .operators
+            .iter()
+            .map(|o| (o.name.as_str(), 0))
+            .collect();
+        for e in &self.edges {
+            if let Some(d) = indegree.get_mut(e.to.as_str()) {
+                *d += 1;
+            }
+        }
+        let mut ready: Vec<&str> = indegree
+            .iter()
+            .filter(|(_, d)| **d == 0)
+            .map(|(n, _)| *n)
+            .collect();
+        let mut order = Vec::with_capacity(self.operators.len());
+        while let Some(n) = ready.pop() {
+            order.push(n.to_string());
+            for e in self.edges.iter().filter(|e| e.from == n) {
+                if let Some(d) = indegree.get_mut(e.to.as_str()) {
+                    *d -= 1;
+                    if *d == 0 {
+                        ready.push(e.to.as_str());
+                    }
+                }
+            }
+        }
+        if order.len() < self.operators.len() {
+            // Operators left over are on a cycle or downstream of one; keep those that can
+            // reach themselves.
+            let left: BTreeSet<&str> = indegree
+                .iter()
+                .filter(|(_, d)| **d > 0)
+                .map(|(n, _)| *n)
+                .collect();
+            let on_cycle: Vec<&str> = left
+                .iter()
+                .copied()
+                .filter(|n| self.reaches_itself(n, &left))
+                .collect();
+            return Err(format!(
+                "edges: the graph has a cycle through operators {}; job graphs must be acyclic",
+                on_cycle.join(", ")
+            ));
+        }
+        Ok(order)
+    }
+
+    /// Checks a job a user wrote, beyond [`JobSpec::validate`] (which models built from
+    /// partial graphs and running jobs also use): every operator but a sink has an output
+    /// (else all its records would be lost), and every operator's `parallelism` lies within
+    /// its `scaling` bounds. [`JobSpec::from_file`] applies it.
+    ///
+    /// # Errors
+    /// The first problem, naming the operator and the field.
+    pub fn validate_job_file(&self) -> Result<(), String> {
+        for op in &self.operators {
+            if !matches!(op.kind, OperatorKind::Sink { .. }) && self.outputs_of(&op.name).is_empty()
+            {
+                return Err(format!(
+                    "edges: operator `{}` has no output; every record must reach a sink (add an edge from `{}` to a sink)",
+                    op.name, op.name
+                ));
+            }
+        }
+        for (i, op) in self.operators.iter().enumerate() {
+            let min = op.scaling.min.unwrap_or(1);
+            let max = op.scaling.max.unwrap_or(self.max_parallelism);
+            if !(min..=max).contains(&op.parallelism) {
+                // `parallelism` defaults to 1: say so, since the user may not have written it.
+                let default = if op.parallelism == 1 {
+                    " (1 is the default when `parallelism` is not given; set it within the bounds)"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "operators[{i}] ({}).parallelism: {} is outside its scaling bounds min {min} .. max {max}{default}",
+                    op.name, op.parallelism
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the job file's paths against the file system, so that a path the engine could
+    /// not use fails when the job file is read rather than once the job runs: a sink's `output`
+    /// must not be an existing directory (records are appended to a file), an existing one must
+    /// open for appending (opened, nothing written) and its directory must be one the engine can
+    /// create it in (or create); the disk backend's `state.dir` must be a directory the engine
+    /// can create entries in, or can create. "Can create" is tried
+    /// ([`crate::writable_dir::check_usable_dir`]: an empty probe directory, removed at once;
+    /// nothing is left behind). `checkpoint.dir` is not checked: checkpoint storage that
+    /// cannot be written fails checkpoints, not the job (it may come back).
+    ///
+    /// # Errors
+    /// The first problem, naming the operator or the field, the path and the reason.
+    pub fn check_file_paths(&self) -> Result<(), String> {
+        use crate::writable_dir::check_usable_dir;
+        if self.state.backend == StateBackendKind::Disk {
+            check_usable_dir(&self.state.dir_or_default())
+                .map_err(|e| format!("state.dir: {e}"))?;
+        }
+        for (i, op) in self.operators.iter().enumerate() {
+            let OperatorKind::Sink {
+                output: Some(out), ..
+            } = &op.kind
+            else {
+                continue;
+            };
+            let field = format!("operators[{i}] ({}).output", op.name);
+            if out.is_dir() {
+                return Err(format!(
+                    "{field}: {} is a directory; name a file (records are appended to it, one line each)",
+                    out.display()
+                ));
+            }
+            if out.exists() {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(out)
+                    .map_err(|e| format!("{field}: {} cannot be written: {e}", out.display()))?;
+            } else if let Some(parent) = out.parent() {
+                check_usable_dir(parent).map_err(|e| format!("{field}: {}: {e}", out.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `start` can reach itself along edges that stay within `within`.
+    fn reaches_itself(&self, start: &str, within: &BTreeSet<&str>) -> bool {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![start];
+        while let Some(n) = stack.pop() {
+            for e in self.edges.iter().filter(|e| e.from == n) {
+                let to = e.to.as_str();
+                if to == start {
+                    return true;
+                }
+                if within.contains(to) && seen.insert(to) {
+                    stack.push(to);
+                }
+            }
+        }
+        false
+    }
+
+    /// A fingerprint of the job's structure (operator names, kinds and edges; not parallelism,
+    /// costs or rates), used to check that a savepoint belongs to this job. 64 hex characters (SHA-256).
+    pub fn fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(self.name.as_bytes());
+        h.update(self.max_parallelism.to_le_bytes());
+        let mut ops: Vec<(&str, &str)> = self
+            .operators
+            .iter()
+            .map(|o| (o.name.as_str(), o.kind.name()))
+            .collect();
+        ops.sort();
+        for (n, k) in ops {
+            h.update(b"\0op\0");
+            h.update(n.as_bytes());
+            h.update(b"\0");
+            h.update(k.as_bytes());
+        }
+        let mut edges: Vec<(&str, &str)> = self
+            .edges
+            .iter()
+            .map(|e| (e.from.as_str(), e.to.as_str()))
+            .collect();
+        edges.sort();
+        for (f, t) in edges {
+            h.update(b"\0edge\0");
+            h.update(f.as_bytes());
+            h.update(b"\0");
+            h.update(t.as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Checks the graph and every setting.
+    ///
+    /// # Errors
+    /// The first problem found, naming the field (e.g. `operators[2] (enrich).parallelism`).
+    pub fn validate(&self) -> Result<(), String> {
+        if !valid_job_name(&self.name) {
+            return Err(format!(
+                "name: `{}` is not a valid job name (use 1 to {MAX_NAME_LEN} letters, digits, `-` and `_`)",
+                self.name
+            ));
+        }
+        if self.max_parallelism == 0 || self.max_parallelism > MAX_KEY_GROUPS {
+            return Err(format!(
+                "maxParallelism: {} is out of range 1..={MAX_KEY_GROUPS}",
+                self.max_parallelism
+            ));
+        }
+        if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
+            return Err(format!(
+                "channelCapacity: {} is out of range 1..={MAX_CHANNEL_CAPACITY} records",
+                self.channel_capacity
+            ));
+        }
+        if self.operators.is_empty() {
+            return Err("operators: the job has no operators".into());
+        }
+        let a = &self.autoscaler;
+        if !(a.target_utilization > 0.0 && a.target_utilization <= 1.0) {
+            return Err(format!(
+                "autoscaler.targetUtilization: {} is not in (0, 1]",
+                a.target_utilization
+            ));
+        }
+        if !(a.latency_slo_seconds > 0.0 && a.latency_slo_seconds.is_finite()) {
+            return Err(format!(
+                "autoscaler.latencySloSeconds: {} must be a positive number of seconds",
+                a.latency_slo_seconds
+            ));
+        }
+        if !(a.latency_percentile > 0.0 && a.latency_percentile < 1.0) {
+            return Err(format!(
+                "autoscaler.latencyPercentile: {} is not in (0, 1) (0.99 is p99)",
+                a.latency_percentile
+            ));
+        }
+        if !(a.catch_up_seconds > 0.0 && a.catch_up_seconds.is_finite()) {
+            return Err(format!(
+                "autoscaler.catchUpSeconds: {} must be a positive number of seconds",
+                a.catch_up_seconds
+            ));
+        }
+        if !(a.scale_down_lookback_seconds >= 0.0 && a.scale_down_lookback_seconds.is_finite()) {
+            return Err(format!(
+                "autoscaler.scaleDownLookbackSeconds: {} must be 0 (off) or a positive number of seconds",
+                a.scale_down_lookback_seconds
+            ));
+        }
+        if let Some(f) = &a.forecast {
+            if !(f.season_seconds > 0.0 && f.season_seconds.is_finite()) {
+                return Err(format!(
+                    "autoscaler.forecast.seasonSeconds: {} must be a positive number of seconds",
+                    f.season_seconds
+                ));
+            }
+            if let Some(b) = f
+                .bin_seconds
+                .filter(|b| !(*b > 0.0 && *b <= f.season_seconds / 2.0))
+            {
+                return Err(format!(
+                    "autoscaler.forecast.binSeconds: {b} must be positive and at most half of seasonSeconds ({})",
+                    f.season_seconds
+                ));
+            }
+            if let Some(h) = f
+                .horizon_seconds
+                .filter(|h| !(*h >= 0.0 && *h <= f.season_seconds))
+            {
+                return Err(format!(
+                    "autoscaler.forecast.horizonSeconds: {h} must be in [0, seasonSeconds ({})]",
+                    f.season_seconds
+                ));
+            }
+            if !(f.max_error > 0.0 && f.max_error.is_finite()) {
+                return Err(format!(
+                    "autoscaler.forecast.maxError: {} must be a positive share (0.3 = 30%)",
+                    f.max_error
+                ));
+            }
+        }
+        if let Some(l) = &a.limits {
+            if !(0.0..=1.0).contains(&l.max_shed_share) {
+                return Err(format!(
+                    "autoscaler.limits.maxShedShare: {} is not in [0, 1]",
+                    l.max_shed_share
+                ));
+            }
+            if l.quota_subtasks == Some(0) {
+                return Err("autoscaler.limits.quotaSubtasks: must be at least 1".into());
+            }
+        }
+        if let Some(c) = &self.checkpoint {
+            if !(c.interval_seconds > 0.0 && c.interval_seconds.is_finite()) {
+                return Err(format!(
+                    "checkpoint.intervalSeconds: {} must be a positive number of seconds",
+                    c.interval_seconds
+                ));
+            }
+            if c.retain == 0 {
+                return Err("checkpoint.retain: must be at least 1".into());
+            }
+            if !(c.timeout_seconds > 0.0 && c.timeout_seconds.is_finite()) {
+                return Err(format!(
+                    "checkpoint.timeoutSeconds: {} must be a positive number of seconds",
+                    c.timeout_seconds
+                ));
+            }
+            if !(c.restart.delay_seconds >= 0.0 && c.restart.delay_seconds.is_finite()) {
+                return Err(format!(
+                    "checkpoint.restart.delaySeconds: {} must be a non-negative number of seconds",
+                    c.restart.delay_seconds
+                ));
+            }
+        }
+        self.state.validate()?;
+        let mut names = BTreeSet::new();
+        for (i, op) in self.operators.iter().enumerate() {
+            let at = format!("operators[{i}] ({})", op.name);
+            if !valid_job_name(&op.name) {
+                return Err(format!(
+                    "operators[{i}].name: `{}` is not a valid operator name (use 1 to {MAX_NAME_LEN} letters, digits, `-` and `_`)",
+                    op.name
+                ));
+            }
+            if !names.insert(op.name.as_str()) {
+                return Err(format!("{at}.name: duplicate operator name `{}`", op.name));
+            }
+            if op.parallelism == 0 {
+                return Err(format!("{at}.parallelism: must be at least 1"));
+            }
+            if op.parallelism > self.max_parallelism {
+                return Err(format!(
+                    "{at}.parallelism: {} exceeds maxParallelism {}",
+                    op.parallelism, self.max_parallelism
+                ));
+            }
+            for (field, v) in [("cpu", op.cpu), ("io", op.io)] {
+                if !(v >= 0.0 && v.is_finite()) {
+                    return Err(format!(
+                        "{at}.{field}: {v} is not allowed, it must be a finite number of microseconds >= 0"
+                    ));
+                }
+            }
+            let min = op.scaling.min.unwrap_or(1);
+            let max = op.scaling.max.unwrap_or(self.max_parallelism);
+            if min == 0 || min > max || max > self.max_parallelism {
+                return Err(format!(
+                    "{at}.scaling: need 1 <= min ({min}) <= max ({max}) <= maxParallelism ({})",
+                    self.max_parallelism
+                ));
+            }
+            match &op.kind {
+                OperatorKind::Source {
+                    rate,
+                    keys,
+                    nexmark,
+                    ..
+                } => {
+                    if op.cpu != 0.0 || op.io != 0.0 {
+                        return Err(format!(
+                            "{at}: sources have no per-record cost; remove `cpu`/`io`"
+                        ));
+                    }
+                    if *keys == 0 {
+                        return Err(format!("{at}.keys: must be at least 1"));
+                    }
+                    validate_rate(&at, rate)?;
+                    if let Some(n) = nexmark {
+                        n.validate(&at)?;
+                    }
+                }
+                OperatorKind::EventWindow { window, .. } => {
+                    window.validate(&format!("{at}.window"))?;
+                    if let WindowSpec::Sliding { size_ms, slide_ms } = *window
+                        && size_ms.div_ceil(slide_ms.max(1)) > MAX_WINDOWS_PER_RECORD
+                    {
+                        return Err(format!(
+                            "{at}.window.sliding: sizeMs / slideMs = {size_ms} / {slide_ms} puts each record in more than {MAX_WINDOWS_PER_RECORD} windows; use a larger slideMs"
+                        ));
+                    }
+                }
+                OperatorKind::Join { window: Some(w) } => {
+                    w.validate(&format!("{at}.window"))?;
+                    if w.tumbling_size().is_none() {
+                        return Err(format!(
+                            "{at}.window: a join supports only `tumbling` windows"
+                        ));
+                    }
+                }
+                OperatorKind::Select { .. }
+                | OperatorKind::WindowTop { .. }
+                | OperatorKind::Join { window: None } => {}
+                OperatorKind::Filter { keep } => {
+                    if !(0.0..=1.0).contains(keep) {
+                        return Err(format!("{at}.keep: {keep} is not between 0 and 1"));
+                    }
+                }
+                OperatorKind::Window { size_ms } => {
+                    if *size_ms == 0 {
+                        return Err(format!("{at}.sizeMs: must be at least 1 millisecond"));
+                    }
+                }
+                OperatorKind::Map | OperatorKind::Sink { .. } => {}
+            }
+        }
+        let subtasks: u64 = self
+            .operators
+            .iter()
+            .filter(|o| !matches!(o.kind, OperatorKind::Source { .. }))
+            .map(|o| u64::from(o.parallelism))
+            .sum();
+        let slots = subtasks.saturating_mul(self.channel_capacity as u64);
+        if slots > MAX_CHANNEL_SLOTS {
+            return Err(format!(
+                "channelCapacity: {} records × {subtasks} non-source subtasks = {slots} channel slots exceeds {MAX_CHANNEL_SLOTS}; lower channelCapacity or parallelism",
+                self.channel_capacity
+            ));
+        }
+        for (i, e) in self.edges.iter().enumerate() {
+            for (field, end) in [("from", &e.from), ("to", &e.to)] {
+                if !names.contains(end.as_str()) {
+                    return Err(format!(
+                        "edges[{i}].{field}: no operator named `{end}` ({} -> {})",
+                        e.from, e.to
+                    ));
+                }
+            }
+            if self.edges[..i].contains(e) {
+                return Err(format!("edges[{i}]: duplicate edge {} -> {}", e.from, e.to));
+            }
+        }
+        for op in &self.operators {
+            let ins = self.inputs_of(&op.name).len();
+            let outs = self.outputs_of(&op.name).len();
+            match op.kind {
+                OperatorKind::Source { .. } if ins > 0 => {
+                    return Err(format!("edges: source `{}` cannot have inputs", op.name));
+                }
+                OperatorKind::Sink { .. } if outs > 0 => {
+                    return Err(format!("edges: sink `{}` cannot have outputs", op.name));
+                }
+                OperatorKind::Source { .. } => {}
+                _ if ins == 0 => {
+                    return Err(format!(
+                        "edges: operator `{}` has no input; only sources may have none",
+                        op.name
+                    ));
+                }
+                _ => {}
+            }
+            // Event-time operators need event-time input (watermarks in order with records).
+            if matches!(op.kind, OperatorKind::Sink { .. }) || !op.kind.emits_event_time() {
+                continue;
+            }
+            for from in self.inputs_of(&op.name) {
+                let Some(up) = self.operator(from) else {
+                    continue;
+                };
+                if !up.kind.emits_event_time() {
+                    return Err(format!(
+                        "edges: `{}` ({}) needs Nexmark events with event time as input, but `{}` ({}) does not emit them; feed it from a source with a `nexmark` block or another event-time operator",
+                        op.name,
+                        op.kind.name(),
+                        up.name,
+                        up.kind.name()
+                    ));
+                }
+                if matches!(op.kind, OperatorKind::WindowTop { .. })
+                    && !matches!(up.kind, OperatorKind::EventWindow { .. })
+                {
+                    return Err(format!(
+                        "edges: `{}` (windowTop) must be fed by an eventWindow, not `{}` ({})",
+                        op.name,
+                        up.name,
+                        up.kind.name()
+                    ));
+                }
+            }
+        }
+        self.topological_order()?;
+        Ok(())
+    }
+}
+
+pub(super) fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
+    let ok_rate = |r: f64| r >= 0.0 && r.is_finite();
+    match rate {
+        RateSpec::Constant(r) if !ok_rate(*r) => Err(format!(
+            "{at}.rate.constant: {r} must be a finite, non-negative number of records/s"
+        )),
+        RateSpec::Steps(steps) => {
+            if steps.is_empty() {
+                return Err(format!("{at}.rate.steps: needs at least one step"));
+            }
+            let mut last = f64::NEG_INFINITY;
+            for (j, s) in steps.iter().enumerate() {
+                if !ok_rate(s.records_per_second) {
+                    return Err(format!(
+                        "{at}.rate.steps[{j}].recordsPerSecond: {} must be a finite, non-negative number of records/s",
+                        s.records_per_second
+                    ));
+                }
+                if !(s.at_seconds.is_finite() && s.at_seconds >= 0.0 && s.at_seconds > last) {
+                    return Err(format!(
+                        "{at}.rate.steps[{j}].atSeconds: {} must be finite, >= 0 and increasing",
+                        s.at_seconds
+                    ));
+                }
+                last = s.at_seconds;
+            }
+            Ok(())
+        }
+        RateSpec::Trace(t) => {
+            if !(t.scale > 0.0 && t.scale.is_finite()) {
+                return Err(format!(
+                    "{at}.rate.trace.scale: {} must be a finite, positive number",
+                    t.scale
+                ));
+            }
+            if !(t.speedup > 0.0 && t.speedup.is_finite()) {
+                return Err(format!(
+                    "{at}.rate.trace.speedup: {} must be a finite, positive number",
+                    t.speedup
+                ));
+            }
+            if !(t.start_seconds >= 0.0 && t.start_seconds.is_finite()) {
+                return Err(format!(
+                    "{at}.rate.trace.startSeconds: {} must be a finite, non-negative number of seconds",
+                    t.start_seconds
+                ));
+            }
+            if let Some(end) = t.end_seconds
+                && end <= t.start_seconds
+            {
+                return Err(format!(
+                    "{at}.rate.trace.endSeconds: {end} must be after startSeconds {}",
+                    t.start_seconds
+                ));
+            }
+            if !t.file.is_file() {
+                return Err(format!(
+                    "{at}.rate.trace.file: trace file {} {}",
+                    t.file.display(),
+                    if t.file.is_dir() {
+                        "is a directory, not a trace CSV"
+                    } else {
+                        "does not exist"
+                    }
+                ));
+            }
+            // A start at or past the trace's last row would replay nothing.
+            if let Ok(trace) = crate::trace::Trace::from_file(&t.file)
+                && t.start_seconds >= trace.end()
+            {
+                return Err(format!(
+                    "{at}.rate.trace.startSeconds: {} is at or past the end of trace {} ({} s)",
+                    t.start_seconds,
+                    t.file.display(),
+                    trace.end()
+                ));
+            }
+            Ok(())
+        }
+        RateSpec::Constant(_) => Ok(()),
+    }
+}
