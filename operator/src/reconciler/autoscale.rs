@@ -1,0 +1,289 @@
+//! One autoscaling step of a job: collect its metrics, decide, and start a rescale.
+
+use super::*;
+
+/// Scrapes, decides, and records the decision (starting a rescale in mode `auto`).
+pub(super) async fn autoscale(
+    job: &StreamJob,
+    ctx: &Context,
+    rt: &KubeRuntime,
+    status: &mut StreamJobStatus,
+) {
+    let now_s = ctx.now_s();
+    let (sample, scraped_at) = match &job.spec.autoscaler.prometheus {
+        Some(p) => {
+            let selector = p
+                .selector
+                .clone()
+                .unwrap_or_else(|| default_prometheus_selector(job));
+            let now_unix_s = Timestamp::now().as_millisecond() as f64 / 1000.0;
+            match crate::prometheus::fetch(&ctx.http, &p.url, &selector, now_s, now_unix_s).await {
+                Ok(m) => {
+                    ctx.metrics
+                        .metric_reads
+                        .with_label_values(&["prometheus"])
+                        .inc();
+                    (m.metrics.sample, Some(m.scraped_at_unix_s))
+                }
+                Err(e) => {
+                    tracing::warn!(job = %key(job), "metrics from Prometheus: {e}");
+                    return;
+                }
+            }
+        }
+        None => {
+            match streamscale_controller::scrape::scrape(&ctx.http, &rt.api().metrics_url(), now_s)
+                .await
+            {
+                Ok(m) => {
+                    ctx.metrics
+                        .metric_reads
+                        .with_label_values(&["engine"])
+                        .inc();
+                    (m.sample, None)
+                }
+                Err(e) => {
+                    tracing::debug!(job = %key(job), "scrape failed: {e}");
+                    return;
+                }
+            }
+        }
+    };
+    let mut spec = planning_spec(job, &status.current_parallelism);
+    // A shared StreamQuota: this job plans within its share (its planning quota).
+    let quota = match &job.spec.autoscaler.quota {
+        Some(name) => Some(quota_share(job, ctx, name, &spec, status).await),
+        None => None,
+    };
+    if let Some(q) = &quota {
+        let running = quota::non_source_total(&spec, &status.current_parallelism);
+        let cap = q.share.as_ref().map_or(running, |s| s.cap).max(1);
+        let limits = spec
+            .autoscaler
+            .limits
+            .get_or_insert_with(LimitsSpec::default);
+        limits.quota_subtasks = Some(limits.quota_subtasks.map_or(cap, |own| own.min(cap)));
+    }
+    // The first time this operator process sees the job: what was learned before it started.
+    let known = ctx
+        .memory
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&key(job));
+    let loaded = if known {
+        None
+    } else {
+        load_state(job, ctx).await
+    };
+    let (verdict, limit, shed_applied, to_save) = {
+        let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let settings = guard_settings(job);
+        let m = memory.entry(key(job)).or_insert_with(|| {
+            let mut autoscaler = Autoscaler::new(settings.clone());
+            autoscaler.restarted(now_s);
+            if let Some(s) = &loaded {
+                restore(&mut autoscaler, s, ctx.unix0);
+            }
+            JobMemory {
+                autoscaler,
+                window: VecDeque::new(),
+                settings: settings.clone(),
+                last_scrape_unix_s: None,
+                shed_applied: None,
+                saved: loaded.as_ref().map(StateFingerprint::of),
+            }
+        });
+        if m.settings != settings {
+            // New settings, same job: what was learned carries over.
+            let mut fresh = Autoscaler::new(settings.clone());
+            fresh.restarted(now_s);
+            restore(&mut fresh, &snapshot(job, &m.autoscaler, 0.0), 0.0);
+            m.autoscaler = fresh;
+            m.settings = settings;
+        }
+        // A window from another parallelism is not about this deployment.
+        if m.window
+            .back()
+            .is_some_and(|last| last_parallelism(last) != status.current_parallelism)
+        {
+            m.window.clear();
+        }
+        if scraped_at.is_none() || scraped_at != m.last_scrape_unix_s {
+            m.window.push_back(sample);
+            m.last_scrape_unix_s = scraped_at;
+        }
+        let horizon = job.spec.autoscaler.metrics_window_seconds as f64;
+        while m
+            .window
+            .front()
+            .is_some_and(|s| now_s - s.at_seconds > horizon)
+        {
+            m.window.pop_front();
+        }
+        let window: Vec<MetricSample> = m.window.iter().cloned().collect();
+        let verdict = m.autoscaler.decide(now_s, &window, &spec);
+        let snap = snapshot(job, &m.autoscaler, ctx.unix0);
+        let fp = StateFingerprint::of(&snap);
+        let to_save = (m.saved.as_ref() != Some(&fp) && !fp.is_empty())
+            .then(|| (fp, learned_configmap::encode(&snap)));
+        (
+            verdict,
+            m.autoscaler.limit_plan().cloned(),
+            m.shed_applied,
+            to_save,
+        )
+    };
+    if let Some((fp, text)) = to_save {
+        match save_state(job, ctx, text).await {
+            Ok(()) => {
+                let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(m) = memory.get_mut(&key(job)) {
+                    m.saved = Some(fp);
+                }
+            }
+            Err(e) => tracing::warn!(job = %key(job), "cannot save the autoscaler state: {e}"),
+        }
+    }
+    let planned = match &verdict {
+        Verdict::Rescale(d) => Some(d),
+        Verdict::Hold { recommendation, .. } => recommendation.as_ref(),
+    };
+    if let Some(mut q) = quota {
+        if let Some(d) = planned {
+            q.demand = quota::demand_from_decision(d, &spec);
+        }
+        report_quota(job, ctx, status, q).await;
+    }
+    if planned.is_some() {
+        report_limit(job, ctx, rt, status, limit.as_ref(), shed_applied).await;
+    }
+    let (mut decision, mut rescale) = match verdict {
+        Verdict::Rescale(d) => (d, true),
+        Verdict::Hold {
+            recommendation: Some(d),
+            ..
+        } => (d, false),
+        Verdict::Hold { reason, .. } => {
+            ctx.metrics.decisions.with_label_values(&["hold"]).inc();
+            tracing::debug!(job = %key(job), "hold: {reason}");
+            return;
+        }
+    };
+    // A job holding more than its quota share is rescaled down to it, whatever the
+    // scale-down guards say (the other members wait for those subtasks).
+    if let Some(q) = &status.quota
+        && let Some(target) = quota::forced_scale_down(
+            &spec,
+            q,
+            &status.current_parallelism,
+            &decision.parallelism,
+            rescale,
+            limit.as_ref().map(|lp| &lp.parallelism),
+        )
+    {
+        decision.parallelism = target;
+        decision.reasons.insert(
+            0,
+            format!(
+                "quota {}: {} subtasks held, the share is {}; rescaling down to it",
+                q.name, q.running_subtasks, q.allocated_subtasks
+            ),
+        );
+        rescale = true;
+    }
+    let auto = job.spec.autoscaler.mode == AutoscalerMode::Auto;
+    let reason = std::iter::once(decision.bottleneck.clone().unwrap_or_default())
+        .chain(decision.reasons.iter().cloned())
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let predicted_utilization = decision
+        .operators
+        .values()
+        .filter_map(|o| o.predicted_utilization)
+        .fold(None, |acc: Option<f64>, u| {
+            Some(acc.map_or(u, |a| a.max(u)))
+        });
+    let changed = status.recommended_parallelism != decision.parallelism;
+    status.recommended_parallelism = decision.parallelism.clone();
+    if !rescale {
+        ctx.metrics.decisions.with_label_values(&["hold"]).inc();
+        return;
+    }
+    let bottleneck = decision
+        .bottleneck
+        .as_ref()
+        .map(|b| b.split(':').next().unwrap_or(b).to_string());
+    status.last_decision = Some(DecisionStatus {
+        time: now_rfc3339(),
+        from: status.current_parallelism.clone(),
+        to: decision.parallelism.clone(),
+        reason: reason.clone(),
+        predicted_utilization,
+        predicted_latency_seconds: decision
+            .predicted_latency_seconds
+            .is_finite()
+            .then_some(decision.predicted_latency_seconds),
+        bottleneck,
+        applied: auto,
+    });
+    if auto {
+        ctx.metrics.decisions.with_label_values(&["rescale"]).inc();
+        let now = now_rfc3339();
+        // The savepoint id is chosen here and persisted with the step, before it is requested.
+        status.rescale = Some(RescaleStatus {
+            step: RescaleStep::Savepointing,
+            from: status.current_parallelism.clone(),
+            to: decision.parallelism.clone(),
+            reason: reason.clone(),
+            savepoint_id: Some(rescale::savepoint_id(&now)),
+            savepoint_path: None,
+            rolling_back: false,
+            started_at: now.clone(),
+            step_started_at: now,
+        });
+        status.phase = Phase::Rescaling;
+        let old = status.conditions.clone();
+        set_condition(
+            status,
+            condition(
+                "Scaling",
+                true,
+                "Savepointing",
+                "rescale started",
+                job.metadata.generation,
+                &old,
+            ),
+        );
+        publish(
+            ctx,
+            job,
+            false,
+            "RescaleStarted",
+            format!(
+                "{} -> {}: {reason}",
+                rescale::fmt_p(&status.current_parallelism),
+                rescale::fmt_p(&decision.parallelism)
+            ),
+        )
+        .await;
+    } else {
+        ctx.metrics
+            .decisions
+            .with_label_values(&["recommend"])
+            .inc();
+        if changed {
+            publish(
+                ctx,
+                job,
+                false,
+                "Recommendation",
+                format!(
+                    "recommended {}: {reason}",
+                    rescale::fmt_p(&decision.parallelism)
+                ),
+            )
+            .await;
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Status conditions, Events and status writes.
+
+use super::*;
+
+pub(super) fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    old: &[Condition],
+) -> Condition {
+    let status = if ok { "True" } else { "False" }.to_string();
+    let last_transition_time = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(Timestamp::now()));
+    Condition {
+        type_: type_.to_string(),
+        status,
+        reason: reason.to_string(),
+        message: message.to_string(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+pub(super) fn set_condition(status: &mut StreamJobStatus, c: Condition) {
+    status.conditions.retain(|o| o.type_ != c.type_);
+    status.conditions.push(c);
+}
+
+/// Sets the two conditions every end of a rescale sets: `Scaling=False` with
+/// `scaling = (reason, message)`, and `Degraded` with `degraded = (status, reason, message)`.
+pub(super) fn set_outcome_conditions(
+    status: &mut StreamJobStatus,
+    scaling: (&str, &str),
+    degraded: (bool, &str, &str),
+    generation: Option<i64>,
+    old: &[Condition],
+) {
+    let (reason, message) = scaling;
+    set_condition(
+        status,
+        condition("Scaling", false, reason, message, generation, old),
+    );
+    let (ok, reason, message) = degraded;
+    set_condition(
+        status,
+        condition("Degraded", ok, reason, message, generation, old),
+    );
+}
+
+pub(super) async fn publish(
+    ctx: &Context,
+    job: &StreamJob,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    tracing::info!(job = %key(job), reason, "{note}");
+    let ev = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &job.object_ref(&())).await {
+        tracing::warn!("cannot publish event: {e}");
+    }
+}
+
+pub(super) async fn write_status(
+    ctx: &Context,
+    job: &StreamJob,
+    status: &StreamJobStatus,
+) -> Result<(), Error> {
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<StreamJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(
+        &job.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
