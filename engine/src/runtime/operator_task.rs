@@ -1,0 +1,487 @@
+//! Operator subtasks: what each kind does to a record, keyed state, event-time stages, sinks.
+
+use super::*;
+
+pub(super) enum Behaviour {
+    Map,
+    Filter {
+        keep: f64,
+    },
+    Window {
+        size_us: u64,
+        state: StateBackend,
+        pane_end_us: u64,
+        checks: u32,
+    },
+    Sink {
+        file: Option<SinkWriter>,
+    },
+    /// Event-time operators (Nexmark stages, windows, joins): see [`crate::time`].
+    EventTime {
+        stage: Box<EventTimeStage>,
+        /// Reused output buffer.
+        out: StageOutput,
+    },
+}
+
+pub(super) type SinkWriter = Arc<std::sync::Mutex<BufWriter<std::fs::File>>>;
+
+impl Behaviour {
+    /// The behaviour of a non-source operator kind (sources run as [`SourceTask`]).
+    pub(super) fn for_kind(
+        kind: &OperatorKind,
+        state: impl FnOnce() -> Result<StateBackend, StateError>,
+        sink: Option<SinkWriter>,
+    ) -> Result<Behaviour, StateError> {
+        Ok(match kind {
+            OperatorKind::Filter { keep } => Behaviour::Filter { keep: *keep },
+            OperatorKind::Window { size_ms } => Behaviour::Window {
+                size_us: size_ms * 1000,
+                state: state()?,
+                pane_end_us: 0,
+                checks: 0,
+            },
+            OperatorKind::Sink { .. } => Behaviour::Sink { file: sink },
+            OperatorKind::Map
+            | OperatorKind::Source { .. }
+            | OperatorKind::Select { .. }
+            | OperatorKind::EventWindow { .. }
+            | OperatorKind::WindowTop { .. }
+            | OperatorKind::Join { .. } => Behaviour::Map,
+        })
+    }
+}
+
+/// Fails the subtask on a state backend error (a read or write of keyed state, or a snapshot):
+/// the guard around the subtask marks the job failed, and a configured restart strategy
+/// restarts it from the latest completed checkpoint, as Flink does on a state access failure.
+#[cold]
+pub(super) fn state_failure(operator: &str, index: u32, e: &StateError) -> ! {
+    panic!("{operator}-{index}: keyed state backend failed: {e}")
+}
+
+/// A non-source operator subtask: what it does with records, barriers and the end of input,
+/// whether it reads its own input queue ([`OperatorTask`]) or runs in a chain
+/// ([`ChainMember`]).
+pub(super) struct Operator {
+    pub(super) behaviour: Behaviour,
+}
+
+/// A non-source subtask that reads its own input queue (alone or as the head of a chain).
+pub(super) struct OperatorTask {
+    pub(super) rx: Receiver<Message>,
+    pub(super) op: Operator,
+    pub(super) aligner: Aligner,
+}
+
+impl OperatorTask {
+    pub(super) fn run(mut self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
+        let tick = Duration::from_millis(10);
+        let mut error = None;
+        // Messages of channels held back during an alignment, and those to process again
+        // (before the queue) once it completed.
+        let mut stash: VecDeque<Message> = VecDeque::new();
+        let mut replay: VecDeque<Message> = VecDeque::new();
+        let mut natural_end = false;
+        // Input messages since the chain was last run (bounds how long a record waits in a
+        // chain batch while the input queue never empties).
+        let mut since_flush = 0usize;
+        let closed =
+            |ctx: &SubtaskContext| format!("{}-{}: downstream closed", ctx.operator, ctx.index);
+        loop {
+            let received = if let Some(m) = replay.pop_front() {
+                Ok(m)
+            } else {
+                match self.rx.try_recv() {
+                    Ok(m) => Ok(m),
+                    Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                    Err(TryRecvError::Empty) => {
+                        // About to wait for input: run the rest of the chain, flush
+                        // metrics, then time the wait as idle.
+                        if !ctx.outputs.flush(&mut ctx.meter) {
+                            error = Some(closed(&ctx));
+                            break;
+                        }
+                        since_flush = 0;
+                        ctx.meter.check(|| 0);
+                        ctx.outputs.check_chain();
+                        if let Some(sink) = &mut ctx.meter.sink {
+                            sink.clock_uses = 0; // the clock goes stale while waiting
+                        }
+                        let t = ctx.meter.now();
+                        let r = self.rx.recv_timeout(tick);
+                        if let Some(t) = t {
+                            let took = t.elapsed();
+                            ctx.meter.idle += took;
+                            ctx.meter.waited(took);
+                        }
+                        r
+                    }
+                }
+            };
+            let msg = match received {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => {
+                    if !self.op.fire_due_windows(&mut ctx, false) {
+                        error = Some(closed(&ctx));
+                        break;
+                    }
+                    continue;
+                }
+                // Every sender is gone without `End`: an upstream failure or cancellation.
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            if self.aligner.is_blocked(msg.channel) {
+                stash.push_back(msg);
+                continue;
+            }
+            let aligned = match msg.event {
+                Event::Data(rec) => {
+                    if !rec.payload.is_watermark() {
+                        ctx.meter.records_in += 1;
+                        ctx.meter.totals.records_in += 1;
+                    }
+                    if let Some(sink) = &mut ctx.meter.sink {
+                        sink.tick_clock();
+                    }
+                    if !self.op.process(rec, &mut ctx) {
+                        error = Some(closed(&ctx));
+                        break;
+                    }
+                    let rx = &self.rx;
+                    let check = ctx.meter.tick(|| rx.len());
+                    if check == Check::Flushed {
+                        ctx.outputs.check_chain();
+                    }
+                    since_flush += 1;
+                    // A slow head reads the clock every few records: run the chain then too,
+                    // so that its records do not wait for a full batch of slow records.
+                    if since_flush >= CHAIN_BATCH || check != Check::Skipped {
+                        since_flush = 0;
+                        if !ctx.outputs.flush(&mut ctx.meter) {
+                            error = Some(closed(&ctx));
+                            break;
+                        }
+                    }
+                    None
+                }
+                Event::Barrier(b) => self.aligner.on_barrier(msg.channel, b),
+                Event::End => {
+                    // Nothing follows on the channel: its watermark is +∞ from now on.
+                    if !self.op.end_input(msg.channel, &mut ctx) {
+                        error = Some(closed(&ctx));
+                        break;
+                    }
+                    let aligned = self.aligner.on_end(msg.channel);
+                    natural_end = self.aligner.all_ended();
+                    aligned
+                }
+            };
+            if let Some(b) = aligned {
+                if !self.op.on_aligned(b, &mut ctx) {
+                    error = Some(closed(&ctx));
+                    break;
+                }
+                stash.append(&mut replay);
+                std::mem::swap(&mut stash, &mut replay);
+                if b.stops() {
+                    // Stopped at the barrier, also when the last end of input completed its
+                    // alignment: nothing may be sent after it (downstream exits on it).
+                    natural_end = false;
+                    break;
+                }
+            }
+            if natural_end {
+                break;
+            }
+            if self.op.window_due() && !self.op.fire_due_windows(&mut ctx, false) {
+                error = Some(closed(&ctx));
+                break;
+            }
+        }
+        // The inputs ended on their own (bounded sources finished): fire every open pane and
+        // pass the end on; the job is complete.
+        if error.is_none()
+            && natural_end
+            && (!self.op.fire_due_windows(&mut ctx, true)
+                || !ctx.outputs.broadcast(Event::End, &mut ctx.meter))
+        {
+            error = Some(closed(&ctx));
+        }
+        ctx.ended = error.is_none() && natural_end;
+        ctx.meter.flush(0);
+        let (state, finish_error) = self.op.finish(&ctx);
+        let error = error.or(finish_error);
+        ctx.finish(state, error)
+    }
+}
+
+impl Operator {
+    /// Flushes a sink's output and hands back the subtask's final state; the error names the
+    /// subtask when the sink cannot be written or the state cannot be encoded.
+    pub(super) fn finish(mut self, ctx: &SubtaskContext) -> (Option<KeyedState>, Option<String>) {
+        let mut error = None;
+        if let Err(e) = self.flush_sink() {
+            error = Some(format!(
+                "{}-{}: cannot write sink output: {e}",
+                ctx.operator, ctx.index
+            ));
+        }
+        let state = match &mut self.behaviour {
+            Behaviour::Window { state, .. } => match state.snapshot() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    error = Some(format!("{}-{}: {e}", ctx.operator, ctx.index));
+                    None
+                }
+            },
+            Behaviour::EventTime { stage, .. } => match stage.snapshot() {
+                Ok(state) => state,
+                Err(e) => {
+                    error = Some(format!("{}-{}: {e}", ctx.operator, ctx.index));
+                    None
+                }
+            },
+            _ => None,
+        };
+        (state, error)
+    }
+
+    /// Flushes the sink's output file, if any.
+    pub(super) fn flush_sink(&self) -> std::io::Result<()> {
+        if let Behaviour::Sink { file: Some(f), .. } = &self.behaviour
+            && let Ok(mut w) = f.lock()
+        {
+            w.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Input channel `input` ended: an event-time stage counts its watermark as `+∞` from now
+    /// on (whatever it sent last) and fires what that completes. Returns false if a
+    /// downstream receiver is gone.
+    pub(super) fn end_input(&mut self, input: u32, ctx: &mut SubtaskContext) -> bool {
+        match &mut self.behaviour {
+            Behaviour::EventTime { stage, out } => {
+                stage.end_input(input, out);
+                emit_stage_output(out, ctx)
+            }
+            _ => true,
+        }
+    }
+
+    /// Every live input delivered barrier `b`: (drain: fire open panes,) snapshot, acknowledge,
+    /// forward. Returns false if a downstream receiver is gone.
+    pub(super) fn on_aligned(&mut self, b: Barrier, ctx: &mut SubtaskContext) -> bool {
+        if matches!(b.kind, BarrierKind::Stop { drain: true }) && !self.fire_due_windows(ctx, true)
+        {
+            return false;
+        }
+        if let Err(e) = self.flush_sink() {
+            tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot flush sink output at a barrier");
+        }
+        let state = match &mut self.behaviour {
+            // A checkpoint without this subtask's key groups must not complete: a state error
+            // fails the subtask (and so the checkpoint; the job restarts from the last one).
+            Behaviour::Window { state, .. } => Some(
+                state
+                    .snapshot()
+                    .unwrap_or_else(|e| state_failure(&ctx.operator, ctx.index, &e)),
+            ),
+            Behaviour::EventTime { stage, .. } => stage.snapshot().unwrap_or_else(|e| {
+                tracing::error!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot snapshot event-time state");
+                None
+            }),
+            _ => None,
+        };
+        ctx.ack(b, state);
+        ctx.outputs.broadcast(Event::Barrier(b), &mut ctx.meter)
+    }
+
+    /// Applies the operator to one record. Returns false if a downstream receiver is gone.
+    pub(super) fn process(&mut self, rec: Record, ctx: &mut SubtaskContext) -> bool {
+        if rec.payload.is_watermark() {
+            return match &mut self.behaviour {
+                Behaviour::EventTime { stage, out } => {
+                    stage.on_record(rec, out);
+                    emit_stage_output(out, ctx)
+                }
+                Behaviour::Map | Behaviour::Filter { .. } => ctx.outputs.send(rec, &mut ctx.meter),
+                Behaviour::Window { .. } | Behaviour::Sink { .. } => true,
+            };
+        }
+        if let Some(p) = &ctx.panic_at
+            && p.seq == rec.seq
+            && !p.fired.swap(true, Ordering::SeqCst)
+        {
+            panic!("injected fault at record {}", rec.seq);
+        }
+        spend(ctx.cpu_us, ctx.io_us, rec.seq);
+        match &mut self.behaviour {
+            Behaviour::EventTime { stage, out } => {
+                // A keyed stage's key group, computed once for its state and these counts.
+                if let Some(kg) = stage.on_record(rec, out)
+                    && let Some((load, _)) = &mut ctx.meter.key_groups
+                {
+                    load.count(kg);
+                }
+                emit_stage_output(out, ctx)
+            }
+            Behaviour::Map => ctx.outputs.send(rec, &mut ctx.meter),
+            Behaviour::Filter { keep } => {
+                let draw = (murmur_fmix64(rec.seq ^ 0xf1_17e5) >> 11) as f64 / (1u64 << 53) as f64;
+                if draw < *keep {
+                    ctx.outputs.send(rec, &mut ctx.meter)
+                } else {
+                    ctx.meter.totals.filtered += rec.count;
+                    ctx.meter
+                        .live
+                        .filtered
+                        .fetch_add(rec.count, Ordering::Relaxed);
+                    true
+                }
+            }
+            Behaviour::Window {
+                size_us,
+                state,
+                pane_end_us,
+                ..
+            } => {
+                let now = now_unix_us();
+                if *pane_end_us == 0 {
+                    *pane_end_us = (now / *size_us + 1) * *size_us;
+                }
+                let kg = key_group(rec.key, ctx.max_parallelism);
+                if let Some((load, _)) = &mut ctx.meter.key_groups {
+                    load.count(kg);
+                }
+                let s = state
+                    .entry(kg, rec.key)
+                    .unwrap_or_else(|e| state_failure(&ctx.operator, ctx.index, &e));
+                s.total_count += rec.count;
+                s.total_sum += rec.value;
+                s.pane_count += rec.count;
+                s.pane_sum += rec.value;
+                s.pane_max_delay_us = s.pane_max_delay_us.max(now.saturating_sub(rec.created_us));
+                true
+            }
+            Behaviour::Sink { file } => {
+                if let Some(sink) = &mut ctx.meter.sink {
+                    // Against the clock of the batch (a chained sink) or of the last
+                    // `SINK_CLOCK_USES` records (`SinkMeter::tick_clock`).
+                    sink.latency.observe(rec.created_us);
+                }
+                ctx.meter.totals.accounted += rec.count;
+                ctx.meter
+                    .live
+                    .accounted
+                    .fetch_add(rec.count, Ordering::Relaxed);
+                if let Some(f) = file
+                    && let Ok(mut w) = f.lock()
+                {
+                    let _ = match rec.payload.to_json() {
+                        Some(json) => writeln!(w, "{json}"),
+                        None => writeln!(w, "{},{},{}", rec.key, rec.count, rec.value),
+                    };
+                }
+                true
+            }
+        }
+    }
+
+    /// Whether this is a window operator whose open pane may have ended (checks the clock
+    /// at most every 64 records).
+    pub(super) fn window_due(&mut self) -> bool {
+        match &mut self.behaviour {
+            Behaviour::Window { checks, .. } => {
+                *checks += 1;
+                if *checks >= 64 {
+                    *checks = 0;
+                    return true;
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Fires the open pane of a window operator if its end has passed (or unconditionally
+    /// when `all`). Returns false if a downstream receiver is gone.
+    pub(super) fn fire_due_windows(&mut self, ctx: &mut SubtaskContext, all: bool) -> bool {
+        if let Behaviour::EventTime { stage, out } = &mut self.behaviour {
+            if all {
+                stage.finish(out);
+                return emit_stage_output(out, ctx);
+            }
+            return true;
+        }
+        let Behaviour::Window {
+            size_us,
+            state,
+            pane_end_us,
+            ..
+        } = &mut self.behaviour
+        else {
+            return true;
+        };
+        let now = now_unix_us();
+        if !all && (*pane_end_us == 0 || now < *pane_end_us) {
+            return true;
+        }
+        *pane_end_us = (now / *size_us + 1) * *size_us;
+        let mut out = Vec::new();
+        // The result is stamped so that the sink measures the pane's largest upstream delay
+        // plus the time after the window fired: latency without the buffering a window does
+        // on purpose.
+        let fired = state.fire_panes(&mut |key, s| {
+            out.push(Record {
+                seq: key,
+                key,
+                value: s.pane_sum,
+                count: s.pane_count,
+                created_us: now.saturating_sub(s.pane_max_delay_us),
+                payload: Payload::None,
+            });
+        });
+        if let Err(e) = fired {
+            state_failure(&ctx.operator, ctx.index, &e);
+        }
+        for rec in out {
+            if !ctx.outputs.send(rec, &mut ctx.meter) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Sends what an event-time stage produced and counts its filtered and late records.
+/// Returns false if a downstream receiver is gone.
+pub(super) fn emit_stage_output(out: &mut StageOutput, ctx: &mut SubtaskContext) -> bool {
+    if out.filtered > 0 {
+        ctx.meter.totals.filtered += out.filtered;
+        ctx.meter
+            .live
+            .filtered
+            .fetch_add(out.filtered, Ordering::Relaxed);
+        out.filtered = 0;
+    }
+    if out.late > 0 {
+        if ctx.meter.enabled {
+            let l = [ctx.meter.labels[0].as_str(), ctx.meter.labels[1].as_str()];
+            ctx.meter
+                .metrics
+                .late_records_dropped
+                .with_label_values(&l)
+                .inc_by(out.late);
+        }
+        out.late = 0;
+    }
+    let mut ok = true;
+    for rec in out.records.drain(..) {
+        if ok && !ctx.outputs.send(rec, &mut ctx.meter) {
+            ok = false;
+        }
+    }
+    ok
+}
