@@ -111,8 +111,8 @@ pub enum SessionError {
     /// The cluster cannot be reached or answered something unexpected.
     #[error(transparent)]
     Flink(#[from] FlinkError),
-    /// A named job is not running.
-    #[error("job {job} is {state}, not RUNNING: nothing to autoscale")]
+    /// A named job has ended.
+    #[error("job {job} is {state}: nothing to autoscale")]
     NotRunning {
         /// The job id.
         job: String,
@@ -811,7 +811,12 @@ pub async fn run(
     let mut sessions: Vec<JobSession> = Vec::new();
     for jid in &opts.jobs {
         let job = rest.job(jid).await?;
-        if job.state != "RUNNING" {
+        // A job still starting (CREATED, INITIALIZING, RESTARTING) is waited for; one that
+        // has ended is not autoscaled.
+        if matches!(
+            job.state.as_str(),
+            "FINISHED" | "CANCELED" | "CANCELLING" | "FAILED" | "FAILING" | "SUSPENDED"
+        ) {
             return Err(SessionError::NotRunning {
                 job: jid.clone(),
                 state: job.state,
