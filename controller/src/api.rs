@@ -203,6 +203,33 @@ impl EngineApi {
         self.call("GET", self.client.get(&url), url).await
     }
 
+    /// `GET /v1/shed`: the records the engine's sources have shed so far
+    /// (`streamscale_engine::shed`).
+    ///
+    /// # Errors
+    /// [`ApiError::Http`] or [`ApiError::Status`].
+    pub async fn shed(&self) -> Result<u64, ApiError> {
+        let url = format!("{}/v1/shed", self.base_url);
+        let s: streamscale_engine::shed::ShedStatus =
+            self.call("GET", self.client.get(&url), url).await?;
+        Ok(s.records_shed)
+    }
+
+    /// `POST /v1/shed {"share": share}`: every source drops that share of its due records;
+    /// returns the records shed so far.
+    ///
+    /// # Errors
+    /// [`ApiError::Http`], or [`ApiError::Status`] (400 for a share outside [0, 1], 401
+    /// without the engine's token).
+    pub async fn set_shed(&self, share: f64) -> Result<u64, ApiError> {
+        let url = format!("{}/v1/shed", self.base_url);
+        let request = self
+            .authorized(self.client.post(&url))
+            .json(&serde_json::json!({ "share": share }));
+        let s: streamscale_engine::shed::ShedStatus = self.call("POST", request, url).await?;
+        Ok(s.records_shed)
+    }
+
     /// Sends `request` (to `url`, with `method`, both named in errors), checks the status and
     /// decodes the JSON body.
     async fn call<T: serde::de::DeserializeOwned>(

@@ -253,6 +253,12 @@ pub async fn run(
 }
 
 impl<R: EngineRuntime> Loop<'_, R> {
+    /// The REST client of `engine`, carrying the runtime's token.
+    fn engine_api(&self, engine: &EngineHandle) -> crate::api::EngineApi {
+        crate::api::EngineApi::new(self.client.clone(), &engine.base_url)
+            .with_token(self.executor.runtime().auth_token())
+    }
+
     async fn run(
         &mut self,
         mut engine: EngineHandle,
@@ -519,14 +525,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     shed_wanted = autoscaler.limit_plan().map_or(0.0, |lp| lp.shed_share);
                 }
                 if (shed_wanted - shed_applied).abs() > 1e-3 {
-                    match set_shed(
-                        &self.client,
-                        &engine.base_url,
-                        self.executor.runtime().auth_token(),
-                        shed_wanted,
-                    )
-                    .await
-                    {
+                    match self.engine_api(&engine).set_shed(shed_wanted).await {
                         Ok(n) => {
                             let why = autoscaler
                                 .limit_plan()
@@ -540,7 +539,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                         Err(e) => tracing::warn!("{e}"),
                     }
                 } else if shed_applied > 0.0
-                    && let Ok(n) = get_shed(&self.client, &engine.base_url).await
+                    && let Ok(n) = self.engine_api(&engine).shed().await
                 {
                     self.shed_now = n;
                 }
@@ -758,7 +757,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
 
         let final_parallelism = engine.parallelism.clone();
         if shed_applied > 0.0
-            && let Ok(n) = get_shed(&self.client, &engine.base_url).await
+            && let Ok(n) = self.engine_api(&engine).shed().await
         {
             self.shed_now = n;
         }
@@ -1069,50 +1068,6 @@ fn total_source_count(spec: &JobSpec) -> Option<u64> {
             _ => None,
         })
         .try_fold(0u64, |sum, count| count.map(|c| sum.saturating_add(c)))
-}
-
-/// `POST BASE/v1/shed {"share": S}` (see `streamscale_engine::shed`); returns the engine's
-/// records shed so far.
-async fn set_shed(
-    client: &reqwest::Client,
-    base: &str,
-    token: Option<&str>,
-    share: f64,
-) -> Result<u64, String> {
-    let mut request = client.post(format!("{base}/v1/shed"));
-    if let Some(t) = token {
-        request = request.bearer_auth(t);
-    }
-    let resp = request
-        .json(&serde_json::json!({ "share": share }))
-        .send()
-        .await
-        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
-    shed_total(resp, base).await
-}
-
-/// `GET BASE/v1/shed`: the engine's records shed so far.
-async fn get_shed(client: &reqwest::Client, base: &str) -> Result<u64, String> {
-    let resp = client
-        .get(format!("{base}/v1/shed"))
-        .send()
-        .await
-        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
-    shed_total(resp, base).await
-}
-
-async fn shed_total(resp: reqwest::Response, base: &str) -> Result<u64, String> {
-    let status = resp.status();
-    let text = resp
-        .text()
-        .await
-        .map_err(|e| format!("{base}/v1/shed: {e}"))?;
-    if !status.is_success() {
-        return Err(format!("{base}/v1/shed: {status}: {text}"));
-    }
-    serde_json::from_str::<streamscale_engine::shed::ShedStatus>(&text)
-        .map(|s| s.records_shed)
-        .map_err(|e| format!("{base}/v1/shed: {e}"))
 }
 
 /// The directory in the report directory where the engines write savepoints.

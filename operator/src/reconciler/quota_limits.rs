@@ -217,15 +217,7 @@ pub(super) async fn report_limit(
     if shed_applied.is_some_and(|a| (a - wanted).abs() < 1e-3) {
         return;
     }
-    let url = format!("{}/v1/shed", rt.api().base_url());
-    let sent = ctx
-        .http
-        .post(&url)
-        .json(&serde_json::json!({ "share": wanted }))
-        .send()
-        .await
-        .and_then(reqwest::Response::error_for_status);
-    match sent {
+    match rt.api().set_shed(wanted).await {
         Ok(_) => {
             tracing::info!(job = %key(job), share = wanted, "shed share applied");
             let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -233,6 +225,6 @@ pub(super) async fn report_limit(
                 m.shed_applied = Some(wanted);
             }
         }
-        Err(e) => tracing::warn!(job = %key(job), "{url}: {e}"),
+        Err(e) => tracing::warn!(job = %key(job), "{e}"),
     }
 }
