@@ -61,7 +61,7 @@ pub enum ApiError {
 }
 
 /// One operator as reported by `GET /v1/job`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobOperator {
     /// Operator name.
@@ -79,7 +79,7 @@ pub struct JobOperator {
 }
 
 /// The body of `GET /v1/job`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobStatus {
     /// Job name.

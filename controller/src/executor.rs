@@ -378,14 +378,9 @@ mod tests {
     fn job(state: &str) -> JobStatus {
         JobStatus {
             name: "t".into(),
-            fingerprint: String::new(),
             state: state.into(),
             max_parallelism: 128,
-            operators: vec![],
-            records_emitted: 0,
-            records_accounted: 0,
-            records_filtered: 0,
-            restored_from: None,
+            ..JobStatus::default()
         }
     }
 

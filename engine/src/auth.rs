@@ -108,11 +108,6 @@ pub async fn require_token(
         .into_response()
 }
 
-/// Whether `address` (as given to `--bind`, `HOST:PORT`) binds loopback only.
-pub fn is_loopback_bind(address: &std::net::SocketAddr) -> bool {
-    address.ip().is_loopback()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -85,10 +85,6 @@ impl Curl {
     }
 }
 
-fn client() -> Curl {
-    Curl
-}
-
 struct Flink {
     rest: String,
     jar_path: String,
@@ -96,7 +92,7 @@ struct Flink {
 
 impl Flink {
     fn job(&self, jid: &str) -> serde_json::Value {
-        client().get(&format!("{}/jobs/{jid}", self.rest))
+        Curl.get(&format!("{}/jobs/{jid}", self.rest))
     }
 
     /// Parallelism per vertex name and the job state.
@@ -119,7 +115,7 @@ impl Flink {
     }
 
     fn running_jobs(&self) -> Vec<String> {
-        client().get(&format!("{}/jobs/overview", self.rest))["jobs"]
+        Curl.get(&format!("{}/jobs/overview", self.rest))["jobs"]
             .as_array()
             .map(|js| {
                 js.iter()
@@ -149,7 +145,7 @@ impl Flink {
         let vid = self.keyed_vertex(jid);
         let deadline = Instant::now() + Duration::from_secs(40);
         loop {
-            let ids = client().get(&format!("{}/jobs/{jid}/vertices/{vid}/metrics", self.rest));
+            let ids = Curl.get(&format!("{}/jobs/{jid}/vertices/{vid}/metrics", self.rest));
             let wanted: Vec<String> = ids
                 .as_array()
                 .map(|a| {
@@ -161,7 +157,7 @@ impl Flink {
                 })
                 .unwrap_or_default();
             if !wanted.is_empty() {
-                let vals = client().get(&format!(
+                let vals = Curl.get(&format!(
                     "{}/jobs/{jid}/vertices/{vid}/metrics?get={}",
                     self.rest,
                     wanted.join(",")
@@ -224,7 +220,7 @@ impl Flink {
             .and_then(|n| n.to_str())
             .expect("jar name")
             .to_string();
-        client().get(&format!("{}/jars", self.rest))["files"]
+        Curl.get(&format!("{}/jars", self.rest))["files"]
             .as_array()
             .and_then(|fs| {
                 fs.iter()

@@ -29,8 +29,8 @@ pub enum InPlaceOutcome {
 /// every vertex to run at it. On a timeout the requirements of `previous` are requested again.
 ///
 /// # Errors
-/// [`FlinkError`] when the request is refused (no adaptive scheduler: Flink answers that the
-/// operation is not supported) or the job is gone.
+/// [`FlinkError`] when the request is refused (a job without the adaptive scheduler, see
+/// [`super::rest::JobDetails::adaptive_scheduler`]) or the job is gone.
 pub async fn rescale(
     rest: &FlinkRest,
     jid: &str,
@@ -65,21 +65,4 @@ pub async fn rescale(
         seen,
         seconds: started.elapsed().as_secs_f64(),
     })
-}
-
-/// Whether a refusal of the resource-requirements request means the cluster has no adaptive
-/// scheduler (so the savepoint + resubmit path is the way to rescale).
-pub fn not_supported(error: &FlinkError) -> bool {
-    match error {
-        FlinkError::Status {
-            status, message, ..
-        } => {
-            let m = message.to_ascii_lowercase();
-            (*status == 500 || *status == 400 || *status == 405)
-                && (m.contains("not supported")
-                    || m.contains("adaptive")
-                    || m.contains("unsupported"))
-        }
-        _ => false,
-    }
 }

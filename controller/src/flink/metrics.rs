@@ -183,6 +183,11 @@ pub fn sample(
             let Some(c) = s.metrics.as_ref().filter(|_| s.status == "RUNNING") else {
                 continue;
             };
+            // The same subtask in the previous sample.
+            let prev = previous
+                .and_then(|p| p.operators.get(&v.name))
+                .and_then(|p| p.get(s.subtask as usize))
+                .filter(|p| !p.is_absent());
             let ms = 1e-3;
             let mut sub = SubtaskSample {
                 records_in: c.read_records,
@@ -224,10 +229,7 @@ pub fn sample(
                         sub.source_arrivals = Some(emitted + pending);
                     }
                     _ => {
-                        let prev_bp = previous
-                            .and_then(|p| p.operators.get(&v.name))
-                            .and_then(|p| p.get(s.subtask as usize))
-                            .map(|p| p.backpressured_seconds);
+                        let prev_bp = prev.map(|p| p.backpressured_seconds);
                         let gap = previous.map(|p| at_seconds - p.at_seconds);
                         let keeps_up = match (prev_bp, gap) {
                             (Some(b0), Some(gap)) if gap > 0.0 && b0.is_finite() => {
@@ -249,11 +251,7 @@ pub fn sample(
             // Flink's accumulated times of a source task can step back a little between
             // fetches (seen: busy 471 ms, then 464 ms); a counter that only grows must not
             // read as a reset, so a small step back keeps the previous value.
-            if let Some(p) = previous
-                .and_then(|p| p.operators.get(&v.name))
-                .and_then(|p| p.get(s.subtask as usize))
-                .filter(|p| !p.is_absent() && sub.records_out >= p.records_out)
-            {
+            if let Some(p) = prev.filter(|p| sub.records_out >= p.records_out) {
                 for (now, before) in [
                     (&mut sub.busy_seconds, p.busy_seconds),
                     (&mut sub.idle_seconds, p.idle_seconds),
@@ -362,6 +360,7 @@ mod tests {
             name: "j".into(),
             state: "RUNNING".into(),
             now: 0,
+            scheduler_type: None,
             vertices: vec![v("s", "src"), v("k", "agg")],
             plan: Plan {
                 nodes: vec![

@@ -181,6 +181,9 @@ pub struct JobDetails {
     /// JobManager time of the answer, milliseconds since the Unix epoch.
     #[serde(default)]
     pub now: i64,
+    /// `Adaptive` or `Default` (Flink 1.17 and later; `None` from older versions).
+    #[serde(rename = "schedulerType", default)]
+    pub scheduler_type: Option<String>,
     /// The vertices.
     pub vertices: Vec<VertexSummary>,
     /// Vertices and edges.
@@ -207,6 +210,14 @@ impl JobDetails {
     /// Whether the job and every vertex are `RUNNING`.
     pub fn all_running(&self) -> bool {
         self.state == "RUNNING" && self.vertices.iter().all(|v| v.status == "RUNNING")
+    }
+
+    /// Whether the job runs the adaptive scheduler, which rescales in place; `None` when
+    /// Flink does not say.
+    pub fn adaptive_scheduler(&self) -> Option<bool> {
+        self.scheduler_type
+            .as_deref()
+            .map(|t| t.eq_ignore_ascii_case("adaptive"))
     }
 
     /// Parallelism per vertex id.

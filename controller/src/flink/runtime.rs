@@ -61,7 +61,7 @@ impl Default for FlinkTimeouts {
 pub struct FlinkRuntime {
     rest: FlinkRest,
     topology: Arc<Mutex<FlinkTopology>>,
-    resubmit: Resubmit,
+    resubmit: Option<Resubmit>,
     savepoint_dir: Option<String>,
     timeouts: FlinkTimeouts,
     next_id: AtomicU64,
@@ -69,13 +69,13 @@ pub struct FlinkRuntime {
 }
 
 impl FlinkRuntime {
-    /// A runtime submitting by `resubmit`, taking savepoints into `savepoint_dir` (the
+    /// A runtime submitting by `resubmit` (`None`: a start fails, saying how to give one), taking savepoints into `savepoint_dir` (the
     /// cluster's `execution.checkpointing.savepoint-dir` when `None`). `topology` maps the
     /// model's operator names to vertex ids.
     pub fn new(
         rest: FlinkRest,
         topology: Arc<Mutex<FlinkTopology>>,
-        resubmit: Resubmit,
+        resubmit: Option<Resubmit>,
         savepoint_dir: Option<String>,
         timeouts: FlinkTimeouts,
     ) -> FlinkRuntime {
@@ -117,7 +117,10 @@ impl FlinkRuntime {
 
     async fn submit(&self, savepoint: &str, overrides: &str) -> Result<String, RuntimeError> {
         match &self.resubmit {
-            Resubmit::Jar(jar) => {
+            None => Err(RuntimeError::Submit(
+                "no --resubmit-jar/--resubmit-command says how to submit the job again".into(),
+            )),
+            Some(Resubmit::Jar(jar)) => {
                 let config: BTreeMap<String, String> = [
                     (RECOVERY_KEY.to_string(), savepoint.to_string()),
                     (OVERRIDES_KEY.to_string(), overrides.to_string()),
@@ -126,7 +129,7 @@ impl FlinkRuntime {
                 .collect();
                 Ok(self.rest.run_jar(jar, &config, Some(savepoint)).await?)
             }
-            Resubmit::Command(template) => {
+            Some(Resubmit::Command(template)) => {
                 let command = template
                     .replace("{savepoint}", savepoint)
                     .replace("{overrides}", overrides);
@@ -241,7 +244,6 @@ fn status_of(job: &super::rest::JobDetails, topology: &FlinkTopology) -> JobStat
     };
     JobStatus {
         name: job.name.clone(),
-        fingerprint: String::new(),
         state: state.to_string(),
         max_parallelism: topology.spec.max_parallelism,
         operators: job
@@ -253,16 +255,11 @@ fn status_of(job: &super::rest::JobDetails, topology: &FlinkTopology) -> JobStat
                     .iter()
                     .find(|t| t.id == v.id)
                     .map_or_else(|| v.name.clone(), |t| t.name.clone()),
-                kind: String::new(),
                 parallelism: v.parallelism,
-                records_in: 0,
-                records_out: 0,
+                ..JobOperator::default()
             })
             .collect(),
-        records_emitted: 0,
-        records_accounted: 0,
-        records_filtered: 0,
-        restored_from: None,
+        ..JobStatus::default()
     }
 }
 

@@ -270,9 +270,7 @@ impl JobSession {
         let runtime = FlinkRuntime::new(
             rest.clone(),
             Arc::clone(&topology),
-            opts.resubmit
-                .clone()
-                .unwrap_or(Resubmit::Command(String::new())),
+            opts.resubmit.clone(),
             opts.savepoint_dir.clone(),
             FlinkTimeouts {
                 savepoint: timeout,
@@ -306,17 +304,18 @@ impl JobSession {
         })
     }
 
-    /// Collects one sample of every vertex; `None` when the job is not fully running.
+    /// Collects one sample of every vertex of `topo`; `None` when the job is not fully
+    /// running.
     async fn collect(
         &mut self,
         rest: &FlinkRest,
         job: &JobDetails,
+        topo: &FlinkTopology,
         at_s: f64,
     ) -> Result<Option<metrics::FlinkSample>, FlinkError> {
         if !job.all_running() {
             return Ok(None);
         }
-        let topo = self.topology.lock().await.clone();
         let mut scrapes = BTreeMap::new();
         for v in &topo.vertices {
             let details = rest.vertex(&job.jid, &v.id).await?;
@@ -351,7 +350,7 @@ impl JobSession {
             scrapes.insert(v.id.clone(), scrape);
         }
         Ok(Some(metrics::sample(
-            &topo,
+            topo,
             &scrapes,
             at_s,
             self.window.back(),
@@ -426,7 +425,7 @@ impl JobSession {
         rest: &FlinkRest,
         opts: &FlinkOptions,
         now_s: f64,
-        slot_limit: Option<u32>,
+        slots_available: Option<u32>,
         print: &mut dyn FnMut(&str),
     ) {
         let jid = self.topology.lock().await.job_id.clone();
@@ -445,7 +444,7 @@ impl JobSession {
             self.end(format!("job {jid} ended ({})", job.state), print);
             return;
         }
-        {
+        let mut topo = {
             let mut topo = self.topology.lock().await;
             if !topo.same_graph(&job) {
                 match FlinkTopology::from_job(&job, &opts.settings, &opts.bounds) {
@@ -463,8 +462,9 @@ impl JobSession {
                     }
                 }
             }
-        }
-        let sample = match self.collect(rest, &job, now_s).await {
+            topo.clone()
+        };
+        let sample = match self.collect(rest, &job, &topo, now_s).await {
             Ok(Some(s)) => s,
             Ok(None) => {
                 print(&format!(
@@ -494,7 +494,7 @@ impl JobSession {
         });
         // What the job runs now (a change made outside streamscale included): a savepoint
         // rescale's rollback goes back to it.
-        self.handle.parallelism = self.topology.lock().await.by_name(&job.parallelism_by_id());
+        self.handle.parallelism = topo.by_name(&job.parallelism_by_id());
         if parallelism_changed {
             // Rescaled from outside (the user, Flink's own scheduler): a new deployment.
             print(&format!(
@@ -514,9 +514,8 @@ impl JobSession {
         while self.window.len() > 2 && now_s - self.window[1].at_seconds >= opts.window_s {
             self.window.pop_front();
         }
-        let mut topo = self.topology.lock().await.clone();
         self.live_line(now_s, &topo, print);
-        if let Some(limit) = slot_limit {
+        if let Some(limit) = slots_available.map(|free| slot_limit(free, &job)) {
             for op in &mut topo.spec.operators {
                 let max = op.scaling.max.unwrap_or(limit).min(limit);
                 op.scaling.max = Some(max.max(op.scaling.min.unwrap_or(1)));
@@ -569,7 +568,7 @@ impl JobSession {
                 }
                 print(&format!("{}: RESCALE {changes} ({reason})", short(&jid)));
                 let record = self
-                    .apply(rest, opts, now_s, &from, &to, reason, &topo)
+                    .apply(rest, opts, now_s, &from, &to, reason, &topo, &job)
                     .await;
                 match record.outcome.as_str() {
                     "rescaled" => {
@@ -626,6 +625,7 @@ impl JobSession {
         to: &BTreeMap<String, u32>,
         reason: String,
         topo: &FlinkTopology,
+        job: &JobDetails,
     ) -> RescaleRecord {
         let jid = topo.job_id.clone();
         let mut record = RescaleRecord {
@@ -640,7 +640,14 @@ impl JobSession {
             error: None,
         };
         let timeout = Duration::from_secs_f64(opts.rescale_timeout_s);
-        if opts.rescale != RescalePath::Savepoint {
+        // `auto` rescales in place unless the job says it runs another scheduler than the
+        // adaptive one (FLIP-291's resource requirements need it).
+        let in_place = match opts.rescale {
+            RescalePath::InPlace => true,
+            RescalePath::Savepoint => false,
+            RescalePath::Auto => job.adaptive_scheduler() != Some(false),
+        };
+        if in_place {
             match in_place::rescale(rest, &jid, &topo.by_id(to), &topo.by_id(from), timeout).await {
                 Ok(InPlaceOutcome::Rescaled { seconds }) => {
                     record.outcome = "rescaled".into();
@@ -657,15 +664,6 @@ impl JobSession {
                     ));
                     return record;
                 }
-                Err(e) if opts.rescale == RescalePath::Auto && in_place::not_supported(&e) => {
-                    if opts.resubmit.is_none() {
-                        record.outcome = "notApplied".into();
-                        record.error = Some(format!(
-                            "the cluster cannot rescale in place ({e}) and no --resubmit-jar/--resubmit-command says how to resubmit the job from a savepoint"
-                        ));
-                        return record;
-                    }
-                }
                 Err(e) => {
                     record.outcome = "refused".into();
                     record.error = Some(e.to_string());
@@ -676,8 +674,10 @@ impl JobSession {
         record.path = "savepoint".into();
         if opts.resubmit.is_none() {
             record.outcome = "notApplied".into();
-            record.error =
-                Some("no --resubmit-jar/--resubmit-command says how to resubmit the job".into());
+            record.error = Some(format!(
+                "the job runs the {} scheduler, which cannot rescale in place, and no --resubmit-jar/--resubmit-command says how to resubmit it from a savepoint",
+                job.scheduler_type.as_deref().unwrap_or("unknown")
+            ));
             return record;
         }
         let executor = Executor::new(&self.runtime, Path::new(""))
@@ -888,14 +888,6 @@ pub async fn run(
                 if j.state != "RUNNING" || !adopt_new(&sessions, &j.jid) {
                     continue;
                 }
-                // A job the controller resubmitted itself carries on in its session.
-                let mut known = false;
-                for s in &sessions {
-                    known |= s.topology.lock().await.job_id == j.jid;
-                }
-                if known {
-                    continue;
-                }
                 if let Ok(job) = rest.job(&j.jid).await
                     && let Ok(s) = JobSession::new(&rest, &job, opts).await
                 {
@@ -904,14 +896,9 @@ pub async fn run(
                 }
             }
         }
-        let overview = rest.overview().await.ok();
+        let free = rest.overview().await.ok().map(|o| o.slots_available);
         for s in sessions.iter_mut().filter(|s| !s.done) {
-            let jid = s.topology.lock().await.job_id.clone();
-            let limit = match (&overview, rest.job(&jid).await) {
-                (Some(o), Ok(job)) => Some(slot_limit(o.slots_available, &job)),
-                _ => None,
-            };
-            s.tick(&rest, opts, started.elapsed().as_secs_f64(), limit, print)
+            s.tick(&rest, opts, started.elapsed().as_secs_f64(), free, print)
                 .await;
         }
         if !opts.all && sessions.iter().all(|s| s.done) {

@@ -322,6 +322,7 @@ mod tests {
             name: "demo job".into(),
             state: "RUNNING".into(),
             now: 0,
+            scheduler_type: None,
             vertices: vec![
                 vertex("a", "Source: trace", 1, 128),
                 vertex("b", "count -> Sink: discard", 2, 64),

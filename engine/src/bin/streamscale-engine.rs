@@ -320,7 +320,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         .as_deref()
         .map(streamscale_engine::auth::AuthToken::from_file)
         .transpose()?;
-    if token.is_none() && !streamscale_engine::auth::is_loopback_bind(&address) {
+    if token.is_none() && !address.ip().is_loopback() {
         if !args.insecure_bind {
             anyhow::bail!(
                 "--bind {}: refusing a non-loopback address without --auth-token-file (anyone who can reach it could stop the job or delete its savepoints); pass --insecure-bind to do it anyway",
