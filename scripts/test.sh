@@ -29,5 +29,9 @@ cargo build --workspace --bins
 # wheels and the demo job compiled with javac (cached in ~/.cache/streamscale/flink; about a
 # minute and 330 MB the first time). The test starts and stops the cluster.
 ./scripts/flink-testenv.sh install
-trap './scripts/k8s-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true' EXIT
+# A real Apache Kafka 4.1 broker (KRaft, one node) for the engine's Kafka tests: its jars from
+# Maven Central with mvn (cached in ~/.cache/streamscale/kafka, about 40 MB). The tests start
+# and stop the broker.
+./scripts/kafka-testenv.sh install
+trap './scripts/k8s-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/kafka-testenv.sh stop >/dev/null 2>&1 || true' EXIT
 cargo test --workspace
