@@ -24,6 +24,7 @@ pub mod savepoint;
 pub mod server;
 pub mod service_time;
 pub mod shed;
+pub mod sink;
 pub mod spec;
 pub mod state;
 pub mod time;
