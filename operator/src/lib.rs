@@ -2,6 +2,8 @@
 //! Kubernetes implementation of the controller's engine runtime.
 //!
 //! * [`crd`]: the resource types (the CRD is generated from them by `crdgen`).
+//! * [`flink_scaler_crd`]: the `FlinkScaler` resource, which autoscales a Flink job run by the
+//!   Flink Kubernetes Operator.
 //! * [`rescale`]: the rescale state machine, a pure function of status and observations.
 //! * [`resources`]: the owned objects (ConfigMap, PVC, Deployment, Service).
 //! * [`runtime`]: [`runtime::KubeRuntime`], the `EngineRuntime` for engines in pods.
@@ -17,6 +19,7 @@
 //!   ConfigMap, kept across operator restarts.
 
 pub mod crd;
+pub mod flink_scaler_crd;
 pub mod learned_configmap;
 pub mod metrics;
 pub mod prometheus;

@@ -1,19 +1,23 @@
-//! The checked-in CRD (`crds/streamjob.yaml` and the chart's copy) must match the Rust types.
+//! The checked-in CRDs (`crds/streamjob.yaml`, `crds/flinkscaler.yaml` and the chart's copies)
+//! must match the Rust types.
 
 use std::path::PathBuf;
 
 #[test]
 fn checked_in_crd_is_current() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let want = streamscale_operator::crd::crd_yaml();
-    for rel in [
-        "crds/streamjob.yaml",
-        "charts/streamscale/crds/streamjob.yaml",
+    let jobs = streamscale_operator::crd::crd_yaml();
+    let scalers = streamscale_operator::flink_scaler_crd::crd_yaml();
+    for (rel, want) in [
+        ("crds/streamjob.yaml", &jobs),
+        ("charts/streamscale/crds/streamjob.yaml", &jobs),
+        ("crds/flinkscaler.yaml", &scalers),
+        ("charts/streamscale/crds/flinkscaler.yaml", &scalers),
     ] {
         let have = std::fs::read_to_string(root.join(rel)).unwrap_or_default();
         assert!(
-            have == want,
-            "{rel} is stale: regenerate with `cargo run -p streamscale-operator --bin crdgen -- crds/streamjob.yaml charts/streamscale/crds/streamjob.yaml`"
+            &have == want,
+            "{rel} is stale: regenerate with `cargo run -p streamscale-operator --bin crdgen -- crds charts/streamscale/crds`"
         );
     }
 }
@@ -69,4 +73,21 @@ fn operator_kind_fields_have_no_schema_defaults() {
     }))
     .expect("a defaulted StreamJob deserializes");
     assert_eq!(job.spec.job.operators.len(), 3);
+}
+
+#[test]
+fn flink_scaler_crd_has_target_kinds_and_printer_columns() {
+    let yaml = streamscale_operator::flink_scaler_crd::crd_yaml();
+    for needle in [
+        "kind: FlinkScaler",
+        "- fsc",
+        "- FlinkDeployment",
+        "- FlinkSessionJob",
+        ".spec.targetRef.name",
+        ".status.totalParallelism",
+        "self.min <= self.max",
+        "restUrl",
+    ] {
+        assert!(yaml.contains(needle), "FlinkScaler CRD lacks {needle}");
+    }
 }

@@ -2,7 +2,7 @@
 //! API with the same planner and guards as the bundled engine.
 //!
 //! The phases, one module each:
-//! * collect: [`rest`] (the REST client), [`topology`] (vertices and edges as the planner's
+//! * collect: [`collect`] (one scrape of a job), [`rest`] (the REST client), [`topology`] (vertices and edges as the planner's
 //!   job graph), [`metrics`] (per-subtask counters as the planner's metric sample);
 //! * evaluate, plan, guard: [`crate::model::Autoscaler`], unchanged;
 //! * realize: [`in_place`] (the adaptive scheduler's resource requirements, FLIP-291) or
@@ -12,6 +12,7 @@
 //! * [`session`]: the loop of `streamscale flink` over one or more jobs, its live lines and its
 //!   report.
 
+pub mod collect;
 pub mod in_place;
 pub mod metrics;
 pub mod rest;

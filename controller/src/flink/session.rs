@@ -17,8 +17,9 @@ use crate::executor::{Executor, RescaleBackoff, RescaleOutcome};
 use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use crate::runtime::EngineHandle;
 
+use super::collect::Collector;
 use super::in_place::{self, InPlaceOutcome};
-use super::metrics::{self, SourceMetricIds, VertexScrape};
+use super::metrics;
 use super::rest::{FlinkError, FlinkRest, JobDetails};
 use super::runtime::{FlinkRuntime, FlinkTimeouts, Resubmit};
 use super::topology::{FlinkTopology, VertexBounds, VertexRole};
@@ -211,7 +212,7 @@ struct JobSession {
     autoscaler: Autoscaler,
     backoff: RescaleBackoff,
     window: VecDeque<MetricSample>,
-    source_ids: BTreeMap<String, SourceMetricIds>,
+    collector: Collector,
     last_hold: String,
     last_notes: Vec<String>,
     report: JobReport,
@@ -295,66 +296,13 @@ impl JobSession {
             autoscaler,
             backoff: RescaleBackoff::default(),
             window: VecDeque::new(),
-            source_ids: BTreeMap::new(),
+            collector: Collector::new(),
             last_hold: String::new(),
             last_notes: Vec::new(),
             report,
             timeline: Vec::new(),
             done: false,
         })
-    }
-
-    /// Collects one sample of every vertex of `topo`; `None` when the job is not fully
-    /// running.
-    async fn collect(
-        &mut self,
-        rest: &FlinkRest,
-        job: &JobDetails,
-        topo: &FlinkTopology,
-        at_s: f64,
-    ) -> Result<Option<metrics::FlinkSample>, FlinkError> {
-        if !job.all_running() {
-            return Ok(None);
-        }
-        let mut scrapes = BTreeMap::new();
-        for v in &topo.vertices {
-            let details = rest.vertex(&job.jid, &v.id).await?;
-            let mut scrape = VertexScrape {
-                details,
-                source_values: BTreeMap::new(),
-                source_ids: SourceMetricIds::default(),
-            };
-            if v.role == VertexRole::Source {
-                let key = format!("{}/{}", job.jid, v.id);
-                let cached = self
-                    .source_ids
-                    .get(&key)
-                    .filter(|ids| ids.records_out.len() >= v.parallelism as usize)
-                    .cloned();
-                let ids = match cached {
-                    Some(ids) => ids,
-                    None => {
-                        let listing = rest.vertex_metrics(&job.jid, &v.id, &[]).await?;
-                        let ids = SourceMetricIds::from_listing(&listing);
-                        self.source_ids.insert(key, ids.clone());
-                        ids
-                    }
-                };
-                let wanted = ids.all();
-                if !wanted.is_empty() {
-                    let values = rest.vertex_metrics(&job.jid, &v.id, &wanted).await?;
-                    scrape.source_values = metrics::metric_values(&values);
-                }
-                scrape.source_ids = ids;
-            }
-            scrapes.insert(v.id.clone(), scrape);
-        }
-        Ok(Some(metrics::sample(
-            topo,
-            &scrapes,
-            at_s,
-            self.window.back(),
-        )))
     }
 
     fn live_line(&mut self, at_s: f64, topo: &FlinkTopology, print: &mut dyn FnMut(&str)) {
@@ -464,7 +412,11 @@ impl JobSession {
             }
             topo.clone()
         };
-        let sample = match self.collect(rest, &job, &topo, now_s).await {
+        let sample = match self
+            .collector
+            .collect(rest, &job, &topo, now_s, self.window.back())
+            .await
+        {
             Ok(Some(s)) => s,
             Ok(None) => {
                 print(&format!(

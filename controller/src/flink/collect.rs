@@ -1,0 +1,81 @@
+//! One scrape of a running Flink job through its REST API: every vertex's per-subtask counters
+//! and, for source vertices, the source operator's output and `pendingRecords`, turned into the
+//! planner's sample ([`super::metrics::sample`]). Shared by `streamscale flink` and the
+//! operator's `FlinkScaler`.
+
+use std::collections::BTreeMap;
+
+use crate::model::MetricSample;
+
+use super::metrics::{self, FlinkSample, SourceMetricIds, VertexScrape};
+use super::rest::{FlinkError, FlinkRest, JobDetails};
+use super::topology::{FlinkTopology, VertexRole};
+
+/// Reads samples of Flink jobs, keeping the metric ids of their source vertices between scrapes
+/// (listing a vertex's metrics is one more request; the ids change only with the parallelism).
+#[derive(Debug, Clone, Default)]
+pub struct Collector {
+    /// Source metric ids by `job id/vertex id`.
+    source_ids: BTreeMap<String, SourceMetricIds>,
+}
+
+impl Collector {
+    /// A collector with nothing cached.
+    pub fn new() -> Collector {
+        Collector::default()
+    }
+
+    /// Collects one sample of every vertex of `topo` for `job` (as just read by
+    /// [`FlinkRest::job`]), read at `at_s` seconds on the caller's monotonic clock; `previous`
+    /// is the last sample of the same job. `None` when not every vertex of the job is
+    /// `RUNNING` (metrics right after a (re)start are partial).
+    ///
+    /// # Errors
+    /// [`FlinkError`] when a request fails.
+    pub async fn collect(
+        &mut self,
+        rest: &FlinkRest,
+        job: &JobDetails,
+        topo: &FlinkTopology,
+        at_s: f64,
+        previous: Option<&MetricSample>,
+    ) -> Result<Option<FlinkSample>, FlinkError> {
+        if !job.all_running() {
+            return Ok(None);
+        }
+        let mut scrapes = BTreeMap::new();
+        for v in &topo.vertices {
+            let details = rest.vertex(&job.jid, &v.id).await?;
+            let mut scrape = VertexScrape {
+                details,
+                source_values: BTreeMap::new(),
+                source_ids: SourceMetricIds::default(),
+            };
+            if v.role == VertexRole::Source {
+                let key = format!("{}/{}", job.jid, v.id);
+                let cached = self
+                    .source_ids
+                    .get(&key)
+                    .filter(|ids| ids.records_out.len() >= v.parallelism as usize)
+                    .cloned();
+                let ids = match cached {
+                    Some(ids) => ids,
+                    None => {
+                        let listing = rest.vertex_metrics(&job.jid, &v.id, &[]).await?;
+                        let ids = SourceMetricIds::from_listing(&listing);
+                        self.source_ids.insert(key, ids.clone());
+                        ids
+                    }
+                };
+                let wanted = ids.all();
+                if !wanted.is_empty() {
+                    let values = rest.vertex_metrics(&job.jid, &v.id, &wanted).await?;
+                    scrape.source_values = metrics::metric_values(&values);
+                }
+                scrape.source_ids = ids;
+            }
+            scrapes.insert(v.id.clone(), scrape);
+        }
+        Ok(Some(metrics::sample(topo, &scrapes, at_s, previous)))
+    }
+}
