@@ -140,9 +140,9 @@ pub struct FlinkRescaleStatus {
     pub to: BTreeMap<String, u32>,
     /// The overrides value written to the target (`<vertex id>:<p>,...`).
     pub overrides: String,
-    /// The target's overrides before the rescale (absent: none), put back on failure.
-    #[serde(default)]
-    pub previous_overrides: Option<String>,
+    /// The overrides put back when the rescale fails: the target's before the rescale, or
+    /// those of `from` when it had none.
+    pub previous_overrides: String,
     /// The target's `metadata.generation` after the write (absent until written).
     #[serde(default)]
     pub target_generation: Option<i64>,

@@ -1,17 +1,19 @@
 //! What the autoscaler learns about a job, kept in the cluster across operator restarts: the
 //! forecast's input-rate history ([`RateHistory`], times in Unix seconds), the per-operator
 //! scalability factors and ineffective-scaling flags ([`ScalabilityTracker`]) and the mean
-//! measured rescale downtime. One ConfigMap `NAME-autoscaler` per StreamJob, owned by it (so
+//! measured rescale downtime. One ConfigMap `NAME-autoscaler` per StreamJob or FlinkScaler, owned by it (so
 //! deleted with it), key `state.json`, at most [`MAX_STATE_BYTES`] (the oldest history bins are
 //! dropped to fit; a ConfigMap holds at most 1 MiB).
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use streamscale_controller::model::forecast::RateHistory;
 use streamscale_controller::model::learn::ScalabilityTracker;
 
 use crate::crd::StreamJob;
+use crate::flink_scaler_crd::FlinkScaler;
 use crate::resources::{self, ResourceError};
 
 /// Key of the state in the ConfigMap.
@@ -53,9 +55,9 @@ pub struct SavedState {
     pub rescale_downtime_seconds: Option<f64>,
 }
 
-/// Name of the state ConfigMap.
-pub fn configmap_name(job: &StreamJob) -> String {
-    format!("{}-autoscaler", job.name_any())
+/// Name of the state ConfigMap of the StreamJob or FlinkScaler `name`.
+pub fn configmap_name(name: &str) -> String {
+    format!("{name}-autoscaler")
 }
 
 /// Encodes `state` as JSON of at most [`MAX_STATE_BYTES`], dropping the oldest history bins
@@ -117,7 +119,45 @@ pub fn decode(name: &str, text: &str, job: &str) -> Result<Option<SavedState>, S
 /// [`ResourceError`] when the StreamJob has no uid yet.
 pub fn configmap(job: &StreamJob, text: String) -> Result<ConfigMap, ResourceError> {
     Ok(ConfigMap {
-        metadata: resources::owned_meta(job, configmap_name(job))?,
+        metadata: resources::owned_meta(job, configmap_name(&job.name_any()))?,
+        data: Some([(STATE_KEY.to_string(), text)].into()),
+        ..ConfigMap::default()
+    })
+}
+
+/// The state ConfigMap of FlinkScaler `scaler` holding `text`, owned by it.
+///
+/// # Errors
+/// [`ResourceError`] when the FlinkScaler has no uid yet.
+pub fn flink_scaler_configmap(
+    scaler: &FlinkScaler,
+    text: String,
+) -> Result<ConfigMap, ResourceError> {
+    let owner = scaler
+        .controller_owner_ref(&())
+        .ok_or_else(|| ResourceError::Incomplete(scaler.name_any()))?;
+    let labels = [
+        (
+            "app.kubernetes.io/name",
+            "streamscale-flinkscaler".to_string(),
+        ),
+        ("app.kubernetes.io/instance", scaler.name_any()),
+        (
+            "app.kubernetes.io/managed-by",
+            "streamscale-operator".to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Ok(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(configmap_name(&scaler.name_any())),
+            namespace: scaler.namespace(),
+            labels: Some(labels),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
         data: Some([(STATE_KEY.to_string(), text)].into()),
         ..ConfigMap::default()
     })

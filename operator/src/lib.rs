@@ -3,7 +3,8 @@
 //!
 //! * [`crd`]: the resource types (the CRD is generated from them by `crdgen`).
 //! * [`flink_scaler_crd`]: the `FlinkScaler` resource, which autoscales a Flink job run by the
-//!   Flink Kubernetes Operator.
+//!   Flink Kubernetes Operator; [`flink_target`] what it reads and writes on its target;
+//!   [`flink_rescale`] its rescale steps (pure).
 //! * [`rescale`]: the rescale state machine, a pure function of status and observations.
 //! * [`resources`]: the owned objects (ConfigMap, PVC, Deployment, Service).
 //! * [`runtime`]: [`runtime::KubeRuntime`], the `EngineRuntime` for engines in pods.
@@ -19,7 +20,9 @@
 //!   ConfigMap, kept across operator restarts.
 
 pub mod crd;
+pub mod flink_rescale;
 pub mod flink_scaler_crd;
+pub mod flink_target;
 pub mod learned_configmap;
 pub mod metrics;
 pub mod prometheus;

@@ -1,4 +1,4 @@
-//! `streamscale-operator`: runs the StreamJob controller, serves `/metrics` and `/healthz`.
+//! `streamscale-operator`: runs the StreamJob and FlinkScaler controllers, serves `/metrics` and `/healthz`.
 //!
 //! Settings (flags or environment):
 //! * `--namespace` / `WATCH_NAMESPACE`: watch one namespace (default: all).
@@ -8,6 +8,7 @@
 //!   reconciling (default off);
 //!   `--lease-duration-seconds` / `LEASE_DURATION_SECONDS` (default 15) is how long a leader
 //!   that stopped renewing (killed) keeps it: the time another replica may wait to take over.
+//! * `--flink-support` / `FLINK_SUPPORT`: also run the FlinkScaler controller (default true).
 //! * `--log-format` / `LOG_FORMAT`: `text` or `json`; `RUST_LOG` sets the level.
 //!
 //! The Kubernetes connection comes from the environment (in-cluster service account, or
@@ -49,6 +50,9 @@ struct Args {
     /// Identity in the Lease (default: the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Autoscale FlinkScalers (needs the chart's Flink RBAC, value `flink.enabled`).
+    #[arg(long, env = "FLINK_SUPPORT", default_value_t = true, action = clap::ArgAction::Set)]
+    flink_support: bool,
     /// Log format: text or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -134,6 +138,13 @@ async fn main() -> anyhow::Result<()> {
         instance: Some(identity),
     };
     let ctx = Arc::new(Context::new(client, metrics, reporter));
-    reconciler::run(ctx, args.namespace).await;
+    if args.flink_support {
+        tokio::join!(
+            reconciler::run(ctx.clone(), args.namespace.clone()),
+            reconciler::run_flink_scalers(ctx, args.namespace)
+        );
+    } else {
+        reconciler::run(ctx, args.namespace).await;
+    }
     Ok(())
 }

@@ -56,6 +56,7 @@ use crate::spec_check;
 
 mod autoscale;
 mod conditions;
+mod flink_scaler;
 mod memory;
 mod quota_limits;
 mod rescale_driving;
@@ -64,6 +65,8 @@ use conditions::*;
 use memory::*;
 use quota_limits::*;
 use rescale_driving::*;
+
+pub use flink_scaler::run_flink_scalers;
 
 /// Errors of one reconcile (retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +96,8 @@ pub struct Context {
     /// Event recorder.
     pub recorder: Recorder,
     memory: Mutex<HashMap<String, JobMemory>>,
+    /// What the autoscaler remembers per FlinkScaler (`NAMESPACE/NAME`).
+    flink_memory: Mutex<HashMap<String, flink_scaler::ScalerMemory>>,
     /// One lock per StreamQuota (`NAMESPACE/NAME`): the reconciles of its members take it from
     /// reading each other's status to writing their own, so that two members never both grow
     /// into the same free subtasks.
@@ -114,6 +119,7 @@ impl Context {
                 .unwrap_or_default(),
             metrics,
             memory: Mutex::new(HashMap::new()),
+            flink_memory: Mutex::new(HashMap::new()),
             quota_locks: Mutex::new(HashMap::new()),
             clock: tokio::time::Instant::now(),
             unix0: Timestamp::now().as_millisecond() as f64 / 1000.0,
@@ -190,8 +196,8 @@ pub async fn reconcile(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue
     })
 }
 
-fn key(job: &StreamJob) -> String {
-    format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
+fn key<K: ResourceExt>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
 fn now_rfc3339() -> String {
@@ -214,7 +220,11 @@ fn seconds_between(from: &str, to: &str) -> Option<f64> {
 }
 
 fn guard_settings(job: &StreamJob) -> GuardSettings {
-    let a = &job.spec.autoscaler;
+    guard_settings_of(&job.spec.autoscaler)
+}
+
+/// The guards and planner settings of `spec.autoscaler` (StreamJob and FlinkScaler alike).
+fn guard_settings_of(a: &crate::crd::AutoscalerSettings) -> GuardSettings {
     GuardSettings {
         window_seconds: (a.metrics_window_seconds as f64 / 2.0)
             .max(a.metrics_interval_seconds as f64 * 2.0),
@@ -306,7 +316,7 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         write_status(&ctx, &job, &status).await?;
         publish(
             &ctx,
-            &job,
+            &*job,
             true,
             "EngineRestarted",
             format!(
@@ -562,7 +572,7 @@ async fn cleanup(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Erro
     ctx.memory
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .remove(&key(&job));
+        .remove(&key(&*job));
     if job.spec.savepoint_on_delete {
         let api = streamscale_controller::api::EngineApi::new(
             ctx.http.clone(),
@@ -575,14 +585,14 @@ async fn cleanup(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Erro
             Ok(out) => {
                 publish(
                     &ctx,
-                    &job,
+                    &*job,
                     false,
                     "FinalSavepoint",
                     format!("final savepoint at {}", out.path),
                 )
                 .await
             }
-            Err(e) => publish(&ctx, &job, true, "FinalSavepointFailed", e.to_string()).await,
+            Err(e) => publish(&ctx, &*job, true, "FinalSavepointFailed", e.to_string()).await,
         }
     }
     Ok(Requeue::await_change())

@@ -97,7 +97,11 @@ pub(super) async fn autoscale(
             // New settings, same job: what was learned carries over.
             let mut fresh = Autoscaler::new(settings.clone());
             fresh.restarted(now_s);
-            restore(&mut fresh, &snapshot(job, &m.autoscaler, 0.0), 0.0);
+            restore(
+                &mut fresh,
+                &snapshot(&job.name_any(), &m.autoscaler, 0.0),
+                0.0,
+            );
             m.autoscaler = fresh;
             m.settings = settings;
         }
@@ -122,7 +126,7 @@ pub(super) async fn autoscale(
         }
         let window: Vec<MetricSample> = m.window.iter().cloned().collect();
         let verdict = m.autoscaler.decide(now_s, &window, &spec);
-        let snap = snapshot(job, &m.autoscaler, ctx.unix0);
+        let snap = snapshot(&job.name_any(), &m.autoscaler, ctx.unix0);
         let fp = StateFingerprint::of(&snap);
         let to_save = (m.saved.as_ref() != Some(&fp) && !fp.is_empty())
             .then(|| (fp, learned_configmap::encode(&snap)));
@@ -134,7 +138,11 @@ pub(super) async fn autoscale(
         )
     };
     if let Some((fp, text)) = to_save {
-        match save_state(job, ctx, text).await {
+        let saved = match learned_configmap::configmap(job, text) {
+            Ok(cm) => save_state(ctx, cm).await,
+            Err(e) => Err(e.to_string()),
+        };
+        match saved {
             Ok(()) => {
                 let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(m) = memory.get_mut(&key(job)) {

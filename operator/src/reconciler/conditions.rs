@@ -27,8 +27,13 @@ pub(super) fn condition(
 }
 
 pub(super) fn set_condition(status: &mut StreamJobStatus, c: Condition) {
-    status.conditions.retain(|o| o.type_ != c.type_);
-    status.conditions.push(c);
+    set_condition_in(&mut status.conditions, c);
+}
+
+/// Replaces the condition of `c`'s type in `conditions` by `c`.
+pub(super) fn set_condition_in(conditions: &mut Vec<Condition>, c: Condition) {
+    conditions.retain(|o| o.type_ != c.type_);
+    conditions.push(c);
 }
 
 /// Sets the two conditions every end of a rescale sets: `Scaling=False` with
@@ -52,9 +57,9 @@ pub(super) fn set_outcome_conditions(
     );
 }
 
-pub(super) async fn publish(
+pub(super) async fn publish<K: Resource<DynamicType = ()> + ResourceExt>(
     ctx: &Context,
-    job: &StreamJob,
+    job: &K,
     warning: bool,
     reason: &str,
     note: String,

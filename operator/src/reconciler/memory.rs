@@ -53,11 +53,11 @@ impl StateFingerprint {
 
 /// The state to persist from `autoscaler` (history moved to Unix time by `unix0`, the Unix
 /// time of the operator's clock zero).
-pub(super) fn snapshot(job: &StreamJob, autoscaler: &Autoscaler, unix0: f64) -> SavedState {
+pub(super) fn snapshot(name: &str, autoscaler: &Autoscaler, unix0: f64) -> SavedState {
     let h = autoscaler.rate_history();
     SavedState {
         version: learned_configmap::VERSION,
-        job: job.name_any(),
+        job: name.to_string(),
         history: (h.bin_seconds > 0.0 && (!h.bins.is_empty() || h.open.is_some()))
             .then(|| h.shifted(unix0)),
         scalability: autoscaler.scalability().clone(),
@@ -78,9 +78,12 @@ pub(super) fn restore(autoscaler: &mut Autoscaler, s: &SavedState, unix0: f64) {
 
 /// Reads the job's state ConfigMap; `None` when there is none or it cannot be used (a
 /// warning Event names the problem; the job starts with nothing learned).
-pub(super) async fn load_state(job: &StreamJob, ctx: &Context) -> Option<SavedState> {
+pub(super) async fn load_state<K: Resource<DynamicType = ()> + ResourceExt>(
+    job: &K,
+    ctx: &Context,
+) -> Option<SavedState> {
     let ns = job.namespace().unwrap_or_else(|| "default".into());
-    let name = learned_configmap::configmap_name(job);
+    let name = learned_configmap::configmap_name(&job.name_any());
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
     let cm = match cms.get_opt(&name).await {
         Ok(cm) => cm?,
@@ -118,13 +121,17 @@ pub(super) async fn load_state(job: &StreamJob, ctx: &Context) -> Option<SavedSt
     }
 }
 
-/// Writes the job's state ConfigMap (server-side apply, owned by the StreamJob).
-pub(super) async fn save_state(job: &StreamJob, ctx: &Context, text: String) -> Result<(), String> {
-    let ns = job.namespace().unwrap_or_else(|| "default".into());
-    let cm = learned_configmap::configmap(job, text).map_err(|e| e.to_string())?;
+/// Writes a state ConfigMap (server-side apply; `cm` names its owner).
+pub(super) async fn save_state(ctx: &Context, cm: ConfigMap) -> Result<(), String> {
+    let ns = cm
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = cm.metadata.name.clone().unwrap_or_default();
     Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
         .patch(
-            &learned_configmap::configmap_name(job),
+            &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&cm),
         )
