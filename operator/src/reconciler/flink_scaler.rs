@@ -318,13 +318,20 @@ async fn reconcile_with(
         }
         return Ok(requeue);
     }
-    scope.set(
-        &mut status,
-        "Scaling",
-        false,
-        "Idle",
-        "no rescale in progress",
-    );
+    // Scaling=False keeps the reason of the last rescale's end (Rescaled, RolledBack, ...).
+    if !status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Scaling" && c.status == "False")
+    {
+        scope.set(
+            &mut status,
+            "Scaling",
+            false,
+            "Idle",
+            "no rescale in progress",
+        );
+    }
     let interval = Duration::from_secs(u64::from(a.metrics_interval_seconds.max(1)));
     let job = match job {
         Ok(job) if job.state == "RUNNING" => job,
