@@ -131,7 +131,10 @@ fn build_dag(seed: u64) -> Dag {
                 .map(|&j| lambda[j] * sel[j] / outdeg[j].max(1) as f64)
                 .sum();
             if outdeg[i] == 0 {
-                OperatorKind::Sink { output: None }
+                OperatorKind::Sink {
+                    output: None,
+                    delivery: Default::default(),
+                }
             } else if rng.below(4) == 0 {
                 keyed[i] = true;
                 OperatorKind::Window { size_ms: 1000 }

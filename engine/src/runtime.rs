@@ -51,7 +51,9 @@ use crate::payload::Payload;
 pub use crate::record::Record;
 use crate::savepoint::{OperatorCounters, Savepoint, SavepointMetadata, SourcePosition};
 use crate::service_time::{ServiceMoments, ServiceTimeSeries};
-use crate::spec::{JobSpec, OperatorKind};
+use crate::sink::file::FileSink;
+use crate::sink::{Committable, SinkError, TransactionalWriter, TwoPhaseCommitSink};
+use crate::spec::{JobSpec, OperatorKind, SinkDelivery};
 use crate::state::backend::KeyedStateBackend;
 use crate::state::{KeyedState, StateBackend, StateError, StateOwner};
 use crate::time::{EventTimeStage, StageOutput};
@@ -86,6 +88,15 @@ pub enum RuntimeError {
         path: std::path::PathBuf,
         /// The I/O error.
         source: std::io::Error,
+    },
+    /// A transactional sink could not recover what the restored checkpoint lists, or could not
+    /// set up a subtask's writer.
+    #[error("{operator}: {source}")]
+    Sink {
+        /// The sink operator.
+        operator: String,
+        /// The sink's error.
+        source: SinkError,
     },
     /// The job graph is invalid.
     #[error("{0}")]

@@ -36,7 +36,10 @@ use crate::spec::JobSpec;
 use crate::state::{KeyGroupData, KeyedState};
 
 /// Version of the savepoint format written by this engine.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest savepoint format version this engine reads (version 1 manifests carry no checksum of
+/// their own).
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 /// Name of the metadata file inside a savepoint directory.
 pub const METADATA_FILE: &str = "_metadata.json";
 
@@ -158,6 +161,15 @@ pub struct SavepointMetadata {
     /// Keyed operator → key-group range `[start, end)` of each subtask when taken.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub key_groups: BTreeMap<String, Vec<[u32; 2]>>,
+    /// Sink operator → the pre-committed transactions this snapshot covers
+    /// ([`crate::sink::two_phase`]): committed once it is written, and again (idempotently) on
+    /// a restore from it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sinks: BTreeMap<String, Vec<crate::sink::Committable>>,
+    /// CRC-32 of the manifest's own bytes ([`manifest`]); set only while encoding and decoding
+    /// (`None` in memory). Always the last field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_crc32: Option<String>,
 }
 
 impl SavepointMetadata {
@@ -178,6 +190,8 @@ impl SavepointMetadata {
             files: Vec::new(),
             checkpoint_id: None,
             key_groups: BTreeMap::new(),
+            sinks: BTreeMap::new(),
+            manifest_crc32: None,
         }
     }
 }
@@ -263,6 +277,7 @@ impl IndexBuilder {
 }
 
 pub mod disposal;
+pub mod manifest;
 pub mod reader;
 mod writer;
 
@@ -367,7 +382,7 @@ impl Savepoint {
         how: writer::Streaming,
     ) -> Result<SavepointMetadata, SavepointError> {
         let meta = self.write_state_files_with(tmp, how)?;
-        let manifest = serde_json::to_vec_pretty(&meta).map_err(|e| SavepointError::Invalid {
+        let manifest = manifest::encode(&meta).map_err(|e| SavepointError::Invalid {
             path: tmp.join(METADATA_FILE),
             reason: format!("cannot encode metadata: {e}"),
         })?;
@@ -529,7 +544,7 @@ impl Savepoint {
             path: meta_path.clone(),
             reason: format!("cannot read savepoint metadata ({e}); the savepoint is incomplete"),
         })?;
-        let metadata: SavepointMetadata =
+        let mut metadata: SavepointMetadata =
             serde_json::from_slice(&text).map_err(|e| SavepointError::Invalid {
                 path: meta_path.clone(),
                 reason: format!("metadata is truncated or malformed: {e}"),
@@ -538,12 +553,7 @@ impl Savepoint {
             path: meta_path.clone(),
             reason,
         };
-        if metadata.format_version != FORMAT_VERSION {
-            return Err(bad(format!(
-                "unknown savepoint format version {} (this engine reads {FORMAT_VERSION})",
-                metadata.format_version
-            )));
-        }
+        manifest::verify(&meta_path, &text, &mut metadata)?;
         let same_but_key_groups = metadata.max_parallelism != spec.max_parallelism && {
             let mut other = spec.clone();
             other.max_parallelism = metadata.max_parallelism;
@@ -769,7 +779,7 @@ mod tests {
         let meta = std::fs::read_to_string(copy.join(METADATA_FILE)).unwrap();
         std::fs::write(
             copy.join(METADATA_FILE),
-            meta.replace("\"format_version\": 1", "\"format_version\": 9"),
+            meta.replace("\"format_version\": 2", "\"format_version\": 9"),
         )
         .unwrap();
         let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();

@@ -134,8 +134,7 @@ fn due_rows(long: u64) -> Vec<Row> {
 /// The sink's rows, sorted.
 fn sink_rows(path: &Path) -> Vec<Row> {
     let int = |v: &serde_json::Value, f: &str| v[f].as_u64().unwrap();
-    let mut rows: Vec<Row> = std::fs::read_to_string(path)
-        .unwrap_or_default()
+    let mut rows: Vec<Row> = common::read_sink_output(path)
         .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();

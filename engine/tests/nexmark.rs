@@ -41,7 +41,7 @@ fn bounded_example(query: &str, rate: f64, dir: &Path) -> JobSpec {
                 *c = Some(count);
                 *r = RateSpec::Constant(rate);
             }
-            OperatorKind::Sink { output } => *output = Some(out.clone()),
+            OperatorKind::Sink { output, .. } => *output = Some(out.clone()),
             _ => {}
         }
     }
@@ -104,15 +104,14 @@ fn sink_file(spec: &JobSpec) -> PathBuf {
     spec.operators
         .iter()
         .find_map(|o| match &o.kind {
-            OperatorKind::Sink { output } => output.clone(),
+            OperatorKind::Sink { output, .. } => output.clone(),
             _ => None,
         })
         .unwrap()
 }
 
 fn read_rows(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+    common::read_sink_output(path)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect()

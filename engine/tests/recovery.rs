@@ -210,7 +210,7 @@ fn damaged_checkpoints_fall_back_to_the_previous_completed_one() {
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(
         &manifest,
-        text.replace("\"format_version\": 1", "\"format_version\": 77"),
+        text.replace("\"format_version\": 2", "\"format_version\": 77"),
     )
     .unwrap();
     // A crash mid-write leaves a temporary directory and no manifest: never taken as complete.
@@ -235,7 +235,10 @@ fn damaged_checkpoints_fall_back_to_the_previous_completed_one() {
             "chk-{}/state-counts.bin: cannot read state file",
             ids[n - 2]
         ),
-        "savepoint belongs to another job".to_string(),
+        format!(
+            "chk-{}/_metadata.json: manifest checksum mismatch",
+            ids[n - 3]
+        ),
         "unknown savepoint format version 77".to_string(),
     ] {
         assert!(message.contains(&needle), "missing `{needle}` in {message}");
@@ -311,7 +314,7 @@ fn file_sink_is_at_least_once_across_a_sigkill() {
     std::fs::write(
         &job,
         format!(
-            "name: bounded\nmaxParallelism: 64\noperators:\n  - {{ name: source, kind: source, keys: 300, count: {COUNT}, rate: {{ constant: {RATE} }} }}\n  - {{ name: work, kind: map, cpu: 20, io: 100 }}\n  - {{ name: counts, kind: window, sizeMs: 200 }}\n  - {{ name: sink, kind: sink, output: \"{}\" }}\nedges:\n  - {{ from: source, to: work }}\n  - {{ from: work, to: counts }}\n  - {{ from: counts, to: sink }}\ncheckpoint: {{ intervalSeconds: 0.2, retain: 3, dir: \"{}\" }}\n",
+            "name: bounded\nmaxParallelism: 64\noperators:\n  - {{ name: source, kind: source, keys: 300, count: {COUNT}, rate: {{ constant: {RATE} }} }}\n  - {{ name: work, kind: map, cpu: 20, io: 100 }}\n  - {{ name: counts, kind: window, sizeMs: 200 }}\n  - {{ name: sink, kind: sink, output: \"{}\", delivery: at-least-once }}\nedges:\n  - {{ from: source, to: work }}\n  - {{ from: work, to: counts }}\n  - {{ from: counts, to: sink }}\ncheckpoint: {{ intervalSeconds: 0.2, retain: 3, dir: \"{}\" }}\n",
             out.display(),
             chk.display()
         ),

@@ -448,15 +448,28 @@ fn a_non_finite_rate_names_the_whole_path() {
 }
 
 #[test]
-fn a_sink_output_that_is_a_directory_is_rejected() {
-    // Relative to the job file's directory, which exists: `.` is a directory.
+fn a_sink_output_of_the_wrong_kind_is_rejected() {
+    // Relative to the job file's directory, which exists: `.` is a directory, which an
+    // at-least-once sink cannot append to.
     let e = file_problem(&job(
-        "  - { name: sink, kind: sink, output: . }\n",
+        "  - { name: sink, kind: sink, output: ., delivery: at-least-once }\n",
         "  - { from: src, to: sink }\n",
         "",
     ));
     assert!(
         e.contains("operators[1] (sink).output:") && e.contains("is a directory; name a file"),
+        "{e}"
+    );
+    // An exactly-once sink (the default) publishes part files into a directory: a file is
+    // refused.
+    let e = file_problem(&job(
+        "  - { name: sink, kind: sink, output: job.yaml }\n",
+        "  - { from: src, to: sink }\n",
+        "",
+    ));
+    assert!(
+        e.contains("operators[1] (sink).output:")
+            && e.contains("is not a directory; an exactly-once sink publishes part files"),
         "{e}"
     );
     // A file that does not exist yet is fine.
@@ -541,7 +554,7 @@ fn a_sink_output_that_cannot_be_created_is_rejected() {
     let cases = [
         (
             sink("/proc/streamscale-nope/out.csv"),
-            "operators[1] (sink).output: /proc/streamscale-nope/out.csv: /proc/streamscale-nope cannot be created: cannot create a directory in /proc: ",
+            "operators[1] (sink).output: /proc/streamscale-nope/out.csv cannot be created: cannot create a directory in /proc: ",
         ),
         (sink("a-file/out.csv"), "operators[1] (sink).output: "),
     ];
@@ -553,7 +566,10 @@ fn a_sink_output_that_cannot_be_created_is_rejected() {
             .to_string();
         assert!(e.contains(want), "{e}");
         if !want.contains("/proc") {
-            assert!(e.contains("a-file exists and is not a directory"), "{e}");
+            assert!(
+                e.contains("a-file") && e.contains("is not a directory"),
+                "{e}"
+            );
         }
     }
     // A new file in new directories is fine, and checking it creates nothing.

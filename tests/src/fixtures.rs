@@ -26,8 +26,8 @@ edges:
 }
 
 /// An unbounded job: one source at a constant 300 records/s over 100 keys, a `map` costing
-/// 100 µs of CPU per record, a sink (`output: FILE` when `sink_output` is given, relative to
-/// the job file). Never finishes on its own.
+/// 100 µs of CPU per record, a sink (`output: DIR` when `sink_output` is given, relative to
+/// the job file: an exactly-once sink's directory of part files). Never finishes on its own.
 pub fn unbounded_job(sink_output: Option<&str>) -> String {
     let sink = sink_output.map_or_else(String::new, |f| format!(", output: {f}"));
     pipeline("forever", "keys: 100, rate: { constant: 300 }", 100, &sink)
@@ -202,4 +202,22 @@ impl Drop for Engine {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What a reader of an exactly-once sink's `output` directory sees: its published part files
+/// (`part-*`, in name order; in-progress files are hidden and skipped), concatenated. Empty
+/// when nothing was published.
+pub fn published_output(dir: &Path) -> String {
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+        .unwrap_or_default();
+    parts.retain(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("part-"))
+    });
+    parts.sort();
+    parts
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .collect()
 }

@@ -12,7 +12,7 @@ use streamscale_tests::fixtures;
 
 #[test]
 fn sighup_after_stdout_closed_drains_and_writes_the_report() {
-    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("out/results.csv")));
+    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("out/results")));
     // Run from another directory: the sink's relative output is next to the job file, in a
     // directory the engine creates.
     let mut child = fixtures::streamscale_run_fast(&job, &report, &["--duration", "120"])
@@ -46,14 +46,15 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
     let summary = fixtures::summary(&report);
     assert_eq!(summary["interrupted"], true, "{summary}");
     assert_eq!(summary["records_lost"], 0, "{summary}");
-    let results = std::fs::read_to_string(dir.path().join("out/results.csv"))
-        .expect("the sink wrote out/results.csv next to the job file");
+    // The final savepoint published the sink's part files next to the job file.
+    let results = fixtures::published_output(&dir.path().join("out/results"));
     assert!(!results.is_empty());
+    assert!(results.lines().all(|l| l.split(',').count() == 3), "{results}");
 }
 
 #[test]
 fn a_second_run_into_the_same_report_directory_warns_that_it_replaces_it() {
-    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results.csv")));
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results")));
     let first = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
         .output()
         .expect("first run");

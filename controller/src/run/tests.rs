@@ -298,7 +298,7 @@ fn relative_paths_are_relative_to_the_job_file() {
     let (dir, opts) = setup(&job);
     let prepared = prepare_job(&opts).expect("prepares");
     let output = prepared.spec.operators.iter().find_map(|o| match &o.kind {
-        OperatorKind::Sink { output } => output.clone(),
+        OperatorKind::Sink { output, .. } => output.clone(),
         _ => None,
     });
     assert_eq!(output, Some(dir.path().join("out/results.csv")));

@@ -39,6 +39,7 @@ use crate::metrics::EngineMetrics;
 use crate::savepoint::{
     FORMAT_VERSION, OperatorCounters, Savepoint, SavepointMetadata, SourcePosition,
 };
+use crate::sink::{Committable, TwoPhaseCommitSink};
 use crate::spec::JobSpec;
 use crate::state::KeyedState;
 
@@ -68,6 +69,9 @@ pub struct Ack {
     /// Records this subtask received, sent, accounted and filtered since the job (re)started,
     /// up to the barrier (or the end).
     pub counters: OperatorCounters,
+    /// A transactional sink's pre-commits at the barrier (or at the end of input)
+    /// ([`crate::sink::two_phase`]); empty for other subtasks.
+    pub committables: Vec<Committable>,
 }
 
 /// Where a completed snapshot goes.
@@ -125,6 +129,8 @@ pub(crate) struct JobContext {
     pub interval: Option<Duration>,
     pub timeout: Duration,
     pub first_id: u64,
+    /// Transactional sinks by operator, committed when a snapshot covering them is written.
+    pub sinks: BTreeMap<String, Arc<dyn TwoPhaseCommitSink>>,
 }
 
 /// Handle of the coordinator thread.
@@ -188,6 +194,39 @@ struct Pending {
 /// Final states of the subtasks that ended by themselves, by subtask (operator, index).
 type Ended = BTreeMap<(String, u32), Ack>;
 
+/// Pre-commits of transactional sinks not committed yet, by sink operator: from subtasks that
+/// ended, from checkpoints that failed after the sinks acknowledged, and from commits that
+/// failed. The next snapshot written covers them and commits them.
+type Uncommitted = BTreeMap<String, Vec<Committable>>;
+
+/// Moves the pre-commits out of `acks` into `uncommitted`.
+fn carry<'a>(uncommitted: &mut Uncommitted, acks: impl IntoIterator<Item = &'a mut Ack>) {
+    for a in acks {
+        if !a.committables.is_empty() {
+            uncommitted
+                .entry(a.operator.clone())
+                .or_default()
+                .append(&mut a.committables);
+        }
+    }
+}
+
+/// Commits every sink's pre-commits in `sinks` (the snapshot just written covers them);
+/// returns those whose commit failed (logged and counted), to be retried.
+fn commit(ctx: &JobContext, sinks: &Uncommitted) -> Uncommitted {
+    let mut failed = Uncommitted::new();
+    for (op, committables) in sinks {
+        let Some(sink) = ctx.sinks.get(op) else {
+            continue;
+        };
+        if let Err(e) = sink.commit(committables) {
+            tracing::error!(operator = %op, error = %e, "cannot commit the sink's pre-committed output; retried at the next completed checkpoint");
+            failed.insert(op.clone(), committables.clone());
+        }
+    }
+    failed
+}
+
 impl Pending {
     /// Subtasks accounted for: those that acknowledged the barrier, and those that ended
     /// without acknowledging it.
@@ -211,6 +250,9 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     let mut next_periodic = ctx.interval.map(|i| Instant::now() + i);
     let mut open = true;
     let mut ended: Ended = BTreeMap::new();
+    let mut uncommitted = Uncommitted::new();
+    // The final pre-commits of a job whose subtasks all ended by themselves were committed.
+    let mut final_done = false;
     // Once every subtask has exited the channel is disconnected: stop selecting on it (it
     // would be ready at once, forever).
     let mut acks = acks;
@@ -222,26 +264,22 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
                 Err(_) => open = false,
             },
             recv(acks) -> a => match a {
-                Ok(ack) => {
-                    let who = (ack.operator.clone(), ack.subtask);
-                    match (ack.of, pending.as_mut()) {
-                        (AckOf::End, _) => {
-                            ended.insert(who, ack);
-                        }
-                        (AckOf::Barrier(id), Some(p)) if id == p.id => {
-                            p.acks.insert(who, ack);
-                        }
-                        _ => {}
-                    }
-                }
+                Ok(ack) => on_ack(ack, &mut pending, &mut ended, &mut uncommitted),
                 Err(_) => acks = crossbeam_channel::never(),
             },
             recv(tick) -> _ => {},
         }
-        if let Some(p) = pending.take() {
+        if !open {
+            // Acknowledgements sent before the job ended are still handled.
+            while let Ok(ack) = acks.try_recv() {
+                on_ack(ack, &mut pending, &mut ended, &mut uncommitted);
+            }
+        }
+        if let Some(mut p) = pending.take() {
             if p.covered(&ended) >= ctx.subtasks {
-                complete(&ctx, p, &ended);
+                complete(&ctx, p, &ended, &mut uncommitted);
             } else if !open || ctx.failed.load(Ordering::SeqCst) {
+                carry(&mut uncommitted, p.acks.values_mut());
                 let reason = if open {
                     "a subtask failed"
                 } else {
@@ -257,6 +295,7 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
                     },
                 );
             } else if p.started.elapsed() > ctx.timeout {
+                carry(&mut uncommitted, p.acks.values_mut());
                 let covered = p.covered(&ended);
                 fail(
                     &ctx,
@@ -275,6 +314,20 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
                 );
             } else {
                 pending = Some(p);
+            }
+        }
+        if pending.is_none()
+            && !final_done
+            && ended.len() >= ctx.subtasks
+            && !ctx.failed.load(Ordering::SeqCst)
+        {
+            // Every subtask ended by itself: the final pre-commits are committed, after a final
+            // checkpoint (when there is checkpoint storage) so that a restart never replays what
+            // they hold (FLIP-147).
+            final_done = true;
+            if !uncommitted.is_empty() {
+                final_commit(&ctx, next_id, &ended, &mut uncommitted);
+                next_id += 1;
             }
         }
         if !open && pending.is_none() {
@@ -368,9 +421,58 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     }
 }
 
+/// Records an acknowledgement: a final state (its pre-commits wait for the next snapshot), or
+/// a snapshot of the pending barrier.
+fn on_ack(
+    mut ack: Ack,
+    pending: &mut Option<Pending>,
+    ended: &mut Ended,
+    uncommitted: &mut Uncommitted,
+) {
+    let who = (ack.operator.clone(), ack.subtask);
+    match (ack.of, pending.as_mut()) {
+        (AckOf::End, _) => {
+            carry(uncommitted, [&mut ack]);
+            ended.insert(who, ack);
+        }
+        (AckOf::Barrier(id), Some(p)) if id == p.id => {
+            p.acks.insert(who, ack);
+        }
+        _ => {}
+    }
+}
+
+/// Every subtask ended by itself: writes the final state as checkpoint `id` (with checkpoint
+/// storage), then commits the final pre-commits.
+fn final_commit(ctx: &JobContext, id: u64, ended: &Ended, uncommitted: &mut Uncommitted) {
+    if ctx.storage.is_none() {
+        *uncommitted = commit(ctx, uncommitted);
+        return;
+    }
+    let p = Pending {
+        id,
+        kind: BarrierKind::Checkpoint,
+        target: Target::Checkpoint,
+        reply: None,
+        started: Instant::now(),
+        positions: ctx
+            .gates
+            .iter()
+            .map(|(n, g)| (n.clone(), g.emitted()))
+            .collect(),
+        acks: BTreeMap::new(),
+    };
+    complete(ctx, p, ended, uncommitted);
+}
+
 /// Assembles the snapshot from the acknowledgements, with the final state of each subtask
 /// that ended without acknowledging the barrier.
-fn assemble(ctx: &JobContext, p: &mut Pending, ended: &Ended) -> Savepoint {
+fn assemble(
+    ctx: &JobContext,
+    p: &mut Pending,
+    ended: &Ended,
+    uncommitted: &Uncommitted,
+) -> Savepoint {
     let spec = &ctx.spec;
     let mut state: BTreeMap<String, KeyedState> = BTreeMap::new();
     let mut counters = ctx.base_counters.clone();
@@ -380,7 +482,9 @@ fn assemble(ctx: &JobContext, p: &mut Pending, ended: &Ended) -> Savepoint {
         .map(|(_, a)| a.clone())
         .collect();
     let acks = std::mem::take(&mut p.acks).into_values().chain(finals);
-    for ack in acks {
+    let mut sinks = uncommitted.clone();
+    for mut ack in acks {
+        carry(&mut sinks, [&mut ack]);
         let c = counters.entry(ack.operator.clone()).or_default();
         c.records_in += ack.counters.records_in;
         c.records_out += ack.counters.records_out;
@@ -420,17 +524,23 @@ fn assemble(ctx: &JobContext, p: &mut Pending, ended: &Ended) -> Savepoint {
         files: Vec::new(),
         checkpoint_id: Some(p.id),
         key_groups,
+        sinks,
+        manifest_crc32: None,
     };
     Savepoint { metadata, state }
 }
 
-fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended) {
+/// Writes the snapshot of `p`, then commits the sinks' pre-commits it covers (those of
+/// `uncommitted` and of the acknowledgements), then answers. When it cannot be written, its
+/// pre-commits stay in `uncommitted`.
+fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut Uncommitted) {
     tracing::debug!(
         acked_s = p.started.elapsed().as_secs_f64(),
         acked = p.acks.len(),
         "every subtask acknowledged the barrier or finished"
     );
-    let snapshot = assemble(ctx, &mut p, ended);
+    let snapshot = assemble(ctx, &mut p, ended, uncommitted);
+    let covered = snapshot.metadata.sinks.clone();
     let written = match &p.target {
         Target::Savepoint(dir) => snapshot
             .write(dir)
@@ -445,6 +555,7 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended) {
     };
     match written {
         Ok((location, metadata)) => {
+            *uncommitted = commit(ctx, &covered);
             let secs = p.started.elapsed().as_secs_f64();
             let bytes: u64 = metadata.files.iter().map(|f| f.bytes).sum();
             ctx.metrics.checkpoints_completed.inc();
@@ -459,15 +570,18 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended) {
                 }));
             }
         }
-        Err(reason) => fail(
-            ctx,
-            p.reply,
-            Failed {
-                id: Some(p.id),
-                reason,
-                snapshot: Some(Box::new(snapshot)),
-            },
-        ),
+        Err(reason) => {
+            *uncommitted = covered;
+            fail(
+                ctx,
+                p.reply,
+                Failed {
+                    id: Some(p.id),
+                    reason,
+                    snapshot: Some(Box::new(snapshot)),
+                },
+            )
+        }
     }
 }
 
@@ -500,6 +614,7 @@ edges:
                 records_out,
                 ..OperatorCounters::default()
             },
+            committables: Vec::new(),
         }
     }
 
@@ -518,6 +633,7 @@ edges:
             interval: None,
             timeout: Duration::from_secs(30),
             first_id: 1,
+            sinks: BTreeMap::new(),
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         (Coordinator::start(ctx, rx).unwrap(), tx)

@@ -290,12 +290,52 @@ impl CheckpointStorage {
     }
 
     /// Writes checkpoint `id` (state files, then the manifest), then deletes completed
-    /// checkpoints beyond the newest `retain`. Returns its location and manifest.
+    /// checkpoints beyond the newest `retain` and the directories of failed or crashed attempts
+    /// below `id`. Returns its location and manifest.
     ///
     /// # Errors
     /// [`StorageError`] naming the object when writing fails; no manifest is written, so
-    /// nothing looks complete, and earlier checkpoints are untouched.
+    /// nothing looks complete, what was written of checkpoint `id` is removed, and earlier
+    /// checkpoints are untouched.
     pub fn write_checkpoint(
+        &self,
+        id: u64,
+        snapshot: &Savepoint,
+    ) -> Result<(String, SavepointMetadata), StorageError> {
+        let written = self.try_write_checkpoint(id, snapshot);
+        if let Err(e) = &written
+            && !matches!(e, StorageError::Exists { .. })
+        {
+            self.discard(id);
+        }
+        written
+    }
+
+    /// Removes what a failed attempt wrote of checkpoint `id` (it has no manifest); failures
+    /// are logged (a later write removes it again).
+    fn discard(&self, id: u64) {
+        let dir = self.prefix.clone().join(format!("{CHECKPOINT_PREFIX}{id}"));
+        let listed: Result<Vec<_>, _> = self.block_on(self.store.list(Some(&dir)).try_collect());
+        for o in listed.unwrap_or_default() {
+            if let Err(e) = self.block_on(self.store.delete(&o.location)) {
+                tracing::warn!(object = %o.location, error = %e, "cannot remove a file of a failed checkpoint");
+            }
+        }
+        if let Some(local) = &self.local {
+            let path = local.join(format!("{CHECKPOINT_PREFIX}{id}"));
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    tracing::info!(checkpoint = %path.display(), "removed the directory of a failed checkpoint")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(checkpoint = %path.display(), error = %e, "cannot remove the directory of a failed checkpoint")
+                }
+            }
+        }
+    }
+
+    fn try_write_checkpoint(
         &self,
         id: u64,
         snapshot: &Savepoint,
@@ -321,7 +361,7 @@ impl CheckpointStorage {
             let chk = dir.join(format!("{CHECKPOINT_PREFIX}{id}"));
             let metadata = snapshot.write_state_files(&chk)?;
             self.fsync(id, None)?;
-            let bytes = serde_json::to_vec_pretty(&metadata).map_err(|e| {
+            let bytes = crate::savepoint::manifest::encode(&metadata).map_err(|e| {
                 crate::savepoint::SavepointError::Invalid {
                     path: self.path_of(id).join(METADATA_FILE),
                     reason: format!("cannot encode metadata: {e}"),
@@ -331,7 +371,7 @@ impl CheckpointStorage {
                 .map_err(self.store_err(&manifest, "cannot write checkpoint manifest"))?;
             self.fsync(id, Some(METADATA_FILE))?;
             self.fsync(id, None)?;
-            self.apply_retention();
+            self.apply_retention(id);
             return Ok((self.path_of(id).display().to_string(), metadata));
         }
         // Another store: each state file is streamed as a multipart upload, a few key
@@ -342,13 +382,14 @@ impl CheckpointStorage {
             files.push(self.upload_state_file(id, snapshot, op)?);
         }
         let metadata = snapshot.metadata_with_files(files);
-        let bytes = serde_json::to_vec_pretty(&metadata).map_err(|e| SavepointError::Invalid {
-            path: self.path_of(id).join(METADATA_FILE),
-            reason: format!("cannot encode metadata: {e}"),
-        })?;
+        let bytes =
+            crate::savepoint::manifest::encode(&metadata).map_err(|e| SavepointError::Invalid {
+                path: self.path_of(id).join(METADATA_FILE),
+                reason: format!("cannot encode metadata: {e}"),
+            })?;
         self.block_on(self.store.put(&manifest, PutPayload::from(bytes)))
             .map_err(self.store_err(&manifest, "cannot write checkpoint manifest"))?;
-        self.apply_retention();
+        self.apply_retention(id);
         Ok((self.path_of(id).display().to_string(), metadata))
     }
 
@@ -397,10 +438,39 @@ impl CheckpointStorage {
         Ok(entry)
     }
 
-    fn apply_retention(&self) {
-        let Ok(ids) = self.completed_ids() else {
+    /// After checkpoint `written` completed: deletes completed checkpoints beyond the newest
+    /// `retain`, and checkpoint directories below `written` without a manifest (a failed
+    /// attempt, or a process killed mid-write; nothing writes them any more).
+    fn apply_retention(&self, written: u64) {
+        let Ok(scanned) = self.scan() else {
             return;
         };
+        for (id, _) in scanned.iter().filter(|(id, c)| !c && *id < written) {
+            self.discard(*id);
+        }
+        if let Some(local) = &self.local {
+            // Directories holding no file (created, then killed before the first file).
+            let ids = std::fs::read_dir(local).into_iter().flatten().flatten();
+            for e in ids {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(id) = name
+                    .strip_prefix(CHECKPOINT_PREFIX)
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .filter(|id| *id < written)
+                    && !scanned.iter().any(|(s, _)| *s == id)
+                {
+                    self.discard(id);
+                }
+            }
+        }
+        let ids: Vec<u64> = scanned
+            .into_iter()
+            .filter(|(_, c)| *c)
+            .map(|(id, _)| id)
+            .chain(std::iter::once(written))
+            .collect::<std::collections::BTreeSet<u64>>()
+            .into_iter()
+            .collect();
         if ids.len() <= self.retain {
             return;
         }
@@ -651,6 +721,34 @@ mod tests {
     }
 
     #[test]
+    fn failed_and_crashed_checkpoint_directories_are_removed() {
+        let (spec, state) = window_job_with_keys(50);
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::new(dir.path().join("c"), 3);
+        // A process killed mid-write left chk-3 with a partial file and chk-4 empty.
+        std::fs::create_dir_all(storage.path_of(3)).unwrap();
+        std::fs::write(storage.path_of(3).join("state-w.bin"), b"partial").unwrap();
+        std::fs::create_dir_all(storage.path_of(4)).unwrap();
+        // chk-5 fails: its manifest cannot be written (a directory is in the way).
+        std::fs::create_dir_all(storage.path_of(5).join(METADATA_FILE)).unwrap();
+        let err = storage
+            .write_checkpoint(5, &snapshot_of(&spec, &state, 5))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("chk-5"), "{err}");
+        assert!(
+            !storage.path_of(5).exists(),
+            "the failed checkpoint's directory is removed"
+        );
+        storage
+            .write_checkpoint(6, &snapshot_of(&spec, &state, 6))
+            .unwrap();
+        assert!(!storage.path_of(3).exists() && !storage.path_of(4).exists());
+        assert_eq!(storage.completed_ids().unwrap(), vec![6]);
+        assert_eq!(storage.next_id(), 7);
+    }
+
+    #[test]
     fn an_object_store_checkpoint_streams_as_multipart_and_restores_with_fallback() {
         // 400 000 keys: 19.2 MB, more than two upload parts.
         let (spec, state) = window_job_with_keys(400_000);
@@ -707,6 +805,8 @@ mod tests {
                 files: vec![],
                 checkpoint_id: Some(1),
                 key_groups: Default::default(),
+                sinks: Default::default(),
+                manifest_crc32: None,
             },
             state: Default::default(),
         };

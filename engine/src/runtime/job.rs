@@ -8,8 +8,12 @@ impl Job {
     /// `restore` must already have been verified against `spec` ([`Savepoint::read`]); each
     /// keyed subtask takes the key groups it owns at its new parallelism.
     ///
+    /// Each transactional sink first recovers ([`TwoPhaseCommitSink::recover`]): it commits
+    /// the pre-commits `restore` lists for it and aborts every other transaction it left.
+    ///
     /// # Errors
-    /// [`RuntimeError`] when a trace or sink file cannot be opened; no thread is left running.
+    /// [`RuntimeError`] when a trace or sink file cannot be opened or a sink cannot recover; no
+    /// thread is left running.
     pub fn start(
         spec: JobSpec,
         restore: Option<&Savepoint>,
@@ -26,12 +30,32 @@ impl Job {
         // Rate functions and sink files first: fail before any thread starts.
         let mut rates = BTreeMap::new();
         let mut sink_files = BTreeMap::new();
+        let mut two_phase: BTreeMap<String, Arc<dyn TwoPhaseCommitSink>> = BTreeMap::new();
         for op in &spec.operators {
             match &op.kind {
                 OperatorKind::Source { rate, .. } => {
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
                 }
-                OperatorKind::Sink { output: Some(path) } => {
+                OperatorKind::Sink {
+                    output: Some(path),
+                    delivery: SinkDelivery::ExactlyOnce,
+                } => {
+                    let sink: Arc<dyn TwoPhaseCommitSink> =
+                        Arc::new(FileSink::new(&op.name, path.clone()));
+                    let restored = restore
+                        .and_then(|s| s.metadata.sinks.get(&op.name))
+                        .map_or(&[][..], Vec::as_slice);
+                    sink.recover(restored)
+                        .map_err(|source| RuntimeError::Sink {
+                            operator: op.name.clone(),
+                            source,
+                        })?;
+                    two_phase.insert(op.name.clone(), sink);
+                }
+                OperatorKind::Sink {
+                    output: Some(path),
+                    delivery: SinkDelivery::AtLeastOnce,
+                } => {
                     // Like a file sink's base path: missing parent directories are created.
                     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
                     let file = parent
@@ -46,6 +70,10 @@ impl Job {
                 _ => {}
             }
         }
+
+        // Names of the transactions (part files) this start opens: unique per start, so that
+        // they never collide with an earlier attempt's.
+        let attempt = next_attempt();
 
         // One input queue per non-source subtask that heads a chain; input channels are
         // numbered per upstream subtask (upstream operators in edge order). A chain member's
@@ -222,6 +250,7 @@ impl Job {
                 panic_at: options.panic_at.clone().filter(|p| p.operator == *name),
                 channel: channel_base.get(name).copied().unwrap_or(0) + index,
                 ended: false,
+                committables: Vec::new(),
             }
         };
         // What subtask `index` of non-source operator `op` does, with its restored state.
@@ -274,7 +303,15 @@ impl Job {
                         ),
                     };
                     let open = || StateBackend::open(&spec.state, &owner, k, restored_state());
-                    Behaviour::for_kind(&op.kind, open, sinks.get(name).cloned()).map_err(
+                    let writer = two_phase
+                        .get(name)
+                        .map(|s| s.create_writer(index, op.parallelism, &attempt))
+                        .transpose()
+                        .map_err(|source| RuntimeError::Sink {
+                            operator: name.clone(),
+                            source,
+                        })?;
+                    Behaviour::for_kind(&op.kind, open, sinks.get(name).cloned(), writer).map_err(
                         |source| RuntimeError::Backend {
                             operator: name.clone(),
                             source,
@@ -459,6 +496,7 @@ impl Job {
                     }),
                 storage,
                 first_id,
+                sinks: two_phase.clone(),
             };
             match Coordinator::start(context, ack_rx) {
                 Ok(c) => Some(c),
@@ -610,10 +648,20 @@ impl Job {
             files: Vec::new(),
             checkpoint_id: None,
             key_groups: BTreeMap::new(),
+            sinks: BTreeMap::new(),
+            manifest_crc32: None,
         };
         Finished {
             savepoint: Savepoint { metadata, state },
             errors,
         }
     }
+}
+
+/// A name unique to one start of a job in this process and across restarts: the start's time
+/// (ms since the Unix epoch) and a counter within the process.
+fn next_attempt() -> String {
+    static STARTS: AtomicU64 = AtomicU64::new(0);
+    let n = STARTS.fetch_add(1, Ordering::Relaxed);
+    format!("{}{n:03}", now_unix_us() / 1000)
 }

@@ -14,7 +14,10 @@ pub(super) enum Behaviour {
         checks: u32,
     },
     Sink {
+        /// An at-least-once output file, shared by the operator's subtasks.
         file: Option<SinkWriter>,
+        /// An exactly-once sink's writer ([`crate::sink::two_phase`]).
+        writer: Option<Box<dyn TransactionalWriter>>,
     },
     /// Event-time operators (Nexmark stages, windows, joins): see [`crate::time`].
     EventTime {
@@ -32,6 +35,7 @@ impl Behaviour {
         kind: &OperatorKind,
         state: impl FnOnce() -> Result<StateBackend, StateError>,
         sink: Option<SinkWriter>,
+        writer: Option<Box<dyn TransactionalWriter>>,
     ) -> Result<Behaviour, StateError> {
         Ok(match kind {
             OperatorKind::Filter { keep } => Behaviour::Filter { keep: *keep },
@@ -41,7 +45,7 @@ impl Behaviour {
                 pane_end_us: 0,
                 checks: 0,
             },
-            OperatorKind::Sink { .. } => Behaviour::Sink { file: sink },
+            OperatorKind::Sink { .. } => Behaviour::Sink { file: sink, writer },
             OperatorKind::Map
             | OperatorKind::Source { .. }
             | OperatorKind::Select { .. }
@@ -58,6 +62,14 @@ impl Behaviour {
 #[cold]
 pub(super) fn state_failure(operator: &str, index: u32, e: &StateError) -> ! {
     panic!("{operator}-{index}: keyed state backend failed: {e}")
+}
+
+/// Fails the subtask when a transactional sink cannot write or pre-commit: nothing may be
+/// dropped, so the job restarts from its latest completed checkpoint (when a restart strategy
+/// allows) and the sink recovers what it lists.
+#[cold]
+pub(super) fn sink_failure(operator: &str, index: u32, e: &SinkError) -> ! {
+    panic!("{operator}-{index}: sink failed: {e}")
 }
 
 /// A non-source operator subtask: what it does with records, barriers and the end of input,
@@ -210,7 +222,7 @@ impl OperatorTask {
         }
         ctx.ended = error.is_none() && natural_end;
         ctx.meter.flush(0);
-        let (state, finish_error) = self.op.finish(&ctx);
+        let (state, finish_error) = self.op.finish(&mut ctx);
         let error = error.or(finish_error);
         ctx.finish(state, error)
     }
@@ -219,13 +231,30 @@ impl OperatorTask {
 impl Operator {
     /// Flushes a sink's output and hands back the subtask's final state; the error names the
     /// subtask when the sink cannot be written or the state cannot be encoded.
-    pub(super) fn finish(mut self, ctx: &SubtaskContext) -> (Option<KeyedState>, Option<String>) {
+    ///
+    /// A transactional sink whose input ended by itself pre-commits what it wrote since the
+    /// last barrier; the coordinator commits it once the job ended (FLIP-147). Stopped or failed,
+    /// it pre-commits nothing: what it wrote since the last barrier is aborted on restore.
+    pub(super) fn finish(
+        mut self,
+        ctx: &mut SubtaskContext,
+    ) -> (Option<KeyedState>, Option<String>) {
         let mut error = None;
         if let Err(e) = self.flush_sink() {
             error = Some(format!(
                 "{}-{}: cannot write sink output: {e}",
                 ctx.operator, ctx.index
             ));
+        }
+        if let Behaviour::Sink {
+            writer: Some(w), ..
+        } = &mut self.behaviour
+            && ctx.ended
+        {
+            match w.pre_commit(None) {
+                Ok(c) => ctx.committables = c,
+                Err(e) => error = Some(format!("{}-{}: sink failed: {e}", ctx.operator, ctx.index)),
+            }
         }
         let state = match &mut self.behaviour {
             Behaviour::Window { state, .. } => match state.snapshot() {
@@ -279,6 +308,14 @@ impl Operator {
         }
         if let Err(e) = self.flush_sink() {
             tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot flush sink output at a barrier");
+        }
+        if let Behaviour::Sink {
+            writer: Some(w), ..
+        } = &mut self.behaviour
+        {
+            ctx.committables = w
+                .pre_commit(Some(b.id))
+                .unwrap_or_else(|e| sink_failure(&ctx.operator, ctx.index, &e));
         }
         let state = match &mut self.behaviour {
             // A checkpoint without this subtask's key groups must not complete: a state error
@@ -365,7 +402,7 @@ impl Operator {
                 s.pane_max_delay_us = s.pane_max_delay_us.max(now.saturating_sub(rec.created_us));
                 true
             }
-            Behaviour::Sink { file } => {
+            Behaviour::Sink { file, writer } => {
                 if let Some(sink) = &mut ctx.meter.sink {
                     // Against the clock of the batch (a chained sink) or of the last
                     // `SINK_CLOCK_USES` records (`SinkMeter::tick_clock`).
@@ -376,13 +413,13 @@ impl Operator {
                     .live
                     .accounted
                     .fetch_add(rec.count, Ordering::Relaxed);
-                if let Some(f) = file
+                if let Some(w) = writer {
+                    w.write(&rec)
+                        .unwrap_or_else(|e| sink_failure(&ctx.operator, ctx.index, &e));
+                } else if let Some(f) = file
                     && let Ok(mut w) = f.lock()
                 {
-                    let _ = match rec.payload.to_json() {
-                        Some(json) => writeln!(w, "{json}"),
-                        None => writeln!(w, "{},{},{}", rec.key, rec.count, rec.value),
-                    };
+                    let _ = crate::sink::file::write_line(&mut *w, &rec);
                 }
                 true
             }

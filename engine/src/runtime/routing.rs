@@ -136,7 +136,7 @@ impl Outputs {
         while let Some(mut m) = next {
             next = m.ctx.outputs.chain.take();
             m.ctx.meter.flush(0);
-            let (state, error) = m.op.finish(&m.ctx);
+            let (state, error) = m.op.finish(&mut m.ctx);
             results.push(m.ctx.result(state, error));
         }
         results

@@ -20,17 +20,22 @@ pub(super) struct SubtaskContext {
     /// channel ended) and passed the end on: its final state is reported to the checkpoint
     /// coordinator when it exits ([`AckOf::End`]).
     pub(super) ended: bool,
+    /// A transactional sink's pre-commits, sent with the next acknowledgement (of a barrier,
+    /// or of the end).
+    pub(super) committables: Vec<Committable>,
 }
 
 impl SubtaskContext {
-    /// Acknowledges barrier `b` to the coordinator with this subtask's snapshot.
-    pub(super) fn ack(&self, b: Barrier, state: Option<KeyedState>) {
+    /// Acknowledges barrier `b` to the coordinator with this subtask's snapshot (and a
+    /// transactional sink's pre-commits, [`SubtaskContext::committables`]).
+    pub(super) fn ack(&mut self, b: Barrier, state: Option<KeyedState>) {
         let _ = self.acks.send(Ack {
             of: AckOf::Barrier(b.id),
             operator: self.operator.clone(),
             subtask: self.index,
             state,
             counters: self.meter.totals,
+            committables: std::mem::take(&mut self.committables),
         });
     }
 
@@ -46,7 +51,11 @@ impl SubtaskContext {
         results
     }
 
-    pub(super) fn result(self, state: Option<KeyedState>, error: Option<String>) -> SubtaskResult {
+    pub(super) fn result(
+        mut self,
+        state: Option<KeyedState>,
+        error: Option<String>,
+    ) -> SubtaskResult {
         if error.is_some() {
             self.control.failed.store(true, Ordering::SeqCst);
             self.control.stop.store(true, Ordering::SeqCst);
@@ -58,6 +67,7 @@ impl SubtaskContext {
                 subtask: self.index,
                 state: state.clone(),
                 counters: self.meter.totals,
+                committables: std::mem::take(&mut self.committables),
             });
         }
         SubtaskResult {

@@ -281,15 +281,26 @@ impl JobSpec {
         }
         for (i, op) in self.operators.iter().enumerate() {
             let OperatorKind::Sink {
-                output: Some(out), ..
+                output: Some(out),
+                delivery,
             } = &op.kind
             else {
                 continue;
             };
             let field = format!("operators[{i}] ({}).output", op.name);
+            if *delivery == SinkDelivery::ExactlyOnce {
+                if out.exists() && !out.is_dir() {
+                    return Err(format!(
+                        "{field}: {} is not a directory; an exactly-once sink publishes part files into a directory (or set `delivery: at-least-once` to append to a file)",
+                        out.display()
+                    ));
+                }
+                check_usable_dir(out).map_err(|e| format!("{field}: {e}"))?;
+                continue;
+            }
             if out.is_dir() {
                 return Err(format!(
-                    "{field}: {} is a directory; name a file (records are appended to it, one line each)",
+                    "{field}: {} is a directory; name a file (with `delivery: at-least-once` records are appended to it, one line each)",
                     out.display()
                 ));
             }

@@ -323,3 +323,26 @@ pub fn operator_count(view: &Value, name: &str, field: &str) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("no {field} of {name} in {view}"))
 }
+
+/// What a reader of a sink's `output` sees: the file (`delivery: at-least-once`), or the
+/// published part files of an exactly-once sink's directory (`part-*`, by name; in-progress
+/// files are hidden and skipped). Empty when nothing was written.
+#[allow(dead_code)]
+pub fn read_sink_output(path: &Path) -> String {
+    if !path.is_dir() {
+        return std::fs::read_to_string(path).unwrap_or_default();
+    }
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(path)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("part-"))
+        })
+        .collect();
+    parts.sort();
+    parts
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect()
+}
