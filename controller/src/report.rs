@@ -127,6 +127,22 @@ impl RecordTotals {
     }
 }
 
+/// A restart of a run's engine after it died (a crash, SIGKILL): `streamscale run`
+/// supervises its engine.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RestartRecord {
+    /// When the engine's death was noticed (seconds since the run started).
+    pub at_s: f64,
+    /// How the engine ended (its exit status and last error line).
+    pub reason: String,
+    /// The completed checkpoint or savepoint the new engine was restored from; `None`: from
+    /// the beginning (nothing completed yet).
+    pub restored_from: Option<String>,
+    /// Seconds from noticing the death to the new engine's job running (the restart delay
+    /// included).
+    pub recovery_s: f64,
+}
+
 /// `summary.json`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
@@ -184,6 +200,10 @@ pub struct Summary {
     pub recommendations: Vec<RescaleRecord>,
     /// Total rescale downtime, seconds.
     pub downtime_s: f64,
+    /// Restarts after the engine died, in order.
+    pub restarts: Vec<RestartRecord>,
+    /// Total seconds of recovery over [`Summary::restarts`].
+    pub recovery_s: f64,
     /// The final (drained) savepoint.
     pub final_savepoint: Option<String>,
     /// Why the run failed, if it did.
@@ -472,6 +492,8 @@ mod tests {
             failed_rescales: vec![],
             recommendations: vec![],
             downtime_s: 1.5,
+            restarts: Vec::new(),
+            recovery_s: 0.0,
             final_savepoint: None,
             failure: None,
             interrupted: false,

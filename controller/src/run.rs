@@ -23,7 +23,9 @@ use crate::learned_file::{
 use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use crate::plot::plot_timeline;
 use crate::progress;
-use crate::report::{self, Accounting, RecordTotals, ReportError, RescaleRecord, Summary};
+use crate::report::{
+    self, Accounting, RecordTotals, ReportError, RescaleRecord, RestartRecord, Summary,
+};
 use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
 use crate::savepoint_history;
 use crate::scrape::{EngineMetrics, scrape_stamped};
@@ -34,6 +36,7 @@ mod options;
 mod plan;
 mod report_dir;
 mod signals;
+mod supervise;
 #[cfg(test)]
 mod tests;
 
@@ -126,6 +129,8 @@ struct Loop<'a, R: EngineRuntime> {
     savepoints_dir: PathBuf,
     /// Savepoints removed by that pruning during this run.
     savepoints_removed: usize,
+    /// Restarts after the engine died ([`supervise`]).
+    restarts: Vec<RestartRecord>,
 }
 
 /// Runs the autoscaling loop locally and writes the report. Progress and result lines go to
@@ -248,6 +253,7 @@ pub async fn run(
         interrupted: None,
         savepoints_dir: savepoints,
         savepoints_removed: 0,
+        restarts: Vec::new(),
     };
     lp.run(engine, started, signals, print, warn).await
 }
@@ -398,8 +404,32 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
                 Err(e) => {
                     if let Some(exit) = self.executor.runtime().exited(&engine).await {
-                        failure = Some(format!("engine failed at t={now_s:.0}s: {exit}"));
-                        break;
+                        if stopping {
+                            failure = Some(format!("engine failed at t={now_s:.0}s: {exit}"));
+                            break;
+                        }
+                        match self
+                            .restart_engine(&engine, &exit, now_s, started, print, warn)
+                            .await
+                        {
+                            Ok(restarted) => {
+                                engine = restarted;
+                                // Counters went back to the restore point: no interval spans it.
+                                prev = None;
+                                window.clear();
+                                engine_changed = true;
+                                scrape_failures = 0;
+                                self.shed_before += self.shed_now;
+                                self.shed_now = 0;
+                                shed_applied = 0.0;
+                                autoscaler.restarted(started.elapsed().as_secs_f64());
+                                continue;
+                            }
+                            Err(f) => {
+                                failure = Some(f);
+                                break;
+                            }
+                        }
                     }
                     if stopping {
                         break;
@@ -919,6 +949,80 @@ impl<R: EngineRuntime> Loop<'_, R> {
         }
     }
 
+    /// The engine `dead` died (`exit`) at `now_s`: restarts it from the latest completed
+    /// checkpoint under the job's restart strategy ([`supervise`]), printing a line before and
+    /// after, and records the restart. A failed start counts as an attempt too.
+    ///
+    /// # Errors
+    /// The run's failure when no restart is left or the restore point cannot be found.
+    async fn restart_engine(
+        &mut self,
+        dead: &EngineHandle,
+        exit: &crate::runtime::RuntimeError,
+        now_s: f64,
+        started: Instant,
+        print: &mut (dyn FnMut(&str) + Send),
+        warn: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<EngineHandle, String> {
+        let policy = supervise::restart_policy(&self.job.spec);
+        let mut reason = exit.to_string();
+        let mut restored_from = dead.restored_from.clone();
+        loop {
+            let n = self.restarts.len() as u32 + 1;
+            if n > policy.attempts {
+                return Err(format!(
+                    "engine failed at t={now_s:.0}s: {reason}; no restart left ({} allowed by the job's checkpoint.restart.attempts)",
+                    policy.attempts
+                ));
+            }
+            let died_s = started.elapsed().as_secs_f64();
+            print(&supervise::died_line(died_s, &reason, n, &policy));
+            tokio::time::sleep(Duration::from_secs_f64(policy.delay_seconds)).await;
+            let spec = self.job.spec.clone();
+            let from = restored_from.clone();
+            let found = tokio::task::spawn_blocking(move || {
+                let mut warnings = Vec::new();
+                let point =
+                    supervise::restore_point(&spec, from.as_ref(), &mut |w| warnings.push(w));
+                (point, warnings)
+            })
+            .await
+            .map_err(|e| format!("engine failed at t={now_s:.0}s: {reason}; {e}"))?;
+            let (point, warnings) = found;
+            warnings.iter().for_each(|w| warn(w));
+            let point = point.map_err(|e| {
+                format!(
+                    "engine failed at t={now_s:.0}s: {reason}; cannot restart from a checkpoint: {e}"
+                )
+            })?;
+            let launched = self
+                .executor
+                .launch(&dead.parallelism, point.as_ref())
+                .await;
+            let recovery_s = started.elapsed().as_secs_f64() - died_s;
+            self.restarts.push(RestartRecord {
+                at_s: died_s,
+                reason: reason.clone(),
+                restored_from: point.as_ref().map(|p| p.path.clone()),
+                recovery_s,
+            });
+            match launched {
+                Ok((engine, _)) => {
+                    print(&supervise::restarted_line(
+                        started.elapsed().as_secs_f64(),
+                        point.as_ref(),
+                        recovery_s,
+                    ));
+                    return Ok(engine);
+                }
+                Err(e) => {
+                    reason = format!("restart failed: {e}");
+                    restored_from = point.or(restored_from);
+                }
+            }
+        }
+    }
+
     /// After the engine was killed during its final stop: the savepoint it was taking, if it
     /// completed. Candidates are the job's completed savepoints
     /// ([`savepoint_history::completed`], newest first) that were not there before the stop
@@ -1025,6 +1129,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 .chain(&self.failed_rescales)
                 .map(|r| r.downtime_s)
                 .fold(0.0, |a, b| a + b),
+            restarts: self.restarts.clone(),
+            recovery_s: self.restarts.iter().map(|r| r.recovery_s).sum(),
             rescales: self.rescales.clone(),
             failed_rescales: self.failed_rescales.clone(),
             recommendations: self.recommendations.clone(),

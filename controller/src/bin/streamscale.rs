@@ -422,10 +422,19 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             .await?;
             let s = &outcome.summary;
             console.line(&format!(
-                "done in {:.0} s: {} rescale(s) ({} failed), {:.0} subtask·s (mean parallelism {:.2}), {} above the {} s SLO for {:.0} s{}; report in {}{}",
+                "done in {:.0} s: {} rescale(s) ({} failed){}, {:.0} subtask·s (mean parallelism {:.2}), {} above the {} s SLO for {:.0} s{}; report in {}{}",
                 s.duration_s,
                 s.rescales.len(),
                 s.failed_rescales.len(),
+                if s.restarts.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", {} engine restart(s) (recovery {:.1} s)",
+                        s.restarts.len(),
+                        s.recovery_s
+                    )
+                },
                 s.parallelism_seconds,
                 s.mean_parallelism,
                 streamscale_controller::progress::percentile_label(s.latency_percentile),

@@ -1,0 +1,152 @@
+//! Supervising the run's engine: when it dies (a crash, SIGKILL), it is restarted from the
+//! latest completed checkpoint under the job's restart strategy, as Flink's JobManager
+//! restarts a job after a TaskManager is lost.
+//!
+//! The strategy is the job file's `checkpoint.restart` (Flink's `fixed-delay`: `attempts`
+//! restarts in the whole run, `delaySeconds` before each; default 3 and 1 s, also without a
+//! `checkpoint:` block). The restore point is the newer (by checkpoint id) of the latest
+//! completed checkpoint that verifies and the savepoint the dead engine was restored from (after
+//! a rescale, the checkpoints in storage may predate it); with neither, the job starts from the
+//! beginning. Keyed state, source positions and the record counters come back with it, so the
+//! run's record balance holds across restarts.
+
+use std::path::Path;
+
+use streamscale_engine::checkpoint::storage::CheckpointStorage;
+use streamscale_engine::savepoint::METADATA_FILE;
+use streamscale_engine::spec::{JobSpec, RestartSpec};
+
+use crate::runtime::Savepoint;
+
+/// The run's restart strategy: the job's `checkpoint.restart`, else its defaults.
+pub fn restart_policy(spec: &JobSpec) -> RestartSpec {
+    spec.checkpoint
+        .as_ref()
+        .map(|c| c.restart)
+        .unwrap_or_default()
+}
+
+/// Checkpoint id recorded in the manifest of the savepoint or checkpoint at `dir`, if readable.
+fn checkpoint_id_of(dir: &Path) -> Option<u64> {
+    let text = std::fs::read(dir.join(METADATA_FILE)).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    v.get("checkpoint_id")?.as_u64()
+}
+
+/// Where a restarted engine resumes (see the module documentation): `Ok(None)` from the
+/// beginning. Reads and verifies the latest checkpoints (blocking I/O); a damaged newest one
+/// falls back to an older one. `warn` receives a line when no checkpoint verifies but a
+/// savepoint is used instead.
+///
+/// # Errors
+/// When checkpoints exist but none verifies and there is no savepoint to fall back to, or the
+/// storage cannot be listed: the reason, naming the files.
+pub fn restore_point(
+    spec: &JobSpec,
+    restored_from: Option<&Savepoint>,
+    warn: &mut dyn FnMut(String),
+) -> Result<Option<Savepoint>, String> {
+    let savepoint = restored_from.map(|s| (s.clone(), checkpoint_id_of(Path::new(&s.path))));
+    let checkpoint = match spec
+        .checkpoint
+        .as_ref()
+        .and_then(|c| Some((c, c.dir.as_ref()?)))
+    {
+        None => None,
+        Some((c, dir)) => {
+            let latest = CheckpointStorage::open(dir, c.retain)
+                .map_err(|e| e.to_string())
+                .and_then(|s| s.latest(spec).map_err(|e| e.to_string()));
+            match latest {
+                Ok(found) => found.map(|(path, sp)| {
+                    (
+                        Savepoint {
+                            path: path.display().to_string(),
+                        },
+                        sp.metadata.checkpoint_id,
+                    )
+                }),
+                Err(e) if savepoint.is_some() => {
+                    warn(format!(
+                        "warning: no usable checkpoint ({e}); restarting from the savepoint instead"
+                    ));
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    Ok(match (checkpoint, savepoint) {
+        (Some((c, cid)), Some((s, sid))) => Some(if cid >= sid { c } else { s }),
+        (Some((c, _)), None) => Some(c),
+        (None, s) => s.map(|(s, _)| s),
+    })
+}
+
+/// The line when the engine died and is restarted.
+pub fn died_line(t_s: f64, reason: &str, restart: u32, policy: &RestartSpec) -> String {
+    format!(
+        "t={t_s:>4.0}s ENGINE DIED ({reason}): restarting from the latest completed checkpoint in {:.1} s (restart {restart} of {})",
+        policy.delay_seconds, policy.attempts
+    )
+}
+
+/// The line when the restarted engine runs.
+pub fn restarted_line(t_s: f64, from: Option<&Savepoint>, recovery_s: f64) -> String {
+    format!(
+        "t={t_s:>4.0}s RESTARTED from {}: recovery {recovery_s:.1} s",
+        from.map_or("the beginning (nothing completed yet)", |s| s.path.as_str())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_newer_of_checkpoint_and_savepoint_is_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let chk = dir.path().join("chk");
+        let yaml = format!(
+            "name: j\noperators:\n  - {{ name: s, kind: source, rate: {{ constant: 1 }} }}\n  - {{ name: k, kind: sink }}\nedges:\n  - {{ from: s, to: k }}\ncheckpoint: {{ intervalSeconds: 1, dir: \"{}\", restart: {{ attempts: 5, delaySeconds: 0.5 }} }}\n",
+            chk.display()
+        );
+        let spec = JobSpec::from_yaml(&yaml).unwrap();
+        assert_eq!(restart_policy(&spec).attempts, 5);
+        let mut warned = Vec::new();
+        let mut warn = |l: String| warned.push(l);
+        // Nothing completed: from the beginning.
+        assert_eq!(restore_point(&spec, None, &mut warn).unwrap(), None);
+        let snapshot = |id| streamscale_engine::savepoint::Savepoint {
+            metadata: streamscale_engine::savepoint::SavepointMetadata {
+                checkpoint_id: Some(id),
+                ..streamscale_engine::savepoint::SavepointMetadata::for_job(&spec, 0)
+            },
+            state: Default::default(),
+        };
+        let storage = CheckpointStorage::new(&chk, 3);
+        storage.write_checkpoint(7, &snapshot(7)).unwrap();
+        let sp_dir = dir.path().join("sp-9");
+        snapshot(9).write(&sp_dir).unwrap();
+        let sp = Savepoint {
+            path: sp_dir.display().to_string(),
+        };
+        // The savepoint (id 9) is newer than checkpoint 7, then checkpoint 10 is newer.
+        assert_eq!(
+            restore_point(&spec, Some(&sp), &mut warn).unwrap(),
+            Some(sp.clone())
+        );
+        storage.write_checkpoint(10, &snapshot(10)).unwrap();
+        let got = restore_point(&spec, Some(&sp), &mut warn).unwrap().unwrap();
+        assert!(got.path.ends_with("chk-10"), "{got:?}");
+        assert!(warned.is_empty());
+        // Without a checkpoint block: the default strategy, the savepoint.
+        let plain = JobSpec::from_yaml(yaml.split("checkpoint:").next().unwrap()).unwrap();
+        assert_eq!(restart_policy(&plain), RestartSpec::default());
+        assert_eq!(
+            restore_point(&plain, Some(&sp), &mut |_| {}).unwrap(),
+            Some(sp)
+        );
+    }
+}
