@@ -49,7 +49,10 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
     // The final savepoint published the sink's part files next to the job file.
     let results = fixtures::published_output(&dir.path().join("out/results"));
     assert!(!results.is_empty());
-    assert!(results.lines().all(|l| l.split(',').count() == 3), "{results}");
+    assert!(
+        results.lines().all(|l| l.split(',').count() == 3),
+        "{results}"
+    );
 }
 
 #[test]
