@@ -48,8 +48,11 @@
 //!   once. They are part of the snapshot at the barrier; sources replay from the checkpointed
 //!   position, regenerating the same records.
 //! - The discarding sink: exactly once (its only effect is the accounted counter).
-//! - The file sink (`output:`): at least once. Lines written after the last completed
-//!   checkpoint are written again after a restart from it.
+//! - Transactional sinks, such as the file sink with `delivery: exactly-once` (the default):
+//!   exactly once for a reader of the committed output. They pre-commit at the barrier and
+//!   the coordinator commits once the snapshot is written ([`crate::sink::two_phase`]).
+//! - The file sink with `delivery: at-least-once`: at least once. Lines written after the last
+//!   completed checkpoint are written again after a restart from it.
 
 pub mod barrier;
 pub mod coordinator;

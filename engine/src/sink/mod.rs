@@ -2,7 +2,7 @@
 //!
 //! - [`two_phase`]: the two-phase-commit seam every transactional sink implements (write,
 //!   pre-commit at the barrier, commit when the checkpoint completes, recover on restore).
-//! - [`file`]: the exactly-once file sink on that seam (in-progress part files renamed into
+//! - [`file`](mod@file): the exactly-once file sink on that seam (in-progress part files renamed into
 //!   place when the checkpoint covering them completes).
 
 pub mod file;
