@@ -2,10 +2,12 @@
 //!
 //! The savepoint is never lost and never overwritten: if the new engine cannot be started from
 //! it, the executor restarts the job at the old parallelism from the same savepoint; if the
-//! savepoint itself fails, the old engine is left running.
+//! savepoint itself fails, the old engine is left running (or, when it died, restarted at the
+//! old parallelism from its latest restore point).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -85,11 +87,18 @@ pub enum ExecutorError {
     Runtime(#[from] RuntimeError),
 }
 
+/// Where a replacement for a dead engine resumes, given the savepoint the dead engine was
+/// restored from (`None`: it started fresh): that savepoint, a newer completed checkpoint, or
+/// `None` for the beginning. Blocking I/O; an error falls back to that savepoint.
+pub type RestorePointFn =
+    Arc<dyn Fn(Option<&Savepoint>) -> Result<Option<Savepoint>, String> + Send + Sync>;
+
 /// Starts, stops and rescales the engine of one job file through a runtime.
 pub struct Executor<'a, R: EngineRuntime> {
     runtime: &'a R,
     job: PathBuf,
     running_timeout: Duration,
+    restore_point: Option<RestorePointFn>,
 }
 
 impl<'a, R: EngineRuntime> Executor<'a, R> {
@@ -99,7 +108,15 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
             runtime,
             job: job.to_path_buf(),
             running_timeout: Duration::from_secs(60),
+            restore_point: None,
         }
+    }
+
+    /// Resumes an engine that died during a rescale's savepoint from `find`'s restore point
+    /// (the latest completed checkpoint) instead of the savepoint it was restored from.
+    pub fn with_restore_point(mut self, find: RestorePointFn) -> Self {
+        self.restore_point = Some(find);
+        self
     }
 
     /// Replaces how long a started engine may take to report `running` (default 60 s).
@@ -262,8 +279,26 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
             }
             let _ = self.runtime.kill(&engine).await;
         }
-        // The old engine is gone: restart at the old parallelism from its own restore point.
-        let restore = engine.restored_from.clone();
+        // The old engine is gone: restart at the old parallelism from its latest restore point.
+        let restore = match &self.restore_point {
+            Some(find) => {
+                let (find, from) = (Arc::clone(find), engine.restored_from.clone());
+                match tokio::task::spawn_blocking(move || find(from.as_ref())).await {
+                    Ok(Ok(point)) => point,
+                    Ok(Err(e)) => {
+                        tracing::warn!(
+                            "no checkpoint to restart from ({e}); using the engine's restore point"
+                        );
+                        engine.restored_from.clone()
+                    }
+                    Err(e) => {
+                        tracing::warn!("{e}");
+                        engine.restored_from.clone()
+                    }
+                }
+            }
+            None => engine.restored_from.clone(),
+        };
         match self.launch(&engine.parallelism, restore.as_ref()).await {
             Ok((replacement, _)) => Ok(RescaleOutcome::SavepointFailed {
                 engine: replacement,
@@ -366,6 +401,8 @@ mod tests {
         /// Starts at these parallelisms (of `enrich`) never reach `running`.
         broken_parallelism: Vec<u32>,
         savepoint_fails: bool,
+        /// Every engine has exited (died) by the time it is asked.
+        engines_die: bool,
         next: Mutex<u64>,
     }
 
@@ -442,7 +479,10 @@ mod tests {
         }
 
         async fn exited(&self, _handle: &EngineHandle) -> Option<RuntimeError> {
-            None
+            self.engines_die.then(|| RuntimeError::Exited {
+                status: "signal: 9 (SIGKILL)".into(),
+                last_error: "none".into(),
+            })
         }
     }
 
@@ -491,6 +531,38 @@ mod tests {
         assert_eq!(kept, engine);
         assert!(error.contains("disk full"), "{error}");
         assert_eq!(mock.starts.lock().expect("lock").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_engine_that_died_during_the_savepoint_resumes_from_the_latest_checkpoint() {
+        let mock = Mock {
+            savepoint_fails: true,
+            engines_die: true,
+            ..Mock::default()
+        };
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        let ex = Executor::new(&mock, Path::new("job.yaml")).with_restore_point(Arc::new(
+            move |from: Option<&Savepoint>| {
+                seen.lock().expect("lock").push(from.cloned());
+                Ok(Some(Savepoint {
+                    path: "/chk/chk-9".into(),
+                }))
+            },
+        ));
+        let engine = first_engine(&ex).await;
+        let out = ex.rescale(engine, &p(4)).await.expect("recovers");
+        let RescaleOutcome::SavepointFailed { engine, error, .. } = out else {
+            panic!("expected SavepointFailed, got {out:?}");
+        };
+        assert_eq!(engine.parallelism, p(2));
+        assert!(error.contains("/chk/chk-9"), "{error}");
+        assert_eq!(asked.lock().expect("lock").clone(), vec![None]);
+        let starts = mock.starts.lock().expect("lock").clone();
+        assert_eq!(
+            starts,
+            vec![(p(2), None), (p(2), Some("/chk/chk-9".into()))]
+        );
     }
 
     #[tokio::test]

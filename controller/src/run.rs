@@ -231,7 +231,12 @@ pub async fn run(
         let _ = runtime.kill(&engine).await;
         return Err(e);
     }
-    let executor = Executor::new(&runtime, &job.path);
+    let spec = job.spec.clone();
+    let executor = Executor::new(&runtime, &job.path).with_restore_point(std::sync::Arc::new(
+        move |from: Option<&crate::runtime::Savepoint>| {
+            supervise::restore_point(&spec, from, &mut |w| tracing::warn!("{w}"))
+        },
+    ));
     let mut lp = Loop {
         job: &job,
         opts,
