@@ -91,3 +91,22 @@ fn flink_scaler_crd_has_target_kinds_and_printer_columns() {
         assert!(yaml.contains(needle), "FlinkScaler CRD lacks {needle}");
     }
 }
+
+/// The example manifest is a valid FlinkScaler.
+#[test]
+fn example_flink_scaler_parses() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let path = root.join("examples/kubernetes/flinkscaler.yaml");
+    let text = std::fs::read_to_string(&path).expect("examples/kubernetes/flinkscaler.yaml");
+    let scaler: streamscale_operator::flink_scaler_crd::FlinkScaler =
+        serde_saphyr::from_str(&text).expect("a FlinkScaler");
+    assert_eq!(scaler.spec.target_ref.name, "trace-job");
+    assert_eq!(
+        scaler.spec.autoscaler.mode,
+        streamscale_operator::crd::AutoscalerMode::Recommend
+    );
+    assert_eq!(
+        scaler.spec.autoscaler.parallelism["count -> discard: Writer"].max,
+        8
+    );
+}

@@ -24,6 +24,8 @@
 //!    and each restarted operator resumes it; the job then runs at the new parallelism, and the
 //!    FlinkScaler's status says so with the measured downtime; the learned state is in the
 //!    FlinkScaler's ConfigMap;
+//!    a rescale the Flink operator observes but never gets running times out: the previous
+//!    overrides go back and the failing parallelism is remembered with a backoff;
 //! 3. the target turns on Flink's own autoscaler: refused (`Degraded`, Warning Event), nothing
 //!    written;
 //! 4. the target is deleted: `TargetMissing`, Warning Event;
@@ -770,6 +772,75 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
     assert!(
         state["rescaleDowntimeSeconds"].as_f64().is_some(),
         "{state}"
+    );
+
+    // 2b. A rescale the Flink operator observes but never gets running (forced by a lower bound
+    // above the current parallelism, with a short timeout): the previous overrides go back, and
+    // the failing parallelism is remembered with a backoff.
+    let overrides_at_2 = target_json(&targets).await["spec"]["flinkConfiguration"][OVERRIDES_KEY]
+        .as_str()
+        .expect("overrides")
+        .to_string();
+    stand_in.set(OBSERVE_ONLY);
+    let bounds = |keyed: (u32, u32), timeout: u32| {
+        json!({"spec": {"autoscaler": {
+            "restoreTimeoutSeconds": timeout,
+            "parallelism": {KEYED: {"min": keyed.0, "max": keyed.1}, SOURCE: {"min": 1, "max": 1}},
+        }}})
+    };
+    scalers
+        .patch(
+            SCALER,
+            &PatchParams::default(),
+            &Patch::Merge(bounds((3, 3), 8)),
+        )
+        .await
+        .expect("force 3");
+    let s = wait_status(&scalers, 60, "a rescale rolled back", &log, |s| {
+        s.rescale.is_none()
+            && s.last_rescale
+                .as_ref()
+                .is_some_and(|l| l.outcome == "RolledBack" && l.to.get(KEYED) == Some(&3))
+    })
+    .await;
+    scalers
+        .patch(
+            SCALER,
+            &PatchParams::default(),
+            &Patch::Merge(bounds((1, 2), 90)),
+        )
+        .await
+        .expect("bounds back");
+    stand_in.set(RUN);
+    let backoff = s.backoff.clone().expect("backoff");
+    assert_eq!(backoff.failures, 1, "{backoff:?}");
+    assert!(
+        backoff
+            .failed
+            .iter()
+            .any(|f| f.parallelism.get(KEYED) == Some(&3) && f.failures == 1),
+        "{backoff:?}"
+    );
+    assert_eq!(
+        target_json(&targets).await["spec"]["flinkConfiguration"][OVERRIDES_KEY].as_str(),
+        Some(overrides_at_2.as_str()),
+        "the previous overrides are back"
+    );
+    assert_eq!(s.rescales, 1, "{s:?}");
+    assert_eq!(
+        parallelism(rest.clone(), jid.clone()).await.1.get(KEYED),
+        Some(&2)
+    );
+    let events = event_reasons(&admin, &ns).await;
+    assert!(
+        events
+            .iter()
+            .any(|(t, r, _)| t == "Warning" && r == "RescaleFailed"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(_, r, _)| r == "RolledBack"),
+        "{events:?}"
     );
 
     // 3. The target turns Flink's own autoscaler on: refused, nothing written.

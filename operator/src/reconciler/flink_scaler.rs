@@ -504,6 +504,7 @@ async fn drive(
                 status.rescales += 1;
                 status.backoff = None;
                 memory.autoscaler.observe_rescale_downtime(seconds);
+                save_learned(scope, memory).await;
                 let message = format!(
                     "{} -> {} in {seconds:.1} s",
                     rescale::fmt_p(&r.from),
@@ -664,23 +665,7 @@ async fn autoscale_flink(
     }
     let window: Vec<MetricSample> = m.window.iter().cloned().collect();
     let verdict = m.autoscaler.decide(now_s, &window, &topo.spec);
-    let snap = snapshot(&scaler.name_any(), &m.autoscaler, scope.ctx.unix0);
-    let fp = StateFingerprint::of(&snap);
-    if m.saved.as_ref() != Some(&fp) && !fp.is_empty() {
-        let saved = match learned_configmap::flink_scaler_configmap(
-            scaler,
-            learned_configmap::encode(&snap),
-        ) {
-            Ok(cm) => save_state(scope.ctx, cm).await,
-            Err(e) => Err(e.to_string()),
-        };
-        match saved {
-            Ok(()) => m.saved = Some(fp),
-            Err(e) => {
-                tracing::warn!(scaler = %key(scaler), "cannot save the autoscaler state: {e}")
-            }
-        }
-    }
+    save_learned(scope, m).await;
     let (decision, rescale) = match verdict {
         Verdict::Rescale(d) => (d, true),
         Verdict::Hold {
@@ -828,6 +813,25 @@ async fn autoscale_flink(
     m.window.clear();
     m.autoscaler.restarted(now_s);
     Ok(())
+}
+
+/// Writes what the autoscaler learned to the FlinkScaler's ConfigMap when it changed.
+async fn save_learned(scope: &Scope<'_>, m: &mut ScalerMemory) {
+    let scaler = scope.scaler;
+    let snap = snapshot(&scaler.name_any(), &m.autoscaler, scope.ctx.unix0);
+    let fp = StateFingerprint::of(&snap);
+    if m.saved.as_ref() == Some(&fp) || fp.is_empty() {
+        return;
+    }
+    let saved =
+        match learned_configmap::flink_scaler_configmap(scaler, learned_configmap::encode(&snap)) {
+            Ok(cm) => save_state(scope.ctx, cm).await,
+            Err(e) => Err(e.to_string()),
+        };
+    match saved {
+        Ok(()) => m.saved = Some(fp),
+        Err(e) => tracing::warn!(scaler = %key(scaler), "cannot save the autoscaler state: {e}"),
+    }
 }
 
 fn ctx_metrics_read(scope: &Scope<'_>) {
