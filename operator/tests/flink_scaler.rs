@@ -19,16 +19,18 @@
 //! script's fixed ports):
 //! 1. mode `recommend` on an overloaded job: a recommendation in status and an Event, nothing
 //!    written to the target, the job untouched;
-//! 2. mode `auto`: the overrides written (only that key, under the operator's field manager);
-//!    the operator is SIGKILLed while the rescale waits at `Requested`, and again at `Observed`,
-//!    and each restarted operator resumes it; the job then runs at the new parallelism, and the
+//! 2. mode `auto` with a Flink operator that observes the overrides but never gets the job
+//!    running at them: after the timeout the previous overrides go back and the failing
+//!    parallelism is remembered with a backoff; after it, the overrides written again (only
+//!    that key, under the operator's field manager); the operator is SIGKILLed while the
+//!    rescale waits at `Requested`, and again at `Observed`, and each restarted operator
+//!    resumes it; the job then runs at the new parallelism, and the
 //!    FlinkScaler's status says so with the measured downtime; the learned state is in the
 //!    FlinkScaler's ConfigMap;
-//!    a rescale the Flink operator observes but never gets running times out: the previous
-//!    overrides go back and the failing parallelism is remembered with a backoff;
 //! 3. the target turns on Flink's own autoscaler: refused (`Degraded`, Warning Event), nothing
 //!    written;
-//! 4. the target is deleted: `TargetMissing`, Warning Event;
+//! 4. the target is deleted: `TargetMissing`, Warning Event; a FlinkSessionJob target is read
+//!    like a FlinkDeployment;
 //! 5. RBAC: the chart's ServiceAccount may patch FlinkDeployments but not delete them; with
 //!    `flink.enabled=false` the chart grants nothing on `flink.apache.org`.
 //!
@@ -652,17 +654,81 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
         "{events:?}"
     );
 
-    // 2. Mode auto, with the Flink operator not looking yet: the rescale waits at Requested
-    // with the overrides on the target. SIGKILL the operator there, start another.
+    // 2. Mode auto, with a Flink operator that observes the overrides but never gets the job
+    // running at them, and a short timeout: the previous overrides (none: those of the current
+    // parallelism) go back, and the failing parallelism is remembered with a backoff.
+    stand_in.set(OBSERVE_ONLY);
+    scalers
+        .patch(
+            SCALER,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"autoscaler": {"mode": "auto", "restoreTimeoutSeconds": 8}}}),
+            ),
+        )
+        .await
+        .expect("mode auto");
+    let s = wait_status(&scalers, 60, "a rescale rolled back", &log, |s| {
+        s.rescale.is_none()
+            && s.last_rescale
+                .as_ref()
+                .is_some_and(|l| l.outcome == "RolledBack" && l.to.get(KEYED) == Some(&2))
+    })
+    .await;
+    // The next attempt (after the backoff) is held at Requested: the Flink operator pauses.
     stand_in.set(PAUSED);
     scalers
         .patch(
             SCALER,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"autoscaler": {"mode": "auto"}}})),
+            &Patch::Merge(json!({"spec": {"autoscaler": {"restoreTimeoutSeconds": 90}}})),
         )
         .await
-        .expect("mode auto");
+        .expect("timeout back");
+    let backoff = s.backoff.clone().expect("backoff");
+    assert_eq!(backoff.failures, 1, "{backoff:?}");
+    assert!(
+        backoff
+            .failed
+            .iter()
+            .any(|f| f.parallelism.get(KEYED) == Some(&2) && f.failures == 1),
+        "{backoff:?}"
+    );
+    let t = target_json(&targets).await;
+    let back = t["spec"]["flinkConfiguration"][OVERRIDES_KEY]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let keyed_id = s
+        .vertices
+        .iter()
+        .find(|v| v.name == KEYED)
+        .map(|v| v.id.clone())
+        .expect("keyed id");
+    assert!(
+        back.contains(&format!("{keyed_id}:1")),
+        "the overrides of the old parallelism are back: {t}"
+    );
+    assert_eq!(s.rescales, 0, "{s:?}");
+    assert_eq!(
+        parallelism(rest.clone(), jid.clone()).await.1.get(KEYED),
+        Some(&1)
+    );
+    let events = event_reasons(&admin, &ns).await;
+    assert!(
+        events
+            .iter()
+            .any(|(t, r, _)| t == "Warning" && r == "RescaleFailed"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(_, r, _)| r == "RolledBack"),
+        "{events:?}"
+    );
+
+    // 2b. After the backoff the rescale is tried again and waits at Requested with the
+    // overrides on the target (the Flink operator not looking). SIGKILL the operator there,
+    // start another.
     let s = wait_status(&scalers, 60, "a rescale requested", &log, |s| {
         s.rescale
             .as_ref()
@@ -723,6 +789,10 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
     })
     .await;
     assert_eq!(s.rescales, 1, "{s:?}");
+    assert!(
+        s.backoff.is_none(),
+        "a completed rescale clears the backoff: {s:?}"
+    );
     let last = s.last_rescale.clone().expect("last rescale");
     assert_eq!(last.outcome, "Rescaled", "{last:?}");
     assert!(
@@ -772,75 +842,6 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
     assert!(
         state["rescaleDowntimeSeconds"].as_f64().is_some(),
         "{state}"
-    );
-
-    // 2b. A rescale the Flink operator observes but never gets running (forced by a lower bound
-    // above the current parallelism, with a short timeout): the previous overrides go back, and
-    // the failing parallelism is remembered with a backoff.
-    let overrides_at_2 = target_json(&targets).await["spec"]["flinkConfiguration"][OVERRIDES_KEY]
-        .as_str()
-        .expect("overrides")
-        .to_string();
-    stand_in.set(OBSERVE_ONLY);
-    let bounds = |keyed: (u32, u32), timeout: u32| {
-        json!({"spec": {"autoscaler": {
-            "restoreTimeoutSeconds": timeout,
-            "parallelism": {KEYED: {"min": keyed.0, "max": keyed.1}, SOURCE: {"min": 1, "max": 1}},
-        }}})
-    };
-    scalers
-        .patch(
-            SCALER,
-            &PatchParams::default(),
-            &Patch::Merge(bounds((3, 3), 8)),
-        )
-        .await
-        .expect("force 3");
-    let s = wait_status(&scalers, 60, "a rescale rolled back", &log, |s| {
-        s.rescale.is_none()
-            && s.last_rescale
-                .as_ref()
-                .is_some_and(|l| l.outcome == "RolledBack" && l.to.get(KEYED) == Some(&3))
-    })
-    .await;
-    scalers
-        .patch(
-            SCALER,
-            &PatchParams::default(),
-            &Patch::Merge(bounds((1, 2), 90)),
-        )
-        .await
-        .expect("bounds back");
-    stand_in.set(RUN);
-    let backoff = s.backoff.clone().expect("backoff");
-    assert_eq!(backoff.failures, 1, "{backoff:?}");
-    assert!(
-        backoff
-            .failed
-            .iter()
-            .any(|f| f.parallelism.get(KEYED) == Some(&3) && f.failures == 1),
-        "{backoff:?}"
-    );
-    assert_eq!(
-        target_json(&targets).await["spec"]["flinkConfiguration"][OVERRIDES_KEY].as_str(),
-        Some(overrides_at_2.as_str()),
-        "the previous overrides are back"
-    );
-    assert_eq!(s.rescales, 1, "{s:?}");
-    assert_eq!(
-        parallelism(rest.clone(), jid.clone()).await.1.get(KEYED),
-        Some(&2)
-    );
-    let events = event_reasons(&admin, &ns).await;
-    assert!(
-        events
-            .iter()
-            .any(|(t, r, _)| t == "Warning" && r == "RescaleFailed"),
-        "{events:?}"
-    );
-    assert!(
-        events.iter().any(|(_, r, _)| r == "RolledBack"),
-        "{events:?}"
     );
 
     // 3. The target turns Flink's own autoscaler on: refused, nothing written.
@@ -903,6 +904,89 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
             .iter()
             .any(|(t, r, _)| t == "Warning" && r == "TargetNotFound"),
         "{events:?}"
+    );
+
+    // 4b. A FlinkSessionJob target: its job (the same Flink job; the Flink operator's status
+    // written once by the test) is read and planned, in recommend mode nothing is written.
+    let session_jobs: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        &ns,
+        &api_resource(TargetKind::FlinkSessionJob),
+    );
+    let sj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "flink.apache.org/v1beta1",
+        "kind": "FlinkSessionJob",
+        "metadata": {"name": "trace-session-job"},
+        "spec": {
+            "deploymentName": "session-cluster",
+            "job": {
+                "jarURI": "local:///opt/flink/usrlib/trace-job.jar",
+                "parallelism": 1,
+                "upgradeMode": "stateless",
+            },
+        },
+    }))
+    .expect("FlinkSessionJob");
+    session_jobs
+        .patch(
+            "trace-session-job",
+            &PatchParams::apply("kubectl").force(),
+            &Patch::Apply(&sj),
+        )
+        .await
+        .expect("create the FlinkSessionJob");
+    session_jobs
+        .patch_status(
+            "trace-session-job",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "observedGeneration": 1,
+                "lifecycleState": "STABLE",
+                "jobStatus": {"jobId": jid, "state": "RUNNING"},
+            }})),
+        )
+        .await
+        .expect("the session job's status");
+    let session_scaler: FlinkScaler = serde_json::from_value(json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "FlinkScaler",
+        "metadata": {"name": "session-scaler"},
+        "spec": {
+            "targetRef": {"kind": "FlinkSessionJob", "name": "trace-session-job"},
+            "restUrl": rest_url,
+            "autoscaler": {"mode": "recommend", "metricsIntervalSeconds": 1},
+        },
+    }))
+    .expect("FlinkScaler");
+    scalers
+        .create(&PostParams::default(), &session_scaler)
+        .await
+        .expect("create the session FlinkScaler");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        let s = scalers
+            .get("session-scaler")
+            .await
+            .expect("get")
+            .status
+            .unwrap_or_default();
+        if s.phase == FlinkScalerPhase::Running && !s.vertices.is_empty() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the FlinkSessionJob's scaler: {s:?}\n{}",
+            tail(&log, 30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(s.job_id.as_deref(), Some(jid.as_str()));
+    assert_eq!(s.current_parallelism.get(KEYED), Some(&2), "{s:?}");
+    let sj_now = serde_json::to_value(session_jobs.get("trace-session-job").await.expect("get"))
+        .expect("json");
+    assert!(
+        sj_now["spec"]["flinkConfiguration"][OVERRIDES_KEY].is_null(),
+        "{sj_now}"
     );
 
     // 5. RBAC: the chart's ServiceAccount may patch Flink resources, not delete them; without

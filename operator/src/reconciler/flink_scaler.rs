@@ -342,13 +342,7 @@ async fn reconcile_with(
             };
             status.phase = FlinkScalerPhase::Pending;
             scope.set(&mut status, "Ready", false, "JobNotRunning", &message);
-            if !status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Degraded" && c.status == "True")
-            {
-                scope.set(&mut status, "Degraded", false, "AsExpected", "");
-            }
+            clear_degraded(&scope, &mut status);
             if status != before {
                 scope.write_status(&status).await?;
             }
@@ -363,13 +357,7 @@ async fn reconcile_with(
         "JobRunning",
         &format!("job {} runs", job.jid),
     );
-    let degraded_by_rescale = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "RollbackFailed");
-    if !degraded_by_rescale {
-        scope.set(&mut status, "Degraded", false, "AsExpected", "");
-    }
+    clear_degraded(&scope, &mut status);
     if a.mode != AutoscalerMode::Off {
         autoscale_flink(&scope, memory, &rest, &job, &view, &mut status).await?;
     }
@@ -381,6 +369,18 @@ async fn reconcile_with(
     } else {
         interval
     }))
+}
+
+/// `Degraded=False`, unless a rollback failed (that stays until a rescale completes): a target
+/// that is back, or no longer refused, is no longer degraded.
+fn clear_degraded(scope: &Scope<'_>, status: &mut FlinkScalerStatus) {
+    let rollback_failed = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "RollbackFailed");
+    if !rollback_failed {
+        scope.set(status, "Degraded", false, "AsExpected", "");
+    }
 }
 
 async fn target_missing(
@@ -503,6 +503,7 @@ async fn drive(
             } else {
                 status.rescales += 1;
                 status.backoff = None;
+                scope.set(status, "Degraded", false, "AsExpected", "");
                 memory.autoscaler.observe_rescale_downtime(seconds);
                 save_learned(scope, memory).await;
                 let message = format!(
