@@ -124,6 +124,7 @@ fn build_dag(seed: u64) -> Dag {
                 keys: 1000,
                 count: None,
                 nexmark: None,
+                kafka: None,
             }
         } else {
             lambda[i] = inputs[i]
@@ -134,6 +135,7 @@ fn build_dag(seed: u64) -> Dag {
                 OperatorKind::Sink {
                     output: None,
                     delivery: Default::default(),
+                    kafka: None,
                 }
             } else if rng.below(4) == 0 {
                 keyed[i] = true;

@@ -95,7 +95,13 @@ fn initial_savepoint(spec: &JobSpec, keys: u64) -> Savepoint {
     Savepoint {
         metadata: SavepointMetadata {
             max_parallelism: MAX_PARALLELISM,
-            sources: BTreeMap::from([("source".into(), SourcePosition { emitted: 0 })]),
+            sources: BTreeMap::from([(
+                "source".into(),
+                SourcePosition {
+                    emitted: 0,
+                    ..Default::default()
+                },
+            )]),
             ..SavepointMetadata::for_job(spec, now_ms)
         },
         state: BTreeMap::from([(

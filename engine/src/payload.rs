@@ -20,6 +20,23 @@ pub enum Payload {
     Row(Arc<Row>),
     /// A watermark: no record with event time ≤ `ms` follows on this channel.
     Watermark(Watermark),
+    /// A record read from a Kafka topic.
+    Kafka(Arc<KafkaRecord>),
+}
+
+/// One record of a Kafka topic, as a Kafka source read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaRecord {
+    /// The record's key (`None`: no key).
+    pub key: Option<Vec<u8>>,
+    /// The value bytes (`None`: a tombstone).
+    pub value: Option<Vec<u8>>,
+    /// The Kafka timestamp, ms since the Unix epoch (`None` when the record has none).
+    pub timestamp_ms: Option<i64>,
+    /// The partition it was read from.
+    pub partition: i32,
+    /// Its offset in that partition.
+    pub offset: i64,
 }
 
 /// A watermark message, sent in-band on every output channel of a subtask.
@@ -97,6 +114,7 @@ impl Payload {
         match self {
             Payload::Event(e) => Some(e.timestamp()),
             Payload::Row(r) => Some(r.ts_ms),
+            Payload::Kafka(k) => k.timestamp_ms.and_then(|t| u64::try_from(t).ok()),
             Payload::None | Payload::Watermark(_) => None,
         }
     }
@@ -107,9 +125,27 @@ impl Payload {
         match self {
             Payload::Row(r) => Some(r.to_json()),
             Payload::Event(e) => Some(event_json(e)),
+            Payload::Kafka(k) => Some(kafka_json(k)),
             Payload::None | Payload::Watermark(_) => None,
         }
     }
+}
+
+/// A Kafka record as JSON: its value when that is JSON, else the value as a string, under
+/// `value`, with `key`, `partition`, `offset` and `timestamp`.
+fn kafka_json(k: &KafkaRecord) -> serde_json::Value {
+    let text = |b: &Option<Vec<u8>>| {
+        b.as_deref()
+            .map(|b| serde_json::Value::from(String::from_utf8_lossy(b).into_owned()))
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let value = k
+        .value
+        .as_deref()
+        .and_then(|v| serde_json::from_slice(v).ok())
+        .unwrap_or_else(|| text(&k.value));
+    serde_json::json!({"key": text(&k.key), "value": value, "partition": k.partition,
+        "offset": k.offset, "timestamp": k.timestamp_ms})
 }
 
 fn event_json(e: &Event) -> serde_json::Value {

@@ -63,6 +63,7 @@ use prometheus::IntCounter;
 mod chains;
 mod cost;
 mod job;
+mod kafka_source_task;
 mod meters;
 mod operator_task;
 mod routing;
@@ -70,6 +71,7 @@ mod sending;
 mod source_task;
 use chains::*;
 use cost::*;
+use kafka_source_task::*;
 use meters::*;
 use operator_task::*;
 use sending::*;
@@ -101,6 +103,14 @@ pub enum RuntimeError {
     /// The job graph is invalid.
     #[error("{0}")]
     Graph(String),
+    /// A Kafka source's or sink's brokers or topic cannot be used.
+    #[error("{operator}: {source}")]
+    Kafka {
+        /// The operator.
+        operator: String,
+        /// What Kafka answered.
+        source: Box<crate::kafka::KafkaError>,
+    },
     /// A thread could not be spawned.
     #[error("cannot spawn subtask thread: {0}")]
     Spawn(std::io::Error),

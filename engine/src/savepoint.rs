@@ -73,10 +73,15 @@ pub enum SavepointError {
 }
 
 /// Source position: how far a source operator has emitted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourcePosition {
     /// Records emitted in total (the next record's sequence number).
     pub emitted: u64,
+    /// Kafka sources: the next offset to read of every partition read so far (partition →
+    /// offset). A restored source reads each partition from here, whichever subtask now
+    /// owns it; partitions not listed are read from their earliest offset.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kafka_offsets: BTreeMap<i32, i64>,
 }
 
 /// Cumulative record counters of one operator.
@@ -728,7 +733,13 @@ mod tests {
         Savepoint {
             metadata: SavepointMetadata {
                 job_started_unix_ms: 1,
-                sources: BTreeMap::from([("src".into(), SourcePosition { emitted: 1225 })]),
+                sources: BTreeMap::from([(
+                    "src".into(),
+                    SourcePosition {
+                        emitted: 1225,
+                        kafka_offsets: BTreeMap::from([(0, 7), (3, 12)]),
+                    },
+                )]),
                 ..SavepointMetadata::for_job(spec, 2)
             },
             state: BTreeMap::from([("w".into(), state)]),

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::kafka::{KafkaSinkSpec, KafkaSourceSpec};
 use crate::nexmark::NexmarkSourceSpec;
 use crate::nexmark::queries::{BidKey, SelectQuery};
 use crate::time::window::WindowSpec;
@@ -292,10 +293,12 @@ pub struct OperatorSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
 pub enum OperatorKind {
-    /// Emits synthetic keyed events at a rate given by `rate`.
+    /// Emits synthetic keyed events at a rate given by `rate`, or reads a Kafka topic
+    /// (`kafka:`).
     #[serde(rename_all = "camelCase")]
     Source {
-        /// Emission rate over time.
+        /// Emission rate over time (required unless `kafka` is set; a Kafka source takes none).
+        #[serde(default = "kafka_source_rate")]
         rate: RateSpec,
         /// Number of distinct keys; key of the n-th record is a hash of n modulo `keys`. Default 1000.
         #[serde(default = "default_keys")]
@@ -307,6 +310,10 @@ pub enum OperatorKind {
         /// of synthetic keyed records (the Nexmark benchmark's generator). `keys` is then unused.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nexmark: Option<NexmarkSourceSpec>,
+        /// Read the records of a Kafka topic (key, value bytes, Kafka timestamp) instead of
+        /// generating them; `rate`, `keys`, `count` and `nexmark` are then not allowed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kafka: Option<KafkaSourceSpec>,
     },
     /// Passes each record on unchanged after spending its cost.
     Map,
@@ -337,6 +344,10 @@ pub enum OperatorKind {
         /// Delivery guarantee of `output` across crashes and restores. Default exactly-once.
         #[serde(default)]
         delivery: SinkDelivery,
+        /// Write to a Kafka topic instead (one JSON object per record; the Kafka key is the
+        /// record's key). Not together with `output`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kafka: Option<KafkaSinkSpec>,
     },
     /// A stateless stage over Nexmark events (Q1's projection, Q2's filter, per-type
     /// selections); forwards watermarks.
@@ -747,6 +758,11 @@ fn is_default_max_rescales_per_hour(v: &u32) -> bool {
 pub const DEFAULT_LATENCY_PERCENTILE: f64 = 0.99;
 fn default_latency_percentile() -> f64 {
     DEFAULT_LATENCY_PERCENTILE
+}
+/// The `rate` of a source that names none: what a Kafka source has (validation requires a
+/// `rate` of every other source).
+fn kafka_source_rate() -> RateSpec {
+    RateSpec::Constant(0.0)
 }
 fn one() -> u32 {
     1

@@ -79,7 +79,13 @@ fn write_savepoint(dir: &std::path::Path, spec: &JobSpec) -> std::path::PathBuf 
     let sp = Savepoint {
         metadata: SavepointMetadata {
             job_started_unix_ms: 1,
-            sources: BTreeMap::from([("src".into(), SourcePosition { emitted: KEYS })]),
+            sources: BTreeMap::from([(
+                "src".into(),
+                SourcePosition {
+                    emitted: KEYS,
+                    ..Default::default()
+                },
+            )]),
             ..SavepointMetadata::for_job(spec, 2)
         },
         state: BTreeMap::from([("w".into(), state)]),

@@ -81,6 +81,7 @@ pub fn check_autoscaler(a: &AutoscalerSpec) -> Result<(), String> {
                 keys: 1,
                 count: None,
                 nexmark: None,
+                kafka: None,
             },
         }],
         edges: Vec::new(),

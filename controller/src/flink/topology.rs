@@ -203,6 +203,7 @@ impl FlinkTopology {
                             keys: 1,
                             count: None,
                             nexmark: None,
+                            kafka: None,
                         },
                         // The model's keyed queue without a window: a regular (non-windowed)
                         // keyed operator.

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, select};
 
 use super::barrier::{Barrier, BarrierKind};
-use super::gate::SourceGate;
+use super::gate::{GatePosition, SourceGate};
 use super::storage::CheckpointStorage;
 use crate::keygroup::key_group_range;
 use crate::metrics::EngineMetrics;
@@ -186,7 +186,7 @@ struct Pending {
     target: Target,
     reply: Option<Sender<Outcome>>,
     started: Instant,
-    positions: BTreeMap<String, u64>,
+    positions: BTreeMap<String, GatePosition>,
     /// Acknowledgements of this barrier by subtask (operator, index).
     acks: BTreeMap<(String, u32), Ack>,
 }
@@ -458,7 +458,15 @@ fn final_commit(ctx: &JobContext, id: u64, ended: &Ended, uncommitted: &mut Unco
         positions: ctx
             .gates
             .iter()
-            .map(|(n, g)| (n.clone(), g.emitted()))
+            .map(|(n, g)| {
+                (
+                    n.clone(),
+                    GatePosition {
+                        emitted: g.emitted(),
+                        offsets: g.offsets(),
+                    },
+                )
+            })
             .collect(),
         acks: BTreeMap::new(),
     };
@@ -518,7 +526,15 @@ fn assemble(
         sources: p
             .positions
             .iter()
-            .map(|(n, e)| (n.clone(), SourcePosition { emitted: *e }))
+            .map(|(n, e)| {
+                (
+                    n.clone(),
+                    SourcePosition {
+                        emitted: e.emitted,
+                        kafka_offsets: e.offsets.clone(),
+                    },
+                )
+            })
             .collect(),
         counters,
         files: Vec::new(),

@@ -33,12 +33,31 @@ impl Job {
         let mut two_phase: BTreeMap<String, Arc<dyn TwoPhaseCommitSink>> = BTreeMap::new();
         for op in &spec.operators {
             match &op.kind {
-                OperatorKind::Source { rate, .. } => {
+                OperatorKind::Source { rate, kafka, .. } => {
+                    if let Some(k) = kafka {
+                        // One clear error before any thread starts: brokers unreachable or
+                        // no such topic.
+                        crate::kafka::partition_count(&k.bootstrap_servers, &k.topic).map_err(
+                            |source| RuntimeError::Kafka {
+                                operator: op.name.clone(),
+                                source: Box::new(source),
+                            },
+                        )?;
+                    }
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
+                }
+                OperatorKind::Sink { kafka: Some(k), .. } => {
+                    crate::kafka::partition_count(&k.bootstrap_servers, &k.topic).map_err(
+                        |source| RuntimeError::Kafka {
+                            operator: op.name.clone(),
+                            source: Box::new(source),
+                        },
+                    )?;
                 }
                 OperatorKind::Sink {
                     output: Some(path),
                     delivery: SinkDelivery::ExactlyOnce,
+                    ..
                 } => {
                     let sink: Arc<dyn TwoPhaseCommitSink> =
                         Arc::new(FileSink::new(&op.name, path.clone()));
@@ -55,6 +74,7 @@ impl Job {
                 OperatorKind::Sink {
                     output: Some(path),
                     delivery: SinkDelivery::AtLeastOnce,
+                    ..
                 } => {
                     // Like a file sink's base path: missing parent directories are created.
                     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
@@ -145,6 +165,7 @@ impl Job {
         // Per operator: live counters, source gates, sink writers.
         let mut counters = BTreeMap::new();
         let mut gates = BTreeMap::new();
+        let mut kafka_figures = BTreeMap::new();
         let mut sinks: BTreeMap<String, SinkWriter> = BTreeMap::new();
         for op in &spec.operators {
             let name = &op.name;
@@ -159,12 +180,17 @@ impl Job {
             live.accounted.store(restored.accounted, Ordering::Relaxed);
             live.filtered.store(restored.filtered, Ordering::Relaxed);
             counters.insert(name.clone(), live);
-            if matches!(op.kind, OperatorKind::Source { .. }) {
-                let gate = Arc::new(SourceGate::new(
-                    restore
-                        .and_then(|s| s.metadata.sources.get(name))
-                        .map_or(0, |p| p.emitted),
+            if let OperatorKind::Source { kafka, .. } = &op.kind {
+                let restored = restore.and_then(|s| s.metadata.sources.get(name));
+                let gate = Arc::new(SourceGate::with_offsets(
+                    restored.map_or(0, |p| p.emitted),
+                    restored
+                        .map(|p| p.kafka_offsets.clone())
+                        .unwrap_or_default(),
                 ));
+                if kafka.is_some() {
+                    kafka_figures.insert(name.clone(), Arc::new(KafkaFigures::new(gate.clone())));
+                }
                 gates.insert(name.clone(), gate);
             }
             if let Some(f) = sink_files.remove(name) {
@@ -372,6 +398,18 @@ impl Job {
                 }
                 let ctx = context(op, index, outputs, false);
                 let body: Box<dyn FnOnce() -> Vec<SubtaskResult> + Send> = match &op.kind {
+                    OperatorKind::Source { kafka: Some(k), .. } => {
+                        let source = KafkaSourceTask {
+                            spec: k.clone(),
+                            gate: gates[name].clone(),
+                            group: k
+                                .group
+                                .clone()
+                                .unwrap_or_else(|| format!("streamscale-{}-{name}", spec.name)),
+                            figures: kafka_figures[name].clone(),
+                        };
+                        Box::new(move || source.run(ctx))
+                    }
                     OperatorKind::Source {
                         keys,
                         count,
@@ -631,6 +669,7 @@ impl Job {
                     k.clone(),
                     SourcePosition {
                         emitted: g.emitted(),
+                        kafka_offsets: g.offsets(),
                     },
                 )
             })

@@ -109,7 +109,10 @@ mod tests {
         let mut m = SavepointMetadata::for_job(&spec, 1_700_000_000_000);
         m.sources.insert(
             "s".into(),
-            crate::savepoint::SourcePosition { emitted: 4242 },
+            crate::savepoint::SourcePosition {
+                emitted: 4242,
+                ..Default::default()
+            },
         );
         m
     }

@@ -88,6 +88,38 @@ impl JobSpec {
     pub fn from_yaml(text: &str) -> Result<JobSpec, String> {
         let spec: JobSpec =
             serde_saphyr::from_str(text).map_err(|e| parse_error::explain(text, &e))?;
+        // A source's `rate` defaults (for Kafka sources); every other source must name one.
+        let unrated: Vec<usize> = spec
+            .operators
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| {
+                matches!(&op.kind, OperatorKind::Source { kafka: None, rate, .. } if *rate == kafka_source_rate())
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if !unrated.is_empty() {
+            let tree = yaml_tree::Node::parse(text);
+            let items = tree.as_ref().and_then(|t| match &t.get("operators")?.kind {
+                yaml_tree::Kind::Seq(items) => Some(items),
+                _ => None,
+            });
+            for i in unrated {
+                let Some(item) = items.and_then(|items| items.get(i)) else {
+                    continue;
+                };
+                if !item
+                    .entries()
+                    .iter()
+                    .any(|(k, _)| k.scalar() == Some("rate"))
+                {
+                    return Err(format!(
+                        "line {} column {}: operators[{i}] ({}): missing field `rate` (records/s of a synthetic source), or `kafka` to read a topic",
+                        item.at.0, item.at.1, spec.operators[i].name
+                    ));
+                }
+            }
+        }
         // `map` has no fields of its own, and serde ignores extra keys on a unit variant of
         // a flattened enum: check them here.
         let maps = spec
@@ -283,6 +315,7 @@ impl JobSpec {
             let OperatorKind::Sink {
                 output: Some(out),
                 delivery,
+                ..
             } = &op.kind
             else {
                 continue;
@@ -532,12 +565,33 @@ impl JobSpec {
                     rate,
                     keys,
                     nexmark,
-                    ..
+                    kafka,
+                    count,
                 } => {
                     if op.cpu != 0.0 || op.io != 0.0 {
                         return Err(format!(
                             "{at}: sources have no per-record cost; remove `cpu`/`io`"
                         ));
+                    }
+                    if let Some(k) = kafka {
+                        if *rate != kafka_source_rate()
+                            || *keys != default_keys()
+                            || count.is_some()
+                            || nexmark.is_some()
+                        {
+                            return Err(format!(
+                                "{at}.kafka: a Kafka source takes no `rate`, `keys`, `count` or `nexmark` (its records come from the topic)"
+                            ));
+                        }
+                        validate_kafka_endpoint(
+                            &format!("{at}.kafka"),
+                            &k.topic,
+                            &k.bootstrap_servers,
+                        )?;
+                        if k.group.as_deref().is_some_and(str::is_empty) {
+                            return Err(format!("{at}.kafka.group: must not be empty"));
+                        }
+                        continue;
                     }
                     if *keys == 0 {
                         return Err(format!("{at}.keys: must be at least 1"));
@@ -578,7 +632,28 @@ impl JobSpec {
                         return Err(format!("{at}.sizeMs: must be at least 1 millisecond"));
                     }
                 }
-                OperatorKind::Map | OperatorKind::Sink { .. } => {}
+                OperatorKind::Sink { output, kafka, .. } => {
+                    if let Some(k) = kafka {
+                        if output.is_some() {
+                            return Err(format!(
+                                "{at}: a sink writes either to `output` or to `kafka`, not both"
+                            ));
+                        }
+                        validate_kafka_endpoint(
+                            &format!("{at}.kafka"),
+                            &k.topic,
+                            &k.bootstrap_servers,
+                        )?;
+                        if k.delivery == crate::kafka::Delivery::ExactlyOnce
+                            && self.checkpoint.is_none()
+                        {
+                            return Err(format!(
+                                "{at}.kafka.delivery: exactlyOnce commits a transaction per checkpoint and needs `checkpoint:`; add it or set `delivery: atLeastOnce`"
+                            ));
+                        }
+                    }
+                }
+                OperatorKind::Map => {}
             }
         }
         let subtasks: u64 = self
@@ -658,6 +733,32 @@ impl JobSpec {
         self.topological_order()?;
         Ok(())
     }
+}
+
+/// A Kafka `topic` and `bootstrapServers` that can be used: a legal topic name (1 to 249 of
+/// letters, digits, `.`, `_`, `-`) and a non-empty `host:port[,host:port...]` list.
+fn validate_kafka_endpoint(at: &str, topic: &str, servers: &str) -> Result<(), String> {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if topic.is_empty()
+        || topic.len() > 249
+        || !topic.chars().all(legal)
+        || topic == "."
+        || topic == ".."
+    {
+        return Err(format!(
+            "{at}.topic: `{topic}` is not a Kafka topic name (1 to 249 letters, digits, `.`, `_`, `-`)"
+        ));
+    }
+    let bad = servers.split(',').map(str::trim).find(|s| {
+        s.rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+    });
+    if let Some(b) = bad {
+        return Err(format!(
+            "{at}.bootstrapServers: `{b}` is not host:port (write e.g. \"127.0.0.1:9092\", several separated by commas)"
+        ));
+    }
+    Ok(())
 }
 
 pub(super) fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {

