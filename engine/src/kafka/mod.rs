@@ -37,25 +37,15 @@ pub struct KafkaSourceSpec {
     pub value_field: Option<String>,
 }
 
-/// How a Kafka sink delivers (`delivery:`).
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Delivery {
-    /// One Kafka transaction per subtask and checkpoint, committed when the checkpoint
-    /// completes: a `read_committed` reader sees every result once. Needs `checkpoint:`.
-    #[default]
-    ExactlyOnce,
-    /// Records are sent as they arrive and flushed at every barrier; after a restore the
-    /// results since the restored checkpoint are written again.
-    AtLeastOnce,
-}
-
 /// A Kafka sink (`kafka:` on a `sink` operator).
 ///
 /// ```yaml
-/// - { name: out, kind: sink, kafka: { topic: results, bootstrapServers: "127.0.0.1:9092" } }
+/// - { name: out, kind: sink, delivery: at-least-once,
+///     kafka: { topic: results, bootstrapServers: "127.0.0.1:9092" } }
 /// ```
+///
+/// The sink's `delivery` applies: `at-least-once` sends records as they arrive and flushes
+/// them at every barrier; `exactly-once` is not available for Kafka yet (refused).
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -64,9 +54,6 @@ pub struct KafkaSinkSpec {
     pub topic: String,
     /// Comma-separated `host:port` list of brokers to bootstrap from.
     pub bootstrap_servers: String,
-    /// `exactlyOnce` (default) or `atLeastOnce`.
-    #[serde(default)]
-    pub delivery: Delivery,
     /// Prefix of the sink's transactional ids (`<prefix>-<subtask>`). Default
     /// `streamscale-<job>-<operator>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -331,10 +318,12 @@ mod tests {
         );
         let e = problem(&job(
             "{ name: s, kind: source, rate: { constant: 5 } }",
-            &format!("{{ name: o, kind: sink, {kafka} }}"),
+            r#"{ name: o, kind: sink, kafka: { topic: t, bootstrapServers: "h:1" } }"#,
         ));
         assert!(
-            e.contains("operators[1] (o).kafka.delivery: exactlyOnce"),
+            e.contains(
+                "operators[1] (o).delivery: exactly-once is not available for a Kafka sink yet"
+            ),
             "{e}"
         );
     }

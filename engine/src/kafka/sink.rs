@@ -1,10 +1,8 @@
-//! Writing a sink's records to a Kafka topic.
+//! Writing a sink's records to a Kafka topic, on the engine's two-phase-commit seam
+//! ([`crate::sink::two_phase`]).
 //!
-//! [`CheckpointedWriter`] is the seam between a sink subtask and its output system at the
-//! checkpoint boundaries (Flink's two-phase-committing sink: write, pre-commit at the
-//! barrier, commit when the checkpoint completes, abort what no checkpoint covers).
-//! [`AtLeastOnceWriter`] implements it for Kafka without transactions: pre-commit flushes
-//! every record sent so far and waits for the brokers' acknowledgements, so that a
+//! [`AtLeastOnceWriter`] (`delivery: atLeastOnce`) sends records as they arrive and, at every
+//! barrier, flushes and waits for the brokers' acknowledgements (its pre-commit), so that a
 //! checkpoint never covers a record the brokers do not have; records written after the
 //! restored checkpoint are written again after a restore.
 
@@ -12,93 +10,165 @@ use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
-use super::{KafkaError, KafkaSinkSpec, base_config};
+use super::{KafkaSinkSpec, base_config};
+use crate::payload::Payload;
+use crate::record::Record;
+use crate::sink::{Committable, SinkError, TransactionalWriter, TwoPhaseCommitSink};
+use crate::spec::SinkDelivery;
 
 /// How long a pre-commit waits for the brokers to acknowledge every record sent.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A sink's output at the checkpoint boundaries (two-phase commit).
-pub trait CheckpointedWriter: Send {
-    /// Sends one record (`key`, `value` bytes).
-    ///
-    /// # Errors
-    /// [`KafkaError::Client`] when the producer refuses it (its queue stays full).
-    fn write(&mut self, key: &[u8], value: &[u8]) -> Result<(), KafkaError>;
-
-    /// At the barrier of checkpoint `checkpoint`: makes everything written so far durable
-    /// (but, for a transactional writer, not yet visible).
-    ///
-    /// # Errors
-    /// [`KafkaError::Client`] when the brokers did not acknowledge it in time; the checkpoint
-    /// must then not complete.
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<(), KafkaError>;
-
-    /// Checkpoint `checkpoint` completed: makes what its pre-commit prepared visible.
-    ///
-    /// # Errors
-    /// [`KafkaError::Client`] when the commit failed.
-    fn commit(&mut self, checkpoint: u64) -> Result<(), KafkaError>;
+/// The Kafka key and value a sink writes for `rec`: a record read from Kafka keeps its key
+/// and value bytes; a query row or event is its JSON; any other record (a `window`'s result)
+/// is `{"key": K, "count": C, "sum": S}` keyed by the decimal key.
+pub fn key_value(rec: &Record) -> (Vec<u8>, Vec<u8>) {
+    match &rec.payload {
+        Payload::Kafka(k) => (
+            k.key.clone().unwrap_or_default(),
+            k.value.clone().unwrap_or_default(),
+        ),
+        p => {
+            let value = p.to_json().unwrap_or_else(
+                || serde_json::json!({"key": rec.key, "count": rec.count, "sum": rec.value}),
+            );
+            (
+                rec.key.to_string().into_bytes(),
+                value.to_string().into_bytes(),
+            )
+        }
+    }
 }
 
-/// Kafka without transactions: records are sent as they arrive (keyed by the record's key,
-/// so one key's results stay in order in one partition) and flushed at every barrier.
+/// A Kafka sink operator: its subtasks' writers by delivery guarantee.
+#[derive(Debug)]
+pub struct KafkaSink {
+    spec: KafkaSinkSpec,
+    /// Job and operator names (client ids).
+    job: String,
+    operator: String,
+    delivery: SinkDelivery,
+}
+
+impl KafkaSink {
+    /// The sink `operator` of job `job` writing to `spec`'s topic with `delivery`.
+    pub fn new(
+        job: &str,
+        operator: &str,
+        spec: &KafkaSinkSpec,
+        delivery: SinkDelivery,
+    ) -> KafkaSink {
+        KafkaSink {
+            spec: spec.clone(),
+            job: job.to_string(),
+            operator: operator.to_string(),
+            delivery,
+        }
+    }
+}
+
+impl TwoPhaseCommitSink for KafkaSink {
+    fn create_writer(
+        &self,
+        subtask: u32,
+        _parallelism: u32,
+        _attempt: &str,
+    ) -> Result<Box<dyn TransactionalWriter>, SinkError> {
+        let client = format!("streamscale-{}-{}-{subtask}", self.job, self.operator);
+        match self.delivery {
+            SinkDelivery::AtLeastOnce => Ok(Box::new(AtLeastOnceWriter::new(
+                &self.spec,
+                &self.operator,
+                &client,
+            )?)),
+            SinkDelivery::ExactlyOnce => Err(SinkError::External {
+                sink: format!("{} (kafka topic {})", self.operator, self.spec.topic),
+                action: "create writer",
+                reason: "exactly-once Kafka delivery is not available yet".into(),
+            }),
+        }
+    }
+
+    fn commit(&self, _committables: &[Committable]) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    fn recover(&self, _restored: &[Committable]) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// Kafka without transactions: an idempotent producer (`acks=all`) per subtask; records
+/// are keyed, so one key's results stay in order in one partition.
 pub struct AtLeastOnceWriter {
     producer: ThreadedProducer<DefaultProducerContext>,
     topic: String,
+    sink: String,
 }
 
 impl AtLeastOnceWriter {
-    /// An idempotent producer (`acks=all`) for `spec`'s topic, named `client_id`.
+    /// The writer of sink `sink` (operator name) for `spec`'s topic, named `client_id`.
     ///
     /// # Errors
-    /// [`KafkaError::Client`] when librdkafka refuses the configuration.
-    pub fn new(spec: &KafkaSinkSpec, client_id: &str) -> Result<AtLeastOnceWriter, KafkaError> {
+    /// [`SinkError::External`] when librdkafka refuses the configuration.
+    pub fn new(
+        spec: &KafkaSinkSpec,
+        sink: &str,
+        client_id: &str,
+    ) -> Result<AtLeastOnceWriter, SinkError> {
         let producer = base_config(&spec.bootstrap_servers)
             .set("client.id", client_id)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "5")
             .create()
-            .map_err(|source| KafkaError::Client {
-                what: format!("producer for topic {}", spec.topic),
-                source,
+            .map_err(|e| SinkError::External {
+                sink: format!("{sink} (kafka topic {})", spec.topic),
+                action: "create producer",
+                reason: e.to_string(),
             })?;
         Ok(AtLeastOnceWriter {
             producer,
             topic: spec.topic.clone(),
+            sink: format!("{sink} (kafka topic {})", spec.topic),
         })
     }
 }
 
-impl CheckpointedWriter for AtLeastOnceWriter {
-    fn write(&mut self, key: &[u8], value: &[u8]) -> Result<(), KafkaError> {
-        send_blocking(&self.producer, &self.topic, key, value)
+impl TransactionalWriter for AtLeastOnceWriter {
+    fn write(&mut self, record: &Record) -> Result<(), SinkError> {
+        let (key, value) = key_value(record);
+        send_blocking(&self.producer, &self.topic, &key, &value).map_err(|reason| {
+            SinkError::External {
+                sink: self.sink.clone(),
+                action: "send",
+                reason,
+            }
+        })
     }
 
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<(), KafkaError> {
+    fn pre_commit(&mut self, _checkpoint: Option<u64>) -> Result<Vec<Committable>, SinkError> {
         self.producer
             .flush(FLUSH_TIMEOUT)
-            .map_err(|source| KafkaError::Client {
-                what: format!("flush at checkpoint {checkpoint}"),
-                source,
-            })
-    }
-
-    fn commit(&mut self, _checkpoint: u64) -> Result<(), KafkaError> {
-        Ok(())
+            .map_err(|e| SinkError::External {
+                sink: self.sink.clone(),
+                action: "flush at the barrier",
+                reason: e.to_string(),
+            })?;
+        Ok(Vec::new())
     }
 }
 
 /// Sends one record, waiting while the producer's local queue is full (backpressure).
 ///
 /// # Errors
-/// [`KafkaError::Client`] for any other refusal, or a queue still full after 60 s.
+/// librdkafka's message for any other refusal, or a queue still full after [`FLUSH_TIMEOUT`].
 pub fn send_blocking(
     producer: &ThreadedProducer<DefaultProducerContext>,
     topic: &str,
     key: &[u8],
     value: &[u8],
-) -> Result<(), KafkaError> {
+) -> Result<(), String> {
     let mut record = BaseRecord::to(topic).key(key).payload(value);
     let start = std::time::Instant::now();
     loop {
@@ -113,12 +183,7 @@ pub fn send_blocking(
                 record = r;
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Err((source, _)) => {
-                return Err(KafkaError::Client {
-                    what: format!("send to topic {topic}"),
-                    source,
-                });
-            }
+            Err((e, _)) => return Err(format!("send to topic {topic}: {e}")),
         }
     }
 }

@@ -46,13 +46,29 @@ impl Job {
                     }
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
                 }
-                OperatorKind::Sink { kafka: Some(k), .. } => {
+                OperatorKind::Sink {
+                    kafka: Some(k),
+                    delivery,
+                    ..
+                } => {
                     crate::kafka::partition_count(&k.bootstrap_servers, &k.topic).map_err(
                         |source| RuntimeError::Kafka {
                             operator: op.name.clone(),
                             source: Box::new(source),
                         },
                     )?;
+                    let sink: Arc<dyn TwoPhaseCommitSink> = Arc::new(
+                        crate::kafka::sink::KafkaSink::new(&spec.name, &op.name, k, *delivery),
+                    );
+                    let restored = restore
+                        .and_then(|s| s.metadata.sinks.get(&op.name))
+                        .map_or(&[][..], Vec::as_slice);
+                    sink.recover(restored)
+                        .map_err(|source| RuntimeError::Sink {
+                            operator: op.name.clone(),
+                            source,
+                        })?;
+                    two_phase.insert(op.name.clone(), sink);
                 }
                 OperatorKind::Sink {
                     output: Some(path),

@@ -114,7 +114,7 @@ impl JobSpec {
                     .any(|(k, _)| k.scalar() == Some("rate"))
                 {
                     return Err(format!(
-                        "line {} column {}: operators[{i}] ({}): missing field `rate` (records/s of a synthetic source), or `kafka` to read a topic",
+                        "line {} column {}: operators[{i}] ({}): missing field `rate` (a source needs `rate`: one of constant, steps, trace), or `kafka` to read a topic",
                         item.at.0, item.at.1, spec.operators[i].name
                     ));
                 }
@@ -632,7 +632,11 @@ impl JobSpec {
                         return Err(format!("{at}.sizeMs: must be at least 1 millisecond"));
                     }
                 }
-                OperatorKind::Sink { output, kafka, .. } => {
+                OperatorKind::Sink {
+                    output,
+                    kafka,
+                    delivery,
+                } => {
                     if let Some(k) = kafka {
                         if output.is_some() {
                             return Err(format!(
@@ -644,11 +648,9 @@ impl JobSpec {
                             &k.topic,
                             &k.bootstrap_servers,
                         )?;
-                        if k.delivery == crate::kafka::Delivery::ExactlyOnce
-                            && self.checkpoint.is_none()
-                        {
+                        if *delivery == SinkDelivery::ExactlyOnce {
                             return Err(format!(
-                                "{at}.kafka.delivery: exactlyOnce commits a transaction per checkpoint and needs `checkpoint:`; add it or set `delivery: atLeastOnce`"
+                                "{at}.delivery: exactly-once is not available for a Kafka sink yet (the default); write `delivery: at-least-once`"
                             ));
                         }
                     }
