@@ -3,8 +3,8 @@
 //! step before acting, so that a restart anywhere resumes):
 //!
 //! `Requested` (the overrides are on the target, or are written again when they are not) ->
-//! `Observed` (the Flink operator's `status.observedGeneration` reached the generation written,
-//! or its `lastReconciledSpec` holds the overrides) -> done when every vertex of the job runs
+//! `Observed` (the Flink operator's `status.observedGeneration` reached the generation written;
+//! without one, its `lastReconciledSpec` holds the overrides) -> done when every vertex of the job runs
 //! at the new parallelism. Past the timeout (from the start of the rescale, or of the rollback)
 //! or when the job fails, the previous overrides are put back (rollback); a rollback that times
 //! out too is given up.
@@ -96,8 +96,11 @@ pub fn advance(
         return Next::Write;
     }
     match r.step {
+        // A generation not recorded (a restart between the write and its status) is at most
+        // the target's generation now, which holds the overrides.
         FlinkRescaleStep::Requested
-            if target.observed(&r.overrides, r.target_generation) || at_target =>
+            if target.observed(&r.overrides, r.target_generation.or(target.generation))
+                || at_target =>
         {
             Next::Observed
         }

@@ -121,7 +121,8 @@ pub enum FlinkScalerPhase {
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum FlinkRescaleStep {
     /// The overrides are (being) written to the target; waiting for the Flink operator to
-    /// observe them (its `status.observedGeneration` or `lastReconciledSpec`).
+    /// observe them (its `status.observedGeneration` reaching the generation written; without
+    /// one, its `lastReconciledSpec` holding them).
     Requested,
     /// The Flink operator has observed them; waiting for every vertex of the job to run at the
     /// new parallelism.

@@ -87,16 +87,17 @@ impl TargetView {
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
     }
 
-    /// Whether the Flink operator has acted on a spec with `overrides`: its last reconciled
-    /// spec holds them, or it has observed the generation `written` (the target's generation
-    /// after the write).
+    /// Whether the Flink operator has acted on a spec with `overrides`, written in generation
+    /// `written` (the target's generation after the write): its `status.observedGeneration`
+    /// has reached `written`; only a status without `observedGeneration` is judged by its last
+    /// reconciled spec holding the overrides (which an earlier attempt at the same overrides
+    /// may have left there).
     pub fn observed(&self, overrides: &str, written: Option<i64>) -> bool {
-        if let Some(Some(o)) = &self.reconciled_overrides
-            && o == overrides
-        {
-            return true;
+        match (self.observed_generation, written) {
+            (Some(seen), Some(w)) => seen >= w,
+            (Some(_), None) => false,
+            (None, _) => matches!(&self.reconciled_overrides, Some(Some(o)) if o == overrides),
         }
-        matches!((self.observed_generation, written), (Some(seen), Some(w)) if seen >= w)
     }
 }
 
@@ -178,10 +179,18 @@ mod tests {
             json!({"observedGeneration": 3, "reconciliationStatus": {"lastReconciledSpec": spec}}),
         );
         assert_eq!(t.reconciled_overrides, Some(Some("a:4".into())));
-        assert!(t.observed("a:4", Some(9)));
+        // By generation: a last reconciled spec from an earlier attempt does not count.
+        assert!(!t.observed("a:4", Some(9)));
         assert!(!t.observed("a:5", Some(4)));
         assert!(t.observed("a:5", Some(3)));
         assert!(!t.observed("a:5", None));
+        // Without observedGeneration: by the last reconciled spec.
+        let old = target(
+            json!({OVERRIDES_KEY: "a:4"}),
+            json!({"reconciliationStatus": {"lastReconciledSpec": json!({"spec": {"flinkConfiguration": {OVERRIDES_KEY: "a:4"}}}).to_string()}}),
+        );
+        assert!(old.observed("a:4", Some(9)));
+        assert!(!old.observed("a:5", Some(1)));
     }
 
     #[test]

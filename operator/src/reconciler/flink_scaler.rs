@@ -49,13 +49,36 @@ pub(crate) struct ScalerMemory {
     saved: Option<StateFingerprint>,
 }
 
-/// Runs the FlinkScaler controller in `namespace` (all when `None`) until shutdown.
+/// Runs the FlinkScaler controller in `namespace` (all when `None`) until shutdown. When
+/// FlinkScalers cannot be listed (their CRD is not installed, or the operator's RBAC lacks them)
+/// it logs one error saying so and returns: StreamJobs are served as before.
 pub async fn run_flink_scalers(ctx: Arc<Context>, namespace: Option<String>) {
     let client = ctx.client.clone();
     let scalers = match &namespace {
         Some(ns) => Api::<FlinkScaler>::namespaced(client, ns),
         None => Api::<FlinkScaler>::all(client),
     };
+    match scalers
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            tracing::error!(
+                "FlinkScalers are not autoscaled: the FlinkScaler CRD is not installed (helm upgrade does not add CRDs: kubectl apply --server-side -f crds/flinkscaler.yaml, then restart the operator)"
+            );
+            return;
+        }
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::error!(
+                "FlinkScalers are not autoscaled: the operator may not list flinkscalers (chart value flink.enabled: true grants it; FLINK_SUPPORT=false turns this controller off): {}",
+                e.message
+            );
+            return;
+        }
+        // Anything else (the API server not reachable yet) is retried by the watcher.
+        Err(e) => tracing::warn!("listing FlinkScalers: {e}"),
+    }
     Controller::new(scalers, watcher::Config::default().any_semantic())
         .shutdown_on_signal()
         .run(reconcile_scaler, scaler_error_policy, ctx)
