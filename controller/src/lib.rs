@@ -18,6 +18,7 @@ pub mod causes;
 pub mod executor;
 pub mod flink;
 pub mod learned_file;
+pub mod load;
 pub mod model;
 pub mod plot;
 pub mod progress;

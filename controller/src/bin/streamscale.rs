@@ -29,6 +29,37 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Produce JSON records to a Kafka topic at a trace's rate (a load generator for Kafka
+    /// jobs): `{"seq", "key", "value", "ts"}` keyed by `key`.
+    Load {
+        /// Bootstrap servers, `host:port[,host:port...]`.
+        #[arg(long)]
+        brokers: String,
+        /// Topic to write (created with --partitions partitions when missing).
+        #[arg(long)]
+        topic: String,
+        /// Trace file (`t_seconds,rate`).
+        #[arg(long)]
+        trace: PathBuf,
+        /// Trace-seconds per wall-clock second.
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+        speedup: f64,
+        /// Factor applied to the trace's rates.
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+        scale: f64,
+        /// Trace time (seconds) at which the replay starts.
+        #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+        start_seconds: f64,
+        /// Number of distinct keys.
+        #[arg(long, default_value_t = 1000)]
+        keys: u64,
+        /// Partitions of the topic if it has to be created.
+        #[arg(long, default_value_t = 6, allow_negative_numbers = true)]
+        partitions: i32,
+        /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: the end of the trace.
+        #[arg(long)]
+        duration: Option<String>,
+    },
     /// Run a job on a local engine under the autoscaler and write a report.
     Run {
         /// Job file (default: examples/jobs/tweets.yaml).
@@ -506,6 +537,50 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 ));
                 return Ok(ExitCode::from(1));
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Load {
+            brokers,
+            topic,
+            trace,
+            speedup,
+            scale,
+            start_seconds,
+            keys,
+            partitions,
+            duration,
+        } => {
+            let duration = duration
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| RunError::Option(format!("--duration: {e}")))?;
+            let opts = streamscale_controller::load::LoadOptions {
+                brokers,
+                topic,
+                partitions,
+                trace,
+                speedup,
+                scale,
+                start_seconds,
+                keys,
+                duration,
+            };
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let on_signal = stop.clone();
+            tokio::spawn(async move {
+                let _ = tokio::signal::ctrl_c().await;
+                on_signal.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            let summary = tokio::task::spawn_blocking(move || {
+                let mut console = Console::default();
+                streamscale_controller::load::run(&opts, &stop, &mut |l| console.line(l))
+            })
+            .await??;
+            Console::default().line(&format!(
+                "load: sent {} records in {:.1} s",
+                summary.records, summary.seconds
+            ));
             Ok(ExitCode::SUCCESS)
         }
         Command::Plan {
