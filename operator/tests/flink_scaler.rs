@@ -814,7 +814,7 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
     assert!(running, "{p:?}");
     assert_eq!(p.get(KEYED), Some(&2), "{p:?}");
     let events = event_reasons(&admin, &ns).await;
-    for reason in ["RescaleStarted", "Rescaled"] {
+    for reason in ["RescaleStarted", "RescaleObserved", "Rescaled"] {
         assert!(
             events.iter().any(|(_, r, _)| r == reason),
             "{reason}: {events:?}"

@@ -503,7 +503,12 @@ async fn drive(
                 "Observed",
                 "the Flink operator has the new overrides; waiting for the job to run at them",
             );
+            let note = format!(
+                "the Flink operator observed {} after {elapsed:.1} s; waiting for the job to run at it",
+                r.overrides
+            );
             status.rescale = Some(r);
+            scope.event(false, "RescaleObserved", note).await;
             Ok(fast)
         }
         Next::Done { seconds } => {
