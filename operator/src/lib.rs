@@ -20,6 +20,7 @@
 //!   ConfigMap, kept across operator restarts.
 
 pub mod crd;
+pub mod engine_token;
 pub mod flink_rescale;
 pub mod flink_scaler_crd;
 pub mod flink_target;

@@ -83,6 +83,9 @@ pub enum Error {
     /// The engine refused a request.
     #[error("engine: {0}")]
     Engine(String),
+    /// The engine token Secret could not be read or written.
+    #[error(transparent)]
+    Token(#[from] crate::engine_token::TokenError),
 }
 
 /// Shared state of the reconciler.
@@ -293,7 +296,9 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         status.current_parallelism = job.spec.job.parallelism();
     }
     status.total_parallelism = total(&status.current_parallelism);
-    let rt = KubeRuntime::new(ctx.client.clone(), ctx.http.clone(), (*job).clone());
+    let tokens = engine_tokens(&job, &ctx).await?;
+    let rt =
+        KubeRuntime::new(ctx.client.clone(), ctx.http.clone(), (*job).clone()).with_tokens(tokens);
 
     if let Some(r) = status.rescale.clone() {
         return drive_rescale(&job, &ctx, &rt, status, r).await;
@@ -448,6 +453,36 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     Ok(requeue)
 }
 
+/// The engine tokens of `job` from its Secret (created, or rotated when the annotation asks);
+/// a rotation is an Event `EngineTokenRotated` (never with the token).
+async fn engine_tokens(
+    job: &StreamJob,
+    ctx: &Context,
+) -> Result<crate::engine_token::EngineTokens, Error> {
+    use crate::engine_token::{self, TokenChange};
+    let (tokens, change) = engine_token::ensure(&ctx.client, job).await?;
+    match change {
+        TokenChange::Unchanged => {}
+        TokenChange::Created => {
+            tracing::info!(job = %key(job), secret = %engine_token::secret_name(job), "engine token Secret created");
+        }
+        TokenChange::Rotated => {
+            publish(
+                ctx,
+                job,
+                false,
+                "EngineTokenRotated",
+                format!(
+                    "a new engine token is in Secret {}; the running engine keeps accepting the previous one until it restarts (the next rescale or pod replacement)",
+                    engine_token::secret_name(job)
+                ),
+            )
+            .await;
+        }
+    }
+    Ok(tokens)
+}
+
 /// The outcome of a StreamJob whose `spec.job` the engine would refuse: nothing is deployed
 /// or planned (an engine already running keeps its previous job, a rescale in progress waits),
 /// the status says phase `Failed` with `Ready=False` and `Degraded=True`, both with reason
@@ -513,9 +548,12 @@ async fn dispose_old_savepoints(
     if chosen.is_empty() {
         return;
     }
-    let api = rt.api();
     for entry in chosen {
-        match api.dispose_savepoint(&entry.id).await {
+        let id = entry.id.as_str();
+        match rt
+            .authorized(|api| async move { api.dispose_savepoint(id).await })
+            .await
+        {
             Ok(()) => {
                 status.savepoint_history.retain(|e| e.id != entry.id);
                 publish(
@@ -574,12 +612,22 @@ async fn cleanup(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Erro
         .unwrap_or_else(|p| p.into_inner())
         .remove(&key(&*job));
     if job.spec.savepoint_on_delete {
-        let api = streamscale_controller::api::EngineApi::new(
-            ctx.http.clone(),
-            &resources::engine_url(&job),
-        );
-        match api
-            .stop_with_savepoint(false, Duration::from_secs(60))
+        // The Secret is read, never created or rotated, on the way out.
+        let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+            ctx.client.clone(),
+            &job.namespace().unwrap_or_else(|| "default".into()),
+        )
+        .get_opt(&crate::engine_token::secret_name(&job))
+        .await?;
+        let mut rt = KubeRuntime::new(ctx.client.clone(), ctx.http.clone(), (*job).clone());
+        if let Some(tokens) = secret.as_ref().and_then(crate::engine_token::stored) {
+            rt = rt.with_tokens(tokens);
+        }
+        match rt
+            .authorized(|api| async move {
+                api.stop_with_savepoint(false, Duration::from_secs(60))
+                    .await
+            })
             .await
         {
             Ok(out) => {

@@ -5,6 +5,8 @@
 //! * Deployment `NAME-engine`: one pod running `streamscale-engine` (strategy `Recreate`, so
 //!   two engines never run one job), resources sized from the total parallelism.
 //! * Service `NAME-engine`: the engine's REST API and `/metrics` on port 8081.
+//! * Secret `NAME-engine-token` ([`crate::engine_token`]): the engine's bearer token, mounted
+//!   at [`TOKEN_DIR`] and passed as `--auth-token-file`.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +24,10 @@ pub const ENGINE_PORT: u16 = 8081;
 pub const JOB_FILE: &str = "/etc/streamscale/job.yaml";
 /// Where savepoints are written in the engine container.
 pub const SAVEPOINT_DIR: &str = "/var/lib/streamscale/savepoints";
+/// Where the engine token Secret is mounted in the engine container.
+pub const TOKEN_DIR: &str = "/var/run/streamscale/engine-token";
+/// The engine's `--auth-token-file`: the Secret's key `token` under [`TOKEN_DIR`].
+pub const TOKEN_FILE: &str = "/var/run/streamscale/engine-token/token";
 /// Field manager of the operator's server-side applies.
 pub const FIELD_MANAGER: &str = "streamscale-operator";
 
@@ -165,9 +171,9 @@ pub fn engine_args(
         savepoint_dir.to_string(),
         "--bind".to_string(),
         format!("0.0.0.0:{ENGINE_PORT}"),
-        // The pod's address must be reachable by the operator and Prometheus; the engine's
-        // per-job token (a Secret) is not wired yet, so say so explicitly.
-        "--insecure-bind".to_string(),
+        // State changes need the per-job token (the Secret `NAME-engine-token`).
+        "--auth-token-file".to_string(),
+        TOKEN_FILE.to_string(),
         "--parallelism".to_string(),
         streamscale_controller::runtime::parallelism_arg(parallelism),
     ];
@@ -286,11 +292,17 @@ pub fn deployment(
                         "volumeMounts": [
                             {"name": "job", "mountPath": "/etc/streamscale", "readOnly": true},
                             {"name": "savepoints", "mountPath": savepoint_dir(job)},
+                            {"name": "engine-token", "mountPath": TOKEN_DIR, "readOnly": true},
                         ],
                     }],
                     "volumes": [
                         {"name": "job", "configMap": {"name": configmap_name(job)}},
                         savepoints,
+                        {"name": "engine-token", "secret": {
+                            "secretName": crate::engine_token::secret_name(job),
+                            "items": [{"key": crate::engine_token::TOKEN_KEY, "path": "token"}],
+                            "defaultMode": 0o440,
+                        }},
                     ],
                 },
             },

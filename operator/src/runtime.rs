@@ -15,12 +15,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use streamscale_controller::api::{EngineApi, JobStatus};
+use std::future::Future;
+
+use streamscale_controller::api::{ApiError, EngineApi, JobStatus};
 use streamscale_controller::runtime::{
     EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome,
 };
 
 use crate::crd::StreamJob;
+use crate::engine_token::EngineTokens;
 use crate::resources::{self, FIELD_MANAGER, ResourceError};
 
 /// Errors applying owned objects.
@@ -48,6 +51,7 @@ pub struct KubeRuntime {
     http: reqwest::Client,
     job: StreamJob,
     start_timeout: Duration,
+    tokens: Option<EngineTokens>,
 }
 
 impl KubeRuntime {
@@ -58,12 +62,50 @@ impl KubeRuntime {
             http,
             job,
             start_timeout: Duration::from_secs(120),
+            tokens: None,
         }
     }
 
-    /// The engine's REST client.
+    /// Sends `tokens.current` on the engine's state-changing requests (and `tokens.previous`
+    /// after a 401, see [`KubeRuntime::authorized`]).
+    pub fn with_tokens(mut self, tokens: EngineTokens) -> KubeRuntime {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// The engine's REST client, with the current token.
     pub fn api(&self) -> EngineApi {
-        EngineApi::new(self.http.clone(), &resources::engine_url(&self.job))
+        self.api_at(&resources::engine_url(&self.job))
+    }
+
+    fn api_at(&self, base_url: &str) -> EngineApi {
+        EngineApi::new(self.http.clone(), base_url)
+            .with_token(self.tokens.as_ref().map(|t| t.current.as_str()))
+    }
+
+    /// Runs the state-changing `call` with the current token; when the engine answers 401 and
+    /// a previous token exists (the engine started before a rotation), once more with that.
+    ///
+    /// # Errors
+    /// `call`'s error.
+    pub async fn authorized<T, F, Fut>(&self, call: F) -> Result<T, ApiError>
+    where
+        F: Fn(EngineApi) -> Fut,
+        Fut: Future<Output = Result<T, ApiError>>,
+    {
+        match call(self.api()).await {
+            Err(ApiError::Status { status: 401, .. })
+                if let Some(previous) =
+                    self.tokens.as_ref().and_then(|t| t.previous.as_deref()) =>
+            {
+                call(
+                    EngineApi::new(self.http.clone(), &resources::engine_url(&self.job))
+                        .with_token(Some(previous)),
+                )
+                .await
+            }
+            other => other,
+        }
     }
 
     fn params() -> PatchParams {
@@ -172,12 +214,14 @@ impl EngineRuntime for KubeRuntime {
 
     async fn stop_with_savepoint(
         &self,
-        handle: &EngineHandle,
+        _handle: &EngineHandle,
         drain: bool,
     ) -> Result<StopOutcome, RuntimeError> {
-        let api = EngineApi::new(self.http.clone(), &handle.base_url);
-        let out = api
-            .stop_with_savepoint(drain, Duration::from_secs(120))
+        let out = self
+            .authorized(|api| async move {
+                api.stop_with_savepoint(drain, Duration::from_secs(120))
+                    .await
+            })
             .await?;
         Ok(StopOutcome {
             savepoint: Savepoint { path: out.path },
@@ -186,14 +230,16 @@ impl EngineRuntime for KubeRuntime {
     }
 
     async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
-        Ok(EngineApi::new(self.http.clone(), &handle.base_url)
-            .job()
-            .await?)
+        Ok(self.api_at(&handle.base_url).job().await?)
     }
 
     /// Nothing to release: the next deploy replaces the pod (strategy `Recreate`).
     async fn shutdown(&self, _handle: &EngineHandle) -> Result<(), RuntimeError> {
         Ok(())
+    }
+
+    fn auth_token(&self) -> Option<&str> {
+        self.tokens.as_ref().map(|t| t.current.as_str())
     }
 
     /// Scales the engine Deployment to zero.

@@ -38,6 +38,11 @@
 //!   history, the learned scalability factor and the rescale downtime go to the job's
 //!   `NAME-autoscaler` ConfigMap; a restarted operator loads them and goes on from there.
 //!
+//! * `engine_token_secret_guards_the_engine_and_rotates_without_losing_the_job`: the engine
+//!   token Secret (owner reference, mounted as `--auth-token-file`), 401 without it, rotation
+//!   by annotation, the final savepoint on delete still taken, no token in status, Events or
+//!   the log.
+//!
 //! Without the control-plane binaries the tests are skipped with a printed reason, except under
 //! CI=true, where they fail.
 
@@ -54,7 +59,7 @@ use common::{env, root, run, var};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, PersistentVolumeClaim, Service, ServiceAccount,
+    ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -207,7 +212,8 @@ impl Kubelet {
         let starts = Arc::new(AtomicU32::new(0));
         let (s, p, n) = (stop.clone(), pod.clone(), starts.clone());
         let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
-        let configmaps: Api<ConfigMap> = Api::namespaced(admin, ns);
+        let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), ns);
+        let secrets: Api<Secret> = Api::namespaced(admin, ns);
         let dir = dir.to_path_buf();
         let bin = engine_bin();
         let task = tokio::spawn(async move {
@@ -216,6 +222,7 @@ impl Kubelet {
                     &job,
                     &deployments,
                     &configmaps,
+                    &secrets,
                     &dir,
                     &bin,
                     port,
@@ -259,6 +266,7 @@ async fn tick(
     job: &str,
     deployments: &Api<Deployment>,
     configmaps: &Api<ConfigMap>,
+    secrets: &Api<Secret>,
     dir: &Path,
     bin: &Path,
     port: u16,
@@ -280,6 +288,22 @@ async fn tick(
         },
         None => None,
     };
+    // The engine token Secret's `token`, as the pod's secret volume holds it (a pod whose
+    // Secret is missing does not start, as with a real kubelet).
+    let token = match &template {
+        Some(_) => match secrets.get_opt(&format!("{job}-engine-token")).await {
+            Ok(Some(s)) => s
+                .data
+                .and_then(|mut d| d.remove("token"))
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned()),
+            _ => return,
+        },
+        None => None,
+    };
+    let pod_files = PodFiles {
+        job_yaml: job_yaml.as_deref(),
+        token: token.as_deref(),
+    };
     let mut guard = pod.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(p) = guard.as_mut() {
         if Some(&p.template) == template.as_ref() {
@@ -288,7 +312,7 @@ async fn tick(
                 (None, Ok(Some(_))) => p.exited_at = Some(Instant::now()),
                 (Some(at), _) if at.elapsed() > Duration::from_secs(1) => {
                     let args = args_of(&p.template);
-                    p.child = spawn_engine(bin, dir, port, &args, job_yaml.as_deref(), starts);
+                    p.child = spawn_engine(bin, dir, port, &args, &pod_files, starts);
                     p.exited_at = None;
                 }
                 _ => {}
@@ -308,7 +332,7 @@ async fn tick(
             return;
         }
         let args = args_of(&template);
-        let child = spawn_engine(bin, dir, port, &args, job_yaml.as_deref(), starts);
+        let child = spawn_engine(bin, dir, port, &args, &pod_files, starts);
         *guard = Some(Pod {
             child,
             template,
@@ -339,17 +363,26 @@ fn args_of(template: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The files a pod's volumes hold: the job ConfigMap's `job.yaml` and the token Secret's
+/// `token`.
+struct PodFiles<'a> {
+    job_yaml: Option<&'a str>,
+    token: Option<&'a str>,
+}
+
 fn spawn_engine(
     bin: &Path,
     dir: &Path,
     port: u16,
     args: &[String],
-    job_yaml: Option<&str>,
+    files: &PodFiles<'_>,
     starts: &AtomicU32,
 ) -> Child {
     let n = starts.fetch_add(1, Ordering::SeqCst);
     let job = dir.join(format!("job-{n}.yaml"));
-    std::fs::write(&job, job_yaml.unwrap_or_default()).expect("write job file");
+    std::fs::write(&job, files.job_yaml.unwrap_or_default()).expect("write job file");
+    let token = dir.join(format!("token-{n}"));
+    std::fs::write(&token, files.token.unwrap_or_default()).expect("write token file");
     let mut mapped = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -362,6 +395,10 @@ fn spawn_engine(
             "--bind" => {
                 it.next();
                 mapped.push(format!("127.0.0.1:{port}"));
+            }
+            "--auth-token-file" => {
+                it.next();
+                mapped.push(token.display().to_string());
             }
             _ => {}
         }
@@ -569,6 +606,25 @@ current-context: operator
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The current token of the job's engine token Secret (as the operator wrote it).
+    async fn engine_token(&self) -> String {
+        let secret = Api::<Secret>::namespaced(self.admin.clone(), &self.ns)
+            .get(&format!("{JOB}-engine-token"))
+            .await
+            .unwrap_or_else(|e| panic!("engine token Secret: {e}\n{}", self.logs()));
+        let bytes = secret
+            .data
+            .and_then(|mut d| d.remove("token"))
+            .expect("token key");
+        String::from_utf8(bytes.0).expect("utf-8 token")
+    }
+
+    /// The engine's REST client with the job's token.
+    async fn engine_api(&self) -> EngineApi {
+        let token = self.engine_token().await;
+        EngineApi::new(reqwest::Client::new(), &self.engine_url()).with_token(Some(&token))
+    }
+
     fn jobs(&self) -> Api<StreamJob> {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
@@ -701,7 +757,7 @@ current-context: operator
     async fn final_drain(&mut self, kubelet: &Kubelet, resumed: bool) -> JobStatus {
         self.kill_operator();
         kubelet.detach().await;
-        let api = EngineApi::new(reqwest::Client::new(), &self.engine_url());
+        let api = self.engine_api().await;
         let mut waited = 0;
         while api
             .job()
@@ -1159,7 +1215,7 @@ async fn operator_that_lost_the_savepoint_id_rolls_back_and_replaces_the_stopped
     // status write that records the id: status says Savepointing without an id, and the engine
     // is stopped (nobody reads the savepoint's status, so it does not exit).
     w.kill_operator();
-    let api = EngineApi::new(reqwest::Client::new(), &w.engine_url());
+    let api = w.engine_api().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     api.request_stop_with_savepoint(false)
         .await
@@ -2208,4 +2264,185 @@ async fn operator_restart_keeps_the_rate_history_and_what_it_learned() {
     assert!(owned_by(&cm.metadata, &job), "{:?}", cm.metadata);
     drop(kubelet);
     world.cleanup().await;
+}
+
+/// Engine token Secret as the chart's ServiceAccount keeps it: created with an owner
+/// reference and a fresh 128-bit token, mounted as the engine's `--auth-token-file` (no
+/// `--insecure-bind`); the real engine refuses a state change without it or with a wrong one
+/// (401, the token never echoed); the rotation annotation writes a new token (the old one kept
+/// as `previous`), and the operator's final stop-with-savepoint on delete still reaches the
+/// engine that started with the old token; no token ever appears in status, Events or the
+/// operator's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_token_secret_guards_the_engine_and_rotates_without_losing_the_job() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut w) = World::new("token", false).await else {
+        return;
+    };
+    let kubelet = Kubelet::start(w.admin.clone(), &w.ns, w.dir.path(), w.port);
+    w.start_operator();
+    w.create_job_with_spec(
+        "off",
+        serde_json::json!({}),
+        serde_json::json!({"savepointOnDelete": true}),
+    )
+    .await;
+    let (job, _) = w
+        .wait_for("phase Running", Duration::from_secs(60), |_, s| {
+            s.phase == Phase::Running
+        })
+        .await;
+
+    // The Secret: owned by the job, 32 hex digits; the engine pod mounts it.
+    let secrets: Api<Secret> = Api::namespaced(w.admin.clone(), &w.ns);
+    let secret = secrets
+        .get("demo-engine-token")
+        .await
+        .expect("token Secret");
+    assert!(owned_by(&secret.metadata, &job), "{:?}", secret.metadata);
+    let old = w.engine_token().await;
+    assert!(
+        old.len() == 32 && old.bytes().all(|b| b.is_ascii_hexdigit()),
+        "128 bits as hex, got {} characters",
+        old.len()
+    );
+    let d = Api::<Deployment>::namespaced(w.admin.clone(), &w.ns)
+        .get("demo-engine")
+        .await
+        .expect("engine Deployment");
+    let args = deployed_args(&d);
+    assert!(
+        args.contains("--auth-token-file /var/run/streamscale/engine-token/token")
+            && !args.contains("--insecure-bind"),
+        "{args}"
+    );
+    let pod = serde_json::to_value(&d.spec.as_ref().expect("spec").template).expect("json");
+    assert_eq!(
+        pod["spec"]["volumes"][2]["secret"]["secretName"], "demo-engine-token",
+        "{pod}"
+    );
+
+    // The real engine: no token or a wrong one gets 401 and never the token; reads stay open.
+    let http = reqwest::Client::new();
+    let shed = format!("{}/v1/shed", w.engine_url());
+    for auth in [None, Some("Bearer 0123456789abcdef0123456789abcdef")] {
+        let mut req = http.post(&shed).json(&serde_json::json!({"share": 0.5}));
+        if let Some(a) = auth {
+            req = req.header("Authorization", a);
+        }
+        let resp = req.send().await.expect("POST /v1/shed");
+        assert_eq!(resp.status().as_u16(), 401, "{auth:?}");
+        let body = resp.text().await.unwrap_or_default();
+        assert!(!body.contains(&old), "the 401 echoes the token: {body}");
+    }
+    assert!(
+        w.engine_api().await.job().await.is_ok(),
+        "GET /v1/job stays open"
+    );
+    let shed_now = w.engine_api().await.set_shed(0.0).await;
+    assert!(
+        shed_now.is_ok(),
+        "the right token is accepted: {shed_now:?}"
+    );
+
+    // Rotation: a new token, the old one kept as `previous`, an Event without either.
+    w.jobs()
+        .patch(
+            JOB,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"streamscale.dev/rotate-token": "2026-12-04"}}
+            })),
+        )
+        .await
+        .expect("annotate");
+    let start = Instant::now();
+    let new = loop {
+        let t = w.engine_token().await;
+        if t != old {
+            break t;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "token not rotated\n{}",
+            w.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let secret = secrets
+        .get("demo-engine-token")
+        .await
+        .expect("token Secret");
+    let data = secret.data.clone().expect("data");
+    assert_eq!(
+        data["previous"].0,
+        old.as_bytes(),
+        "the old token kept as previous"
+    );
+    assert_eq!(new.len(), 32);
+    // The running engine started with the old token and still requires it.
+    let stale = EngineApi::new(http.clone(), &w.engine_url())
+        .with_token(Some(&new))
+        .set_shed(0.0)
+        .await;
+    assert!(
+        matches!(
+            stale,
+            Err(streamscale_controller::api::ApiError::Status { status: 401, .. })
+        ),
+        "{stale:?}"
+    );
+    let (job, status) = w
+        .wait_for(
+            "still running after the rotation",
+            Duration::from_secs(10),
+            |_, s| s.phase == Phase::Running,
+        )
+        .await;
+
+    // Delete: the final stop-with-savepoint reaches the engine (with the previous token).
+    w.jobs()
+        .delete(JOB, &DeleteParams::default())
+        .await
+        .expect("delete StreamJob");
+    let start = Instant::now();
+    let events = loop {
+        let events = event_reasons(&w.admin, &w.ns).await;
+        if events.iter().any(|(r, _)| r.starts_with("FinalSavepoint")) {
+            break events;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no final savepoint Event: {events:?}\n{}",
+            w.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        events.iter().any(|(r, _)| r == "FinalSavepoint"),
+        "{events:?}\n{}",
+        w.logs()
+    );
+    assert!(
+        events.iter().any(|(r, _)| r == "EngineTokenRotated"),
+        "{events:?}"
+    );
+    let engine = EngineApi::new(http, &w.engine_url())
+        .job()
+        .await
+        .expect("engine");
+    assert_eq!(engine.state, "stopped", "{engine:#?}");
+
+    // Never a token in status, Events or the operator's log.
+    let status_text = serde_json::to_string(&status).expect("json")
+        + &serde_json::to_string(&job.metadata).expect("json");
+    let events_text = format!("{events:?}");
+    let log = std::fs::read_to_string(w.operator_log()).unwrap_or_default();
+    for token in [&old, &new] {
+        assert!(!status_text.contains(token.as_str()), "token in status");
+        assert!(!events_text.contains(token.as_str()), "token in Events");
+        assert!(!log.contains(token.as_str()), "token in the operator's log");
+    }
+    drop(kubelet);
+    w.cleanup().await;
 }

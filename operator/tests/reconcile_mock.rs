@@ -78,6 +78,47 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, body: &serde_js
     );
 }
 
+fn not_found(send: tower_test::mock::SendResponse<Response<Body>>) {
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "reason": "NotFound", "code": 404, "message": "not found",
+    });
+    send.send_response(
+        Response::builder()
+            .status(404)
+            .body(Body::from(serde_json::to_vec(&body).expect("json")))
+            .expect("response"),
+    );
+}
+
+/// Answers a request for the engine token Secret as an API server without it would (GET: 404,
+/// POST: created); `false` for any other request (then `send` is handed back).
+fn answer_secret(
+    method: &http::Method,
+    uri: &str,
+    body: &serde_json::Value,
+    send: tower_test::mock::SendResponse<Response<Body>>,
+) -> Option<tower_test::mock::SendResponse<Response<Body>>> {
+    if !uri.contains("/secrets") {
+        return Some(send);
+    }
+    if *method == http::Method::GET {
+        assert!(uri.contains("/secrets/demo-engine-token"), "{uri}");
+        not_found(send);
+    } else {
+        assert_eq!(*method, http::Method::POST, "{uri}");
+        assert_eq!(body["metadata"]["name"], "demo-engine-token");
+        assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "StreamJob");
+        assert_eq!(
+            body["data"]["token"].as_str().map(str::len),
+            Some(44),
+            "32 hex digits, base64: {body}"
+        );
+        respond(send, body);
+    }
+    None
+}
+
 #[tokio::test]
 async fn first_reconcile_adds_the_finalizer() {
     let (ctx, mut handle) = context();
@@ -104,6 +145,13 @@ async fn reconcile_applies_owned_objects_and_writes_status() {
     let j = job(true);
     let verifier = tokio::spawn(async move {
         let mut kinds = Vec::new();
+        for _ in 0..2 {
+            let (method, uri, body, send) = next(&mut handle).await;
+            assert!(
+                answer_secret(&method, &uri, &body, send).is_none(),
+                "the token Secret first: {method} {uri}"
+            );
+        }
         for _ in 0..4 {
             let (method, uri, body, send) = next(&mut handle).await;
             assert_eq!(method, http::Method::PATCH, "{uri}");
@@ -238,10 +286,14 @@ async fn the_oldest_savepoints_beyond_the_history_maximum_are_disposed_through_t
         while let Ok(Some((req, send))) =
             tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request()).await
         {
+            let method = req.method().clone();
             let uri = req.uri().to_string();
             let bytes = req.into_body().collect_bytes().await.expect("body");
             let body: serde_json::Value =
                 serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+            let Some(send) = answer_secret(&method, &uri, &body, send) else {
+                continue;
+            };
             if uri.contains("/events") {
                 events.push((
                     body["type"].as_str().unwrap_or_default().to_string(),
@@ -310,6 +362,9 @@ async fn reconcile_recording(
             let bytes = req.into_body().collect_bytes().await.expect("body");
             let body: serde_json::Value =
                 serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+            let Some(send) = answer_secret(&method, &uri, &body, send) else {
+                continue;
+            };
             if uri.contains("/streamjobs/demo/status") {
                 let mut j = template.clone();
                 j.status = serde_json::from_value(body["status"].clone()).expect("status");

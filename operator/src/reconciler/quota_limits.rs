@@ -217,7 +217,10 @@ pub(super) async fn report_limit(
     if shed_applied.is_some_and(|a| (a - wanted).abs() < 1e-3) {
         return;
     }
-    match rt.api().set_shed(wanted).await {
+    match rt
+        .authorized(|api| async move { api.set_shed(wanted).await })
+        .await
+    {
         Ok(_) => {
             tracing::info!(job = %key(job), share = wanted, "shed share applied");
             let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());

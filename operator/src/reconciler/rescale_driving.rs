@@ -181,7 +181,13 @@ pub(super) async fn drive_rescale(
     match t.action {
         Action::Wait => {}
         Action::TriggerSavepoint { id } => {
-            match rt.api().request_stop_with_savepoint_as(false, &id).await {
+            let sp_id = id.as_str();
+            match rt
+                .authorized(
+                    |api| async move { api.request_stop_with_savepoint_as(false, sp_id).await },
+                )
+                .await
+            {
                 Ok(_) => {
                     publish(
                         ctx,
