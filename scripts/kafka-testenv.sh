@@ -8,6 +8,8 @@
 #                                      start `kafka.Kafka server.properties`; prints KAFKA_BROKERS=...
 #   scripts/kafka-testenv.sh stop      stop the broker (no error when not running) and remove its data
 #   scripts/kafka-testenv.sh env       print KAFKA_LIBS, KAFKA_BROKERS, KAFKA_RUN lines (for eval)
+#   scripts/kafka-testenv.sh create-topic NAME PARTITIONS
+#                                      create a topic on the running broker (Kafka's TopicCommand)
 #
 # Needs Java 17 (java) and Maven (mvn); mvn reaching Maven Central on the first `install` (about
 # 40 MB; later runs reuse $CACHE). Everything lives in $STREAMSCALE_CACHE/kafka (default
@@ -40,7 +42,7 @@ need() {
 # ---------------------------------------------------------------------------------- install
 cmd_install() {
   need java mvn
-  if [[ -f "$LIB/.complete" ]]; then
+  if [[ -f "$LIB/.complete" ]] && compgen -G "$LIB/kafka-tools-$KAFKA_VERSION.jar" >/dev/null; then
     return 0
   fi
   local t0=$SECONDS work="$CACHE/pom-$KAFKA_VERSION"
@@ -65,6 +67,11 @@ cmd_install() {
       <groupId>org.apache.logging.log4j</groupId>
       <artifactId>log4j-slf4j2-impl</artifactId>
       <version>2.24.3</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka-tools</artifactId>
+      <version>$KAFKA_VERSION</version>
     </dependency>
     <dependency>
       <groupId>org.slf4j</groupId>
@@ -198,13 +205,24 @@ cmd_env() {
   echo "KAFKA_RUN=$RUN"
 }
 
+cmd_create_topic() {
+  local name=${1:-} parts=${2:-}
+  [[ -n "$name" && "$parts" =~ ^[0-9]+$ ]] || die "usage: $0 create-topic NAME PARTITIONS"
+  pid_running || die "no broker started by this script is running; run '$0 start'"
+  java -Xmx256m "-Dlog4j2.configurationFile=$RUN/log4j2.properties" -cp "$LIB/*" \
+    org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$PORT" --create \
+    --if-not-exists --topic "$name" --partitions "$parts" --replication-factor 1 >&2 ||
+    die "cannot create topic $name"
+}
+
 case "${1:-}" in
   install) cmd_install ;;
+  create-topic) cmd_create_topic "${@:2}" ;;
   start) cmd_start ;;
   stop) cmd_stop ;;
   env) cmd_env ;;
   *)
-    echo "usage: $0 install|start|stop|env" >&2
+    echo "usage: $0 install|start|stop|env|create-topic NAME PARTITIONS" >&2
     exit 2
     ;;
 esac

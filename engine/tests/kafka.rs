@@ -320,7 +320,7 @@ fn totals(servers: &str, topic: &str, partitions: i32) -> BTreeMap<u64, (u64, i6
     t
 }
 
-fn keyed_job(dir: &Path, servers: &str, input: &str, output: &str) -> PathBuf {
+fn keyed_job(dir: &Path, servers: &str, input: &str, output: &str, delivery: &str) -> PathBuf {
     let path = dir.join("kafka-keyed.yaml");
     std::fs::write(
         &path,
@@ -330,7 +330,7 @@ operators:
   - {{ name: src, kind: source, parallelism: 2,
       kafka: {{ topic: {input}, bootstrapServers: "{servers}", valueField: value }} }}
   - {{ name: win, kind: window, parallelism: 2, sizeMs: 200 }}
-  - {{ name: out, kind: sink, delivery: at-least-once,
+  - {{ name: out, kind: sink, delivery: {delivery},
       kafka: {{ topic: {output}, bootstrapServers: "{servers}" }} }}
 edges:
   - {{ from: src, to: win }}
@@ -344,9 +344,65 @@ checkpoint: {{ intervalSeconds: 0.3, dir: "{}" }}
     path
 }
 
-/// Kafka -> keyed window -> Kafka (atLeastOnce): an undisturbed run's per-key totals equal the
-/// input's; with the engine SIGKILLed mid-way and recovered from its latest checkpoint, no
-/// key's total is short (results since the checkpoint may come twice: at-least-once).
+/// The newest checkpoint id in `chk` (its `chk-<id>` directories).
+fn latest_checkpoint(chk: &Path) -> u64 {
+    std::fs::read_dir(chk)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|f| {
+                    f.file_name()
+                        .to_string_lossy()
+                        .strip_prefix("chk-")
+                        .and_then(|id| id.parse().ok())
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// Waits until the sink accounted `records` and a checkpoint newer than the one then
+/// present completed, then SIGKILLs the engine.
+fn kill_after_checkpoint(mut e: EngineProcess, records: u64, chk: &Path) {
+    wait_accounted(&e, records);
+    let before = latest_checkpoint(chk);
+    let until = Instant::now() + Duration::from_secs(60);
+    while latest_checkpoint(chk) <= before {
+        assert!(Instant::now() < until, "no checkpoint in 60 s: {}", e.job());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    e.child.kill().unwrap();
+    let _ = e.child.wait();
+}
+
+/// Kafka -> keyed window -> Kafka with `delivery`, the engine SIGKILLed twice after a
+/// checkpoint (input produced while it is down) and recovered from its latest checkpoint,
+/// the second time at other parallelism; returns the per-key totals a `read_committed`
+/// reader sees.
+fn killed_run(servers: &str, delivery: &str, n: u64, keys: u64) -> BTreeMap<u64, (u64, i64)> {
+    let input = format!("in-killed-{delivery}");
+    let output = format!("out-killed-{delivery}");
+    ensure_topic(servers, &input, 4).unwrap();
+    ensure_topic(servers, &output, 2).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let job = keyed_job(dir.path(), servers, &input, &output, delivery);
+    let (sp, chk) = (dir.path().join("sp"), dir.path().join("checkpoints"));
+    produce(servers, &input, 0, n / 2, keys);
+    kill_after_checkpoint(EngineProcess::start(&job, &sp, &[]), n / 4, &chk);
+    produce(servers, &input, n / 2, 3 * n / 4, keys);
+    let recover = ["--recover-from", chk.to_str().unwrap()];
+    kill_after_checkpoint(EngineProcess::start(&job, &sp, &recover), n / 2, &chk);
+    produce(servers, &input, 3 * n / 4, n, keys);
+    let rescaled = [&recover[..], &["--parallelism", "src=3,win=3"]].concat();
+    let mut e = EngineProcess::start(&job, &sp, &rescaled);
+    wait_accounted(&e, n);
+    let _ = e.stop_with_savepoint(true);
+    totals(servers, &output, 2)
+}
+
+/// Kafka -> keyed window -> Kafka: an undisturbed exactly-once run's per-key totals equal the
+/// input's; so do those of an exactly-once run SIGKILLed twice (and rescaled at the second
+/// recovery); an at-least-once run so disturbed loses no result.
 fn kafka_to_kafka_keyed_with_sigkill(servers: &str) {
     let (input, n, keys) = ("in-keyed", 4000u64, 20u64);
     ensure_topic(servers, input, 4).unwrap();
@@ -358,45 +414,20 @@ fn kafka_to_kafka_keyed_with_sigkill(servers: &str) {
         e.0 += 1;
         e.1 += (i % 100) as i64;
     }
-    // Undisturbed.
     let dir = tempfile::tempdir().unwrap();
     ensure_topic(servers, "out-calm", 2).unwrap();
-    let job = keyed_job(dir.path(), servers, input, "out-calm");
+    let job = keyed_job(dir.path(), servers, input, "out-calm", "exactly-once");
     let mut e = EngineProcess::start(&job, &dir.path().join("sp"), &[]);
     wait_accounted(&e, n);
     let _ = e.stop_with_savepoint(true);
     assert_eq!(totals(servers, "out-calm", 2), expected, "undisturbed run");
 
-    // SIGKILLed once mid-way (half the input read, a checkpoint taken), the other half
-    // produced while it is down, recovered from the latest checkpoint.
-    let input = "in-keyed-killed";
-    ensure_topic(servers, input, 4).unwrap();
-    produce(servers, input, 0, n / 2, keys);
-    let dir = tempfile::tempdir().unwrap();
-    ensure_topic(servers, "out-killed", 2).unwrap();
-    let job = keyed_job(dir.path(), servers, input, "out-killed");
-    let sp = dir.path().join("sp");
-    let mut e = EngineProcess::start(&job, &sp, &[]);
-    wait_accounted(&e, n / 4);
-    let chk = dir.path().join("checkpoints");
-    let until = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_dir(&chk)
-        .map(|d| {
-            d.flatten()
-                .any(|f| f.file_name().to_string_lossy().starts_with("chk-"))
-        })
-        .unwrap_or(false)
-    {
-        assert!(Instant::now() < until, "no checkpoint in 60 s: {}", e.job());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    e.child.kill().unwrap();
-    let _ = e.child.wait();
-    produce(servers, input, n / 2, n, keys);
-    let mut e = EngineProcess::start(&job, &sp, &["--recover-from", chk.to_str().unwrap()]);
-    wait_accounted(&e, n);
-    let _ = e.stop_with_savepoint(true);
-    let got = totals(servers, "out-killed", 2);
+    assert_eq!(
+        killed_run(servers, "exactly-once", n, keys),
+        expected,
+        "exactly-once, SIGKILLed twice: the same totals as the undisturbed run"
+    );
+    let got = killed_run(servers, "at-least-once", n, keys);
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
         expected.keys().collect::<Vec<_>>()

@@ -11,6 +11,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::{Deserialize, Serialize};
 
 pub mod sink;
+pub mod transactional;
 
 /// A Kafka source (`kafka:` on a `source` operator).
 ///
@@ -44,8 +45,10 @@ pub struct KafkaSourceSpec {
 ///     kafka: { topic: results, bootstrapServers: "127.0.0.1:9092" } }
 /// ```
 ///
-/// The sink's `delivery` applies: `at-least-once` sends records as they arrive and flushes
-/// them at every barrier; `exactly-once` is not available for Kafka yet (refused).
+/// The sink's `delivery` applies: `exactly-once` (the default) writes one Kafka transaction
+/// per subtask and checkpoint, committed when the checkpoint completes
+/// ([`transactional`]); `at-least-once` sends records as they arrive and flushes them at every
+/// barrier ([`sink::AtLeastOnceWriter`]).
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -318,12 +321,10 @@ mod tests {
         );
         let e = problem(&job(
             "{ name: s, kind: source, rate: { constant: 5 } }",
-            r#"{ name: o, kind: sink, kafka: { topic: t, bootstrapServers: "h:1" } }"#,
+            r#"{ name: o, kind: sink, output: x, kafka: { topic: t, bootstrapServers: "h:1" } }"#,
         ));
         assert!(
-            e.contains(
-                "operators[1] (o).delivery: exactly-once is not available for a Kafka sink yet"
-            ),
+            e.contains("operators[1] (o): a sink writes either to `output` or to `kafka`"),
             "{e}"
         );
     }

@@ -16,6 +16,8 @@ use crate::record::Record;
 use crate::sink::{Committable, SinkError, TransactionalWriter, TwoPhaseCommitSink};
 use crate::spec::SinkDelivery;
 
+use super::transactional::TransactionalSink;
+
 /// How long a pre-commit waits for the brokers to acknowledge every record sent.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -47,7 +49,8 @@ pub struct KafkaSink {
     /// Job and operator names (client ids).
     job: String,
     operator: String,
-    delivery: SinkDelivery,
+    /// The exactly-once sink (`None`: at-least-once).
+    transactions: Option<TransactionalSink>,
 }
 
 impl KafkaSink {
@@ -62,7 +65,8 @@ impl KafkaSink {
             spec: spec.clone(),
             job: job.to_string(),
             operator: operator.to_string(),
-            delivery,
+            transactions: (delivery == SinkDelivery::ExactlyOnce)
+                .then(|| TransactionalSink::new(job, operator, spec)),
         }
     }
 }
@@ -75,26 +79,26 @@ impl TwoPhaseCommitSink for KafkaSink {
         _attempt: &str,
     ) -> Result<Box<dyn TransactionalWriter>, SinkError> {
         let client = format!("streamscale-{}-{}-{subtask}", self.job, self.operator);
-        match self.delivery {
-            SinkDelivery::AtLeastOnce => Ok(Box::new(AtLeastOnceWriter::new(
+        match &self.transactions {
+            None => Ok(Box::new(AtLeastOnceWriter::new(
                 &self.spec,
                 &self.operator,
                 &client,
             )?)),
-            SinkDelivery::ExactlyOnce => Err(SinkError::External {
-                sink: format!("{} (kafka topic {})", self.operator, self.spec.topic),
-                action: "create writer",
-                reason: "exactly-once Kafka delivery is not available yet".into(),
-            }),
+            Some(t) => Ok(Box::new(t.writer(subtask)?)),
         }
     }
 
-    fn commit(&self, _committables: &[Committable]) -> Result<(), SinkError> {
-        Ok(())
+    fn commit(&self, committables: &[Committable]) -> Result<(), SinkError> {
+        self.transactions
+            .as_ref()
+            .map_or(Ok(()), |t| t.commit(committables))
     }
 
-    fn recover(&self, _restored: &[Committable]) -> Result<(), SinkError> {
-        Ok(())
+    fn recover(&self, restored: &[Committable]) -> Result<(), SinkError> {
+        self.transactions
+            .as_ref()
+            .map_or(Ok(()), |t| t.recover(restored))
     }
 }
 

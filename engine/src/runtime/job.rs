@@ -204,8 +204,9 @@ impl Job {
                         .map(|p| p.kafka_offsets.clone())
                         .unwrap_or_default(),
                 ));
-                if kafka.is_some() {
-                    kafka_figures.insert(name.clone(), Arc::new(KafkaFigures::new(gate.clone())));
+                if let Some(k) = kafka {
+                    kafka_figures
+                        .insert(name.clone(), Arc::new(KafkaFigures::new(gate.clone(), k)));
                 }
                 gates.insert(name.clone(), gate);
             }

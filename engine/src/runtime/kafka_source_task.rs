@@ -27,9 +27,16 @@ const WATERMARK_TIMEOUT: Duration = Duration::from_millis(500);
 const POLL_WAIT: Duration = Duration::from_millis(20);
 
 /// What a Kafka source's metrics are computed from at scrape time, shared by its subtasks:
-/// the gate (positions) and the log end offsets the subtasks last saw.
+/// the gate (positions) and the log end offsets, queried by the scrape itself (at most every
+/// [`WATERMARK_REFRESH`]) so that they stay current while the source threads are blocked
+/// under backpressure.
 pub(super) struct KafkaFigures {
     pub(super) gate: Arc<SourceGate>,
+    topic: String,
+    /// A client for the log end offset queries (`None` when librdkafka refused to create it).
+    client: Option<BaseConsumer>,
+    /// When the log end offsets were last queried.
+    refreshed: Mutex<Option<Instant>>,
     /// Log end offset (the high watermark; for `read_committed` the last stable offset) per
     /// partition.
     log_end: Mutex<BTreeMap<i32, i64>>,
@@ -38,11 +45,43 @@ pub(super) struct KafkaFigures {
 }
 
 impl KafkaFigures {
-    pub(super) fn new(gate: Arc<SourceGate>) -> KafkaFigures {
-        KafkaFigures {
+    /// The figures of a source reading `spec` through `gate` (restored positions included).
+    pub(super) fn new(gate: Arc<SourceGate>, spec: &KafkaSourceSpec) -> KafkaFigures {
+        let figures = KafkaFigures {
             gate,
+            topic: spec.topic.clone(),
+            client: base_config(&spec.bootstrap_servers).create().ok(),
+            refreshed: Mutex::new(None),
             log_end: Mutex::new(BTreeMap::new()),
             growth: Mutex::new((Instant::now(), 0, 0.0)),
+        };
+        // The restored partitions' log end offsets before any subtask attaches: the
+        // arrivals series continues from them, not from the restored positions.
+        figures.refresh();
+        figures
+    }
+
+    /// Queries the log end offsets of every partition the source reads, unless that was done
+    /// less than [`WATERMARK_REFRESH`] ago.
+    fn refresh(&self) {
+        let (Some(client), Ok(mut at)) = (&self.client, self.refreshed.lock()) else {
+            return;
+        };
+        if at.is_some_and(|t| t.elapsed() < WATERMARK_REFRESH) {
+            return;
+        }
+        *at = Some(Instant::now());
+        let mut parts: std::collections::BTreeSet<i32> =
+            self.gate.offsets().keys().copied().collect();
+        if let Ok(m) = self.log_end.lock() {
+            parts.extend(m.keys().copied());
+        }
+        for p in parts {
+            if let Ok((_, high)) = client.fetch_watermarks(&self.topic, p, WATERMARK_TIMEOUT)
+                && high >= 0
+            {
+                self.set_log_end(p, high);
+            }
         }
     }
 
@@ -56,6 +95,7 @@ impl KafkaFigures {
 
 impl SourceProbe for KafkaFigures {
     fn read(&self) -> SourceReading {
+        self.refresh();
         let positions = self.gate.offsets();
         let ends = self.log_end.lock().map(|m| m.clone()).unwrap_or_default();
         let mut due = 0u64;
@@ -138,6 +178,8 @@ impl KafkaSourceTask {
                 .map_or(Offset::Beginning, |&o| Offset::Offset(o));
             tpl.add_partition_offset(&self.spec.topic, p, from)
                 .map_err(|e| format!("partition {p}: {e}"))?;
+            // Known to the metrics from now on (its log end offset is queried at scrapes).
+            self.figures.set_log_end(p, 0);
             assigned.push(p);
         }
         if tpl.count() > 0 {
@@ -245,22 +287,10 @@ impl KafkaSourceTask {
         let mut last_injected = 0;
         let mut pending: Option<Polled> = None;
         let mut last_partition_check = Instant::now();
-        let mut last_refresh = Instant::now() - WATERMARK_REFRESH;
         loop {
             if ctx.control.stop.load(Ordering::Relaxed) {
                 ctx.outputs.flush(&mut ctx.meter);
                 break;
-            }
-            if last_refresh.elapsed() >= WATERMARK_REFRESH {
-                last_refresh = Instant::now();
-                for &p in &assigned {
-                    // One round trip per partition (ListOffsets), bounded by a short timeout.
-                    if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p, WATERMARK_TIMEOUT)
-                        && high >= 0
-                    {
-                        self.figures.set_log_end(p, high);
-                    }
-                }
             }
             if last_partition_check.elapsed() >= PARTITION_CHECK {
                 last_partition_check = Instant::now();

@@ -632,11 +632,7 @@ impl JobSpec {
                         return Err(format!("{at}.sizeMs: must be at least 1 millisecond"));
                     }
                 }
-                OperatorKind::Sink {
-                    output,
-                    kafka,
-                    delivery,
-                } => {
+                OperatorKind::Sink { output, kafka, .. } => {
                     if let Some(k) = kafka {
                         if output.is_some() {
                             return Err(format!(
@@ -648,11 +644,6 @@ impl JobSpec {
                             &k.topic,
                             &k.bootstrap_servers,
                         )?;
-                        if *delivery == SinkDelivery::ExactlyOnce {
-                            return Err(format!(
-                                "{at}.delivery: exactly-once is not available for a Kafka sink yet (the default); write `delivery: at-least-once`"
-                            ));
-                        }
                     }
                 }
                 OperatorKind::Map => {}

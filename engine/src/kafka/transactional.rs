@@ -1,0 +1,347 @@
+//! The exactly-once Kafka sink (`delivery: exactly-once`): one Kafka transaction per sink
+//! subtask and checkpoint, on the engine's two-phase-commit seam ([`crate::sink::two_phase`]).
+//!
+//! - **Write**: a subtask's records of one checkpoint interval go into one open transaction of
+//!   one of its producers (transactional ids `<prefix>-<subtask>-<k>`, `k` < [`POOL`]; each is
+//!   initialised when the writer starts, which fences and aborts whatever a previous run left
+//!   open under that id).
+//! - **Pre-commit at barrier n**: the transaction also commits a *marker* (the offset
+//!   `marker` of partition 0 of the topic for consumer group `<transactional id>-marker`,
+//!   through `send_offsets_to_transaction`), is flushed, and its producer is parked in the
+//!   sink; the committable names the transactional id and the marker and carries the
+//!   transaction's records.
+//! - **Commit** (checkpoint n completed, on the coordinator's thread): the parked producer
+//!   commits the transaction and becomes free again.
+//! - **Recover** (restart from checkpoint n): librdkafka cannot resume another process's
+//!   transaction, so for each committable the id is initialised (which aborts the transaction
+//!   if it is still open) and the marker tells whether it was committed (the group's committed
+//!   offset is at least the marker); if not, its records are written again in a new
+//!   transaction under the same id, with the marker, and committed.
+//!
+//! A `read_committed` reader therefore sees every result once. Limits: a transaction's records
+//! are kept in the checkpoint manifest (fine for aggregates, heavy for a pass-through of a busy
+//! topic); a transaction left open by a subtask that no longer exists after a scale-down is
+//! aborted by the brokers after `transaction.timeout.ms` ([`TRANSACTION_TIMEOUT_MS`]), and
+//! `read_committed` readers of its partitions wait until then.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::sink::{FLUSH_TIMEOUT, key_value, send_blocking};
+use super::{KafkaSinkSpec, base_config};
+use crate::record::Record;
+use crate::sink::{Committable, SinkError, TransactionalWriter};
+
+/// Transactional producers per sink subtask (a transaction waiting for its checkpoint to
+/// complete holds one; the next interval's records use another).
+pub const POOL: u32 = 3;
+/// `transaction.timeout.ms` of the producers.
+pub const TRANSACTION_TIMEOUT_MS: u32 = 30_000;
+/// How long a transactional call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+type TxProducer = ThreadedProducer<DefaultProducerContext>;
+
+/// What the writers and the committer of one exactly-once Kafka sink share.
+#[derive(Default)]
+pub struct Transactions {
+    /// Pre-committed transactions waiting for their checkpoint, by transactional id.
+    parked: Mutex<HashMap<String, TxProducer>>,
+    /// Producers without an open transaction, by transactional id.
+    free: Mutex<HashMap<String, TxProducer>>,
+}
+
+impl std::fmt::Debug for Transactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Transactions")
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The marker of a transaction pre-committed now: µs since the Unix epoch, so that later
+/// transactions under the same id have larger markers.
+fn new_marker() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
+}
+
+/// The exactly-once sink of one operator: its name (for errors), spec and shared state.
+#[derive(Debug)]
+pub struct TransactionalSink {
+    spec: KafkaSinkSpec,
+    /// `<operator> (kafka topic <topic>)`.
+    name: String,
+    prefix: String,
+    shared: Arc<Transactions>,
+}
+
+impl TransactionalSink {
+    /// The sink of operator `operator` in job `job`.
+    pub fn new(job: &str, operator: &str, spec: &KafkaSinkSpec) -> TransactionalSink {
+        TransactionalSink {
+            spec: spec.clone(),
+            name: format!("{operator} (kafka topic {})", spec.topic),
+            prefix: spec
+                .transactional_id_prefix
+                .clone()
+                .unwrap_or_else(|| format!("streamscale-{job}-{operator}")),
+            shared: Arc::new(Transactions::default()),
+        }
+    }
+
+    fn err(&self, action: &'static str, reason: impl std::fmt::Display) -> SinkError {
+        SinkError::External {
+            sink: self.name.clone(),
+            action,
+            reason: reason.to_string(),
+        }
+    }
+
+    fn producer(&self, tid: &str) -> Result<TxProducer, SinkError> {
+        let p: TxProducer = base_config(&self.spec.bootstrap_servers)
+            .set("transactional.id", tid)
+            .set("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS.to_string())
+            .set("linger.ms", "5")
+            .create()
+            .map_err(|e| self.err("create transactional producer", e))?;
+        p.init_transactions(CALL_TIMEOUT)
+            .map_err(|e| self.err("init transactions", format!("{tid}: {e}")))?;
+        Ok(p)
+    }
+
+    /// Adds the marker of `tid` to `p`'s open transaction.
+    fn add_marker(&self, p: &TxProducer, tid: &str, marker: i64) -> Result<(), SinkError> {
+        let group: BaseConsumer = base_config(&self.spec.bootstrap_servers)
+            .set("group.id", format!("{tid}-marker"))
+            .create()
+            .map_err(|e| self.err("marker group", e))?;
+        let cgm = group
+            .group_metadata()
+            .ok_or_else(|| self.err("marker group", "no group metadata"))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.spec.topic, 0, Offset::Offset(marker))
+            .map_err(|e| self.err("marker", e))?;
+        p.send_offsets_to_transaction(&tpl, &cgm, CALL_TIMEOUT)
+            .map_err(|e| self.err("marker", format!("{tid}: {e}")))
+    }
+
+    /// The marker committed for `tid` (0 when none).
+    fn committed_marker(&self, tid: &str) -> Result<i64, SinkError> {
+        let group: BaseConsumer = base_config(&self.spec.bootstrap_servers)
+            .set("group.id", format!("{tid}-marker"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| self.err("marker group", e))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.spec.topic, 0);
+        let got = group
+            .committed_offsets(tpl, CALL_TIMEOUT)
+            .map_err(|e| self.err("read marker", format!("{tid}: {e}")))?;
+        Ok(got
+            .elements()
+            .first()
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+            .unwrap_or(0))
+    }
+
+    /// The writer of subtask `subtask`: initialises its [`POOL`] producers (fencing what a
+    /// previous run left open under their ids).
+    ///
+    /// # Errors
+    /// [`SinkError::External`] when a producer cannot be initialised.
+    pub fn writer(&self, subtask: u32) -> Result<TransactionalKafkaWriter, SinkError> {
+        let mut tids = Vec::new();
+        for k in 0..POOL {
+            let tid = format!("{}-{subtask}-{k}", self.prefix);
+            let p = self.producer(&tid)?;
+            lock(&self.shared.free).insert(tid.clone(), p);
+            tids.push(tid);
+        }
+        Ok(TransactionalKafkaWriter {
+            sink: TransactionalSink {
+                spec: self.spec.clone(),
+                name: self.name.clone(),
+                prefix: self.prefix.clone(),
+                shared: self.shared.clone(),
+            },
+            tids,
+            open: None,
+            records: Vec::new(),
+        })
+    }
+
+    /// Commits the parked transactions of `committables`; ids not parked here were committed
+    /// already or belong to a previous run ([`Self::recover`] handles those).
+    ///
+    /// # Errors
+    /// [`SinkError::External`] naming the transaction that could not be committed.
+    pub fn commit(&self, committables: &[Committable]) -> Result<(), SinkError> {
+        for c in committables {
+            let Some(tid) = c["transactionalId"].as_str() else {
+                return Err(self.bad(c, "no transactionalId"));
+            };
+            let Some(p) = lock(&self.shared.parked).remove(tid) else {
+                continue;
+            };
+            if let Err(e) = p.commit_transaction(CALL_TIMEOUT) {
+                lock(&self.shared.parked).insert(tid.to_string(), p);
+                return Err(self.err("commit", format!("{tid}: {e}")));
+            }
+            lock(&self.shared.free).insert(tid.to_string(), p);
+        }
+        Ok(())
+    }
+
+    fn bad(&self, c: &Committable, reason: &str) -> SinkError {
+        SinkError::Committable {
+            sink: self.name.clone(),
+            committable: c.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Makes sure every transaction `restored` lists is committed: one whose marker is not
+    /// committed is written again under its id and committed.
+    ///
+    /// # Errors
+    /// [`SinkError`] naming the committable or the broker's error.
+    pub fn recover(&self, restored: &[Committable]) -> Result<(), SinkError> {
+        for c in restored {
+            let (Some(tid), Some(marker), Some(records)) = (
+                c["transactionalId"].as_str(),
+                c["marker"].as_i64(),
+                c["records"].as_array(),
+            ) else {
+                return Err(self.bad(c, "needs transactionalId, marker and records"));
+            };
+            // Initialising the id first fences the previous run's producer and aborts its
+            // open transaction, so that the marker's offset is stable to read.
+            let p = self.producer(tid)?;
+            if self.committed_marker(tid)? >= marker {
+                continue;
+            }
+            p.begin_transaction()
+                .map_err(|e| self.err("begin", format!("{tid}: {e}")))?;
+            for r in records {
+                let kv = r.as_array().and_then(|kv| {
+                    Some((unhex(kv.first()?.as_str()?)?, unhex(kv.get(1)?.as_str()?)?))
+                });
+                let Some((k, v)) = kv else {
+                    return Err(self.bad(c, "a record is not [hex key, hex value]"));
+                };
+                send_blocking(&p, &self.spec.topic, &k, &v).map_err(|e| self.err("send", e))?;
+            }
+            self.add_marker(&p, tid, marker)?;
+            p.commit_transaction(CALL_TIMEOUT)
+                .map_err(|e| self.err("commit", format!("{tid}: {e}")))?;
+            tracing::info!(sink = %self.name, transaction = tid, records = records.len(), "recovered a pre-committed transaction");
+        }
+        Ok(())
+    }
+}
+
+/// One subtask's writer: its open transaction and that transaction's records.
+pub struct TransactionalKafkaWriter {
+    sink: TransactionalSink,
+    tids: Vec<String>,
+    open: Option<(String, TxProducer)>,
+    records: Vec<serde_json::Value>,
+}
+
+impl TransactionalKafkaWriter {
+    /// A free producer of this subtask with a new transaction begun; waits while all are
+    /// parked (their checkpoints not yet complete).
+    fn begin(&mut self) -> Result<(), SinkError> {
+        let started = Instant::now();
+        loop {
+            let found = {
+                let mut free = lock(&self.sink.shared.free);
+                let tid = self.tids.iter().find(|t| free.contains_key(*t)).cloned();
+                tid.and_then(|t| free.remove(&t).map(|p| (t, p)))
+            };
+            if let Some((tid, p)) = found {
+                p.begin_transaction()
+                    .map_err(|e| self.sink.err("begin", format!("{tid}: {e}")))?;
+                self.open = Some((tid, p));
+                return Ok(());
+            }
+            if started.elapsed() > FLUSH_TIMEOUT {
+                return Err(self.sink.err(
+                    "begin",
+                    "every transactional producer still waits for its checkpoint to complete",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl TransactionalWriter for TransactionalKafkaWriter {
+    fn write(&mut self, record: &Record) -> Result<(), SinkError> {
+        if self.open.is_none() {
+            self.begin()?;
+        }
+        let (key, value) = key_value(record);
+        if let Some((_, p)) = &self.open {
+            send_blocking(p, &self.sink.spec.topic, &key, &value)
+                .map_err(|e| self.sink.err("send", e))?;
+        }
+        self.records
+            .push(serde_json::json!([hex(&key), hex(&value)]));
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: Option<u64>) -> Result<Vec<Committable>, SinkError> {
+        let Some((tid, p)) = self.open.take() else {
+            return Ok(Vec::new());
+        };
+        let marker = new_marker();
+        self.sink.add_marker(&p, &tid, marker)?;
+        p.flush(FLUSH_TIMEOUT)
+            .map_err(|e| self.sink.err("flush at the barrier", format!("{tid}: {e}")))?;
+        lock(&self.sink.shared.parked).insert(tid.clone(), p);
+        let records = std::mem::take(&mut self.records);
+        Ok(vec![serde_json::json!({
+            "transactionalId": tid,
+            "marker": marker,
+            "checkpoint": checkpoint,
+            "records": records,
+        })])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips() {
+        let b = b"\x00key\xff".to_vec();
+        assert_eq!(unhex(&hex(&b)), Some(b));
+        assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex("abc"), None);
+    }
+}
