@@ -26,6 +26,7 @@ pub mod flink_scaler_crd;
 pub mod flink_target;
 pub mod learned_configmap;
 pub mod metrics;
+pub mod network_policy;
 pub mod prometheus;
 pub mod quota;
 pub mod reconciler;

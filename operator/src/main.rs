@@ -9,6 +9,10 @@
 //!   `--lease-duration-seconds` / `LEASE_DURATION_SECONDS` (default 15) is how long a leader
 //!   that stopped renewing (killed) keeps it: the time another replica may wait to take over.
 //! * `--flink-support` / `FLINK_SUPPORT`: also run the FlinkScaler controller (default true).
+//! * `--network-policy` / `NETWORK_POLICY` (default true): a NetworkPolicy `NAME-engine` per
+//!   StreamJob admitting the engine port only from pods labelled `--operator-pod-labels` /
+//!   `OPERATOR_POD_LABELS` in `POD_NAMESPACE`, and from namespaces labelled
+//!   `--prometheus-namespace-selector` / `PROMETHEUS_NAMESPACE_SELECTOR` when given.
 //! * `--log-format` / `LOG_FORMAT`: `text` or `json`; `RUST_LOG` sets the level.
 //!
 //! The Kubernetes connection comes from the environment (in-cluster service account, or
@@ -23,6 +27,7 @@ use clap::Parser;
 use kube::Client;
 use kube::runtime::events::Reporter;
 use streamscale_operator::metrics::Metrics;
+use streamscale_operator::network_policy::{NetworkPolicySettings, parse_labels};
 use streamscale_operator::reconciler::{self, Context};
 
 #[derive(Parser, Debug)]
@@ -53,6 +58,22 @@ struct Args {
     /// Autoscale FlinkScalers (needs the chart's Flink RBAC, value `flink.enabled`).
     #[arg(long, env = "FLINK_SUPPORT", default_value_t = true, action = clap::ArgAction::Set)]
     flink_support: bool,
+    /// Apply a NetworkPolicy per StreamJob admitting the engine port only from the operator's
+    /// pods (and the Prometheus namespaces); off for clusters without a policy controller.
+    #[arg(long, env = "NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    network_policy: bool,
+    /// Labels of the operator's pods, `KEY=VALUE,...` (the NetworkPolicy admits these pods of
+    /// the operator's namespace, POD_NAMESPACE).
+    #[arg(
+        long,
+        env = "OPERATOR_POD_LABELS",
+        default_value = "app.kubernetes.io/name=streamscale"
+    )]
+    operator_pod_labels: String,
+    /// Namespace labels, `KEY=VALUE,...`, of the Prometheus admitted to the engine port
+    /// (empty: none).
+    #[arg(long, env = "PROMETHEUS_NAMESPACE_SELECTOR", default_value = "")]
+    prometheus_namespace_selector: String,
     /// Log format: text or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -137,7 +158,25 @@ async fn main() -> anyhow::Result<()> {
         controller: "streamscale-operator".into(),
         instance: Some(identity),
     };
-    let ctx = Arc::new(Context::new(client, metrics, reporter));
+    let mut ctx = Context::new(client, metrics, reporter);
+    if args.network_policy {
+        let operator_pod_labels = parse_labels("OPERATOR_POD_LABELS", &args.operator_pod_labels)?;
+        anyhow::ensure!(
+            !operator_pod_labels.is_empty(),
+            "OPERATOR_POD_LABELS is empty: the NetworkPolicy would admit every pod of {}",
+            args.lease_namespace
+        );
+        let prometheus = parse_labels(
+            "PROMETHEUS_NAMESPACE_SELECTOR",
+            &args.prometheus_namespace_selector,
+        )?;
+        ctx = ctx.with_network_policy(NetworkPolicySettings {
+            operator_namespace: args.lease_namespace.clone(),
+            operator_pod_labels,
+            prometheus_namespace_labels: (!prometheus.is_empty()).then_some(prometheus),
+        });
+    }
+    let ctx = Arc::new(ctx);
     if args.flink_support {
         tokio::join!(
             reconciler::run(ctx.clone(), args.namespace.clone()),

@@ -47,6 +47,7 @@ use crate::crd::{
 };
 use crate::learned_configmap::{self, SavedState};
 use crate::metrics::Metrics;
+use crate::network_policy::NetworkPolicySettings;
 use crate::quota;
 use crate::rescale::{self, Action, EngineObs, Observation, Outcome, SavepointObs};
 use crate::resources::{self, FIELD_MANAGER};
@@ -108,6 +109,8 @@ pub struct Context {
     clock: tokio::time::Instant,
     /// Unix time (s) of `clock`'s zero: persisted times are Unix times.
     unix0: f64,
+    /// Who may reach engine pods; `None`: no NetworkPolicy is applied.
+    network_policy: Option<NetworkPolicySettings>,
 }
 
 impl Context {
@@ -126,7 +129,15 @@ impl Context {
             quota_locks: Mutex::new(HashMap::new()),
             clock: tokio::time::Instant::now(),
             unix0: Timestamp::now().as_millisecond() as f64 / 1000.0,
+            network_policy: None,
         }
+    }
+
+    /// Applies a NetworkPolicy `NAME-engine` per StreamJob with `settings`
+    /// ([`crate::network_policy`]).
+    pub fn with_network_policy(mut self, settings: NetworkPolicySettings) -> Context {
+        self.network_policy = Some(settings);
+        self
     }
 
     fn now_s(&self) -> f64 {
@@ -297,6 +308,20 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     }
     status.total_parallelism = total(&status.current_parallelism);
     let tokens = engine_tokens(&job, &ctx).await?;
+    if let Some(settings) = &ctx.network_policy {
+        let policy =
+            crate::network_policy::network_policy(&job, settings).map_err(ApplyError::from)?;
+        Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+            ctx.client.clone(),
+            &job.namespace().unwrap_or_else(|| "default".into()),
+        )
+        .patch(
+            &resources::engine_name(&job),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&policy),
+        )
+        .await?;
+    }
     let rt =
         KubeRuntime::new(ctx.client.clone(), ctx.http.clone(), (*job).clone()).with_tokens(tokens);
 

@@ -120,6 +120,18 @@ pub fn labels(job: &StreamJob) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// The labels that select `job`'s engine pod (the Service's and NetworkPolicy's selector).
+pub fn engine_pod_selector(job: &StreamJob) -> BTreeMap<String, String> {
+    [
+        ("streamscale.dev/job".to_string(), job.name_any()),
+        (
+            "app.kubernetes.io/name".to_string(),
+            "streamscale-engine".to_string(),
+        ),
+    ]
+    .into()
+}
+
 /// The job file at `parallelism`.
 pub fn job_yaml(job: &StreamJob, parallelism: &BTreeMap<String, u32>) -> String {
     job.spec.job.with_parallelism(parallelism).to_yaml()

@@ -39,7 +39,9 @@
 //!   `NAME-autoscaler` ConfigMap; a restarted operator loads them and goes on from there.
 //!
 //! * `engine_token_secret_guards_the_engine_and_rotates_without_losing_the_job`: the engine
-//!   token Secret (owner reference, mounted as `--auth-token-file`), 401 without it, rotation
+//!   token Secret (owner reference, mounted as `--auth-token-file`) and the engine
+//!   NetworkPolicy (owner reference, the operator's pods and the Prometheus namespace only),
+//!   401 without the token, rotation
 //!   by annotation, the final savepoint on delete still taken, no token in status, Events or
 //!   the log.
 //!
@@ -562,6 +564,16 @@ current-context: operator
             .env("LEASE_DURATION_SECONDS", self.lease.1.to_string())
             .env("POD_NAMESPACE", RELEASE_NS)
             .env("POD_NAME", identity)
+            // As the chart sets them (`networkPolicy` values).
+            .env("NETWORK_POLICY", "true")
+            .env(
+                "OPERATOR_POD_LABELS",
+                "app.kubernetes.io/instance=op,app.kubernetes.io/name=streamscale",
+            )
+            .env(
+                "PROMETHEUS_NAMESPACE_SELECTOR",
+                "kubernetes.io/metadata.name=monitoring",
+            )
             .env("RUST_LOG", "info,kube=warn")
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().expect("log"))
@@ -2321,6 +2333,39 @@ async fn engine_token_secret_guards_the_engine_and_rotates_without_losing_the_jo
         pod["spec"]["volumes"][2]["secret"]["secretName"], "demo-engine-token",
         "{pod}"
     );
+
+    // The NetworkPolicy: owned, the engine pod only, port 8081 from the operator's pods (in
+    // the release namespace) and from the Prometheus namespace.
+    let policy =
+        Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(w.admin.clone(), &w.ns)
+            .get("demo-engine")
+            .await
+            .expect("engine NetworkPolicy");
+    assert!(owned_by(&policy.metadata, &job), "{:?}", policy.metadata);
+    let p = serde_json::to_value(&policy.spec).expect("json");
+    assert_eq!(
+        p["podSelector"]["matchLabels"]["streamscale.dev/job"], JOB,
+        "{p}"
+    );
+    assert_eq!(p["policyTypes"], serde_json::json!(["Ingress"]), "{p}");
+    let operator = &p["ingress"][0];
+    assert_eq!(operator["ports"][0]["port"], 8081, "{p}");
+    assert_eq!(
+        operator["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        RELEASE_NS,
+        "{p}"
+    );
+    assert_eq!(
+        operator["from"][0]["podSelector"]["matchLabels"],
+        serde_json::json!({"app.kubernetes.io/instance": "op", "app.kubernetes.io/name": "streamscale"}),
+        "{p}"
+    );
+    assert_eq!(
+        p["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring",
+        "{p}"
+    );
+    assert_eq!(p["ingress"].as_array().map(Vec::len), Some(2), "{p}");
 
     // The real engine: no token or a wrong one gets 401 and never the token; reads stay open.
     let http = reqwest::Client::new();

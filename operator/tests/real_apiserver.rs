@@ -55,6 +55,40 @@ fn helm_installs_the_chart_and_the_api_server_validates_streamjobs() {
         let (ok, out) = run(env, &kubectl, &args, None);
         assert!(ok, "{kind}/{name} not created by the chart: {out}");
     }
+    // Least privilege: no wildcard anywhere in the ClusterRole, and Secrets and
+    // NetworkPolicies only with the verbs the operator uses.
+    let (ok, role) = run(
+        env,
+        &kubectl,
+        &["get", "clusterrole", "it-streamscale", "-o", "json"],
+        None,
+    );
+    assert!(ok, "{role}");
+    let role: serde_json::Value = serde_json::from_str(&role).expect("clusterrole json");
+    let rules = role["rules"].as_array().expect("rules");
+    let verbs_of = |resource: &str| -> Vec<String> {
+        rules
+            .iter()
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
+            })
+            .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    for rule in rules {
+        for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+            let wild = rule[field].as_array().is_some_and(|xs| {
+                xs.iter()
+                    .any(|x| x.as_str().is_some_and(|x| x.contains('*')))
+            });
+            assert!(!wild, "wildcard in {field}: {rule}");
+        }
+    }
+    assert_eq!(verbs_of("secrets"), ["get", "create", "update"], "{role}");
+    assert_eq!(verbs_of("networkpolicies"), ["create", "patch"], "{role}");
     // The Deployment is non-root with a read-only root filesystem.
     let (_, spec) = run(
         env,
@@ -74,6 +108,27 @@ fn helm_installs_the_chart_and_the_api_server_validates_streamjobs() {
     assert!(spec.contains("\"runAsNonRoot\": true"), "{spec}");
     // Leader election with the chart's lease duration.
     let compact: String = spec.split_whitespace().collect();
+    // The engine NetworkPolicy admits the operator's pods by exactly the labels they carry.
+    let d: serde_json::Value = serde_json::from_str(&spec).expect("deployment json");
+    let env_of = |name: &str| {
+        d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .and_then(|v| v["value"].as_str())
+            .map(str::to_string)
+    };
+    assert_eq!(env_of("NETWORK_POLICY").as_deref(), Some("true"), "{spec}");
+    let pod_labels: Vec<String> = d["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .expect("pod labels")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env_of("OPERATOR_POD_LABELS"),
+        Some(pod_labels.join(",")),
+        "{spec}"
+    );
     assert!(
         compact.contains("{\"name\":\"LEADER_ELECTION\",\"value\":\"true\"}"),
         "{spec}"

@@ -15,3 +15,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "streamscale.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}{{ default (include "streamscale.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
+{{/* Labels of the operator's pods: the selector labels and networkPolicy.operatorPodLabels. */}}
+{{- define "streamscale.podLabels" -}}
+{{ include "streamscale.selectorLabels" . }}
+{{- with .Values.networkPolicy.operatorPodLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+{{/* A label map as KEY=VALUE,... */}}
+{{- define "streamscale.labelList" -}}
+{{- $items := list -}}
+{{- range $k, $v := . -}}{{- $items = append $items (printf "%s=%s" $k $v) -}}{{- end -}}
+{{- join "," $items -}}
+{{- end -}}
