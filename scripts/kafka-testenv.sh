@@ -12,7 +12,7 @@
 #                                      create a topic on the running broker (Kafka's TopicCommand)
 #
 # Needs Java 17 (java) and Maven (mvn); mvn reaching Maven Central on the first `install` (about
-# 40 MB; later runs reuse $CACHE). Everything lives in $STREAMSCALE_CACHE/kafka (default
+# 55 MB; later runs reuse $CACHE). Everything lives in $STREAMSCALE_CACHE/kafka (default
 # ~/.cache/streamscale/kafka): the jars in lib-$VERSION/, the running broker's config, log, pid and
 # data in run/. Ports: broker $KAFKA_PORT (default 39092), controller $KAFKA_CONTROLLER_PORT
 # (default 39093), both on 127.0.0.1 and checked free before starting. Single-node settings:

@@ -30,7 +30,7 @@ cargo build --workspace --bins
 # minute and 330 MB the first time). The test starts and stops the cluster.
 ./scripts/flink-testenv.sh install
 # A real Apache Kafka 4.1 broker (KRaft, one node) for the engine's Kafka tests: its jars from
-# Maven Central with mvn (cached in ~/.cache/streamscale/kafka, about 40 MB). The tests start
+# Maven Central with mvn (cached in ~/.cache/streamscale/kafka, about 55 MB). The tests start
 # and stop the broker.
 ./scripts/kafka-testenv.sh install
 trap './scripts/k8s-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/kafka-testenv.sh stop >/dev/null 2>&1 || true' EXIT

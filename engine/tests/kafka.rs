@@ -279,6 +279,37 @@ fn partitions_fewer_and_more_than_subtasks(servers: &str) {
     }
 }
 
+/// Partitions added to the topic while the job runs are picked up (within the source's 5 s
+/// check) and read from their start.
+fn new_partitions_are_picked_up(servers: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+    use rdkafka::client::DefaultClientContext;
+    let dir = tempfile::tempdir().unwrap();
+    let topic = "in-growing";
+    ensure_topic(servers, topic, 1).unwrap();
+    produce(servers, topic, 0, 100, 5);
+    let out = dir.path().join("out.jsonl");
+    let job = source_job(dir.path(), servers, topic, 2, &out);
+    let mut e = EngineProcess::start(&job, &dir.path().join("sp"), &[]);
+    wait_accounted(&e, 100);
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .create()
+        .unwrap();
+    let grow = NewPartitions::new(topic, 3);
+    let r = futures::executor::block_on(admin.create_partitions([&grow], &AdminOptions::new()))
+        .unwrap();
+    assert!(r.iter().all(Result::is_ok), "{r:?}");
+    // Keyed records spread over the 3 partitions now.
+    produce(servers, topic, 100, 400, 50);
+    wait_accounted(&e, 400);
+    let _ = e.stop_with_savepoint(false);
+    let seen = positions(&out);
+    assert_eq!(seen.len(), 400);
+    let parts: BTreeSet<i64> = seen.iter().map(|(p, _)| *p).collect();
+    assert_eq!(parts.len(), 3, "the new partitions were read: {parts:?}");
+}
+
 /// A missing topic and unreachable brokers: the engine exits with status 1 and one line
 /// naming the operator and the topic or the brokers.
 fn bad_topic_and_brokers(servers: &str) {
@@ -497,6 +528,7 @@ fn kafka_against_a_real_broker() {
     let t0 = Instant::now();
     bad_topic_and_brokers(&broker.servers);
     partitions_fewer_and_more_than_subtasks(&broker.servers);
+    new_partitions_are_picked_up(&broker.servers);
     savepoint_and_restore_at_other_parallelism(&broker.servers);
     transactional_sink_recovers_a_pre_committed_transaction(&broker.servers);
     kafka_to_kafka_keyed_with_sigkill(&broker.servers);
