@@ -548,13 +548,12 @@ pub struct AutoscalerSpec {
     /// Seconds of the planner's recommendations a scale-down looks back over: an operator is
     /// scaled down no lower than the highest parallelism recommended for it in that time (the
     /// Flink autoscaler's scale-down interval as a sliding window), so a load that came back
-    /// within it costs no new pair of rescales. 0: off (the default); 1800 is a good start
-    /// for spiky traffic (`docs/planner.md`, "Rescale discipline").
-    #[serde(
-        default = "default_scale_down_lookback",
-        skip_serializing_if = "is_default_scale_down_lookback"
-    )]
-    pub scale_down_lookback_seconds: f64,
+    /// within it costs no new pair of rescales. 0: off. Unset (the default): tied to what a
+    /// rescale costs, [`LOOKBACK_PER_DOWNTIME_SECOND`] seconds per second of the job's expected
+    /// rescale downtime (measured), at most [`MAX_AUTO_LOOKBACK_SECONDS`]: about 1 min on the
+    /// bundled engine, 20 min for a Flink job whose rescales take 10 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down_lookback_seconds: Option<f64>,
     /// Rescale budget: at most this many rescales in any hour; a further one is held back (the
     /// decision says so) unless the current parallelism cannot keep up (ρ ≥ 1 at the target
     /// rate, or the latency bound over the SLO). 0: no budget (the default).
@@ -563,6 +562,44 @@ pub struct AutoscalerSpec {
         skip_serializing_if = "is_default_max_rescales_per_hour"
     )]
     pub max_rescales_per_hour: u32,
+    /// Utilization band, upper end: a scale-up happens only when an operator's busiest subtask
+    /// would run above this utilization ρ at its current parallelism and the target rate
+    /// (catch-up included), or the latency bound exceeds the SLO; it is then sized for
+    /// `targetUtilization`. In [targetUtilization, 1]. Default: targetUtilization + 0.1,
+    /// at most 1 (the Flink autoscaler's `job.autoscaler.utilization.max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_utilization: Option<f64>,
+    /// Utilization band, lower end: a scale-down happens only when an operator's busiest
+    /// subtask runs below this ρ at its current parallelism. In (0, targetUtilization].
+    /// Default: targetUtilization − 0.4 (the Flink autoscaler's
+    /// `job.autoscaler.utilization.min`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_utilization: Option<f64>,
+}
+
+impl AutoscalerSpec {
+    /// The scale-down lookback, seconds: `scaleDownLookbackSeconds`, or when unset
+    /// [`LOOKBACK_PER_DOWNTIME_SECOND`] × `downtime_seconds` (the expected rescale downtime;
+    /// `None` before any is known: 0) capped at [`MAX_AUTO_LOOKBACK_SECONDS`].
+    pub fn scale_down_lookback(&self, downtime_seconds: Option<f64>) -> f64 {
+        self.scale_down_lookback_seconds.unwrap_or_else(|| {
+            (downtime_seconds.unwrap_or(0.0).max(0.0) * LOOKBACK_PER_DOWNTIME_SECOND)
+                .min(MAX_AUTO_LOOKBACK_SECONDS)
+        })
+    }
+
+    /// The utilization band (lower, upper) that a change of parallelism must leave before it is
+    /// made: `minUtilization` and `maxUtilization`, or their defaults around
+    /// `targetUtilization` ([`DEFAULT_UTILIZATION_BAND_BELOW`], [`DEFAULT_UTILIZATION_BAND_ABOVE`]).
+    pub fn utilization_band(&self) -> (f64, f64) {
+        let t = self.target_utilization;
+        (
+            self.min_utilization
+                .unwrap_or((t - DEFAULT_UTILIZATION_BAND_BELOW).max(0.0)),
+            self.max_utilization
+                .unwrap_or((t + DEFAULT_UTILIZATION_BAND_ABOVE).min(1.0)),
+        )
+    }
 }
 
 /// What the planner does when the latency SLO cannot be met even with every operator at its
@@ -598,8 +635,10 @@ impl Default for AutoscalerSpec {
             forecast: None,
             limits: None,
             on_unattainable_slo: UnattainableSlo::UtilizationOnly,
-            scale_down_lookback_seconds: DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS,
+            scale_down_lookback_seconds: None,
             max_rescales_per_hour: DEFAULT_MAX_RESCALES_PER_HOUR,
+            max_utilization: None,
+            min_utilization: None,
         }
     }
 }
@@ -738,14 +777,16 @@ fn default_latency_slo() -> f64 {
 fn default_catch_up() -> f64 {
     DEFAULT_CATCH_UP_SECONDS
 }
-/// Default scale-down lookback (`autoscaler.scaleDownLookbackSeconds`), seconds.
-pub const DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS: f64 = 0.0;
-fn default_scale_down_lookback() -> f64 {
-    DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS
-}
-fn is_default_scale_down_lookback(v: &f64) -> bool {
-    *v == DEFAULT_SCALE_DOWN_LOOKBACK_SECONDS
-}
+/// Seconds of scale-down lookback per second of expected rescale downtime when
+/// `autoscaler.scaleDownLookbackSeconds` is unset (chosen from the simulator's rescale
+/// discipline tables, `docs/planner.md`).
+pub const LOOKBACK_PER_DOWNTIME_SECOND: f64 = 120.0;
+/// Longest scale-down lookback chosen from the rescale downtime, seconds.
+pub const MAX_AUTO_LOOKBACK_SECONDS: f64 = 3600.0;
+/// Default width of the utilization band above `targetUtilization` (`maxUtilization`).
+pub const DEFAULT_UTILIZATION_BAND_ABOVE: f64 = 0.1;
+/// Default width of the utilization band below `targetUtilization` (`minUtilization`).
+pub const DEFAULT_UTILIZATION_BAND_BELOW: f64 = 0.4;
 /// Default rescale budget per hour (`autoscaler.maxRescalesPerHour`).
 pub const DEFAULT_MAX_RESCALES_PER_HOUR: u32 = 0;
 fn default_max_rescales_per_hour() -> u32 {

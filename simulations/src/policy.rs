@@ -208,8 +208,8 @@ pub struct Streamscale {
     samples: VecDeque<MetricSample>,
     /// Samples dropped from `samples`, refilled for new snapshots.
     spare: Vec<MetricSample>,
-    /// Window keys that held without guard memory under `memo_settings`, with the planner's
-    /// recommendation (parallelism per operator in name order) they gave.
+    /// Window keys that held without guard memory under `memo_settings`, with what the call
+    /// added to the scale-down lookback ([`Autoscaler::lookback_needs`], in name order).
     memo: HashMap<u64, Vec<u32>>,
     /// The settings `memo` was filled under.
     memo_settings: Option<GuardSettings>,
@@ -364,12 +364,11 @@ impl Policy for Streamscale {
                     .collect(),
             ),
             Verdict::Hold {
-                recommendation: Some(d),
+                recommendation: Some(_),
                 ..
             } if self.auto.state().pending_scale_downs.is_empty() && !self.auto.used_history() => {
                 if let Some(k) = key {
-                    self.memo
-                        .insert(k, d.parallelism.values().copied().collect());
+                    self.memo.insert(k, self.auto.lookback_needs().to_vec());
                 }
                 None
             }

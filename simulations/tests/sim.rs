@@ -565,7 +565,7 @@ fn memo_changes_nothing_with_the_rescale_discipline() {
     };
     let plain = JobModel::new(&spec, &SimConfig::default(), Some(2.0 * 86400.0)).unwrap();
     let base = replay(&plain, &mut Streamscale::new(5.0, 30.0), &opts, &mut |_| {});
-    spec.autoscaler.scale_down_lookback_seconds = 1800.0;
+    spec.autoscaler.scale_down_lookback_seconds = Some(1800.0);
     spec.autoscaler.max_rescales_per_hour = 2;
     let model = JobModel::new(&spec, &SimConfig::default(), Some(2.0 * 86400.0)).unwrap();
     let a = replay(&model, &mut Streamscale::new(5.0, 30.0), &opts, &mut |_| {});

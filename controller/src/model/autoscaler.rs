@@ -13,7 +13,7 @@ use super::ModelError;
 use super::float_text::Fixed;
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::guards::{
-    GuardSettings, GuardState, IGNORED, PendingScaleDown, append_guard_notes, change_note,
+    Band, GuardSettings, GuardState, IGNORED, PendingScaleDown, append_guard_notes, change_note,
     drop_incomplete, op_note, over_budget, remember, rescale_worth_its_cost, restore, steady_need,
     unknown_backlogs,
 };
@@ -53,6 +53,9 @@ pub struct Autoscaler {
     /// Whether the last call's verdict depended on the guards' history (the scale-down
     /// lookback limited a scale-down, or the rescale budget held a rescale).
     used_history: bool,
+    /// What the last [`Autoscaler::decide`] added to the scale-down lookback, per operator in
+    /// name order (empty when the lookback was off or no plan was made).
+    lookback_needs: Vec<u32>,
 }
 
 /// The job graph's derived model from the last call, reused while the spec's graph (operators,
@@ -97,6 +100,7 @@ impl Autoscaler {
             history: RateHistory::default(),
             limit: None,
             used_history: false,
+            lookback_needs: Vec::new(),
         }
     }
 
@@ -107,12 +111,21 @@ impl Autoscaler {
         self.used_history
     }
 
-    /// Records, at `now_s`, the planner's recommendation (parallelism per operator, in name
-    /// order, the order of [`Decision::parallelism`]) of a decision made again without calling
+    /// What the last [`Autoscaler::decide`] added to the scale-down lookback (each operator's
+    /// steady need, in name order; empty when none): what [`Autoscaler::repeat_recommendation`]
+    /// takes for a repeat of that decision.
+    pub fn lookback_needs(&self) -> &[u32] {
+        &self.lookback_needs
+    }
+
+    /// Records, at `now_s`, what a decision added to the scale-down lookback
+    /// ([`Autoscaler::lookback_needs`], in name order) for a decision made again without calling
     /// [`Autoscaler::decide`] (a caller that knows the window repeats one already decided), so
     /// that the scale-down lookback sees it as if it had been made.
     pub fn repeat_recommendation(&mut self, now_s: f64, recommended: &[u32], spec: &JobSpec) {
-        let lookback = spec.autoscaler.scale_down_lookback_seconds;
+        let lookback = spec
+            .autoscaler
+            .scale_down_lookback(self.settings.planner.rescale_downtime_seconds);
         let names: Vec<String> = self.state.recommended.keys().cloned().collect();
         if names.len() != recommended.len() {
             return;
@@ -202,6 +215,7 @@ impl Autoscaler {
     pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
         let g = &self.settings;
         self.used_history = false;
+        self.lookback_needs.clear();
         // Forecasting (`autoscaler.forecast`): every window feeds the rate history; with mode
         // `on` a usable forecast above the measured rate raises the sources' rates planned for.
         self.limit = None;
@@ -327,7 +341,9 @@ impl Autoscaler {
         // The guarded parallelism, edited in the plan's own map; the plan's values are kept
         // in name order and put back when the plan is returned as the recommendation of a hold.
         let recommended: Vec<u32> = planned.parallelism.values().copied().collect();
-        let lookback = spec.autoscaler.scale_down_lookback_seconds;
+        let lookback = spec
+            .autoscaler
+            .scale_down_lookback(g.planner.rescale_downtime_seconds);
         if lookback > 0.0 {
             for (name, &p) in &planned.parallelism {
                 let steady = planned
@@ -335,8 +351,13 @@ impl Autoscaler {
                     .get(name.as_str())
                     .map_or(p, |o| steady_need(o, planned.target_utilization).min(p));
                 remember(&mut self.state.recommended, name, now_s, steady, lookback);
+                self.lookback_needs.push(steady);
             }
         }
+        let band = Band::new(spec);
+        let mut tail_now: Option<f64> = None;
+        // Changes held inside the utilization band: (operator, planned parallelism, note).
+        let mut in_band: Vec<(String, u32, String)> = Vec::new();
         let guarded = &mut planned.parallelism;
         let mut notes = Vec::new();
         if !self.state.pending_scale_downs.is_empty() {
@@ -358,6 +379,19 @@ impl Autoscaler {
                 }
                 if *new - cur > 0 && *new - cur < g.min_change_subtasks {
                     notes.push((name.clone(), change_note("scale-up", cur, *new, IGNORED)));
+                    *new = cur;
+                } else if *new > cur
+                    && let Some(note) = band.holds(
+                        &model,
+                        &planned.current,
+                        name,
+                        cur,
+                        *new,
+                        &mut tail_now,
+                        planned.latency_slo_seconds,
+                    )
+                {
+                    in_band.push((name.clone(), *new, note));
                     *new = cur;
                 }
                 continue;
@@ -419,6 +453,20 @@ impl Autoscaler {
                 *new = cur;
                 continue;
             }
+            if let Some(note) = band.holds(
+                &model,
+                &planned.current,
+                name,
+                cur,
+                *new,
+                &mut tail_now,
+                planned.latency_slo_seconds,
+            ) {
+                self.state.pending_scale_downs.remove(name);
+                in_band.push((name.clone(), *new, note));
+                *new = cur;
+                continue;
+            }
             let pending = self
                 .state
                 .pending_scale_downs
@@ -468,7 +516,24 @@ impl Autoscaler {
             .parallelism
             .iter()
             .any(|(k, p)| planned.current.get(k.as_str()) != Some(p));
-        let notes: Vec<(String, String)> = notes;
+        let mut notes: Vec<(String, String)> = notes;
+        if changed {
+            // A rescale restarts the whole job: the changes held inside the band come along.
+            for (name, p, note) in in_band {
+                if let Some(v) = planned.parallelism.get_mut(&name) {
+                    *v = p;
+                }
+                notes.push((name, format!("{note}, moves with this rescale")));
+            }
+            notes.sort_by(|a, b| a.0.cmp(&b.0));
+        } else if !in_band.is_empty() {
+            restore(&mut planned.parallelism, &recommended);
+            let list: Vec<String> = in_band.iter().map(|(op, _, n)| op_note(op, n)).collect();
+            return Verdict::Hold {
+                reason: format!("{}: {}", band.describe(), list.join("; ")),
+                recommendation: Some(planned),
+            };
+        }
         if changed
             && let Some(why) =
                 over_budget(&mut self.state.rescales_s, now_s, &model, &planned, spec)

@@ -179,6 +179,64 @@ pub(super) fn over_budget(
     ))
 }
 
+/// The utilization band (`autoscaler.minUtilization`, `autoscaler.maxUtilization`, see
+/// [`AutoscalerSpec::utilization_band`](streamscale_engine::spec::AutoscalerSpec::utilization_band)),
+/// the rule by which small moves of the load cost no rescale: an operator whose busiest subtask
+/// runs inside the band at its current parallelism and the target rate (catch-up included) is
+/// not rescaled on its own; a scale-up needs ρ above the upper end (or the latency bound over
+/// the SLO), a scale-down ρ below the lower end (or above the upper end: more subtasks did not
+/// help). Once one operator leaves the band, the rescale moves every operator to its plan (a
+/// rescale restarts the whole job, so the others move at no extra cost). An operator without
+/// a utilization (unknown μ, a source) is never held by the band.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Band {
+    low: f64,
+    high: f64,
+}
+
+impl Band {
+    pub(super) fn new(spec: &JobSpec) -> Band {
+        let (low, high) = spec.autoscaler.utilization_band();
+        Band { low, high }
+    }
+
+    /// `Some(note)` when the change `cur → new` of operator `op` stays inside the band;
+    /// `tail_now` caches the current parallelism's latency bound (computed for scale-ups).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn holds(
+        &self,
+        model: &Model,
+        current: &BTreeMap<Arc<str>, u32>,
+        op: &str,
+        cur: u32,
+        new: u32,
+        tail_now: &mut Option<f64>,
+        slo: f64,
+    ) -> Option<String> {
+        let rho = model.utilization_at(op, cur)?;
+        if !(self.low..=self.high).contains(&rho) {
+            return None;
+        }
+        if new > cur && *tail_now.get_or_insert_with(|| model.assess(current).2) > slo {
+            return None;
+        }
+        let what = if new > cur { "scale-up" } else { "scale-down" };
+        Some(format!(
+            "{what} {cur}→{new} held: ρ {} at {cur} is inside the utilization band",
+            Fixed(rho, 2)
+        ))
+    }
+
+    /// "within the utilization band [low, high] (...)", the head of a hold's reason.
+    pub(super) fn describe(&self) -> String {
+        format!(
+            "within the utilization band [{}, {}] (autoscaler.minUtilization, autoscaler.maxUtilization)",
+            Fixed(self.low, 2),
+            Fixed(self.high, 2)
+        )
+    }
+}
+
 /// The parallelism operator `o` needs at the sources' steady rate (no backlog catch-up) at
 /// the target utilization `rho`: ⌈λ_steady / (ρ · μ)⌉, at least 1; its planned parallelism
 /// when μ is unknown. What the scale-down lookback remembers: a scale-up sized to drain a
@@ -476,7 +534,7 @@ edges:
 
     fn disciplined(lookback: f64, budget: u32) -> JobSpec {
         let mut spec = job(CHAIN);
-        spec.autoscaler.scale_down_lookback_seconds = lookback;
+        spec.autoscaler.scale_down_lookback_seconds = Some(lookback);
         spec.autoscaler.max_rescales_per_hour = budget;
         spec
     }
@@ -486,6 +544,77 @@ edges:
             scale_down_delay_seconds: 0.0,
             ..GuardSettings::default()
         })
+    }
+
+    #[test]
+    fn moves_inside_the_utilization_band_cost_no_rescale() {
+        // Default band [0.3, 0.8] around ρ_target 0.7; map has μ = 100 rec/s per subtask.
+        let spec = job(CHAIN);
+        assert_eq!(spec.autoscaler.utilization_band(), (0.7 - 0.4, 0.7 + 0.1));
+        // γ = 236 at p = 3: ρ 0.79, inside; the plan's ⌈236 / 70⌉ = 4 is held.
+        let v = no_delay().decide(0.0, &win(3, 236.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, recommendation: Some(r) }
+                if reason.starts_with("within the utilization band [0.30, 0.80]")
+                    && reason.contains("map: scale-up 3→4 held: ρ 0.79 at 3")
+                    && r.parallelism["map"] == 4),
+            "{v:?}"
+        );
+        // γ = 250 at p = 3: ρ 0.83, above it: scaled up to ⌈250 / 70⌉ = 4.
+        let v = no_delay().decide(0.0, &win(3, 250.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+        // γ = 130 at p = 4: ρ 0.33, inside; γ = 100: ρ 0.25, below it: scaled down to 2.
+        let v = no_delay().decide(0.0, &win(4, 130.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, .. } if reason.contains("map: scale-down 4→2 held: ρ 0.33 at 4")),
+            "{v:?}"
+        );
+        let v = no_delay().decide(0.0, &win(4, 100.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+        // A band closed at the target utilization rescales for every change, as before.
+        let mut closed = job(CHAIN);
+        closed.autoscaler.min_utilization = Some(0.7);
+        closed.autoscaler.max_utilization = Some(0.7);
+        let v = no_delay().decide(0.0, &win(3, 236.0, 0.0, 1), &closed);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+    }
+
+    #[test]
+    fn an_operator_leaving_the_band_moves_every_operator_to_its_plan() {
+        // map at ρ 0.79 (inside, wants 4); the sink at p = 2 runs at ρ 0.01 (below): the
+        // sink's scale-down restarts the job, so map's scale-up comes with it.
+        let v = no_delay().decide(0.0, &win(3, 236.0, 0.0, 2), &job(CHAIN));
+        let p = parallelism(&v).unwrap_or_else(|| panic!("{v:?}"));
+        assert_eq!((p["map"], p["sink"]), (4, 1), "{v:?}");
+    }
+
+    #[test]
+    fn the_default_lookback_grows_with_the_measured_rescale_downtime() {
+        // Unset: 120 s per second of expected downtime (10 s → 1200 s); 0 turns it off.
+        let spec = job(CHAIN);
+        assert_eq!(spec.autoscaler.scale_down_lookback(None), 0.0);
+        assert_eq!(spec.autoscaler.scale_down_lookback(Some(10.0)), 1200.0);
+        assert_eq!(spec.autoscaler.scale_down_lookback(Some(100.0)), 3600.0);
+        let slow = || {
+            let mut a = no_delay();
+            a.observe_rescale_downtime(10.0);
+            a
+        };
+        let mut a = slow();
+        // Sized for γ = 600 plus the 10 s downtime's backlog; the lookback keeps the steady 9.
+        let v = a.decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
+        assert!(matches!(v, Verdict::Rescale(_)), "{v:?}");
+        let v = a.decide(100.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, .. }
+                if reason.contains("no scale-down 9→3: p=9 was recommended within the last 1200 s")),
+            "{v:?}"
+        );
+        let mut a = slow();
+        let off = disciplined(0.0, 0);
+        a.decide(0.0, &win(1, 600.0, 0.0, 1), &off);
+        let v = a.decide(100.0, &win(9, 120.0, 0.0, 1), &off);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
     }
 
     #[test]
@@ -555,7 +684,9 @@ edges:
 
     #[test]
     fn a_scale_down_must_save_more_than_its_rescale_costs() {
-        let spec = job(CHAIN);
+        // The utilization band closed (ρ 0.33 at p = 8 would be inside the default band).
+        let mut spec = job(CHAIN);
+        spec.autoscaler.min_utilization = Some(spec.autoscaler.target_utilization);
         let settings = |horizon: f64| GuardSettings {
             scale_down_delay_seconds: 0.0,
             rescale_horizon_seconds: horizon,
@@ -808,7 +939,9 @@ edges:
 
     #[test]
     fn scale_down_delayed_then_highest_recommendation_applied() {
-        let spec = job(CHAIN);
+        // The utilization band closed at the target (ρ 0.31 at p = 8 is inside the default).
+        let mut spec = job(CHAIN);
+        spec.autoscaler.min_utilization = Some(spec.autoscaler.target_utilization);
         let mut a = Autoscaler::default();
         // map runs 8 subtasks; every window spans 20 s. The plan wants 4 at t = 0 (a window
         // that reaches back before the scale-down was first wanted: not counted), then 2, 3,

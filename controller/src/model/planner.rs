@@ -2431,6 +2431,13 @@ impl Model {
         format!("p{}", Short((self.s.percentile * 1e6).round() / 1e4))
     }
 
+    /// Utilization ρ of operator `op`'s busiest subtask at parallelism `p` and the target rate
+    /// (catch-up included); `None` for sources, an unknown μ or an unknown operator.
+    pub(crate) fn utilization_at(&self, op: &str, p: u32) -> Option<f64> {
+        let &i = self.graph.topo.index.get(op)?;
+        self.predicted_rho(i, p)
+    }
+
     /// How parallelism `p` (by operator name; missing = current) would run: (highest
     /// predicted utilization ρ at the target rate, with catch-up; highest ρ at the steady rate;
     /// the percentile bound of the slowest path, seconds). Used to weigh a rescale's cost.

@@ -451,10 +451,27 @@ impl JobSpec {
                 a.catch_up_seconds
             ));
         }
-        if !(a.scale_down_lookback_seconds >= 0.0 && a.scale_down_lookback_seconds.is_finite()) {
+        if let Some(l) = a.scale_down_lookback_seconds
+            && !(l >= 0.0 && l.is_finite())
+        {
             return Err(format!(
-                "autoscaler.scaleDownLookbackSeconds: {} must be 0 (off) or a positive number of seconds",
-                a.scale_down_lookback_seconds
+                "autoscaler.scaleDownLookbackSeconds: {l} must be 0 (off) or a positive number of seconds"
+            ));
+        }
+        if let Some(m) = a.max_utilization
+            && !(m >= a.target_utilization && m <= 1.0)
+        {
+            return Err(format!(
+                "autoscaler.maxUtilization: {m} must be in [targetUtilization ({}), 1]",
+                a.target_utilization
+            ));
+        }
+        if let Some(m) = a.min_utilization
+            && !(m > 0.0 && m <= a.target_utilization)
+        {
+            return Err(format!(
+                "autoscaler.minUtilization: {m} must be in (0, targetUtilization ({})]",
+                a.target_utilization
             ));
         }
         if let Some(f) = &a.forecast {
