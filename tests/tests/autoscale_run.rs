@@ -39,7 +39,7 @@ edges:
   - { from: source, to: lookup }
   - { from: lookup, to: counts }
   - { from: counts, to: sink }
-autoscaler: { targetUtilization: 0.7, latencySloSeconds: 1.0, catchUpSeconds: 10 }
+autoscaler: { targetUtilization: 0.7, latencySloSeconds: 1.0, catchUpSeconds: 10, scaleDownLookbackSeconds: 0 }
 "#,
     )
     .expect("write job");
