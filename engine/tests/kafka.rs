@@ -453,6 +453,7 @@ fn kafka_to_kafka_keyed_with_sigkill(servers: &str) {
     wait_accounted(&e, n);
     let _ = e.stop_with_savepoint(true);
     assert_eq!(totals(servers, "out-calm", 2), expected, "undisturbed run");
+    broker_paused_for_a_while(servers, &expected, n);
 
     assert_eq!(
         killed_run(servers, "exactly-once", n, keys),
@@ -520,6 +521,36 @@ fn transactional_sink_recovers_a_pre_committed_transaction(servers: &str) {
         .map(|(k, _)| k)
         .collect();
     assert_eq!(keys, ["1", "2", "3"], "each result once");
+}
+
+/// The broker paused (SIGSTOP) for 8 s while an exactly-once Kafka -> window -> Kafka job
+/// runs: the job waits and recovers by itself, and the totals equal the input's.
+fn broker_paused_for_a_while(servers: &str, expected: &BTreeMap<u64, (u64, i64)>, n: u64) {
+    let pid = std::fs::read_to_string(Path::new(&env()["KAFKA_RUN"]).join("kafka.pid")).unwrap();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, pid.trim()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    let (input, output) = ("in-keyed", "out-paused");
+    ensure_topic(servers, output, 2).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let job = keyed_job(dir.path(), servers, input, output, "exactly-once");
+    let mut e = EngineProcess::start(&job, &dir.path().join("sp"), &[]);
+    wait_accounted(&e, n / 4);
+    signal("-STOP");
+    std::thread::sleep(Duration::from_secs(8));
+    signal("-CONT");
+    wait_accounted(&e, n);
+    let _ = e.stop_with_savepoint(true);
+    assert_eq!(
+        &totals(servers, output, 2),
+        expected,
+        "broker paused for 8 s"
+    );
 }
 
 #[test]
