@@ -2,10 +2,11 @@
 //! the StreamJob, so deleted with it).
 //!
 //! The Secret holds `token` (mounted into the engine pod and passed as `--auth-token-file`)
-//! and, after a rotation, `previous`: the token an engine started before the rotation still
-//! requires, since the engine reads its token file once at start. The operator sends `token`
-//! and, on a 401, `previous` ([`crate::runtime::KubeRuntime::authorized`]); the next engine
-//! start (a rescale or a replaced pod) reads the new file.
+//! and, after rotations, `previous`: the tokens before it, newest first, one a line (at most
+//! [`MAX_PREVIOUS`]); an engine started before a rotation still requires the token it read at
+//! start. The operator sends `token` and, on a 401, each previous one
+//! ([`crate::runtime::KubeRuntime::authorized`]); the next engine start (a rescale or a
+//! replaced pod) reads the new file.
 //!
 //! Rotation: setting the StreamJob's annotation [`ROTATE_ANNOTATION`] to a value the Secret
 //! has not seen yet (the Secret's [`ROTATED_FOR_ANNOTATION`]) makes the operator write a fresh
@@ -29,8 +30,11 @@ pub const ROTATE_ANNOTATION: &str = "streamscale.dev/rotate-token";
 pub const ROTATED_FOR_ANNOTATION: &str = "streamscale.dev/rotated-for";
 /// Secret key of the current token (the file the engine pod mounts).
 pub const TOKEN_KEY: &str = "token";
-/// Secret key of the token before the last rotation.
+/// Secret key of the tokens before the last rotations (newest first, one a line).
 pub const PREVIOUS_KEY: &str = "previous";
+/// Most previous tokens kept: an engine that has not restarted through more rotations than
+/// this is no longer reachable with a token the operator has.
+pub const MAX_PREVIOUS: usize = 4;
 
 /// Errors keeping the token Secret. Messages name the Secret, never a token.
 #[derive(Debug, thiserror::Error)]
@@ -56,8 +60,8 @@ pub enum TokenError {
 pub struct EngineTokens {
     /// What engines started from now on require.
     pub current: String,
-    /// What an engine started before the last rotation requires.
-    pub previous: Option<String>,
+    /// What an engine started before one of the last rotations requires, newest first.
+    pub previous: Vec<String>,
 }
 
 impl std::fmt::Debug for EngineTokens {
@@ -106,11 +110,22 @@ fn key_of(secret: &Secret, key: &str) -> Option<String> {
     usable(std::str::from_utf8(&bytes.0).ok()?)
 }
 
+fn previous_of(secret: &Secret) -> Vec<String> {
+    let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(PREVIOUS_KEY)) else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&bytes.0)
+        .lines()
+        .filter_map(usable)
+        .take(MAX_PREVIOUS)
+        .collect()
+}
+
 /// The tokens stored in `secret`, `None` without a usable current one.
 pub fn stored(secret: &Secret) -> Option<EngineTokens> {
     Some(EngineTokens {
         current: key_of(secret, TOKEN_KEY)?,
-        previous: key_of(secret, PREVIOUS_KEY),
+        previous: previous_of(secret),
     })
 }
 
@@ -124,26 +139,30 @@ pub fn decide(
     let Some(secret) = found else {
         let tokens = EngineTokens {
             current: new()?,
-            previous: None,
+            previous: Vec::new(),
         };
         return Ok((tokens, TokenChange::Created));
     };
     let wanted = job.annotations().get(ROTATE_ANNOTATION);
     let done = secret.annotations().get(ROTATED_FOR_ANNOTATION);
     let current = key_of(secret, TOKEN_KEY);
-    let previous = key_of(secret, PREVIOUS_KEY);
+    let mut previous = previous_of(secret);
     match current {
         Some(current) if wanted.is_none() || wanted == done => {
             Ok((EngineTokens { current, previous }, TokenChange::Unchanged))
         }
         // Asked to rotate: the old token stays accepted by the running engine.
-        Some(old) => Ok((
-            EngineTokens {
-                current: new()?,
-                previous: Some(old),
-            },
-            TokenChange::Rotated,
-        )),
+        Some(old) => {
+            previous.insert(0, old);
+            previous.truncate(MAX_PREVIOUS);
+            Ok((
+                EngineTokens {
+                    current: new()?,
+                    previous,
+                },
+                TokenChange::Rotated,
+            ))
+        }
         // Unusable (edited by hand): a fresh one; the running engine still has what it read.
         None => Ok((
             EngineTokens {
@@ -168,8 +187,11 @@ pub fn secret(job: &StreamJob, tokens: &EngineTokens) -> Result<Secret, Resource
         TOKEN_KEY.to_string(),
         ByteString(tokens.current.clone().into_bytes()),
     )]);
-    if let Some(p) = &tokens.previous {
-        data.insert(PREVIOUS_KEY.to_string(), ByteString(p.clone().into_bytes()));
+    if !tokens.previous.is_empty() {
+        data.insert(
+            PREVIOUS_KEY.to_string(),
+            ByteString(tokens.previous.join("\n").into_bytes()),
+        );
     }
     Ok(Secret {
         metadata: meta,
@@ -253,8 +275,29 @@ spec:
     fn tokens(current: &str, previous: Option<&str>) -> EngineTokens {
         EngineTokens {
             current: current.into(),
-            previous: previous.map(str::to_string),
+            previous: previous.map(str::to_string).into_iter().collect(),
         }
+    }
+
+    #[test]
+    fn rotations_keep_the_newest_previous_tokens_first() {
+        let mut t = tokens(&"0".repeat(32), None);
+        for (i, c) in ["1", "2", "3", "4", "5", "6"].iter().enumerate() {
+            let s = secret(&job(Some(&i.to_string())), &t).expect("secret");
+            let next = c.repeat(32);
+            let (n, change) = decide(&job(Some(&(i + 1).to_string())), Some(&s), || {
+                Ok(next.clone())
+            })
+            .expect("rotate");
+            assert_eq!(change, TokenChange::Rotated);
+            assert_eq!(n.previous[0], t.current);
+            t = n;
+        }
+        let s = secret(&job(Some("6")), &t).expect("secret");
+        let stored = stored(&s).expect("stored");
+        assert_eq!(stored.current, "6".repeat(32));
+        let firsts: String = stored.previous.iter().map(|p| &p[..1]).collect();
+        assert_eq!(firsts, "5432", "newest first, at most {MAX_PREVIOUS}");
     }
 
     #[test]

@@ -66,8 +66,8 @@ impl KubeRuntime {
         }
     }
 
-    /// Sends `tokens.current` on the engine's state-changing requests (and `tokens.previous`
-    /// after a 401, see [`KubeRuntime::authorized`]).
+    /// Sends `tokens.current` on the engine's state-changing requests (and each of
+    /// `tokens.previous` after a 401, see [`KubeRuntime::authorized`]).
     pub fn with_tokens(mut self, tokens: EngineTokens) -> KubeRuntime {
         self.tokens = Some(tokens);
         self
@@ -83,29 +83,33 @@ impl KubeRuntime {
             .with_token(self.tokens.as_ref().map(|t| t.current.as_str()))
     }
 
-    /// Runs the state-changing `call` with the current token; when the engine answers 401 and
-    /// a previous token exists (the engine started before a rotation), once more with that.
+    /// Runs the state-changing `call` with the current token; while the engine answers 401,
+    /// again with each previous token, newest first (an engine started before rotations still
+    /// requires the token it read at start).
     ///
     /// # Errors
-    /// `call`'s error.
+    /// `call`'s error (the first 401 when no token is accepted).
     pub async fn authorized<T, F, Fut>(&self, call: F) -> Result<T, ApiError>
     where
         F: Fn(EngineApi) -> Fut,
         Fut: Future<Output = Result<T, ApiError>>,
     {
-        match call(self.api()).await {
-            Err(ApiError::Status { status: 401, .. })
-                if let Some(previous) =
-                    self.tokens.as_ref().and_then(|t| t.previous.as_deref()) =>
-            {
-                call(
-                    EngineApi::new(self.http.clone(), &resources::engine_url(&self.job))
-                        .with_token(Some(previous)),
-                )
-                .await
-            }
-            other => other,
+        let first = call(self.api()).await;
+        if !matches!(first, Err(ApiError::Status { status: 401, .. })) {
+            return first;
         }
+        let previous = self.tokens.as_ref().map_or(&[][..], |t| &t.previous[..]);
+        for token in previous {
+            let again = call(
+                EngineApi::new(self.http.clone(), &resources::engine_url(&self.job))
+                    .with_token(Some(token)),
+            )
+            .await;
+            if !matches!(again, Err(ApiError::Status { status: 401, .. })) {
+                return again;
+            }
+        }
+        first
     }
 
     fn params() -> PatchParams {

@@ -41,9 +41,9 @@
 //! * `engine_token_secret_guards_the_engine_and_rotates_without_losing_the_job`: the engine
 //!   token Secret (owner reference, mounted as `--auth-token-file`) and the engine
 //!   NetworkPolicy (owner reference, the operator's pods and the Prometheus namespace only),
-//!   401 without the token, rotation
-//!   by annotation, the final savepoint on delete still taken, no token in status, Events or
-//!   the log.
+//!   401 without the token, two rotations by annotation (the engine keeps its token), the
+//!   final savepoint on delete still taken with the oldest token the operator keeps, no token
+//!   in status, Events or the log.
 //!
 //! Without the control-plane binaries the tests are skipped with a printed reason, except under
 //! CI=true, where they fail.
@@ -2390,39 +2390,46 @@ async fn engine_token_secret_guards_the_engine_and_rotates_without_losing_the_jo
         "the right token is accepted: {shed_now:?}"
     );
 
-    // Rotation: a new token, the old one kept as `previous`, an Event without either.
-    w.jobs()
-        .patch(
-            JOB,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({
-                "metadata": {"annotations": {"streamscale.dev/rotate-token": "2026-12-04"}}
-            })),
-        )
-        .await
-        .expect("annotate");
-    let start = Instant::now();
-    let new = loop {
-        let t = w.engine_token().await;
-        if t != old {
-            break t;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "token not rotated\n{}",
-            w.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // Rotation, twice (the engine does not restart in between): a new token each time, the
+    // older ones kept as `previous` (newest first), an Event without any of them.
+    let mut tokens = vec![old.clone()];
+    for value in ["2026-12-04", "2026-12-05"] {
+        w.jobs()
+            .patch(
+                JOB,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({
+                    "metadata": {"annotations": {"streamscale.dev/rotate-token": value}}
+                })),
+            )
+            .await
+            .expect("annotate");
+        let start = Instant::now();
+        let before = tokens.last().cloned().unwrap_or_default();
+        let next = loop {
+            let t = w.engine_token().await;
+            if t != before {
+                break t;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "token not rotated for {value}\n{}",
+                w.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        tokens.push(next);
+    }
+    let new = tokens.last().cloned().unwrap_or_default();
     let secret = secrets
         .get("demo-engine-token")
         .await
         .expect("token Secret");
     let data = secret.data.clone().expect("data");
     assert_eq!(
-        data["previous"].0,
-        old.as_bytes(),
-        "the old token kept as previous"
+        String::from_utf8_lossy(&data["previous"].0),
+        format!("{}\n{old}", tokens[1]),
+        "the older tokens kept as previous, newest first"
     );
     assert_eq!(new.len(), 32);
     // The running engine started with the old token and still requires it.
@@ -2483,7 +2490,7 @@ async fn engine_token_secret_guards_the_engine_and_rotates_without_losing_the_jo
         + &serde_json::to_string(&job.metadata).expect("json");
     let events_text = format!("{events:?}");
     let log = std::fs::read_to_string(w.operator_log()).unwrap_or_default();
-    for token in [&old, &new] {
+    for token in &tokens {
         assert!(!status_text.contains(token.as_str()), "token in status");
         assert!(!events_text.contains(token.as_str()), "token in Events");
         assert!(!log.contains(token.as_str()), "token in the operator's log");
