@@ -330,6 +330,13 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     }
 
     let (engine, _) = observe_engine(&rt).await;
+    // An engine an older operator started without a token is moved onto its token through a
+    // savepoint, as a rescale at the same parallelism, rather than replaced from an older one.
+    if matches!(&engine, EngineObs::Up { state, .. } if state == "running")
+        && rt.deployed_without_token().await?
+    {
+        return start_token_migration(&job, &ctx, status).await;
+    }
     // A stopped engine (stop-with-savepoint outside a rescale, or a rescale that ended without
     // replacing it) never runs again by itself: replace its pod (persisted first).
     if matches!(&engine, EngineObs::Up { state, .. } if state == "stopped") {
@@ -476,6 +483,45 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         write_status(&ctx, &job, &status).await?;
     }
     Ok(requeue)
+}
+
+/// Starts a rescale at the current parallelism (stop with a savepoint, redeploy with the token
+/// Secret mounted, restore) for an engine deployed without a token; Event
+/// `EngineTokenMigration`.
+async fn start_token_migration(
+    job: &StreamJob,
+    ctx: &Context,
+    mut status: StreamJobStatus,
+) -> Result<Requeue, Error> {
+    let now = now_rfc3339();
+    let reason = "the engine runs without a token (deployed by an older operator): redeploying it from a savepoint with its token Secret".to_string();
+    status.rescale = Some(RescaleStatus {
+        step: RescaleStep::Savepointing,
+        from: status.current_parallelism.clone(),
+        to: status.current_parallelism.clone(),
+        reason: reason.clone(),
+        savepoint_id: Some(rescale::savepoint_id(&now)),
+        savepoint_path: None,
+        rolling_back: false,
+        started_at: now.clone(),
+        step_started_at: now,
+    });
+    status.phase = Phase::Rescaling;
+    let old = status.conditions.clone();
+    set_condition(
+        &mut status,
+        condition(
+            "Scaling",
+            true,
+            "Savepointing",
+            "redeploying the engine with its token",
+            job.metadata.generation,
+            &old,
+        ),
+    );
+    write_status(ctx, job, &status).await?;
+    publish(ctx, job, false, "EngineTokenMigration", reason).await;
+    Ok(Requeue::requeue(Duration::from_millis(200)))
 }
 
 /// The engine tokens of `job` from its Secret (created, or rotated when the annotation asks);

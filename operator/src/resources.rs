@@ -196,6 +196,18 @@ pub fn engine_args(
     args
 }
 
+/// Whether a Deployment's engine runs without `--auth-token-file` (deployed by an operator
+/// from before the engine token).
+pub fn runs_without_token(deployment: &Deployment) -> bool {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.args.as_ref())
+        .is_some_and(|args| !args.iter().any(|a| a == "--auth-token-file"))
+}
+
 /// Reads `--parallelism` and `--restore` back from a Deployment's first container.
 pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadObs> {
     let args = deployment
@@ -376,6 +388,18 @@ spec:
         let w = workload_of(&d).expect("workload");
         assert_eq!(w.parallelism, p);
         assert_eq!(w.restore.as_deref(), Some("/sp/x"));
+        assert!(!runs_without_token(&d));
+        let mut old = d.clone();
+        if let Some(args) = old
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .and_then(|s| s.containers[0].args.as_mut())
+        {
+            args.retain(|a| a != "--auth-token-file" && a != TOKEN_FILE);
+            args.push("--insecure-bind".into());
+        }
+        assert!(runs_without_token(&old));
         let c = &d
             .spec
             .as_ref()

@@ -154,6 +154,19 @@ impl KubeRuntime {
         Ok(())
     }
 
+    /// Whether the deployed engine runs without a token (an operator from before the engine
+    /// token deployed it); `false` without a Deployment.
+    ///
+    /// # Errors
+    /// The API server's error.
+    pub async fn deployed_without_token(&self) -> Result<bool, kube::Error> {
+        let ns = self.job.namespace().unwrap_or_else(|| "default".into());
+        let d = Api::<Deployment>::namespaced(self.client.clone(), &ns)
+            .get_opt(&resources::engine_name(&self.job))
+            .await?;
+        Ok(d.as_ref().is_some_and(resources::runs_without_token))
+    }
+
     /// The deployed engine's `--parallelism` and `--restore`, `None` without a Deployment.
     ///
     /// # Errors

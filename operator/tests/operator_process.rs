@@ -44,6 +44,9 @@
 //!   401 without the token, two rotations by annotation (the engine keeps its token), the
 //!   final savepoint on delete still taken with the oldest token the operator keeps, no token
 //!   in status, Events or the log.
+//! * `an_engine_deployed_without_a_token_moves_onto_it_through_a_savepoint`: an engine an
+//!   older operator deployed (`--insecure-bind`, no token) is redeployed with its token through
+//!   a savepoint at the same parallelism, losing no record.
 //!
 //! Without the control-plane binaries the tests are skipped with a printed reason, except under
 //! CI=true, where they fail.
@@ -2495,6 +2498,93 @@ async fn engine_token_secret_guards_the_engine_and_rotates_without_losing_the_jo
         assert!(!events_text.contains(token.as_str()), "token in Events");
         assert!(!log.contains(token.as_str()), "token in the operator's log");
     }
+    drop(kubelet);
+    w.cleanup().await;
+}
+
+/// An engine deployed by an operator from before the engine token (`--insecure-bind`, no token
+/// file) is moved onto its token through a stop-with-savepoint and a restore at the same
+/// parallelism (Event `EngineTokenMigration`), not replaced from an older state: no record is
+/// lost or counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_deployed_without_a_token_moves_onto_it_through_a_savepoint() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut w) = World::new("legacy", false).await else {
+        return;
+    };
+    let kubelet = Kubelet::start(w.admin.clone(), &w.ns, w.dir.path(), w.port);
+    w.start_operator();
+    w.create_job("off").await;
+    w.wait_for("phase Running", Duration::from_secs(60), |_, s| {
+        s.phase == Phase::Running
+    })
+    .await;
+    w.kill_operator();
+    // What an older operator deployed: the engine without a token file, `--insecure-bind`.
+    let deployments: Api<Deployment> = Api::namespaced(w.admin.clone(), &w.ns);
+    let mut d = deployments.get("demo-engine").await.expect("Deployment");
+    let c = d
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .map(|s| &mut s.containers[0])
+        .expect("container");
+    let args = c.args.as_mut().expect("args");
+    let i = args
+        .iter()
+        .position(|a| a == "--auth-token-file")
+        .expect("--auth-token-file");
+    args.drain(i..i + 2);
+    args.push("--insecure-bind".into());
+    deployments
+        .replace("demo-engine", &PostParams::default(), &d)
+        .await
+        .expect("replace Deployment");
+    // The old engine accepts a state change without any token.
+    let open = EngineApi::new(reqwest::Client::new(), &w.engine_url());
+    let start = Instant::now();
+    while open.set_shed(0.0).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no token-less engine\n{}",
+            w.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Counts from here on (the swap above started the engine afresh).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.max_emitted.store(0, Ordering::SeqCst);
+
+    w.start_operator();
+    let (_, status) = w
+        .wait_for(
+            "the engine redeployed from a savepoint",
+            Duration::from_secs(60),
+            |_, s| s.phase == Phase::Running && s.rescale.is_none() && s.restored_from.is_some(),
+        )
+        .await;
+    let d = deployments.get("demo-engine").await.expect("Deployment");
+    let args = deployed_args(&d);
+    assert!(
+        args.contains("--auth-token-file") && !args.contains("--insecure-bind"),
+        "{args}"
+    );
+    assert_eq!(status.current_parallelism["work"], 1, "{status:#?}");
+    let events = event_reasons(&w.admin, &w.ns).await;
+    assert!(
+        events.iter().any(|(r, _)| r == "EngineTokenMigration"),
+        "{events:?}"
+    );
+    let refused = open.set_shed(0.0).await;
+    assert!(
+        matches!(
+            refused,
+            Err(streamscale_controller::api::ApiError::Status { status: 401, .. })
+        ),
+        "the new engine requires its token: {refused:?}"
+    );
+    let engine = w.final_drain(&kubelet, true).await;
+    assert_no_loss(&engine);
     drop(kubelet);
     w.cleanup().await;
 }

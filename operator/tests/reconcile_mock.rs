@@ -92,13 +92,19 @@ fn not_found(send: tower_test::mock::SendResponse<Response<Body>>) {
 }
 
 /// Answers a request for the engine token Secret as an API server without it would (GET: 404,
-/// POST: created); `false` for any other request (then `send` is handed back).
+/// POST: created), and a GET of the engine Deployment with 404; `Some(send)` back for any
+/// other request.
 fn answer_secret(
     method: &http::Method,
     uri: &str,
     body: &serde_json::Value,
     send: tower_test::mock::SendResponse<Response<Body>>,
 ) -> Option<tower_test::mock::SendResponse<Response<Body>>> {
+    if *method == http::Method::GET && uri.contains("/deployments/demo-engine") {
+        // No Deployment yet (so none deployed without a token).
+        not_found(send);
+        return None;
+    }
     if !uri.contains("/secrets") {
         return Some(send);
     }
