@@ -354,8 +354,7 @@ impl Autoscaler {
                 self.lookback_needs.push(steady);
             }
         }
-        let band = Band::new(spec);
-        let mut tail_now: Option<f64> = None;
+        let mut band = Band::new(spec, planned.latency_slo_seconds);
         // Changes held inside the utilization band: (operator, planned parallelism, note).
         let mut in_band: Vec<(String, u32, String)> = Vec::new();
         let guarded = &mut planned.parallelism;
@@ -381,15 +380,7 @@ impl Autoscaler {
                     notes.push((name.clone(), change_note("scale-up", cur, *new, IGNORED)));
                     *new = cur;
                 } else if *new > cur
-                    && let Some(note) = band.holds(
-                        &model,
-                        &planned.current,
-                        name,
-                        cur,
-                        *new,
-                        &mut tail_now,
-                        planned.latency_slo_seconds,
-                    )
+                    && let Some(note) = band.holds(&model, &planned.current, name, cur, *new)
                 {
                     in_band.push((name.clone(), *new, note));
                     *new = cur;
@@ -453,15 +444,7 @@ impl Autoscaler {
                 *new = cur;
                 continue;
             }
-            if let Some(note) = band.holds(
-                &model,
-                &planned.current,
-                name,
-                cur,
-                *new,
-                &mut tail_now,
-                planned.latency_slo_seconds,
-            ) {
+            if let Some(note) = band.holds(&model, &planned.current, name, cur, *new) {
                 self.state.pending_scale_downs.remove(name);
                 in_band.push((name.clone(), *new, note));
                 *new = cur;

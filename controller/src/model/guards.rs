@@ -188,36 +188,43 @@ pub(super) fn over_budget(
 /// help). Once one operator leaves the band, the rescale moves every operator to its plan (a
 /// rescale restarts the whole job, so the others move at no extra cost). An operator without
 /// a utilization (unknown μ, a source) is never held by the band.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Band {
     low: f64,
     high: f64,
+    /// The latency SLO, seconds.
+    slo: f64,
+    /// The current parallelism's latency bound, seconds, once a scale-up needed it.
+    tail_now: Option<f64>,
 }
 
 impl Band {
-    pub(super) fn new(spec: &JobSpec) -> Band {
+    /// The band of `spec`'s autoscaler settings, for a decision whose SLO is `slo` seconds.
+    pub(super) fn new(spec: &JobSpec, slo: f64) -> Band {
         let (low, high) = spec.autoscaler.utilization_band();
-        Band { low, high }
+        Band {
+            low,
+            high,
+            slo,
+            tail_now: None,
+        }
     }
 
-    /// `Some(note)` when the change `cur → new` of operator `op` stays inside the band;
-    /// `tail_now` caches the current parallelism's latency bound (computed for scale-ups).
-    #[allow(clippy::too_many_arguments)]
+    /// `Some(note)` when the change `cur → new` of operator `op` stays inside the band
+    /// (`current`: the job's current parallelism, for the latency bound of a scale-up).
     pub(super) fn holds(
-        &self,
+        &mut self,
         model: &Model,
         current: &BTreeMap<Arc<str>, u32>,
         op: &str,
         cur: u32,
         new: u32,
-        tail_now: &mut Option<f64>,
-        slo: f64,
     ) -> Option<String> {
         let rho = model.utilization_at(op, cur)?;
         if !(self.low..=self.high).contains(&rho) {
             return None;
         }
-        if new > cur && *tail_now.get_or_insert_with(|| model.assess(current).2) > slo {
+        if new > cur && *self.tail_now.get_or_insert_with(|| model.assess(current).2) > self.slo {
             return None;
         }
         let what = if new > cur { "scale-up" } else { "scale-down" };
