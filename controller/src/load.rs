@@ -120,6 +120,13 @@ pub fn run(
         end_seconds: None,
         gaps: GapPolicy::Hold,
     }))?;
+    if rate.wall_end().is_some_and(|e| e <= 0.0) {
+        return Err(LoadError::Option(format!(
+            "--start-seconds: {} is at or past the end of {}: nothing to send",
+            opts.start_seconds,
+            opts.trace.display()
+        )));
+    }
     let end = match (opts.duration, rate.wall_end()) {
         (Some(d), _) => d,
         (None, Some(e)) => e,
@@ -225,5 +232,31 @@ mod tests {
         )
         .expect_err("refused");
         assert_eq!(e.to_string(), "--keys: must be at least 1");
+    }
+
+    #[test]
+    fn a_start_past_the_traces_end_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ss-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let trace = dir.join("t.rate.csv");
+        std::fs::write(&trace, "t_seconds,rate\n0,10\n100,10\n").expect("trace");
+        let opts = LoadOptions {
+            brokers: "127.0.0.1:1".into(),
+            topic: "t".into(),
+            partitions: 1,
+            trace: trace.clone(),
+            speedup: 1.0,
+            scale: 1.0,
+            start_seconds: 500.0,
+            keys: 1,
+            duration: None,
+        };
+        let e = run(&opts, &AtomicBool::new(false), &mut |_| {}).expect_err("refused");
+        assert!(
+            e.to_string()
+                .starts_with("--start-seconds: 500 is at or past the end of"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -571,8 +571,8 @@ pub struct AutoscalerSpec {
     pub max_utilization: Option<f64>,
     /// Utilization band, lower end: a scale-down happens only when an operator's busiest
     /// subtask runs below this ρ at its current parallelism. In (0, targetUtilization].
-    /// Default: targetUtilization − 0.4 (the Flink autoscaler's
-    /// `job.autoscaler.utilization.min`).
+    /// Default: targetUtilization − 0.4, at least 0.4 × targetUtilization (the Flink
+    /// autoscaler's `job.autoscaler.utilization.min`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_utilization: Option<f64>,
 }
@@ -595,7 +595,7 @@ impl AutoscalerSpec {
         let t = self.target_utilization;
         (
             self.min_utilization
-                .unwrap_or((t - DEFAULT_UTILIZATION_BAND_BELOW).max(0.0)),
+                .unwrap_or((t - DEFAULT_UTILIZATION_BAND_BELOW).max(0.4 * t)),
             self.max_utilization
                 .unwrap_or((t + DEFAULT_UTILIZATION_BAND_ABOVE).min(1.0)),
         )

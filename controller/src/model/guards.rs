@@ -558,6 +558,12 @@ edges:
         // Default band [0.3, 0.8] around ρ_target 0.7; map has μ = 100 rec/s per subtask.
         let spec = job(CHAIN);
         assert_eq!(spec.autoscaler.utilization_band(), (0.7 - 0.4, 0.7 + 0.1));
+        let mut low_target = job(CHAIN);
+        low_target.autoscaler.target_utilization = 0.3;
+        assert_eq!(
+            low_target.autoscaler.utilization_band(),
+            (0.4 * 0.3, 0.3 + 0.1)
+        );
         // γ = 236 at p = 3: ρ 0.79, inside; the plan's ⌈236 / 70⌉ = 4 is held.
         let v = no_delay().decide(0.0, &win(3, 236.0, 0.0, 1), &spec);
         assert!(

@@ -86,7 +86,7 @@ pub fn restore_point(
 /// The line when the engine died and is restarted.
 pub fn died_line(t_s: f64, reason: &str, restart: u32, policy: &RestartSpec) -> String {
     format!(
-        "t={t_s:>4.0}s ENGINE DIED ({reason}): restarting from the latest completed checkpoint in {:.1} s (restart {restart} of {})",
+        "t={t_s:>4.0}s ENGINE DIED ({reason}): restarting from the latest completed checkpoint or savepoint in {:.1} s (restart {restart} of {})",
         policy.delay_seconds, policy.attempts
     )
 }
