@@ -267,7 +267,8 @@ async fn reconcile_with(
         if status != before {
             scope.write_status(&status).await?;
         }
-        return Ok(Requeue::requeue(Duration::from_secs(30)));
+        // The target is not watched: look again soon, so a target fixed or deleted shows.
+        return Ok(Requeue::requeue(Duration::from_secs(10)));
     }
 
     let rest_url = scaler
