@@ -60,15 +60,7 @@ impl Job {
                     let sink: Arc<dyn TwoPhaseCommitSink> = Arc::new(
                         crate::kafka::sink::KafkaSink::new(&spec.name, &op.name, k, *delivery),
                     );
-                    let restored = restore
-                        .and_then(|s| s.metadata.sinks.get(&op.name))
-                        .map_or(&[][..], Vec::as_slice);
-                    sink.recover(restored)
-                        .map_err(|source| RuntimeError::Sink {
-                            operator: op.name.clone(),
-                            source,
-                        })?;
-                    two_phase.insert(op.name.clone(), sink);
+                    install_two_phase(&mut two_phase, restore, &op.name, sink)?;
                 }
                 OperatorKind::Sink {
                     output: Some(path),
@@ -77,15 +69,7 @@ impl Job {
                 } => {
                     let sink: Arc<dyn TwoPhaseCommitSink> =
                         Arc::new(FileSink::new(&op.name, path.clone()));
-                    let restored = restore
-                        .and_then(|s| s.metadata.sinks.get(&op.name))
-                        .map_or(&[][..], Vec::as_slice);
-                    sink.recover(restored)
-                        .map_err(|source| RuntimeError::Sink {
-                            operator: op.name.clone(),
-                            source,
-                        })?;
-                    two_phase.insert(op.name.clone(), sink);
+                    install_two_phase(&mut two_phase, restore, &op.name, sink)?;
                 }
                 OperatorKind::Sink {
                     output: Some(path),
@@ -716,6 +700,26 @@ impl Job {
 
 /// A name unique to one start of a job in this process and across restarts: the start's time
 /// (ms since the Unix epoch) and a counter within the process.
+/// Recovers two-phase sink `name` from what the restored snapshot lists for it (commit or
+/// abort, before any thread starts) and adds it to `sinks`.
+fn install_two_phase(
+    sinks: &mut BTreeMap<String, Arc<dyn TwoPhaseCommitSink>>,
+    restore: Option<&Savepoint>,
+    name: &str,
+    sink: Arc<dyn TwoPhaseCommitSink>,
+) -> Result<(), RuntimeError> {
+    let restored = restore
+        .and_then(|s| s.metadata.sinks.get(name))
+        .map_or(&[][..], Vec::as_slice);
+    sink.recover(restored)
+        .map_err(|source| RuntimeError::Sink {
+            operator: name.to_string(),
+            source,
+        })?;
+    sinks.insert(name.to_string(), sink);
+    Ok(())
+}
+
 fn next_attempt() -> String {
     static STARTS: AtomicU64 = AtomicU64::new(0);
     let n = STARTS.fetch_add(1, Ordering::Relaxed);

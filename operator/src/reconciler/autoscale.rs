@@ -93,18 +93,14 @@ pub(super) async fn autoscale(
                 saved: loaded.as_ref().map(StateFingerprint::of),
             }
         });
-        if m.settings != settings {
-            // New settings, same job: what was learned carries over.
-            let mut fresh = Autoscaler::new(settings.clone());
-            fresh.restarted(now_s);
-            restore(
-                &mut fresh,
-                &snapshot(&job.name_any(), &m.autoscaler, 0.0),
-                0.0,
-            );
-            m.autoscaler = fresh;
-            m.settings = settings;
-        }
+        // New settings, same job: what was learned carries over.
+        apply_new_settings(
+            &job.name_any(),
+            &mut m.autoscaler,
+            &mut m.settings,
+            settings,
+            now_s,
+        );
         // A window from another parallelism is not about this deployment.
         if m.window
             .back()

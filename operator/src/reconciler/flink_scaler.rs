@@ -644,18 +644,14 @@ async fn autoscale_flink(
     };
     let now_s = scope.ctx.now_s();
     let settings = guard_settings_of(a);
-    if m.settings != settings {
-        // New settings, same job: what was learned carries over.
-        let mut fresh = Autoscaler::new(settings.clone());
-        fresh.restarted(now_s);
-        restore(
-            &mut fresh,
-            &snapshot(&scaler.name_any(), &m.autoscaler, 0.0),
-            0.0,
-        );
-        m.autoscaler = fresh;
-        m.settings = settings;
-    }
+    // New settings, same job: what was learned carries over.
+    apply_new_settings(
+        &scaler.name_any(),
+        &mut m.autoscaler,
+        &mut m.settings,
+        settings,
+        now_s,
+    );
     let sample = match m
         .collector
         .collect(rest, job, &topo, now_s, m.window.back())

@@ -76,6 +76,25 @@ pub(super) fn restore(autoscaler: &mut Autoscaler, s: &SavedState, unix0: f64) {
     }
 }
 
+/// Replaces `autoscaler` by one with new `settings` when they differ from `current` (the
+/// same job: what was learned carries over; the new one starts a stabilization at `now_s`).
+pub(super) fn apply_new_settings(
+    name: &str,
+    autoscaler: &mut Autoscaler,
+    current: &mut GuardSettings,
+    settings: GuardSettings,
+    now_s: f64,
+) {
+    if *current == settings {
+        return;
+    }
+    let mut fresh = Autoscaler::new(settings.clone());
+    fresh.restarted(now_s);
+    restore(&mut fresh, &snapshot(name, autoscaler, 0.0), 0.0);
+    *autoscaler = fresh;
+    *current = settings;
+}
+
 /// Reads the job's state ConfigMap; `None` when there is none or it cannot be used (a
 /// warning Event names the problem; the job starts with nothing learned).
 pub(super) async fn load_state<K: Resource<DynamicType = ()> + ResourceExt>(
