@@ -13,9 +13,9 @@ use super::ModelError;
 use super::float_text::Fixed;
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::guards::{
-    Band, GuardSettings, GuardState, IGNORED, PendingScaleDown, append_guard_notes, change_note,
-    drop_incomplete, op_note, over_budget, remember, rescale_worth_its_cost, restore, steady_need,
-    unknown_backlogs,
+    Band, GuardSettings, GuardState, IGNORED, NowAssessment, PendingScaleDown, append_guard_notes,
+    change_note, drop_incomplete, op_note, over_budget, remember, rescale_worth_its_cost, restore,
+    steady_need, unknown_backlogs,
 };
 use super::learn::ScalabilityTracker;
 use super::planner::{Decision, JobGraph, Model};
@@ -354,7 +354,8 @@ impl Autoscaler {
                 self.lookback_needs.push(steady);
             }
         }
-        let mut band = Band::new(spec, planned.latency_slo_seconds);
+        let band = Band::new(spec, planned.latency_slo_seconds);
+        let mut now = NowAssessment::default();
         // Changes held inside the utilization band: (operator, planned parallelism, note).
         let mut in_band: Vec<(String, u32, String)> = Vec::new();
         let guarded = &mut planned.parallelism;
@@ -380,7 +381,8 @@ impl Autoscaler {
                     notes.push((name.clone(), change_note("scale-up", cur, *new, IGNORED)));
                     *new = cur;
                 } else if *new > cur
-                    && let Some(note) = band.holds(&model, &planned.current, name, cur, *new)
+                    && let Some(note) =
+                        band.holds(&mut now, &model, &planned.current, name, cur, *new)
                 {
                     in_band.push((name.clone(), *new, note));
                     *new = cur;
@@ -444,7 +446,7 @@ impl Autoscaler {
                 *new = cur;
                 continue;
             }
-            if let Some(note) = band.holds(&model, &planned.current, name, cur, *new) {
+            if let Some(note) = band.holds(&mut now, &model, &planned.current, name, cur, *new) {
                 self.state.pending_scale_downs.remove(name);
                 in_band.push((name.clone(), *new, note));
                 *new = cur;
@@ -518,8 +520,14 @@ impl Autoscaler {
             };
         }
         if changed
-            && let Some(why) =
-                over_budget(&mut self.state.rescales_s, now_s, &model, &planned, spec)
+            && let Some(why) = over_budget(
+                &mut self.state.rescales_s,
+                now_s,
+                &mut now,
+                &model,
+                &planned,
+                spec,
+            )
         {
             self.used_history = true;
             restore(&mut planned.parallelism, &recommended);
@@ -529,7 +537,7 @@ impl Autoscaler {
             };
         }
         let worth = if changed {
-            rescale_worth_its_cost(&model, &planned, &planned.parallelism, g)
+            rescale_worth_its_cost(&mut now, &model, &planned, &planned.parallelism, g)
         } else {
             Ok(String::new())
         };

@@ -152,6 +152,7 @@ pub(super) fn unknown_backlogs(
 pub(super) fn over_budget(
     times: &mut VecDeque<f64>,
     now_s: f64,
+    now: &mut NowAssessment,
     model: &Model,
     planned: &Decision,
     spec: &JobSpec,
@@ -163,7 +164,7 @@ pub(super) fn over_budget(
     if budget == 0 || times.len() < budget as usize {
         return None;
     }
-    let (rho_now, _, tail_now) = model.assess(&planned.current);
+    let (rho_now, _, tail_now) = now.get(model, &planned.current);
     if rho_now >= 1.0 || tail_now > planned.latency_slo_seconds {
         return None;
     }
@@ -177,6 +178,23 @@ pub(super) fn over_budget(
         Fixed(tail_now, 3),
         planned.latency_slo_seconds
     ))
+}
+
+/// The current parallelism's assessment ([`Model::assess`]: ρ at the target rate, steady ρ,
+/// latency bound in seconds), computed at most once per decision however many guards ask.
+#[derive(Debug, Default)]
+pub(super) struct NowAssessment(Option<(f64, f64, f64)>);
+
+impl NowAssessment {
+    /// The assessment of `current` under `model` (the same model and parallelism on every call
+    /// of one decision).
+    pub(super) fn get(
+        &mut self,
+        model: &Model,
+        current: &BTreeMap<Arc<str>, u32>,
+    ) -> (f64, f64, f64) {
+        *self.0.get_or_insert_with(|| model.assess(current))
+    }
 }
 
 /// The utilization band (`autoscaler.minUtilization`, `autoscaler.maxUtilization`, see
@@ -194,26 +212,20 @@ pub(super) struct Band {
     high: f64,
     /// The latency SLO, seconds.
     slo: f64,
-    /// The current parallelism's latency bound, seconds, once a scale-up needed it.
-    tail_now: Option<f64>,
 }
 
 impl Band {
     /// The band of `spec`'s autoscaler settings, for a decision whose SLO is `slo` seconds.
     pub(super) fn new(spec: &JobSpec, slo: f64) -> Band {
         let (low, high) = spec.autoscaler.utilization_band();
-        Band {
-            low,
-            high,
-            slo,
-            tail_now: None,
-        }
+        Band { low, high, slo }
     }
 
     /// `Some(note)` when the change `cur → new` of operator `op` stays inside the band
-    /// (`current`: the job's current parallelism, for the latency bound of a scale-up).
+    /// (`current`: the job's current parallelism, whose latency bound a scale-up needs).
     pub(super) fn holds(
-        &mut self,
+        &self,
+        now: &mut NowAssessment,
         model: &Model,
         current: &BTreeMap<Arc<str>, u32>,
         op: &str,
@@ -224,7 +236,7 @@ impl Band {
         if !(self.low..=self.high).contains(&rho) {
             return None;
         }
-        if new > cur && *self.tail_now.get_or_insert_with(|| model.assess(current).2) > self.slo {
+        if new > cur && now.get(model, current).2 > self.slo {
             return None;
         }
         let what = if new > cur { "scale-up" } else { "scale-down" };
@@ -358,6 +370,7 @@ pub(super) fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
 /// * Scale-down: the benefit is the subtask-seconds saved over H, (P_now − P_new)·H; the cost
 ///   is the whole job's output for D + T seconds, P_now·(D + T) subtask-seconds.
 pub(super) fn rescale_worth_its_cost(
+    now: &mut NowAssessment,
     model: &Model,
     planned: &Decision,
     guarded: &BTreeMap<String, u32>,
@@ -387,7 +400,7 @@ pub(super) fn rescale_worth_its_cost(
         .iter()
         .any(|(k, p)| planned.current.get(k.as_str()).is_some_and(|c| p > c));
     if up {
-        let (rho_target_now, _, tail_now) = model.assess(&planned.current);
+        let (rho_target_now, _, tail_now) = now.get(model, &planned.current);
         let violates = rho_target_now > planned.target_utilization * (1.0 + 1e-9)
             || tail_now > planned.latency_slo_seconds;
         let benefit = if violates { horizon } else { 0.0 };
