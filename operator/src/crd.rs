@@ -222,7 +222,7 @@ pub struct AutoscalerSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusSource>,
     /// Name of a `StreamQuota` in this namespace whose subtasks this job shares with every
-    /// other StreamJob naming it. Each reconcile the operator splits the quota across those
+    /// other StreamJob and FlinkScaler naming it (a Flink job counts in task slots). Each reconcile the operator splits the quota across those
     /// jobs by marginal benefit (each job is first guaranteed what it needs up to an equal
     /// share) and plans this job within its share; beyond it the job holds at the limit or
     /// sheds load as `job.autoscaler.limits.onLimit` says. Absent: no shared quota.
@@ -484,8 +484,9 @@ pub struct LimitStatus {
     pub reason: String,
 }
 
-/// A subtask quota shared by the StreamJobs of its namespace whose `spec.autoscaler.quota`
-/// names it (like a `ResourceQuota`, but split by the autoscaler by marginal benefit).
+/// A subtask quota shared by the StreamJobs and FlinkScalers of its namespace whose
+/// `spec.autoscaler.quota` names it (like a `ResourceQuota`, but split by the autoscaler by
+/// marginal benefit). A Flink job counts in task slots (its largest vertex's parallelism).
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "streamscale.dev",

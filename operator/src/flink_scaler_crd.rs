@@ -12,7 +12,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::crd::{AutoscalerSettings, DecisionStatus};
+use crate::crd::{AutoscalerSettings, DecisionStatus, QuotaShareStatus};
 
 /// The Flink operator's configuration key the FlinkScaler writes on its target: per-vertex
 /// parallelism as `<vertex id>:<parallelism>,...`.
@@ -264,6 +264,11 @@ pub struct FlinkScalerStatus {
     /// `Ready`, `Scaling` and `Degraded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// This job's share of its `StreamQuota` (with `spec.autoscaler.quota`), counted in task
+    /// slots: with one slot-sharing group the job holds as many slots as its largest vertex
+    /// has subtasks, and a slot counts as one subtask of the quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaShareStatus>,
 }
 
 /// The FlinkScaler CRD as YAML, as checked in at `crds/flinkscaler.yaml`.

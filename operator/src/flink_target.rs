@@ -4,7 +4,7 @@
 //!
 //! Fields read (Flink Kubernetes Operator 1.15 CRDs): `metadata.generation`,
 //! `spec.flinkConfiguration` (flat `a.b.c` keys, or the same keys nested), `spec.deploymentName`
-//! (FlinkSessionJob), `spec.job.upgradeMode`, `status.observedGeneration`,
+//! (FlinkSessionJob), `spec.mode` (FlinkDeployment), `spec.job.upgradeMode`, `status.observedGeneration`,
 //! `status.jobStatus.{jobId,state}`, `status.reconciliationStatus.lastReconciledSpec` (the spec
 //! the Flink operator last acted on, as a JSON string).
 
@@ -35,6 +35,8 @@ pub struct TargetView {
     pub deployment_name: Option<String>,
     /// `spec.job.upgradeMode`.
     pub upgrade_mode: Option<String>,
+    /// `spec.mode` of a FlinkDeployment: `native` (the default) or `standalone`.
+    pub mode: Option<String>,
     /// `status.observedGeneration`.
     pub observed_generation: Option<i64>,
     /// `status.jobStatus.jobId`.
@@ -69,6 +71,7 @@ impl TargetView {
             flink_configuration: spec["flinkConfiguration"].clone(),
             deployment_name: text(&spec["deploymentName"]),
             upgrade_mode: text(&spec["job"]["upgradeMode"]),
+            mode: text(&spec["mode"]),
             observed_generation: status["observedGeneration"].as_i64(),
             job_id: text(&status["jobStatus"]["jobId"]).filter(|s| !s.is_empty()),
             job_state: text(&status["jobStatus"]["state"]),
@@ -79,6 +82,22 @@ impl TargetView {
     /// The overrides the target's spec holds now.
     pub fn overrides(&self) -> Option<String> {
         config_value(&self.flink_configuration, OVERRIDES_KEY)
+    }
+
+    /// Whether the cluster starts TaskManagers for the slots its jobs ask (Flink's active
+    /// resource manager, `spec.mode: native`, the default); a `standalone` cluster has the
+    /// TaskManagers its spec gives.
+    pub fn task_managers_on_demand(&self) -> bool {
+        !self
+            .mode
+            .as_deref()
+            .is_some_and(|m| m.eq_ignore_ascii_case("standalone"))
+    }
+
+    /// The cluster's cap on its slots, `slotmanager.number-of-slots.max`, when set.
+    pub fn slots_max(&self) -> Option<u32> {
+        config_value(&self.flink_configuration, "slotmanager.number-of-slots.max")
+            .and_then(|v| v.trim().parse().ok())
     }
 
     /// Whether Flink's own autoscaler is on (`job.autoscaler.enabled: "true"`).
@@ -169,6 +188,19 @@ mod tests {
         let off = target(json!({"job.autoscaler.enabled": "false"}), json!({}));
         assert!(!off.flink_autoscaler_enabled());
         assert!(!target(Value::Null, json!({})).flink_autoscaler_enabled());
+    }
+
+    #[test]
+    fn reads_the_mode_and_the_slot_cap() {
+        let native = target(json!({}), json!({}));
+        assert!(native.task_managers_on_demand());
+        assert_eq!(native.slots_max(), None);
+        let standalone = TargetView::from_json(&json!({
+            "spec": {"mode": "standalone",
+                     "flinkConfiguration": {"slotmanager.number-of-slots.max": "6"}},
+        }));
+        assert!(!standalone.task_managers_on_demand());
+        assert_eq!(standalone.slots_max(), Some(6));
     }
 
     #[test]

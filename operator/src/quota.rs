@@ -9,6 +9,11 @@
 //! member, by any operator replica, after a restart) sees every member's latest demand. A job
 //! that has not planned yet demands what it runs.
 //!
+//! A FlinkScaler naming the quota is a member too, counted in task slots: with one
+//! slot-sharing group (Flink's default) a Flink job holds as many slots as its largest vertex
+//! has subtasks, and a slot runs one subtask of every vertex, so a slot is the unit that
+//! takes a CPU share like one engine subtask ([`slots_demand`]).
+//!
 //! The quota bounds what runs, not only what is planned: a job may grow only into subtasks the
 //! other members do not hold (during a rescale a job holds the larger of its old and new
 //! parallelism), and a job holding more than its share is rescaled down to it (see
@@ -23,6 +28,7 @@ use streamscale_controller::model::quota::{
 use streamscale_engine::spec::{JobSpec, OperatorKind};
 
 use crate::crd::{OperatorDemandStatus, QuotaShareStatus, StreamJob};
+use crate::flink_scaler_crd::FlinkScaler;
 
 /// Whether `name` is a source of `spec` (sources do not count against a quota).
 fn is_source(spec: &JobSpec, name: &str) -> bool {
@@ -88,6 +94,19 @@ pub fn held(job: &StreamJob) -> BTreeMap<String, u32> {
     p
 }
 
+/// The slots a FlinkScaler's job holds now: its largest vertex's parallelism, or during a
+/// rescale the larger of the old and new parallelism (see [`held`]).
+pub fn flink_held(scaler: &FlinkScaler) -> u32 {
+    let Some(status) = &scaler.status else {
+        return 0;
+    };
+    let mut most = slots_held(&status.current_parallelism);
+    if let Some(r) = &status.rescale {
+        most = most.max(slots_held(&r.from)).max(slots_held(&r.to));
+    }
+    most
+}
+
 /// (min, max) parallelism of operator `op` of a planning spec (scaling bounds folded in,
 /// capped by `maxParallelism`).
 fn bounds(spec: &JobSpec, op: &str) -> (u32, u32) {
@@ -147,14 +166,97 @@ pub fn demand_from_decision(d: &Decision, spec: &JobSpec) -> Vec<OperatorDemandS
         .collect()
 }
 
+/// The name of a Flink job's single quota demand: its task slots.
+pub const SLOTS: &str = "slots";
+
+/// The name a FlinkScaler has among a quota's members (`FlinkScaler/NAME`; StreamJobs go by
+/// their bare name, so the two kinds never clash).
+pub fn flink_member_name(name: &str) -> String {
+    format!("FlinkScaler/{name}")
+}
+
+/// A Flink job's demand on a quota, in task slots, from its per-vertex demand `per_vertex`
+/// (non-source vertices, as [`demand_from_decision`] or [`demand_from_parallelism`] give
+/// it) and the parallelism `p` it runs: one demand named [`SLOTS`]. With one slot-sharing
+/// group a job holds as many slots as its largest vertex has subtasks, so it needs the
+/// largest need of any vertex, at least the largest source parallelism (sources are not
+/// rescaled but hold their slots) and every vertex's lower bound.
+pub fn slots_demand(
+    spec: &JobSpec,
+    per_vertex: &[OperatorDemandStatus],
+    p: &BTreeMap<String, u32>,
+) -> Vec<OperatorDemandStatus> {
+    let sources = p
+        .iter()
+        .filter(|(n, _)| is_source(spec, n))
+        .map(|(_, v)| *v)
+        .max()
+        .unwrap_or(0);
+    let min = per_vertex
+        .iter()
+        .map(|o| o.min)
+        .max()
+        .unwrap_or(1)
+        .max(sources)
+        .max(1);
+    let max = per_vertex
+        .iter()
+        .map(|o| o.max)
+        .max()
+        .unwrap_or(min)
+        .max(min);
+    let need = per_vertex
+        .iter()
+        .map(|o| o.need)
+        .fold(f64::from(sources), f64::max)
+        .clamp(f64::from(min), f64::from(max));
+    vec![OperatorDemandStatus {
+        name: SLOTS.to_string(),
+        need,
+        min,
+        max,
+    }]
+}
+
+/// The parallelism a Flink job holding more slots than its quota share
+/// (`q.running_subtasks > q.allocated_subtasks`, both in slots) must be rescaled down to now:
+/// `planned` when it fits the share, differs from `current` and the planner held it back
+/// (`rescaling == false`); else `current` with every vertex capped at the share; `None` when
+/// the job is within its share, the planner already rescales to a plan that fits, or nothing
+/// would change.
+pub fn forced_slots_scale_down(
+    q: &QuotaShareStatus,
+    current: &BTreeMap<String, u32>,
+    planned: &BTreeMap<String, u32>,
+    rescaling: bool,
+) -> Option<BTreeMap<String, u32>> {
+    if q.running_subtasks <= q.allocated_subtasks {
+        return None;
+    }
+    let share = q.allocated_subtasks.max(1);
+    if slots_held(planned) <= share && planned != current {
+        return (!rescaling).then(|| planned.clone());
+    }
+    let capped: BTreeMap<String, u32> = current
+        .iter()
+        .map(|(n, v)| (n.clone(), (*v).min(share)))
+        .collect();
+    (capped != *current).then_some(capped)
+}
+
+/// The slots a Flink job with parallelism `p` (per vertex) holds: its largest vertex's.
+pub fn slots_held(p: &BTreeMap<String, u32>) -> u32 {
+    streamscale_controller::flink::slots::held(p)
+}
+
 /// One member of a quota: its name, demand and the non-source subtasks it holds now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Member {
-    /// StreamJob name.
+    /// StreamJob name, or [`flink_member_name`] of a FlinkScaler.
     pub name: String,
-    /// Its demand (non-source operators).
+    /// Its demand (non-source operators; a Flink job's [`slots_demand`]).
     pub demand: Vec<OperatorDemandStatus>,
-    /// Non-source subtasks it holds now (see [`held`]).
+    /// Non-source subtasks it holds now (see [`held`]; a Flink job's slots, [`slots_held`]).
     pub held: u32,
 }
 
@@ -380,6 +482,97 @@ mod tests {
         );
         assert_eq!(
             forced_scale_down(&spec, &q, &par(3), &par(6), true, Some(&par(3))),
+            None
+        );
+    }
+
+    fn flink_spec() -> JobSpec {
+        JobSpec::from_yaml(
+            "name: f\noperators:\n  - {name: src, kind: source, rate: {constant: 1}}\n  \
+             - {name: count, kind: map, scaling: {min: 1, max: 8}}\n  \
+             - {name: sink, kind: sink, scaling: {min: 1, max: 8}}\nedges:\n  \
+             - {from: src, to: count}\n  - {from: count, to: sink}\n",
+        )
+        .expect("spec")
+    }
+
+    #[test]
+    fn a_flink_job_demands_the_slots_of_its_largest_vertex() {
+        let spec = flink_spec();
+        let p: BTreeMap<String, u32> = [("src", 2), ("count", 3), ("sink", 1)]
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        let d = slots_demand(&spec, &demand(&[("count", 5.7), ("sink", 0.4)]), &p);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].name, SLOTS);
+        // The largest need; at least the sources' 2 slots, which is also the lower bound.
+        assert_eq!((d[0].need, d[0].min, d[0].max), (5.7, 2, 8));
+        let low = slots_demand(&spec, &demand(&[("count", 0.5), ("sink", 0.4)]), &p);
+        assert_eq!(low[0].need, 2.0, "the sources hold 2 slots");
+        assert_eq!(slots_held(&p), 3);
+    }
+
+    #[test]
+    fn stream_jobs_and_flink_jobs_share_one_quota() {
+        // Quota 6: the StreamJob `steady` needs 2 + 1 = 3 subtasks, the Flink job 5.7 slots.
+        let spec = flink_spec();
+        let p: BTreeMap<String, u32> = [("src", 1), ("count", 2), ("sink", 2)]
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        let flink = Member {
+            name: flink_member_name("wordcount"),
+            demand: slots_demand(&spec, &demand(&[("count", 5.7), ("sink", 1.0)]), &p),
+            held: slots_held(&p),
+        };
+        let members = [member("steady", &[("work", 1.7), ("sink", 0.1)], 2), flink];
+        let s = share("steady", &members, 6).expect("fits");
+        assert_eq!((s.allocated, s.cap), (3, 3));
+        let f = share("FlinkScaler/wordcount", &members, 6).expect("fits");
+        assert_eq!((f.allocated, f.cap, f.held), (3, 3, 2));
+        assert_eq!(f.allocation.parallelism[SLOTS], 3);
+        assert!((f.allocation.admitted_share - 3.0 / 5.7).abs() < 1e-9);
+        assert!(
+            f.message
+                .contains("FlinkScaler/wordcount 3 subtasks (53% of its load)"),
+            "{}",
+            f.message
+        );
+        // While the StreamJob holds 5 of the 6, the Flink job may not grow past the 1 free.
+        let members = [
+            member("steady", &[("work", 1.7), ("sink", 0.1)], 5),
+            members[1].clone(),
+        ];
+        let f = share("FlinkScaler/wordcount", &members, 6).expect("fits");
+        assert_eq!(f.cap, 2, "it keeps the 2 slots it holds");
+    }
+
+    #[test]
+    fn a_flink_job_over_its_share_is_capped_at_it() {
+        let q = quota_status(3, 4);
+        let cur: BTreeMap<String, u32> = [("src", 1), ("count", 4), ("sink", 2)]
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        let mut planned = cur.clone();
+        planned.insert("count".into(), 3);
+        // A held-back plan within the share is forced ...
+        assert_eq!(
+            forced_slots_scale_down(&q, &cur, &planned, false),
+            Some(planned.clone())
+        );
+        // ... one already rescaling is left alone ...
+        assert_eq!(forced_slots_scale_down(&q, &cur, &planned, true), None);
+        // ... and a plan over the share gives way to every vertex capped at it.
+        let mut over = cur.clone();
+        over.insert("count".into(), 6);
+        assert_eq!(
+            forced_slots_scale_down(&q, &cur, &over, true),
+            Some(planned.clone())
+        );
+        assert_eq!(
+            forced_slots_scale_down(&quota_status(4, 4), &cur, &over, true),
             None
         );
     }

@@ -146,8 +146,17 @@ impl Context {
 
     /// The lock of `job`'s StreamQuota, when it names one.
     fn quota_lock(&self, job: &StreamJob) -> Option<Arc<tokio::sync::Mutex<()>>> {
-        let name = job.spec.autoscaler.quota.as_ref()?;
-        let k = format!("{}/{name}", job.namespace().unwrap_or_default());
+        self.quota_lock_of(job, job.spec.autoscaler.quota.as_deref())
+    }
+
+    /// The lock of StreamQuota `quota` in `obj`'s namespace (StreamJobs and FlinkScalers).
+    fn quota_lock_of<K: ResourceExt>(
+        &self,
+        obj: &K,
+        quota: Option<&str>,
+    ) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        let name = quota?;
+        let k = format!("{}/{name}", obj.namespace().unwrap_or_default());
         let mut locks = self.quota_locks.lock().unwrap_or_else(|p| p.into_inner());
         Some(Arc::clone(locks.entry(k).or_default()))
     }

@@ -17,6 +17,8 @@
 //!
 //! One test, its scenarios in sequence on one Flink cluster (a cluster takes 1.2 GB and the
 //! script's fixed ports):
+//! 0. a StreamQuota of 1 subtask names the FlinkScaler: its plan is held at its share (1 slot,
+//!    `status.quota`, a `QuotaShare` Event); the quota grows to 2;
 //! 1. mode `recommend` on an overloaded job: a recommendation in status and an Event, nothing
 //!    written to the target, the job untouched;
 //! 2. mode `auto` with a Flink operator that observes the overrides but never gets the job
@@ -56,6 +58,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::{Value, json};
 use streamscale_controller::flink::FlinkRest;
+use streamscale_operator::crd::StreamQuota;
 use streamscale_operator::flink_scaler_crd::{
     FlinkScaler, FlinkScalerPhase, FlinkScalerStatus, OVERRIDES_KEY, TargetKind,
 };
@@ -69,6 +72,7 @@ const TARGET: &str = "trace-job";
 const SCALER: &str = "trace-job";
 const KEYED: &str = "count -> discard: Writer";
 const SOURCE: &str = "Source: trace";
+const QUOTA: &str = "flink-team";
 
 fn flink_testenv(args: &[&str], extra_config: Option<&str>) -> std::process::Output {
     let mut cmd = Command::new(root().join("scripts/flink-testenv.sh"));
@@ -587,6 +591,21 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
         .expect("create the FlinkDeployment");
     let stand_in = FlinkOperatorStandIn::start(admin.clone(), &ns, rest.clone(), jid.clone());
 
+    // 0. A StreamQuota of 1 subtask the FlinkScaler is a member of: the plan is held at its
+    // share (1 slot), then the quota grows to 2 and the recommendation follows.
+    let quotas: Api<StreamQuota> = Api::namespaced(admin.clone(), &ns);
+    let quota: StreamQuota = serde_json::from_value(json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "StreamQuota",
+        "metadata": {"name": QUOTA},
+        "spec": {"subtasks": 1},
+    }))
+    .expect("StreamQuota");
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the StreamQuota");
+
     // 1. Mode recommend: a recommendation, nothing written to the target.
     let scalers: Api<FlinkScaler> = Api::namespaced(admin.clone(), &ns);
     let scaler: FlinkScaler = serde_json::from_value(json!({
@@ -604,6 +623,7 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
                 "scaleDownDelaySeconds": 600,
                 "restoreTimeoutSeconds": 90,
                 "parallelism": {KEYED: {"min": 1, "max": 2}, SOURCE: {"min": 1, "max": 1}},
+                "quota": QUOTA,
             },
         },
     }))
@@ -614,6 +634,38 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
         .expect("create the FlinkScaler");
     let log = dir.path().join("operator.log");
     let mut operator = Operator::start(&kubeconfig, &ns, &log);
+    let s = wait_status(&scalers, 90, "a plan held at the quota share", &log, |s| {
+        s.recommended_parallelism.get(KEYED) == Some(&1)
+            && s.quota.as_ref().is_some_and(|q| {
+                q.allocated_subtasks == 1 && q.demand.first().is_some_and(|d| d.need > 1.0)
+            })
+    })
+    .await;
+    let q = s.quota.clone().expect("status.quota");
+    assert_eq!((q.quota_subtasks, q.running_subtasks), (1, 1), "{q:?}");
+    assert!(
+        q.message.contains("FlinkScaler/trace-job 1 subtasks"),
+        "{q:?}"
+    );
+    let events = event_reasons(&admin, &ns).await;
+    assert!(
+        events
+            .iter()
+            .any(|(_, r, n)| r == "QuotaShare" && n.contains(QUOTA)),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|(_, r, _)| r == "UnsupportedSetting"),
+        "{events:?}"
+    );
+    quotas
+        .patch(
+            QUOTA,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"subtasks": 2}})),
+        )
+        .await
+        .expect("grow the StreamQuota");
     let s = wait_status(&scalers, 90, "a recommendation", &log, |s| {
         s.recommended_parallelism.get(KEYED) == Some(&2)
     })

@@ -8,6 +8,7 @@
 //! * realize: [`in_place`] (the adaptive scheduler's resource requirements, FLIP-291) or
 //!   [`runtime`] (stop-with-savepoint and resubmit, driven by [`crate::executor::Executor`],
 //!   the rescale protocol the bundled engine uses);
+//! * [`slots`]: the task slots a job holds and may use (plans capped at them);
 //! * [`settings`]: the `--settings` file (the job file's `autoscaler` schema, vertex bounds);
 //! * [`session`]: the loop of `streamscale flink` over one or more jobs, its live lines and its
 //!   report.
@@ -19,6 +20,7 @@ pub mod rest;
 pub mod runtime;
 pub mod session;
 pub mod settings;
+pub mod slots;
 pub mod topology;
 
 pub use rest::{FlinkError, FlinkRest};

@@ -22,6 +22,7 @@ use super::in_place::{self, InPlaceOutcome};
 use super::metrics;
 use super::rest::{FlinkError, FlinkRest, JobDetails};
 use super::runtime::{FlinkRuntime, FlinkTimeouts, Resubmit};
+use super::slots;
 use super::topology::{FlinkTopology, VertexBounds, VertexRole};
 
 /// Whether decisions are applied.
@@ -467,11 +468,8 @@ impl JobSession {
             self.window.pop_front();
         }
         self.live_line(now_s, &topo, print);
-        if let Some(limit) = slots_available.map(|free| slot_limit(free, &job)) {
-            for op in &mut topo.spec.operators {
-                let max = op.scaling.max.unwrap_or(limit).min(limit);
-                op.scaling.max = Some(max.max(op.scaling.min.unwrap_or(1)));
-            }
+        if let Some(limit) = slots_available.map(|free| slots::limit(free, &job)) {
+            slots::cap(&mut topo.spec, limit);
         }
         let window: Vec<MetricSample> = self.window.iter().cloned().collect();
         let verdict = self.autoscaler.decide(now_s, &window, &topo.spec);
@@ -707,18 +705,6 @@ fn describe(from: &BTreeMap<String, u32>, to: &BTreeMap<String, u32>) -> String 
         .map(|(n, p)| format!("{n} {}→{p}", from.get(n).copied().unwrap_or(0)))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The slots a job may use: those available plus those it holds (one slot-sharing group:
-/// a job holds as many slots as its largest vertex has subtasks).
-fn slot_limit(available: u32, job: &JobDetails) -> u32 {
-    available
-        + job
-            .vertices
-            .iter()
-            .map(|v| v.parallelism)
-            .max()
-            .unwrap_or(0)
 }
 
 /// Runs `streamscale flink` until `duration_s` or until `stop` resolves; writes the report.

@@ -156,7 +156,7 @@ pub(super) async fn autoscale(
         if let Some(d) = planned {
             q.demand = quota::demand_from_decision(d, &spec);
         }
-        report_quota(job, ctx, status, q).await;
+        report_quota(job, ctx, &mut status.quota, q).await;
     }
     if planned.is_some() {
         report_limit(job, ctx, rt, status, limit.as_ref(), shed_applied).await;

@@ -27,8 +27,9 @@ use streamscale_controller::flink::FlinkRest;
 use streamscale_controller::flink::collect::Collector;
 use streamscale_controller::flink::metrics::same_counters;
 use streamscale_controller::flink::rest::JobDetails;
+use streamscale_controller::flink::slots;
 use streamscale_controller::flink::topology::{FlinkTopology, VertexBounds};
-use streamscale_engine::spec::{AutoscalerSpec, ScalingBounds};
+use streamscale_engine::spec::{AutoscalerSpec, LimitsSpec, ScalingBounds};
 
 use super::*;
 use crate::flink_rescale::{self, JobObs, Next};
@@ -211,28 +212,19 @@ async fn reconcile_with(
     let before = scaler.status.clone().unwrap_or_default();
     let mut status = before.clone();
     let a = &scaler.spec.autoscaler;
-    if status.observed_generation != scope.generation {
-        let unused: Vec<&str> = [
-            a.prometheus.as_ref().map(|_| "prometheus"),
-            a.quota.as_ref().map(|_| "quota"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        if !unused.is_empty() {
-            scope
-                .event(
-                    true,
-                    "UnsupportedSetting",
-                    format!(
-                        "spec.autoscaler.{} is not used by a FlinkScaler (metrics come from the JobManager's REST API; no shared quota)",
-                        unused.join(", spec.autoscaler.")
-                    ),
-                )
-                .await;
-        }
+    if status.observed_generation != scope.generation && a.prometheus.is_some() {
+        scope
+            .event(
+                true,
+                "UnsupportedSetting",
+                "spec.autoscaler.prometheus is not used by a FlinkScaler (metrics come from the JobManager's REST API)".to_string(),
+            )
+            .await;
     }
     status.observed_generation = scope.generation;
+    if a.quota.is_none() {
+        status.quota = None;
+    }
 
     let Some(target) = scope.targets.get_opt(scope.name()).await? else {
         return target_missing(&scope, before, status).await;
@@ -382,6 +374,12 @@ async fn reconcile_with(
         &format!("job {} runs", job.jid),
     );
     clear_degraded(&scope, &mut status);
+    // Held until this reconcile's status is written (see `Context::quota_locks`).
+    let quota_lock = ctx.quota_lock_of(scaler, a.quota.as_deref());
+    let _quota_guard = match &quota_lock {
+        Some(l) => Some(l.lock().await),
+        None => None,
+    };
     if a.mode != AutoscalerMode::Off {
         autoscale_flink(&scope, memory, &rest, &job, &view, &mut status).await?;
     }
@@ -690,9 +688,101 @@ async fn autoscale_flink(
         m.window.pop_front();
     }
     let window: Vec<MetricSample> = m.window.iter().cloned().collect();
-    let verdict = m.autoscaler.decide(now_s, &window, &topo.spec);
+    let current = status.current_parallelism.clone();
+    // The slots the plan may use: the cluster's free slots plus those the job holds, and its
+    // share of a StreamQuota; the tightest caps every vertex.
+    let mut caps: Vec<(u32, String)> = Vec::new();
+    let cluster = cluster_view(scope, view).await;
+    match rest.overview().await {
+        Ok(o) => {
+            let held = slots::held(&current);
+            let max = cluster.slots_max();
+            if let Some(limit) = slots::job_limit(
+                o.slots_total,
+                o.slots_available,
+                held,
+                cluster.task_managers_on_demand(),
+                max,
+            ) {
+                let what = match max {
+                    Some(m) => format!(
+                        "the Flink cluster has {} slots, {} free, slotmanager.number-of-slots.max {m}",
+                        o.slots_total, o.slots_available
+                    ),
+                    None => format!(
+                        "the Flink cluster has {} slots, {} free",
+                        o.slots_total, o.slots_available
+                    ),
+                };
+                caps.push((limit.max(1), what));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(scaler = %key(scaler), "cannot read the cluster's slots: {e}");
+        }
+    }
+    let quota = match &a.quota {
+        Some(name) => {
+            let held = quota::slots_held(&current);
+            let demand = status
+                .quota
+                .as_ref()
+                .filter(|q| q.name == *name && !q.demand.is_empty())
+                .map_or_else(
+                    || {
+                        quota::slots_demand(
+                            &topo.spec,
+                            &quota::demand_from_parallelism(&topo.spec, &current),
+                            &current,
+                        )
+                    },
+                    |q| q.demand.clone(),
+                );
+            let own = quota::Member {
+                name: quota::flink_member_name(&scaler.name_any()),
+                demand,
+                held,
+            };
+            let ns = scaler.namespace().unwrap_or_else(|| "default".into());
+            let q = share_of(scope.ctx, &ns, name, own).await;
+            let cap = q.share.as_ref().map_or(held, |s| s.cap).max(1);
+            caps.push((
+                cap,
+                format!(
+                    "the share of StreamQuota {name}: {cap} of {} slots",
+                    q.subtasks
+                ),
+            ));
+            Some(q)
+        }
+        None => None,
+    };
+    let cap = caps.iter().min_by_key(|(c, _)| *c).cloned();
+    let mut spec = topo.spec.clone();
+    if let Some((c, _)) = &cap {
+        slots::cap(&mut spec, *c);
+        // Beyond the cap the job holds at it (a Flink job's sources cannot shed).
+        spec.autoscaler
+            .limits
+            .get_or_insert_with(LimitsSpec::default);
+    }
+    let verdict = m.autoscaler.decide(now_s, &window, &spec);
     save_learned(scope, m).await;
-    let (decision, rescale) = match verdict {
+    let planned = match &verdict {
+        Verdict::Rescale(d) => Some(d),
+        Verdict::Hold { recommendation, .. } => recommendation.as_ref(),
+    };
+    if let Some(mut q) = quota {
+        if let Some(d) = planned {
+            q.demand = quota::slots_demand(
+                &topo.spec,
+                &quota::demand_from_decision(d, &topo.spec),
+                &current,
+            );
+        }
+        report_quota(scaler, scope.ctx, &mut status.quota, q).await;
+    }
+    let (mut decision, mut rescale) = match verdict {
         Verdict::Rescale(d) => (d, true),
         Verdict::Hold {
             recommendation: Some(d),
@@ -709,6 +799,27 @@ async fn autoscale_flink(
             return Ok(());
         }
     };
+    // A job holding more slots than its quota share is rescaled down to it, whatever the
+    // scale-down guards say (the other members wait for those slots).
+    if let Some(q) = &status.quota
+        && let Some(target) =
+            quota::forced_slots_scale_down(q, &current, &decision.parallelism, rescale)
+    {
+        decision.parallelism = target;
+        decision.reasons.insert(
+            0,
+            format!(
+                "quota {}: {} slots held, the share is {}; rescaling down to it",
+                q.name, q.running_subtasks, q.allocated_subtasks
+            ),
+        );
+        rescale = true;
+    }
+    if let Some((c, what)) = &cap
+        && let Some(note) = slots::held_note(&decision, *c, what)
+    {
+        decision.reasons.push(note);
+    }
     let reason = std::iter::once(decision.bottleneck.clone().unwrap_or_default())
         .chain(decision.reasons.iter().cloned())
         .chain(sample.notes.iter().cloned())
@@ -839,6 +950,33 @@ async fn autoscale_flink(
     m.window.clear();
     m.autoscaler.restarted(now_s);
     Ok(())
+}
+
+/// The FlinkDeployment that runs the job's cluster: the target itself, or a FlinkSessionJob's
+/// session cluster (`spec.deploymentName`; the FlinkSessionJob when it cannot be read, so its
+/// slots are taken as started on demand).
+async fn cluster_view(scope: &Scope<'_>, view: &TargetView) -> TargetView {
+    use crate::flink_scaler_crd::TargetKind;
+    if scope.scaler.spec.target_ref.kind != TargetKind::FlinkSessionJob {
+        return view.clone();
+    }
+    let Some(name) = &view.deployment_name else {
+        return view.clone();
+    };
+    let ns = scope.scaler.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        scope.ctx.client.clone(),
+        &ns,
+        &flink_target::api_resource(TargetKind::FlinkDeployment),
+    );
+    match api.get_opt(name).await {
+        Ok(Some(d)) => TargetView::from_json(&serde_json::to_value(&d).unwrap_or_default()),
+        Ok(None) => view.clone(),
+        Err(e) => {
+            tracing::debug!(scaler = %key(scope.scaler), "cannot read FlinkDeployment {name}: {e}");
+            view.clone()
+        }
+    }
 }
 
 /// Writes what the autoscaler learned to the FlinkScaler's ConfigMap when it changed.

@@ -1,6 +1,7 @@
 //! The namespace quota (StreamQuota) and the job's limits: shares, reports and conditions.
 
 use super::*;
+use crate::flink_scaler_crd::FlinkScaler;
 
 /// The quota part of one reconcile: the StreamQuota's size, this job's share, and the demand
 /// this job reports (its previous one until a new plan replaces it).
@@ -12,9 +13,9 @@ pub(super) struct QuotaOutcome {
     pub(super) demand: Vec<OperatorDemandStatus>,
 }
 
-/// Reads the StreamQuota `name` and its member StreamJobs (of this namespace) and computes
-/// this job's share (see [`crate::quota`]). `spec` is this job's planning spec, `status` its
-/// status as this reconcile has it.
+/// Reads the StreamQuota `name` and its member StreamJobs and FlinkScalers (of this
+/// namespace) and computes this job's share (see [`crate::quota`]). `spec` is this job's
+/// planning spec, `status` its status as this reconcile has it.
 pub(super) async fn quota_share(
     job: &StreamJob,
     ctx: &Context,
@@ -22,8 +23,6 @@ pub(super) async fn quota_share(
     spec: &JobSpec,
     status: &StreamJobStatus,
 ) -> QuotaOutcome {
-    let ns = job.namespace().unwrap_or_else(|| "default".into());
-    let own = job.name_any();
     let held = quota::non_source_total(spec, &status.current_parallelism);
     let demand = status
         .quota
@@ -33,14 +32,33 @@ pub(super) async fn quota_share(
             || quota::demand_from_parallelism(spec, &status.current_parallelism),
             |q| q.demand.clone(),
         );
+    let own = quota::Member {
+        name: job.name_any(),
+        demand,
+        held,
+    };
+    let ns = job.namespace().unwrap_or_else(|| "default".into());
+    share_of(ctx, &ns, name, own).await
+}
+
+/// The share of member `own` (its name, demand and what it holds) of the StreamQuota `name`
+/// in namespace `ns`, among the StreamJobs and FlinkScalers there that name it. FlinkScalers
+/// are left out when they cannot be listed because their CRD is not installed or the
+/// operator may not list them (StreamJob quotas work without Flink support).
+pub(super) async fn share_of(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    own: quota::Member,
+) -> QuotaOutcome {
     let mut out = QuotaOutcome {
         name: name.to_string(),
         subtasks: 0,
         share: Err(String::new()),
-        held,
-        demand: demand.clone(),
+        held: own.held,
+        demand: own.demand.clone(),
     };
-    let quotas: Api<StreamQuota> = Api::namespaced(ctx.client.clone(), &ns);
+    let quotas: Api<StreamQuota> = Api::namespaced(ctx.client.clone(), ns);
     let q = match quotas.get_opt(name).await {
         Ok(Some(q)) => q,
         Ok(None) => {
@@ -55,7 +73,9 @@ pub(super) async fn quota_share(
         }
     };
     out.subtasks = q.spec.subtasks;
-    let jobs: Api<StreamJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let own_name = own.name.clone();
+    let mut members = vec![own];
+    let jobs: Api<StreamJob> = Api::namespaced(ctx.client.clone(), ns);
     let list = match jobs.list(&kube::api::ListParams::default()).await {
         Ok(l) => l,
         Err(e) => {
@@ -63,13 +83,8 @@ pub(super) async fn quota_share(
             return out;
         }
     };
-    let mut members = vec![quota::Member {
-        name: own.clone(),
-        demand,
-        held,
-    }];
     for other in list.items {
-        if other.name_any() == own || other.spec.autoscaler.quota.as_deref() != Some(name) {
+        if other.name_any() == own_name || other.spec.autoscaler.quota.as_deref() != Some(name) {
             continue;
         }
         let p = quota::held(&other);
@@ -89,18 +104,64 @@ pub(super) async fn quota_share(
             held: quota::non_source_total(&other_spec, &p),
         });
     }
-    out.share = quota::share(&own, &members, q.spec.subtasks).map_err(|e| e.to_string());
+    let scalers: Api<FlinkScaler> = Api::namespaced(ctx.client.clone(), ns);
+    let list = match scalers.list(&kube::api::ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => Vec::new(),
+        Err(e) => {
+            out.share = Err(format!("cannot list the FlinkScalers of quota {name}: {e}"));
+            return out;
+        }
+    };
+    for other in list {
+        let member = quota::flink_member_name(&other.name_any());
+        if member == own_name || other.spec.autoscaler.quota.as_deref() != Some(name) {
+            continue;
+        }
+        let held = quota::flink_held(&other);
+        // Its demand as it last reported it; before that, the slots it holds.
+        let demand = other
+            .status
+            .as_ref()
+            .and_then(|s| s.quota.as_ref())
+            .filter(|q| q.name == name && !q.demand.is_empty())
+            .map_or_else(
+                || {
+                    let most = other.status.as_ref().map_or(0, |s| {
+                        s.vertices
+                            .iter()
+                            .map(|v| v.max_parallelism)
+                            .max()
+                            .unwrap_or(0)
+                    });
+                    vec![OperatorDemandStatus {
+                        name: quota::SLOTS.to_string(),
+                        need: f64::from(held.max(1)),
+                        min: 1,
+                        max: most.max(held).max(1),
+                    }]
+                },
+                |q| q.demand.clone(),
+            );
+        members.push(quota::Member {
+            name: member,
+            demand,
+            held,
+        });
+    }
+    out.share = quota::share(&own_name, &members, q.spec.subtasks).map_err(|e| e.to_string());
     out
 }
 
-/// Writes this job's quota share to `status.quota`, with an Event when the share changes.
-pub(super) async fn report_quota(
-    job: &StreamJob,
+/// Writes this job's (StreamJob's or FlinkScaler's) quota share to its `status.quota`
+/// (`slot`), with an Event when the share changes.
+pub(super) async fn report_quota<K: Resource<DynamicType = ()> + ResourceExt>(
+    job: &K,
     ctx: &Context,
-    status: &mut StreamJobStatus,
+    slot: &mut Option<QuotaShareStatus>,
     q: QuotaOutcome,
 ) {
-    let old = status.quota.clone();
+    let old = slot.clone();
     let new = match &q.share {
         Ok(s) => QuotaShareStatus {
             name: q.name.clone(),
@@ -149,7 +210,7 @@ pub(super) async fn report_quota(
             Err(e) => publish(ctx, job, true, "QuotaUnavailable", e.clone()).await,
         }
     }
-    status.quota = Some(new);
+    *slot = Some(new);
 }
 
 /// Writes the limit the last plan ran into to `status.limit` (with an Event when it starts,
