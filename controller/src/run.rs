@@ -232,9 +232,10 @@ pub async fn run(
         return Err(e);
     }
     let spec = job.spec.clone();
+    let first_id = job.first_checkpoint_id;
     let executor = Executor::new(&runtime, &job.path).with_restore_point(std::sync::Arc::new(
         move |from: Option<&crate::runtime::Savepoint>| {
-            supervise::restore_point(&spec, from, &mut |w| tracing::warn!("{w}"))
+            supervise::restore_point(&spec, first_id, from, &mut |w| tracing::warn!("{w}"))
         },
     ));
     let mut lp = Loop {
@@ -984,11 +985,13 @@ impl<R: EngineRuntime> Loop<'_, R> {
             print(&supervise::died_line(died_s, &reason, n, &policy));
             tokio::time::sleep(Duration::from_secs_f64(policy.delay_seconds)).await;
             let spec = self.job.spec.clone();
+            let first_id = self.job.first_checkpoint_id;
             let from = restored_from.clone();
             let found = tokio::task::spawn_blocking(move || {
                 let mut warnings = Vec::new();
-                let point =
-                    supervise::restore_point(&spec, from.as_ref(), &mut |w| warnings.push(w));
+                let point = supervise::restore_point(&spec, first_id, from.as_ref(), &mut |w| {
+                    warnings.push(w)
+                });
                 (point, warnings)
             })
             .await

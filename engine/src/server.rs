@@ -152,6 +152,12 @@ fn paths_to_sinks(spec: &JobSpec) -> BTreeMap<&str, u64> {
 pub struct RestartPolicy {
     /// Where the checkpoints are.
     pub storage: Arc<CheckpointStorage>,
+    /// The first checkpoint id of this process ([`CheckpointStorage::next_id`] when it
+    /// started): lower ids in the directory are an earlier run's, never restarted from.
+    pub first_checkpoint_id: u64,
+    /// The savepoint or checkpoint directory this process started from (`--restore`,
+    /// `--recover-from`), restarted from while the job has completed no checkpoint of its own.
+    pub started_from: Option<PathBuf>,
     /// Restarts allowed.
     pub attempts: u32,
     /// Wait before each restart.
@@ -703,12 +709,22 @@ impl Coordinator {
         inner.errors.extend(finished.errors);
     }
 
-    /// Starts the job again from the latest usable checkpoint (falling back to older ones),
-    /// or from the start when none was completed.
+    /// Starts the job again from the latest usable checkpoint it completed (falling back to
+    /// older ones), else from the savepoint or checkpoint the process started from, else from
+    /// the start.
     fn restart_job(&self, policy: &RestartPolicy) -> Result<(Job, Option<String>), String> {
         let spec = self.lock().spec.clone();
         std::thread::sleep(policy.delay);
-        let latest = policy.storage.latest(&spec).map_err(|e| e.to_string())?;
+        let mut latest = policy
+            .storage
+            .latest_since(&spec, policy.first_checkpoint_id)
+            .map_err(|e| e.to_string())?;
+        if latest.is_none()
+            && let Some(dir) = &policy.started_from
+        {
+            let sp = Savepoint::read(dir, &spec).map_err(|e| e.to_string())?;
+            latest = Some((dir.clone(), sp));
+        }
         let from = latest.as_ref().map(|(p, _)| p.display().to_string());
         tracing::warn!(from = ?from, "restarting the job from the latest completed checkpoint");
         let job = Job::start(

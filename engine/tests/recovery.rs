@@ -5,6 +5,8 @@
 //!   counting sink accounted every record exactly once.
 //! - A subtask panic: the engine restarts in-process from its latest checkpoint, with the
 //!   same final state.
+//! - A restart never resumes from an earlier run's checkpoints in the same directory, and one
+//!   before the first checkpoint of an engine restored from a savepoint resumes from that savepoint.
 //! - Damaged checkpoints: recovery falls back to the previous completed one.
 //! - Unwritable checkpoint storage: checkpoints fail and are counted, the job keeps running.
 #![allow(missing_docs, clippy::unwrap_used)]
@@ -167,6 +169,109 @@ fn subtask_panic_restarts_in_process_from_the_latest_checkpoint() {
     let (sp, view) = engine.stop_with_savepoint(false);
     assert_eq!(view["recordsAccounted"], COUNT, "{view}");
     let actual = Savepoint::read(&sp, &spec).unwrap().state["counts"].totals();
+    assert_eq!(actual, expected);
+}
+
+/// A second run in a checkpoint directory that still holds the first run's checkpoints,
+/// failing before it completes one of its own: it restarts from the beginning, never from the
+/// earlier run's state (which would count its records twice).
+#[test]
+fn a_restart_never_resumes_from_an_earlier_runs_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("checkpoints");
+    let sps = dir.path().join("savepoints");
+    let first = dir.path().join("first");
+    std::fs::create_dir_all(&first).unwrap();
+    let job = checkpointed_job(&first, COUNT, RATE, 0.2, 3, &chk);
+    let spec = JobSpec::from_file(&job).unwrap();
+    let expected = uninterrupted(&job, &sps, &spec);
+    assert!(
+        !CheckpointStorage::new(&chk, 3)
+            .completed_ids()
+            .unwrap()
+            .is_empty(),
+        "the first run left checkpoints"
+    );
+
+    // The second run checkpoints every 60 s: it fails (at record 4000, about 3 s in) before
+    // its first checkpoint.
+    let second = dir.path().join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    let job = checkpointed_job(&second, COUNT, RATE, 60.0, 3, &chk);
+    let mut engine = EngineProcess::start(
+        &job,
+        &sps,
+        &[
+            "--parallelism",
+            PARALLELISM,
+            "--fault-panic-at",
+            "work:4000",
+        ],
+    );
+    let view = engine.wait_state("finished", Duration::from_secs(90));
+    assert!(
+        view["errors"]
+            .to_string()
+            .contains("panicked: injected fault"),
+        "{view}"
+    );
+    assert!(
+        view["restoredFrom"].is_null(),
+        "restarted from the start: {view}"
+    );
+    let (sp, view) = engine.stop_with_savepoint(false);
+    assert_eq!(view["recordsAccounted"], COUNT, "{view}");
+    let actual = Savepoint::read(&sp, &spec).unwrap().state["counts"].totals();
+    assert_eq!(actual, expected);
+}
+
+/// An engine restored from a savepoint that fails before its first checkpoint restarts from
+/// that savepoint, not from the beginning (which would count the savepoint's records twice).
+#[test]
+fn a_restart_before_the_first_checkpoint_resumes_from_the_restored_savepoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let sps = dir.path().join("savepoints");
+    let chk = dir.path().join("checkpoints");
+    let job = checkpointed_job(dir.path(), COUNT, RATE, 60.0, 3, &chk);
+    let spec = JobSpec::from_file(&job).unwrap();
+    let expected = uninterrupted(&job, &sps, &spec);
+
+    // About 1,500 of the 9,000 records, then a savepoint.
+    let mut engine = EngineProcess::start(&job, &sps, &["--parallelism", PARALLELISM]);
+    std::thread::sleep(Duration::from_secs(1));
+    let (sp, view) = engine.stop_with_savepoint(false);
+    let emitted = view["recordsEmitted"].as_u64().unwrap();
+    assert!(emitted > 0 && emitted < 4000, "{view}");
+    drop(engine);
+
+    let sp_arg = sp.display().to_string();
+    let mut engine = EngineProcess::start(
+        &job,
+        &sps,
+        &[
+            "--parallelism",
+            PARALLELISM,
+            "--restore",
+            &sp_arg,
+            "--fault-panic-at",
+            "work:4000",
+        ],
+    );
+    let view = engine.wait_state("finished", Duration::from_secs(90));
+    assert!(
+        view["errors"]
+            .to_string()
+            .contains("panicked: injected fault"),
+        "{view}"
+    );
+    assert_eq!(
+        view["restoredFrom"].as_str(),
+        Some(sp_arg.as_str()),
+        "{view}"
+    );
+    let (end, view) = engine.stop_with_savepoint(false);
+    assert_eq!(view["recordsAccounted"], COUNT, "{view}");
+    let actual = Savepoint::read(&end, &spec).unwrap().state["counts"].totals();
     assert_eq!(actual, expected);
 }
 

@@ -126,12 +126,14 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
         .or_else(|| rate.as_ref().and_then(RateFunction::wall_end))
         .filter(|d| *d > 0.0)
         .unwrap_or(DEFAULT_DURATION_S);
+    let first_checkpoint_id = supervise::first_checkpoint_id(&spec);
     Ok(PreparedJob {
         spec,
         path,
         yaml,
         duration_s,
         rate,
+        first_checkpoint_id,
     })
 }
 

@@ -34,7 +34,8 @@ fn checkpoint_id_of(dir: &Path) -> Option<u64> {
 }
 
 /// Where a restarted engine resumes (see the module documentation): `Ok(None)` from the
-/// beginning. Reads and verifies the latest checkpoints (blocking I/O); a damaged newest one
+/// beginning. Only checkpoints numbered `first_checkpoint_id` or higher are this run's
+/// ([`first_checkpoint_id`]). Reads and verifies the latest checkpoints (blocking I/O); a damaged newest one
 /// falls back to an older one. `warn` receives a line when no checkpoint verifies but a
 /// savepoint is used instead.
 ///
@@ -43,6 +44,7 @@ fn checkpoint_id_of(dir: &Path) -> Option<u64> {
 /// storage cannot be listed: the reason, naming the files.
 pub fn restore_point(
     spec: &JobSpec,
+    first_checkpoint_id: u64,
     restored_from: Option<&Savepoint>,
     warn: &mut dyn FnMut(String),
 ) -> Result<Option<Savepoint>, String> {
@@ -56,7 +58,10 @@ pub fn restore_point(
         Some((c, dir)) => {
             let latest = CheckpointStorage::open(dir, c.retain)
                 .map_err(|e| e.to_string())
-                .and_then(|s| s.latest(spec).map_err(|e| e.to_string()));
+                .and_then(|s| {
+                    s.latest_since(spec, first_checkpoint_id)
+                        .map_err(|e| e.to_string())
+                });
             match latest {
                 Ok(found) => found.map(|(path, sp)| {
                     (
@@ -81,6 +86,17 @@ pub fn restore_point(
         (Some((c, _)), None) => Some(c),
         (None, s) => s.map(|(s, _)| s),
     })
+}
+
+/// The id the job's next checkpoint takes ([`CheckpointStorage::next_id`]; 0 without
+/// checkpoints or when the directory cannot be listed): checkpoints numbered below it in the
+/// job's directory are an earlier run's, which a restart of this run never resumes from.
+pub fn first_checkpoint_id(spec: &JobSpec) -> u64 {
+    spec.checkpoint
+        .as_ref()
+        .and_then(|c| Some((c, c.dir.as_ref()?)))
+        .and_then(|(c, dir)| CheckpointStorage::open(dir, c.retain).ok())
+        .map_or(0, |s| s.next_id())
 }
 
 /// The line when the engine died and is restarted.
@@ -117,7 +133,7 @@ mod tests {
         let mut warned = Vec::new();
         let mut warn = |l: String| warned.push(l);
         // Nothing completed: from the beginning.
-        assert_eq!(restore_point(&spec, None, &mut warn).unwrap(), None);
+        assert_eq!(restore_point(&spec, 0, None, &mut warn).unwrap(), None);
         let snapshot = |id| streamscale_engine::savepoint::Savepoint {
             metadata: streamscale_engine::savepoint::SavepointMetadata {
                 checkpoint_id: Some(id),
@@ -134,18 +150,33 @@ mod tests {
         };
         // The savepoint (id 9) is newer than checkpoint 7, then checkpoint 10 is newer.
         assert_eq!(
-            restore_point(&spec, Some(&sp), &mut warn).unwrap(),
+            restore_point(&spec, 0, Some(&sp), &mut warn).unwrap(),
             Some(sp.clone())
         );
         storage.write_checkpoint(10, &snapshot(10)).unwrap();
-        let got = restore_point(&spec, Some(&sp), &mut warn).unwrap().unwrap();
+        let got = restore_point(&spec, 0, Some(&sp), &mut warn)
+            .unwrap()
+            .unwrap();
         assert!(got.path.ends_with("chk-10"), "{got:?}");
         assert!(warned.is_empty());
+        // A run that began at checkpoint 11 never resumes from 7 or 10 (an earlier run's):
+        // from its savepoint, or from the beginning without one.
+        assert_eq!(first_checkpoint_id(&spec), 11);
+        assert_eq!(
+            restore_point(&spec, 11, Some(&sp), &mut |_| {}).unwrap(),
+            Some(sp.clone())
+        );
+        assert_eq!(restore_point(&spec, 11, None, &mut |_| {}).unwrap(), None);
+        storage.write_checkpoint(11, &snapshot(11)).unwrap();
+        let got = restore_point(&spec, 11, None, &mut |_| {})
+            .unwrap()
+            .unwrap();
+        assert!(got.path.ends_with("chk-11"), "{got:?}");
         // Without a checkpoint block: the default strategy, the savepoint.
         let plain = JobSpec::from_yaml(yaml.split("checkpoint:").next().unwrap()).unwrap();
         assert_eq!(restart_policy(&plain), RestartSpec::default());
         assert_eq!(
-            restore_point(&plain, Some(&sp), &mut |_| {}).unwrap(),
+            restore_point(&plain, 0, Some(&sp), &mut |_| {}).unwrap(),
             Some(sp)
         );
     }

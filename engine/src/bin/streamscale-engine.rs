@@ -254,6 +254,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(d) => Some(Arc::new(CheckpointStorage::open(&d, retain)?)),
         None => None,
     };
+    // Checkpoints numbered below this were written before this process started.
+    let first_checkpoint_id = storage.as_ref().map_or(0, |s| s.next_id());
     let (restore, restored_from) = match (&args.restore, &args.recover_from) {
         (Some(dir), _) => (
             Some(Savepoint::read(dir, &spec)?),
@@ -297,6 +299,8 @@ fn run(args: Args) -> anyhow::Result<()> {
     let restart = match (&spec.checkpoint, &storage) {
         (Some(c), Some(storage)) => Some(RestartPolicy {
             storage: storage.clone(),
+            first_checkpoint_id,
+            started_from: restored_from.as_ref().map(PathBuf::from),
             attempts: c.restart.attempts,
             delay: Duration::from_secs_f64(c.restart.delay_seconds),
             options: options.clone(),

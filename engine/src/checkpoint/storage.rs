@@ -571,9 +571,23 @@ impl CheckpointStorage {
     /// [`StorageError::NoneUsable`] when checkpoints exist but none verifies;
     /// [`StorageError::Store`] when the location cannot be listed.
     pub fn latest(&self, spec: &JobSpec) -> Result<Option<(PathBuf, Savepoint)>, StorageError> {
+        self.latest_since(spec, 0)
+    }
+
+    /// [`Self::latest`] among the checkpoints numbered `first_id` or higher: those a job wrote
+    /// since it started, when the directory also holds an earlier run's checkpoints (ids below
+    /// [`Self::next_id`] at its start).
+    ///
+    /// # Errors
+    /// As [`Self::latest`].
+    pub fn latest_since(
+        &self,
+        spec: &JobSpec,
+        first_id: u64,
+    ) -> Result<Option<(PathBuf, Savepoint)>, StorageError> {
         let ids = self.completed_ids()?;
         let mut reasons = Vec::new();
-        for id in ids.iter().rev() {
+        for id in ids.iter().rev().filter(|&&id| id >= first_id) {
             match self.read(*id, spec) {
                 Ok(sp) => {
                     let path = self.path_of(*id);
