@@ -194,6 +194,31 @@ fn latency_percentile_outside_zero_one_is_rejected() {
 }
 
 #[test]
+fn a_scale_down_lookback_beyond_a_week_or_negative_is_rejected() {
+    for bad in ["1e9", "-1", "604801"] {
+        let e = problem(&job(
+            &format!("  - {{ name: m, kind: map }}\n{SINK}"),
+            TO_SINK,
+            &format!("autoscaler: {{ scaleDownLookbackSeconds: {bad} }}\n"),
+        ));
+        assert!(
+            e.contains("autoscaler.scaleDownLookbackSeconds"),
+            "{bad}: {e}"
+        );
+        assert!(e.contains("scaling.min"), "{bad}: {e}");
+    }
+    for good in ["0", "3600", "604800"] {
+        let spec = JobSpec::from_yaml(&job(
+            &format!("  - {{ name: m, kind: map }}\n{SINK}"),
+            TO_SINK,
+            &format!("autoscaler: {{ scaleDownLookbackSeconds: {good} }}\n"),
+        ))
+        .unwrap();
+        spec.validate().unwrap();
+    }
+}
+
+#[test]
 fn an_unknown_kind_names_the_operator_and_the_kinds() {
     let e = problem(&job(
         &format!("  - {{ name: m, kind: mapp }}\n{SINK}"),

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Longest `autoscaler.scaleDownLookbackSeconds` accepted, seconds (7 days).
+const MAX_LOOKBACK_SECONDS: f64 = 7.0 * 86_400.0;
+
 impl JobSpec {
     /// Reads, parses and validates a job file. Relative paths in it (trace files, sink
     /// `output`, checkpoint and disk-state directories) are resolved against the job file's
@@ -452,10 +455,10 @@ impl JobSpec {
             ));
         }
         if let Some(l) = a.scale_down_lookback_seconds
-            && !(l >= 0.0 && l.is_finite())
+            && !(0.0..=MAX_LOOKBACK_SECONDS).contains(&l)
         {
             return Err(format!(
-                "autoscaler.scaleDownLookbackSeconds: {l} must be 0 (off) or a positive number of seconds"
+                "autoscaler.scaleDownLookbackSeconds: {l} must be 0 (off) or a number of seconds up to {MAX_LOOKBACK_SECONDS} (7 days); to keep an operator from scaling down, give it a scaling.min"
             ));
         }
         if let Some(m) = a.max_utilization
