@@ -257,10 +257,31 @@ pub fn replace_file(
 /// [`ReportError`] when the file cannot be written.
 pub fn write_summary(dir: &Path, summary: &Summary) -> Result<PathBuf, ReportError> {
     let path = dir.join("summary.json");
-    let mut text = serde_json::to_string_pretty(summary)?;
+    let mut value = serde_json::to_value(summary)?;
+    tidy_numbers(&mut value);
+    let mut text = serde_json::to_string_pretty(&value)?;
     text.push('\n');
     write_file(&path, text.as_bytes())?;
     Ok(path)
+}
+
+/// Rounds every fractional number in `value` to 12 significant digits and turns `-0.0` into
+/// `0.0`, so that sums of floats read as a person would write them (`5.0`, not
+/// `4.999999999999999`); integers are left as they are.
+fn tidy_numbers(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Number(n) if n.is_f64() => {
+            if let Some(x) = n.as_f64() {
+                let tidy = format!("{x:.11e}").parse::<f64>().unwrap_or(x) + 0.0;
+                if let Some(t) = serde_json::Number::from_f64(tidy) {
+                    *n = t;
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(tidy_numbers),
+        serde_json::Value::Object(map) => map.values_mut().for_each(tidy_numbers),
+        _ => {}
+    }
 }
 
 fn opt(v: Option<f64>) -> String {
@@ -523,6 +544,23 @@ mod tests {
         let mut lost = summary();
         lost.records_lost = Some(3);
         assert!(!lost.ok());
+    }
+
+    #[test]
+    fn summary_json_reads_sums_of_floats_as_a_person_writes_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = summary();
+        s.duration_s = 4.999_999_999_999_999;
+        s.slo_violation_seconds = -0.0;
+        s.parallelism_seconds = 1643.25;
+        let path = write_summary(dir.path(), &s).expect("written");
+        let text = std::fs::read_to_string(path).expect("read");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["duration_s"], 5.0, "{text}");
+        assert_eq!(v["parallelism_seconds"], 1643.25);
+        assert!(!text.contains("-0.0"), "{text}");
+        assert!(text.contains("\"slo_violation_seconds\": 0.0"), "{text}");
+        assert_eq!(v["records_emitted"], s.records_emitted.expect("some"));
     }
 
     #[test]
