@@ -25,6 +25,8 @@ pub const QUEUE_LENGTH: &str = "streamscale_input_queue_length";
 pub const SOURCE_BACKLOG: &str = "streamscale_source_backlog_records";
 /// Counter (sources): records that should have been emitted by now.
 pub const SOURCE_ARRIVALS: &str = "streamscale_source_arrivals_total";
+/// Gauge (Kafka sources): the topic's partition count.
+pub const SOURCE_PARTITIONS: &str = "streamscale_source_partitions";
 /// Gauge (sources): the trace's current target rate, in records/s.
 pub const SOURCE_RATE: &str = "streamscale_source_rate_records_per_second";
 /// Gauge (keyed operators): the busiest key group's share of the subtask's recent records.
@@ -345,6 +347,7 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
             | QUEUE_LENGTH
             | SOURCE_BACKLOG
             | SOURCE_ARRIVALS
+            | SOURCE_PARTITIONS
             | HOTTEST_KEY_GROUP_SHARE
             | KEY_GROUP_SHARE
             | SERVICE_RECORDS
@@ -386,6 +389,9 @@ pub fn parse_metrics(text: &str, at_seconds: f64) -> Result<EngineMetrics, Scrap
                     BACKPRESSURED => s.backpressured_seconds = value,
                     QUEUE_LENGTH => s.queue_length = value,
                     SOURCE_BACKLOG => s.source_backlog = Some(value),
+                    SOURCE_PARTITIONS => {
+                        s.source_partitions = (value.is_finite() && value >= 1.0).then_some(value);
+                    }
                     SERVICE_RECORDS => s.service.get_or_insert_default().records = value,
                     SERVICE_SECONDS => s.service.get_or_insert_default().seconds = value,
                     SERVICE_SECONDS_SQ => s.service.get_or_insert_default().seconds_sq = value,

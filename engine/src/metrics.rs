@@ -533,6 +533,9 @@ pub struct SourceReading {
     pub emitted: u64,
     /// Target rate now, records/s.
     pub rate: f64,
+    /// Kafka sources: the topic's partition count, the source's useful parallelism at most
+    /// (`streamscale_source_partitions`); `None` for other sources.
+    pub partitions: Option<u32>,
 }
 
 /// Reads a source operator's [`SourceReading`] now; the runtime implements it from what the
@@ -552,6 +555,7 @@ struct SourceSeries {
     arrivals: f64,
     backlog: f64,
     rate: f64,
+    partitions: Option<u32>,
 }
 
 struct LiveSource {
@@ -576,6 +580,7 @@ impl SourceSeries {
         self.arrivals = self.arrivals.max(live.offset + r.due as f64 / p);
         self.backlog = r.due.saturating_sub(r.emitted) as f64 / p;
         self.rate = r.rate / p;
+        self.partitions = r.partitions.or(self.partitions);
     }
 }
 
@@ -583,13 +588,15 @@ struct SourceFamilies {
     arrivals: Desc,
     backlog: Desc,
     rate: Desc,
+    partitions: Desc,
     /// Series by label values (`operator`, `subtask`), and the last generation handed out.
     series: Mutex<(BTreeMap<[String; 2], SourceSeries>, u64)>,
 }
 
 /// The sources' families `streamscale_source_arrivals_total` (counter),
-/// `streamscale_source_backlog_records` and `streamscale_source_rate_records_per_second`
-/// (gauges), labels `operator` and `subtask`, computed at scrape time.
+/// `streamscale_source_backlog_records`, `streamscale_source_rate_records_per_second` and,
+/// for Kafka sources only, `streamscale_source_partitions` (gauges), labels `operator` and
+/// `subtask`, computed at scrape time.
 ///
 /// A running source subtask [`attaches`](SourceMetricsVec::attach) a [`SourceProbe`] and its
 /// parallelism p; every scrape then reads the probe, so the figures are current whatever the
@@ -626,6 +633,10 @@ impl SourceMetricsVec {
                 rate: desc(
                     "streamscale_source_rate_records_per_second",
                     "Current target emission rate of the source.",
+                )?,
+                partitions: desc(
+                    "streamscale_source_partitions",
+                    "Partitions of a Kafka source's topic (its useful parallelism at most).",
                 )?,
                 series: Mutex::new((BTreeMap::new(), 0)),
             }),
@@ -710,25 +721,31 @@ impl Drop for AttachedSource {
 
 impl Collector for SourceMetricsVec {
     fn desc(&self) -> Vec<&Desc> {
-        vec![&self.inner.arrivals, &self.inner.backlog, &self.inner.rate]
+        vec![
+            &self.inner.arrivals,
+            &self.inner.backlog,
+            &self.inner.rate,
+            &self.inner.partitions,
+        ]
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         let mut guard = self.lock();
         let series = &mut guard.0;
         series.values_mut().for_each(SourceSeries::refresh);
-        let family = |desc: &Desc, kind: MetricType, value: fn(&SourceSeries) -> f64| {
+        let family = |desc: &Desc, kind: MetricType, value: fn(&SourceSeries) -> Option<f64>| {
             let metrics = series
                 .iter()
-                .map(|(values, s)| {
+                .filter_map(|(values, s)| Some((values, value(s)?)))
+                .map(|(values, v)| {
                     let mut m = proto::Metric::from_label(label_pairs(values));
                     if kind == MetricType::COUNTER {
                         let mut c = proto::Counter::default();
-                        c.set_value(value(s));
+                        c.set_value(v);
                         m.set_counter(c);
                     } else {
                         let mut g = proto::Gauge::default();
-                        g.set_value(value(s));
+                        g.set_value(v);
                         m.set_gauge(g);
                     }
                     m
@@ -741,11 +758,19 @@ impl Collector for SourceMetricsVec {
             f.set_metric(metrics);
             f
         };
-        vec![
-            family(&self.inner.arrivals, MetricType::COUNTER, |s| s.arrivals),
-            family(&self.inner.backlog, MetricType::GAUGE, |s| s.backlog),
-            family(&self.inner.rate, MetricType::GAUGE, |s| s.rate),
-        ]
+        let mut out = vec![
+            family(&self.inner.arrivals, MetricType::COUNTER, |s| {
+                Some(s.arrivals)
+            }),
+            family(&self.inner.backlog, MetricType::GAUGE, |s| Some(s.backlog)),
+            family(&self.inner.rate, MetricType::GAUGE, |s| Some(s.rate)),
+            family(&self.inner.partitions, MetricType::GAUGE, |s| {
+                s.partitions.map(f64::from)
+            }),
+        ];
+        // A family without series is left out (no Kafka source: no partitions family).
+        out.retain(|f| !f.get_metric().is_empty());
+        out
     }
 }
 
@@ -999,7 +1024,12 @@ mod tests {
     impl SourceProbe for FakeSource {
         fn read(&self) -> SourceReading {
             let (due, emitted, rate) = *self.0.lock().expect("fake");
-            SourceReading { due, emitted, rate }
+            SourceReading {
+                due,
+                emitted,
+                rate,
+                partitions: None,
+            }
         }
     }
 

@@ -272,11 +272,13 @@ pub struct OperatorSpec {
     /// Number of subtasks (parallel instances). At least 1, at most `maxParallelism`. Default 1.
     #[serde(default = "one")]
     pub parallelism: u32,
-    /// Real computation per record, in microseconds of CPU time (non-source operators only).
+    /// Real computation per record, in microseconds of CPU time (not on generated sources; a
+    /// Kafka source spends it per record read).
     #[serde(default)]
     pub cpu: f64,
     /// Blocking wait per record, in microseconds, standing for an external call such as a
-    /// database lookup (non-source operators only). It costs no CPU, so more subtasks add
+    /// database lookup (not on generated sources; a Kafka source waits per record read). It
+    /// costs no CPU, so more subtasks add
     /// capacity even on a small machine.
     #[serde(default)]
     pub io: f64,

@@ -158,6 +158,7 @@ fn subtask_sample(c: &OpCounters, w: f64, n: f64, is_source: bool) -> SubtaskSam
         queue_length: c.queue * w,
         source_backlog: is_source.then_some(c.backlog * w),
         source_arrivals: is_source.then_some(c.arrivals * w),
+        source_partitions: None,
         hottest_key_group_share: None,
         key_group_shares: Vec::new(),
         service: None,

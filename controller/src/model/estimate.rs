@@ -110,6 +110,15 @@ pub struct SourceEstimate {
     pub recent_arrival_rate: f64,
     /// Records that should have been emitted but were not, at the last sample (sum over subtasks).
     pub backlog_records: f64,
+    /// Kafka sources: the topic's partition count at the last sample (the largest any subtask
+    /// reports, `streamscale_source_partitions`); `None` for other sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    /// Kafka sources: records a subtask reads per second of busy time (Δrecords_out / Δbusy
+    /// over the window, summed over subtasks), the source's μ; `None` for other sources and
+    /// when the window has no output or too little busy time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processing_rate: Option<f64>,
 }
 
 /// Number of most recent scrape intervals over which the recent arrival rate is measured.
@@ -789,11 +798,21 @@ fn estimate_operator(
             None => window_rate,
         };
         let backlog = last.iter().map(|s| s.source_backlog.unwrap_or(0.0)).sum();
+        let partitions = last
+            .iter()
+            .filter_map(|s| s.source_partitions)
+            .filter(|n| n.is_finite() && *n >= 1.0)
+            .fold(None, |m: Option<f64>, n| Some(m.map_or(n, |m| m.max(n))))
+            .map(|n| n.min(f64::from(u32::MAX)) as u32);
+        let processing_rate = (partitions.is_some() && d_out > 0.0 && d_busy > MIN_BUSY_SECONDS)
+            .then(|| d_out / d_busy);
         Some(SourceEstimate {
             arrival_rate: window_rate.max(recent_rate),
             window_arrival_rate: window_rate,
             recent_arrival_rate: recent_rate,
             backlog_records: backlog,
+            partitions,
+            processing_rate,
         })
     } else {
         None

@@ -628,6 +628,26 @@ pub const BEST_EFFORT_MARGIN: f64 = 0.1;
 /// Relative slack when rounding λ/(ρμ) up, so that 2.0000000001 from float noise is 2.
 const CEIL_SLACK: f64 = 1e-9;
 
+/// The share of a Kafka source's input its busiest subtask reads at `p` subtasks over `n`
+/// partitions (n ≥ 1): Flink's `KafkaSource` deals the partitions round-robin, so the busiest
+/// subtask reads ⌈n/min(p, n)⌉ of them, ⌈n/p⌉ / n of the input with partitions equally loaded.
+pub(crate) fn partition_share(n: u32, p: u32) -> f64 {
+    let n = n.max(1);
+    let q = p.clamp(1, n);
+    f64::from(n.div_ceil(q)) / f64::from(n)
+}
+
+/// The smallest parallelism with the same busiest-subtask share as `p` over `n` partitions:
+/// ⌈n / ⌈n/p⌉⌉ (the key-group rule of [`Model::size_keyed`], for partitions): 3 for 4 or 5
+/// over 6 partitions, never above n. 0 stays 0.
+pub(crate) fn align_to_partitions(n: u32, p: u32) -> u32 {
+    if p == 0 || n == 0 {
+        return p;
+    }
+    let q = p.min(n);
+    n.div_ceil(n.div_ceil(q))
+}
+
 /// Scale-up tolerance band, relative to the target utilization ρ_target: an operator whose
 /// busiest subtask would run at ρ ≤ ρ_target · (1 + this) at its current parallelism (and the
 /// target rate, backlog drain included) is not scaled up by the utilization sizing; the target
@@ -1008,11 +1028,15 @@ impl Model {
     }
 
     /// Share of operator `i`'s input that its busiest subtask receives at parallelism `p`:
+    /// a Kafka source's busiest subtask reads ⌈N/p⌉ of its N partitions ([`partition_share`]);
     /// keyed operators sum the key-group loads of each subtask's contiguous key-group range
     /// (so both skew and an uneven split of key groups count); other operators share one
     /// queue, 1/p.
     fn max_share(&self, i: usize, p: u32) -> f64 {
         let p = p.max(1);
+        if let Some(n) = self.partitions(i) {
+            return partition_share(n, p);
+        }
         let Some(s) = self.kg_slot[i] else {
             return 1.0 / f64::from(p);
         };
@@ -1071,7 +1095,64 @@ impl Model {
     /// Predicted utilization ρ of operator `i`'s busiest subtask at `p` and the target rate.
     fn predicted_rho(&self, i: usize, p: u32) -> Option<f64> {
         self.mu_at(i, p)
+            .or_else(|| self.source_mu(i))
             .map(|m| self.effective_lambda(i, self.lambda_target[i], p) / (f64::from(p.max(1)) * m))
+    }
+
+    /// The partition count of Kafka source `i` (`None` for other operators).
+    fn partitions(&self, i: usize) -> Option<u32> {
+        self.est[i]
+            .source
+            .and_then(|s| s.partitions)
+            .filter(|&n| n > 0)
+    }
+
+    /// A Kafka source's μ per subtask (records read per busy second,
+    /// [`SourceEstimate::processing_rate`](super::estimate::SourceEstimate::processing_rate));
+    /// `None` for other operators. Kept apart from [`Model::mu`]: a source has no sojourn in
+    /// the latency prediction.
+    fn source_mu(&self, i: usize) -> Option<f64> {
+        let src = self.est[i].source?;
+        src.partitions?;
+        src.processing_rate.filter(|m| m.is_finite() && *m > 0.0)
+    }
+
+    /// The most subtasks operator `i` may have: its max, and for a Kafka source at most its
+    /// partition count (more would idle).
+    fn upper_bound(&self, i: usize) -> u32 {
+        let hi = self.graph.bounds[i].1;
+        self.partitions(i).map_or(hi, |n| hi.min(n))
+    }
+
+    /// Kafka source `i` (N partitions, μ per subtask known) sized as DS2 sizes an operator,
+    /// with partition alignment, the key-group rule of [`Model::size_keyed`] for partitions:
+    /// the smallest p ≤ N whose busiest subtask, reading ⌈N/p⌉ partitions, stays at or under
+    /// ρ_target at the source's target rate, then lowered to the smallest p with the same
+    /// ⌈N/p⌉ (a divisor-like p: 3 rather than 4 or 5 for 6 partitions). Returns the needed
+    /// parallelism before the bounds (N + 1 when even one partition per subtask is too much)
+    /// and the text of its sizing.
+    fn size_source(&self, i: usize, n: u32, mu: f64) -> (u32, String) {
+        let lambda = self.lambda_target[i];
+        let limit = self.s.rho * mu * (1.0 + CEIL_SLACK);
+        let fits = |p: u32| lambda * partition_share(n, p) <= limit;
+        let Some(p) = (1..=n).find(|&p| fits(p)) else {
+            let why = format!(
+                "source with {n} partitions: λ_target {} rec/s needs more than one partition per subtask at ρ_target {} × μ {} rec/s → p={} (more than its partitions)",
+                fmt_rate(lambda),
+                Fixed(self.s.rho, 2),
+                fmt_rate(mu),
+                n + 1
+            );
+            return (n.saturating_add(1), why);
+        };
+        let aligned = align_to_partitions(n, p);
+        let why = format!(
+            "source with {n} partitions: λ_target {} rec/s, busiest subtask reads ⌈{n}/p⌉ of them, ρ_target {} × μ {} rec/s → p={aligned}",
+            fmt_rate(lambda),
+            Fixed(self.s.rho, 2),
+            fmt_rate(mu)
+        );
+        (aligned, why)
     }
 
     /// μ per subtask (records/s) expected at parallelism `p`: the measured μ, times the learned
@@ -1789,9 +1870,55 @@ impl Model {
             let cur = self.est[i].parallelism;
             let (lo, hi) = self.graph.bounds[i];
             if self.graph.topo.is_source[i] {
-                p[i] = cur;
+                let (Some(n), Some(mu)) = (self.partitions(i), self.source_mu(i)) else {
+                    p[i] = cur;
+                    if explain {
+                        why[i] = format!("source: not rescaled, keeps p={cur}");
+                    }
+                    continue;
+                };
+                let hi = self.upper_bound(i);
+                let lo = lo.min(hi);
+                let (mut need, text) = self.size_source(i, n, mu);
                 if explain {
-                    why[i] = format!("source: not rescaled, keeps p={cur}");
+                    why[i] = text;
+                }
+                if need > cur
+                    && (lo..=hi).contains(&cur)
+                    && let Some(rho_cur) = self.predicted_rho(i, cur)
+                    && rho_cur <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
+                {
+                    if explain {
+                        cat!(&mut why[i];
+                            "; ρ=", Fixed(rho_cur, 3), " at the current p=", cur,
+                            " is within the scale-up tolerance: keeps p=", cur
+                        );
+                    }
+                    need = cur;
+                }
+                // Within the bounds, and aligned again there (a max of 4 over 6 partitions
+                // gives 3: a fourth subtask would take no partition off the busiest).
+                p[i] = align_to_partitions(n, need.clamp(lo, hi)).max(lo);
+                if need > hi {
+                    clamped[i] = true;
+                    if explain {
+                        let rho = self.predicted_rho(i, p[i]).unwrap_or(f64::INFINITY);
+                        let _ = write!(why[i], "; at its limit p={}: predicted ρ={rho:.2}", p[i]);
+                        let limit = if hi == n && self.graph.bounds[i].1 >= n {
+                            format!("its topic has {n} partitions")
+                        } else {
+                            format!("its max is {hi}")
+                        };
+                        reasons.push(format!(
+                            "{}: needs p={need} for ρ ≤ {rho_t:.2} but {limit}; predicted ρ={rho:.2}{}",
+                            self.name(i),
+                            if rho >= 1.0 {
+                                " (unstable: backlog will grow)"
+                            } else {
+                                ""
+                            }
+                        ));
+                    }
                 }
                 continue;
             }
@@ -2292,7 +2419,7 @@ impl Model {
                 kind: Cow::Borrowed(g.kind[i]),
                 current_parallelism: e.parallelism,
                 parallelism: p[i],
-                max_parallelism: g.bounds[i].1,
+                max_parallelism: self.upper_bound(i),
                 observed_input_rate: e.input_rate,
                 arrival_rate: self.lambda_target[i],
                 steady_arrival_rate: self.lambda_steady[i],
@@ -2562,5 +2689,7 @@ impl Model {
     }
 }
 
+#[cfg(test)]
+mod partition_tests;
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,11 @@ pub struct SubtaskSample {
     /// Counter, sources only: records that should have been emitted by now (the external
     /// arrival count; Δ/Δt is the arrival rate γ even under backpressure).
     pub source_arrivals: Option<f64>,
+    /// Gauge, Kafka sources only: the topic's partition count (`streamscale_source_partitions`),
+    /// the most subtasks the source can use. `None` for other sources and operators, the
+    /// simulator and older stored windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_partitions: Option<f64>,
     /// Gauge, keyed operators only: the share of the subtask's recent records (the engine's
     /// counts per key group, decayed with a 5 s half-life) that its busiest key group took, in
     /// (0, 1] (`streamscale_hottest_key_group_share`). `None` where the engine does not report

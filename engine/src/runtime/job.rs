@@ -31,18 +31,20 @@ impl Job {
         let mut rates = BTreeMap::new();
         let mut sink_files = BTreeMap::new();
         let mut two_phase: BTreeMap<String, Arc<dyn TwoPhaseCommitSink>> = BTreeMap::new();
+        // Kafka sources' partition counts, read once here.
+        let mut kafka_partitions: BTreeMap<String, i32> = BTreeMap::new();
         for op in &spec.operators {
             match &op.kind {
                 OperatorKind::Source { rate, kafka, .. } => {
                     if let Some(k) = kafka {
                         // One clear error before any thread starts: brokers unreachable or
                         // no such topic.
-                        crate::kafka::partition_count(&k.bootstrap_servers, &k.topic).map_err(
-                            |source| RuntimeError::Kafka {
+                        let n = crate::kafka::partition_count(&k.bootstrap_servers, &k.topic)
+                            .map_err(|source| RuntimeError::Kafka {
                                 operator: op.name.clone(),
                                 source: Box::new(source),
-                            },
-                        )?;
+                            })?;
+                        kafka_partitions.insert(op.name.clone(), n);
                     }
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
                 }
@@ -189,8 +191,11 @@ impl Job {
                         .unwrap_or_default(),
                 ));
                 if let Some(k) = kafka {
-                    kafka_figures
-                        .insert(name.clone(), Arc::new(KafkaFigures::new(gate.clone(), k)));
+                    let partitions = kafka_partitions.get(name).copied().unwrap_or(0);
+                    kafka_figures.insert(
+                        name.clone(),
+                        Arc::new(KafkaFigures::new(gate.clone(), k, partitions)),
+                    );
                 }
                 gates.insert(name.clone(), gate);
             }
@@ -408,6 +413,8 @@ impl Job {
                                 .clone()
                                 .unwrap_or_else(|| format!("streamscale-{}-{name}", spec.name)),
                             figures: kafka_figures[name].clone(),
+                            cpu_us: op.cpu,
+                            io_us: op.io,
                         };
                         Box::new(move || source.run(ctx))
                     }

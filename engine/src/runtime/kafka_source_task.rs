@@ -8,6 +8,7 @@
 //! producers' rate, not what the source managed to read.
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU32;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message as _;
@@ -42,11 +43,20 @@ pub(super) struct KafkaFigures {
     log_end: Mutex<BTreeMap<i32, i64>>,
     /// (when, Σ log end offsets then, records/s since the previous reading).
     growth: Mutex<(Instant, u64, f64)>,
+    /// The topic's partition count as the subtasks last read it (0: not yet known).
+    partitions: AtomicU32,
 }
 
 impl KafkaFigures {
-    /// The figures of a source reading `spec` through `gate` (restored positions included).
-    pub(super) fn new(gate: Arc<SourceGate>, spec: &KafkaSourceSpec) -> KafkaFigures {
+    /// The figures of a source reading `spec` through `gate` (restored positions included),
+    /// whose topic has `partitions` partitions now: their log end offsets are read before
+    /// any subtask attaches, so that a fresh start on a topic holding records counts them
+    /// as backlog, not as a burst of arrivals.
+    pub(super) fn new(
+        gate: Arc<SourceGate>,
+        spec: &KafkaSourceSpec,
+        partitions: i32,
+    ) -> KafkaFigures {
         let figures = KafkaFigures {
             gate,
             topic: spec.topic.clone(),
@@ -54,9 +64,14 @@ impl KafkaFigures {
             refreshed: Mutex::new(None),
             log_end: Mutex::new(BTreeMap::new()),
             growth: Mutex::new((Instant::now(), 0, 0.0)),
+            partitions: AtomicU32::new(0),
         };
-        // The restored partitions' log end offsets before any subtask attaches: the
-        // arrivals series continues from them, not from the restored positions.
+        // Every partition's log end offset before any subtask attaches: the arrivals series
+        // continues from them, not from the restored positions (nor from 0 on a fresh start).
+        for p in 0..partitions {
+            figures.set_log_end(p, 0);
+        }
+        figures.set_partitions(partitions);
         figures.refresh();
         figures
     }
@@ -83,6 +98,12 @@ impl KafkaFigures {
                 self.set_log_end(p, high);
             }
         }
+    }
+
+    /// Records the topic's partition count `n` as a subtask read it (the largest seen).
+    fn set_partitions(&self, n: i32) {
+        let n = u32::try_from(n).unwrap_or(0);
+        self.partitions.fetch_max(n, Ordering::Relaxed);
     }
 
     fn set_log_end(&self, partition: i32, offset: i64) {
@@ -121,7 +142,13 @@ impl SourceProbe for KafkaFigures {
             }
             Err(_) => 0.0,
         };
-        SourceReading { due, emitted, rate }
+        let partitions = Some(self.partitions.load(Ordering::Relaxed)).filter(|&n| n > 0);
+        SourceReading {
+            due,
+            emitted,
+            rate,
+            partitions,
+        }
     }
 }
 
@@ -131,12 +158,18 @@ pub(super) struct KafkaSourceTask {
     /// The consumer group offsets are committed to (for monitoring).
     pub(super) group: String,
     pub(super) figures: Arc<KafkaFigures>,
+    /// The operator's synthetic per-record costs (`cpu`, `io`, µs), spent per record read.
+    pub(super) cpu_us: f64,
+    pub(super) io_us: f64,
 }
 
 /// Records polled but not yet claimed (a barrier came first) and the offsets they advance.
 struct Polled {
     records: Vec<Record>,
     advanced: Vec<(i32, i64)>,
+    /// How long the first poll waited for a record (idle time, not work: with records at
+    /// hand it returns at once).
+    waited: Duration,
 }
 
 impl KafkaSourceTask {
@@ -194,10 +227,16 @@ impl KafkaSourceTask {
         let mut polled = Polled {
             records: Vec::new(),
             advanced: Vec::new(),
+            waited: Duration::ZERO,
         };
         let mut wait = POLL_WAIT;
         while (polled.records.len() as u64) < SOURCE_BATCH {
-            let Some(msg) = consumer.poll(wait) else {
+            let t = (wait > Duration::ZERO).then(Instant::now);
+            let msg = consumer.poll(wait);
+            if let Some(t) = t {
+                polled.waited = t.elapsed();
+            }
+            let Some(msg) = msg else {
                 break;
             };
             wait = Duration::ZERO;
@@ -263,6 +302,9 @@ impl KafkaSourceTask {
                 .sources
                 .attach(l, ctx.parallelism, self.figures.clone())
         });
+        // Setting up the consumer (metadata, assignment) waits on the brokers: idle time, not
+        // reading, or the first metric window would understate the source's μ.
+        let setup = ctx.meter.now();
         // Fails the subtask with `reason`, prefixed with its name.
         let fail = |mut ctx: SubtaskContext, reason: String| {
             ctx.meter.flush(0);
@@ -279,10 +321,16 @@ impl KafkaSourceTask {
             Ok(n) => n,
             Err(e) => return fail(ctx, e.to_string()),
         };
+        self.figures.set_partitions(partitions);
         let mut assigned = Vec::new();
         let owned = owned_partitions(&topic, partitions, ctx.index, ctx.parallelism);
         if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
             return fail(ctx, e.to_string());
+        }
+        if let Some(t) = setup {
+            let took = t.elapsed();
+            ctx.meter.idle += took;
+            ctx.meter.waited(took);
         }
         let mut last_injected = 0;
         let mut pending: Option<Polled> = None;
@@ -298,6 +346,7 @@ impl KafkaSourceTask {
                     && n > partitions
                 {
                     partitions = n;
+                    self.figures.set_partitions(n);
                     let owned = owned_partitions(&topic, partitions, ctx.index, ctx.parallelism);
                     if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
                         return fail(ctx, e.to_string());
@@ -310,9 +359,14 @@ impl KafkaSourceTask {
                 None => {
                     let t = ctx.meter.now();
                     let polled = self.poll(&consumer, &ctx);
-                    // A poll that found nothing waited for records: idle time.
-                    if let Some(t) = t.filter(|_| polled.records.is_empty()) {
-                        let took = t.elapsed();
+                    // A poll that found nothing waited for records: idle time; one that found
+                    // some waited for the first of them (its busy time is reading them).
+                    if let Some(t) = t {
+                        let took = if polled.records.is_empty() {
+                            t.elapsed()
+                        } else {
+                            polled.waited
+                        };
                         ctx.meter.idle += took;
                         ctx.meter.waited(took);
                     }
@@ -341,6 +395,10 @@ impl KafkaSourceTask {
                         if shed_share > 0.0 && crate::shed::drops(rec.seq, shed_share) {
                             shed += 1;
                             continue;
+                        }
+                        // The synthetic per-record cost (`cpu`/`io`), for experiments.
+                        if self.cpu_us > 0.0 || self.io_us > 0.0 {
+                            super::cost::spend(self.cpu_us, self.io_us, rec.key);
                         }
                         if !ctx.outputs.send(rec, &mut ctx.meter) {
                             crate::shed::count_shed(&l, shed);

@@ -300,6 +300,7 @@ impl SourceProbe for SourceFigures {
             due: due_at(&self.rate, now, self.limit),
             emitted: self.gate.emitted(),
             rate: self.rate.rate(now),
+            partitions: None,
         }
     }
 }

@@ -588,9 +588,9 @@ impl JobSpec {
                     kafka,
                     count,
                 } => {
-                    if op.cpu != 0.0 || op.io != 0.0 {
+                    if kafka.is_none() && (op.cpu != 0.0 || op.io != 0.0) {
                         return Err(format!(
-                            "{at}: sources have no per-record cost; remove `cpu`/`io`"
+                            "{at}: generated sources have no per-record cost (a Kafka source may have one); remove `cpu`/`io`"
                         ));
                     }
                     if let Some(k) = kafka {
