@@ -29,5 +29,6 @@ pub mod sink;
 pub mod spec;
 pub mod state;
 pub mod time;
+pub mod tls;
 pub mod trace;
 pub mod writable_dir;

@@ -58,6 +58,22 @@ pub struct FlinkScalerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^https?://[^\s]+$"))]
     pub rest_url: Option<String>,
+    /// Credentials and TLS trust for the REST endpoint (for a proxy or gateway in front of the
+    /// JobManager), from a Secret in this namespace; none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rest_auth: Option<RestAuthRef>,
+}
+
+/// Where the Flink REST endpoint's credentials are: a Secret with the key `token` (sent as
+/// `Authorization: Bearer`) or the keys `username` and `password` (basic auth), and optionally
+/// `ca.crt` (PEM; the endpoint's https certificate must chain to it instead of the system's
+/// roots). Read at every reconcile; never copied into status, Events or logs.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestAuthRef {
+    /// The Secret's name, in the FlinkScaler's namespace.
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
 }
 
 /// A reference to the Flink resource to scale.

@@ -22,6 +22,7 @@
 pub mod crd;
 pub mod engine_token;
 pub mod flink_rescale;
+pub mod flink_rest_auth;
 pub mod flink_scaler_crd;
 pub mod flink_target;
 pub mod learned_configmap;

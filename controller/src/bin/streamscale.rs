@@ -126,9 +126,19 @@ enum Command {
 
 #[derive(clap::Args)]
 struct FlinkArgs {
-    /// The cluster's REST URL.
+    /// The cluster's REST URL (`https://` for TLS).
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     rest_url: String,
+    /// A file holding a bearer token sent on every REST request (`Authorization: Bearer`).
+    #[arg(long)]
+    rest_token_file: Option<PathBuf>,
+    /// A file holding one line `username:password` for basic auth on every REST request.
+    #[arg(long)]
+    rest_basic_auth_file: Option<PathBuf>,
+    /// PEM CA certificate(s) the https endpoint's certificate must chain to (default: the
+    /// system's trusted roots).
+    #[arg(long)]
+    rest_ca_file: Option<PathBuf>,
     /// A job id to autoscale (repeatable).
     #[arg(long = "job")]
     jobs: Vec<String>,
@@ -203,8 +213,17 @@ enum RescaleArg {
     Savepoint,
 }
 
-/// Builds the Flink session's options from the command line.
-fn flink_options(a: FlinkArgs) -> Result<FlinkOptions, RunError> {
+/// Builds the Flink session's options from the command line, and the REST client's
+/// credentials and trust.
+fn flink_options(
+    a: FlinkArgs,
+) -> Result<
+    (
+        FlinkOptions,
+        streamscale_controller::flink::rest_auth::RestAuth,
+    ),
+    RunError,
+> {
     use streamscale_controller::flink::rest::JarSubmission;
     use streamscale_controller::flink::runtime::Resubmit;
     use streamscale_controller::flink::session::{Mode, RescalePath};
@@ -246,6 +265,12 @@ fn flink_options(a: FlinkArgs) -> Result<FlinkOptions, RunError> {
     }
     run::check_metrics_url(&a.rest_url)
         .map_err(|e| RunError::Option(format!("--rest-url: {e}")))?;
+    let auth = streamscale_controller::flink::rest_auth::RestAuth::from_files(
+        a.rest_token_file.as_deref(),
+        a.rest_basic_auth_file.as_deref(),
+        a.rest_ca_file.as_deref(),
+    )
+    .map_err(|e| RunError::Option(e.to_string()))?;
     let duration_s = a
         .duration
         .as_deref()
@@ -273,7 +298,8 @@ fn flink_options(a: FlinkArgs) -> Result<FlinkOptions, RunError> {
             )));
         }
     }
-    Ok(FlinkOptions {
+    let opts = FlinkOptions {
+        credentials: auth.credentials.clone(),
         rest_url: a.rest_url,
         jobs: a.jobs,
         all: a.all,
@@ -297,7 +323,8 @@ fn flink_options(a: FlinkArgs) -> Result<FlinkOptions, RunError> {
         duration_s,
         report_dir: a.report,
         rescale_timeout_s: a.rescale_timeout,
-    })
+    };
+    Ok((opts, auth))
 }
 
 /// Parses `90`, `90s`, `10m`, `1.5h` into seconds.
@@ -596,18 +623,29 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Flink(args) => {
-            let opts = flink_options(*args)?;
+            let (opts, auth) = flink_options(*args)?;
             let mut console = Console::default();
+            if auth.credentials != Default::default() && !opts.rest_url.starts_with("https:") {
+                err(&format!(
+                    "streamscale flink: warning: sending REST credentials over plain http to {} (use an https --rest-url)",
+                    opts.rest_url
+                ));
+            }
+            // Submitting a job from a jar can take tens of seconds.
+            let client = auth
+                .client(
+                    &opts.rest_url,
+                    reqwest::Client::builder()
+                        .no_proxy()
+                        .timeout(std::time::Duration::from_secs(90)),
+                )
+                .map_err(|e| RunError::Option(e.to_string()))?;
             let stop = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
             let summary = streamscale_controller::flink::session::run(
                 &opts,
-                // Submitting a job from a jar can take tens of seconds.
-                reqwest::Client::builder()
-                    .no_proxy()
-                    .timeout(std::time::Duration::from_secs(90))
-                    .build()?,
+                client,
                 stop,
                 &mut |line: &str| console.line(line),
             )

@@ -2,7 +2,7 @@
 //! API with the same planner and guards as the bundled engine.
 //!
 //! The phases, one module each:
-//! * collect: [`collect`] (one scrape of a job), [`rest`] (the REST client), [`topology`] (vertices and edges as the planner's
+//! * collect: [`collect`] (one scrape of a job), [`rest`] (the REST client), [`rest_auth`] (its credentials and CA), [`topology`] (vertices and edges as the planner's
 //!   job graph), [`metrics`] (per-subtask counters as the planner's metric sample);
 //! * evaluate, plan, guard: [`crate::model::Autoscaler`], unchanged;
 //! * realize: [`in_place`] (the adaptive scheduler's resource requirements, FLIP-291) or
@@ -17,6 +17,7 @@ pub mod collect;
 pub mod in_place;
 pub mod metrics;
 pub mod rest;
+pub mod rest_auth;
 pub mod runtime;
 pub mod session;
 pub mod settings;

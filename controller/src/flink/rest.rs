@@ -386,6 +386,7 @@ fn first_error_line(body: &str) -> String {
 pub struct FlinkRest {
     client: reqwest::Client,
     base: String,
+    credentials: crate::flink::rest_auth::RestCredentials,
 }
 
 impl FlinkRest {
@@ -395,7 +396,17 @@ impl FlinkRest {
         FlinkRest {
             client,
             base: base.trim_end_matches('/').to_string(),
+            credentials: Default::default(),
         }
+    }
+
+    /// The same client, sending `credentials` on every request.
+    pub fn with_credentials(
+        mut self,
+        credentials: crate::flink::rest_auth::RestCredentials,
+    ) -> FlinkRest {
+        self.credentials = credentials;
+        self
     }
 
     /// The cluster's REST URL.
@@ -420,6 +431,7 @@ impl FlinkRest {
         if let Some(b) = body {
             req = req.json(b);
         }
+        req = self.credentials.apply(req);
         let resp = req.send().await.map_err(|source| FlinkError::Http {
             method,
             url: url.clone(),

@@ -82,6 +82,8 @@ pub struct FlinkOptions {
     pub report_dir: PathBuf,
     /// Seconds a rescale may take before it is given up (in place) or rolled back.
     pub rescale_timeout_s: f64,
+    /// What every REST request carries (`--rest-token-file`, `--rest-basic-auth-file`).
+    pub credentials: crate::flink::rest_auth::RestCredentials,
 }
 
 impl Default for FlinkOptions {
@@ -103,6 +105,7 @@ impl Default for FlinkOptions {
             duration_s: None,
             report_dir: PathBuf::from("report-flink"),
             rescale_timeout_s: 120.0,
+            credentials: Default::default(),
         }
     }
 }
@@ -730,7 +733,7 @@ pub async fn run(
             opts.window_s, opts.interval_s
         )));
     }
-    let rest = FlinkRest::new(client, &opts.rest_url);
+    let rest = FlinkRest::new(client, &opts.rest_url).with_credentials(opts.credentials.clone());
     let overview = rest.overview().await?;
     print(&format!(
         "Flink {} at {}: {} TaskManager(s), {} slots ({} free); mode {:?}, rescale {:?}",

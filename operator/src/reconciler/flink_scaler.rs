@@ -270,7 +270,34 @@ async fn reconcile_with(
         .unwrap_or_else(|| flink_target::default_rest_url(kind, scope.name(), &view, &ns));
     status.rest_url = Some(rest_url.clone());
     status.job_id.clone_from(&view.job_id);
-    let rest = FlinkRest::new(ctx.http.clone(), &rest_url);
+    let rest = match crate::flink_rest_auth::flink_rest(
+        &ctx.client,
+        &ctx.http,
+        &ns,
+        scaler.spec.rest_auth.as_ref(),
+        &rest_url,
+    )
+    .await
+    {
+        Ok(rest) => rest,
+        Err(message) => {
+            // Names the Secret and key, never a value.
+            let first = !status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "RestAuthInvalid");
+            status.phase = FlinkScalerPhase::Pending;
+            scope.set(&mut status, "Ready", false, "RestAuthInvalid", &message);
+            if first {
+                scope.event(true, "RestAuthInvalid", message).await;
+            }
+            if status != before {
+                scope.write_status(&status).await?;
+            }
+            // Secrets are not watched: look again soon, so a fixed Secret shows.
+            return Ok(Requeue::requeue(Duration::from_secs(10)));
+        }
+    };
     let job: Result<JobDetails, String> = match &view.job_id {
         Some(jid) => rest.job(jid).await.map_err(|e| e.to_string()),
         None => Err(format!(
