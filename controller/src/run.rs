@@ -131,6 +131,10 @@ struct Loop<'a, R: EngineRuntime> {
     savepoints_removed: usize,
     /// Restarts after the engine died ([`supervise`]).
     restarts: Vec<RestartRecord>,
+    /// Run second at which the sources last started from the beginning of their rate (0, or
+    /// a restart with nothing to restore): trace times are counted from it, since the engine
+    /// replays the trace from its start then.
+    trace_origin_s: f64,
 }
 
 /// Runs the autoscaling loop locally and writes the report. Progress and result lines go to
@@ -260,6 +264,7 @@ pub async fn run(
         savepoints_dir: savepoints,
         savepoints_removed: 0,
         restarts: Vec::new(),
+        trace_origin_s: 0.0,
     };
     lp.run(engine, started, signals, print, warn).await
 }
@@ -478,7 +483,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     &cur,
                     &self.sources,
                     &engine.parallelism,
-                    self.job.trace_time(now_s),
+                    self.job.trace_time(now_s - self.trace_origin_s),
                     &capacity,
                 );
                 if engine_changed {
@@ -1016,6 +1021,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
             });
             match launched {
                 Ok((engine, _)) => {
+                    if point.is_none() {
+                        self.trace_origin_s = started.elapsed().as_secs_f64();
+                    }
                     print(&supervise::restarted_line(
                         started.elapsed().as_secs_f64(),
                         point.as_ref(),

@@ -131,6 +131,55 @@ fn an_engine_killed_twice_is_restarted_and_the_run_completes_with_every_record_o
     assert_eq!(published.lines().count() as u64, emitted, "{s}");
 }
 
+/// A trace-following job without checkpoints, killed before any savepoint: the engine is
+/// restarted from the beginning and replays its trace from the start, and the report's trace
+/// time starts over with it instead of running on with the wall clock.
+#[test]
+fn a_restart_from_the_beginning_starts_the_trace_time_over() {
+    let text = fixtures::unbounded_job(None).replace(
+        "rate: { constant: 300 }",
+        "rate: { trace: { file: trace.csv, speedup: 10 } }",
+    );
+    assert!(text.contains("trace.csv"), "{text}");
+    let (dir, job, report) = fixtures::job_dir(&text);
+    std::fs::write(
+        dir.path().join("trace.csv"),
+        "t_seconds,rate\n0,200\n10000,200\n",
+    )
+    .expect("trace");
+    let (child, mut out) = start(&job, &report);
+    let mut seen = String::new();
+    for _ in 0..4 {
+        read_until(&mut out, "in=", &mut seen);
+    }
+    let pid = engine_of(&report);
+    fixtures::kill("-KILL", &pid.to_string());
+    read_until(&mut out, "RESTARTED from the beginning", &mut seen);
+    std::io::Read::read_to_string(&mut out, &mut seen).expect("rest of stdout");
+    let output = child.wait_with_output().expect("wait");
+    assert_eq!(output.status.code(), Some(0), "{seen}");
+    let s = summary(&report);
+    let died_s = s["restarts"][0]["at_s"].as_f64().expect("a restart");
+    let timeline = std::fs::read_to_string(report.join("timeline.csv")).expect("timeline.csv");
+    let rows: Vec<(f64, f64)> = timeline
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split(',');
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect();
+    let last = rows.last().expect("rows");
+    // 10 trace-seconds per second: the last row's trace time is what the restarted engine
+    // replayed (its wall seconds since the restart × 10), not the whole run's wall time × 10.
+    assert!(
+        last.1 < (last.0 - died_s) * 10.0 + 15.0 && last.1 < last.0 * 10.0 - 15.0,
+        "last row t={} trace={} after a restart at {died_s} s:\n{timeline}",
+        last.0,
+        last.1
+    );
+}
+
 #[test]
 fn with_no_restart_left_the_run_fails_and_says_why() {
     let (_dir, job, report) = fixtures::job_dir(&job(0));
