@@ -1,19 +1,24 @@
-//! Applying a plan: stop-with-savepoint at the old parallelism, restore at the new one.
+//! Starting, stopping and rescaling the engine of one job file through a runtime.
 //!
-//! The savepoint is never lost and never overwritten: if the new engine cannot be started from
-//! it, the executor restarts the job at the old parallelism from the same savepoint; if the
-//! savepoint itself fails, the old engine is left running (or, when it died, restarted at the
-//! old parallelism from its latest restore point).
+//! A rescale (stop-with-savepoint at the old parallelism, restore at the new one) is the
+//! rescale machine of [`crate::rescale`] driven with the runtime as its backend, the same
+//! machine the Kubernetes operator drives. The savepoint is never lost and never overwritten:
+//! if the new engine cannot be started from it, the job is restarted at the old parallelism
+//! from the same savepoint; if the savepoint itself fails, the old engine is left running (or,
+//! when it died, restarted at the old parallelism from its latest restore point).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::api::{ApiError, JobStatus};
-use crate::runtime::{EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome};
+use crate::api::JobStatus;
+use crate::rescale::drive;
+use crate::rescale::machine::Outcome;
+pub use crate::rescale::runtime_backend::RestorePointFn;
+use crate::rescale::runtime_backend::RuntimeBackend;
+use crate::runtime::{
+    EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome, wait_running,
+};
 
 /// How a rescale ended. In every variant `engine` is the engine now running the job.
 #[derive(Debug)]
@@ -87,12 +92,6 @@ pub enum ExecutorError {
     Runtime(#[from] RuntimeError),
 }
 
-/// Where a replacement for a dead engine resumes, given the savepoint the dead engine was
-/// restored from (`None`: it started fresh): that savepoint, a newer completed checkpoint, or
-/// `None` for the beginning. Blocking I/O; an error falls back to that savepoint.
-pub type RestorePointFn =
-    Arc<dyn Fn(Option<&Savepoint>) -> Result<Option<Savepoint>, String> + Send + Sync>;
-
 /// Starts, stops and rescales the engine of one job file through a runtime.
 pub struct Executor<'a, R: EngineRuntime> {
     runtime: &'a R,
@@ -130,7 +129,8 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         self.runtime
     }
 
-    /// Polls the job's status every 100 ms until it is `running`.
+    /// Polls the job's status every 100 ms until it is `running` (see
+    /// [`crate::runtime::wait_running`]).
     ///
     /// # Errors
     /// [`ApiError::NotRunning`] (as [`RuntimeError::Api`]) after `timeout`, or at once when the
@@ -140,28 +140,7 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         engine: &EngineHandle,
         timeout: Duration,
     ) -> Result<JobStatus, RuntimeError> {
-        let started = Instant::now();
-        let not_running = |last: String| {
-            RuntimeError::Api(ApiError::NotRunning {
-                url: format!("{}/v1/job", engine.base_url),
-                waited_s: started.elapsed().as_secs_f64(),
-                last,
-            })
-        };
-        loop {
-            let last = match self.runtime.job_status(engine).await {
-                Ok(job) if job.state == "running" => return Ok(job),
-                Ok(job) if matches!(job.state.as_str(), "failed" | "finished" | "stopped") => {
-                    return Err(not_running(format!("state {}", job.state)));
-                }
-                Ok(job) => format!("state {}", job.state),
-                Err(e) => e.to_string(),
-            };
-            if started.elapsed() >= timeout {
-                return Err(not_running(last));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_running(self.runtime, engine, timeout).await
     }
 
     /// Starts an engine at `parallelism` (restored from `restore`) and waits until its job is
@@ -207,7 +186,9 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         outcome
     }
 
-    /// Rescales the job running on `engine` to `target` parallelism.
+    /// Rescales the job running on `engine` to `target` parallelism: drives the rescale
+    /// machine ([`crate::rescale::machine`]) with the runtime as its backend
+    /// ([`RuntimeBackend`]).
     ///
     /// # Errors
     /// [`ExecutorError::Unrecoverable`] when no engine could be left running.
@@ -216,179 +197,84 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         engine: EngineHandle,
         target: &BTreeMap<String, u32>,
     ) -> Result<RescaleOutcome, ExecutorError> {
-        let started = Instant::now();
-        let old_parallelism = engine.parallelism.clone();
-        let stop = self.runtime.stop_with_savepoint(&engine, false).await;
-        let savepoint = match stop {
-            Ok(outcome) => outcome.savepoint,
-            Err(error) => {
-                return self
-                    .recover_after_failed_savepoint(engine, error, started)
-                    .await;
-            }
+        let mut backend = RuntimeBackend::new(
+            self.runtime,
+            &self.job,
+            engine.clone(),
+            self.running_timeout,
+            self.restore_point.clone(),
+        );
+        let state = backend.start_state(target);
+        let outcome = match drive::run_to_end(&mut backend, state, POLL).await {
+            Ok(outcome) => outcome,
+            Err(never) => match never {},
         };
-        if let Err(e) = self.runtime.shutdown(&engine).await {
-            tracing::debug!("shutdown of the old engine: {e}");
-        }
-        match self.launch(target, Some(&savepoint)).await {
-            Ok((new_engine, _)) => Ok(RescaleOutcome::Rescaled {
-                engine: new_engine,
-                savepoint,
-                downtime_s: started.elapsed().as_secs_f64(),
+        let downtime_s = backend.elapsed_s();
+        let running = backend.engine().cloned();
+        let lost = |error: String| ExecutorError::Unrecoverable {
+            savepoint: backend.savepoint().or(backend.fallback()).cloned(),
+            error,
+        };
+        let first_error = backend.launch_errors().first().cloned().unwrap_or_default();
+        match (outcome, running, backend.savepoint_error()) {
+            (Outcome::Rescaled { .. }, Some(engine), _) => Ok(RescaleOutcome::Rescaled {
+                engine,
+                savepoint: backend.savepoint().cloned().unwrap_or(Savepoint {
+                    path: String::new(),
+                }),
+                downtime_s,
             }),
-            Err(restore_error) => {
-                tracing::warn!(
-                    "restore at the new parallelism failed ({restore_error}); restarting at the old parallelism from {}",
-                    savepoint.path
-                );
-                match self.launch(&old_parallelism, Some(&savepoint)).await {
-                    Ok((old_engine, _)) => Ok(RescaleOutcome::RestoreFailed {
-                        engine: old_engine,
-                        savepoint,
-                        error: restore_error.to_string(),
-                        downtime_s: started.elapsed().as_secs_f64(),
-                    }),
-                    Err(e) => Err(ExecutorError::Unrecoverable {
-                        savepoint: Some(savepoint),
-                        error: format!(
-                            "restore at the new parallelism failed ({restore_error}), and at the old one too ({e})"
-                        ),
-                    }),
-                }
-            }
-        }
-    }
-
-    async fn recover_after_failed_savepoint(
-        &self,
-        engine: EngineHandle,
-        error: RuntimeError,
-        started: Instant,
-    ) -> Result<RescaleOutcome, ExecutorError> {
-        let alive = self.runtime.exited(&engine).await.is_none();
-        if alive {
-            // The engine may still be stopping after a failed savepoint; give it a moment.
-            if let Ok(job) = self.wait_running(&engine, Duration::from_secs(5)).await
-                && job.state == "running"
-            {
-                return Ok(RescaleOutcome::SavepointFailed {
+            (Outcome::SavepointFailed { reason }, _, _) => Ok(RescaleOutcome::SavepointFailed {
+                engine,
+                error: reason,
+                downtime_s,
+            }),
+            (Outcome::RolledBack { .. }, Some(engine), Some(error)) => {
+                Ok(RescaleOutcome::SavepointFailed {
                     engine,
-                    error: error.to_string(),
-                    downtime_s: started.elapsed().as_secs_f64(),
-                });
+                    error: format!(
+                        "{error}; the engine stopped, restarted at the old parallelism from {}",
+                        backend
+                            .fallback()
+                            .map_or("scratch".to_string(), |s| s.path.clone())
+                    ),
+                    downtime_s,
+                })
             }
-            let _ = self.runtime.kill(&engine).await;
-        }
-        // The old engine is gone: restart at the old parallelism from its latest restore point.
-        let restore = match &self.restore_point {
-            Some(find) => {
-                let (find, from) = (Arc::clone(find), engine.restored_from.clone());
-                match tokio::task::spawn_blocking(move || find(from.as_ref())).await {
-                    Ok(Ok(point)) => point,
-                    Ok(Err(e)) => {
-                        tracing::warn!(
-                            "no checkpoint to restart from ({e}); using the engine's restore point"
-                        );
-                        engine.restored_from.clone()
-                    }
-                    Err(e) => {
-                        tracing::warn!("{e}");
-                        engine.restored_from.clone()
-                    }
-                }
+            (Outcome::RolledBack { .. }, Some(engine), None) => Ok(RescaleOutcome::RestoreFailed {
+                engine,
+                savepoint: backend.savepoint().cloned().unwrap_or(Savepoint {
+                    path: String::new(),
+                }),
+                error: first_error,
+                downtime_s,
+            }),
+            (_, _, Some(error)) => {
+                let e = backend.launch_errors().last().cloned().unwrap_or_default();
+                Err(lost(format!(
+                    "savepoint failed ({error}) and the restart failed ({e})"
+                )))
             }
-            None => engine.restored_from.clone(),
-        };
-        match self.launch(&engine.parallelism, restore.as_ref()).await {
-            Ok((replacement, _)) => Ok(RescaleOutcome::SavepointFailed {
-                engine: replacement,
-                error: format!(
-                    "{error}; the engine stopped, restarted at the old parallelism from {}",
-                    restore
-                        .as_ref()
-                        .map_or("scratch".to_string(), |s| s.path.clone())
-                ),
-                downtime_s: started.elapsed().as_secs_f64(),
-            }),
-            Err(e) => Err(ExecutorError::Unrecoverable {
-                savepoint: restore,
-                error: format!("savepoint failed ({error}) and the restart failed ({e})"),
-            }),
+            (_, _, None) => {
+                let e = backend.launch_errors().get(1).cloned().unwrap_or_default();
+                Err(lost(format!(
+                    "restore at the new parallelism failed ({first_error}), and at the old one too ({e})"
+                )))
+            }
         }
     }
 }
 
-/// First wait after a failed rescale before the next attempt, seconds (Kubernetes'
-/// CrashLoopBackOff starts at 10 s too).
-pub const BACKOFF_FIRST_S: f64 = 10.0;
-/// Longest wait between rescale attempts while they keep failing, seconds.
-pub const BACKOFF_MAX_S: f64 = 300.0;
-
-/// Exponential backoff between rescale attempts while they fail: after the n-th failure in a
-/// row no rescale is tried for [`BACKOFF_FIRST_S`]·2ⁿ⁻¹ seconds (at most [`BACKOFF_MAX_S`]),
-/// whatever parallelism the planner wants next (an engine that cannot start one new
-/// parallelism rarely starts another). The parallelisms that failed are remembered so the
-/// hold can name them. A completed rescale clears it all. Pure: time comes in as arguments
-/// (seconds on one monotonic clock).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RescaleBackoff {
-    /// Failures in a row since the last completed rescale.
-    failures: u32,
-    /// No attempt before this time, seconds.
-    until_s: f64,
-    /// The parallelisms that failed, oldest first, each once, with how often it failed.
-    failed: Vec<(BTreeMap<String, u32>, u32)>,
-}
-
-impl RescaleBackoff {
-    /// Records a failed attempt at `parallelism` at `now_s`; returns the wait before the next
-    /// attempt, seconds.
-    pub fn failed(&mut self, now_s: f64, parallelism: &BTreeMap<String, u32>) -> f64 {
-        self.failures = self.failures.saturating_add(1);
-        let wait =
-            (BACKOFF_FIRST_S * 2f64.powi(self.failures.min(31) as i32 - 1)).min(BACKOFF_MAX_S);
-        self.until_s = now_s + wait;
-        match self.failed.iter_mut().find(|(p, _)| p == parallelism) {
-            Some((_, n)) => *n += 1,
-            None => self.failed.push((parallelism.clone(), 1)),
-        }
-        wait
-    }
-
-    /// Records a completed rescale: the next failure waits [`BACKOFF_FIRST_S`] again.
-    pub fn succeeded(&mut self) {
-        *self = RescaleBackoff::default();
-    }
-
-    /// Failures in a row since the last completed rescale.
-    pub fn failures(&self) -> u32 {
-        self.failures
-    }
-
-    /// How many times `parallelism` failed since the last completed rescale.
-    pub fn failures_of(&self, parallelism: &BTreeMap<String, u32>) -> u32 {
-        self.failed
-            .iter()
-            .find(|(p, _)| p == parallelism)
-            .map_or(0, |(_, n)| *n)
-    }
-
-    /// Seconds left before a rescale may be tried at `now_s`; `None` when one may be tried.
-    pub fn wait_at(&self, now_s: f64) -> Option<f64> {
-        (self.failures > 0 && now_s < self.until_s).then_some(self.until_s - now_s)
-    }
-
-    /// When the next attempt may be made, seconds (meaningful while [`Self::failures`] > 0).
-    pub fn until_s(&self) -> f64 {
-        self.until_s
-    }
-}
+/// How often a rescale in progress looks at its engine again, as [`Executor::wait_running`]
+/// polls.
+const POLL: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     use super::*;
+    use crate::api::ApiError;
     use crate::runtime::StopOutcome;
 
     /// One recorded start: parallelism and the savepoint restored from.
@@ -614,31 +500,5 @@ mod tests {
         };
         assert_eq!(savepoint.as_ref().map(|s| s.path.as_str()), Some("/sp/99"));
         assert!(err.to_string().contains("/sp/99"), "{err}");
-    }
-
-    fn par(work: u32) -> BTreeMap<String, u32> {
-        [("work".to_string(), work)].into_iter().collect()
-    }
-
-    #[test]
-    fn backoff_doubles_per_failure_in_a_row_and_remembers_the_parallelism() {
-        let mut b = RescaleBackoff::default();
-        assert_eq!(b.wait_at(0.0), None);
-        assert_eq!(b.failed(5.0, &par(4)), 10.0);
-        assert_eq!(b.wait_at(6.0), Some(9.0));
-        assert_eq!(b.wait_at(15.0), None);
-        assert_eq!(b.failed(16.0, &par(4)), 20.0);
-        assert_eq!(b.failed(40.0, &par(5)), 40.0);
-        assert_eq!((b.failures_of(&par(4)), b.failures_of(&par(5))), (2, 1));
-        for _ in 0..40 {
-            b.failed(100.0, &par(4));
-        }
-        assert_eq!(b.wait_at(100.0), Some(BACKOFF_MAX_S));
-        b.succeeded();
-        assert_eq!(
-            (b.failures(), b.failures_of(&par(4)), b.wait_at(100.0)),
-            (0, 0, None)
-        );
-        assert_eq!(b.failed(200.0, &par(4)), BACKOFF_FIRST_S);
     }
 }

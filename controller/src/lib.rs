@@ -22,6 +22,7 @@ pub mod load;
 pub mod model;
 pub mod plot;
 pub mod progress;
+pub mod rescale;
 pub mod report;
 pub mod run;
 pub mod runtime;

@@ -387,12 +387,12 @@ pub fn rescale_failed_line(
 
 /// The line after a failed rescale: `t=  12s BACKOFF enrich 4→6 failed (2 in a row): no rescale
 /// for 20 s` (the wait doubles with each failure in a row, see
-/// [`crate::executor::RescaleBackoff`]).
+/// [`crate::rescale::RescaleBackoff`]).
 pub fn rescale_backoff_line(t_s: f64, change: &str, failures: u32, wait_s: f64) -> String {
     format!(
         "t={t_s:>4.0}s BACKOFF {change} failed ({failures} in a row): no rescale for {} (doubling with each failure, at most {})",
         format_seconds(wait_s),
-        format_seconds(crate::executor::BACKOFF_MAX_S)
+        format_seconds(crate::rescale::BACKOFF_MAX_S)
     )
 }
 

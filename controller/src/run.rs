@@ -15,7 +15,8 @@ use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec, SpecE
 use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::executor::{Executor, ExecutorError, RescaleBackoff, RescaleOutcome};
+use crate::executor::{Executor, ExecutorError, RescaleOutcome};
+use crate::rescale::RescaleBackoff;
 use crate::learned_file::{
     HISTORY_FILE, LEARNED_FILE, claim_job_file, load_history, load_learned, save_history,
     save_learned,

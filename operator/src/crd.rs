@@ -297,43 +297,9 @@ pub enum Phase {
     Failed,
 }
 
-/// Step of a rescale in progress. Each step is written to status before it acts.
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum RescaleStep {
-    /// Stop-with-savepoint requested (or about to be) at the old parallelism.
-    Savepointing,
-    /// The workload is being redeployed at the target parallelism from the savepoint.
-    Redeploying,
-    /// Waiting for the redeployed engine to run the restored job.
-    Restoring,
-}
-
-/// A rescale in progress.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RescaleStatus {
-    /// Current step.
-    pub step: RescaleStep,
-    /// Parallelism per operator before the rescale.
-    pub from: BTreeMap<String, u32>,
-    /// Parallelism per operator being deployed (equal to `from` while rolling back).
-    pub to: BTreeMap<String, u32>,
-    /// Why the rescale was decided.
-    pub reason: String,
-    /// Id of the requested savepoint, once requested.
-    #[serde(default)]
-    pub savepoint_id: Option<String>,
-    /// Path of the completed savepoint, once completed.
-    #[serde(default)]
-    pub savepoint_path: Option<String>,
-    /// True when restoring at the new parallelism failed and the job is going back to `from`.
-    #[serde(default)]
-    pub rolling_back: bool,
-    /// When the rescale started (RFC 3339).
-    pub started_at: String,
-    /// When the current step was entered (RFC 3339).
-    pub step_started_at: String,
-}
+/// A rescale in progress (`status.rescale`): the state of the controller crate's rescale
+/// machine, persisted as is.
+pub use streamscale_controller::rescale::machine::{RescaleState as RescaleStatus, RescaleStep};
 
 /// The autoscaler's last decision.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

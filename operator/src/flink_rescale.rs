@@ -8,10 +8,16 @@
 //! at the new parallelism. Past the timeout (from the start of the rescale, or of the rollback)
 //! or when the job fails, the previous overrides are put back (rollback); a rollback that times
 //! out too is given up.
+//!
+//! This is not a backend of the bundled engine's machine
+//! ([`streamscale_controller::rescale::machine`]): the FlinkScaler never takes a savepoint nor
+//! deploys anything itself. It writes parallelism overrides onto the FlinkDeployment and the
+//! Flink Kubernetes Operator does the savepoint and the redeploy, so its steps (overrides
+//! written, seen by the Flink operator, job running) have no Savepointing or Redeploying step
+//! to share. The backoff between failed attempts is the shared
+//! [`streamscale_controller::rescale::RescaleBackoff`] formula.
 
 use std::collections::BTreeMap;
-
-use streamscale_controller::executor::{BACKOFF_FIRST_S, BACKOFF_MAX_S};
 
 use crate::flink_scaler_crd::{FlinkRescaleStatus, FlinkRescaleStep};
 use crate::flink_target::TargetView;
@@ -109,9 +115,9 @@ pub fn advance(
 }
 
 /// Seconds to wait after the `failures`-th failed rescale in a row: 10 s, doubling, at most
-/// 300 s (the bundled engine's backoff, [`streamscale_controller::executor::RescaleBackoff`]).
+/// 300 s (the bundled engine's backoff, [`streamscale_controller::rescale::RescaleBackoff`]).
 pub fn backoff_seconds(failures: u32) -> f64 {
-    (BACKOFF_FIRST_S * 2f64.powi(failures.clamp(1, 31) as i32 - 1)).min(BACKOFF_MAX_S)
+    streamscale_controller::rescale::backoff::wait_after(failures)
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use serde::Serialize;
 use streamscale_engine::spec::AutoscalerSpec;
 use tokio::sync::Mutex;
 
-use crate::executor::{Executor, RescaleBackoff, RescaleOutcome};
+use crate::executor::{Executor, RescaleOutcome};
+use crate::rescale::RescaleBackoff;
 use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use crate::runtime::EngineHandle;
 

@@ -160,6 +160,40 @@ pub trait EngineRuntime: Send + Sync {
     fn exited(&self, handle: &EngineHandle) -> impl Future<Output = Option<RuntimeError>> + Send;
 }
 
+/// Polls the job's status every 100 ms until it is `running`.
+///
+/// # Errors
+/// [`ApiError::NotRunning`] (as [`RuntimeError::Api`]) after `timeout`, or at once when the
+/// job is `failed`, `finished` or `stopped`.
+pub async fn wait_running<R: EngineRuntime>(
+    runtime: &R,
+    engine: &EngineHandle,
+    timeout: std::time::Duration,
+) -> Result<JobStatus, RuntimeError> {
+    let started = tokio::time::Instant::now();
+    let not_running = |last: String| {
+        RuntimeError::Api(ApiError::NotRunning {
+            url: format!("{}/v1/job", engine.base_url),
+            waited_s: started.elapsed().as_secs_f64(),
+            last,
+        })
+    };
+    loop {
+        let last = match runtime.job_status(engine).await {
+            Ok(job) if job.state == "running" => return Ok(job),
+            Ok(job) if matches!(job.state.as_str(), "failed" | "finished" | "stopped") => {
+                return Err(not_running(format!("state {}", job.state)));
+            }
+            Ok(job) => format!("state {}", job.state),
+            Err(e) => e.to_string(),
+        };
+        if started.elapsed() >= timeout {
+            return Err(not_running(last));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Formats a parallelism map as the engine's `--parallelism` value: `op=N,op=N`.
 pub fn parallelism_arg(parallelism: &BTreeMap<String, u32>) -> String {
     parallelism

@@ -22,7 +22,7 @@
 //! StreamJobs.
 
 use kube::api::DynamicObject;
-use streamscale_controller::executor::BACKOFF_MAX_S;
+use streamscale_controller::rescale::BACKOFF_MAX_S;
 use streamscale_controller::flink::FlinkRest;
 use streamscale_controller::flink::collect::Collector;
 use streamscale_controller::flink::metrics::same_counters;

@@ -1,4 +1,9 @@
-//! Driving the rescale state machine (crate::rescale) on the cluster, one step per reconcile.
+//! Driving the rescale machine (`streamscale_controller::rescale`) on the cluster, one turn
+//! of [`drive::step`] per reconcile: the engine pod is the backend and the StreamJob's status
+//! the persistence.
+
+use streamscale_controller::rescale::drive::{self, RescaleBackend, SavepointRequest};
+use streamscale_controller::rescale::machine::Transition;
 
 use super::*;
 
@@ -6,231 +11,279 @@ pub(super) async fn drive_rescale(
     job: &StreamJob,
     ctx: &Context,
     rt: &KubeRuntime,
-    mut status: StreamJobStatus,
+    status: StreamJobStatus,
     r: RescaleStatus,
 ) -> Result<Requeue, Error> {
-    let (engine, _) = observe_engine(rt).await;
-    let savepoint = match (&r.step, &r.savepoint_id) {
-        (RescaleStep::Savepointing, Some(id)) => match rt.api().savepoint(id).await {
-            Ok(sp) => match sp.status.as_str() {
-                "completed" => SavepointObs::Completed(sp.path.unwrap_or_default()),
-                "failed" => {
-                    SavepointObs::Failed(sp.reason.unwrap_or_else(|| "no reason given".into()))
+    let mut pod = PodRescale {
+        job,
+        ctx,
+        rt,
+        status,
+    };
+    drive::step(&mut pod, &r).await?;
+    Ok(Requeue::requeue(Duration::from_millis(300)))
+}
+
+/// The rescale machine's backend for a StreamJob: its engine pod (observed through the
+/// engine's REST API and the Deployment's pod template) and its status.
+struct PodRescale<'a> {
+    job: &'a StreamJob,
+    ctx: &'a Context,
+    rt: &'a KubeRuntime,
+    /// The status as it will be (or was last) written.
+    status: StreamJobStatus,
+}
+
+impl RescaleBackend for PodRescale<'_> {
+    type Error = Error;
+
+    fn now(&self) -> String {
+        now_rfc3339()
+    }
+
+    async fn observe(&mut self, r: &RescaleStatus) -> Result<Observation, Error> {
+        let (job, rt) = (self.job, self.rt);
+        let (engine, _) = observe_engine(rt).await;
+        let savepoint = match (&r.step, &r.savepoint_id) {
+            (RescaleStep::Savepointing, Some(id)) => match rt.api().savepoint(id).await {
+                Ok(sp) => match sp.status.as_str() {
+                    "completed" => SavepointObs::Completed(sp.path.unwrap_or_default()),
+                    "failed" => SavepointObs::Failed(
+                        sp.reason.unwrap_or_else(|| "no reason given".into()),
+                    ),
+                    _ => SavepointObs::Pending,
+                },
+                Err(streamscale_controller::api::ApiError::Status { status: 404, .. }) => {
+                    SavepointObs::NotFound
                 }
-                _ => SavepointObs::Pending,
+                Err(_) => SavepointObs::Unknown,
             },
-            Err(streamscale_controller::api::ApiError::Status { status: 404, .. }) => {
-                SavepointObs::NotFound
-            }
-            Err(_) => SavepointObs::Unknown,
-        },
-        _ => SavepointObs::NotAsked,
-    };
-    let a = &job.spec.autoscaler;
-    let obs = Observation {
-        engine,
-        savepoint,
-        workload: rt.workload().await?,
-        step_age_s: age_s(&r.step_started_at),
-        previous_restore: status.restored_from.clone(),
-        savepoint_dir: resources::savepoint_dir(job),
-        savepoint_timeout_s: f64::from(a.savepoint_timeout_seconds),
-        restore_timeout_s: f64::from(a.restore_timeout_seconds),
-    };
-    let now = now_rfc3339();
-    let t = rescale::advance(&r, &obs, &now);
-    let generation = job.metadata.generation;
-    let old = status.conditions.clone();
-    if t.rescale.as_ref().map(|n| n.step) != Some(r.step) {
-        ctx.metrics
-            .rescale_step_seconds
-            .with_label_values(&[&format!("{:?}", r.step)])
-            .observe(obs.step_age_s);
-    }
-    status.rescale = t.rescale.clone();
-    if let Some(next) = &t.rescale {
-        status.phase = Phase::Rescaling;
-        set_condition(
-            &mut status,
-            condition(
-                "Scaling",
-                true,
-                &format!("{:?}", next.step),
-                t.event.as_deref().unwrap_or("rescaling"),
-                generation,
-                &old,
-            ),
-        );
-    }
-    let mut warning = false;
-    let reason = match &t.outcome {
-        // Events with one reason are aggregated into one (its first note kept): a roll back
-        // gets its own reason.
-        None => t
-            .rescale
-            .as_ref()
-            .map(|n| {
-                if n.rolling_back && !r.rolling_back {
-                    "RollingBack".to_string()
-                } else {
-                    format!("{:?}", n.step)
-                }
-            })
-            .unwrap_or_default(),
-        Some(Outcome::Rescaled {
-            parallelism,
-            savepoint,
-        }) => {
-            status.current_parallelism = parallelism.clone();
-            status.restored_from = Some(savepoint.clone());
-            status.rescales += 1;
-            status.phase = Phase::Running;
-            let note = t.event.as_deref().unwrap_or("");
-            let scaling = ("Rescaled", note);
-            set_outcome_conditions(
-                &mut status,
-                scaling,
-                (false, "AsExpected", ""),
-                generation,
-                &old,
-            );
-            "Rescaled".into()
-        }
-        Some(Outcome::SavepointFailed { reason }) => {
-            warning = true;
-            status.phase = Phase::Running;
-            let scaling = ("SavepointFailed", reason.as_str());
-            let degraded = (true, "SavepointFailed", reason.as_str());
-            set_outcome_conditions(&mut status, scaling, degraded, generation, &old);
-            "SavepointFailed".into()
-        }
-        Some(Outcome::RolledBack {
-            parallelism,
-            savepoint,
-        }) => {
-            warning = true;
-            status.current_parallelism = parallelism.clone();
-            status.restored_from = savepoint.clone();
-            status.phase = Phase::Running;
-            let scaling = ("RolledBack", t.event.as_deref().unwrap_or(""));
-            let degraded = (
-                true,
-                "RescaleRolledBack",
-                "restoring at the new parallelism failed",
-            );
-            set_outcome_conditions(&mut status, scaling, degraded, generation, &old);
-            "RolledBack".into()
-        }
-        Some(Outcome::Failed { reason }) => {
-            warning = true;
-            status.phase = Phase::Failed;
-            let scaling = ("RescaleFailed", reason.as_str());
-            let degraded = (true, "RescaleFailed", reason.as_str());
-            set_outcome_conditions(&mut status, scaling, degraded, generation, &old);
-            "RescaleFailed".into()
-        }
-    };
-    if let Some(outcome) = &t.outcome
-        && let Some(entry) =
-            savepoint_history::recorded(&status.savepoint_history, &r, outcome, &obs.savepoint_dir)
-    {
-        status.savepoint_history.push(entry);
-    }
-    status.total_parallelism = total(&status.current_parallelism);
-    // Deploying what is already deployed does not replace a stopped engine's pod (a roll back
-    // after a savepoint whose id was lost): raise the restart counter so that it does.
-    if let Action::Deploy {
-        parallelism,
-        restore,
-    } = &t.action
-        && matches!(&obs.engine, EngineObs::Up { state, .. } if state == "stopped")
-        && obs.workload.as_ref()
-            == Some(&rescale::WorkloadObs {
-                parallelism: parallelism.clone(),
-                restore: restore.clone(),
-            })
-    {
-        status.restarts += 1;
-    }
-    if t.outcome.is_some() {
-        // The downtime of a completed rescale (from the stop-with-savepoint request, made right
-        // after the rescale started, to the job running again at the new parallelism) feeds the
-        // planner's rescale-cost model, as `streamscale run` does with its measured downtime.
-        let downtime_s = match &t.outcome {
-            Some(Outcome::Rescaled { .. }) => seconds_between(&r.started_at, &now),
-            _ => None,
+            _ => SavepointObs::NotAsked,
         };
-        let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = memory.get_mut(&key(job)) {
-            m.window.clear();
-            m.shed_applied = None;
-            m.autoscaler.restarted(ctx.now_s());
-            if let Some(s) = downtime_s {
-                tracing::info!(job = %key(job), downtime_s = s, "rescale downtime observed");
-                m.autoscaler.observe_rescale_downtime(s);
-            }
+        let a = &job.spec.autoscaler;
+        Ok(Observation {
+            engine,
+            savepoint,
+            workload: rt.workload().await?,
+            step_age_s: age_s(&r.step_started_at),
+            previous_restore: self.status.restored_from.clone(),
+            savepoint_dir: resources::savepoint_dir(job),
+            savepoint_timeout_s: f64::from(a.savepoint_timeout_seconds),
+            restore_timeout_s: f64::from(a.restore_timeout_seconds),
+        })
+    }
+
+    async fn persist(
+        &mut self,
+        r: &RescaleStatus,
+        obs: &Observation,
+        t: &Transition,
+        now: &str,
+    ) -> Result<(), Error> {
+        let (job, ctx) = (self.job, self.ctx);
+        let status = &mut self.status;
+        let generation = job.metadata.generation;
+        let old = status.conditions.clone();
+        if t.rescale.as_ref().map(|n| n.step) != Some(r.step) {
+            ctx.metrics
+                .rescale_step_seconds
+                .with_label_values(&[&format!("{:?}", r.step)])
+                .observe(obs.step_age_s);
         }
-    }
-    // Persist first, act second.
-    if job.status.as_ref() != Some(&status) {
-        write_status(ctx, job, &status).await?;
-    }
-    if let Some(event) = &t.event {
-        publish(ctx, job, warning, &reason, event.clone()).await;
-    }
-    match t.action {
-        Action::Wait => {}
-        Action::TriggerSavepoint { id } => {
-            let sp_id = id.as_str();
-            match rt
-                .authorized(
-                    |api| async move { api.request_stop_with_savepoint_as(false, sp_id).await },
-                )
-                .await
-            {
-                Ok(_) => {
-                    publish(
-                        ctx,
-                        job,
-                        false,
-                        "Savepointing",
-                        format!(
-                            "stop-with-savepoint {id} requested at {}",
-                            rescale::fmt_p(&r.from)
-                        ),
-                    )
-                    .await;
-                }
-                // Taken before an operator restart by an engine that has restarted since.
-                Err(streamscale_controller::api::ApiError::Status {
-                    status: 409, body, ..
-                }) if body.contains("already exists") => {
-                    if let Some(next) = status.rescale.as_ref() {
-                        status.rescale = Some(rescale::savepoint_exists(
-                            next,
-                            &resources::savepoint_dir(job),
-                        ));
+        status.rescale = t.rescale.clone();
+        if let Some(next) = &t.rescale {
+            status.phase = Phase::Rescaling;
+            set_condition(
+                status,
+                condition(
+                    "Scaling",
+                    true,
+                    &format!("{:?}", next.step),
+                    t.event.as_deref().unwrap_or("rescaling"),
+                    generation,
+                    &old,
+                ),
+            );
+        }
+        let mut warning = false;
+        let reason = match &t.outcome {
+            // Events with one reason are aggregated into one (its first note kept): a roll back
+            // gets its own reason.
+            None => t
+                .rescale
+                .as_ref()
+                .map(|n| {
+                    if n.rolling_back && !r.rolling_back {
+                        "RollingBack".to_string()
+                    } else {
+                        format!("{:?}", n.step)
                     }
-                    write_status(ctx, job, &status).await?;
-                    publish(
-                        ctx,
-                        job,
-                        false,
-                        "Savepointing",
-                        format!("savepoint {id} already exists; restoring from it"),
-                    )
-                    .await;
-                }
-                Err(e) => return Err(Error::Engine(e.to_string())),
+                })
+                .unwrap_or_default(),
+            Some(Outcome::Rescaled {
+                parallelism,
+                savepoint,
+            }) => {
+                status.current_parallelism = parallelism.clone();
+                status.restored_from = Some(savepoint.clone());
+                status.rescales += 1;
+                status.phase = Phase::Running;
+                let note = t.event.as_deref().unwrap_or("");
+                let scaling = ("Rescaled", note);
+                set_outcome_conditions(
+                    status,
+                    scaling,
+                    (false, "AsExpected", ""),
+                    generation,
+                    &old,
+                );
+                "Rescaled".into()
             }
+            Some(Outcome::SavepointFailed { reason }) => {
+                warning = true;
+                status.phase = Phase::Running;
+                let scaling = ("SavepointFailed", reason.as_str());
+                let degraded = (true, "SavepointFailed", reason.as_str());
+                set_outcome_conditions(status, scaling, degraded, generation, &old);
+                "SavepointFailed".into()
+            }
+            Some(Outcome::RolledBack {
+                parallelism,
+                savepoint,
+            }) => {
+                warning = true;
+                status.current_parallelism = parallelism.clone();
+                status.restored_from = savepoint.clone();
+                status.phase = Phase::Running;
+                let scaling = ("RolledBack", t.event.as_deref().unwrap_or(""));
+                let degraded = (
+                    true,
+                    "RescaleRolledBack",
+                    "restoring at the new parallelism failed",
+                );
+                set_outcome_conditions(status, scaling, degraded, generation, &old);
+                "RolledBack".into()
+            }
+            Some(Outcome::Failed { reason }) => {
+                warning = true;
+                status.phase = Phase::Failed;
+                let scaling = ("RescaleFailed", reason.as_str());
+                let degraded = (true, "RescaleFailed", reason.as_str());
+                set_outcome_conditions(status, scaling, degraded, generation, &old);
+                "RescaleFailed".into()
+            }
+        };
+        if let Some(outcome) = &t.outcome
+            && let Some(entry) =
+                savepoint_history::recorded(&status.savepoint_history, r, outcome, &obs.savepoint_dir)
+        {
+            status.savepoint_history.push(entry);
         }
-        Action::Deploy {
+        status.total_parallelism = total(&status.current_parallelism);
+        // Deploying what is already deployed does not replace a stopped engine's pod (a roll back
+        // after a savepoint whose id was lost): raise the restart counter so that it does.
+        if let Action::Deploy {
             parallelism,
             restore,
-        } => {
-            rt.deploy(&parallelism, restore.as_deref(), status.restarts)
-                .await?;
+        } = &t.action
+            && matches!(&obs.engine, EngineObs::Up { state, .. } if state == "stopped")
+            && obs.workload.as_ref()
+                == Some(&rescale::WorkloadObs {
+                    parallelism: parallelism.clone(),
+                    restore: restore.clone(),
+                })
+        {
+            status.restarts += 1;
+        }
+        if t.outcome.is_some() {
+            // The downtime of a completed rescale (from the stop-with-savepoint request, made right
+            // after the rescale started, to the job running again at the new parallelism) feeds the
+            // planner's rescale-cost model, as `streamscale run` does with its measured downtime.
+            let downtime_s = match &t.outcome {
+                Some(Outcome::Rescaled { .. }) => seconds_between(&r.started_at, now),
+                _ => None,
+            };
+            let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(m) = memory.get_mut(&key(job)) {
+                m.window.clear();
+                m.shed_applied = None;
+                m.autoscaler.restarted(ctx.now_s());
+                if let Some(s) = downtime_s {
+                    tracing::info!(job = %key(job), downtime_s = s, "rescale downtime observed");
+                    m.autoscaler.observe_rescale_downtime(s);
+                }
+            }
+        }
+        // Persist first, act second.
+        if job.status.as_ref() != Some(&*status) {
+            write_status(ctx, job, status).await?;
+        }
+        if let Some(event) = &t.event {
+            publish(ctx, job, warning, &reason, event.clone()).await;
+        }
+        Ok(())
+    }
+
+    async fn request_savepoint(
+        &mut self,
+        r: &RescaleStatus,
+        id: &str,
+    ) -> Result<SavepointRequest, Error> {
+        let (job, ctx) = (self.job, self.ctx);
+        match self
+            .rt
+            .authorized(|api| async move { api.request_stop_with_savepoint_as(false, id).await })
+            .await
+        {
+            Ok(_) => {
+                publish(
+                    ctx,
+                    job,
+                    false,
+                    "Savepointing",
+                    format!(
+                        "stop-with-savepoint {id} requested at {}",
+                        rescale::fmt_p(&r.from)
+                    ),
+                )
+                .await;
+                Ok(SavepointRequest::Accepted)
+            }
+            // Taken before an operator restart by an engine that has restarted since.
+            Err(streamscale_controller::api::ApiError::Status {
+                status: 409, body, ..
+            }) if body.contains("already exists") => Ok(SavepointRequest::AlreadyExists),
+            Err(e) => Err(Error::Engine(e.to_string())),
         }
     }
-    Ok(Requeue::requeue(Duration::from_millis(300)))
+
+    async fn persist_existing_savepoint(&mut self, known: &RescaleStatus) -> Result<(), Error> {
+        let (job, ctx) = (self.job, self.ctx);
+        if self.status.rescale.is_some() {
+            self.status.rescale = Some(known.clone());
+        }
+        write_status(ctx, job, &self.status).await?;
+        let id = known.savepoint_id.as_deref().unwrap_or_default();
+        publish(
+            ctx,
+            job,
+            false,
+            "Savepointing",
+            format!("savepoint {id} already exists; restoring from it"),
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn deploy(
+        &mut self,
+        parallelism: &BTreeMap<String, u32>,
+        restore: Option<&str>,
+        _obs: &Observation,
+    ) -> Result<(), Error> {
+        self.rt
+            .deploy(parallelism, restore, self.status.restarts)
+            .await?;
+        Ok(())
+    }
 }
