@@ -16,7 +16,6 @@ use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::executor::{Executor, ExecutorError, RescaleOutcome};
-use crate::rescale::RescaleBackoff;
 use crate::learned_file::{
     HISTORY_FILE, LEARNED_FILE, claim_job_file, load_history, load_learned, save_history,
     save_learned,
@@ -27,6 +26,7 @@ use crate::progress;
 use crate::report::{
     self, Accounting, RecordTotals, ReportError, RescaleRecord, RestartRecord, Summary,
 };
+use crate::rescale::RescaleBackoff;
 use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
 use crate::savepoint_history;
 use crate::scrape::{EngineMetrics, scrape_stamped};

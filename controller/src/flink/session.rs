@@ -14,8 +14,8 @@ use streamscale_engine::spec::AutoscalerSpec;
 use tokio::sync::Mutex;
 
 use crate::executor::{Executor, RescaleOutcome};
-use crate::rescale::RescaleBackoff;
 use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
+use crate::rescale::RescaleBackoff;
 use crate::runtime::EngineHandle;
 
 use super::collect::Collector;

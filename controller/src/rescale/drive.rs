@@ -103,7 +103,11 @@ pub async fn step<B: RescaleBackend>(
         Action::Deploy {
             parallelism,
             restore,
-        } => backend.deploy(parallelism, restore.as_deref(), &obs).await?,
+        } => {
+            backend
+                .deploy(parallelism, restore.as_deref(), &obs)
+                .await?
+        }
     }
     Ok(t)
 }
@@ -128,5 +132,170 @@ pub async fn run_to_end<B: RescaleBackend>(
         if t.action == Action::Wait {
             tokio::time::sleep(poll).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rescale::machine::{EngineObs, RescaleStep, SavepointObs, WorkloadObs};
+
+    fn p(n: u32) -> BTreeMap<String, u32> {
+        [("map".to_string(), n)].into_iter().collect()
+    }
+
+    /// A mock backend: answers scripted observations and records every call in order.
+    struct Mock {
+        engine: EngineObs,
+        savepoint: SavepointObs,
+        workload: WorkloadObs,
+        conflict: bool,
+        calls: Vec<String>,
+    }
+
+    impl RescaleBackend for Mock {
+        type Error = String;
+
+        fn now(&self) -> String {
+            "t".into()
+        }
+
+        async fn observe(&mut self, _r: &RescaleState) -> Result<Observation, String> {
+            Ok(Observation {
+                engine: self.engine.clone(),
+                savepoint: self.savepoint.clone(),
+                workload: Some(self.workload.clone()),
+                step_age_s: 0.0,
+                previous_restore: None,
+                savepoint_dir: "/sp".into(),
+                savepoint_timeout_s: 60.0,
+                restore_timeout_s: 60.0,
+            })
+        }
+
+        async fn persist(
+            &mut self,
+            _r: &RescaleState,
+            _obs: &Observation,
+            t: &Transition,
+            now: &str,
+        ) -> Result<(), String> {
+            let step = t.rescale.as_ref().map(|n| n.step);
+            self.calls.push(format!("persist {step:?} at {now}"));
+            Ok(())
+        }
+
+        async fn request_savepoint(
+            &mut self,
+            _r: &RescaleState,
+            id: &str,
+        ) -> Result<SavepointRequest, String> {
+            self.calls.push(format!("savepoint {id}"));
+            Ok(if self.conflict {
+                SavepointRequest::AlreadyExists
+            } else {
+                SavepointRequest::Accepted
+            })
+        }
+
+        async fn persist_existing_savepoint(&mut self, known: &RescaleState) -> Result<(), String> {
+            self.calls
+                .push(format!("persist path {:?}", known.savepoint_path));
+            Ok(())
+        }
+
+        async fn deploy(
+            &mut self,
+            parallelism: &BTreeMap<String, u32>,
+            restore: Option<&str>,
+            _obs: &Observation,
+        ) -> Result<(), String> {
+            self.calls
+                .push(format!("deploy {parallelism:?} {restore:?}"));
+            self.workload = WorkloadObs {
+                parallelism: parallelism.clone(),
+                restore: restore.map(String::from),
+            };
+            self.engine = EngineObs::Up {
+                state: "running".into(),
+                parallelism: parallelism.clone(),
+                restored_from: restore.map(String::from),
+            };
+            Ok(())
+        }
+    }
+
+    fn state() -> RescaleState {
+        RescaleState {
+            step: RescaleStep::Savepointing,
+            from: p(1),
+            to: p(3),
+            reason: "test".into(),
+            savepoint_id: Some("sp-1".into()),
+            savepoint_path: None,
+            rolling_back: false,
+            started_at: "t0".into(),
+            step_started_at: "t0".into(),
+        }
+    }
+
+    fn mock(conflict: bool) -> Mock {
+        Mock {
+            engine: EngineObs::Up {
+                state: "running".into(),
+                parallelism: p(1),
+                restored_from: None,
+            },
+            savepoint: SavepointObs::NotFound,
+            workload: WorkloadObs {
+                parallelism: p(1),
+                restore: None,
+            },
+            conflict,
+            calls: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_turn_persists_before_it_acts_and_runs_to_the_rescaled_outcome() {
+        let mut b = mock(false);
+        let t = step(&mut b, &state()).await.expect("turn");
+        assert_eq!(
+            b.calls,
+            ["persist Some(Savepointing) at t", "savepoint sp-1"]
+        );
+        b.savepoint = SavepointObs::Completed("/sp/sp-1".into());
+        let outcome = run_to_end(&mut b, t.rescale.expect("state"), Duration::ZERO)
+            .await
+            .expect("ends");
+        assert_eq!(
+            outcome,
+            Outcome::Rescaled {
+                parallelism: p(3),
+                savepoint: "/sp/sp-1".into()
+            }
+        );
+        assert_eq!(
+            b.calls[2..],
+            [
+                "persist Some(Redeploying) at t",
+                "deploy {\"map\": 3} Some(\"/sp/sp-1\")",
+                "persist Some(Restoring) at t",
+                "persist None at t",
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_savepoint_that_already_exists_is_persisted_with_its_path() {
+        let mut b = mock(true);
+        let t = step(&mut b, &state()).await.expect("turn");
+        let known = t.rescale.expect("state");
+        assert_eq!(known.savepoint_path.as_deref(), Some("/sp/sp-1"));
+        assert_eq!(known.step, RescaleStep::Savepointing);
+        assert_eq!(b.calls[2], "persist path Some(\"/sp/sp-1\")");
+        // The next turn redeploys from it.
+        let t = step(&mut b, &known).await.expect("turn");
+        assert_eq!(t.rescale.map(|n| n.step), Some(RescaleStep::Redeploying));
     }
 }

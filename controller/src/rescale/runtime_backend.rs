@@ -308,7 +308,10 @@ impl<R: EngineRuntime> RescaleBackend for RuntimeBackend<'_, R> {
         Ok(SavepointRequest::Accepted)
     }
 
-    async fn persist_existing_savepoint(&mut self, _known: &RescaleState) -> Result<(), Infallible> {
+    async fn persist_existing_savepoint(
+        &mut self,
+        _known: &RescaleState,
+    ) -> Result<(), Infallible> {
         Ok(())
     }
 

@@ -22,13 +22,13 @@
 //! StreamJobs.
 
 use kube::api::DynamicObject;
-use streamscale_controller::rescale::BACKOFF_MAX_S;
 use streamscale_controller::flink::FlinkRest;
 use streamscale_controller::flink::collect::Collector;
 use streamscale_controller::flink::metrics::same_counters;
 use streamscale_controller::flink::rest::JobDetails;
 use streamscale_controller::flink::slots;
 use streamscale_controller::flink::topology::{FlinkTopology, VertexBounds};
+use streamscale_controller::rescale::BACKOFF_MAX_S;
 use streamscale_engine::spec::{AutoscalerSpec, LimitsSpec, ScalingBounds};
 
 use super::*;

@@ -48,9 +48,9 @@ impl RescaleBackend for PodRescale<'_> {
             (RescaleStep::Savepointing, Some(id)) => match rt.api().savepoint(id).await {
                 Ok(sp) => match sp.status.as_str() {
                     "completed" => SavepointObs::Completed(sp.path.unwrap_or_default()),
-                    "failed" => SavepointObs::Failed(
-                        sp.reason.unwrap_or_else(|| "no reason given".into()),
-                    ),
+                    "failed" => {
+                        SavepointObs::Failed(sp.reason.unwrap_or_else(|| "no reason given".into()))
+                    }
                     _ => SavepointObs::Pending,
                 },
                 Err(streamscale_controller::api::ApiError::Status { status: 404, .. }) => {
@@ -174,8 +174,12 @@ impl RescaleBackend for PodRescale<'_> {
             }
         };
         if let Some(outcome) = &t.outcome
-            && let Some(entry) =
-                savepoint_history::recorded(&status.savepoint_history, r, outcome, &obs.savepoint_dir)
+            && let Some(entry) = savepoint_history::recorded(
+                &status.savepoint_history,
+                r,
+                outcome,
+                &obs.savepoint_dir,
+            )
         {
             status.savepoint_history.push(entry);
         }
