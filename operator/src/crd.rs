@@ -301,17 +301,37 @@ pub enum Phase {
 /// machine, persisted as is.
 pub use streamscale_controller::rescale::machine::{RescaleState as RescaleStatus, RescaleStep};
 
-/// The autoscaler's last decision.
+/// What the autoscaler's last decision did.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum DecisionAction {
+    /// A rescale was started (mode `auto`).
+    #[default]
+    Rescale,
+    /// A change was recommended, not applied (mode `recommend`).
+    Recommend,
+    /// The parallelism is kept: waiting for data, stabilizing, a guard, a backoff or a limit
+    /// (the reason says which).
+    Hold,
+}
+
+/// The autoscaler's last decision. It is rewritten only when a decision says something new
+/// (another action, another planned parallelism, or a reason that differs apart from its
+/// figures), so `time` and the figures in `reason` are from when it was first made.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DecisionStatus {
     /// When it was made (RFC 3339).
     pub time: String,
+    /// `Rescale`, `Recommend` or `Hold` (absent in decisions recorded before it existed:
+    /// `Rescale` or, with `applied: false`, `Recommend`).
+    #[serde(default)]
+    pub action: DecisionAction,
     /// Parallelism per operator at the time.
     pub from: BTreeMap<String, u32>,
-    /// Planned parallelism per operator.
+    /// Planned parallelism per operator (for a hold: the planner's recommendation before the
+    /// guards, or `from` when it made none).
     pub to: BTreeMap<String, u32>,
-    /// Why, in words.
+    /// Why, in words (for a hold: why the parallelism is kept).
     pub reason: String,
     /// Highest predicted utilization of any operator at the planned parallelism.
     #[serde(default)]
@@ -349,7 +369,7 @@ pub struct StreamJobStatus {
     /// Savepoint the deployed engine restores from (absent on a fresh start).
     #[serde(default)]
     pub restored_from: Option<String>,
-    /// The last decision that changed (or would change) the parallelism.
+    /// The autoscaler's last decision: a rescale, a recommendation or a hold, with why.
     #[serde(default)]
     pub last_decision: Option<DecisionStatus>,
     /// The rescale in progress, if any.

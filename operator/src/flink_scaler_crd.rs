@@ -262,7 +262,7 @@ pub struct FlinkScalerStatus {
     /// The autoscaler's latest recommendation per vertex name.
     #[serde(default)]
     pub recommended_parallelism: BTreeMap<String, u32>,
-    /// The last decision that changed (or would change) the parallelism.
+    /// The autoscaler's last decision: a rescale, a recommendation or a hold, with why.
     #[serde(default)]
     pub last_decision: Option<DecisionStatus>,
     /// The rescale in progress, if any.

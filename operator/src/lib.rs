@@ -11,7 +11,10 @@
 //! * [`reconciler`]: the kube-runtime `Controller`.
 //! * [`metrics`]: the operator's own Prometheus metrics.
 //! * [`prometheus`]: the engine's metrics read from a Prometheus server's HTTP API.
-//! * [`quota`]: one `StreamQuota` split across its StreamJobs by marginal benefit.
+//! * [`quota`]: one `StreamQuota` split across its StreamJobs and FlinkScalers by marginal
+//!   benefit.
+//! * [`last_decision`]: the last decision (rescale, recommendation or hold) in status, written
+//!   only when it says something new (pure).
 //! * [`savepoint_history`]: which rescale savepoints `status.savepointHistory` records and
 //!   which old ones are disposed of (pure).
 //! * [`spec_check`]: the engine's job-file validation applied to `spec.job` before it is
@@ -25,6 +28,7 @@ pub mod flink_rescale;
 pub mod flink_rest_auth;
 pub mod flink_scaler_crd;
 pub mod flink_target;
+pub mod last_decision;
 pub mod learned_configmap;
 pub mod metrics;
 pub mod network_policy;

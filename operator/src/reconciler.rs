@@ -42,9 +42,10 @@ use streamscale_controller::model::{
 use streamscale_engine::spec::{JobSpec, LimitsSpec, OnLimit};
 
 use crate::crd::{
-    AutoscalerMode, DecisionStatus, FINALIZER, LimitStatus, OperatorDemandStatus, Phase,
-    QuotaShareStatus, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus, StreamQuota,
+    AutoscalerMode, DecisionAction, DecisionStatus, FINALIZER, LimitStatus, OperatorDemandStatus,
+    Phase, QuotaShareStatus, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus, StreamQuota,
 };
+use crate::last_decision;
 use crate::learned_configmap::{self, SavedState};
 use crate::metrics::Metrics;
 use crate::network_policy::NetworkPolicySettings;

@@ -18,7 +18,8 @@
 //! One test, its scenarios in sequence on one Flink cluster (a cluster takes 1.2 GB and the
 //! script's fixed ports):
 //! 0. a StreamQuota of 1 subtask names the FlinkScaler: its plan is held at its share (1 slot,
-//!    `status.quota`, a `QuotaShare` Event); the quota grows to 2;
+//!    `status.quota`, a `QuotaShare` Event), and `status.lastDecision` is that hold with its
+//!    reason (an Event `Hold`); the quota grows to 2;
 //! 1. mode `recommend` on an overloaded job: a recommendation in status and an Event, nothing
 //!    written to the target, the job untouched;
 //! 2. mode `auto` with a Flink operator that observes the overrides but never gets the job
@@ -58,7 +59,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::{Value, json};
 use streamscale_controller::flink::FlinkRest;
-use streamscale_operator::crd::StreamQuota;
+use streamscale_operator::crd::{DecisionAction, StreamQuota};
 use streamscale_operator::flink_scaler_crd::{
     FlinkScaler, FlinkScalerPhase, FlinkScalerStatus, OVERRIDES_KEY, TargetKind,
 };
@@ -639,8 +640,25 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
             && s.quota.as_ref().is_some_and(|q| {
                 q.allocated_subtasks == 1 && q.demand.first().is_some_and(|d| d.need > 1.0)
             })
+            && s.last_decision
+                .as_ref()
+                .is_some_and(|d| d.reason.contains("held at 1 slots"))
     })
     .await;
+    // The hold and its reason are in status (as the planner's hold reason, with the cap).
+    let d = s.last_decision.clone().expect("status.lastDecision");
+    assert_eq!(
+        (d.action, d.applied),
+        (DecisionAction::Hold, false),
+        "{d:?}"
+    );
+    assert!(
+        d.reason.contains(&format!(
+            "held at 1 slots (the share of StreamQuota {QUOTA}: 1 of 1 slots): {KEYED} would need more"
+        )),
+        "{d:?}"
+    );
+    assert_eq!(d.to.get(KEYED), Some(&1), "{d:?}");
     let q = s.quota.clone().expect("status.quota");
     assert_eq!((q.quota_subtasks, q.running_subtasks), (1, 1), "{q:?}");
     assert!(
@@ -652,6 +670,12 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
         events
             .iter()
             .any(|(_, r, n)| r == "QuotaShare" && n.contains(QUOTA)),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(_, r, n)| r == "Hold" && n.contains("held at 1 slots")),
         "{events:?}"
     );
     assert!(

@@ -161,15 +161,17 @@ pub(super) async fn autoscale(
     if planned.is_some() {
         report_limit(job, ctx, rt, status, limit.as_ref(), shed_applied).await;
     }
-    let (mut decision, mut rescale) = match verdict {
-        Verdict::Rescale(d) => (d, true),
+    let (mut decision, mut rescale, held) = match verdict {
+        Verdict::Rescale(d) => (d, true, String::new()),
         Verdict::Hold {
             recommendation: Some(d),
-            ..
-        } => (d, false),
+            reason,
+        } => (d, false, reason),
         Verdict::Hold { reason, .. } => {
             ctx.metrics.decisions.with_label_values(&["hold"]).inc();
             tracing::debug!(job = %key(job), "hold: {reason}");
+            let d = last_decision::hold(&status.current_parallelism, reason, now_rfc3339());
+            record_hold(ctx, job, &mut status.last_decision, d).await;
             return;
         }
     };
@@ -201,36 +203,38 @@ pub(super) async fn autoscale(
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
-    let predicted_utilization = decision
-        .operators
-        .values()
-        .filter_map(|o| o.predicted_utilization)
-        .fold(None, |acc: Option<f64>, u| {
-            Some(acc.map_or(u, |a| a.max(u)))
-        });
     let changed = status.recommended_parallelism != decision.parallelism;
     status.recommended_parallelism = decision.parallelism.clone();
     if !rescale {
         ctx.metrics.decisions.with_label_values(&["hold"]).inc();
+        let d = last_decision::of_decision(
+            &decision,
+            &status.current_parallelism,
+            DecisionAction::Hold,
+            held,
+            now_rfc3339(),
+        );
+        record_hold(ctx, job, &mut status.last_decision, d).await;
         return;
     }
-    let bottleneck = decision
-        .bottleneck
-        .as_ref()
-        .map(|b| b.split(':').next().unwrap_or(b).to_string());
-    status.last_decision = Some(DecisionStatus {
-        time: now_rfc3339(),
-        from: status.current_parallelism.clone(),
-        to: decision.parallelism.clone(),
-        reason: reason.clone(),
-        predicted_utilization,
-        predicted_latency_seconds: decision
-            .predicted_latency_seconds
-            .is_finite()
-            .then_some(decision.predicted_latency_seconds),
-        bottleneck,
-        applied: auto,
-    });
+    let action = if auto {
+        DecisionAction::Rescale
+    } else {
+        DecisionAction::Recommend
+    };
+    let d = last_decision::of_decision(
+        &decision,
+        &status.current_parallelism,
+        action,
+        reason.clone(),
+        now_rfc3339(),
+    );
+    // A rescale is always recorded; a recommendation when it says something new.
+    if auto {
+        status.last_decision = Some(d);
+    } else {
+        last_decision::record(&mut status.last_decision, d);
+    }
     if auto {
         ctx.metrics.decisions.with_label_values(&["rescale"]).inc();
         let now = now_rfc3339();

@@ -97,3 +97,26 @@ pub(super) async fn write_status(
     .await?;
     Ok(())
 }
+
+/// Records the hold `d` in `slot` (see [`crate::last_decision::record`]), with an Event `Hold`
+/// when it says something new (another reason or recommendation), never at every tick.
+pub(super) async fn record_hold<K: Resource<DynamicType = ()> + ResourceExt>(
+    ctx: &Context,
+    obj: &K,
+    slot: &mut Option<DecisionStatus>,
+    d: DecisionStatus,
+) {
+    let note = if d.to == d.from {
+        format!("holding at {}: {}", rescale::fmt_p(&d.from), d.reason)
+    } else {
+        format!(
+            "holding at {} (the plan is {}): {}",
+            rescale::fmt_p(&d.from),
+            rescale::fmt_p(&d.to),
+            d.reason
+        )
+    };
+    if crate::last_decision::record(slot, d) {
+        publish(ctx, obj, false, "Hold", note).await;
+    }
+}

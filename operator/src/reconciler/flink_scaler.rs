@@ -809,12 +809,12 @@ async fn autoscale_flink(
         }
         report_quota(scaler, scope.ctx, &mut status.quota, q).await;
     }
-    let (mut decision, mut rescale) = match verdict {
-        Verdict::Rescale(d) => (d, true),
+    let (mut decision, mut rescale, mut held) = match verdict {
+        Verdict::Rescale(d) => (d, true, String::new()),
         Verdict::Hold {
             recommendation: Some(d),
-            ..
-        } => (d, false),
+            reason,
+        } => (d, false, reason),
         Verdict::Hold { reason, .. } => {
             scope
                 .ctx
@@ -823,6 +823,8 @@ async fn autoscale_flink(
                 .with_label_values(&["hold"])
                 .inc();
             tracing::debug!(scaler = %key(scaler), "hold: {reason}");
+            let d = last_decision::hold(&current, reason, now_rfc3339());
+            record_hold(scope.ctx, scaler, &mut status.last_decision, d).await;
             return Ok(());
         }
     };
@@ -845,6 +847,7 @@ async fn autoscale_flink(
     if let Some((c, what)) = &cap
         && let Some(note) = slots::held_note(&decision, *c, what)
     {
+        held = format!("{held}; {note}");
         decision.reasons.push(note);
     }
     let reason = std::iter::once(decision.bottleneck.clone().unwrap_or_default())
@@ -865,6 +868,14 @@ async fn autoscale_flink(
             .decisions
             .with_label_values(&["hold"])
             .inc();
+        let d = last_decision::of_decision(
+            &decision,
+            &current,
+            DecisionAction::Hold,
+            held.trim_start_matches("; ").to_string(),
+            now_rfc3339(),
+        );
+        record_hold(scope.ctx, scaler, &mut status.last_decision, d).await;
         return Ok(());
     }
     let auto = a.mode == AutoscalerMode::Auto;
@@ -874,38 +885,40 @@ async fn autoscale_flink(
             .parse::<Timestamp>()
             .is_ok_and(|t| t > Timestamp::now())
     {
-        tracing::info!(
-            scaler = %key(scaler),
+        let why = format!(
             "rescale to {} held: backing off until {} after {} failed rescale(s)",
             rescale::fmt_p(&decision.parallelism),
             b.retry_after,
             b.failures
         );
+        tracing::info!(scaler = %key(scaler), "{why}");
+        let d = last_decision::of_decision(
+            &decision,
+            &current,
+            DecisionAction::Hold,
+            why,
+            now_rfc3339(),
+        );
+        record_hold(scope.ctx, scaler, &mut status.last_decision, d).await;
         return Ok(());
     }
-    let predicted_utilization = decision
-        .operators
-        .values()
-        .filter_map(|o| o.predicted_utilization)
-        .fold(None, |acc: Option<f64>, u| {
-            Some(acc.map_or(u, |x| x.max(u)))
-        });
-    status.last_decision = Some(DecisionStatus {
-        time: now_rfc3339(),
-        from: status.current_parallelism.clone(),
-        to: decision.parallelism.clone(),
-        reason: reason.clone(),
-        predicted_utilization,
-        predicted_latency_seconds: decision
-            .predicted_latency_seconds
-            .is_finite()
-            .then_some(decision.predicted_latency_seconds),
-        bottleneck: decision
-            .bottleneck
-            .as_ref()
-            .map(|b| b.split(':').next().unwrap_or(b).to_string()),
-        applied: auto,
-    });
+    let d = last_decision::of_decision(
+        &decision,
+        &current,
+        if auto {
+            DecisionAction::Rescale
+        } else {
+            DecisionAction::Recommend
+        },
+        reason.clone(),
+        now_rfc3339(),
+    );
+    // A rescale is always recorded; a recommendation when it says something new.
+    if auto {
+        status.last_decision = Some(d);
+    } else {
+        last_decision::record(&mut status.last_decision, d);
+    }
     if !auto {
         scope
             .ctx
