@@ -100,6 +100,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Event recorder.
     pub recorder: Recorder,
+    /// Who reports the Events (for those published without the recorder).
+    reporter: Reporter,
     memory: Mutex<HashMap<String, JobMemory>>,
     /// What the autoscaler remembers per FlinkScaler (`NAMESPACE/NAME`).
     flink_memory: Mutex<HashMap<String, flink_scaler::ScalerMemory>>,
@@ -118,7 +120,8 @@ impl Context {
     /// A context for `client`; events are reported as `reporter`.
     pub fn new(client: Client, metrics: Metrics, reporter: Reporter) -> Context {
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            reporter,
             client,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))

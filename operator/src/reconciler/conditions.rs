@@ -117,6 +117,58 @@ pub(super) async fn record_hold<K: Resource<DynamicType = ()> + ResourceExt>(
         )
     };
     if crate::last_decision::record(slot, d) {
-        publish(ctx, obj, false, "Hold", note).await;
+        publish_distinct(ctx, obj, "Hold", note).await;
+    }
+}
+
+/// Publishes a Normal Event as a new Event object, never merged into an earlier one: the
+/// recorder counts an Event of a reason it published in the last few minutes as a repeat of
+/// that one (a series) and keeps the first note, which would hide a hold's new reason.
+async fn publish_distinct<K: Resource<DynamicType = ()> + ResourceExt>(
+    ctx: &Context,
+    obj: &K,
+    reason: &str,
+    note: String,
+) {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    tracing::info!(job = %key(obj), reason, "{note}");
+    let reference = obj.object_ref(&());
+    let now = Timestamp::now();
+    let ns = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let event = K8sEvent {
+        action: Some("Reconcile".into()),
+        reason: Some(reason.to_string()),
+        note: Some(note.chars().take(1000).collect()),
+        event_time: Some(MicroTime(now)),
+        metadata: ObjectMeta {
+            namespace: Some(ns.clone()),
+            name: Some(format!(
+                "{}.{:x}",
+                reference.name.as_deref().unwrap_or("streamscale"),
+                now.as_nanosecond()
+            )),
+            ..ObjectMeta::default()
+        },
+        regarding: Some(reference),
+        reporting_controller: Some(ctx.reporter.controller.clone()),
+        reporting_instance: Some(
+            ctx.reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| ctx.reporter.controller.clone()),
+        ),
+        type_: Some("Normal".into()),
+        ..K8sEvent::default()
+    };
+    let events: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Err(e) = events
+        .create(&kube::api::PostParams::default(), &event)
+        .await
+    {
+        tracing::warn!("cannot publish event: {e}");
     }
 }
