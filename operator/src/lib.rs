@@ -7,7 +7,7 @@
 //!   [`flink_rescale`] its rescale steps (pure).
 //! * [`rescale`]: the rescale state machine, a pure function of status and observations.
 //! * [`resources`]: the owned objects (ConfigMap, PVC, Deployment, Service).
-//! * [`runtime`]: [`runtime::KubeRuntime`], the `EngineRuntime` for engines in pods.
+//! * [`runtime`]: [`runtime::KubeRuntime`], a StreamJob's engine in a pod (the rescale machine's pod backend drives it).
 //! * [`reconciler`]: the kube-runtime `Controller`.
 //! * [`metrics`]: the operator's own Prometheus metrics.
 //! * [`prometheus`]: the engine's metrics read from a Prometheus server's HTTP API.

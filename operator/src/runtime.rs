@@ -1,15 +1,13 @@
-//! [`KubeRuntime`]: the controller's [`EngineRuntime`] for an engine running in a pod.
+//! [`KubeRuntime`]: a StreamJob's engine running in a pod.
 //!
 //! Starting an engine is a server-side apply of the job's ConfigMap and engine Deployment at a
 //! parallelism (and `--restore` savepoint); the engine is then reached through its Service (or
-//! the `streamscale.dev/engine-url` annotation). The reconciler drives the same operations one
-//! persisted step at a time (see [`crate::rescale`]), so that an operator restart resumes a
-//! rescale; `streamscale run` drives [`streamscale_controller::runtime::LocalRuntime`] through
-//! the same trait.
+//! the `streamscale.dev/engine-url` annotation), with the job's token. The reconciler drives a
+//! rescale one persisted step at a time through the controller's rescale machine
+//! ([`streamscale_controller::rescale`]) with this as its pod backend, so that an operator
+//! restart resumes it; `streamscale run` drives the same machine over its local process.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
@@ -17,10 +15,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use std::future::Future;
 
-use streamscale_controller::api::{ApiError, EngineApi, JobStatus};
-use streamscale_controller::runtime::{
-    EngineHandle, EngineRuntime, RuntimeError, Savepoint, StopOutcome,
-};
+use streamscale_controller::api::{ApiError, EngineApi};
 
 use crate::crd::StreamJob;
 use crate::engine_token::EngineTokens;
@@ -37,20 +32,12 @@ pub enum ApplyError {
     Resource(#[from] ResourceError),
 }
 
-fn runtime_error(e: ApplyError) -> RuntimeError {
-    RuntimeError::Io {
-        path: "kubernetes".to_string(),
-        source: std::io::Error::other(e.to_string()),
-    }
-}
-
 /// Engines of one StreamJob, run as a Deployment.
 #[derive(Clone)]
 pub struct KubeRuntime {
     client: Client,
     http: reqwest::Client,
     job: StreamJob,
-    start_timeout: Duration,
     tokens: Option<EngineTokens>,
 }
 
@@ -61,7 +48,6 @@ impl KubeRuntime {
             client,
             http,
             job,
-            start_timeout: Duration::from_secs(120),
             tokens: None,
         }
     }
@@ -177,110 +163,5 @@ impl KubeRuntime {
             .get_opt(&resources::engine_name(&self.job))
             .await?;
         Ok(d.as_ref().and_then(resources::workload_of))
-    }
-
-    fn handle(
-        &self,
-        parallelism: &BTreeMap<String, u32>,
-        restore: Option<&Savepoint>,
-    ) -> EngineHandle {
-        EngineHandle {
-            id: 0,
-            base_url: resources::engine_url(&self.job),
-            parallelism: parallelism.clone(),
-            restored_from: restore.cloned(),
-        }
-    }
-}
-
-impl EngineRuntime for KubeRuntime {
-    /// Applies the workload at `parallelism` from `restore` and waits until the engine behind
-    /// the Service answers with that parallelism. `job` is ignored: the job graph is the
-    /// StreamJob's.
-    async fn start(
-        &self,
-        _job: &Path,
-        parallelism: &BTreeMap<String, u32>,
-        restore: Option<&Savepoint>,
-    ) -> Result<EngineHandle, RuntimeError> {
-        let restart = self.job.status.as_ref().map_or(0, |s| s.restarts);
-        self.deploy(parallelism, restore.map(|s| s.path.as_str()), restart)
-            .await
-            .map_err(runtime_error)?;
-        let started = tokio::time::Instant::now();
-        loop {
-            if let Ok(job) = self.api().job().await {
-                let running: BTreeMap<String, u32> = job
-                    .operators
-                    .iter()
-                    .map(|o| (o.name.clone(), o.parallelism))
-                    .collect();
-                let wanted = parallelism.iter().all(|(k, v)| running.get(k) == Some(v));
-                if wanted && job.restored_from.as_deref() == restore.map(|s| s.path.as_str()) {
-                    return Ok(self.handle(parallelism, restore));
-                }
-            }
-            if started.elapsed() > self.start_timeout {
-                return Err(RuntimeError::StartTimeout {
-                    seconds: self.start_timeout.as_secs_f64(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    async fn stop_with_savepoint(
-        &self,
-        _handle: &EngineHandle,
-        drain: bool,
-    ) -> Result<StopOutcome, RuntimeError> {
-        let out = self
-            .authorized(|api| async move {
-                api.stop_with_savepoint(drain, Duration::from_secs(120))
-                    .await
-            })
-            .await?;
-        Ok(StopOutcome {
-            savepoint: Savepoint { path: out.path },
-            final_job: Some(out.final_job),
-        })
-    }
-
-    async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
-        Ok(self.api_at(&handle.base_url).job().await?)
-    }
-
-    /// Nothing to release: the next deploy replaces the pod (strategy `Recreate`).
-    async fn shutdown(&self, _handle: &EngineHandle) -> Result<(), RuntimeError> {
-        Ok(())
-    }
-
-    fn auth_token(&self) -> Option<&str> {
-        self.tokens.as_ref().map(|t| t.current.as_str())
-    }
-
-    /// Scales the engine Deployment to zero.
-    async fn kill(&self, _handle: &EngineHandle) -> Result<(), RuntimeError> {
-        let ns = self.job.namespace().unwrap_or_else(|| "default".into());
-        let patch = serde_json::json!({"spec": {"replicas": 0}});
-        Api::<Deployment>::namespaced(self.client.clone(), &ns)
-            .patch(
-                &resources::engine_name(&self.job),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|e| runtime_error(e.into()))?;
-        Ok(())
-    }
-
-    async fn exited(&self, handle: &EngineHandle) -> Option<RuntimeError> {
-        match self.job_status(handle).await {
-            Ok(job) if job.state == "failed" => Some(RuntimeError::Exited {
-                status: "job failed".into(),
-                last_error: "the engine reports state failed".into(),
-            }),
-            _ => None,
-        }
     }
 }
