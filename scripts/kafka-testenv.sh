@@ -7,15 +7,18 @@
 #   scripts/kafka-testenv.sh start     format a fresh log directory with kafka.tools.StorageTool and
 #                                      start `kafka.Kafka server.properties`; prints KAFKA_BROKERS=...
 #   scripts/kafka-testenv.sh stop      stop the broker (no error when not running) and remove its data
-#   scripts/kafka-testenv.sh env       print KAFKA_LIBS, KAFKA_BROKERS, KAFKA_RUN lines (for eval)
+#   scripts/kafka-testenv.sh env       print KAFKA_LIBS, KAFKA_BROKERS, KAFKA_SASL_BROKERS,
+#                                      KAFKA_SASL_USER, KAFKA_SASL_PASSWORD, KAFKA_RUN lines (for eval)
 #   scripts/kafka-testenv.sh create-topic NAME PARTITIONS
 #                                      create a topic on the running broker (Kafka's TopicCommand)
 #
 # Needs Java 17 (java) and Maven (mvn); mvn reaching Maven Central on the first `install` (about
 # 55 MB; later runs reuse $CACHE). Everything lives in $STREAMSCALE_CACHE/kafka (default
 # ~/.cache/streamscale/kafka): the jars in lib-$VERSION/, the running broker's config, log, pid and
-# data in run/. Ports: broker $KAFKA_PORT (default 39092), controller $KAFKA_CONTROLLER_PORT
-# (default 39093), both on 127.0.0.1 and checked free before starting. Single-node settings:
+# data in run/. Ports: broker $KAFKA_PORT (default 39092, PLAINTEXT), controller
+# $KAFKA_CONTROLLER_PORT (default 39093), a SASL_PLAINTEXT listener (mechanism PLAIN, one test
+# user `streamscale` with the test-only password `streamscale-test-password`, no authorizer) on
+# $KAFKA_SASL_PORT (default 39094), all on 127.0.0.1 and checked free before starting. Single-node settings:
 # replication factor 1 (and min ISR 1) for __consumer_offsets and __transaction_state, no
 # initial rebalance delay, topics auto-created off (a test creates what it needs), 6 partitions
 # by default. KAFKA_VERSION picks another 4.x version (default 4.1.1).
@@ -28,6 +31,10 @@ LIB="$CACHE/lib-$KAFKA_VERSION"
 RUN="$CACHE/run"
 PORT="${KAFKA_PORT:-39092}"
 CPORT="${KAFKA_CONTROLLER_PORT:-39093}"
+SPORT="${KAFKA_SASL_PORT:-39094}"
+# Test-only credentials of the SASL listener.
+SASL_USER=streamscale
+SASL_PASSWORD=streamscale-test-password
 
 log() { echo "kafka-testenv: $*" >&2; }
 die() {
@@ -117,11 +124,13 @@ write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CPORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT,SASL_PLAINTEXT://127.0.0.1:$SPORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT,SASL_PLAINTEXT://127.0.0.1:$SPORT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
+listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$SASL_USER="$SASL_PASSWORD";
 log.dirs=$RUN/data
 num.partitions=6
 auto.create.topics.enable=false
@@ -153,6 +162,7 @@ cmd_start() {
   pid_running && die "a broker started by this script is already running (pid $(cat "$RUN/kafka.pid")); run '$0 stop' first"
   listening "$PORT" && die "something already listens on 127.0.0.1:$PORT (set KAFKA_PORT to another port)"
   listening "$CPORT" && die "something already listens on 127.0.0.1:$CPORT (set KAFKA_CONTROLLER_PORT to another port)"
+  listening "$SPORT" && die "something already listens on 127.0.0.1:$SPORT (set KAFKA_SASL_PORT to another port)"
   rm -rf "$RUN"
   write_config
   local t0=$SECONDS cp="$LIB/*"
@@ -202,6 +212,9 @@ cmd_stop() {
 cmd_env() {
   echo "KAFKA_LIBS=$LIB"
   echo "KAFKA_BROKERS=127.0.0.1:$PORT"
+  echo "KAFKA_SASL_BROKERS=127.0.0.1:$SPORT"
+  echo "KAFKA_SASL_USER=$SASL_USER"
+  echo "KAFKA_SASL_PASSWORD=$SASL_PASSWORD"
   echo "KAFKA_RUN=$RUN"
 }
 

@@ -490,6 +490,7 @@ fn transactional_sink_recovers_a_pre_committed_transaction(servers: &str) {
         topic: topic.into(),
         bootstrap_servers: servers.into(),
         transactional_id_prefix: Some("recover-test".into()),
+        security: None,
     };
     let rec = |key: u64| Record {
         seq: key,

@@ -72,6 +72,22 @@ pub struct StreamJobSpec {
     #[serde(default = "default_savepoint_history_max_count")]
     #[schemars(range(min = 1, max = 1000))]
     pub savepoint_history_max_count: u32,
+    /// A Secret in this namespace mounted read-only into the engine pod at
+    /// `/var/run/streamscale/kafka/`, one file per key, for the Kafka password of the job's
+    /// sources and sinks: `security: {protocol: SASL_PLAINTEXT, username: app, passwordFile:
+    /// /var/run/streamscale/kafka/password}` reads the key `password`. Never put the password
+    /// in `spec.job`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_secret: Option<KafkaSecretRef>,
+}
+
+/// The Secret holding a StreamJob's Kafka credentials.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaSecretRef {
+    /// The Secret's name, in the StreamJob's namespace.
+    #[schemars(length(min = 1))]
+    pub secret_name: String,
 }
 
 /// The engine container.

@@ -311,7 +311,9 @@ pub const INVALID_SPEC_RECHECK: Duration = Duration::from_secs(300);
 async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let mut status = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
-    if let Err(invalid) = spec_check::check(&job.spec.job) {
+    if let Err(invalid) = spec_check::check(&job.spec.job).and_then(|()| {
+        spec_check::check_kafka_secret(&job.spec.job, job.spec.kafka_secret.is_some())
+    }) {
         return refuse_invalid_job(&job, &ctx, status, &invalid).await;
     }
     // Fixed since: what said so goes (the conditions are set again below).

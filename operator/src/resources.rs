@@ -24,6 +24,9 @@ pub const ENGINE_PORT: u16 = 8081;
 pub const JOB_FILE: &str = "/etc/streamscale/job.yaml";
 /// Where savepoints are written in the engine container.
 pub const SAVEPOINT_DIR: &str = "/var/lib/streamscale/savepoints";
+/// Where a StreamJob's `spec.kafkaSecret` is mounted in the engine container (one file per key).
+pub const KAFKA_SECRET_DIR: &str = "/var/run/streamscale/kafka";
+
 /// Where the engine token Secret is mounted in the engine container.
 pub const TOKEN_DIR: &str = "/var/run/streamscale/engine-token";
 /// The engine's `--auth-token-file`: the Secret's key `token` under [`TOKEN_DIR`].
@@ -332,6 +335,19 @@ pub fn deployment(
             },
         },
     });
+    let mut value = value;
+    if let Some(k) = &job.spec.kafka_secret {
+        let pod = &mut value["spec"]["template"]["spec"];
+        if let Some(mounts) = pod["containers"][0]["volumeMounts"].as_array_mut() {
+            mounts.push(json!({"name": "kafka", "mountPath": KAFKA_SECRET_DIR, "readOnly": true}));
+        }
+        if let Some(volumes) = pod["volumes"].as_array_mut() {
+            volumes.push(json!({"name": "kafka", "secret": {
+                "secretName": k.secret_name,
+                "defaultMode": 0o440,
+            }}));
+        }
+    }
     let mut d: Deployment =
         serde_json::from_value(value).map_err(|source| ResourceError::Build {
             what: "Deployment",
@@ -378,6 +394,40 @@ spec:
       - {from: map, to: sink}
 "#;
         serde_saphyr::from_str(yaml).expect("valid StreamJob")
+    }
+
+    #[test]
+    fn the_kafka_secret_is_mounted_read_only_when_named() {
+        let mut j = job();
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 0).expect("deployment");
+        assert!(
+            !serde_json::to_string(&d)
+                .expect("json")
+                .contains(KAFKA_SECRET_DIR)
+        );
+        j.spec.kafka_secret = Some(crate::crd::KafkaSecretRef {
+            secret_name: "kafka-creds".into(),
+        });
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 0).expect("deployment");
+        let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
+        let mount = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "kafka")
+            .expect("mount");
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (KAFKA_SECRET_DIR, Some(true))
+        );
+        let vol = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "kafka")
+            .and_then(|v| v.secret.clone())
+            .expect("secret volume");
+        assert_eq!(vol.secret_name.as_deref(), Some("kafka-creds"));
     }
 
     #[test]

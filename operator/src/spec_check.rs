@@ -27,9 +27,93 @@ pub fn check(job: &JobSpec) -> Result<(), InvalidJob> {
         .map_err(|problem| InvalidJob { problem })
 }
 
+/// Checks that the Kafka passwords of `job` can reach the engine pod: a `passwordFile` must be
+/// in the mounted `spec.kafkaSecret` ([`crate::resources::KAFKA_SECRET_DIR`]), and
+/// `passwordEnv` is refused (the engine pod's environment is not configurable).
+///
+/// # Errors
+/// [`InvalidJob`] naming the field.
+pub fn check_kafka_secret(job: &JobSpec, has_secret: bool) -> Result<(), InvalidJob> {
+    use streamscale_engine::spec::OperatorKind;
+    let dir = crate::resources::KAFKA_SECRET_DIR;
+    for (i, op) in job.operators.iter().enumerate() {
+        let security = match &op.kind {
+            OperatorKind::Source { kafka: Some(k), .. } => k.security.as_ref(),
+            OperatorKind::Sink { kafka: Some(k), .. } => k.security.as_ref(),
+            _ => None,
+        };
+        let Some(s) = security else { continue };
+        let at = format!("operators[{i}] ({}).kafka.security", op.name);
+        if s.password_env.is_some() {
+            return Err(InvalidJob {
+                problem: format!(
+                    "{at}.passwordEnv: not available on Kubernetes (the engine pod's environment is the operator's); use `passwordFile: {dir}/KEY` with spec.kafkaSecret"
+                ),
+            });
+        }
+        if let Some(f) = &s.password_file {
+            if !f.starts_with(dir) {
+                return Err(InvalidJob {
+                    problem: format!(
+                        "{at}.passwordFile: {} is not in the engine pod; name a key of spec.kafkaSecret as {dir}/KEY",
+                        f.display()
+                    ),
+                });
+            }
+            if !has_secret {
+                return Err(InvalidJob {
+                    problem: format!(
+                        "{at}.passwordFile: {} needs spec.kafkaSecret (the Secret mounted at {dir})",
+                        f.display()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kafka_passwords_come_from_the_mounted_secret_only() {
+        let job = |security: &str| {
+            JobSpec::from_yaml(&format!(
+                "name: demo\noperators:\n  - {{name: src, kind: source, kafka: {{topic: t, bootstrapServers: \"b:9092\", security: {security}}}}}\n  - {{name: out, kind: sink}}\nedges:\n  - {{from: src, to: out}}\n"
+            ))
+            .expect("parses")
+        };
+        let ok = job(
+            "{protocol: SASL_PLAINTEXT, username: u, passwordFile: /var/run/streamscale/kafka/password}",
+        );
+        assert_eq!(check_kafka_secret(&ok, true), Ok(()));
+        let e = check_kafka_secret(&ok, false)
+            .expect_err("no secret")
+            .to_string();
+        assert!(
+            e.contains("passwordFile") && e.contains("spec.kafkaSecret"),
+            "{e}"
+        );
+        let e = check_kafka_secret(
+            &job("{protocol: SASL_PLAINTEXT, username: u, passwordFile: /etc/pw}"),
+            true,
+        )
+        .expect_err("outside")
+        .to_string();
+        assert!(
+            e.starts_with("spec.job.operators[0] (src).kafka.security.passwordFile"),
+            "{e}"
+        );
+        let e = check_kafka_secret(
+            &job("{protocol: SASL_PLAINTEXT, username: u, passwordEnv: P}"),
+            true,
+        )
+        .expect_err("env")
+        .to_string();
+        assert!(e.contains("passwordEnv"), "{e}");
+    }
 
     fn job(operators: &str, edges: &str) -> JobSpec {
         JobSpec::from_yaml(&format!(

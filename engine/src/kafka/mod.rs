@@ -10,6 +10,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::{Deserialize, Serialize};
 
+pub mod security;
 pub mod sink;
 pub mod transactional;
 
@@ -36,6 +37,9 @@ pub struct KafkaSourceSpec {
     /// `window`). Absent, or a value that is not a JSON object with that integer field: 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_field: Option<String>,
+    /// Authentication to the brokers ([`security::KafkaSecurity`]); default plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<security::KafkaSecurity>,
 }
 
 /// A Kafka sink (`kafka:` on a `sink` operator).
@@ -61,6 +65,35 @@ pub struct KafkaSinkSpec {
     /// `streamscale-<job>-<operator>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transactional_id_prefix: Option<String>,
+    /// Authentication to the brokers ([`security::KafkaSecurity`]); default plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<security::KafkaSecurity>,
+}
+
+/// [`base_config`] with `security` applied (the password read now).
+pub fn client_config(
+    bootstrap_servers: &str,
+    security: Option<&security::KafkaSecurity>,
+) -> ClientConfig {
+    let mut c = base_config(bootstrap_servers);
+    if let Some(s) = security {
+        s.apply(&mut c);
+    }
+    c
+}
+
+impl KafkaSourceSpec {
+    /// The client configuration of this source: brokers and security.
+    pub fn client_config(&self) -> ClientConfig {
+        client_config(&self.bootstrap_servers, self.security.as_ref())
+    }
+}
+
+impl KafkaSinkSpec {
+    /// The client configuration of this sink: brokers and security.
+    pub fn client_config(&self) -> ClientConfig {
+        client_config(&self.bootstrap_servers, self.security.as_ref())
+    }
 }
 
 /// Errors talking to Kafka.
@@ -82,6 +115,9 @@ pub enum KafkaError {
         /// The bootstrap servers.
         brokers: String,
     },
+    /// The `security` settings cannot be used (the password cannot be read, ...).
+    #[error(transparent)]
+    Security(#[from] security::SecurityError),
     /// A client call failed.
     #[error("kafka {what}: {source}")]
     Client {
@@ -111,6 +147,18 @@ pub fn base_config(bootstrap_servers: &str) -> ClientConfig {
 /// [`KafkaError::Brokers`] when no broker answers (or the address is malformed),
 /// [`KafkaError::NoTopic`] when the topic does not exist.
 pub fn partition_count(bootstrap_servers: &str, topic: &str) -> Result<i32, KafkaError> {
+    partition_count_as(bootstrap_servers, None, topic)
+}
+
+/// [`partition_count`] with `security` settings.
+///
+/// # Errors
+/// As [`partition_count`].
+pub fn partition_count_as(
+    bootstrap_servers: &str,
+    security: Option<&security::KafkaSecurity>,
+    topic: &str,
+) -> Result<i32, KafkaError> {
     let brokers_err = |reason: String| KafkaError::Brokers {
         brokers: bootstrap_servers.to_string(),
         reason,
@@ -118,17 +166,70 @@ pub fn partition_count(bootstrap_servers: &str, topic: &str) -> Result<i32, Kafk
     if bootstrap_servers.trim().is_empty() {
         return Err(brokers_err("no bootstrap servers given".into()));
     }
-    let consumer: BaseConsumer = base_config(bootstrap_servers)
-        .create()
+    if let Some(s) = security {
+        // One clear error naming the field when the password cannot be read.
+        s.password("kafka.security")?;
+    }
+    let consumer: BaseConsumer<LastError> = client_config(bootstrap_servers, security)
+        .create_with_context(LastError::default())
         .map_err(|e| brokers_err(e.to_string()))?;
-    partition_count_with(&consumer, bootstrap_servers, topic)
+    partition_count_with(&consumer, bootstrap_servers, topic).map_err(|e| match e {
+        // The metadata request's error is only "transport failure"; librdkafka's own error
+        // says why (e.g. "SASL authentication error: Authentication failed ...").
+        KafkaError::Brokers { brokers, reason } => {
+            // Serves the queued error events (the context's callback runs in poll).
+            for _ in 0..5 {
+                let _ = consumer.poll(Duration::from_millis(20));
+            }
+            let reason = match consumer.context().last() {
+                Some(why) => format!("{reason}; client errors: {why}"),
+                None => reason,
+            };
+            KafkaError::Brokers { brokers, reason }
+        }
+        other => other,
+    })
 }
+
+/// A client context keeping librdkafka's errors (authentication failures are reported only
+/// there): the first few distinct ones, in order.
+#[derive(Default)]
+pub struct LastError(std::sync::Mutex<Vec<String>>);
+
+impl LastError {
+    /// The errors librdkafka reported, joined with `; `; `None` when there were none.
+    pub fn last(&self) -> Option<String> {
+        let g = self.0.lock().ok()?;
+        (!g.is_empty()).then(|| g.join("; "))
+    }
+}
+
+impl rdkafka::ClientContext for LastError {
+    /// Silent: what matters reaches [`LastError::last`] and the one-line error built from it.
+    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _message: &str) {}
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        let line = format!("{error}: {reason}")
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if let Ok(mut g) = self.0.lock()
+            && g.len() < 3
+            && !g.contains(&line)
+        {
+            g.push(line);
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for LastError {}
 
 /// [`partition_count`] through an existing consumer.
 ///
 /// # Errors
 /// As [`partition_count`].
-pub fn partition_count_with<C: Consumer>(
+pub fn partition_count_with<X: rdkafka::consumer::ConsumerContext, C: Consumer<X>>(
     consumer: &C,
     bootstrap_servers: &str,
     topic: &str,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
-use super::{KafkaSinkSpec, base_config};
+use super::KafkaSinkSpec;
 use crate::payload::Payload;
 use crate::record::Record;
 use crate::sink::{Committable, SinkError, TransactionalWriter, TwoPhaseCommitSink};
@@ -120,7 +120,8 @@ impl AtLeastOnceWriter {
         sink: &str,
         client_id: &str,
     ) -> Result<AtLeastOnceWriter, SinkError> {
-        let producer = base_config(&spec.bootstrap_servers)
+        let producer = spec
+            .client_config()
             .set("client.id", client_id)
             .set("enable.idempotence", "true")
             .set("acks", "all")

@@ -32,8 +32,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::KafkaSinkSpec;
 use super::sink::{FLUSH_TIMEOUT, key_value, send_blocking};
-use super::{KafkaSinkSpec, base_config};
 use crate::record::Record;
 use crate::sink::{Committable, SinkError, TransactionalWriter};
 
@@ -118,7 +118,9 @@ impl TransactionalSink {
     }
 
     fn producer(&self, tid: &str) -> Result<TxProducer, SinkError> {
-        let p: TxProducer = base_config(&self.spec.bootstrap_servers)
+        let p: TxProducer = self
+            .spec
+            .client_config()
             .set("transactional.id", tid)
             .set("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS.to_string())
             .set("linger.ms", "5")
@@ -131,7 +133,9 @@ impl TransactionalSink {
 
     /// Adds the marker of `tid` to `p`'s open transaction.
     fn add_marker(&self, p: &TxProducer, tid: &str, marker: i64) -> Result<(), SinkError> {
-        let group: BaseConsumer = base_config(&self.spec.bootstrap_servers)
+        let group: BaseConsumer = self
+            .spec
+            .client_config()
             .set("group.id", format!("{tid}-marker"))
             .create()
             .map_err(|e| self.err("marker group", e))?;
@@ -147,7 +151,9 @@ impl TransactionalSink {
 
     /// The marker committed for `tid` (0 when none).
     fn committed_marker(&self, tid: &str) -> Result<i64, SinkError> {
-        let group: BaseConsumer = base_config(&self.spec.bootstrap_servers)
+        let group: BaseConsumer = self
+            .spec
+            .client_config()
             .set("group.id", format!("{tid}-marker"))
             .set("enable.auto.commit", "false")
             .create()

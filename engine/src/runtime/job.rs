@@ -39,11 +39,15 @@ impl Job {
                     if let Some(k) = kafka {
                         // One clear error before any thread starts: brokers unreachable or
                         // no such topic.
-                        let n = crate::kafka::partition_count(&k.bootstrap_servers, &k.topic)
-                            .map_err(|source| RuntimeError::Kafka {
-                                operator: op.name.clone(),
-                                source: Box::new(source),
-                            })?;
+                        let n = crate::kafka::partition_count_as(
+                            &k.bootstrap_servers,
+                            k.security.as_ref(),
+                            &k.topic,
+                        )
+                        .map_err(|source| RuntimeError::Kafka {
+                            operator: op.name.clone(),
+                            source: Box::new(source),
+                        })?;
                         kafka_partitions.insert(op.name.clone(), n);
                     }
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
@@ -53,12 +57,15 @@ impl Job {
                     delivery,
                     ..
                 } => {
-                    crate::kafka::partition_count(&k.bootstrap_servers, &k.topic).map_err(
-                        |source| RuntimeError::Kafka {
-                            operator: op.name.clone(),
-                            source: Box::new(source),
-                        },
-                    )?;
+                    crate::kafka::partition_count_as(
+                        &k.bootstrap_servers,
+                        k.security.as_ref(),
+                        &k.topic,
+                    )
+                    .map_err(|source| RuntimeError::Kafka {
+                        operator: op.name.clone(),
+                        source: Box::new(source),
+                    })?;
                     let sink: Arc<dyn TwoPhaseCommitSink> = Arc::new(
                         crate::kafka::sink::KafkaSink::new(&spec.name, &op.name, k, *delivery),
                     );

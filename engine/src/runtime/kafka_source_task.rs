@@ -15,7 +15,7 @@ use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
-use crate::kafka::{KafkaSourceSpec, base_config, json_int_field, key_hash, owned_partitions};
+use crate::kafka::{KafkaSourceSpec, json_int_field, key_hash, owned_partitions};
 use crate::payload::KafkaRecord;
 
 /// How often a subtask looks for new partitions of its topic.
@@ -60,7 +60,7 @@ impl KafkaFigures {
         let figures = KafkaFigures {
             gate,
             topic: spec.topic.clone(),
-            client: base_config(&spec.bootstrap_servers).create().ok(),
+            client: spec.client_config().create().ok(),
             refreshed: Mutex::new(None),
             log_end: Mutex::new(BTreeMap::new()),
             growth: Mutex::new((Instant::now(), 0, 0.0)),
@@ -174,7 +174,8 @@ struct Polled {
 
 impl KafkaSourceTask {
     fn consumer(&self, ctx: &SubtaskContext) -> Result<BaseConsumer, String> {
-        base_config(&self.spec.bootstrap_servers)
+        self.spec
+            .client_config()
             .set("group.id", &self.group)
             .set(
                 "client.id",

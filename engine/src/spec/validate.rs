@@ -608,6 +608,7 @@ impl JobSpec {
                             &k.topic,
                             &k.bootstrap_servers,
                         )?;
+                        validate_kafka_security(&format!("{at}.kafka"), k.security.as_ref())?;
                         if k.group.as_deref().is_some_and(str::is_empty) {
                             return Err(format!("{at}.kafka.group: must not be empty"));
                         }
@@ -664,6 +665,7 @@ impl JobSpec {
                             &k.topic,
                             &k.bootstrap_servers,
                         )?;
+                        validate_kafka_security(&format!("{at}.kafka"), k.security.as_ref())?;
                     }
                 }
                 OperatorKind::Map => {}
@@ -745,6 +747,22 @@ impl JobSpec {
         }
         self.topological_order()?;
         Ok(())
+    }
+}
+
+/// A Kafka client's `security` that this build can use ([`crate::kafka::security`]).
+fn validate_kafka_security(
+    at: &str,
+    security: Option<&crate::kafka::security::KafkaSecurity>,
+) -> Result<(), String> {
+    match security {
+        Some(s) => s
+            .validate(
+                &format!("{at}.security"),
+                &crate::kafka::security::builtin_features(),
+            )
+            .map_err(|e| e.to_string()),
+        None => Ok(()),
     }
 }
 
