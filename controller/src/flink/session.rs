@@ -472,13 +472,25 @@ impl JobSession {
             self.window.pop_front();
         }
         self.live_line(now_s, &topo, print);
-        if let Some(limit) = slots_available.map(|free| slots::limit(free, &job)) {
+        let limit = slots_available.map(|free| slots::limit(free, &job));
+        if let Some(limit) = limit {
             slots::cap(&mut topo.spec, limit);
         }
         let window: Vec<MetricSample> = self.window.iter().cloned().collect();
         let verdict = self.autoscaler.decide(now_s, &window, &topo.spec);
         match verdict {
-            Verdict::Hold { reason, .. } => {
+            Verdict::Hold {
+                reason,
+                recommendation,
+            } => {
+                // A plan held at the slot limit says so.
+                let note = limit.zip(recommendation.as_ref()).and_then(|(l, d)| {
+                    slots::held_note(d, l, "the cluster's free slots plus the job's")
+                });
+                let reason = match note {
+                    Some(n) => format!("{reason}; {n}"),
+                    None => reason,
+                };
                 if reason != self.last_hold {
                     print(&format!("{}: HOLD {reason}", short(&jid)));
                     self.last_hold = reason;
