@@ -5,9 +5,16 @@
 //! disposal, shed share) must carry `Authorization: Bearer <token>`; others get 401 with one
 //! line that never echoes what was sent. `GET /metrics`, `GET /v1/job` and the other reads stay
 //! open for scrapers. Tokens are compared in constant time.
+//!
+//! Rotation without a restart ([`TokenSource`]): the token file is read again at every
+//! state-changing request; a new valid token is accepted from then on, and the one it replaced
+//! for [`PREVIOUS_TOKEN_GRACE`] more (so a client holding the old token, such as an operator
+//! whose Secret volume has not caught up, is not locked out mid-rescale). A file that became
+//! unreadable or invalid keeps the current token and logs a warning naming the file.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
@@ -84,9 +91,84 @@ impl AuthToken {
     }
 }
 
+/// How long the token a rotation replaced is still accepted.
+pub const PREVIOUS_TOKEN_GRACE: Duration = Duration::from_secs(600);
+
+#[derive(Debug)]
+struct Tokens {
+    current: AuthToken,
+    /// The token the last rotation replaced, and until when it is accepted.
+    previous: Option<(AuthToken, Instant)>,
+}
+
+/// The engine's token, from a file read again at each check (see the module docs).
+#[derive(Debug, Clone)]
+pub struct TokenSource {
+    file: Option<PathBuf>,
+    tokens: Arc<Mutex<Tokens>>,
+}
+
+impl TokenSource {
+    /// A token read from `path` now, and again at each check.
+    ///
+    /// # Errors
+    /// [`AuthError`] naming the file.
+    pub fn from_file(path: &Path) -> Result<TokenSource, AuthError> {
+        let current = AuthToken::from_file(path)?;
+        Ok(TokenSource {
+            file: Some(path.to_path_buf()),
+            tokens: Arc::new(Mutex::new(Tokens {
+                current,
+                previous: None,
+            })),
+        })
+    }
+
+    /// A fixed token (never re-read).
+    pub fn fixed(token: AuthToken) -> TokenSource {
+        TokenSource {
+            file: None,
+            tokens: Arc::new(Mutex::new(Tokens {
+                current: token,
+                previous: None,
+            })),
+        }
+    }
+
+    /// Whether `authorization` carries the current token, or the previous one within its grace
+    /// period; the file is read again first.
+    pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {
+        let mut t = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(path) = &self.file {
+            match AuthToken::from_file(path) {
+                Ok(new) if !bool::from(new.0.ct_eq(&t.current.0)) => {
+                    let old = std::mem::replace(&mut t.current, new);
+                    t.previous = Some((old, Instant::now() + PREVIOUS_TOKEN_GRACE));
+                    tracing::info!(file = %path.display(), "auth token file changed: the new token is accepted, the previous one for {} s more", PREVIOUS_TOKEN_GRACE.as_secs());
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("{e}; keeping the token read before"),
+            }
+        }
+        if t.previous
+            .as_ref()
+            .is_some_and(|(_, until)| Instant::now() >= *until)
+        {
+            t.previous = None;
+        }
+        // Both compared, so the time taken does not say which one matched.
+        let current = t.current.accepts(authorization);
+        let previous = t
+            .previous
+            .as_ref()
+            .is_some_and(|(p, _)| p.accepts(authorization));
+        current | previous
+    }
+}
+
 /// Middleware: lets reads through, and state-changing requests only with the token.
 pub async fn require_token(
-    State(token): State<AuthToken>,
+    State(token): State<TokenSource>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -131,6 +213,32 @@ mod tests {
             );
         }
         assert!(!t.accepts(None));
+    }
+
+    #[test]
+    fn a_rotated_file_is_accepted_at_once_and_the_old_token_for_the_grace_period() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("token");
+        std::fs::write(&f, "first-token-0123456\n").expect("write");
+        let s = TokenSource::from_file(&f).expect("source");
+        assert!(s.accepts(Some(b"Bearer first-token-0123456")));
+        std::fs::write(&f, "second-token-012345\n").expect("write");
+        assert!(s.accepts(Some(b"Bearer second-token-012345")));
+        assert!(s.accepts(Some(b"Bearer first-token-0123456")), "in grace");
+        // A broken write keeps the tokens.
+        std::fs::write(&f, "x").expect("write");
+        assert!(s.accepts(Some(b"Bearer second-token-012345")));
+        // The grace period over: the old token is refused.
+        s.tokens
+            .lock()
+            .expect("lock")
+            .previous
+            .as_mut()
+            .expect("previous")
+            .1 = Instant::now();
+        assert!(!s.accepts(Some(b"Bearer first-token-0123456")));
+        assert!(s.accepts(Some(b"Bearer second-token-012345")));
+        assert!(!s.accepts(None));
     }
 
     #[test]

@@ -370,7 +370,7 @@ impl Coordinator {
 
     /// The axum router with every endpoint, state-changing requests guarded by `token` when
     /// one is given ([`crate::auth`]).
-    pub fn router_with_auth(&self, token: Option<crate::auth::AuthToken>) -> Router {
+    pub fn router_with_auth(&self, token: Option<crate::auth::TokenSource>) -> Router {
         match token {
             Some(t) => self.router().layer(axum::middleware::from_fn_with_state(
                 t,

@@ -124,3 +124,95 @@ fn a_non_loopback_address_needs_a_token_or_insecure_bind() {
         "{err}"
     );
 }
+
+/// The engine process of the TLS test; killed when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `--tls-cert`/`--tls-key` (the test certificate of `tests/data/tls`, for localhost): an
+/// HTTPS request with the token works, without it gets 401, and plain HTTP gets no answer; the
+/// token file rewritten while the engine runs is taken at once, the previous token still
+/// accepted (grace period), any other refused.
+#[test]
+fn https_with_the_token_and_a_token_file_rotated_while_running() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let job = bounded_job(dir.path(), 2_000_000, 500.0);
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let tls = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls");
+    let mut child = Child(
+        Command::new(engine_bin())
+            .args(["--job", job.to_str().unwrap(), "--auth-token-file"])
+            .arg(&token_file)
+            .arg("--tls-cert")
+            .arg(tls.join("server.crt"))
+            .arg("--tls-key")
+            .arg(tls.join("server.key"))
+            .arg("--savepoint-dir")
+            .arg(dir.path().join("sp"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let announced: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(announced["scheme"], "https", "{line}");
+    let port = announced["address"]
+        .as_str()
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .to_string();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(tls.join("ca.crt")).unwrap()).unwrap();
+    let client = reqwest::blocking::Client::builder()
+        .tls_certs_only([ca])
+        .build()
+        .unwrap();
+    let shed = |auth: Option<&str>| {
+        let r = client
+            .post(format!("https://localhost:{port}/v1/shed"))
+            .json(&json!({"share": 0.0}));
+        let r = match auth {
+            Some(a) => r.bearer_auth(a),
+            None => r,
+        };
+        r.send().unwrap().status().as_u16()
+    };
+    assert_eq!(shed(Some(TOKEN)), 200, "HTTPS with the token");
+    assert_eq!(shed(None), 401);
+    let job_over_https = client
+        .get(format!("https://localhost:{port}/v1/job"))
+        .send()
+        .unwrap();
+    assert_eq!(job_over_https.status().as_u16(), 200);
+    // Plain HTTP to the TLS port: no HTTP answer.
+    assert!(
+        reqwest::blocking::Client::new()
+            .get(format!("http://127.0.0.1:{port}/v1/job"))
+            .send()
+            .is_err(),
+        "plain HTTP must be refused"
+    );
+    // Rotation without a restart.
+    let new = "0123456789abcdef0123456789abcdef";
+    std::fs::write(&token_file, format!("{new}\n")).unwrap();
+    assert_eq!(shed(Some(new)), 200, "the new token at once");
+    assert_eq!(
+        shed(Some(TOKEN)),
+        200,
+        "the previous one in its grace period"
+    );
+    assert_eq!(shed(Some("ffffffffffffffffffffffffffffffff")), 401);
+}

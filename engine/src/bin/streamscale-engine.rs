@@ -44,6 +44,13 @@ struct Args {
     /// port can then stop the job or delete its savepoints).
     #[arg(long)]
     insecure_bind: bool,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key); both files are read again
+    /// when they change, for new connections. Plain HTTP is then refused.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Per-operator parallelism overrides: `op=N,op=N`.
     #[arg(long, value_delimiter = ',')]
     parallelism: Vec<String>,
@@ -315,6 +322,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         .block_on(tokio::net::TcpListener::bind(&args.bind))
         .map_err(|e| anyhow::anyhow!("--bind {}: {e}", args.bind))?;
     let address = listener.local_addr()?;
+    // The certificate is checked before the job starts: a bad file fails at once.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(streamscale_engine::tls::server_config(
+            std::sync::Arc::new(streamscale_engine::tls::ReloadingCert::new(cert, key)?),
+        )?),
+        _ => None,
+    };
     let token_file = args.auth_token_file.clone().or_else(|| {
         std::env::var_os(streamscale_engine::auth::TOKEN_FILE_ENV)
             .filter(|v| !v.is_empty())
@@ -322,7 +336,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     });
     let token = token_file
         .as_deref()
-        .map(streamscale_engine::auth::AuthToken::from_file)
+        .map(streamscale_engine::auth::TokenSource::from_file)
         .transpose()?;
     if token.is_none() && !address.ip().is_loopback() {
         if !args.insecure_bind {
@@ -344,10 +358,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         coordinator = coordinator.with_restart(policy);
     }
     tracing::info!(%address, restored_from = ?restored_from, "job started");
-    println!(
-        "{}",
-        serde_json::json!({"event": "listening", "address": address.to_string()})
-    );
+    let mut listening = serde_json::json!({"event": "listening", "address": address.to_string()});
+    if tls.is_some() {
+        listening["scheme"] = "https".into();
+    }
+    println!("{listening}");
     let router = coordinator.router_with_auth(token);
     rt.block_on(async move {
         let c = coordinator.clone();
@@ -363,9 +378,19 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         };
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
+        match tls {
+            Some(config) => {
+                let listener = streamscale_engine::tls::TlsListener::new(listener, config)?;
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            None => {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+        }
     })?;
     Ok(())
 }
