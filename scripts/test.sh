@@ -27,7 +27,7 @@ cargo build --workspace --bins
 ./scripts/k8s-testenv.sh build
 # A real Apache Flink 2.3 session cluster for the Flink backend's tests: Flink from its PyPI
 # wheels and the demo job compiled with javac (cached in ~/.cache/streamscale/flink; about a
-# minute and 330 MB the first time). The test starts and stops the cluster.
+# minute and about 1.2 GB with the PyFlink venv the first time). The test starts and stops the cluster.
 ./scripts/flink-testenv.sh install
 # A real Apache Kafka 4.1 broker (KRaft, one node) for the engine's Kafka tests: its jars from
 # Maven Central with mvn (cached in ~/.cache/streamscale/kafka, about 55 MB). The tests start

@@ -181,6 +181,19 @@ pub fn rescale_started_line(t_s: f64, change: &str, reason: &str) -> String {
     format!("t={t_s:>4.0}s RESCALE {change} | {reason}")
 }
 
+/// The line printed when the guards hold back a change the plan wants:
+/// `t= 130s HOLD enrich 2→3 | within the utilization band [0.30, 0.80] (…): …`.
+pub fn hold_line(t_s: f64, change: &str, reason: &str) -> String {
+    format!("t={t_s:>4.0}s HOLD {change} | {reason}")
+}
+
+/// The guard a hold's `reason` names, for saying a hold once: its text up to the first `:`
+/// (`within the utilization band [0.30, 0.80] (…)`, `rescale budget`, `rescale cost`), the
+/// figures after it change every interval.
+pub fn hold_kind(reason: &str) -> &str {
+    reason.split(':').next().unwrap_or(reason)
+}
+
 /// The line printed with `--no-autoscale` when the planner decides a rescale the run does not
 /// apply: `t= 123s WOULD RESCALE enrich 4→6 (--no-autoscale) | reason`.
 pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String {
@@ -458,6 +471,24 @@ pub fn no_backlog_metric_line(source: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hold_is_keyed_by_its_guard_not_its_figures() {
+        let band = "within the utilization band [0.30, 0.80] (autoscaler.minUtilization, autoscaler.maxUtilization): enrich: scale-up 6→7 held: ρ 0.80 at 6";
+        assert_eq!(
+            hold_kind(band),
+            "within the utilization band [0.30, 0.80] (autoscaler.minUtilization, autoscaler.maxUtilization)"
+        );
+        assert_eq!(
+            hold_kind("rescale budget: 2 rescales in the last hour"),
+            hold_kind("rescale budget: 3 rescales in the last hour")
+        );
+        assert_eq!(hold_kind("no colon"), "no colon");
+        assert_eq!(
+            hold_line(55.2, "enrich 6→7", band),
+            format!("t=  55s HOLD enrich 6→7 | {band}")
+        );
+    }
 
     #[test]
     fn missing_subtasks_are_named_with_the_parallelism_the_operator_runs() {

@@ -368,6 +368,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // Whether the last plan reported the latency SLO unattainable
         // ([`progress::slo_unattainable_line`]).
         let mut unattainable = false;
+        // The last change held back (operators and directions) and the guard that held it
+        // ([`progress::hold_line`]).
+        let mut held: Option<(Vec<(String, std::cmp::Ordering)>, String)> = None;
         let mut engine_changed = false;
         // Subtasks missing from the last scrape, per operator, as last said.
         let mut last_missing: Vec<(String, Vec<usize>)> = Vec::new();
@@ -639,6 +642,33 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     Ok(saved) => learned_saved = Some(saved),
                     Err(e) => tracing::warn!("{e}"),
                 }
+            }
+            // A change the guards hold back: said once per guard and per set of operators
+            // and directions (the planned values and the reasons' figures move every
+            // interval), so a user sees why nothing happens.
+            if let Verdict::Hold {
+                reason,
+                recommendation: Some(d),
+            } = &verdict
+                && d.parallelism != engine.parallelism
+            {
+                let moves = d
+                    .parallelism
+                    .iter()
+                    .filter_map(|(op, p)| {
+                        let now = engine.parallelism.get(op).copied().unwrap_or(*p);
+                        (now != *p).then(|| (op.clone(), p.cmp(&now)))
+                    })
+                    .collect();
+                let key = (moves, progress::hold_kind(reason).to_string());
+                if held.as_ref() != Some(&key) {
+                    let change =
+                        progress::format_change(&engine.parallelism, &d.parallelism, &self.order);
+                    print(&progress::hold_line(now_s, &change, reason));
+                    held = Some(key);
+                }
+            } else {
+                held = None;
             }
             let Verdict::Rescale(decision) = verdict else {
                 continue;
