@@ -208,14 +208,15 @@ fn ready(s: &FlinkScalerStatus) -> (String, String, String) {
         .unwrap_or_default()
 }
 
-/// Polls the Ready condition until `ok` holds (at most 60 s).
+/// Polls the Ready condition until `ok` holds (at most 120 s: a loaded machine delays the
+/// operator's requeues).
 async fn wait_ready(
     scalers: &Api<FlinkScaler>,
     what: &str,
     log: &Path,
     ok: impl Fn(&(String, String, String)) -> bool,
 ) -> FlinkScalerStatus {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let s = scalers
             .get(SCALER)
@@ -228,7 +229,7 @@ async fn wait_ready(
         }
         assert!(
             Instant::now() < deadline,
-            "{what}: not within 60 s; Ready {:?}\n--- operator log ---\n{}",
+            "{what}: not within 120 s; Ready {:?}\n--- operator log ---\n{}",
             ready(&s),
             std::fs::read_to_string(log).unwrap_or_default()
         );
