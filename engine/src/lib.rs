@@ -13,6 +13,7 @@ pub mod auth;
 pub mod chain;
 pub mod checkpoint;
 pub mod clock;
+pub mod json_field;
 pub mod kafka;
 pub mod keygroup;
 pub mod metrics;

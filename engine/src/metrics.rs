@@ -77,6 +77,10 @@ pub struct EngineMetrics {
     /// `streamscale_late_records_dropped_total`: records an event-time operator dropped
     /// because every window they belong to had already fired (event time ≤ watermark).
     pub late_records_dropped: IntCounterVec,
+    /// `streamscale_records_invalid_total`: dead letters, records a Kafka source's `keyBy` /
+    /// `valueField` or a filter's `where` could not be read from (value not JSON, a field
+    /// missing or of another type); never emitted, counted as filtered in the record balance.
+    pub records_invalid: IntCounterVec,
     /// Checkpoints (and savepoints) completed and written (counter, no labels).
     pub checkpoints_completed: IntCounter,
     /// Checkpoints (and savepoints) that failed: storage unwritable, timeout, job failure
@@ -167,6 +171,10 @@ impl EngineMetrics {
             "streamscale_late_records_dropped_total",
             "Records dropped by an event-time operator because they arrived after the watermark closed their windows.",
         )?;
+        let records_invalid = int_counter(
+            "streamscale_records_invalid_total",
+            "Dead letters: records whose JSON value lacks a field the job reads (or is not JSON), not emitted.",
+        )?;
         let state_restored_unloaded_bytes = gauge(
             "streamscale_state_restored_unloaded_bytes",
             "Disk state backend: bytes of restored keyed state not yet written out as segment files.",
@@ -211,6 +219,7 @@ impl EngineMetrics {
             sink_latency,
             sink_accounted,
             late_records_dropped,
+            records_invalid,
             checkpoints_completed,
             checkpoints_failed,
             checkpoint_duration,

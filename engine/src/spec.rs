@@ -319,10 +319,18 @@ pub enum OperatorKind {
     },
     /// Passes each record on unchanged after spending its cost.
     Map,
-    /// Keeps a deterministic share `keep` (0..=1) of records, chosen by a hash of the record's sequence number.
+    /// Keeps the records of a Kafka source whose JSON value satisfies `where`
+    /// (`field op value`, e.g. `likes >= 50`), and of those a deterministic share `keep`
+    /// (0..=1, default 1) chosen by a hash of the record's sequence number. A record `where`
+    /// cannot be evaluated on (not JSON, the field missing or of another type) is a dead letter
+    /// (`streamscale_records_invalid_total`).
     Filter {
-        /// Fraction of records kept, between 0 and 1.
+        /// Fraction of records kept, between 0 and 1. Default 1.
+        #[serde(default = "one_f64")]
         keep: f64,
+        /// A condition on a field of the JSON value of records read from Kafka.
+        #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+        condition: Option<crate::json_field::Condition>,
     },
     /// Keyed tumbling processing-time window: per key, the count and sum of values in each
     /// window of `sizeMs` milliseconds, emitted when the window closes. Its input is

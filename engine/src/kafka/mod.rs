@@ -33,13 +33,42 @@ pub struct KafkaSourceSpec {
     /// the group). Default `streamscale-<job>-<operator>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
-    /// A top-level integer field of the JSON value that becomes the record's value (summed by
-    /// `window`). Absent, or a value that is not a JSON object with that integer field: 0.
+    /// A field (dotted path) of the JSON value whose integer becomes the record's value
+    /// (aggregated by `window`; a float is truncated). Without `schema` and `keyBy` a value
+    /// that is not a JSON object with that integer field gives 0; with either, such a record
+    /// is a dead letter (`streamscale_records_invalid_total`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_field: Option<String>,
     /// Authentication to the brokers ([`security::KafkaSecurity`]); default plaintext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security: Option<security::KafkaSecurity>,
+    /// What records are keyed by (what `window` groups by): `kafkaKey` (the default: the
+    /// Kafka record's key) or a field (dotted path) of the JSON value. A record without that
+    /// field, or whose value is not JSON, is a dead letter: counted in
+    /// `streamscale_records_invalid_total{operator, subtask}` and as filtered, never emitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_by: Option<String>,
+    /// The named schema of the topic's JSON values: `keyBy`, `valueField` and the `where` of
+    /// `filter` operators downstream are checked against it when the job is loaded (and
+    /// records not matching it at those fields are dead letters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Box<crate::json_field::Schema>>,
+}
+
+/// `keyBy` for the Kafka record's key.
+pub const KEY_BY_KAFKA_KEY: &str = "kafkaKey";
+
+impl KafkaSourceSpec {
+    /// The JSON field records are keyed by (`None`: the Kafka key).
+    pub fn key_field(&self) -> Option<&str> {
+        self.key_by.as_deref().filter(|k| *k != KEY_BY_KAFKA_KEY)
+    }
+
+    /// Whether records are read strictly: with a schema or a key field, a value that is not
+    /// JSON or lacks a field used is a dead letter rather than value 0.
+    pub fn strict(&self) -> bool {
+        self.schema.is_some() || self.key_field().is_some()
+    }
 }
 
 /// A Kafka sink (`kafka:` on a `sink` operator).
@@ -332,6 +361,31 @@ pub fn key_hash(key: Option<&[u8]>) -> u64 {
     crate::keygroup::murmur_fmix64(h)
 }
 
+/// A strict source's ([`KafkaSourceSpec::strict`]) key and value of a record with Kafka key
+/// `key` and value bytes `value`: the key hash of the `keyBy` field's bytes
+/// ([`crate::json_field::key_bytes`]) or of the Kafka key, and the integer at `valueField`
+/// (0 without one).
+///
+/// # Errors
+/// Why the record is a dead letter: the value is not a JSON object, or a field is missing
+/// or (`valueField`) not a number.
+pub fn read_fields(
+    spec: &KafkaSourceSpec,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> Result<(u64, i64), crate::json_field::Invalid> {
+    let json = crate::json_field::parse_object(value)?;
+    let k = match spec.key_field() {
+        Some(f) => key_hash(Some(&crate::json_field::key_bytes(&json, f)?)),
+        None => key_hash(key),
+    };
+    let v = match &spec.value_field {
+        Some(f) => crate::json_field::int_at(&json, f)?,
+        None => 0,
+    };
+    Ok((k, v))
+}
+
 /// The integer at top-level field `field` of a JSON object `value`, or 0.
 pub fn json_int_field(value: &[u8], field: &str) -> i64 {
     serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(value)
@@ -343,6 +397,43 @@ pub fn json_int_field(value: &[u8], field: &str) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strict_sources_key_by_a_json_field_and_name_dead_letters() {
+        use crate::json_field::Invalid;
+        let spec: KafkaSourceSpec = serde_json::from_str(
+            r#"{"topic": "t", "bootstrapServers": "b:1", "keyBy": "user.id", "valueField": "n"}"#,
+        )
+        .unwrap();
+        assert!(spec.strict());
+        let v = br#"{"user": {"id": "ann"}, "n": 7}"#;
+        assert_eq!(
+            read_fields(&spec, Some(b"other"), Some(v)),
+            Ok((key_hash(Some(b"ann")), 7))
+        );
+        assert_eq!(
+            read_fields(&spec, None, Some(br#"{"n": 7}"#)),
+            Err(Invalid::Missing("user.id".into()))
+        );
+        assert_eq!(
+            read_fields(&spec, None, Some(br#"{"user": {"id": 1}, "n": "x"}"#)),
+            Err(Invalid::WrongType("n".into()))
+        );
+        assert_eq!(
+            read_fields(&spec, None, Some(b"n=7")),
+            Err(Invalid::NotJson)
+        );
+        // keyBy kafkaKey: the Kafka key, as without keyBy.
+        let spec = KafkaSourceSpec {
+            key_by: Some(KEY_BY_KAFKA_KEY.into()),
+            ..spec
+        };
+        assert!(!spec.strict());
+        assert_eq!(
+            read_fields(&spec, Some(b"k1"), Some(br#"{"n": 2}"#)),
+            Ok((key_hash(Some(b"k1")), 2))
+        );
+    }
 
     #[test]
     fn java_hash_matches_java() {

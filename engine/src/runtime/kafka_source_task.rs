@@ -15,7 +15,8 @@ use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
-use crate::kafka::{KafkaSourceSpec, json_int_field, key_hash, owned_partitions};
+use crate::json_field::Invalid;
+use crate::kafka::{KafkaSourceSpec, json_int_field, key_hash, owned_partitions, read_fields};
 use crate::payload::KafkaRecord;
 
 /// How often a subtask looks for new partitions of its topic.
@@ -170,6 +171,9 @@ struct Polled {
     /// How long the first poll waited for a record (idle time, not work: with records at
     /// hand it returns at once).
     waited: Duration,
+    /// Per record (same order): why it is a dead letter, if it is (a strict source's value
+    /// without its `keyBy`/`valueField`, [`crate::kafka::read_fields`]).
+    invalid: Vec<Option<Invalid>>,
 }
 
 impl KafkaSourceTask {
@@ -229,6 +233,7 @@ impl KafkaSourceTask {
             records: Vec::new(),
             advanced: Vec::new(),
             waited: Duration::ZERO,
+            invalid: Vec::new(),
         };
         let mut wait = POLL_WAIT;
         while (polled.records.len() as u64) < SOURCE_BATCH {
@@ -257,14 +262,23 @@ impl KafkaSourceTask {
                 .map(|t| t.saturating_mul(1000))
                 .filter(|&t| t <= now)
                 .unwrap_or(now);
-            let value_num = match (&self.spec.value_field, &value) {
-                (Some(f), Some(v)) => json_int_field(v, f),
-                _ => 0,
+            let (key_num, value_num, invalid) = if self.spec.strict() {
+                match read_fields(&self.spec, key.as_deref(), value.as_deref()) {
+                    Ok((k, v)) => (k, v, None),
+                    Err(why) => (0, 0, Some(why)),
+                }
+            } else {
+                let v = match (&self.spec.value_field, &value) {
+                    (Some(f), Some(v)) => json_int_field(v, f),
+                    _ => 0,
+                };
+                (key_hash(key.as_deref()), v, None)
             };
             polled.advanced.push((m.partition(), m.offset() + 1));
+            polled.invalid.push(invalid);
             polled.records.push(Record {
                 seq: 0,
-                key: key_hash(key.as_deref()),
+                key: key_num,
                 value: value_num,
                 count: 1,
                 created_us,
@@ -391,8 +405,13 @@ impl KafkaSourceTask {
                 Claim::Batch { start, .. } => {
                     let shed_share = crate::shed::share();
                     let mut shed = 0u64;
+                    let mut invalid = batch.invalid.into_iter();
                     for (i, mut rec) in batch.records.into_iter().enumerate() {
                         rec.seq = start + i as u64;
+                        if let Some(why) = invalid.next().flatten() {
+                            ctx.dead_letter(&rec, &why);
+                            continue;
+                        }
                         if shed_share > 0.0 && crate::shed::drops(rec.seq, shed_share) {
                             shed += 1;
                             continue;

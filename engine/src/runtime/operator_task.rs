@@ -6,6 +6,7 @@ pub(super) enum Behaviour {
     Map,
     Filter {
         keep: f64,
+        condition: Option<crate::json_field::Condition>,
     },
     Window {
         size_us: u64,
@@ -38,7 +39,10 @@ impl Behaviour {
         writer: Option<Box<dyn TransactionalWriter>>,
     ) -> Result<Behaviour, StateError> {
         Ok(match kind {
-            OperatorKind::Filter { keep } => Behaviour::Filter { keep: *keep },
+            OperatorKind::Filter { keep, condition } => Behaviour::Filter {
+                keep: *keep,
+                condition: condition.clone(),
+            },
             OperatorKind::Window { size_ms } => Behaviour::Window {
                 size_us: size_ms * 1000,
                 state: state()?,
@@ -54,6 +58,20 @@ impl Behaviour {
             | OperatorKind::Join { .. } => Behaviour::Map,
         })
     }
+}
+
+/// Whether `rec`'s JSON value (a Kafka record's) satisfies `c`.
+///
+/// # Errors
+/// Why it cannot be evaluated: no JSON value, the field missing or of another type.
+fn filter_condition(
+    c: &crate::json_field::Condition,
+    rec: &Record,
+) -> Result<bool, crate::json_field::Invalid> {
+    let Payload::Kafka(k) = &rec.payload else {
+        return Err(crate::json_field::Invalid::NotJson);
+    };
+    c.eval(&crate::json_field::parse_object(k.value.as_deref())?)
 }
 
 /// Fails the subtask on a state backend error (a read or write of keyed state, or a snapshot):
@@ -365,9 +383,19 @@ impl Operator {
                 emit_stage_output(out, ctx)
             }
             Behaviour::Map => ctx.outputs.send(rec, &mut ctx.meter),
-            Behaviour::Filter { keep } => {
+            Behaviour::Filter { keep, condition } => {
+                let passes = match condition {
+                    None => true,
+                    Some(c) => match filter_condition(c, &rec) {
+                        Ok(holds) => holds,
+                        Err(why) => {
+                            ctx.dead_letter(&rec, &why);
+                            false
+                        }
+                    },
+                };
                 let draw = (murmur_fmix64(rec.seq ^ 0xf1_17e5) >> 11) as f64 / (1u64 << 53) as f64;
-                if draw < *keep {
+                if passes && draw < *keep {
                     ctx.outputs.send(rec, &mut ctx.meter)
                 } else {
                     ctx.meter.totals.filtered += rec.count;

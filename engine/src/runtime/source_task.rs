@@ -39,6 +39,28 @@ impl SubtaskContext {
         });
     }
 
+    /// A dead letter: `rec` could not be read (`why`). Not emitted; counted in
+    /// `streamscale_records_invalid_total` and as filtered (so the record balance holds), and
+    /// logged for the 1st, 2nd, 4th, 8th, ... of the subtask.
+    pub(super) fn dead_letter(&mut self, rec: &Record, why: &crate::json_field::Invalid) {
+        self.meter.totals.filtered += rec.count;
+        self.meter
+            .live
+            .filtered
+            .fetch_add(rec.count, Ordering::Relaxed);
+        let l = [self.meter.labels[0].as_str(), self.meter.labels[1].as_str()];
+        let counter = self.meter.metrics.records_invalid.with_label_values(&l);
+        counter.inc();
+        let n = counter.get();
+        if n.is_power_of_two() {
+            let at = match &rec.payload {
+                Payload::Kafka(k) => format!("partition {} offset {}", k.partition, k.offset),
+                _ => format!("record {}", rec.seq),
+            };
+            tracing::warn!(operator = %self.operator, subtask = self.index, dead_letters = n, "dead letter ({at}): {why}");
+        }
+    }
+
     /// This subtask's result followed by its chain members' (the thread's results).
     pub(super) fn finish(
         mut self,

@@ -612,6 +612,7 @@ impl JobSpec {
                         if k.group.as_deref().is_some_and(str::is_empty) {
                             return Err(format!("{at}.kafka.group: must not be empty"));
                         }
+                        validate_kafka_fields(&format!("{at}.kafka"), k)?;
                         continue;
                     }
                     if *keys == 0 {
@@ -643,9 +644,12 @@ impl JobSpec {
                 OperatorKind::Select { .. }
                 | OperatorKind::WindowTop { .. }
                 | OperatorKind::Join { window: None } => {}
-                OperatorKind::Filter { keep } => {
+                OperatorKind::Filter { keep, condition } => {
                     if !(0.0..=1.0).contains(keep) {
                         return Err(format!("{at}.keep: {keep} is not between 0 and 1"));
+                    }
+                    if let Some(c) = condition {
+                        self.validate_condition(&format!("{at}.where"), &op.name, c)?;
                     }
                 }
                 OperatorKind::Window { size_ms } => {
@@ -872,5 +876,190 @@ pub(super) fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
             Ok(())
         }
         RateSpec::Constant(_) => Ok(()),
+    }
+}
+
+/// A Kafka source's `schema`, `keyBy` and `valueField` (`at`: `operators[i] (name).kafka`):
+/// well-formed paths, and with a schema, fields of it (`valueField` numeric).
+fn validate_kafka_fields(at: &str, k: &crate::kafka::KafkaSourceSpec) -> Result<(), String> {
+    use crate::json_field::check_path;
+    if let Some(schema) = &k.schema {
+        schema.validate().map_err(|e| format!("{at}.schema.{e}"))?;
+    }
+    if let Some(f) = k.key_field() {
+        check_path(f).map_err(|e| format!("{at}.keyBy: {e} (or `kafkaKey`)"))?;
+        if let Some(schema) = &k.schema {
+            schema.field(f).map_err(|e| format!("{at}.keyBy: {e}"))?;
+        }
+    }
+    if let Some(f) = &k.value_field {
+        check_path(f).map_err(|e| format!("{at}.valueField: {e}"))?;
+        if let Some(schema) = &k.schema {
+            let t = schema
+                .field(f)
+                .map_err(|e| format!("{at}.valueField: {e}"))?;
+            if !t.is_numeric() {
+                return Err(format!(
+                    "{at}.valueField: field `{f}` is {} in schema `{}`; windows aggregate a numeric (int or float) field",
+                    t.name(),
+                    schema.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl JobSpec {
+    /// The sources operator `name` reads from (through any operators between), each once.
+    fn upstream_sources(&self, name: &str) -> Vec<&OperatorSpec> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![name];
+        let mut out = Vec::new();
+        while let Some(n) = todo.pop() {
+            for e in self.edges.iter().filter(|e| e.to == n) {
+                if !seen.insert(e.from.as_str()) {
+                    continue;
+                }
+                match self.operators.iter().find(|o| o.name == e.from) {
+                    Some(o) if matches!(o.kind, OperatorKind::Source { .. }) => out.push(o),
+                    Some(_) => todo.push(e.from.as_str()),
+                    None => {}
+                }
+            }
+        }
+        out
+    }
+
+    /// A `filter`'s `where` (`at`: its place in the file): every source upstream of `name`
+    /// reads Kafka, and the condition fits the schema of those that name one.
+    fn validate_condition(
+        &self,
+        at: &str,
+        name: &str,
+        c: &crate::json_field::Condition,
+    ) -> Result<(), String> {
+        for src in self.upstream_sources(name) {
+            match &src.kind {
+                OperatorKind::Source { kafka: Some(k), .. } => {
+                    if let Some(schema) = &k.schema {
+                        c.check(schema).map_err(|e| format!("{at}: {e}"))?;
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "{at}: `{c}` needs records with JSON values, from a Kafka source; source `{}` generates records",
+                        src.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod json_field_tests {
+    use super::*;
+
+    fn job(src_kafka: &str, filter: &str) -> String {
+        format!(
+            r#"name: j
+operators:
+  - name: src
+    kind: source
+    kafka: {{ topic: t, bootstrapServers: "127.0.0.1:9092", {src_kafka} }}
+  - {{ name: big, kind: filter, {filter} }}
+  - {{ name: win, kind: window, sizeMs: 1000 }}
+  - {{ name: out, kind: sink }}
+edges:
+  - {{ from: src, to: big }}
+  - {{ from: big, to: win }}
+  - {{ from: win, to: out }}
+"#
+        )
+    }
+
+    fn check(yaml: &str) -> Result<JobSpec, String> {
+        let spec = JobSpec::from_yaml(yaml).map_err(|e| e.to_string())?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    const SCHEMA: &str =
+        "schema: { name: tweet, fields: { user: string, likes: int, lang: string } }";
+
+    #[test]
+    fn a_schema_keyby_valuefield_and_where_that_fit_are_accepted() {
+        let spec = check(&job(
+            &format!("keyBy: user, valueField: likes, {SCHEMA}"),
+            r#"where: "likes >= 10""#,
+        ))
+        .expect("valid");
+        let OperatorKind::Filter { condition, keep } = &spec.operators[1].kind else {
+            panic!("a filter")
+        };
+        assert_eq!(*keep, 1.0);
+        assert_eq!(
+            condition.as_ref().expect("where").to_string(),
+            "likes >= 10"
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_clear_errors_naming_the_place() {
+        for (src, filter, needle) in [
+            (
+                format!("keyBy: name, {SCHEMA}"),
+                "keep: 1",
+                "operators[0] (src).kafka.keyBy: field `name` is not in schema `tweet` (its fields: lang, likes, user)",
+            ),
+            (
+                format!("valueField: lang, {SCHEMA}"),
+                "keep: 1",
+                "operators[0] (src).kafka.valueField: field `lang` is string in schema `tweet`; windows aggregate a numeric",
+            ),
+            (
+                "keyBy: \"a..b\"".to_string(),
+                "keep: 1",
+                "operators[0] (src).kafka.keyBy: `a..b` is not a field path",
+            ),
+            (
+                SCHEMA.to_string(),
+                r#"where: "user > 3""#,
+                "operators[1] (big).where: `user > 3`: field `user` is string in schema `tweet`",
+            ),
+            (
+                SCHEMA.to_string(),
+                r#"where: "likes >> 3""#,
+                "`likes >> 3`: `> 3` is not a value",
+            ),
+            (
+                "schema: { name: tweet, fields: {} }".to_string(),
+                "keep: 1",
+                "operators[0] (src).kafka.schema.fields: a schema needs at least one field",
+            ),
+        ] {
+            let e = check(&job(&src, filter)).expect_err("invalid");
+            assert!(e.contains(needle), "{src} / {filter}: {e}");
+        }
+    }
+
+    #[test]
+    fn where_needs_a_kafka_source() {
+        let yaml = r#"name: j
+operators:
+  - { name: src, kind: source, rate: { constant: 10 } }
+  - { name: f, kind: filter, where: "likes > 1" }
+  - { name: out, kind: sink }
+edges:
+  - { from: src, to: f }
+  - { from: f, to: out }
+"#;
+        let e = check(yaml).expect_err("invalid");
+        assert!(
+            e.contains("operators[1] (f).where: `likes > 1` needs records with JSON values, from a Kafka source; source `src` generates records"),
+            "{e}"
+        );
     }
 }
