@@ -31,23 +31,30 @@ impl Job {
         let mut rates = BTreeMap::new();
         let mut sink_files = BTreeMap::new();
         let mut two_phase: BTreeMap<String, Arc<dyn TwoPhaseCommitSink>> = BTreeMap::new();
-        // Kafka sources' partition counts, read once here.
+        // Kafka sources' partition counts, read once here. One clear error before any thread
+        // starts for a Kafka source or sink whose brokers are unreachable or topic is missing.
         let mut kafka_partitions: BTreeMap<String, i32> = BTreeMap::new();
+        let topic_partitions = |operator: &str,
+                                servers: &str,
+                                security: Option<&crate::kafka::security::KafkaSecurity>,
+                                topic: &str| {
+            crate::kafka::partition_count_as(servers, security, topic).map_err(|source| {
+                RuntimeError::Kafka {
+                    operator: operator.to_string(),
+                    source: Box::new(source),
+                }
+            })
+        };
         for op in &spec.operators {
             match &op.kind {
                 OperatorKind::Source { rate, kafka, .. } => {
                     if let Some(k) = kafka {
-                        // One clear error before any thread starts: brokers unreachable or
-                        // no such topic.
-                        let n = crate::kafka::partition_count_as(
+                        let n = topic_partitions(
+                            &op.name,
                             &k.bootstrap_servers,
                             k.security.as_ref(),
                             &k.topic,
-                        )
-                        .map_err(|source| RuntimeError::Kafka {
-                            operator: op.name.clone(),
-                            source: Box::new(source),
-                        })?;
+                        )?;
                         kafka_partitions.insert(op.name.clone(), n);
                     }
                     rates.insert(op.name.clone(), Arc::new(RateFunction::from_spec(rate)?));
@@ -57,15 +64,12 @@ impl Job {
                     delivery,
                     ..
                 } => {
-                    crate::kafka::partition_count_as(
+                    topic_partitions(
+                        &op.name,
                         &k.bootstrap_servers,
                         k.security.as_ref(),
                         &k.topic,
-                    )
-                    .map_err(|source| RuntimeError::Kafka {
-                        operator: op.name.clone(),
-                        source: Box::new(source),
-                    })?;
+                    )?;
                     let sink: Arc<dyn TwoPhaseCommitSink> = Arc::new(
                         crate::kafka::sink::KafkaSink::new(&spec.name, &op.name, k, *delivery),
                     );
