@@ -446,17 +446,17 @@ fn a_missing_field_names_the_operator_that_lacks_it() {
     }
     for text in both_styles(&[
         &["name: m", "kind: map"],
-        &["name: f", "kind: filter", "cpu: 1"],
+        &["name: w", "kind: window", "cpu: 1"],
     ]) {
         let start = if text.contains("- {") {
-            "{ name: f"
+            "{ name: w"
         } else {
-            "name: f"
+            "name: w"
         };
         assert_error_at(
             &text,
             start,
-            "operators[1] (f): missing field `keep` (a filter needs `keep`)",
+            "operators[1] (w): missing field `sizeMs` (a window needs `sizeMs`)",
         );
     }
 }
