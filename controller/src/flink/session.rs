@@ -218,6 +218,7 @@ struct JobSession {
     backoff: RescaleBackoff,
     window: VecDeque<MetricSample>,
     collector: Collector,
+    /// The last hold said: its guard and the operators it held up or down.
     last_hold: String,
     last_notes: Vec<String>,
     report: JobReport,
@@ -491,9 +492,21 @@ impl JobSession {
                     Some(n) => format!("{reason}; {n}"),
                     None => reason,
                 };
-                if reason != self.last_hold {
+                // Once per guard and set of operators it holds up or down (the reasons'
+                // figures move every interval).
+                let mut key = crate::progress::hold_kind(&reason).to_string();
+                if let Some(d) = &recommendation {
+                    for (op, p) in &d.parallelism {
+                        if let Some(cur) = d.current.get(op.as_str()).filter(|c| *c != p) {
+                            key.push('|');
+                            key.push_str(op);
+                            key.push(if p > cur { '+' } else { '-' });
+                        }
+                    }
+                }
+                if key != self.last_hold {
                     print(&format!("{}: HOLD {reason}", short(&jid)));
-                    self.last_hold = reason;
+                    self.last_hold = key;
                 }
             }
             Verdict::Rescale(decision) => {
