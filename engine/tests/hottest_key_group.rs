@@ -54,7 +54,17 @@ fn metrics_with_keys(keys: u64, min_records: f64) -> String {
         let m = engine.metrics();
         let taken = metric_sum(&m, "streamscale_records_in_total{operator=\"counts\"");
         // The share is set just after the flush adds to the record counter: wait for both.
-        if taken >= min_records && share(&m, "counts", 0).or(share(&m, "counts", 1)).is_some() {
+        // The hottest share and the busiest groups' list are published one after the other,
+        // so a scrape between the two can pair one flush's share with another's list: wait
+        // for a page whose lists lie within their subtask's share.
+        let paired = (0..2).all(|i| {
+            share(&m, "counts", i)
+                .is_none_or(|h| listed(&m, "counts", i).iter().all(|&(_, s)| s <= h))
+        });
+        if taken >= min_records
+            && paired
+            && share(&m, "counts", 0).or(share(&m, "counts", 1)).is_some()
+        {
             return m;
         }
         assert!(
