@@ -194,6 +194,24 @@ pub fn hold_kind(reason: &str) -> &str {
     reason.split(':').next().unwrap_or(reason)
 }
 
+/// What makes a hold worth saying again: its guard ([`hold_kind`]) and, for each operator the
+/// held plan `planned` would move, its name and direction (`+` up, `-` down). The planned
+/// values and the reason's figures move every interval; this key moves only when the guard or
+/// the set of moves does.
+pub fn hold_key(reason: &str, planned: Option<&crate::model::Decision>) -> String {
+    let mut key = hold_kind(reason).to_string();
+    if let Some(d) = planned {
+        for (op, p) in &d.parallelism {
+            if let Some(cur) = d.current.get(op.as_str()).filter(|c| *c != p) {
+                key.push('|');
+                key.push_str(op);
+                key.push(if p > cur { '+' } else { '-' });
+            }
+        }
+    }
+    key
+}
+
 /// The line printed with `--no-autoscale` when the planner decides a rescale the run does not
 /// apply: `t= 123s WOULD RESCALE enrich 4→6 (--no-autoscale) | reason`.
 pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String {

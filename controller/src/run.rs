@@ -369,8 +369,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // ([`progress::slo_unattainable_line`]).
         let mut unattainable = false;
         // The last change held back (operators and directions) and the guard that held it
-        // ([`progress::hold_line`]).
-        let mut held: Option<(Vec<(String, std::cmp::Ordering)>, String)> = None;
+        // ([`progress::hold_key`]).
+        let mut held: Option<String> = None;
         let mut engine_changed = false;
         // Subtasks missing from the last scrape, per operator, as last said.
         let mut last_missing: Vec<(String, Vec<usize>)> = Vec::new();
@@ -652,15 +652,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             } = &verdict
                 && d.parallelism != engine.parallelism
             {
-                let moves = d
-                    .parallelism
-                    .iter()
-                    .filter_map(|(op, p)| {
-                        let now = engine.parallelism.get(op).copied().unwrap_or(*p);
-                        (now != *p).then(|| (op.clone(), p.cmp(&now)))
-                    })
-                    .collect();
-                let key = (moves, progress::hold_kind(reason).to_string());
+                let key = progress::hold_key(reason, Some(d));
                 if held.as_ref() != Some(&key) {
                     let change =
                         progress::format_change(&engine.parallelism, &d.parallelism, &self.order);

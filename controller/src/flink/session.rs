@@ -492,18 +492,8 @@ impl JobSession {
                     Some(n) => format!("{reason}; {n}"),
                     None => reason,
                 };
-                // Once per guard and set of operators it holds up or down (the reasons'
-                // figures move every interval).
-                let mut key = crate::progress::hold_kind(&reason).to_string();
-                if let Some(d) = &recommendation {
-                    for (op, p) in &d.parallelism {
-                        if let Some(cur) = d.current.get(op.as_str()).filter(|c| *c != p) {
-                            key.push('|');
-                            key.push_str(op);
-                            key.push(if p > cur { '+' } else { '-' });
-                        }
-                    }
-                }
+                // Once per guard and set of operators it holds up or down.
+                let key = crate::progress::hold_key(&reason, recommendation.as_ref());
                 if key != self.last_hold {
                     print(&format!("{}: HOLD {reason}", short(&jid)));
                     self.last_hold = key;
