@@ -54,6 +54,16 @@ pub fn record(slot: &mut Option<DecisionStatus>, new: DecisionStatus) -> bool {
     changed
 }
 
+/// Stores the decision `new` in `slot`: a rescale always (each is news), a recommendation or a
+/// hold when it [`differs`] ([`record`]).
+pub fn store(slot: &mut Option<DecisionStatus>, new: DecisionStatus) {
+    if new.action == DecisionAction::Rescale {
+        *slot = Some(new);
+    } else {
+        record(slot, new);
+    }
+}
+
 /// The status of a planner decision `d` made at `time` (RFC 3339) while the job ran `from`.
 pub fn of_decision(
     d: &Decision,

@@ -229,12 +229,7 @@ pub(super) async fn autoscale(
         reason.clone(),
         now_rfc3339(),
     );
-    // A rescale is always recorded; a recommendation when it says something new.
-    if auto {
-        status.last_decision = Some(d);
-    } else {
-        last_decision::record(&mut status.last_decision, d);
-    }
+    last_decision::store(&mut status.last_decision, d);
     if auto {
         ctx.metrics.decisions.with_label_values(&["rescale"]).inc();
         let now = now_rfc3339();

@@ -913,12 +913,7 @@ async fn autoscale_flink(
         reason.clone(),
         now_rfc3339(),
     );
-    // A rescale is always recorded; a recommendation when it says something new.
-    if auto {
-        status.last_decision = Some(d);
-    } else {
-        last_decision::record(&mut status.last_decision, d);
-    }
+    last_decision::store(&mut status.last_decision, d);
     if !auto {
         scope
             .ctx
