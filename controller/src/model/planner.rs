@@ -1092,6 +1092,23 @@ impl Model {
         lambda * self.max_share(i, p) * f64::from(p.max(1))
     }
 
+    /// ρ of operator `i` at its current parallelism `cur` when `cur` lies in `bounds` and that ρ
+    /// is within the scale-up tolerance of `rho_t` (at most `rho_t` × (1 + [`SCALE_UP_TOLERANCE`]),
+    /// below 1): a scale-up that small is not made.
+    fn tolerated_rho(
+        &self,
+        i: usize,
+        cur: u32,
+        bounds: std::ops::RangeInclusive<u32>,
+        rho_t: f64,
+    ) -> Option<f64> {
+        if !bounds.contains(&cur) {
+            return None;
+        }
+        self.predicted_rho(i, cur)
+            .filter(|&rho| rho <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK))
+    }
+
     /// Predicted utilization ρ of operator `i`'s busiest subtask at `p` and the target rate.
     fn predicted_rho(&self, i: usize, p: u32) -> Option<f64> {
         self.mu_at(i, p)
@@ -1884,9 +1901,7 @@ impl Model {
                     why[i] = text;
                 }
                 if need > cur
-                    && (lo..=hi).contains(&cur)
-                    && let Some(rho_cur) = self.predicted_rho(i, cur)
-                    && rho_cur <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
+                    && let Some(rho_cur) = self.tolerated_rho(i, cur, lo..=hi, rho_t)
                 {
                     if explain {
                         cat!(&mut why[i];
@@ -2040,9 +2055,7 @@ impl Model {
                 need_u = from;
             }
             if need_u > cur
-                && (lo..=hi).contains(&cur)
-                && let Some(rho_cur) = self.predicted_rho(i, cur)
-                && rho_cur <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
+                && let Some(rho_cur) = self.tolerated_rho(i, cur, lo..=hi, rho_t)
             {
                 if explain {
                     cat!(&mut why[i];
