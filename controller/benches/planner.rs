@@ -139,7 +139,10 @@ fn build_dag(seed: u64) -> Dag {
                 }
             } else if rng.below(4) == 0 {
                 keyed[i] = true;
-                OperatorKind::Window { size_ms: 1000 }
+                OperatorKind::Window {
+                    size_ms: 1000,
+                    aggregates: None,
+                }
             } else {
                 OperatorKind::Map
             }

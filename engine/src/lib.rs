@@ -9,6 +9,7 @@
 //! Nexmark sources ([`nexmark`]) emit events with event time; watermarks flow in-band and
 //! drive event-time windows ([`time`]) and a keyed two-input join ([`operators::join`]).
 
+pub mod aggregates;
 pub mod auth;
 pub mod chain;
 pub mod checkpoint;

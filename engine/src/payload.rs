@@ -69,6 +69,10 @@ pub enum Value {
     Float(f64),
     /// A string.
     Str(String),
+    /// An unsigned integer (a 64-bit key hash).
+    UInt(u64),
+    /// No value (JSON `null`).
+    Null,
 }
 
 impl Row {
@@ -95,6 +99,8 @@ impl Row {
                     Value::Int(i) => serde_json::Value::from(*i),
                     Value::Float(f) => serde_json::Value::from(*f),
                     Value::Str(s) => serde_json::Value::from(s.as_str()),
+                    Value::UInt(u) => serde_json::Value::from(*u),
+                    Value::Null => serde_json::Value::Null,
                 };
                 (k.to_string(), v)
             })

@@ -35,8 +35,11 @@ use serde::{Deserialize, Serialize};
 use crate::spec::JobSpec;
 use crate::state::{KeyGroupData, KeyedState};
 
-/// Version of the savepoint format written by this engine.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version of the savepoint format written by this engine: 3 (`window` entries carry the
+/// open pane's min and max, [`crate::state::chunk`]). Version 2 files (48-byte entries) are
+/// migrated when read ([`crate::state::chunk::migrate_legacy`]), version 1 files (one postcard
+/// value per operator) decoded as they were written.
+pub const FORMAT_VERSION: u32 = 3;
 /// Oldest savepoint format version this engine reads (version 1 manifests carry no checksum of
 /// their own).
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
@@ -131,7 +134,7 @@ pub struct ChunkEntry {
 /// The layout of files written by earlier versions: one postcard value per operator.
 #[derive(Deserialize)]
 struct LegacyKeyedState {
-    groups: BTreeMap<u32, BTreeMap<u64, crate::state::KeyState>>,
+    groups: BTreeMap<u32, BTreeMap<u64, crate::state::LegacyKeyState>>,
     #[serde(default)]
     blobs: BTreeMap<u32, Vec<u8>>,
 }
@@ -527,12 +530,12 @@ impl Savepoint {
         mut open: impl FnMut(&str) -> std::io::Result<File>,
         spec: &JobSpec,
     ) -> Result<Savepoint, SavepointError> {
-        Savepoint::decode_with(dir, fetch, spec, |entry, path| {
+        Savepoint::decode_with(dir, fetch, spec, |entry, path, version| {
             let file = open(&entry.name).map_err(|e| SavepointError::Invalid {
                 path: path.to_path_buf(),
                 reason: format!("cannot read state file listed in the metadata: {e}"),
             })?;
-            reader::load_state_file(path, entry, file)
+            reader::load_state_file(path, entry, file, version)
         })
     }
 
@@ -542,7 +545,7 @@ impl Savepoint {
         dir: &Path,
         mut fetch: impl FnMut(&str) -> std::io::Result<Vec<u8>>,
         spec: &JobSpec,
-        mut load: impl FnMut(&FileEntry, &Path) -> Result<KeyedState, SavepointError>,
+        mut load: impl FnMut(&FileEntry, &Path, u32) -> Result<KeyedState, SavepointError>,
     ) -> Result<Savepoint, SavepointError> {
         let meta_path = dir.join(METADATA_FILE);
         let text = fetch(METADATA_FILE).map_err(|e| SavepointError::Invalid {
@@ -601,7 +604,7 @@ impl Savepoint {
                     path: path.clone(),
                     reason: "unexpected file name in savepoint".into(),
                 })?;
-            let keyed = load(entry, &path)?;
+            let keyed = load(entry, &path, metadata.format_version)?;
             state.insert(op.to_string(), keyed);
         }
         for op in spec.operators.iter().filter(|o| o.kind.is_keyed()) {
@@ -693,7 +696,10 @@ fn decode_state_file(
             groups: legacy
                 .groups
                 .into_iter()
-                .map(|(kg, m)| (kg, KeyGroupData::Map(std::sync::Arc::new(m))))
+                .map(|(kg, m)| {
+                    let m = m.into_iter().map(|(k, s)| (k, s.into())).collect();
+                    (kg, KeyGroupData::Map(std::sync::Arc::new(m)))
+                })
                 .collect(),
             blobs: legacy.blobs,
         });
@@ -790,7 +796,7 @@ mod tests {
         let meta = std::fs::read_to_string(copy.join(METADATA_FILE)).unwrap();
         std::fs::write(
             copy.join(METADATA_FILE),
-            meta.replace("\"format_version\": 2", "\"format_version\": 9"),
+            meta.replace("\"format_version\": 3", "\"format_version\": 9"),
         )
         .unwrap();
         let err = Savepoint::read(&copy, &spec).unwrap_err().to_string();

@@ -339,6 +339,12 @@ pub enum OperatorKind {
     Window {
         /// Window length in milliseconds.
         size_ms: u64,
+        /// What each result holds besides the key: any of `count`, `sum`, `min`, `max` of the
+        /// values (a Kafka source's `valueField`). With it every result is one JSON object
+        /// `{"key": K, "count": C, ...}`; without it a result is `key,count,sum` (`{"key",
+        /// "count", "sum"}` to Kafka).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        aggregates: Option<Vec<crate::aggregates::Aggregate>>,
     },
     /// Consumes records: discards them, or writes one line per record under `output`.
     Sink {

@@ -50,6 +50,82 @@ pub struct KeyState {
     /// Largest delay (µs) from arrival at the source to arrival at the window among the
     /// open pane's records.
     pub pane_max_delay_us: u64,
+    /// Smallest value in the open pane (meaningful while `pane_count > 0`).
+    pub pane_min: i64,
+    /// Largest value in the open pane (meaningful while `pane_count > 0`).
+    pub pane_max: i64,
+    /// The open pane was restored from a savepoint format without `pane_min`/`pane_max`
+    /// (format version 2 or older): its extrema cover only the records added since, so the
+    /// pane's `min`/`max` are unknown (written as JSON `null`).
+    pub pane_extrema_partial: bool,
+}
+
+impl KeyState {
+    /// Adds `count` records whose values total `sum` (for one record, `sum` is its value),
+    /// `delay_us` after they arrived at the source: to the running totals and the open pane.
+    pub fn add(&mut self, count: u64, sum: i64, delay_us: u64) {
+        if self.pane_count == 0 {
+            self.pane_min = sum;
+            self.pane_max = sum;
+        } else {
+            self.pane_min = self.pane_min.min(sum);
+            self.pane_max = self.pane_max.max(sum);
+        }
+        self.total_count += count;
+        self.total_sum += sum;
+        self.pane_count += count;
+        self.pane_sum += sum;
+        self.pane_max_delay_us = self.pane_max_delay_us.max(delay_us);
+    }
+
+    /// The open pane's `(min, max)`, or `None` when no pane is open or its extrema are
+    /// unknown ([`KeyState::pane_extrema_partial`]).
+    pub fn pane_extrema(&self) -> Option<(i64, i64)> {
+        (self.pane_count > 0 && !self.pane_extrema_partial)
+            .then_some((self.pane_min, self.pane_max))
+    }
+
+    /// Closes the open pane (after it fired); the running totals stay.
+    pub fn close_pane(&mut self) {
+        *self = KeyState {
+            total_count: self.total_count,
+            total_sum: self.total_sum,
+            ..KeyState::default()
+        };
+    }
+}
+
+/// [`KeyState`] as savepoint format versions 1 and 2 held it (no pane extrema): version 1
+/// files are postcard values of it, version 2 chunks its fixed-width form
+/// ([`chunk::migrate_legacy`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LegacyKeyState {
+    /// As [`KeyState::total_count`].
+    pub total_count: u64,
+    /// As [`KeyState::total_sum`].
+    pub total_sum: i64,
+    /// As [`KeyState::pane_count`].
+    pub pane_count: u64,
+    /// As [`KeyState::pane_sum`].
+    pub pane_sum: i64,
+    /// As [`KeyState::pane_max_delay_us`].
+    pub pane_max_delay_us: u64,
+}
+
+impl From<LegacyKeyState> for KeyState {
+    /// An open pane's extrema are unknown: marked partial.
+    fn from(s: LegacyKeyState) -> KeyState {
+        KeyState {
+            total_count: s.total_count,
+            total_sum: s.total_sum,
+            pane_count: s.pane_count,
+            pane_sum: s.pane_sum,
+            pane_max_delay_us: s.pane_max_delay_us,
+            pane_min: 0,
+            pane_max: 0,
+            pane_extrema_partial: s.pane_count > 0,
+        }
+    }
 }
 
 /// Errors of a state backend or of decoding a key group.

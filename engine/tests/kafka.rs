@@ -90,10 +90,22 @@ fn producer(servers: &str) -> ThreadedProducer<DefaultProducerContext> {
 
 /// Produces records `from..to` as `{"n": i, "value": i % 100}` with key `k<i % keys>`.
 fn produce(servers: &str, topic: &str, from: u64, to: u64, keys: u64) {
+    produce_values(servers, topic, from, to, keys, |i| (i % 100) as i64);
+}
+
+/// Produces records `from..to` as `{"n": i, "value": value(i)}` with key `k<i % keys>`.
+fn produce_values(
+    servers: &str,
+    topic: &str,
+    from: u64,
+    to: u64,
+    keys: u64,
+    value: impl Fn(u64) -> i64,
+) {
     let p = producer(servers);
     for i in from..to {
         let key = format!("k{}", i % keys);
-        let value = format!(r#"{{"n": {i}, "value": {}}}"#, i % 100);
+        let value = format!(r#"{{"n": {i}, "value": {}}}"#, value(i));
         let mut rec = BaseRecord::to(topic).key(&key).payload(&value);
         loop {
             match p.send(rec) {
@@ -352,6 +364,19 @@ fn totals(servers: &str, topic: &str, partitions: i32) -> BTreeMap<u64, (u64, i6
 }
 
 fn keyed_job(dir: &Path, servers: &str, input: &str, output: &str, delivery: &str) -> PathBuf {
+    keyed_job_with(dir, servers, input, output, delivery, "")
+}
+
+/// [`keyed_job`] with `window_extra` appended to the window's settings (e.g.
+/// `, aggregates: [count, min]`).
+fn keyed_job_with(
+    dir: &Path,
+    servers: &str,
+    input: &str,
+    output: &str,
+    delivery: &str,
+    window_extra: &str,
+) -> PathBuf {
     let path = dir.join("kafka-keyed.yaml");
     std::fs::write(
         &path,
@@ -360,7 +385,7 @@ fn keyed_job(dir: &Path, servers: &str, input: &str, output: &str, delivery: &st
 operators:
   - {{ name: src, kind: source, parallelism: 2,
       kafka: {{ topic: {input}, bootstrapServers: "{servers}", valueField: value }} }}
-  - {{ name: win, kind: window, parallelism: 2, sizeMs: 200 }}
+  - {{ name: win, kind: window, parallelism: 2, sizeMs: 200{window_extra} }}
   - {{ name: out, kind: sink, delivery: {delivery},
       kafka: {{ topic: {output}, bootstrapServers: "{servers}" }} }}
 edges:
@@ -648,6 +673,78 @@ checkpoint: {{ intervalSeconds: 0.3, dir: "{}" }}
     assert_eq!(good + filtered + dead, n);
 }
 
+/// Kafka -> window `aggregates: [count, sum, min, max]` -> Kafka exactly-once, SIGKILLed once
+/// after a checkpoint (more input produced while it is down) and recovered at other
+/// parallelism: every result is `{"key", "count", "sum", "min", "max"}`; per key, the counts
+/// and sums add up to the input's (no result lost or repeated), the smallest `min` and the
+/// largest `max` are the input's, and each result's min and max are values of its key with
+/// `min · count <= sum <= max · count`. (The windows are processing-time windows, so which
+/// records share a window is not known outside; the restored panes carry their extrema.)
+fn window_min_max_exactly_once_across_sigkill(servers: &str) {
+    let (input, output, n, keys) = ("in-minmax", "out-minmax", 3000u64, 12u64);
+    ensure_topic(servers, input, 3).unwrap();
+    ensure_topic(servers, output, 2).unwrap();
+    // Values spread over -500..500, per key a different set.
+    let value = |i: u64| ((i * 7919 + (i % keys) * 131) % 1000) as i64 - 500;
+    // Per key: count, sum, min, max, and the set of its values.
+    let mut expected: BTreeMap<u64, (u64, i64, i64, i64)> = BTreeMap::new();
+    let mut values: BTreeMap<u64, BTreeSet<i64>> = BTreeMap::new();
+    for i in 0..n {
+        let k = streamscale_engine::kafka::key_hash(Some(format!("k{}", i % keys).as_bytes()));
+        let v = value(i);
+        let e = expected.entry(k).or_insert((0, 0, i64::MAX, i64::MIN));
+        *e = (e.0 + 1, e.1 + v, e.2.min(v), e.3.max(v));
+        values.entry(k).or_default().insert(v);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job = keyed_job_with(
+        dir.path(),
+        servers,
+        input,
+        output,
+        "exactly-once",
+        ", aggregates: [count, sum, min, max]",
+    );
+    let (sp, chk) = (dir.path().join("sp"), dir.path().join("checkpoints"));
+    produce_values(servers, input, 0, n / 2, keys, value);
+    kill_after_checkpoint(EngineProcess::start(&job, &sp, &[]), n / 4, &chk);
+    produce_values(servers, input, n / 2, n, keys, value);
+    let recover = [
+        "--recover-from",
+        chk.to_str().unwrap(),
+        "--parallelism",
+        "src=3,win=3",
+    ];
+    let mut e = EngineProcess::start(&job, &sp, &recover);
+    wait_accounted(&e, n);
+    let _ = e.stop_with_savepoint(true);
+    let mut got: BTreeMap<u64, (u64, i64, i64, i64)> = BTreeMap::new();
+    for (_, v) in read_committed(servers, output, 2) {
+        let r: serde_json::Value = serde_json::from_str(&v).unwrap();
+        let fields: BTreeSet<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            fields,
+            BTreeSet::from(["key", "count", "sum", "min", "max"]),
+            "{r}"
+        );
+        let k = r["key"].as_u64().unwrap();
+        let (count, sum) = (r["count"].as_u64().unwrap(), r["sum"].as_i64().unwrap());
+        let (min, max) = (r["min"].as_i64(), r["max"].as_i64());
+        let (Some(min), Some(max)) = (min, max) else {
+            panic!("a restored pane lost its min/max: {r}")
+        };
+        assert!(
+            values[&k].contains(&min) && values[&k].contains(&max),
+            "{r}"
+        );
+        let c = count as i64;
+        assert!(min <= max && min * c <= sum && sum <= max * c, "{r}");
+        let e = got.entry(k).or_insert((0, 0, i64::MAX, i64::MIN));
+        *e = (e.0 + count, e.1 + sum, e.2.min(min), e.3.max(max));
+    }
+    assert_eq!(got, expected, "per key: count, sum, min, max");
+}
+
 #[test]
 fn kafka_against_a_real_broker() {
     let Some(broker) = start_broker() else { return };
@@ -659,5 +756,6 @@ fn kafka_against_a_real_broker() {
     transactional_sink_recovers_a_pre_committed_transaction(&broker.servers);
     kafka_to_kafka_keyed_with_sigkill(&broker.servers);
     json_fields_keyed_filtered_window(&broker.servers);
+    window_min_max_exactly_once_across_sigkill(&broker.servers);
     eprintln!("kafka scenarios took {:?}", t0.elapsed());
 }

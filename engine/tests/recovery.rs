@@ -315,7 +315,7 @@ fn damaged_checkpoints_fall_back_to_the_previous_completed_one() {
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(
         &manifest,
-        text.replace("\"format_version\": 2", "\"format_version\": 77"),
+        text.replace("\"format_version\": 3", "\"format_version\": 77"),
     )
     .unwrap();
     // A crash mid-write leaves a temporary directory and no manifest: never taken as complete.

@@ -36,7 +36,7 @@ fn status_bytes(field: &str) -> usize {
     kb * 1024
 }
 
-/// Keys in the savepoint: 2 M keys × 48 bytes = 96 MB of state in one file.
+/// Keys in the savepoint: 2 M keys × 72 bytes = 144 MB of state in one file.
 const KEYS: u64 = 2_000_000;
 /// Most extra resident memory a restore (read + verify + opening every subtask's backend)
 /// may take: a quarter of the state file.
@@ -183,7 +183,7 @@ fn child_restore() {
             StateBackend::open(&state_spec, &owner, MAX_PARALLELISM, sp.state["w"].clone())
                 .unwrap();
         drop(sp);
-        assert_eq!(gauge.get() as u64, KEYS * 48);
+        assert_eq!(gauge.get() as u64, KEYS * chunk::ENTRY_BYTES as u64);
         let mut fired = 0u64;
         for _ in 0..10_000 {
             if gauge.get() == 0.0 {

@@ -215,7 +215,7 @@ impl JobModel {
                 }
                 OperatorKind::Map => OpKind::Map,
                 OperatorKind::Filter { keep, .. } => OpKind::Filter(*keep),
-                OperatorKind::Window { size_ms } => OpKind::Window {
+                OperatorKind::Window { size_ms, .. } => OpKind::Window {
                     size_s: (*size_ms as f64 / 1000.0).max(1e-3),
                 },
                 OperatorKind::Sink { .. } => OpKind::Sink,

@@ -85,7 +85,7 @@ pub fn plan(
 fn window_period(kind: &OperatorKind) -> Option<(f64, bool)> {
     let secs = |ms: u64| ms as f64 / 1000.0;
     match kind {
-        OperatorKind::Window { size_ms } => Some((secs(*size_ms), true)),
+        OperatorKind::Window { size_ms, .. } => Some((secs(*size_ms), true)),
         OperatorKind::EventWindow { window, .. }
         | OperatorKind::Join {
             window: Some(window),

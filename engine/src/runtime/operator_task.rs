@@ -10,6 +10,8 @@ pub(super) enum Behaviour {
     },
     Window {
         size_us: u64,
+        /// `aggregates:` of the job file (`None`: results as `key,count,sum`).
+        aggregates: Option<Vec<crate::aggregates::Aggregate>>,
         state: StateBackend,
         pane_end_us: u64,
         checks: u32,
@@ -43,8 +45,12 @@ impl Behaviour {
                 keep: *keep,
                 condition: condition.clone(),
             },
-            OperatorKind::Window { size_ms } => Behaviour::Window {
+            OperatorKind::Window {
+                size_ms,
+                aggregates,
+            } => Behaviour::Window {
                 size_us: size_ms * 1000,
+                aggregates: aggregates.clone(),
                 state: state()?,
                 pane_end_us: 0,
                 checks: 0,
@@ -423,11 +429,7 @@ impl Operator {
                 let s = state
                     .entry(kg, rec.key)
                     .unwrap_or_else(|e| state_failure(&ctx.operator, ctx.index, &e));
-                s.total_count += rec.count;
-                s.total_sum += rec.value;
-                s.pane_count += rec.count;
-                s.pane_sum += rec.value;
-                s.pane_max_delay_us = s.pane_max_delay_us.max(now.saturating_sub(rec.created_us));
+                s.add(rec.count, rec.value, now.saturating_sub(rec.created_us));
                 true
             }
             Behaviour::Sink { file, writer } => {
@@ -482,6 +484,7 @@ impl Operator {
         }
         let Behaviour::Window {
             size_us,
+            aggregates,
             state,
             pane_end_us,
             ..
@@ -493,18 +496,34 @@ impl Operator {
         if !all && (*pane_end_us == 0 || now < *pane_end_us) {
             return true;
         }
+        // The pane's end (now at the end of input, before it ended), ms: the results' event time.
+        let window_end_ms = match *pane_end_us {
+            0 => now,
+            end => end.min(now),
+        } / 1000;
         *pane_end_us = (now / *size_us + 1) * *size_us;
         let mut out = Vec::new();
         // The result is stamped so that the sink measures the pane's largest upstream delay
         // plus the time after the window fired: latency without the buffering a window does
         // on purpose.
         let fired = state.fire_panes(&mut |key, s| {
+            let created_us = now.saturating_sub(s.pane_max_delay_us);
+            if let Some(list) = aggregates {
+                out.push(crate::aggregates::result_record(
+                    list,
+                    key,
+                    s,
+                    window_end_ms,
+                    created_us,
+                ));
+                return;
+            }
             out.push(Record {
                 seq: key,
                 key,
                 value: s.pane_sum,
                 count: s.pane_count,
-                created_us: now.saturating_sub(s.pane_max_delay_us),
+                created_us,
                 payload: Payload::None,
             });
         });

@@ -51,7 +51,9 @@ pub fn verify(
         )));
     }
     let stated = meta.manifest_crc32.take();
-    if meta.format_version < 2 {
+    // Version 1 wrote no checksum; one that carries a checksum is checked whatever version it
+    // states (a flipped bit in a later version's number must not turn the check off).
+    if meta.format_version < 2 && stated.is_none() {
         return Ok(());
     }
     let Some(stated) = stated else {

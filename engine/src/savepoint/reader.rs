@@ -11,7 +11,7 @@
 //! operators decode them at start anyway), each into its own buffer of its own size.
 //!
 //! What is held per state file after the read: the open file, and per `window` key group its
-//! sparse index (one key per [`crate::state::segment::BLOCK_ENTRIES`] entries, 1/768 of the
+//! sparse index (one key per [`crate::state::segment::BLOCK_ENTRIES`] entries, 1/1152 of the
 //! state's bytes).
 
 use std::fs::File;
@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{ChunkEntry, FileEntry, SavepointError};
-use crate::state::chunk::ENTRY_BYTES;
+use crate::state::chunk::{ENTRY_BYTES, LEGACY_ENTRY_BYTES};
 use crate::state::segment::{Segment, SparseIndex};
 use crate::state::{KeyGroupData, KeyedState};
 
 /// Size of the one read buffer used to verify a state file (bytes): 1 MiB rounded down to a
-/// whole number of `window` entries (48 bytes).
+/// whole number of `window` entries (72 bytes).
 pub const READ_BUFFER_BYTES: usize = (1 << 20) / ENTRY_BYTES * ENTRY_BYTES;
 
 /// Bytes currently held in restore read buffers, and the most held at once since the last
@@ -63,10 +63,11 @@ impl Drop for Counted {
 }
 
 /// Checks `entry`'s chunk index against a file of `len` bytes: chunks tile it in order, each
-/// `window` chunk a whole number of entries, no key group twice.
+/// `window` chunk a whole number of `entry_bytes`-byte entries, no key group twice.
 fn check_index(
     entry: &FileEntry,
     len: u64,
+    entry_bytes: usize,
     bad: &impl Fn(String) -> SavepointError,
 ) -> Result<(), SavepointError> {
     let mut next = 0u64;
@@ -80,7 +81,7 @@ fn check_index(
             )));
         };
         next = end;
-        if !c.blob && !c.bytes.is_multiple_of(ENTRY_BYTES as u64) {
+        if !c.blob && !c.bytes.is_multiple_of(entry_bytes as u64) {
             return Err(bad(format!(
                 "key group {}: {} bytes is not a whole number of entries",
                 c.key_group, c.bytes
@@ -121,9 +122,11 @@ fn scan_chunk(
     Ok(order.map(|()| index))
 }
 
-/// Verifies the state file `file` (named `path` in errors) against its manifest entry (size,
-/// CRC-32, chunk index, key order of every `window` chunk) in one pass through a buffer of at
-/// most [`READ_BUFFER_BYTES`], and returns its key groups as regions of the file.
+/// Verifies the state file `file` (named `path` in errors) of a savepoint of format version
+/// `version` against its manifest entry (size, CRC-32, chunk index, key order of every
+/// `window` chunk) in one pass through a buffer of at most [`READ_BUFFER_BYTES`], and returns
+/// its key groups as regions of the file. A version 2 file's `window` chunks are migrated
+/// instead ([`migrate_version_2`]), into memory.
 ///
 /// # Errors
 /// [`SavepointError::Invalid`] naming `path`: truncated, checksum mismatch, a malformed chunk
@@ -132,6 +135,7 @@ pub(super) fn load_state_file(
     path: &Path,
     entry: &FileEntry,
     file: File,
+    version: u32,
 ) -> Result<KeyedState, SavepointError> {
     let bad = |reason: String| SavepointError::Invalid {
         path: path.to_path_buf(),
@@ -155,7 +159,11 @@ pub(super) fn load_state_file(
         super::verify_file(path, entry, &bytes)?;
         return super::decode_state_file(path, entry, bytes::Bytes::from(bytes));
     }
-    check_index(entry, len, &bad)?;
+    if version < 3 {
+        check_index(entry, len, LEGACY_ENTRY_BYTES, &bad)?;
+        return migrate_version_2(path, entry, &file);
+    }
+    check_index(entry, len, ENTRY_BYTES, &bad)?;
     let file = Arc::new(file);
     let mut buf = Counted::new(READ_BUFFER_BYTES.min(len as usize));
     let mut crc = crc32fast::Hasher::new();
@@ -204,6 +212,47 @@ pub(super) fn load_state_file(
     }
     if let Some(e) = disorder {
         return Err(bad(format!("cannot decode state: {e}")));
+    }
+    Ok(state)
+}
+/// Reads a chunked state file of savepoint format version 2 (its index already checked against
+/// the file's length) whole, verifies its CRC-32, and migrates every `window` chunk to this
+/// version's entries ([`crate::state::chunk::migrate_legacy`]), held in memory as
+/// [`KeyGroupData::Encoded`]: a version 2 restore costs the state's size in memory once; the
+/// next checkpoint writes it in the current format.
+///
+/// # Errors
+/// [`SavepointError::Invalid`] naming `path` (checksum mismatch, a malformed chunk), with
+/// nothing returned; [`SavepointError::Io`] when the read fails.
+fn migrate_version_2(
+    path: &Path,
+    entry: &FileEntry,
+    file: &File,
+) -> Result<KeyedState, SavepointError> {
+    let bad = |reason: String| SavepointError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut bytes = vec![0; entry.bytes as usize];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(super::io(path, "cannot read state file"))?;
+    super::verify_file(path, entry, &bytes)?;
+    let mut state = KeyedState::default();
+    for c in &entry.chunks {
+        let region = &bytes[c.offset as usize..(c.offset + c.bytes) as usize];
+        if c.blob {
+            state.blobs.insert(c.key_group, region.to_vec());
+            continue;
+        }
+        let (migrated, open_panes) = crate::state::chunk::migrate_legacy(c.key_group, region)
+            .map_err(|e| bad(format!("cannot migrate format version 2 state: {e}")))?;
+        state.groups.insert(
+            c.key_group,
+            KeyGroupData::Encoded {
+                bytes: migrated,
+                open_panes,
+            },
+        );
     }
     Ok(state)
 }

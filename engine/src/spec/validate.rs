@@ -652,9 +652,15 @@ impl JobSpec {
                         self.validate_condition(&format!("{at}.where"), &op.name, c)?;
                     }
                 }
-                OperatorKind::Window { size_ms } => {
+                OperatorKind::Window {
+                    size_ms,
+                    aggregates,
+                } => {
                     if *size_ms == 0 {
                         return Err(format!("{at}.sizeMs: must be at least 1 millisecond"));
+                    }
+                    if let Some(list) = aggregates {
+                        self.validate_aggregates(&format!("{at}.aggregates"), &op.name, list)?;
                     }
                 }
                 OperatorKind::Sink { output, kafka, .. } => {
@@ -911,6 +917,32 @@ fn validate_kafka_fields(at: &str, k: &crate::kafka::KafkaSourceSpec) -> Result<
 }
 
 impl JobSpec {
+    /// A window's `aggregates` (`at`: the field): a well-formed list, and one that reads values
+    /// (`sum`, `min`, `max`) only from Kafka sources that name their `valueField`.
+    fn validate_aggregates(
+        &self,
+        at: &str,
+        window: &str,
+        list: &[crate::aggregates::Aggregate],
+    ) -> Result<(), String> {
+        crate::aggregates::validate(at, list)?;
+        let Some((i, a)) = list.iter().enumerate().find(|(_, a)| a.reads_values()) else {
+            return Ok(());
+        };
+        for src in self.upstream_sources(window) {
+            if let OperatorKind::Source { kafka: Some(k), .. } = &src.kind
+                && k.value_field.is_none()
+            {
+                return Err(format!(
+                    "{at}[{i}]: `{}` aggregates the values of Kafka source `{}`, which names no `valueField` (the numeric JSON field to aggregate)",
+                    a.name(),
+                    src.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The sources operator `name` reads from (through any operators between), each once.
     fn upstream_sources(&self, name: &str) -> Vec<&OperatorSpec> {
         let mut seen = BTreeSet::new();
@@ -988,6 +1020,44 @@ edges:
 
     const SCHEMA: &str =
         "schema: { name: tweet, fields: { user: string, likes: int, lang: string } }";
+
+    #[test]
+    fn window_aggregates_are_checked_naming_the_field() {
+        let with = |src: &str, aggregates: &str| {
+            check(&job(src, "keep: 1").replace(
+                "sizeMs: 1000 }",
+                &format!("sizeMs: 1000, aggregates: {aggregates} }}"),
+            ))
+        };
+        let spec = with("valueField: likes", "[count, min, max]").expect("valid");
+        assert!(matches!(
+            &spec.operators[2].kind,
+            OperatorKind::Window { aggregates: Some(a), .. } if a.len() == 3
+        ));
+        for (src, aggregates, needle) in [
+            (
+                "keyBy: user",
+                "[count, max]",
+                "operators[2] (win).aggregates[1]: `max` aggregates the values of Kafka source `src`, which names no `valueField`",
+            ),
+            (
+                "valueField: likes",
+                "[]",
+                "operators[2] (win).aggregates: must list at least one of count, sum, min, max",
+            ),
+            (
+                "valueField: likes",
+                "[min, min]",
+                "operators[2] (win).aggregates[1]: `min` is listed twice",
+            ),
+            ("valueField: likes", "[median]", "median"),
+        ] {
+            let err = with(src, aggregates).expect_err(aggregates);
+            assert!(err.contains(needle), "{aggregates}: {err}");
+        }
+        // Counting alone needs no valueField.
+        with("keyBy: user", "[count]").expect("count reads no values");
+    }
 
     #[test]
     fn a_schema_keyby_valuefield_and_where_that_fit_are_accepted() {

@@ -3,7 +3,7 @@
 //!
 //! # Layout (a two-level log-structured merge tree)
 //! - **Segments** ([`segment`]): one immutable file per key group holding its entries in the
-//!   savepoint chunk format ([`chunk`]: fixed 48-byte entries in key order), read by point
+//!   savepoint chunk format ([`chunk`]: fixed 72-byte entries in key order), read by point
 //!   reads through a sparse index (`pread`, no mmap). A checkpoint or savepoint copies a
 //!   segment's bytes as they are: no key is decoded or re-encoded (as Flink's RocksDB native
 //!   savepoints copy SST files).
@@ -11,7 +11,7 @@
 //!   B-trees, ACID transactions, MVCC readers that never block the writer) holding only the
 //!   keys written since their key group's segment was last rewritten. One table maps
 //!   `key group << 64 | key` (u128, so a key group is one contiguous key range) to the key's
-//!   [`KeyState`] (40 bytes, [`chunk::encode_value`]). Chosen over RocksDB (the `rocksdb`
+//!   [`KeyState`] (64 bytes, [`chunk::encode_value`]). Chosen over RocksDB (the `rocksdb`
 //!   crate) because it needs no C++ toolchain and its read transactions give exactly the
 //!   consistent snapshot an asynchronous checkpoint needs.
 //! - **Cache**: written keys stay in a write-back cache of at most `cacheEntries` keys; when
@@ -799,9 +799,7 @@ impl KeyedStateBackend for DiskBackend {
             let s = self.get_mut(k)?;
             if s.pane_count > 0 {
                 emit(k as u64, s);
-                s.pane_count = 0;
-                s.pane_sum = 0;
-                s.pane_max_delay_us = 0;
+                s.close_pane();
             }
         }
         if !self.to_write.is_empty() {

@@ -122,9 +122,7 @@ impl HeapBackend {
 fn fire(key: u64, s: &mut KeyState, emit: &mut dyn FnMut(u64, &KeyState)) {
     if s.pane_count > 0 {
         emit(key, s);
-        s.pane_count = 0;
-        s.pane_sum = 0;
-        s.pane_max_delay_us = 0;
+        s.close_pane();
     }
 }
 

@@ -1,5 +1,5 @@
 //! Sorted segment files of the disk state backend: one immutable file per key group holding
-//! the key group's entries in the savepoint chunk format ([`chunk`]: fixed 48-byte entries in
+//! the key group's entries in the savepoint chunk format ([`chunk`]: fixed 72-byte entries in
 //! key order), so that a checkpoint or savepoint copies a segment's bytes as they are instead
 //! of reading and re-encoding every key (as Flink's RocksDB native savepoints copy SST files).
 //!
@@ -26,7 +26,7 @@ use bytes::Bytes;
 use super::chunk::{self, ENTRY_BYTES};
 use super::{KeyState, StateError};
 
-/// Entries per block of the sparse index (one `pread` of at most 128 × 48 = 6 KiB per point
+/// Entries per block of the sparse index (one `pread` of at most 128 × 72 = 9 KiB per point
 /// read).
 pub const BLOCK_ENTRIES: usize = 128;
 
