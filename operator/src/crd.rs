@@ -399,6 +399,17 @@ pub struct StreamJobStatus {
     /// as the annotation `streamscale.dev/restart`.
     #[serde(default)]
     pub restarts: u32,
+    /// Times the running engine was found recovered from one of its own checkpoints: its pod
+    /// or process died (a crash, an OOM kill, a node failure), was restarted with the same
+    /// arguments and went on from its latest completed checkpoint (Warning Event
+    /// `EngineRecovered`). A restart before the engine's first checkpoint starts again from
+    /// `restoredFrom` and is not counted.
+    #[serde(default)]
+    pub recoveries: u32,
+    /// The checkpoint the running engine recovered from, while it runs from one (cleared when
+    /// an engine deployed from `restoredFrom` runs, e.g. after a rescale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_from: Option<String>,
     /// `Ready`, `Scaling` and `Degraded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,

@@ -15,6 +15,8 @@
 //!   benefit.
 //! * [`last_decision`]: the last decision (rescale, recommendation or hold) in status, written
 //!   only when it says something new (pure).
+//! * [`engine_recovery`]: whether the engine recovered from its own checkpoint after its
+//!   container restarted (`status.recoveries`, Event `EngineRecovered`; pure).
 //! * [`savepoint_history`]: which rescale savepoints `status.savepointHistory` records and
 //!   which old ones are disposed of (pure).
 //! * [`spec_check`]: the engine's job-file validation applied to `spec.job` before it is
@@ -23,6 +25,7 @@
 //!   ConfigMap, kept across operator restarts.
 
 pub mod crd;
+pub mod engine_recovery;
 pub mod engine_token;
 pub mod flink_rescale;
 pub mod flink_rest_auth;

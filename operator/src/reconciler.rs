@@ -45,6 +45,7 @@ use crate::crd::{
     AutoscalerMode, DecisionAction, DecisionStatus, FINALIZER, LimitStatus, OperatorDemandStatus,
     Phase, QuotaShareStatus, RescaleStatus, RescaleStep, StreamJob, StreamJobStatus, StreamQuota,
 };
+use crate::engine_recovery;
 use crate::last_decision;
 use crate::learned_configmap::{self, SavedState};
 use crate::metrics::Metrics;
@@ -412,6 +413,10 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
                     &old_conditions,
                 ),
             );
+            let recovery = engine_recovery::observe(&status, restored_from.as_deref());
+            if let Some(message) = engine_recovery::apply(&mut status, recovery) {
+                publish(&ctx, &*job, true, "EngineRecovered", message).await;
+            }
             dispose_old_savepoints(&job, &ctx, &rt, &mut status, restored_from.as_deref()).await;
             if job.spec.autoscaler.mode != AutoscalerMode::Off {
                 autoscale(&job, &ctx, &rt, &mut status).await;

@@ -173,11 +173,47 @@ pub fn pvc(job: &StreamJob) -> Result<Option<PersistentVolumeClaim>, ResourceErr
     Ok(Some(pvc))
 }
 
-/// The engine's command-line arguments (savepoints under `savepoint_dir`).
+/// Where the engine deployed at `parallelism` from `restore` writes its periodic checkpoints:
+/// `checkpoints/<lineage>` under the job's `checkpoint.dir` when that is absolute or a URL,
+/// else under the savepoint volume ([`savepoint_dir`]), so that they outlive a container
+/// restart. `<lineage>` is 16 hex digits of a SHA-256 over the job file at `parallelism` and
+/// the savepoint restored from: a pod restarted with the same template finds its own
+/// checkpoints, and an engine deployed from a newer savepoint (a rescale) or with another job
+/// graph never recovers from an older engine's. `None` when the job has no `checkpoint:`
+/// block (it takes no checkpoints).
+pub fn checkpoint_dir(
+    job: &StreamJob,
+    parallelism: &BTreeMap<String, u32>,
+    restore: Option<&str>,
+) -> Option<String> {
+    use sha2::Digest;
+    let checkpoint = job.spec.job.checkpoint.as_ref()?;
+    let base = match checkpoint.dir.as_deref().map(|d| d.trim_end_matches('/')) {
+        Some(d) if d.starts_with('/') || d.contains("://") => d.to_string(),
+        _ => format!("{}/checkpoints", savepoint_dir(job)),
+    };
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(job_yaml(job, parallelism).as_bytes());
+    hasher.update([0u8]);
+    hasher.update(restore.unwrap_or_default().as_bytes());
+    let lineage: String = hasher
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Some(format!("{base}/{lineage}"))
+}
+
+/// The engine's command-line arguments (savepoints under `savepoint_dir`; with
+/// `checkpoint_dir`, checkpoints there and `--recover` from the latest of them on every start,
+/// so that a restarted container goes on from its last completed checkpoint rather than from
+/// `restore`).
 pub fn engine_args(
     savepoint_dir: &str,
     parallelism: &BTreeMap<String, u32>,
     restore: Option<&str>,
+    checkpoint_dir: Option<&str>,
 ) -> Vec<String> {
     let mut args = vec![
         "--job".to_string(),
@@ -195,6 +231,11 @@ pub fn engine_args(
     if let Some(path) = restore {
         args.push("--restore".to_string());
         args.push(path.to_string());
+    }
+    if let Some(dir) = checkpoint_dir {
+        args.push("--checkpoint-dir".to_string());
+        args.push(dir.to_string());
+        args.push("--recover".to_string());
     }
     args
 }
@@ -304,7 +345,12 @@ pub fn deployment(
                         "name": "engine",
                         "image": job.spec.engine.image,
                         "imagePullPolicy": job.spec.engine.image_pull_policy,
-                        "args": engine_args(&savepoint_dir(job), parallelism, restore),
+                        "args": engine_args(
+                            &savepoint_dir(job),
+                            parallelism,
+                            restore,
+                            checkpoint_dir(job, parallelism, restore).as_deref(),
+                        ),
                         "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
                         "resources": {
                             "requests": {"cpu": cpu, "memory": memory},
@@ -464,6 +510,60 @@ spec:
         assert_eq!(
             d.metadata.owner_references.as_ref().unwrap()[0].kind,
             "StreamJob"
+        );
+    }
+
+    /// The engine pod restarts with the same arguments; they must name a checkpoint directory
+    /// on the savepoint volume (not beside the read-only job file) and `--recover`, and the
+    /// directory must change with the savepoint restored from and the job graph.
+    #[test]
+    fn a_checkpointed_job_recovers_from_its_own_checkpoints_on_the_savepoint_volume() {
+        let args_of = |d: &Deployment| {
+            d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap()
+        };
+        let value = |args: &[String], flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .map(|i| args[i + 1].clone())
+        };
+        let j = job();
+        let p = j.spec.job.parallelism();
+        let plain = args_of(&deployment(&j, &p, None, 0).expect("deployment"));
+        assert!(!plain.iter().any(|a| a == "--recover" || a == "--checkpoint-dir"));
+
+        let mut j = job();
+        j.spec.job.checkpoint = serde_saphyr::from_str("intervalSeconds: 1").expect("checkpoint");
+        let d = deployment(&j, &p, Some("/sp/sp-1"), 0).expect("deployment");
+        let args = args_of(&d);
+        assert!(args.iter().any(|a| a == "--recover"), "{args:?}");
+        let chk = value(&args, "--checkpoint-dir").expect("--checkpoint-dir");
+        assert!(chk.starts_with(&format!("{SAVEPOINT_DIR}/checkpoints/")), "{chk}");
+        let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let on_volume = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "savepoints" && chk.starts_with(&format!("{}/", m.mount_path)));
+        assert!(on_volume, "the checkpoints must be on the savepoint volume");
+        // The same template, the same directory (a restarted container finds its checkpoints).
+        let again = args_of(&deployment(&j, &p, Some("/sp/sp-1"), 1).expect("deployment"));
+        assert_eq!(value(&again, "--checkpoint-dir").as_deref(), Some(chk.as_str()));
+        // Another savepoint or another parallelism: another directory.
+        let newer = args_of(&deployment(&j, &p, Some("/sp/sp-2"), 0).expect("deployment"));
+        assert_ne!(value(&newer, "--checkpoint-dir").as_deref(), Some(chk.as_str()));
+        let wider: BTreeMap<String, u32> = [("map".to_string(), 3)].into();
+        let wider = args_of(&deployment(&j, &wider, Some("/sp/sp-1"), 0).expect("deployment"));
+        assert_ne!(value(&wider, "--checkpoint-dir").as_deref(), Some(chk.as_str()));
+        // An absolute `checkpoint.dir` of the job is kept as the base.
+        j.spec.job.checkpoint = serde_saphyr::from_str("{intervalSeconds: 1, dir: \"s3://b/chk\"}")
+            .expect("checkpoint");
+        let s3 = args_of(&deployment(&j, &p, None, 0).expect("deployment"));
+        assert!(
+            value(&s3, "--checkpoint-dir").is_some_and(|d| d.starts_with("s3://b/chk/")),
+            "{s3:?}"
         );
     }
 

@@ -70,6 +70,14 @@ struct Args {
     /// `--checkpoint-dir` says otherwise.
     #[arg(long, conflicts_with = "restore")]
     recover_from: Option<PathBuf>,
+    /// On start, recover from the latest completed checkpoint in the checkpoint directory
+    /// (`--checkpoint-dir`, else the job's `checkpoint.dir`) when it holds one; otherwise
+    /// start from `--restore`, or fresh. One command line for the first start and every
+    /// restart, as a supervisor that reruns it unchanged needs (a Kubernetes Deployment's
+    /// container restart); a missing directory is created. The job must have a `checkpoint:`
+    /// block.
+    #[arg(long, conflicts_with = "recover_from")]
+    recover: bool,
     /// Fault injection for recovery tests: `operator:seq` panics that operator's subtask once
     /// on the record with sequence number `seq`.
     #[arg(long, hide = true)]
@@ -234,6 +242,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         check_recover_dir(dir)?;
     }
     if spec.checkpoint.is_none() {
+        if args.recover {
+            anyhow::bail!(
+                "--recover: {} has no `checkpoint:` block, so there is no checkpoint to recover from; add e.g. `checkpoint: {{ intervalSeconds: 10 }}` to the job file",
+                args.job.display()
+            );
+        }
         if let Some(dir) = &args.checkpoint_dir {
             anyhow::bail!(
                 "--checkpoint-dir {}: {} has no `checkpoint:` block, so no checkpoint would ever be taken; add e.g. `checkpoint: {{ intervalSeconds: 10 }}` to the job file",
@@ -263,12 +277,27 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     // Checkpoints numbered below this were written before this process started.
     let first_checkpoint_id = storage.as_ref().map_or(0, |s| s.next_id());
-    let (restore, restored_from) = match (&args.restore, &args.recover_from) {
-        (Some(dir), _) => (
+    // With --recover, the latest completed checkpoint of this job's directory comes first.
+    let recovered = match (&storage, args.recover) {
+        (Some(storage), true) => storage.latest(&spec)?,
+        _ => None,
+    };
+    if args.recover && recovered.is_none() {
+        tracing::info!(
+            restore = ?args.restore,
+            "--recover: no completed checkpoint yet; starting from --restore or fresh"
+        );
+    }
+    let (restore, restored_from) = match (recovered, &args.restore, &args.recover_from) {
+        (Some((path, sp)), _, _) => {
+            tracing::info!(checkpoint = %path.display(), "recovering from the latest completed checkpoint");
+            (Some(sp), Some(path.display().to_string()))
+        }
+        (None, Some(dir), _) => (
             Some(Savepoint::read(dir, &spec)?),
             Some(dir.display().to_string()),
         ),
-        (None, Some(dir)) => {
+        (None, None, Some(dir)) => {
             match CheckpointStorage::open(&dir.display().to_string(), retain)?.latest(&spec)? {
                 Some((path, sp)) => {
                     tracing::info!(checkpoint = %path.display(), "recovering from the latest completed checkpoint");
@@ -280,7 +309,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         }
-        (None, None) => (None, None),
+        (None, None, None) => (None, None),
     };
     let panic_at = match &args.fault_panic_at {
         Some(v) => {
