@@ -29,9 +29,10 @@ cargo build --workspace --bins
 # wheels and the demo job compiled with javac (cached in ~/.cache/streamscale/flink; about a
 # minute and about 1.2 GB with the PyFlink venv the first time). The test starts and stops the cluster.
 ./scripts/flink-testenv.sh install
-# A real Apache Kafka 4.1 broker (KRaft, one node) for the engine's Kafka tests: its jars from
-# Maven Central with mvn (cached in ~/.cache/streamscale/kafka, about 55 MB). The tests start
-# and stop the broker.
+# A real Apache Kafka 4.1 broker (KRaft, one node) for the Kafka tests of the engine,
+# `streamscale run` and the operator (operator/tests/operator_kafka.rs, with the k8s testenv
+# above): its jars from Maven Central with mvn (cached in ~/.cache/streamscale/kafka, about
+# 55 MB). The tests start and stop the broker.
 ./scripts/kafka-testenv.sh install
 trap './scripts/k8s-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true; ./scripts/kafka-testenv.sh stop >/dev/null 2>&1 || true' EXIT
 cargo test --workspace

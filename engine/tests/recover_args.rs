@@ -2,7 +2,8 @@
 //! instead of the checkpoint directory, and a checkpoint directory for a job that takes no
 //! checkpoints are errors (exit 2, one clear line, nothing written); an existing empty
 //! directory starts fresh and says so; a directory of savepoints is refused with the savepoint to
-//! `--restore`; the default checkpoint directory is one per job name.
+//! `--restore`; the default checkpoint directory is one per job name; `--recover` starts fresh
+//! and then recovers with the same arguments.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod common;
@@ -183,4 +184,69 @@ fn default_checkpoint_directory_is_one_per_job() {
     };
     assert_eq!(dir_of(&first), s(&dir.path().join("checkpoints/bounded")));
     assert_eq!(dir_of(&second), s(&dir.path().join("checkpoints/other")));
+}
+
+/// The newest completed checkpoint id in `chk`, 0 when none.
+fn newest_checkpoint(chk: &Path) -> u64 {
+    std::fs::read_dir(chk)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().join("_metadata.json").is_file())
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// `--recover` is one command line for the first start and every restart (what a Kubernetes
+/// container restart reruns): with no checkpoint yet (the directory not even created) the
+/// job starts fresh; after a SIGKILL the same arguments recover from the latest completed
+/// checkpoint. Without a `checkpoint:` block it is one clear error.
+#[test]
+fn recover_starts_fresh_then_recovers_with_the_same_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let chk = dir.path().join("volume").join("checkpoints");
+    let job = checkpointed_job(dir.path(), 1_000_000, 2000.0, 0.2, 3, &dir.path().join("x"));
+    let sp = dir.path().join("sp");
+    let args = ["--checkpoint-dir", &s(&chk), "--recover"];
+    let mut first = EngineProcess::start(&job, &sp, &args);
+    assert!(first.job()["restoredFrom"].is_null(), "{}", first.job());
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while newest_checkpoint(&chk) < 2 {
+        assert!(
+            std::time::Instant::now() < until,
+            "no checkpoint in {}",
+            chk.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.child.kill().unwrap();
+    let _ = first.child.wait();
+    let newest = newest_checkpoint(&chk);
+    let mut again = EngineProcess::start(&job, &sp, &args);
+    let from = again.job()["restoredFrom"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        Path::new(&from).starts_with(&chk)
+            && from
+                .rsplit("chk-")
+                .next()
+                .and_then(|id| id.parse::<u64>().ok())
+                .is_some_and(|id| id >= newest),
+        "recovered from {from}, the newest was chk-{newest}"
+    );
+    again.child.kill().unwrap();
+    let _ = again.child.wait();
+
+    let plain = bounded_job(dir.path(), 100, 1000.0);
+    let (code, err) = run(&["--job", &s(&plain), "--recover"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--recover") && err.contains("no `checkpoint:` block"),
+        "{err}"
+    );
 }

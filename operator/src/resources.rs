@@ -519,7 +519,14 @@ spec:
     #[test]
     fn a_checkpointed_job_recovers_from_its_own_checkpoints_on_the_savepoint_volume() {
         let args_of = |d: &Deployment| {
-            d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]
+            d.spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers[0]
                 .args
                 .clone()
                 .unwrap()
@@ -532,7 +539,11 @@ spec:
         let j = job();
         let p = j.spec.job.parallelism();
         let plain = args_of(&deployment(&j, &p, None, 0).expect("deployment"));
-        assert!(!plain.iter().any(|a| a == "--recover" || a == "--checkpoint-dir"));
+        assert!(
+            !plain
+                .iter()
+                .any(|a| a == "--recover" || a == "--checkpoint-dir")
+        );
 
         let mut j = job();
         j.spec.job.checkpoint = serde_saphyr::from_str("intervalSeconds: 1").expect("checkpoint");
@@ -540,7 +551,10 @@ spec:
         let args = args_of(&d);
         assert!(args.iter().any(|a| a == "--recover"), "{args:?}");
         let chk = value(&args, "--checkpoint-dir").expect("--checkpoint-dir");
-        assert!(chk.starts_with(&format!("{SAVEPOINT_DIR}/checkpoints/")), "{chk}");
+        assert!(
+            chk.starts_with(&format!("{SAVEPOINT_DIR}/checkpoints/")),
+            "{chk}"
+        );
         let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
         let on_volume = pod.containers[0]
             .volume_mounts
@@ -550,13 +564,22 @@ spec:
         assert!(on_volume, "the checkpoints must be on the savepoint volume");
         // The same template, the same directory (a restarted container finds its checkpoints).
         let again = args_of(&deployment(&j, &p, Some("/sp/sp-1"), 1).expect("deployment"));
-        assert_eq!(value(&again, "--checkpoint-dir").as_deref(), Some(chk.as_str()));
+        assert_eq!(
+            value(&again, "--checkpoint-dir").as_deref(),
+            Some(chk.as_str())
+        );
         // Another savepoint or another parallelism: another directory.
         let newer = args_of(&deployment(&j, &p, Some("/sp/sp-2"), 0).expect("deployment"));
-        assert_ne!(value(&newer, "--checkpoint-dir").as_deref(), Some(chk.as_str()));
+        assert_ne!(
+            value(&newer, "--checkpoint-dir").as_deref(),
+            Some(chk.as_str())
+        );
         let wider: BTreeMap<String, u32> = [("map".to_string(), 3)].into();
         let wider = args_of(&deployment(&j, &wider, Some("/sp/sp-1"), 0).expect("deployment"));
-        assert_ne!(value(&wider, "--checkpoint-dir").as_deref(), Some(chk.as_str()));
+        assert_ne!(
+            value(&wider, "--checkpoint-dir").as_deref(),
+            Some(chk.as_str())
+        );
         // An absolute `checkpoint.dir` of the job is kept as the base.
         j.spec.job.checkpoint = serde_saphyr::from_str("{intervalSeconds: 1, dir: \"s3://b/chk\"}")
             .expect("checkpoint");

@@ -1,5 +1,6 @@
 //! Helpers for the cross-crate tests in `tests/tests/`: locating the workspace's binaries, and
-//! the job files and commands several tests share ([`fixtures`]).
+//! the job files and commands several tests share ([`fixtures`]), and the real Kafka broker of
+//! `scripts/kafka-testenv.sh` ([`kafka_broker`], also used by the operator's tests).
 //!
 //! The tests run the real `streamscale` and `streamscale-engine` binaries, built by
 //! `cargo build --workspace --bins` (which `scripts/test.sh` runs before the tests).
@@ -27,3 +28,4 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 pub mod fixtures;
+pub mod kafka_broker;

@@ -5,55 +5,17 @@
 //! parallelisms that divide its 6 partitions (never 4 or 5, never above 6), ending at 3.
 #![allow(missing_docs, clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use streamscale_tests::fixtures::{job_dir, streamscale_run_fast, summary, write};
+use streamscale_tests::kafka_broker::Broker;
 use streamscale_tests::workspace_bin;
-
-fn testenv(arg: &str) -> std::process::Output {
-    Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka-testenv.sh"))
-        .arg(arg)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run scripts/kafka-testenv.sh")
-}
-
-struct Broker(String);
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = testenv("stop");
-    }
-}
-
-fn start_broker() -> Option<Broker> {
-    let env = String::from_utf8_lossy(&testenv("env").stdout).to_string();
-    let var = |k: &str| {
-        env.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_string))
-    };
-    if !var("KAFKA_LIBS").is_some_and(|d| PathBuf::from(d).join(".complete").exists()) {
-        assert!(
-            std::env::var("CI").is_err(),
-            "Kafka is not installed (run scripts/kafka-testenv.sh install)"
-        );
-        eprintln!("SKIP: Kafka is not installed (run scripts/kafka-testenv.sh install)");
-        return None;
-    }
-    let _ = testenv("stop");
-    let out = testenv("start");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(Broker(var("KAFKA_BROKERS").unwrap()))
-}
 
 #[test]
 fn a_lagging_kafka_source_is_scaled_to_a_divisor_of_its_partitions() {
-    let Some(broker) = start_broker() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let (dir, job, report) = job_dir(&format!(
         r#"name: kscale
 channelCapacity: 64
@@ -64,12 +26,12 @@ edges:
   - {{ from: src, to: sink }}
 autoscaler: {{ targetUtilization: 0.7, minUtilization: 0.45, catchUpSeconds: 20, scaleDownLookbackSeconds: 0 }}
 "#,
-        b = broker.0
+        b = broker.servers
     ));
     // 1500 records/s for the whole run, into a topic of 6 partitions created by the generator.
     let trace = write(dir.path(), "flat.csv", "t_seconds,rate\n0,1500\n100,1500\n");
     let mut load = Command::new(workspace_bin("streamscale"))
-        .args(["load", "--brokers", &broker.0, "--topic", "scale-in"])
+        .args(["load", "--brokers", &broker.servers, "--topic", "scale-in"])
         .args(["--partitions", "6", "--keys", "100", "--duration", "45"])
         .arg("--trace")
         .arg(&trace)

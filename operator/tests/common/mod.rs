@@ -93,3 +93,4 @@ pub fn run(
     );
     (out.status.success(), text)
 }
+pub mod cluster;
