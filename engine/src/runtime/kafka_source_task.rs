@@ -191,6 +191,10 @@ impl KafkaSourceTask {
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
             .set("fetch.wait.max.ms", "50")
+            // librdkafka postpones a partition's next fetch by fetch.queue.backoff.ms (default
+            // 1 s) once its local queue holds queued.min.messages; a source that drains the
+            // queue faster then waits for the rest of that second.
+            .set("fetch.queue.backoff.ms", "10")
             .create()
             .map_err(|e| format!("kafka consumer for topic {}: {e}", self.spec.topic))
     }
