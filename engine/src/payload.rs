@@ -48,6 +48,9 @@ pub struct Watermark {
     /// Event time in ms since the Unix epoch: every later record on this channel has an
     /// event time greater than `ms`.
     pub ms: u64,
+    /// The sender is idle (Flink's `WatermarkStatus.IDLE`; `ms` is unused): receivers leave
+    /// the channel out of their minimum until its next watermark.
+    pub idle: bool,
 }
 
 /// One output row of a query: an event time and named fields.
@@ -81,10 +84,11 @@ impl Row {
         Row { ts_ms, fields }
     }
 
-    /// The integer field `name`, if present and an integer.
+    /// The integer field `name`, if present and an integer (an unsigned one as its bits).
     pub fn int(&self, name: &str) -> Option<i64> {
         self.fields.iter().find_map(|(k, v)| match v {
             Value::Int(i) if *k == name => Some(*i),
+            Value::UInt(u) if *k == name => Some(*u as i64),
             _ => None,
         })
     }

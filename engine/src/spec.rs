@@ -427,7 +427,9 @@ impl OperatorKind {
     /// Whether the operator's outputs carry event time and watermarks.
     pub fn emits_event_time(&self) -> bool {
         match self {
-            OperatorKind::Source { nexmark, .. } => nexmark.is_some(),
+            OperatorKind::Source { nexmark, kafka, .. } => {
+                nexmark.is_some() || kafka.as_ref().is_some_and(|k| k.event_time.is_some())
+            }
             OperatorKind::Select { .. }
             | OperatorKind::EventWindow { .. }
             | OperatorKind::WindowTop { .. }

@@ -745,6 +745,105 @@ fn window_min_max_exactly_once_across_sigkill(servers: &str) {
     assert_eq!(got, expected, "per key: count, sum, min, max");
 }
 
+/// Event time from Kafka timestamps: records with chosen timestamps in 3 partitions (out of
+/// order within each partition by less than the bound) -> `eventWindow` (tumbling 1 s, keyed
+/// by the Kafka key) on 2 source subtasks. Partitions 0 and 1 then get one record each far
+/// ahead; partition 2 gets none and goes idle, so it stops holding the watermark back: every
+/// window of the data fires, each with exactly the input's count per key, and the window of
+/// the far records does not (no watermark passed it).
+fn event_time_windows_on_kafka_timestamps(servers: &str) {
+    // An hour ago, on a whole second (the broker refuses timestamps more than an hour ahead).
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let (input, keys) = ("in-event-time", 4u64);
+    let base = now_ms / 1000 * 1000 - 3_600_000;
+    ensure_topic(servers, input, 3).unwrap();
+    let p = producer(servers);
+    let send = |partition: i32, key: &str, ts: i64| {
+        let mut rec = BaseRecord::to(input)
+            .partition(partition)
+            .key(key)
+            .payload("{}")
+            .timestamp(ts);
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    rec = r;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    };
+    // Per (key hash, window start): the count the window must report.
+    let mut expected: BTreeMap<(u64, i64), u64> = BTreeMap::new();
+    for i in 0..600u64 {
+        let partition = (i % 3) as i32;
+        // 0..6 s of event time, each partition's records up to 900 ms out of order.
+        let ts = base + (i * 10) as i64 - if i % 4 == 1 { 900 } else { 0 };
+        let ts = ts.max(base);
+        let key = format!("k{}", (i / 3) % keys);
+        send(partition, &key, ts);
+        let k = streamscale_engine::kafka::key_hash(Some(key.as_bytes()));
+        *expected.entry((k, ts - ts % 1000)).or_insert(0) += 1;
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("windows.jsonl");
+    let job = dir.path().join("kafka-event-time.yaml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"name: kafka-event-time
+operators:
+  - {{ name: src, kind: source, parallelism: 2,
+      kafka: {{ topic: {input}, bootstrapServers: "{servers}",
+               eventTime: {{ maxOutOfOrdernessMs: 1000, idleTimeoutMs: 1500 }} }} }}
+  - {{ name: win, kind: eventWindow, parallelism: 2, key: key, window: {{ tumbling: {{ sizeMs: 1000 }} }} }}
+  - {{ name: out, kind: sink, delivery: at-least-once, output: "{}" }}
+edges:
+  - {{ from: src, to: win }}
+  - {{ from: win, to: out }}
+"#,
+            out.display()
+        ),
+    )
+    .unwrap();
+    let mut e = EngineProcess::start(&job, &dir.path().join("sp"), &[]);
+    // Far ahead in partitions 0 and 1 only, once the data has been read.
+    std::thread::sleep(Duration::from_millis(500));
+    send(0, "k0", base + 60_000);
+    send(1, "k1", base + 60_000);
+    p.flush(Duration::from_secs(30)).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while e.job()["recordsAccounted"].as_u64().unwrap() < expected.len() as u64 {
+        assert!(
+            Instant::now() < until,
+            "windows did not fire on Kafka time within 60 s: {}",
+            e.job()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let late = common::metric_sum(&e.metrics(), "streamscale_late_records_dropped_total");
+    let _ = e.stop_with_savepoint(false);
+    let mut got: BTreeMap<(u64, i64), u64> = BTreeMap::new();
+    for r in lines(&out) {
+        let (k, start, end) = (
+            r["key"].as_u64().unwrap(),
+            r["windowStart"].as_i64().unwrap(),
+            r["windowEnd"].as_i64().unwrap(),
+        );
+        assert_eq!(end - start, 1000, "{r}");
+        let before = got.insert((k, start), r["count"].as_u64().unwrap());
+        assert!(before.is_none(), "window fired twice: {r}");
+    }
+    assert_eq!(got, expected, "per key and event-time window");
+    assert_eq!(late, 0.0, "no record was late");
+}
+
 #[test]
 fn kafka_against_a_real_broker() {
     let Some(broker) = start_broker() else { return };
@@ -757,5 +856,6 @@ fn kafka_against_a_real_broker() {
     kafka_to_kafka_keyed_with_sigkill(&broker.servers);
     json_fields_keyed_filtered_window(&broker.servers);
     window_min_max_exactly_once_across_sigkill(&broker.servers);
+    event_time_windows_on_kafka_timestamps(&broker.servers);
     eprintln!("kafka scenarios took {:?}", t0.elapsed());
 }

@@ -53,6 +53,30 @@ pub struct KafkaSourceSpec {
     /// records not matching it at those fields are dead letters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<Box<crate::json_field::Schema>>,
+    /// Event time from the records' Kafka timestamps, with per-partition watermarks (as
+    /// Flink's KafkaSource), so that `eventWindow`s downstream fire on Kafka time. Without it
+    /// the source emits no watermarks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<KafkaEventTime>,
+}
+
+/// `eventTime:` of a Kafka source: the bounded out-of-orderness of the watermarks and when a
+/// partition counts as idle (Flink's `forBoundedOutOfOrderness(...).withIdleness(...)`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KafkaEventTime {
+    /// How far (ms) a record's timestamp may lag behind the largest one of its partition
+    /// and still be on time: a partition's watermark is its largest timestamp minus this
+    /// minus 1 ms (the Nexmark source's setting of the same name). Default 0.
+    #[serde(default)]
+    pub max_out_of_orderness_ms: u64,
+    /// A partition without records for this long (ms of wall-clock time) no longer holds the
+    /// subtask's watermark back, until its next record. Absent: partitions never idle (an
+    /// empty partition then stops the event-time windows). A subtask that owns no partition
+    /// is always idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
 }
 
 /// `keyBy` for the Kafka record's key.

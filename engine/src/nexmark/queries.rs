@@ -104,6 +104,8 @@ pub enum BidKey {
     Auction,
     /// `bid.bidder` (Q11).
     Bidder,
+    /// The record's key (a Kafka source's `keyBy` field or Kafka key, hashed).
+    Key,
 }
 
 impl BidKey {
@@ -112,6 +114,7 @@ impl BidKey {
         match self {
             BidKey::Auction => "auction",
             BidKey::Bidder => "bidder",
+            BidKey::Key => "key",
         }
     }
 }
@@ -176,6 +179,9 @@ pub(crate) fn key_selector(kind: &OperatorKind) -> fn(&Record) -> u64 {
             key: BidKey::Bidder,
             ..
         } => key_bid_bidder,
+        OperatorKind::EventWindow {
+            key: BidKey::Key, ..
+        } => key_record,
         OperatorKind::WindowTop { .. } => key_window,
         OperatorKind::Join { .. } => key_person,
         _ => key_record,

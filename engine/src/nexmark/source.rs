@@ -120,7 +120,23 @@ pub fn watermark_record(channel: u32, ms: u64) -> Record {
         value: 0,
         count: 0,
         created_us: 0,
-        payload: Payload::Watermark(Watermark { channel, ms }),
+        payload: Payload::Watermark(Watermark {
+            channel,
+            ms,
+            idle: false,
+        }),
+    }
+}
+
+/// A record saying that channel `channel` is idle ([`Watermark::idle`]).
+pub fn idle_record(channel: u32) -> Record {
+    Record {
+        payload: Payload::Watermark(Watermark {
+            channel,
+            ms: 0,
+            idle: true,
+        }),
+        ..watermark_record(channel, 0)
     }
 }
 
@@ -159,7 +175,8 @@ mod tests {
             wm.payload,
             Payload::Watermark(Watermark {
                 channel: 3,
-                ms: max - 6
+                ms: max - 6,
+                idle: false,
             })
         );
         assert!(

@@ -18,6 +18,25 @@ use super::*;
 use crate::json_field::Invalid;
 use crate::kafka::{KafkaSourceSpec, json_int_field, key_hash, owned_partitions, read_fields};
 use crate::payload::KafkaRecord;
+use crate::time::partition_watermarks::{PartitionWatermarks, WatermarkUpdate};
+
+/// Wall-clock ms since the Unix epoch (the idle timeout's clock).
+fn now_ms() -> u64 {
+    now_unix_us() / 1000
+}
+
+/// Sends what the subtask's per-partition watermarks say now (a watermark that advanced, or
+/// that it is idle), if anything. Returns false if a downstream receiver is gone.
+fn send_watermark(event_time: &mut Option<PartitionWatermarks>, ctx: &mut SubtaskContext) -> bool {
+    let Some(update) = event_time.as_mut().and_then(|w| w.poll(now_ms())) else {
+        return true;
+    };
+    let rec = match update {
+        WatermarkUpdate::Watermark(ms) => crate::nexmark::source::watermark_record(ctx.channel, ms),
+        WatermarkUpdate::Idle => crate::nexmark::source::idle_record(ctx.channel),
+    };
+    ctx.outputs.send(rec, &mut ctx.meter)
+}
 
 /// How often a subtask looks for new partitions of its topic.
 const PARTITION_CHECK: Duration = Duration::from_secs(5);
@@ -346,6 +365,17 @@ impl KafkaSourceTask {
         if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
             return fail(ctx, e.to_string());
         }
+        // Event time: per-partition watermarks of the partitions this subtask reads now (none
+        // are restored: a restore at other parallelism keeps no other subtask's watermark).
+        let mut event_time = self
+            .spec
+            .event_time
+            .map(|e| PartitionWatermarks::new(e.max_out_of_orderness_ms, e.idle_timeout_ms));
+        if let Some(w) = &mut event_time {
+            for p in &assigned {
+                w.assign(*p, now_ms());
+            }
+        }
         if let Some(t) = setup {
             let took = t.elapsed();
             ctx.meter.idle += took;
@@ -369,6 +399,11 @@ impl KafkaSourceTask {
                     let owned = owned_partitions(&topic, partitions, ctx.index, ctx.parallelism);
                     if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
                         return fail(ctx, e.to_string());
+                    }
+                    if let Some(w) = &mut event_time {
+                        for p in &assigned {
+                            w.assign(*p, now_ms());
+                        }
                     }
                     tracing::info!(operator = %ctx.operator, subtask = ctx.index, partitions, "new partitions picked up");
                 }
@@ -410,8 +445,14 @@ impl KafkaSourceTask {
                     let shed_share = crate::shed::share();
                     let mut shed = 0u64;
                     let mut invalid = batch.invalid.into_iter();
+                    let now = now_ms();
                     for (i, mut rec) in batch.records.into_iter().enumerate() {
                         rec.seq = start + i as u64;
+                        if let (Some(w), Payload::Kafka(k)) = (&mut event_time, &rec.payload)
+                            && let Some(ts) = k.timestamp_ms.and_then(|t| u64::try_from(t).ok())
+                        {
+                            w.on_record(k.partition, ts, now);
+                        }
                         if let Some(why) = invalid.next().flatten() {
                             ctx.dead_letter(&rec, &why);
                             continue;
@@ -433,12 +474,16 @@ impl KafkaSourceTask {
                         }
                     }
                     crate::shed::count_shed(&l, shed);
-                    if !ctx.outputs.flush(&mut ctx.meter) {
+                    if !send_watermark(&mut event_time, &mut ctx)
+                        || !ctx.outputs.flush(&mut ctx.meter)
+                    {
                         return fail(ctx, "downstream closed".into());
                     }
                 }
                 Claim::Idle | Claim::Finished => {
-                    if !ctx.outputs.flush(&mut ctx.meter) {
+                    if !send_watermark(&mut event_time, &mut ctx)
+                        || !ctx.outputs.flush(&mut ctx.meter)
+                    {
                         return fail(ctx, "downstream closed".into());
                     }
                     ctx.meter.check(|| 0);

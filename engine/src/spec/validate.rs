@@ -613,6 +613,11 @@ impl JobSpec {
                             return Err(format!("{at}.kafka.group: must not be empty"));
                         }
                         validate_kafka_fields(&format!("{at}.kafka"), k)?;
+                        if k.event_time.and_then(|e| e.idle_timeout_ms) == Some(0) {
+                            return Err(format!(
+                                "{at}.kafka.eventTime.idleTimeoutMs: must be at least 1 ms (leave it out for partitions that never idle)"
+                            ));
+                        }
                         continue;
                     }
                     if *keys == 0 {
@@ -736,7 +741,7 @@ impl JobSpec {
                 };
                 if !up.kind.emits_event_time() {
                     return Err(format!(
-                        "edges: `{}` ({}) needs Nexmark events with event time as input, but `{}` ({}) does not emit them; feed it from a source with a `nexmark` block or another event-time operator",
+                        "edges: `{}` ({}) needs records with event time as input, but `{}` ({}) does not emit them; feed it from a source with a `nexmark` block, a Kafka source with `eventTime`, or another event-time operator",
                         op.name,
                         op.kind.name(),
                         up.name,
@@ -1020,6 +1025,50 @@ edges:
 
     const SCHEMA: &str =
         "schema: { name: tweet, fields: { user: string, likes: int, lang: string } }";
+
+    #[test]
+    fn kafka_event_time_feeds_event_windows_and_is_checked() {
+        let job = |event_time: &str| {
+            format!(
+                r#"name: j
+operators:
+  - {{ name: src, kind: source, kafka: {{ topic: t, bootstrapServers: "127.0.0.1:9092"{event_time} }} }}
+  - {{ name: win, kind: eventWindow, key: key, window: {{ tumbling: {{ sizeMs: 1000 }} }} }}
+  - {{ name: out, kind: sink }}
+edges:
+  - {{ from: src, to: win }}
+  - {{ from: win, to: out }}
+"#
+            )
+        };
+        let spec = check(&job(
+            ", eventTime: { maxOutOfOrdernessMs: 500, idleTimeoutMs: 2000 }",
+        ))
+        .expect("valid");
+        let OperatorKind::Source { kafka: Some(k), .. } = &spec.operators[0].kind else {
+            panic!("a Kafka source")
+        };
+        assert_eq!(
+            k.event_time,
+            Some(crate::kafka::KafkaEventTime {
+                max_out_of_orderness_ms: 500,
+                idle_timeout_ms: Some(2000)
+            })
+        );
+        let err = check(&job("")).unwrap_err();
+        assert!(
+            err.contains("`win` (eventWindow) needs records with event time as input")
+                && err.contains("a Kafka source with `eventTime`"),
+            "{err}"
+        );
+        let err = check(&job(", eventTime: { idleTimeoutMs: 0 }")).unwrap_err();
+        assert!(
+            err.contains("operators[0] (src).kafka.eventTime.idleTimeoutMs: must be at least 1 ms"),
+            "{err}"
+        );
+        let err = check(&job(", eventTime: { idleMs: 5 }")).unwrap_err();
+        assert!(err.contains("idleMs"), "{err}");
+    }
 
     #[test]
     fn window_aggregates_are_checked_naming_the_field() {

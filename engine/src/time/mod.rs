@@ -16,6 +16,7 @@
 //! they are dropped and counted in `streamscale_late_records_dropped_total`.
 
 pub mod arrivals;
+pub mod partition_watermarks;
 pub mod watermark;
 pub mod window;
 
@@ -120,7 +121,12 @@ impl EventTimeStage {
     /// watermark and for `select`.
     pub fn on_record(&mut self, rec: Record, out: &mut StageOutput) -> Option<u32> {
         if let Payload::Watermark(w) = rec.payload {
-            if let Some(wm) = self.tracker.update(w.channel, w.ms) {
+            let advanced = if w.idle {
+                self.tracker.idle(w.channel)
+            } else {
+                self.tracker.update(w.channel, w.ms)
+            };
+            if let Some(wm) = advanced {
                 self.advance(wm, out);
             }
             return None;

@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 pub struct WatermarkTracker {
     expected: usize,
     channels: BTreeMap<u32, u64>,
+    /// Channels that said they are idle ([`WatermarkTracker::idle`]) and sent no watermark
+    /// since.
+    idle: std::collections::BTreeSet<u32>,
     current: Option<u64>,
 }
 
@@ -28,6 +31,7 @@ impl WatermarkTracker {
         WatermarkTracker {
             expected: expected.max(1),
             channels: BTreeMap::new(),
+            idle: std::collections::BTreeSet::new(),
             current: None,
         }
     }
@@ -44,14 +48,49 @@ impl WatermarkTracker {
         self.update(channel, u64::MAX)
     }
 
-    /// Records watermark `ms` on `channel`; returns the new input watermark if it advanced.
+    /// Records that `channel` is idle (a Kafka source subtask whose partitions all had no
+    /// record for the idle timeout, or that owns none; Flink's `WatermarkStatus.IDLE`): it
+    /// counts as having reported and is left out of the minimum until its next watermark.
+    /// Returns the new input watermark
+    /// if it advanced. When every channel is idle, the input watermark is the largest any of
+    /// them sent.
+    pub fn idle(&mut self, channel: u32) -> Option<u64> {
+        self.idle.insert(channel);
+        self.advance()
+    }
+
+    /// Records watermark `ms` on `channel` (active again if it was idle); returns the new input
+    /// watermark if it advanced.
     pub fn update(&mut self, channel: u32, ms: u64) -> Option<u64> {
+        self.idle.remove(&channel);
         let slot = self.channels.entry(channel).or_insert(ms);
         *slot = (*slot).max(ms);
-        if self.channels.len() < self.expected {
+        self.advance()
+    }
+
+    /// The minimum over the active channels, if every channel has reported and it advanced.
+    fn advance(&mut self) -> Option<u64> {
+        let reported = self.channels.len()
+            + self
+                .idle
+                .iter()
+                .filter(|c| !self.channels.contains_key(c))
+                .count();
+        if reported < self.expected {
             return None;
         }
-        let min = self.channels.values().copied().min()?;
+        let active = self
+            .channels
+            .iter()
+            .filter(|(c, _)| !self.idle.contains(c))
+            .map(|(_, ms)| *ms)
+            .min();
+        // Every channel idle: nothing will advance them, so the largest watermark any of them
+        // sent holds (Flink's StatusWatermarkValve does the same).
+        let min = match active {
+            Some(m) => m,
+            None => self.channels.values().copied().max()?,
+        };
         if self.current.is_some_and(|c| c >= min) {
             return None;
         }
@@ -95,5 +134,32 @@ mod tests {
         assert_eq!(t.update(1, u64::MAX), Some(u64::MAX));
         assert_eq!(t.end(1), None);
         assert_eq!(t.current(), Some(u64::MAX));
+    }
+
+    #[test]
+    fn an_idle_channel_is_left_out_until_it_sends_a_watermark_again() {
+        let mut t = WatermarkTracker::new(3);
+        assert_eq!(t.update(1, 100), None);
+        // Channel 3 is idle from the start (a subtask without partitions): it has reported.
+        assert_eq!(t.idle(3), None, "channel 2 has not reported");
+        assert_eq!(t.update(2, 300), Some(100));
+        assert_eq!(t.update(1, 400), Some(300));
+        // Channel 2 goes idle: the minimum follows channel 1 alone.
+        assert_eq!(t.idle(2), Some(400));
+        assert_eq!(t.update(1, 500), Some(500));
+        // Every channel idle: the largest watermark any of them sent (channel 1's 500).
+        assert_eq!(t.idle(1), None);
+        assert_eq!(t.current(), Some(500));
+        let mut u = WatermarkTracker::new(2);
+        assert_eq!(u.update(1, 900), None);
+        assert_eq!(u.update(2, 100), Some(100));
+        assert_eq!(u.idle(1), None, "channel 2 (100) still active");
+        assert_eq!(u.idle(2), Some(900), "both idle: nothing holds 900 back");
+        // Channel 3 comes back behind: it holds the minimum again, which never goes back.
+        assert_eq!(t.update(3, 450), None);
+        assert_eq!(t.update(3, 700), Some(700));
+        assert_eq!(t.update(2, 650), None, "channel 2 is active again at 650");
+        assert_eq!(t.update(2, 900), None, "channel 3 (700) is the minimum");
+        assert_eq!(t.update(3, 1000), Some(900));
     }
 }

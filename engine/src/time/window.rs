@@ -147,6 +147,7 @@ impl EventWindow {
         match self.key {
             BidKey::Auction => key_bid_auction(rec),
             BidKey::Bidder => key_bid_bidder(rec),
+            BidKey::Key => rec.key,
         }
     }
 
@@ -280,7 +281,14 @@ fn window_row(key_field: BidKey, key: u64, p: Pane, created_us: u64) -> Record {
     let row = Row::new(
         p.end - 1,
         vec![
-            (key_field.field(), Value::Int(key as i64)),
+            (
+                key_field.field(),
+                match key_field {
+                    // A 64-bit key hash: unsigned in JSON.
+                    BidKey::Key => Value::UInt(key),
+                    BidKey::Auction | BidKey::Bidder => Value::Int(key as i64),
+                },
+            ),
             ("count", Value::Int(p.count as i64)),
             ("windowStart", Value::Int(p.start as i64)),
             ("windowEnd", Value::Int(p.end as i64)),
