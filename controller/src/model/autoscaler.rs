@@ -3,6 +3,7 @@
 //! [`super::guards`], returning a [`Verdict`]. Pure: state changes only through its methods,
 //! time only through arguments.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -399,36 +400,42 @@ impl Autoscaler {
                 continue;
             }
             // Scale-down lookback: no lower than the highest recommendation of the lookback.
-            if let Some(highest) = self
-                .state
-                .recommended
-                .get(name)
-                .and_then(|h| h.front())
-                .map(|&(_, p)| p)
-                .filter(|&p| p > *new)
+            // When the lookback holds the whole scale-down, or lets part of it through but would
+            // let the rest through within the scale-down delay, the job holds (one rescale later
+            // rather than two) while the delay's clock keeps running.
+            let mut lookback_hold: Option<String> = None;
+            if let Some(h) = self.state.recommended.get(name)
+                && let Some(highest) = h.front().map(|&(_, p)| p).filter(|&p| p > *new)
             {
                 self.used_history = true;
                 let floor = highest.min(cur);
+                // The lookback holds nothing above `new` from `clears_s` on.
+                let clears_s = h
+                    .iter()
+                    .take_while(|&&(_, p)| p > *new)
+                    .last()
+                    .map_or(now_s, |&(t, _)| t + lookback);
                 if floor == cur {
-                    self.state.pending_scale_downs.remove(name);
+                    lookback_hold = Some(format!(
+                        "no scale-down {cur}→{new}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
+                        Fixed(lookback, 0)
+                    ));
+                } else if clears_s - now_s <= g.scale_down_delay_seconds {
+                    lookback_hold = Some(format!(
+                        "no scale-down {cur}→{floor} now: {cur}→{new} in {} s, when p={highest} leaves the last {} s (autoscaler.scaleDownLookbackSeconds)",
+                        Fixed(clears_s - now_s, 0),
+                        Fixed(lookback, 0)
+                    ));
+                } else {
                     notes.push((
                         name.clone(),
                         format!(
-                            "no scale-down {cur}→{new}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
+                            "scale-down {cur}→{new} limited to {floor}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
                             Fixed(lookback, 0)
                         ),
                     ));
-                    *new = cur;
-                    continue;
+                    *new = floor;
                 }
-                notes.push((
-                    name.clone(),
-                    format!(
-                        "scale-down {cur}→{new} limited to {floor}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
-                        Fixed(lookback, 0)
-                    ),
-                ));
-                *new = floor;
             }
             if let Some(why) = &incomplete {
                 self.state.pending_scale_downs.remove(name);
@@ -446,7 +453,9 @@ impl Autoscaler {
                 *new = cur;
                 continue;
             }
-            if let Some(note) = band.holds(&mut now, &model, &planned.current, name, cur, *new) {
+            if lookback_hold.is_none()
+                && let Some(note) = band.holds(&mut now, &model, &planned.current, name, cur, *new)
+            {
                 self.state.pending_scale_downs.remove(name);
                 in_band.push((name.clone(), *new, note));
                 *new = cur;
@@ -456,10 +465,12 @@ impl Autoscaler {
                 .state
                 .pending_scale_downs
                 .entry(name.clone())
-                .or_insert(PendingScaleDown {
+                .or_insert_with(|| PendingScaleDown {
                     since_s: now_s,
                     highest: *new,
                     settled_s: None,
+                    recent: VecDeque::new(),
+                    held_past_delay: false,
                 });
             // This window began at now − span: at or after `since_s` it holds no sample from
             // before the load dropped, so its recommendation is the settled one.
@@ -467,15 +478,47 @@ impl Autoscaler {
                 && pending.settled_s.is_none()
             {
                 pending.settled_s = Some(now_s);
-                pending.highest = *new;
+                pending.recent.clear();
             }
-            pending.highest = pending.highest.max(*new);
+            if pending.settled_s.is_some() {
+                while pending.recent.back().is_some_and(|&(_, q)| q <= *new) {
+                    pending.recent.pop_back();
+                }
+                pending.recent.push_back((now_s, *new));
+            }
             let waited = now_s - pending.since_s;
             let settled_for = pending.settled_s.map(|s| now_s - s);
-            if settled_for.is_some_and(|s| s >= g.scale_down_delay_seconds) {
+            let delay_over = settled_for.is_some_and(|s| s >= g.scale_down_delay_seconds);
+            if delay_over && lookback_hold.is_some() {
+                // Held past the delay by the lookback: the delay's maximum is taken over its
+                // last `scale_down_delay_seconds`, not over the whole hold.
+                pending.held_past_delay = true;
+                while pending
+                    .recent
+                    .front()
+                    .is_some_and(|&(t, _)| t < now_s - g.scale_down_delay_seconds)
+                    && pending.recent.len() > 1
+                {
+                    pending.recent.pop_front();
+                }
+            }
+            pending.highest = match pending.recent.front() {
+                Some(&(_, p)) => p,
+                None => pending.highest.max(*new),
+            };
+            if let Some(note) = lookback_hold {
+                notes.push((name.clone(), note));
+                *new = cur;
+            } else if delay_over {
+                let over = settled_for.unwrap_or(0.0);
+                let over = if pending.held_past_delay {
+                    over.min(g.scale_down_delay_seconds)
+                } else {
+                    over
+                };
                 notes.push((name.clone(), format!(
                     "scale-down wanted for {waited:.1} s; applying the highest recommendation over the last {} s of windows that began after it was first wanted, {}",
-                    Fixed(settled_for.unwrap_or(0.0), 1),
+                    Fixed(over, 1),
                     pending.highest
                 )));
                 *new = pending.highest;

@@ -44,7 +44,8 @@ pub struct GuardSettings {
     pub min_scale_down_fraction: f64,
     /// Seconds a scale-down must be wanted continuously, in metric windows that began after
     /// it was first wanted, before it applies (so the wait after a drop in load is the window
-    /// length plus this delay). 0: scale-downs apply at once. Default 30 s.
+    /// length plus this delay). The delay runs while the scale-down lookback holds the
+    /// scale-down, not after it. 0: scale-downs apply at once. Default 30 s.
     pub scale_down_delay_seconds: f64,
     /// Horizon over which a rescale's benefit is weighed against its cost, seconds (see
     /// [`Autoscaler::decide`]). Default 600 s.
@@ -70,7 +71,7 @@ impl Default for GuardSettings {
 }
 
 /// A scale-down the planner keeps wanting for one operator.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingScaleDown {
     /// When the planner first wanted it (seconds, the `now_s` clock).
@@ -82,6 +83,16 @@ pub struct PendingScaleDown {
     /// `None` while every window since `since_s` still reaches back before it.
     #[serde(default)]
     pub settled_s: Option<f64>,
+    /// The settled windows' recommendations as a sliding-window maximum ((seconds on the
+    /// `now_s` clock, parallelism), times increasing, parallelism strictly decreasing): all
+    /// of them since `settled_s`, or, once the scale-down lookback has held the scale-down
+    /// past its delay, those of the last `scaleDownDelaySeconds`.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub recent: VecDeque<(f64, u32)>,
+    /// Whether the scale-down lookback held it past its delay (`highest` is then over the
+    /// last `scaleDownDelaySeconds` only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held_past_delay: bool,
 }
 
 /// Memory of the guards between calls.
@@ -677,6 +688,63 @@ edges:
         assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
     }
 
+    /// An autoscaler with the default 30 s scale-down delay (windows span 20 s here).
+    fn delayed() -> Autoscaler {
+        Autoscaler::new(GuardSettings::default())
+    }
+
+    #[test]
+    fn the_scale_down_delay_runs_inside_the_lookback() {
+        // γ = 600 needs map at 9; γ = 120 needs 2. The lookback (600 s) holds the scale-down
+        // far longer than the delay (30 s): it applies as soon as the lookback lets it, not a
+        // metric window and a delay after that.
+        let spec = disciplined(600.0, 0);
+        let mut a = delayed();
+        let v = a.decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
+        for t in [100.0, 120.0, 200.0, 599.0] {
+            let v = a.decide(t, &win(9, 120.0, 0.0, 1), &spec);
+            assert!(
+                matches!(&v, Verdict::Hold { reason, .. } if reason.contains("no scale-down 9→2: p=9 was recommended within the last 600 s")),
+                "{t}: {v:?}"
+            );
+        }
+        let v = a.decide(601.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+    }
+
+    #[test]
+    fn a_scale_down_the_lookback_frees_within_the_delay_waits_to_be_one_rescale() {
+        let spec = disciplined(600.0, 0);
+        // γ = 600 at 0 s (needs 9), γ = 300 at 300 s (needs 5), then γ = 120 (needs 2).
+        let start = || {
+            let mut a = delayed();
+            a.decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
+            let v = a.decide(300.0, &win(9, 300.0, 0.0, 1), &spec);
+            assert!(parallelism(&v).is_none(), "{v:?}");
+            a
+        };
+        // At 880 s the lookback still holds p = 5 (from 300 s) but lets 2 through at 900 s,
+        // within the delay: hold at 9 rather than rescaling to 5 and then to 2.
+        let mut a = start();
+        let v = a.decide(880.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, .. } if reason.contains("no scale-down 9→5 now: 9→2 in 20 s, when p=5 leaves the last 600 s")),
+            "{v:?}"
+        );
+        let v = a.decide(905.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        let v = a.decide(910.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+        // At 610 s the lookback would hold p = 5 for another 290 s: the scale-down goes as far
+        // as it lets, after the delay.
+        let mut a = start();
+        let v = a.decide(610.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert!(parallelism(&v).is_none(), "{v:?}");
+        let v = a.decide(640.0, &win(9, 120.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&v).map(|p| p["map"]), Some(5), "{v:?}");
+    }
+
     #[test]
     fn the_rescale_budget_holds_back_all_but_a_job_falling_behind() {
         let spec = disciplined(0.0, 1);
@@ -990,7 +1058,7 @@ edges:
             assert!(reason.contains("delayed"), "{reason}");
             assert!(rec.parallelism["map"] < 8);
         }
-        let pending = a.state().pending_scale_downs["map"];
+        let pending = a.state().pending_scale_downs["map"].clone();
         assert_eq!((pending.settled_s, pending.highest), (Some(20.0), 3));
         // 30 s of settled windows: the highest of their recommendations (3), neither the
         // straddling window's 4 nor the latest 2.
