@@ -1,5 +1,6 @@
 //! What the planner decides: the parallelism of every operator, with the figures and reasons
-//! behind it.
+//! behind it; how a model assembles a decision and refreshes its predictions after the guards
+//! edit it.
 
 use super::*;
 
@@ -129,5 +130,210 @@ impl Decision {
     /// Whether the predicted latency percentile bound meets the SLO.
     pub fn slo_met(&self) -> bool {
         self.predicted_latency_percentile_seconds <= self.latency_slo_seconds
+    }
+}
+
+impl Model {
+    /// Assembles a decision for parallelism `p` (indexed like the topology).
+    pub(super) fn decision(
+        &self,
+        p: &[u32],
+        clamped: &[bool],
+        why: Vec<String>,
+        mut reasons: Vec<String>,
+    ) -> Decision {
+        let n = self.graph.topo.len();
+        let g = &*self.graph;
+        self.decided_with.set(Some(self.with_downtime));
+        // Every map is built from its entries in name order (the graph's `by_name`): the
+        // collection then finds them sorted instead of sorting or inserting one by one.
+        let mut why = why;
+        // The predicted terms by index as well, for the latency below.
+        let (mut mean, mut tail) = (vec![0.0; n], vec![0.0; n]);
+        let operators = g.name_map(g.templates.as_ref().map(|t| &t.plans), |i| {
+            let e = &self.est[i];
+            mean[i] = self.sojourn(i, p[i]);
+            tail[i] = self.tail(i, p[i]);
+            OperatorPlan {
+                kind: Cow::Borrowed(g.kind[i]),
+                current_parallelism: e.parallelism,
+                parallelism: p[i],
+                max_parallelism: self.upper_bound(i),
+                observed_input_rate: e.input_rate,
+                arrival_rate: self.lambda_target[i],
+                steady_arrival_rate: self.lambda_steady[i],
+                true_processing_rate: self.mu(i),
+                selectivity: e.selectivity,
+                selectivity_is_prior: e.selectivity_is_prior,
+                observed_utilization: e.utilization,
+                backpressured_share: e.backpressured_share,
+                predicted_utilization: self.predicted_rho(i, p[i]),
+                predicted_sojourn_seconds: mean[i],
+                predicted_sojourn_percentile_seconds: tail[i],
+                clamped_at_max: clamped[i],
+                reason: std::mem::take(&mut why[i]),
+            }
+        });
+        let sources: BTreeMap<Arc<str>, SourcePlan> = g
+            .by_name
+            .iter()
+            .filter_map(|&i| {
+                let src = self.est[i].source?;
+                Some((
+                    g.shared_name(i),
+                    SourcePlan {
+                        arrival_rate: self.gamma[i],
+                        backlog_records: src.backlog_records,
+                        target_rate: self.gamma_target[i],
+                    },
+                ))
+            })
+            .collect();
+        // Bottleneck: highest utilization demanded at the current parallelism.
+        let mut bottleneck: Option<(f64, usize)> = None;
+        for i in 0..n {
+            if let Some(mu) = self.mu(i) {
+                let rho = self.lambda_steady[i] / (f64::from(self.est[i].parallelism) * mu);
+                if bottleneck.is_none_or(|(b, _)| rho > b) {
+                    bottleneck = Some((rho, i));
+                }
+            }
+        }
+        let bottleneck = bottleneck.map(|(rho, i)| {
+            let e = &self.est[i];
+            format!(
+                "{}: ρ={} at p={}, μ={} rec/s per subtask (λ={} rec/s at the arrival rate; measured busy {}, backpressured {})",
+                self.graph.topo.names[i],
+                Fixed(rho, 2),
+                e.parallelism,
+                fmt_rate(e.true_processing_rate.unwrap_or(0.0)),
+                fmt_rate(self.lambda_steady[i]),
+                Fixed(e.utilization, 2),
+                Fixed(e.backpressured_share, 2)
+            )
+        });
+        let mut d = Decision {
+            parallelism: g.name_map(g.templates.as_ref().map(|t| &t.names), |i| p[i]),
+            current: g.name_map(g.templates.as_ref().map(|t| &t.shared), |i| {
+                self.est[i].parallelism
+            }),
+            operators,
+            sources,
+            predicted_latency_seconds: 0.0,
+            critical_path: Vec::new(),
+            predicted_latency_percentile_seconds: 0.0,
+            latency_percentile: self.s.percentile,
+            latency_slo_seconds: self.s.slo,
+            target_utilization: self.s.rho,
+            bottleneck,
+            reasons: Vec::new(),
+        };
+        self.latency_from(&mut d, &mean, &tail);
+        reasons.push(format!(
+            "predicted end-to-end latency: {} ≤ {} s (union bound) {} SLO {} s along {}; mean {} s",
+            self.percentile_label(),
+            Fixed(d.predicted_latency_percentile_seconds, 4),
+            if d.slo_met() { "≤" } else { ">" },
+            Short(self.s.slo),
+            d.critical_path.join(" → "),
+            Fixed(d.predicted_latency_seconds, 4)
+        ));
+        d.reasons = reasons;
+        d
+    }
+
+    pub(super) fn refresh_latency(&self, d: &mut Decision) {
+        let n = self.graph.topo.len();
+        let (mut mean, mut tail) = (vec![0.0; n], vec![0.0; n]);
+        if let Some(ops) = self.graph.indices_of(&d.operators) {
+            for (i, o) in ops {
+                mean[i] = o.predicted_sojourn_seconds;
+                tail[i] = o.predicted_sojourn_percentile_seconds;
+            }
+        } else {
+            for (i, name) in self.graph.topo.names.iter().enumerate() {
+                if let Some(o) = d.operators.get(name.as_str()) {
+                    mean[i] = o.predicted_sojourn_seconds;
+                    tail[i] = o.predicted_sojourn_percentile_seconds;
+                }
+            }
+        }
+        self.latency_from(d, &mean, &tail);
+    }
+
+    /// [`Model::refresh_latency`] from the operators' predicted mean sojourn times `mean` and
+    /// percentile terms `tail` (indexed like the topology; operators missing from
+    /// `d.operators` 0), when the caller has them at hand.
+    pub(super) fn latency_from(&self, d: &mut Decision, mean: &[f64], tail: &[f64]) {
+        let n = self.graph.topo.len();
+        let (mut dist, mut via) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        d.predicted_latency_seconds = self.graph.longest_path_into(mean, &mut dist, &mut via).0;
+        let (seconds, end) = self.graph.longest_path_into(tail, &mut dist, &mut via);
+        d.predicted_latency_percentile_seconds = seconds;
+        // The path's names, reusing those already there when it is the same path (as after
+        // the guards' edits, mostly): no string copied and freed per operator.
+        let names = &self.graph.topo.names;
+        let mut path = Vec::new();
+        let mut at = end;
+        while at != usize::MAX {
+            path.push(at);
+            at = via[at];
+        }
+        path.reverse();
+        let same = path.len() == d.critical_path.len()
+            && path
+                .iter()
+                .zip(&d.critical_path)
+                .all(|(&i, n)| names[i] == *n);
+        if !same {
+            d.critical_path.clear();
+            d.critical_path
+                .extend(path.iter().map(|&i| names[i].clone()));
+        }
+    }
+
+    /// Recomputes every prediction of `d`, the decision [`Model::plan`] of this model returned,
+    /// after its `parallelism` was edited (by the guards). An operator whose parallelism is
+    /// unchanged keeps its predictions while the targets are those they were made with
+    /// (recomputing them would give the same values).
+    pub(crate) fn refresh_planned(&self, d: &mut Decision) {
+        let same = self.decided_with.get() == Some(self.with_downtime);
+        let g = &self.graph;
+        if g.keys_match(&d.operators) && g.keys_match(&d.parallelism) {
+            let n = g.topo.len();
+            let (mut mean, mut tail) = (vec![0.0; n], vec![0.0; n]);
+            for ((plan, &p), &i) in d
+                .operators
+                .values_mut()
+                .zip(d.parallelism.values())
+                .zip(&g.by_name)
+            {
+                if !(same && plan.parallelism == p) {
+                    plan.parallelism = p;
+                    plan.predicted_utilization = self.predicted_rho(i, p);
+                    plan.predicted_sojourn_seconds = self.sojourn(i, p);
+                    plan.predicted_sojourn_percentile_seconds = self.tail(i, p);
+                }
+                mean[i] = plan.predicted_sojourn_seconds;
+                tail[i] = plan.predicted_sojourn_percentile_seconds;
+            }
+            self.latency_from(d, &mean, &tail);
+            return;
+        }
+        for (name, plan) in d.operators.iter_mut() {
+            let Some(&i) = self.graph.topo.index.get(&**name) else {
+                continue;
+            };
+            let p = d
+                .parallelism
+                .get(&**name)
+                .copied()
+                .unwrap_or(plan.parallelism);
+            plan.parallelism = p;
+            plan.predicted_utilization = self.predicted_rho(i, p);
+            plan.predicted_sojourn_seconds = self.sojourn(i, p);
+            plan.predicted_sojourn_percentile_seconds = self.tail(i, p);
+        }
+        self.refresh_latency(d);
     }
 }
