@@ -43,6 +43,7 @@ use streamscale_engine::time::window::WindowSpec;
 
 mod allocate;
 mod assess;
+mod buffers;
 mod build;
 mod decision;
 mod explain;
@@ -59,9 +60,9 @@ mod sizing;
 mod slo;
 mod sojourn;
 
+use buffers::*;
 pub(crate) use explain::fmt_rate;
 pub(crate) use graph::JobGraph;
-use graph::*;
 use key_groups::*;
 pub use key_groups::{key_group_load, key_group_load_with_hot};
 use keyed::*;
@@ -182,19 +183,6 @@ pub(crate) struct Model {
     /// and their sojourn is left out of the latency allocation so that no other operator is
     /// scaled to make up for them.
     frozen: Vec<bool>,
-}
-
-impl Drop for Model {
-    /// Puts the model's largest arrays back into its graph's [`BufferPool`].
-    fn drop(&mut self) {
-        self.graph.buffers.put(ModelBuffers {
-            kg_loads: std::mem::take(&mut self.kg_loads),
-            kg_prefixes: std::mem::take(&mut self.kg_prefixes),
-            share_memo: std::mem::take(self.share_memo.get_mut()),
-            tail_memo: std::mem::take(self.tail_memo.get_mut()),
-            figures: std::mem::take(&mut self.figures),
-        });
-    }
 }
 
 impl Model {

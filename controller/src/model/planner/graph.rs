@@ -1,5 +1,5 @@
 //! What the planner derives from the job graph alone: the topology, kinds, bounds, window
-//! periods and longest paths, the buffers and decision templates reused between decisions.
+//! periods and longest paths, and the decision templates reused between decisions.
 
 use super::*;
 
@@ -50,57 +50,6 @@ pub(crate) struct JobGraph {
     pub(super) templates: Option<DecisionTemplates>,
     /// The largest arrays of the models made from this graph, between models.
     pub(super) buffers: BufferPool,
-}
-
-/// A [`Model`]'s largest arrays (the keyed operators' key-group loads and their prefix sums,
-/// the share and tail memos: tens of KB each for a 200-operator job). Only their allocations
-/// pass from one model to the next: a model refills the key-group arrays and resets the memos
-/// to all NaN ([`NanMemo::reset`]) before reading them.
-/// (Freeing blocks of 64 KB or more also makes glibc's allocator merge all its small free
-/// blocks, `malloc_consolidate`, in every decision.)
-#[derive(Default)]
-pub(super) struct ModelBuffers {
-    pub(super) kg_loads: Vec<f64>,
-    pub(super) kg_prefixes: Vec<f64>,
-    pub(super) share_memo: NanMemo,
-    pub(super) tail_memo: NanMemo,
-    /// The window's per-subtask figures ([`estimate_flat`]).
-    pub(super) figures: SubtaskFigures,
-}
-
-/// The [`ModelBuffers`] of one [`JobGraph`]'s models: a model takes them when it is made and
-/// puts them back when dropped (a model made meanwhile starts with empty ones). A cache of
-/// allocations, never of values: it takes no part in the graph's equality.
-#[derive(Default)]
-pub(super) struct BufferPool(pub(super) std::sync::Mutex<ModelBuffers>);
-
-impl BufferPool {
-    /// The kept buffers, leaving empty ones (also after a panic poisoned the lock).
-    pub(super) fn take(&self) -> ModelBuffers {
-        self.0
-            .lock()
-            .map(|mut b| std::mem::take(&mut *b))
-            .unwrap_or_default()
-    }
-
-    /// Keeps `buffers` for the next model.
-    pub(super) fn put(&self, buffers: ModelBuffers) {
-        if let Ok(mut b) = self.0.lock() {
-            *b = buffers;
-        }
-    }
-}
-
-impl std::fmt::Debug for BufferPool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BufferPool")
-    }
-}
-
-impl PartialEq for BufferPool {
-    fn eq(&self, _: &BufferPool) -> bool {
-        true
-    }
 }
 
 /// Every operator's name (in name order) mapped to a placeholder: a [`Decision`]'s
