@@ -127,8 +127,7 @@ pub(crate) struct Model {
     spec_parallelism: Vec<u32>,
     /// Keyed operators: their slot in the flat key-group arrays below (`None` for shared-queue
     /// operators). Slot s owns `kg_loads[s·L..(s+1)·L]`, `kg_prefixes[s·(L+1)..(s+1)·(L+1)]`
-    /// (L = [`Model::kg_len`]) and `share_memo[s·(K+1)..(s+1)·(K+1)]` (K key groups): one
-    /// allocation each per model instead of three per keyed operator.
+    /// (L = [`Model::kg_len`]) and `share_memo[s·(K+1)..(s+1)·(K+1)]` (K key groups).
     kg_slot: Vec<Option<usize>>,
     /// Keyed operators' estimated share of the input per key group (each sums to 1), by slot.
     kg_loads: Vec<f64>,

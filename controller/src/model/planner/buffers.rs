@@ -7,8 +7,6 @@ use super::*;
 /// the share and tail memos: tens of KB each for a 200-operator job). Only their allocations
 /// pass from one model to the next: a model refills the key-group arrays and resets the memos
 /// to all NaN ([`NanMemo::reset`]) before reading them.
-/// (Freeing blocks of 64 KB or more also makes glibc's allocator merge all its small free
-/// blocks, `malloc_consolidate`, in every decision.)
 #[derive(Default)]
 pub(super) struct ModelBuffers {
     pub(super) kg_loads: Vec<f64>,

@@ -54,9 +54,7 @@ pub(crate) struct JobGraph {
 
 /// Every operator's name (in name order) mapped to a placeholder: a [`Decision`]'s
 /// name-keyed maps are clones of these with the values written in place, in the maps' own
-/// (name) order. Cheaper than collecting them afresh, which sorts (finding them sorted) and
-/// removes duplicates (comparing every pair of neighbouring names) after copying the entries
-/// into a vector; the maps are the same either way.
+/// (name) order; the maps are the same as collected ones.
 #[derive(Debug, PartialEq)]
 pub(super) struct DecisionTemplates {
     /// Name → 0 (for [`Decision::parallelism`]).
