@@ -1,9 +1,11 @@
 //! Noticing that a StreamJob's engine recovered from its own checkpoint: the engine pod's
 //! container died and was restarted with the same arguments (`--recover`), so the engine
 //! reports a checkpoint as what it was restored from instead of the savepoint the operator
-//! deployed it from (`status.restoredFrom`).
+//! deployed it from (`status.restoredFrom`). [`observe`] and [`apply`] count it in status;
+//! [`as_deployed`] keeps a rescale from mistaking it for an engine that did not restore.
 
-use crate::crd::StreamJobStatus;
+use crate::crd::{StreamJob, StreamJobStatus};
+use crate::rescale::{EngineObs, WorkloadObs};
 
 /// What the engine's `restoredFrom` says about recoveries, against the status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,9 +56,97 @@ pub fn apply(status: &mut StreamJobStatus, obs: RecoveryObs) -> Option<String> {
     }
 }
 
+/// The engine as a rescale sees it: an engine that recovered from a checkpoint of the
+/// deployed pod template's own checkpoint directory ([`crate::resources::checkpoint_dir`])
+/// runs from what that template restores (`workload.restore`), so a restored engine whose
+/// container restarted before the operator saw it running still completes the rescale rather
+/// than timing out and rolling back to the savepoint (which would replay results its
+/// exactly-once sinks already committed).
+pub fn as_deployed(
+    job: &StreamJob,
+    workload: Option<&WorkloadObs>,
+    engine: EngineObs,
+) -> EngineObs {
+    let (
+        Some(w),
+        EngineObs::Up {
+            state,
+            parallelism,
+            restored_from: Some(from),
+        },
+    ) = (workload, &engine)
+    else {
+        return engine;
+    };
+    let own = crate::resources::checkpoint_dir(job, &w.parallelism, w.restore.as_deref())
+        .is_some_and(|dir| {
+            from.strip_prefix(&dir)
+                .is_some_and(|rest| rest.starts_with('/'))
+        });
+    if !own {
+        return engine;
+    }
+    EngineObs::Up {
+        state: state.clone(),
+        parallelism: parallelism.clone(),
+        restored_from: w.restore.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recovery_from_the_templates_own_checkpoints_counts_as_its_restore() {
+        let yaml = r#"
+apiVersion: streamscale.dev/v1alpha1
+kind: StreamJob
+metadata: {name: demo, namespace: ns, uid: "1234"}
+spec:
+  job:
+    name: demo
+    operators:
+      - {name: source, kind: source, rate: {constant: 100}}
+      - {name: sink, kind: sink}
+    edges: [{from: source, to: sink}]
+    checkpoint: {intervalSeconds: 1}
+"#;
+        let job: StreamJob = serde_saphyr::from_str(yaml).expect("StreamJob");
+        let w = WorkloadObs {
+            parallelism: job.spec.job.parallelism(),
+            restore: Some("/sp/sp-2".into()),
+        };
+        let dir = crate::resources::checkpoint_dir(&job, &w.parallelism, w.restore.as_deref())
+            .expect("checkpointed");
+        let up = |from: &str| EngineObs::Up {
+            state: "running".into(),
+            parallelism: w.parallelism.clone(),
+            restored_from: Some(from.into()),
+        };
+        let restored = |o: EngineObs| match o {
+            EngineObs::Up { restored_from, .. } => restored_from,
+            EngineObs::Unreachable => None,
+        };
+        let seen = as_deployed(&job, Some(&w), up(&format!("{dir}/chk-3")));
+        assert_eq!(restored(seen).as_deref(), Some("/sp/sp-2"));
+        // Another template's checkpoints, or a savepoint, are left as they are.
+        let other = as_deployed(&job, Some(&w), up("/sp/checkpoints/0000000000000000/chk-3"));
+        assert_eq!(
+            restored(other).as_deref(),
+            Some("/sp/checkpoints/0000000000000000/chk-3")
+        );
+        let prefix_only = as_deployed(&job, Some(&w), up(&format!("{dir}x/chk-1")));
+        assert_eq!(restored(prefix_only), Some(format!("{dir}x/chk-1")));
+        assert_eq!(
+            restored(as_deployed(&job, Some(&w), up("/sp/sp-1"))).as_deref(),
+            Some("/sp/sp-1")
+        );
+        assert_eq!(
+            as_deployed(&job, Some(&w), EngineObs::Unreachable),
+            EngineObs::Unreachable
+        );
+    }
 
     #[test]
     fn a_checkpoint_other_than_the_deployed_savepoint_counts_once() {

@@ -61,10 +61,11 @@ impl RescaleBackend for PodRescale<'_> {
             _ => SavepointObs::NotAsked,
         };
         let a = &job.spec.autoscaler;
+        let workload = rt.workload().await?;
         Ok(Observation {
-            engine,
+            engine: crate::engine_recovery::as_deployed(job, workload.as_ref(), engine),
             savepoint,
-            workload: rt.workload().await?,
+            workload,
             step_age_s: age_s(&r.step_started_at),
             previous_restore: self.status.restored_from.clone(),
             savepoint_dir: resources::savepoint_dir(job),
