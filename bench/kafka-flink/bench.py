@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.request
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 M64 = (1 << 64) - 1
@@ -78,7 +78,15 @@ def end_offsets(brokers, topic):
     md = c.list_topics(topic, timeout=10)
     n = 0
     for p in md.topics[topic].partitions:
-        lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        for attempt in range(50):
+            try:
+                lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                break
+            except KafkaException:
+                # A topic just created may have no leader yet.
+                if attempt == 49:
+                    raise
+                time.sleep(0.2)
         n += hi - lo
     c.close()
     return n
