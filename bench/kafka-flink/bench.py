@@ -237,6 +237,13 @@ def create_topic(brokers, name, partitions):
         except Exception as e:  # already exists
             if "TOPIC_ALREADY_EXISTS" not in str(e):
                 raise
+    # A reader assigned before every partition has a leader may see nothing: wait for them.
+    for _ in range(100):
+        md = admin.list_topics(name, timeout=10).topics[name]
+        if md.error is None and md.partitions and all(p.leader >= 0 for p in md.partitions.values()):
+            break
+        time.sleep(0.1)
+    end_offsets(brokers, name)
 
 
 def cmd_throughput(a):

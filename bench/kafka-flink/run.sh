@@ -167,7 +167,7 @@ INPUT=bench-in
 $BENCH topic "$BROKERS" "$INPUT" 4
 printf 't_seconds,rate\n0,250000\n1000000,250000\n' >"$WORK/fill.csv"
 have=$($BENCH size "$BROKERS" "$INPUT")
-if ((have < RECORDS)); then
+if ((ROUNDS > 0 && have < RECORDS)); then
   # As fast as the producer goes (about 250k records/s here): a constant-rate trace.
   "$BIN/streamscale" load --brokers "$BROKERS" --topic "$INPUT" --trace "$WORK/fill.csv" \
     --keys "$KEYS" --duration "$(python3 -c "print(max(1, ($RECORDS - $have) / 250000))")" \
