@@ -9,6 +9,8 @@
 //! * [`executor`]: rescale by stop-with-savepoint and restore, with fallbacks.
 //! * [`flink`]: the Flink backend (`streamscale flink`): a Flink cluster's jobs autoscaled
 //!   through its REST API.
+//! * [`state_store`]: what the autoscaler learned about a job, kept across runs and restarts
+//!   behind one [`state_store::StateStore`] interface.
 //! * [`savepoint_history`]: keeps the newest savepoints of a run's report, removes older ones.
 //! * [`stats`], [`progress`], [`report`], [`plot`]: per-interval statistics, live lines, the
 //!   run report and its chart.
@@ -17,7 +19,6 @@ pub mod api;
 pub mod causes;
 pub mod executor;
 pub mod flink;
-pub mod learned_file;
 pub mod load;
 pub mod model;
 pub mod plot;
@@ -28,4 +29,5 @@ pub mod run;
 pub mod runtime;
 pub mod savepoint_history;
 pub mod scrape;
+pub mod state_store;
 pub mod stats;

@@ -16,10 +16,6 @@ use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::executor::{Executor, ExecutorError, RescaleOutcome};
-use crate::learned_file::{
-    HISTORY_FILE, LEARNED_FILE, claim_job_file, load_history, load_learned, save_history,
-    save_learned,
-};
 use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use crate::plot::plot_timeline;
 use crate::progress;
@@ -30,6 +26,10 @@ use crate::rescale::RescaleBackoff;
 use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
 use crate::savepoint_history;
 use crate::scrape::{EngineMetrics, scrape_stamped};
+use crate::state_store::file::{
+    FileStateStore, LEGACY_HISTORY_FILE, LEGACY_LEARNED_FILE, STATE_FILE,
+};
+use crate::state_store::{Keep, LearnedState, StateFingerprint, StateStore};
 use crate::stats::{CapacityEstimator, IntervalStats};
 
 mod job;
@@ -303,20 +303,61 @@ impl<R: EngineRuntime> Loop<'_, R> {
         });
         // Warm-up metrics are not representative: the first start counts as a restart.
         autoscaler.restarted(0.0);
-        // The forecast's rate history survives runs: kept in the report directory on the
-        // Unix-time clock, moved to this run's clock (seconds since `started`).
-        let history_path = self.opts.report_dir.join(HISTORY_FILE);
-        let learned_path = self.opts.report_dir.join(LEARNED_FILE);
+        // What was learned about the job in earlier runs (the forecast's rate history, the
+        // operators' scalability) survives runs: kept in the report directory on the Unix-time
+        // clock, moved to this run's clock (seconds since `started`).
+        let unix_start = unix_now_s();
+        let mut store = FileStateStore::new(&self.opts.report_dir, &self.job.spec.name);
         // Another job's learned state in a shared report directory is set aside, never
         // overwritten, and this job's own is brought back.
-        for path in [&history_path, &learned_path] {
-            match claim_job_file(path, &self.job.spec.name) {
-                Ok(notes) => notes.iter().for_each(|n| print(n)),
-                Err(warning) => warn(&format!("warning: {warning}")),
+        let (notes, warnings) = store.claim();
+        notes.iter().for_each(|n| print(n));
+        warnings.iter().for_each(|w| warn(&format!("warning: {w}")));
+        // The next run starts at the job's initial parallelism: no baseline to compare with.
+        let keep = Keep {
+            baseline: false,
+            downtime: false,
+        };
+        let mut saved: Option<StateFingerprint> = None;
+        match store.load().await {
+            Ok(Some(s)) => {
+                let from = |legacy: &str| {
+                    store
+                        .migrated_from()
+                        .iter()
+                        .find(|p| p.ends_with(legacy))
+                        .map_or_else(|| store.location(), |p| p.display().to_string())
+                };
+                if crate::model::forecast::ForecastConfig::of(&self.job.spec).is_some()
+                    && let Some(h) = &s.history
+                {
+                    print(&format!(
+                        "forecast: {} bins of rate history from {}",
+                        h.bins.len(),
+                        from(LEGACY_HISTORY_FILE)
+                    ));
+                }
+                if !(s.scalability.factors.is_empty() && s.scalability.ineffective.is_empty()) {
+                    print(&format!(
+                        "learned: scalability factors of {} operator(s) from {}",
+                        s.scalability.factors.len(),
+                        from(LEGACY_LEARNED_FILE)
+                    ));
+                }
+                s.restore_into(&mut autoscaler, unix_start);
+                // State read from an earlier version's files is written in the new file.
+                if store.migrated_from().is_empty() {
+                    saved = Some(StateFingerprint::of(&LearnedState::of(
+                        &self.job.spec.name,
+                        &autoscaler,
+                        unix_start,
+                        keep,
+                    )));
+                }
             }
+            Ok(None) => {}
+            Err(e) => warn(&format!("warning: {e}")),
         }
-        let unix_start = unix_now_s();
-        let mut history_bins = 0;
         let shedding = self
             .job
             .spec
@@ -325,38 +366,6 @@ impl<R: EngineRuntime> Loop<'_, R> {
             .as_ref()
             .is_some_and(|l| l.on_limit == streamscale_engine::spec::OnLimit::Shed);
         let (mut shed_wanted, mut shed_applied) = (0.0f64, 0.0f64);
-        if crate::model::forecast::ForecastConfig::of(&self.job.spec).is_some() {
-            match load_history(&history_path, &self.job.spec.name) {
-                Ok(Some(h)) => {
-                    history_bins = h.bins.len();
-                    print(&format!(
-                        "forecast: {} bins of rate history from {}",
-                        h.bins.len(),
-                        history_path.display()
-                    ));
-                    autoscaler.set_rate_history(h.shifted(-unix_start));
-                }
-                Ok(None) => {}
-                Err(warning) => warn(&format!("warning: {warning}")),
-            }
-        }
-        // What was learned about the job's operators in earlier runs (same report directory).
-        let mut learned_saved = match load_learned(&learned_path, &self.job.spec.name) {
-            Ok(Some(t)) => {
-                print(&format!(
-                    "learned: scalability factors of {} operator(s) from {}",
-                    t.factors.len(),
-                    learned_path.display()
-                ));
-                autoscaler.set_scalability(t.clone());
-                Some(t)
-            }
-            Ok(None) => None,
-            Err(warning) => {
-                warn(&format!("warning: {warning}"));
-                None
-            }
-        };
         let mut window: VecDeque<MetricSample> = VecDeque::new();
         let mut prev: Option<EngineMetrics> = None;
         let mut capacity = CapacityEstimator::default();
@@ -626,20 +635,11 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     at_limit = overloaded;
                 }
             }
-            let h = autoscaler.rate_history();
-            if h.bins.len() != history_bins && h.bin_seconds > 0.0 {
-                history_bins = h.bins.len();
-                if let Err(e) = save_history(&history_path, &spec.name, &h.shifted(unix_start)) {
-                    tracing::warn!("{e}");
-                }
-            }
-            let learned = autoscaler.scalability();
-            let learned_changed = learned_saved.as_ref().is_none_or(|t| {
-                t.factors != learned.factors || t.ineffective != learned.ineffective
-            });
-            if learned_changed && !(learned.factors.is_empty() && learned.ineffective.is_empty()) {
-                match save_learned(&learned_path, &spec.name, learned) {
-                    Ok(saved) => learned_saved = Some(saved),
+            let learned = LearnedState::of(&spec.name, &autoscaler, unix_start, keep);
+            let fingerprint = StateFingerprint::of(&learned);
+            if saved.as_ref() != Some(&fingerprint) && !fingerprint.is_empty() {
+                match store.save(&learned).await {
+                    Ok(()) => saved = Some(fingerprint),
                     Err(e) => tracing::warn!("{e}"),
                 }
             }
@@ -1230,7 +1230,7 @@ pub const REPORT_FILES: [&str; 5] = [
 
 /// The warning for a report directory that holds an earlier run's report (any of
 /// [`REPORT_FILES`]), `None` for a new or empty one. A reused directory is not refused: it is
-/// also where the forecast's history ([`HISTORY_FILE`]) is kept between runs of a job.
+/// also where the autoscaler's learned state ([`STATE_FILE`]) is kept between runs of a job.
 pub fn earlier_report(dir: &Path) -> Option<String> {
     let found: Vec<&str> = REPORT_FILES
         .iter()
@@ -1239,7 +1239,7 @@ pub fn earlier_report(dir: &Path) -> Option<String> {
         .collect();
     (!found.is_empty()).then(|| {
         format!(
-            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs once its engine has started (savepoints stay, the newest --keep-savepoints; this job's {HISTORY_FILE} and {LEARNED_FILE} are read and kept, another job's are set aside). Use --report DIR to keep it.",
+            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs once its engine has started (savepoints stay, the newest --keep-savepoints; this job's {STATE_FILE} is read and kept, another job's are set aside). Use --report DIR to keep it.",
             dir.display(),
             found.join(", ")
         )

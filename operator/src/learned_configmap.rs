@@ -1,58 +1,124 @@
-//! What the autoscaler learns about a job, kept in the cluster across operator restarts: the
-//! forecast's input-rate history ([`RateHistory`], times in Unix seconds), the per-operator
-//! scalability factors and ineffective-scaling flags ([`ScalabilityTracker`]) and the mean
-//! measured rescale downtime. One ConfigMap `NAME-autoscaler` per StreamJob or FlinkScaler, owned by it (so
-//! deleted with it), key `state.json`, at most [`MAX_STATE_BYTES`] (the oldest history bins are
-//! dropped to fit; a ConfigMap holds at most 1 MiB).
+//! The operator's [`StateStore`]: what the autoscaler learns about a job ([`LearnedState`]: the
+//! forecast's input-rate history, times in Unix seconds, the per-operator scalability factors
+//! and ineffective-scaling flags, and the mean measured rescale downtime), kept in the cluster
+//! across operator restarts. One ConfigMap `NAME-autoscaler` per StreamJob or FlinkScaler, owned
+//! by it (so deleted with it), key `state.json`, at most [`MAX_STATE_BYTES`] (the oldest history
+//! bins are dropped to fit; a ConfigMap holds at most 1 MiB). The JSON is the one `streamscale
+//! run` keeps in its report directory.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Resource, ResourceExt};
-use serde::{Deserialize, Serialize};
-use streamscale_controller::model::forecast::RateHistory;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
 use streamscale_controller::model::learn::ScalabilityTracker;
+use streamscale_controller::state_store::{LearnedState, StateStore, StateStoreError};
 
 use crate::crd::StreamJob;
 use crate::flink_scaler_crd::FlinkScaler;
-use crate::resources::{self, ResourceError};
+use crate::resources::{self, FIELD_MANAGER, ResourceError};
+
+pub use streamscale_controller::state_store::STATE_VERSION as VERSION;
 
 /// Key of the state in the ConfigMap.
 pub const STATE_KEY: &str = "state.json";
 /// Largest encoded state, bytes (half of a ConfigMap's 1 MiB, leaving room for metadata).
 pub const MAX_STATE_BYTES: usize = 512 * 1024;
-/// Version of the encoding.
-pub const VERSION: u32 = 1;
 
-/// Errors reading the persisted state.
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    /// The text is not the expected JSON.
-    #[error("ConfigMap {name} key {STATE_KEY}: {problem}")]
-    Invalid {
-        /// ConfigMap name.
-        name: String,
-        /// What is wrong.
-        problem: String,
-    },
+/// The learned state of one StreamJob or FlinkScaler in its ConfigMap.
+#[derive(Clone)]
+pub struct ConfigMapStateStore {
+    api: Api<ConfigMap>,
+    namespace: String,
+    job: String,
+    /// The ConfigMap's metadata (name, owner, labels), or why it cannot be written yet.
+    meta: Result<ObjectMeta, String>,
 }
 
-/// The persisted state.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SavedState {
-    /// Encoding version ([`VERSION`]).
-    pub version: u32,
-    /// StreamJob name (a state of another job is ignored).
-    pub job: String,
-    /// Input-rate history of the forecast, times in Unix seconds (absent without forecasting).
-    #[serde(default)]
-    pub history: Option<RateHistory>,
-    /// Scalability factors and ineffective-scaling flags learned from past rescales.
-    #[serde(default)]
-    pub scalability: ScalabilityTracker,
-    /// Mean measured rescale downtime, seconds (EWMA; absent before the first rescale).
-    #[serde(default)]
-    pub rescale_downtime_seconds: Option<f64>,
+impl ConfigMapStateStore {
+    /// The store of StreamJob `job`.
+    pub fn for_stream_job(client: Client, job: &StreamJob) -> ConfigMapStateStore {
+        let meta =
+            resources::owned_meta(job, configmap_name(&job.name_any())).map_err(|e| e.to_string());
+        ConfigMapStateStore::new(client, job, meta)
+    }
+
+    /// The store of FlinkScaler `scaler`.
+    pub fn for_flink_scaler(client: Client, scaler: &FlinkScaler) -> ConfigMapStateStore {
+        let meta = flink_scaler_meta(scaler).map_err(|e| e.to_string());
+        ConfigMapStateStore::new(client, scaler, meta)
+    }
+
+    fn new<K: ResourceExt>(
+        client: Client,
+        owner: &K,
+        meta: Result<ObjectMeta, String>,
+    ) -> ConfigMapStateStore {
+        let namespace = owner.namespace().unwrap_or_else(|| "default".into());
+        ConfigMapStateStore {
+            api: Api::namespaced(client, &namespace),
+            namespace,
+            job: owner.name_any(),
+            meta,
+        }
+    }
+
+    fn name(&self) -> String {
+        configmap_name(&self.job)
+    }
+}
+
+impl StateStore for ConfigMapStateStore {
+    /// `ConfigMap NS/NAME key state.json`.
+    fn location(&self) -> String {
+        format!(
+            "ConfigMap {}/{} key {STATE_KEY}",
+            self.namespace,
+            self.name()
+        )
+    }
+
+    async fn load(&mut self) -> Result<Option<LearnedState>, StateStoreError> {
+        let cm = self
+            .api
+            .get_opt(&self.name())
+            .await
+            .map_err(|e| StateStoreError::Read {
+                location: self.location(),
+                problem: e.to_string(),
+            })?;
+        let Some(text) = cm
+            .and_then(|cm| cm.data)
+            .and_then(|mut d| d.remove(STATE_KEY))
+        else {
+            return Ok(None);
+        };
+        LearnedState::decode(&text, &self.job).map_err(|problem| StateStoreError::Invalid {
+            location: self.location(),
+            problem,
+        })
+    }
+
+    /// Server-side apply of the ConfigMap holding [`encode`]`(state)`.
+    async fn save(&mut self, state: &LearnedState) -> Result<(), StateStoreError> {
+        let write = |problem: String| StateStoreError::Write {
+            location: self.location(),
+            problem,
+        };
+        let cm = ConfigMap {
+            metadata: self.meta.clone().map_err(write)?,
+            data: Some([(STATE_KEY.to_string(), encode(state))].into()),
+            ..ConfigMap::default()
+        };
+        self.api
+            .patch(
+                &self.name(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&cm),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| write(e.to_string()))
+    }
 }
 
 /// Name of the state ConfigMap of the StreamJob or FlinkScaler `name`.
@@ -62,7 +128,7 @@ pub fn configmap_name(name: &str) -> String {
 
 /// Encodes `state` as JSON of at most [`MAX_STATE_BYTES`], dropping the oldest history bins
 /// (and, if still too large, the history) to fit.
-pub fn encode(state: &SavedState) -> String {
+pub fn encode(state: &LearnedState) -> String {
     let mut s = state.clone();
     loop {
         let text = serde_json::to_string(&s).unwrap_or_default();
@@ -89,50 +155,20 @@ pub fn encode(state: &SavedState) -> String {
 /// Decodes the ConfigMap text of job `job`: `Ok(None)` for another job's state.
 ///
 /// # Errors
-/// [`StateError::Invalid`] for text that does not parse, another version, or an invalid
-/// history.
-pub fn decode(name: &str, text: &str, job: &str) -> Result<Option<SavedState>, StateError> {
-    let bad = |problem: String| StateError::Invalid {
-        name: name.to_string(),
+/// [`StateStoreError::Invalid`] naming ConfigMap `name` for text that does not parse or that
+/// [`LearnedState::check`] rejects.
+pub fn decode(name: &str, text: &str, job: &str) -> Result<Option<LearnedState>, StateStoreError> {
+    LearnedState::decode(text, job).map_err(|problem| StateStoreError::Invalid {
+        location: format!("ConfigMap {name} key {STATE_KEY}"),
         problem,
-    };
-    let s: SavedState = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-    if s.version != VERSION {
-        return Err(bad(format!("version {} is not {VERSION}", s.version)));
-    }
-    if let Some(h) = &s.history {
-        h.validate().map_err(|e| bad(e.to_string()))?;
-    }
-    if s.rescale_downtime_seconds
-        .is_some_and(|d| !(d.is_finite() && d >= 0.0))
-    {
-        return Err(bad(
-            "rescaleDowntimeSeconds is not a finite number >= 0".into()
-        ));
-    }
-    Ok((s.job == job).then_some(s))
-}
-
-/// The state ConfigMap of `job` holding `text`, owned by the StreamJob.
-///
-/// # Errors
-/// [`ResourceError`] when the StreamJob has no uid yet.
-pub fn configmap(job: &StreamJob, text: String) -> Result<ConfigMap, ResourceError> {
-    Ok(ConfigMap {
-        metadata: resources::owned_meta(job, configmap_name(&job.name_any()))?,
-        data: Some([(STATE_KEY.to_string(), text)].into()),
-        ..ConfigMap::default()
     })
 }
 
-/// The state ConfigMap of FlinkScaler `scaler` holding `text`, owned by it.
+/// The metadata of FlinkScaler `scaler`'s state ConfigMap, owned by it.
 ///
 /// # Errors
 /// [`ResourceError`] when the FlinkScaler has no uid yet.
-pub fn flink_scaler_configmap(
-    scaler: &FlinkScaler,
-    text: String,
-) -> Result<ConfigMap, ResourceError> {
+fn flink_scaler_meta(scaler: &FlinkScaler) -> Result<ObjectMeta, ResourceError> {
     let owner = scaler
         .controller_owner_ref(&())
         .ok_or_else(|| ResourceError::Incomplete(scaler.name_any()))?;
@@ -150,16 +186,12 @@ pub fn flink_scaler_configmap(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    Ok(ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(configmap_name(&scaler.name_any())),
-            namespace: scaler.namespace(),
-            labels: Some(labels),
-            owner_references: Some(vec![owner]),
-            ..ObjectMeta::default()
-        },
-        data: Some([(STATE_KEY.to_string(), text)].into()),
-        ..ConfigMap::default()
+    Ok(ObjectMeta {
+        name: Some(configmap_name(&scaler.name_any())),
+        namespace: scaler.namespace(),
+        labels: Some(labels),
+        owner_references: Some(vec![owner]),
+        ..ObjectMeta::default()
     })
 }
 
@@ -167,8 +199,10 @@ pub fn flink_scaler_configmap(
 mod tests {
     use super::*;
 
-    fn state(bins: usize) -> SavedState {
-        SavedState {
+    use streamscale_controller::model::forecast::RateHistory;
+
+    fn state(bins: usize) -> LearnedState {
+        LearnedState {
             version: VERSION,
             job: "j".into(),
             history: Some(RateHistory {

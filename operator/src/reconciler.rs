@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -39,6 +38,9 @@ use streamscale_controller::model::shed::LimitPlan;
 use streamscale_controller::model::{
     Autoscaler, GuardSettings, MetricSample, PlannerSettings, Verdict,
 };
+use streamscale_controller::state_store::{
+    Keep, LearnedState, StateFingerprint, StateStore, StateStoreError,
+};
 use streamscale_engine::spec::{JobSpec, LimitsSpec, OnLimit};
 
 use crate::crd::{
@@ -47,7 +49,7 @@ use crate::crd::{
 };
 use crate::engine_recovery;
 use crate::last_decision;
-use crate::learned_configmap::{self, SavedState};
+use crate::learned_configmap::ConfigMapStateStore;
 use crate::metrics::Metrics;
 use crate::network_policy::NetworkPolicySettings;
 use crate::quota;

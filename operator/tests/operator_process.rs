@@ -1345,14 +1345,14 @@ async fn quota_scenario(tag: &str, shed: Option<f64>) {
 }
 
 /// The job's `NAME-autoscaler` ConfigMap, decoded.
-async fn saved_state(world: &World) -> Option<streamscale_operator::learned_configmap::SavedState> {
+async fn saved_state(world: &World) -> Option<streamscale_controller::state_store::LearnedState> {
     Some(saved_state_version(world).await?.1)
 }
 
 /// The job's `NAME-autoscaler` ConfigMap's resourceVersion and its state, decoded.
 async fn saved_state_version(
     world: &World,
-) -> Option<(String, streamscale_operator::learned_configmap::SavedState)> {
+) -> Option<(String, streamscale_controller::state_store::LearnedState)> {
     let cm = Api::<ConfigMap>::namespaced(world.admin.clone(), &world.ns)
         .get_opt(&format!("{JOB}-autoscaler"))
         .await
@@ -1371,8 +1371,8 @@ async fn saved_state_version(
 async fn wait_state(
     world: &World,
     what: &str,
-    done: impl Fn(&streamscale_operator::learned_configmap::SavedState) -> bool,
-) -> streamscale_operator::learned_configmap::SavedState {
+    done: impl Fn(&streamscale_controller::state_store::LearnedState) -> bool,
+) -> streamscale_controller::state_store::LearnedState {
     let start = Instant::now();
     loop {
         let s = saved_state(world).await;

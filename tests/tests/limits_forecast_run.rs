@@ -80,7 +80,7 @@ fn sheds_beyond_the_limit_and_keeps_the_rate_history() {
     // Every due record (300 rec/s for 12 s) was emitted or shed.
     assert_eq!(emitted + shed, 3600, "{summary}");
 
-    let history = report.join("forecast-history.json");
+    let history = report.join("learned-state.json");
     let h: Value =
         serde_json::from_str(&std::fs::read_to_string(&history).expect("history written"))
             .expect("history is JSON");
@@ -99,9 +99,9 @@ fn sheds_beyond_the_limit_and_keeps_the_rate_history() {
     // The warning goes to stderr, not among the run's lines on stdout.
     let (_, stdout, stderr) = run(&job, &report);
     assert!(
-        stderr.contains("warning:") && stderr.contains("forecast history ignored"),
+        stderr.contains("warning:") && stderr.contains("learned state ignored"),
         "{stderr}"
     );
     assert!(!stdout.contains("warning"), "{stdout}");
-    assert!(report.join("forecast-history.json.corrupt").exists());
+    assert!(report.join("learned-state.json.corrupt").exists());
 }

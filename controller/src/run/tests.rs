@@ -464,8 +464,12 @@ fn a_reused_report_directory_is_named_in_a_warning() {
     let (dir, opts) = setup(JOB);
     assert_eq!(earlier_report(&opts.report_dir), None, "no directory yet");
     std::fs::create_dir_all(&opts.report_dir).expect("report dir");
-    std::fs::write(opts.report_dir.join(HISTORY_FILE), "{}").expect("history");
-    assert_eq!(earlier_report(&opts.report_dir), None, "only a history");
+    std::fs::write(opts.report_dir.join(STATE_FILE), "{}").expect("history");
+    assert_eq!(
+        earlier_report(&opts.report_dir),
+        None,
+        "only the learned state"
+    );
     std::fs::write(opts.report_dir.join("summary.json"), "{}").expect("summary");
     let w = earlier_report(&opts.report_dir).expect("warning");
     assert!(w.starts_with("warning: "), "{w}");
@@ -487,7 +491,7 @@ async fn the_first_engines_files_replace_the_earlier_report_only_when_committed(
         ("logs/engine-1.log", "old"),
         ("logs/engine-2.log", "old"),
         ("savepoints/sp-a/_metadata.json", "kept"),
-        (HISTORY_FILE, "kept"),
+        (STATE_FILE, "kept"),
     ] {
         let path = report.join(f);
         std::fs::create_dir_all(path.parent().expect("parent")).expect("dir");
@@ -547,7 +551,7 @@ async fn the_first_engines_files_replace_the_earlier_report_only_when_committed(
         read("savepoints/sp-a/_metadata.json").as_deref(),
         Some("kept")
     );
-    assert_eq!(read(HISTORY_FILE).as_deref(), Some("kept"));
+    assert_eq!(read(STATE_FILE).as_deref(), Some("kept"));
 }
 
 #[test]

@@ -73,7 +73,8 @@ pub(super) async fn autoscale(
     let loaded = if known {
         None
     } else {
-        load_state(job, ctx).await
+        let mut store = ConfigMapStateStore::for_stream_job(ctx.client.clone(), job);
+        load_state(job, ctx, &mut store).await
     };
     let (verdict, limit, shed_applied, to_save) = {
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -82,7 +83,7 @@ pub(super) async fn autoscale(
             let mut autoscaler = Autoscaler::new(settings.clone());
             autoscaler.restarted(now_s);
             if let Some(s) = &loaded {
-                restore(&mut autoscaler, s, ctx.unix0);
+                s.restore_into(&mut autoscaler, ctx.unix0);
             }
             JobMemory {
                 autoscaler,
@@ -124,8 +125,7 @@ pub(super) async fn autoscale(
         let verdict = m.autoscaler.decide(now_s, &window, &spec);
         let snap = snapshot(&job.name_any(), &m.autoscaler, ctx.unix0);
         let fp = StateFingerprint::of(&snap);
-        let to_save = (m.saved.as_ref() != Some(&fp) && !fp.is_empty())
-            .then(|| (fp, learned_configmap::encode(&snap)));
+        let to_save = (m.saved.as_ref() != Some(&fp) && !fp.is_empty()).then_some(snap);
         (
             verdict,
             m.autoscaler.limit_plan().cloned(),
@@ -133,19 +133,15 @@ pub(super) async fn autoscale(
             to_save,
         )
     };
-    if let Some((fp, text)) = to_save {
-        let saved = match learned_configmap::configmap(job, text) {
-            Ok(cm) => save_state(ctx, cm).await,
-            Err(e) => Err(e.to_string()),
-        };
-        match saved {
-            Ok(()) => {
-                let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(m) = memory.get_mut(&key(job)) {
-                    m.saved = Some(fp);
-                }
+    if let Some(snap) = to_save {
+        let mut store = ConfigMapStateStore::for_stream_job(ctx.client.clone(), job);
+        let mut saved = None;
+        save_if_changed(&mut store, &snap, &mut saved).await;
+        if saved.is_some() {
+            let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(m) = memory.get_mut(&key(job)) {
+                m.saved = saved;
             }
-            Err(e) => tracing::warn!(job = %key(job), "cannot save the autoscaler state: {e}"),
         }
     }
     let planned = match &verdict {

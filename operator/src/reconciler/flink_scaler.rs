@@ -120,9 +120,10 @@ pub async fn reconcile_scaler(
             let settings = guard_settings_of(&scaler.spec.autoscaler);
             let mut autoscaler = Autoscaler::new(settings.clone());
             autoscaler.restarted(ctx.now_s());
-            let loaded = load_state(&*scaler, &ctx).await;
+            let mut store = ConfigMapStateStore::for_flink_scaler(ctx.client.clone(), &scaler);
+            let loaded = load_state(&*scaler, &ctx, &mut store).await;
             if let Some(s) = &loaded {
-                restore(&mut autoscaler, s, ctx.unix0);
+                s.restore_into(&mut autoscaler, ctx.unix0);
             }
             ScalerMemory {
                 autoscaler,
@@ -1018,19 +1019,8 @@ async fn cluster_view(scope: &Scope<'_>, view: &TargetView) -> TargetView {
 async fn save_learned(scope: &Scope<'_>, m: &mut ScalerMemory) {
     let scaler = scope.scaler;
     let snap = snapshot(&scaler.name_any(), &m.autoscaler, scope.ctx.unix0);
-    let fp = StateFingerprint::of(&snap);
-    if m.saved.as_ref() == Some(&fp) || fp.is_empty() {
-        return;
-    }
-    let saved =
-        match learned_configmap::flink_scaler_configmap(scaler, learned_configmap::encode(&snap)) {
-            Ok(cm) => save_state(scope.ctx, cm).await,
-            Err(e) => Err(e.to_string()),
-        };
-    match saved {
-        Ok(()) => m.saved = Some(fp),
-        Err(e) => tracing::warn!(scaler = %key(scaler), "cannot save the autoscaler state: {e}"),
-    }
+    let mut store = ConfigMapStateStore::for_flink_scaler(scope.ctx.client.clone(), scaler);
+    save_if_changed(&mut store, &snap, &mut m.saved).await;
 }
 
 fn ctx_metrics_read(scope: &Scope<'_>) {

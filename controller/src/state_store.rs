@@ -1,0 +1,303 @@
+//! What the autoscaler learns about a job and keeps across restarts, and the one interface
+//! through which it is kept ([`StateStore`]): a file in the report directory for `streamscale
+//! run` ([`file::FileStateStore`]), a ConfigMap for the Kubernetes operator (in the operator
+//! crate). Both hold the same JSON ([`LearnedState`]).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Autoscaler;
+use crate::model::forecast::RateHistory;
+use crate::model::learn::{FACTOR_MAX, FACTOR_MIN, ScalabilityTracker};
+
+pub mod file;
+
+/// Version of the [`LearnedState`] encoding.
+pub const STATE_VERSION: u32 = 1;
+
+/// What the autoscaler learned about one job, as stored (JSON, camelCase):
+/// `{"version": 1, "job": NAME, "history": RateHistory?, "scalability": ScalabilityTracker,
+/// "rescaleDowntimeSeconds": SECONDS?}`. The history's times are Unix seconds.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LearnedState {
+    /// Encoding version ([`STATE_VERSION`]).
+    pub version: u32,
+    /// The job's name (a state of another job is not used).
+    pub job: String,
+    /// Input-rate history of the forecast, times in Unix seconds (absent without forecasting).
+    #[serde(default)]
+    pub history: Option<RateHistory>,
+    /// Scalability factors and ineffective-scaling flags learned from past rescales.
+    #[serde(default)]
+    pub scalability: ScalabilityTracker,
+    /// Mean measured rescale downtime, seconds (EWMA; absent before the first rescale).
+    #[serde(default)]
+    pub rescale_downtime_seconds: Option<f64>,
+}
+
+/// What of the autoscaler's learning a store keeps beyond the history and the factors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keep {
+    /// The last observation per operator (the baseline of the next rescale's comparison):
+    /// kept where the job runs on at the same parallelism (the operator), not where the next
+    /// run starts at the job's initial parallelism (`streamscale run`).
+    pub baseline: bool,
+    /// The mean measured rescale downtime.
+    pub downtime: bool,
+}
+
+impl LearnedState {
+    /// The state to store from `autoscaler` for job `job`, its history moved to Unix time by
+    /// `unix0` (the Unix time of the autoscaler's clock zero, seconds).
+    pub fn of(job: &str, autoscaler: &Autoscaler, unix0: f64, keep: Keep) -> LearnedState {
+        let h = autoscaler.rate_history();
+        let mut scalability = autoscaler.scalability().clone();
+        if !keep.baseline {
+            scalability.last = BTreeMap::new();
+        }
+        LearnedState {
+            version: STATE_VERSION,
+            job: job.to_string(),
+            history: (h.bin_seconds > 0.0 && (!h.bins.is_empty() || h.open.is_some()))
+                .then(|| h.shifted(unix0)),
+            scalability,
+            rescale_downtime_seconds: autoscaler
+                .settings()
+                .planner
+                .rescale_downtime_seconds
+                .filter(|_| keep.downtime),
+        }
+    }
+
+    /// Puts this state into `autoscaler`, the history moved to its clock by `unix0` (the Unix
+    /// time of its clock zero, seconds).
+    pub fn restore_into(&self, autoscaler: &mut Autoscaler, unix0: f64) {
+        if let Some(h) = &self.history {
+            autoscaler.set_rate_history(h.shifted(-unix0));
+        }
+        autoscaler.set_scalability(self.scalability.clone());
+        if let Some(d) = self.rescale_downtime_seconds {
+            autoscaler.observe_rescale_downtime(d);
+        }
+    }
+
+    /// Why a decoded state cannot be used, if it cannot: another version, an invalid history,
+    /// a factor outside [`FACTOR_MIN`]..=[`FACTOR_MAX`] or a downtime that is not a finite
+    /// number >= 0.
+    ///
+    /// # Errors
+    /// The problem, naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        if self.version != STATE_VERSION {
+            return Err(format!("version {} is not {STATE_VERSION}", self.version));
+        }
+        if let Some(h) = &self.history {
+            h.validate().map_err(|e| e.to_string())?;
+        }
+        if let Some((op, v)) = self
+            .scalability
+            .factors
+            .iter()
+            .find(|(_, v)| !(FACTOR_MIN..=FACTOR_MAX).contains(*v))
+        {
+            return Err(format!(
+                "factor {v} of `{op}` is outside [{FACTOR_MIN}, {FACTOR_MAX}]"
+            ));
+        }
+        if self
+            .rescale_downtime_seconds
+            .is_some_and(|d| !(d.is_finite() && d >= 0.0))
+        {
+            return Err("rescaleDowntimeSeconds is not a finite number >= 0".into());
+        }
+        Ok(())
+    }
+
+    /// Decodes `text` as the state of job `job`: `Ok(None)` for another job's state.
+    ///
+    /// # Errors
+    /// The problem when the text does not parse or [`LearnedState::check`] rejects it.
+    pub fn decode(text: &str, job: &str) -> Result<Option<LearnedState>, String> {
+        let s: LearnedState = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        s.check()?;
+        Ok((s.job == job).then_some(s))
+    }
+
+    /// Whether there is nothing learned in it.
+    pub fn is_empty(&self) -> bool {
+        StateFingerprint::of(self).is_empty()
+    }
+}
+
+/// The parts of a [`LearnedState`] whose change is worth a write: the history's bins (a new
+/// bin every `binSeconds`), the learned factors and flags, the downtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateFingerprint {
+    bins: usize,
+    last_bin: Option<i64>,
+    factors: BTreeMap<String, f64>,
+    ineffective: Vec<String>,
+    downtime: Option<f64>,
+}
+
+impl StateFingerprint {
+    /// The fingerprint of `s`.
+    pub fn of(s: &LearnedState) -> StateFingerprint {
+        let bins = s.history.as_ref().map_or(&[][..], |h| &h.bins[..]);
+        StateFingerprint {
+            bins: bins.len(),
+            last_bin: bins.last().map(|b| b.0),
+            factors: s.scalability.factors.clone(),
+            ineffective: s.scalability.ineffective.keys().cloned().collect(),
+            downtime: s.rescale_downtime_seconds,
+        }
+    }
+
+    /// Whether it is the fingerprint of a state with nothing learned.
+    pub fn is_empty(&self) -> bool {
+        self.bins == 0
+            && self.factors.is_empty()
+            && self.ineffective.is_empty()
+            && self.downtime.is_none()
+    }
+}
+
+/// Errors of a [`StateStore`], each naming where the state is kept.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateStoreError {
+    /// The stored state could not be read (I/O, API server).
+    #[error("{location}: cannot read the learned state: {problem}")]
+    Read {
+        /// Where: a file path, or `ConfigMap NS/NAME key state.json`.
+        location: String,
+        /// What went wrong.
+        problem: String,
+    },
+    /// The stored state is not a valid [`LearnedState`] (or an older format of it); the job
+    /// starts with nothing learned.
+    #[error("{location}: learned state ignored ({problem}); starting with nothing learned")]
+    Invalid {
+        /// Where, and what became of it (e.g. `PATH` moved to `PATH.corrupt`).
+        location: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The state could not be written.
+    #[error("{location}: cannot write the learned state: {problem}")]
+    Write {
+        /// Where.
+        location: String,
+        /// What went wrong.
+        problem: String,
+    },
+}
+
+/// Where one job's [`LearnedState`] is kept between runs or restarts.
+pub trait StateStore {
+    /// Where the state is kept, for messages (a file path, `ConfigMap NS/NAME`).
+    fn location(&self) -> String;
+
+    /// Reads the job's state: `Ok(None)` when there is none (or it belongs to another job).
+    ///
+    /// # Errors
+    /// [`StateStoreError`] naming the location when it cannot be read or used.
+    fn load(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<LearnedState>, StateStoreError>> + Send;
+
+    /// Writes `state` whole (or not at all).
+    ///
+    /// # Errors
+    /// [`StateStoreError::Write`] naming the location.
+    fn save(
+        &mut self,
+        state: &LearnedState,
+    ) -> impl Future<Output = Result<(), StateStoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> LearnedState {
+        LearnedState {
+            version: STATE_VERSION,
+            job: "j".into(),
+            history: Some(RateHistory {
+                bin_seconds: 1.0,
+                season_seconds: 1e9,
+                bins: vec![(1, 2.0), (2, 3.0)],
+                ..RateHistory::default()
+            }),
+            scalability: ScalabilityTracker {
+                factors: [("work".to_string(), 0.8)].into(),
+                ..ScalabilityTracker::default()
+            },
+            rescale_downtime_seconds: Some(1.5),
+        }
+    }
+
+    #[test]
+    fn decode_checks_each_field_and_ignores_another_job() {
+        let text = serde_json::to_string(&state()).expect("json");
+        assert_eq!(LearnedState::decode(&text, "j"), Ok(Some(state())));
+        assert_eq!(LearnedState::decode(&text, "other"), Ok(None));
+        let bad = |f: &dyn Fn(&mut LearnedState)| {
+            let mut s = state();
+            f(&mut s);
+            LearnedState::decode(&serde_json::to_string(&s).expect("json"), "j")
+                .expect_err("rejected")
+        };
+        assert!(bad(&|s| s.version = 7).contains("version 7"));
+        assert!(
+            bad(&|s| {
+                s.scalability.factors.insert("work".into(), 7.0);
+            })
+            .contains("factor 7 of `work`")
+        );
+        assert!(bad(&|s| s.rescale_downtime_seconds = Some(-1.0)).contains("rescaleDowntime"));
+        assert!(
+            bad(&|s| s.history.as_mut().expect("h").bins = vec![(2, 1.0), (1, 1.0)])
+                .contains("not ascending")
+        );
+        assert!(LearnedState::decode("{", "j").is_err());
+    }
+
+    #[test]
+    fn the_snapshot_keeps_what_the_store_keeps_and_restores_it() {
+        use crate::model::GuardSettings;
+        let mut a = Autoscaler::new(GuardSettings::default());
+        let mut s = state();
+        s.scalability.last.insert(
+            "work".into(),
+            crate::model::learn::Observed {
+                parallelism: 2,
+                true_processing_rate: Some(10.0),
+                input_rate: 5.0,
+                busiest_share: None,
+            },
+        );
+        s.restore_into(&mut a, 100.0);
+        assert_eq!(a.rate_history().bins[0].0, 1 - 100);
+        let all = Keep {
+            baseline: true,
+            downtime: true,
+        };
+        assert_eq!(LearnedState::of("j", &a, 100.0, all), s);
+        let none = LearnedState::of(
+            "j",
+            &a,
+            100.0,
+            Keep {
+                baseline: false,
+                downtime: false,
+            },
+        );
+        assert!(none.scalability.last.is_empty() && none.rescale_downtime_seconds.is_none());
+        assert!(!none.is_empty());
+        assert!(LearnedState::default().is_empty());
+    }
+}
