@@ -3,6 +3,7 @@
 //! stop-with-savepoint and restore.
 //!
 //! * [`model`]: the pure model and planner (metric windows in, decisions out).
+//! * [`collect`]: where a job's metrics come from ([`collect::MetricsSource`]).
 //! * [`scrape`]: Prometheus text → [`model::MetricSample`] plus latency histogram and totals.
 //! * [`api`]: the engine's REST API (job status, savepoints).
 //! * [`runtime`]: where engines run ([`runtime::EngineRuntime`], [`runtime::LocalRuntime`]).
@@ -17,6 +18,7 @@
 
 pub mod api;
 pub mod causes;
+pub mod collect;
 pub mod executor;
 pub mod flink;
 pub mod load;

@@ -15,6 +15,7 @@ use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec, SpecE
 use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::collect::{EngineScrape, MetricsSource};
 use crate::executor::{Executor, ExecutorError, RescaleOutcome};
 use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use crate::plot::plot_timeline;
@@ -25,7 +26,7 @@ use crate::report::{
 use crate::rescale::RescaleBackoff;
 use crate::runtime::{EngineHandle, EngineRuntime, LocalRuntime, RuntimeError};
 use crate::savepoint_history;
-use crate::scrape::{EngineMetrics, scrape_stamped};
+use crate::scrape::EngineMetrics;
 use crate::state_store::file::{
     FileStateStore, LEGACY_HISTORY_FILE, LEGACY_LEARNED_FILE, STATE_FILE,
 };
@@ -419,7 +420,12 @@ impl<R: EngineRuntime> Loop<'_, R> {
             // The sample is stamped when the page arrived (the time its figures are of); the
             // loop's own time is read after it, so a slow answer does not skew the rates.
             let clock = || started.elapsed().as_secs_f64();
-            let scraped = scrape_stamped(&self.client, &metrics_url(&engine), &clock).await;
+            let url = metrics_url(&engine);
+            // The engine's page is always there to read: never `Ok(None)`.
+            let scraped = EngineScrape::new(&self.client, &url)
+                .collect(&clock)
+                .await
+                .map(Option::unwrap_or_default);
             let now_s = clock();
             let mut cur = match scraped {
                 Ok(m) => {

@@ -13,6 +13,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use k8s_openapi::jiff::Timestamp;
+use streamscale_controller::collect::{MetricsSource, Reading};
+use streamscale_controller::model::MetricSample;
 use streamscale_controller::scrape::{
     self, BACKPRESSURED, BUSY, EngineMetrics, IDLE, QUEUE_LENGTH, RECORDS_IN, RECORDS_OUT,
     SOURCE_ARRIVALS, SOURCE_BACKLOG, ScrapeError,
@@ -220,6 +223,45 @@ pub async fn fetch(
         metrics,
         scraped_at_unix_s: scraped_at,
     })
+}
+
+impl Reading for PrometheusSample {
+    fn sample(&self) -> &MetricSample {
+        &self.metrics.sample
+    }
+}
+
+/// The engine's metrics as a Prometheus server scraped them ([`fetch`]), as a
+/// [`MetricsSource`].
+#[derive(Debug, Clone, Copy)]
+pub struct PrometheusSource<'a> {
+    /// The client.
+    pub client: &'a reqwest::Client,
+    /// The server's base URL.
+    pub base_url: &'a str,
+    /// Label matchers of the engine's series (without braces; may be empty).
+    pub selector: &'a str,
+}
+
+impl MetricsSource for PrometheusSource<'_> {
+    type Reading = PrometheusSample;
+    type Error = PrometheusError;
+
+    fn kind(&self) -> &'static str {
+        "prometheus"
+    }
+
+    /// [`fetch`] with `now_s = clock()` and the wall clock now; never `Ok(None)`.
+    async fn collect(
+        &mut self,
+        clock: &(dyn Fn() -> f64 + Sync),
+    ) -> Result<Option<PrometheusSample>, PrometheusError> {
+        let now_s = clock();
+        let now_unix_s = Timestamp::now().as_millisecond() as f64 / 1000.0;
+        fetch(self.client, self.base_url, self.selector, now_s, now_unix_s)
+            .await
+            .map(Some)
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::collect::MetricsSource;
 use crate::model::MetricSample;
 
 use super::metrics::{self, FlinkSample, SourceMetricIds, VertexScrape};
@@ -77,5 +78,48 @@ impl Collector {
             scrapes.insert(v.id.clone(), scrape);
         }
         Ok(Some(metrics::sample(topo, &scrapes, at_s, previous)))
+    }
+}
+
+impl crate::collect::Reading for FlinkSample {
+    fn sample(&self) -> &MetricSample {
+        &self.sample
+    }
+}
+
+/// One collection of a Flink job through its REST API as a [`MetricsSource`]: `job` as just
+/// read by [`FlinkRest::job`], `previous` the job's last sample, source metric ids cached in
+/// `collector` ([`Collector::collect`]).
+pub struct FlinkRestSource<'a> {
+    /// Keeps the source vertices' metric ids between collections.
+    pub collector: &'a mut Collector,
+    /// The cluster's REST API.
+    pub rest: &'a FlinkRest,
+    /// The job.
+    pub job: &'a JobDetails,
+    /// Its topology.
+    pub topo: &'a FlinkTopology,
+    /// The job's last sample.
+    pub previous: Option<&'a MetricSample>,
+}
+
+impl MetricsSource for FlinkRestSource<'_> {
+    type Reading = FlinkSample;
+    type Error = FlinkError;
+
+    fn kind(&self) -> &'static str {
+        "flink"
+    }
+
+    /// [`Collector::collect`] at `clock()` (read before the requests: Flink stamps its own
+    /// fetch time, see [`metrics::sample`]).
+    async fn collect(
+        &mut self,
+        clock: &(dyn Fn() -> f64 + Sync),
+    ) -> Result<Option<FlinkSample>, FlinkError> {
+        let at_s = clock();
+        self.collector
+            .collect(self.rest, self.job, self.topo, at_s, self.previous)
+            .await
     }
 }

@@ -18,13 +18,14 @@ use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
 use crate::rescale::RescaleBackoff;
 use crate::runtime::EngineHandle;
 
-use super::collect::Collector;
+use super::collect::{Collector, FlinkRestSource};
 use super::in_place::{self, InPlaceOutcome};
 use super::metrics;
 use super::rest::{FlinkError, FlinkRest, JobDetails};
 use super::runtime::{FlinkRuntime, FlinkTimeouts, Resubmit};
 use super::slots;
 use super::topology::{FlinkTopology, VertexBounds, VertexRole};
+use crate::collect::MetricsSource;
 
 /// Whether decisions are applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -418,11 +419,14 @@ impl JobSession {
             }
             topo.clone()
         };
-        let sample = match self
-            .collector
-            .collect(rest, &job, &topo, now_s, self.window.back())
-            .await
-        {
+        let mut source = FlinkRestSource {
+            collector: &mut self.collector,
+            rest,
+            job: &job,
+            topo: &topo,
+            previous: self.window.back(),
+        };
+        let sample = match source.collect(&|| now_s).await {
             Ok(Some(s)) => s,
             Ok(None) => {
                 print(&format!(

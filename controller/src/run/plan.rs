@@ -76,9 +76,11 @@ pub async fn plan_once(job: &Path, metrics_url: &str, gap_s: f64) -> Result<Plan
     let client = http_client()?;
     let started = Instant::now();
     let clock = || started.elapsed().as_secs_f64();
-    let first = scrape_stamped(&client, metrics_url, &clock).await?;
+    // The engine's page is always there to read: never `Ok(None)`.
+    let mut source = EngineScrape::new(&client, metrics_url);
+    let first = source.collect(&clock).await?.unwrap_or_default();
     tokio::time::sleep(Duration::from_secs_f64(gap_s)).await;
-    let mut second = scrape_stamped(&client, metrics_url, &clock).await?;
+    let mut second = source.collect(&clock).await?.unwrap_or_default();
     // An operator runs the most subtasks either scrape shows: one missing from a scrape makes
     // that sample incomplete (the planner refuses it), never a smaller operator.
     let mut running = first.parallelism();

@@ -1,6 +1,9 @@
 //! One autoscaling step of a job: collect its metrics, decide, and start a rescale.
 
+use streamscale_controller::collect::{EngineScrape, MetricsSource};
+
 use super::*;
+use crate::prometheus::PrometheusSource;
 
 /// Scrapes, decides, and records the decision (starting a rescale in mode `auto`).
 pub(super) async fn autoscale(
@@ -10,21 +13,21 @@ pub(super) async fn autoscale(
     status: &mut StreamJobStatus,
 ) {
     let now_s = ctx.now_s();
-    let (sample, scraped_at) = match &job.spec.autoscaler.prometheus {
+    let clock = || now_s;
+    let (sample, scraped_at, kind) = match &job.spec.autoscaler.prometheus {
         Some(p) => {
             let selector = p
                 .selector
                 .clone()
                 .unwrap_or_else(|| default_prometheus_selector(job));
-            let now_unix_s = Timestamp::now().as_millisecond() as f64 / 1000.0;
-            match crate::prometheus::fetch(&ctx.http, &p.url, &selector, now_s, now_unix_s).await {
-                Ok(m) => {
-                    ctx.metrics
-                        .metric_reads
-                        .with_label_values(&["prometheus"])
-                        .inc();
-                    (m.metrics.sample, Some(m.scraped_at_unix_s))
-                }
+            let mut source = PrometheusSource {
+                client: &ctx.http,
+                base_url: &p.url,
+                selector: &selector,
+            };
+            match source.collect(&clock).await {
+                Ok(Some(m)) => (m.metrics.sample, Some(m.scraped_at_unix_s), source.kind()),
+                Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(job = %key(job), "metrics from Prometheus: {e}");
                     return;
@@ -32,16 +35,11 @@ pub(super) async fn autoscale(
             }
         }
         None => {
-            match streamscale_controller::scrape::scrape(&ctx.http, &rt.api().metrics_url(), now_s)
-                .await
-            {
-                Ok(m) => {
-                    ctx.metrics
-                        .metric_reads
-                        .with_label_values(&["engine"])
-                        .inc();
-                    (m.sample, None)
-                }
+            let url = rt.api().metrics_url();
+            let mut source = EngineScrape::new(&ctx.http, &url);
+            match source.collect(&clock).await {
+                Ok(Some(m)) => (m.sample, None, source.kind()),
+                Ok(None) => return,
                 Err(e) => {
                     tracing::debug!(job = %key(job), "scrape failed: {e}");
                     return;
@@ -49,6 +47,7 @@ pub(super) async fn autoscale(
             }
         }
     };
+    ctx.metrics.metric_reads.with_label_values(&[kind]).inc();
     let mut spec = planning_spec(job, &status.current_parallelism);
     // A shared StreamQuota: this job plans within its share (its planning quota).
     let quota = match &job.spec.autoscaler.quota {

@@ -22,8 +22,9 @@
 //! StreamJobs.
 
 use kube::api::DynamicObject;
+use streamscale_controller::collect::MetricsSource;
 use streamscale_controller::flink::FlinkRest;
-use streamscale_controller::flink::collect::Collector;
+use streamscale_controller::flink::collect::{Collector, FlinkRestSource};
 use streamscale_controller::flink::metrics::same_counters;
 use streamscale_controller::flink::rest::JobDetails;
 use streamscale_controller::flink::slots;
@@ -678,11 +679,14 @@ async fn autoscale_flink(
         settings,
         now_s,
     );
-    let sample = match m
-        .collector
-        .collect(rest, job, &topo, now_s, m.window.back())
-        .await
-    {
+    let mut source = FlinkRestSource {
+        collector: &mut m.collector,
+        rest,
+        job,
+        topo: &topo,
+        previous: m.window.back(),
+    };
+    let sample = match source.collect(&|| now_s).await {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(()),
         Err(e) => {
