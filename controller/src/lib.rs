@@ -3,6 +3,8 @@
 //! stop-with-savepoint and restore.
 //!
 //! * [`model`]: the pure model and planner (metric windows in, decisions out).
+//! * [`autoscale_session`]: one job under autoscaling (metric window, guarded autoscaler,
+//!   learned-state store), used by every command and the operator.
 //! * [`collect`]: where a job's metrics come from ([`collect::MetricsSource`]).
 //! * [`scrape`]: Prometheus text → [`model::MetricSample`] plus latency histogram and totals.
 //! * [`api`]: the engine's REST API (job status, savepoints).
@@ -17,6 +19,7 @@
 //!   run report and its chart.
 
 pub mod api;
+pub mod autoscale_session;
 pub mod causes;
 pub mod collect;
 pub mod executor;

@@ -7,7 +7,7 @@
 //! rescales by stop-with-savepoint and restore, and finally stops with a draining savepoint and
 //! writes the report.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use streamscale_engine::spec::{GapPolicy, JobSpec, OperatorKind, RateSpec, SpecE
 use streamscale_engine::trace::RateFunction;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::autoscale_session::{AutoscaleSession, WindowRule};
 use crate::collect::{EngineScrape, MetricsSource};
 use crate::executor::{Executor, ExecutorError, RescaleOutcome};
 use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
@@ -30,7 +31,7 @@ use crate::scrape::EngineMetrics;
 use crate::state_store::file::{
     FileStateStore, LEGACY_HISTORY_FILE, LEGACY_LEARNED_FILE, STATE_FILE,
 };
-use crate::state_store::{Keep, LearnedState, StateFingerprint, StateStore};
+use crate::state_store::{Keep, StateStore};
 use crate::stats::{CapacityEstimator, IntervalStats};
 
 mod job;
@@ -292,7 +293,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // The engine's rates are exact counter deltas from the first second after a restore
         // (no moving averages to refill, unlike Flink's 60 s meters), so a short
         // stabilization and a history of three intervals suffice.
-        let mut autoscaler = Autoscaler::new(GuardSettings {
+        let settings = GuardSettings {
             window_seconds: (3.0 * self.opts.interval_s).min(self.opts.window_s),
             stabilization_seconds: self.opts.stabilization_s,
             scale_down_delay_seconds: self.opts.scale_down_delay_s,
@@ -301,27 +302,33 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 ..crate::model::PlannerSettings::default()
             },
             ..GuardSettings::default()
-        });
-        // Warm-up metrics are not representative: the first start counts as a restart.
-        autoscaler.restarted(0.0);
+        };
         // What was learned about the job in earlier runs (the forecast's rate history, the
         // operators' scalability) survives runs: kept in the report directory on the Unix-time
         // clock, moved to this run's clock (seconds since `started`).
-        let unix_start = unix_now_s();
-        let mut store = FileStateStore::new(&self.opts.report_dir, &self.job.spec.name);
+        let store = FileStateStore::new(&self.opts.report_dir, &self.job.spec.name);
         // Another job's learned state in a shared report directory is set aside, never
         // overwritten, and this job's own is brought back.
         let (notes, warnings) = store.claim();
         notes.iter().for_each(|n| print(n));
         warnings.iter().for_each(|w| warn(&format!("warning: {w}")));
-        // The next run starts at the job's initial parallelism: no baseline to compare with.
-        let keep = Keep {
-            baseline: false,
-            downtime: false,
-        };
-        let mut saved: Option<StateFingerprint> = None;
-        match store.load().await {
+        // Warm-up metrics are not representative: the first start counts as a restart. The
+        // next run starts at the job's initial parallelism: no baseline to keep for it.
+        let mut session = AutoscaleSession::new(
+            &self.job.spec.name,
+            settings,
+            0.0,
+            WindowRule::Horizon(self.opts.window_s),
+            store,
+            Keep {
+                baseline: false,
+                downtime: false,
+            },
+            unix_now_s(),
+        );
+        match session.load().await {
             Ok(Some(s)) => {
+                let store = session.store();
                 let from = |legacy: &str| {
                     store
                         .migrated_from()
@@ -345,15 +352,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
                         from(LEGACY_LEARNED_FILE)
                     ));
                 }
-                s.restore_into(&mut autoscaler, unix_start);
                 // State read from an earlier version's files is written in the new file.
-                if store.migrated_from().is_empty() {
-                    saved = Some(StateFingerprint::of(&LearnedState::of(
-                        &self.job.spec.name,
-                        &autoscaler,
-                        unix_start,
-                        keep,
-                    )));
+                if !store.migrated_from().is_empty() {
+                    session.forget_saved();
                 }
             }
             Ok(None) => {}
@@ -367,7 +368,6 @@ impl<R: EngineRuntime> Loop<'_, R> {
             .as_ref()
             .is_some_and(|l| l.on_limit == streamscale_engine::spec::OnLimit::Shed);
         let (mut shed_wanted, mut shed_applied) = (0.0f64, 0.0f64);
-        let mut window: VecDeque<MetricSample> = VecDeque::new();
         let mut prev: Option<EngineMetrics> = None;
         let mut capacity = CapacityEstimator::default();
         let mut failure: Option<String> = None;
@@ -446,13 +446,12 @@ impl<R: EngineRuntime> Loop<'_, R> {
                                 engine = restarted;
                                 // Counters went back to the restore point: no interval spans it.
                                 prev = None;
-                                window.clear();
                                 engine_changed = true;
                                 scrape_failures = 0;
                                 self.shed_before += self.shed_now;
                                 self.shed_now = 0;
                                 shed_applied = 0.0;
-                                autoscaler.restarted(started.elapsed().as_secs_f64());
+                                session.restarted(started.elapsed().as_secs_f64());
                                 continue;
                             }
                             Err(f) => {
@@ -523,13 +522,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 ));
                 self.rows.push(stats);
             }
-            window.push_back(cur.sample.clone());
-            while window
-                .front()
-                .is_some_and(|f| now_s - f.at_seconds > self.opts.window_s)
-            {
-                window.pop_front();
-            }
+            session.observe(now_s, cur.sample.clone());
             if missing.is_empty() {
                 prev = Some(cur);
                 engine_changed = false;
@@ -568,8 +561,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             }
 
             let spec = self.job.spec.with_parallelism(&engine.parallelism);
-            let samples: Vec<MetricSample> = window.iter().cloned().collect();
-            let verdict = autoscaler.decide(now_s, &samples, &spec);
+            let verdict = session.decide(now_s, &spec);
             // Load shedding (`autoscaler.limits.onLimit: shed`): the share the last plan wants
             // is applied at the sources (kept while no plan is made, e.g. stabilizing).
             if shedding && self.opts.autoscale {
@@ -582,12 +574,16 @@ impl<R: EngineRuntime> Loop<'_, R> {
                         }
                 );
                 if planned {
-                    shed_wanted = autoscaler.limit_plan().map_or(0.0, |lp| lp.shed_share);
+                    shed_wanted = session
+                        .autoscaler()
+                        .limit_plan()
+                        .map_or(0.0, |lp| lp.shed_share);
                 }
                 if (shed_wanted - shed_applied).abs() > 1e-3 {
                     match self.engine_api(&engine).set_shed(shed_wanted).await {
                         Ok(n) => {
-                            let why = autoscaler
+                            let why = session
+                                .autoscaler()
                                 .limit_plan()
                                 .map_or("within the limits again".to_string(), |lp| {
                                     lp.reason.clone()
@@ -628,7 +624,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 }
             }
             if let Some(d) = plan_now.filter(|_| !shedding) {
-                let learned = autoscaler.scalability();
+                let learned = session.autoscaler().scalability();
                 let overloaded = progress::overloaded_held(d, learned);
                 if overloaded != at_limit {
                     if let Some(line) =
@@ -641,13 +637,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
                     at_limit = overloaded;
                 }
             }
-            let learned = LearnedState::of(&spec.name, &autoscaler, unix_start, keep);
-            let fingerprint = StateFingerprint::of(&learned);
-            if saved.as_ref() != Some(&fingerprint) && !fingerprint.is_empty() {
-                match store.save(&learned).await {
-                    Ok(()) => saved = Some(fingerprint),
-                    Err(e) => tracing::warn!("{e}"),
-                }
+            if let Err(e) = session.save_if_changed().await {
+                tracing::warn!("{e}");
             }
             // A change the guards hold back: said once per guard and per set of operators
             // and directions (the planned values and the reasons' figures move every
@@ -774,7 +765,9 @@ impl<R: EngineRuntime> Loop<'_, R> {
                 RescaleOutcome::Rescaled { savepoint, .. } => {
                     backoff.succeeded();
                     print(&progress::rescale_done_line(done_s, &change, downtime_s));
-                    autoscaler.observe_rescale_downtime(downtime_s);
+                    session
+                        .autoscaler_mut()
+                        .observe_rescale_downtime(downtime_s);
                     record.outcome = "rescaled".into();
                     record.savepoint = Some(savepoint.path.clone());
                     self.rescales.push(record);
@@ -820,9 +813,8 @@ impl<R: EngineRuntime> Loop<'_, R> {
             self.shed_before += self.shed_now;
             self.shed_now = 0;
             shed_applied = 0.0;
-            window.clear();
             engine_changed = true;
-            autoscaler.restarted(done_s);
+            session.restarted(done_s);
         }
 
         let final_parallelism = engine.parallelism.clone();

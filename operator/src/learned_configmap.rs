@@ -28,7 +28,6 @@ pub const MAX_STATE_BYTES: usize = 512 * 1024;
 #[derive(Clone)]
 pub struct ConfigMapStateStore {
     api: Api<ConfigMap>,
-    namespace: String,
     job: String,
     /// The ConfigMap's metadata (name, owner, labels), or why it cannot be written yet.
     meta: Result<ObjectMeta, String>,
@@ -56,7 +55,6 @@ impl ConfigMapStateStore {
         let namespace = owner.namespace().unwrap_or_else(|| "default".into());
         ConfigMapStateStore {
             api: Api::namespaced(client, &namespace),
-            namespace,
             job: owner.name_any(),
             meta,
         }
@@ -68,13 +66,9 @@ impl ConfigMapStateStore {
 }
 
 impl StateStore for ConfigMapStateStore {
-    /// `ConfigMap NS/NAME key state.json`.
+    /// `ConfigMap NAME key state.json` (in the job's namespace).
     fn location(&self) -> String {
-        format!(
-            "ConfigMap {}/{} key {STATE_KEY}",
-            self.namespace,
-            self.name()
-        )
+        format!("ConfigMap {} key {STATE_KEY}", self.name())
     }
 
     async fn load(&mut self) -> Result<Option<LearnedState>, StateStoreError> {

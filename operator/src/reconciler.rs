@@ -20,7 +20,7 @@
 //! history's oldest entries beyond `spec.savepointHistoryMaxCount` are disposed of through the
 //! engine's `DELETE /v1/savepoints/{id}` ([`dispose_old_savepoints`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,13 +34,10 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use streamscale_controller::autoscale_session::{AutoscaleSession, WindowRule};
 use streamscale_controller::model::shed::LimitPlan;
-use streamscale_controller::model::{
-    Autoscaler, GuardSettings, MetricSample, PlannerSettings, Verdict,
-};
-use streamscale_controller::state_store::{
-    Keep, LearnedState, StateFingerprint, StateStore, StateStoreError,
-};
+use streamscale_controller::model::{GuardSettings, MetricSample, PlannerSettings, Verdict};
+use streamscale_controller::state_store::{Keep, LearnedState, StateStore, StateStoreError};
 use streamscale_engine::spec::{JobSpec, LimitsSpec, OnLimit};
 
 use crate::crd::{
@@ -49,7 +46,7 @@ use crate::crd::{
 };
 use crate::engine_recovery;
 use crate::last_decision;
-use crate::learned_configmap::ConfigMapStateStore;
+use crate::learned_configmap::{self, ConfigMapStateStore};
 use crate::metrics::Metrics;
 use crate::network_policy::NetworkPolicySettings;
 use crate::quota;

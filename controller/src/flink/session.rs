@@ -4,7 +4,7 @@
 //! ([`Autoscaler::decide`]) -> realize (in place, or savepoint + resubmit through
 //! [`Executor`]), with the same live lines and the same kind of report as `streamscale run`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,10 +13,12 @@ use serde::Serialize;
 use streamscale_engine::spec::AutoscalerSpec;
 use tokio::sync::Mutex;
 
+use crate::autoscale_session::{AutoscaleSession, NotKept, WindowRule};
 use crate::executor::{Executor, RescaleOutcome};
-use crate::model::{Autoscaler, GuardSettings, MetricSample, Verdict};
+use crate::model::{GuardSettings, MetricSample, Verdict};
 use crate::rescale::RescaleBackoff;
 use crate::runtime::EngineHandle;
+use crate::state_store::Keep;
 
 use super::collect::{Collector, FlinkRestSource};
 use super::in_place::{self, InPlaceOutcome};
@@ -215,9 +217,9 @@ struct JobSession {
     topology: Arc<Mutex<FlinkTopology>>,
     runtime: FlinkRuntime,
     handle: EngineHandle,
-    autoscaler: Autoscaler,
+    /// The window and the autoscaler (`streamscale flink` keeps no learned state).
+    session: AutoscaleSession<NotKept>,
     backoff: RescaleBackoff,
-    window: VecDeque<MetricSample>,
     collector: Collector,
     /// The last hold said: its guard and the operators it held up or down.
     last_hold: String,
@@ -286,7 +288,7 @@ impl JobSession {
             },
         );
         let handle = runtime.adopt(&job.jid, by_name).await;
-        let mut autoscaler = Autoscaler::new(GuardSettings {
+        let settings = GuardSettings {
             window_seconds: opts
                 .window_s
                 .min(3.0 * opts.interval_s)
@@ -294,15 +296,25 @@ impl JobSession {
             stabilization_seconds: opts.stabilization_s,
             scale_down_delay_seconds: opts.scale_down_delay_s,
             ..GuardSettings::default()
-        });
-        autoscaler.restarted(0.0);
+        };
+        let session = AutoscaleSession::new(
+            &job.name,
+            settings,
+            0.0,
+            WindowRule::SpanAtLeast(opts.window_s),
+            NotKept,
+            Keep {
+                baseline: false,
+                downtime: false,
+            },
+            0.0,
+        );
         Ok(JobSession {
             topology,
             runtime,
             handle,
-            autoscaler,
+            session,
             backoff: RescaleBackoff::default(),
-            window: VecDeque::new(),
             collector: Collector::new(),
             last_hold: String::new(),
             last_notes: Vec::new(),
@@ -313,11 +325,12 @@ impl JobSession {
     }
 
     fn live_line(&mut self, at_s: f64, topo: &FlinkTopology, print: &mut dyn FnMut(&str)) {
-        let n = self.window.len();
+        let window = self.session.window();
+        let n = window.len();
         if n < 2 {
             return;
         }
-        let (a, b) = (&self.window[n - 2], &self.window[n - 1]);
+        let (a, b) = (&window[n - 2], &window[n - 1]);
         let mut parts = Vec::new();
         let mut growing = false;
         for v in &topo.vertices {
@@ -409,7 +422,7 @@ impl JobSession {
                             short(&jid)
                         ));
                         *topo = t;
-                        self.window.clear();
+                        self.session.clear_window();
                     }
                     Err(e) => {
                         print(&format!("{}: {e}", short(&jid)));
@@ -424,7 +437,7 @@ impl JobSession {
             rest,
             job: &job,
             topo: &topo,
-            previous: self.window.back(),
+            previous: self.session.window().back(),
         };
         let sample = match source.collect(&|| now_s).await {
             Ok(Some(s)) => s,
@@ -442,14 +455,15 @@ impl JobSession {
             }
         };
         if self
-            .window
+            .session
+            .window()
             .back()
             .is_some_and(|last| metrics::same_counters(last, &sample.sample))
         {
             // Flink has not refreshed its metrics since the last scrape.
             return;
         }
-        let parallelism_changed = self.window.back().is_some_and(|last| {
+        let parallelism_changed = self.session.window().back().is_some_and(|last| {
             last.operators
                 .iter()
                 .any(|(n, s)| sample.sample.operators.get(n).map(Vec::len) != Some(s.len()))
@@ -463,8 +477,7 @@ impl JobSession {
                 "{}: parallelism changed outside streamscale; measuring again",
                 short(&jid)
             ));
-            self.window.clear();
-            self.autoscaler.restarted(now_s);
+            self.session.restarted(now_s);
         }
         if sample.notes != self.last_notes {
             for n in &sample.notes {
@@ -472,17 +485,13 @@ impl JobSession {
             }
             self.last_notes.clone_from(&sample.notes);
         }
-        self.window.push_back(sample.sample);
-        while self.window.len() > 2 && now_s - self.window[1].at_seconds >= opts.window_s {
-            self.window.pop_front();
-        }
+        self.session.observe(now_s, sample.sample);
         self.live_line(now_s, &topo, print);
         let limit = slots_available.map(|free| slots::limit(free, &job));
         if let Some(limit) = limit {
             slots::cap(&mut topo.spec, limit);
         }
-        let window: Vec<MetricSample> = self.window.iter().cloned().collect();
-        let verdict = self.autoscaler.decide(now_s, &window, &topo.spec);
+        let verdict = self.session.decide(now_s, &topo.spec);
         match verdict {
             Verdict::Hold {
                 reason,
@@ -536,7 +545,7 @@ impl JobSession {
                         error: None,
                     });
                     // Recommend mode never changes the job: forget the plan's pending state.
-                    self.autoscaler.restarted(now_s);
+                    self.session.autoscaler_mut().restarted(now_s);
                     return;
                 }
                 print(&format!("{}: RESCALE {changes} ({reason})", short(&jid)));
@@ -547,7 +556,7 @@ impl JobSession {
                     "rescaled" => {
                         self.backoff.succeeded();
                         if let Some(d) = record.downtime_seconds {
-                            self.autoscaler.observe_rescale_downtime(d);
+                            self.session.autoscaler_mut().observe_rescale_downtime(d);
                         }
                         print(&format!(
                             "{}: rescaled by {} in {:.1} s{}",
@@ -579,9 +588,8 @@ impl JobSession {
                         ));
                     }
                 }
-                self.window.clear();
                 let now = now_s + record.downtime_seconds.unwrap_or(0.0);
-                self.autoscaler.restarted(now);
+                self.session.restarted(now);
                 self.report.job_id = self.topology.lock().await.job_id.clone();
                 self.report.rescales.push(record);
             }

@@ -73,74 +73,70 @@ pub(super) async fn autoscale(
         None
     } else {
         let mut store = ConfigMapStateStore::for_stream_job(ctx.client.clone(), job);
-        load_state(job, ctx, &mut store).await
+        let state = load_state(job, ctx, &mut store).await;
+        Some((store, state))
     };
+    let horizon = WindowRule::Horizon(job.spec.autoscaler.metrics_window_seconds as f64);
     let (verdict, limit, shed_applied, to_save) = {
         let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
         let settings = guard_settings(job);
         let m = memory.entry(key(job)).or_insert_with(|| {
-            let mut autoscaler = Autoscaler::new(settings.clone());
-            autoscaler.restarted(now_s);
-            if let Some(s) = &loaded {
-                s.restore_into(&mut autoscaler, ctx.unix0);
-            }
+            let (store, state) = loaded.unwrap_or_else(|| {
+                let store = ConfigMapStateStore::for_stream_job(ctx.client.clone(), job);
+                (store, None)
+            });
             JobMemory {
-                autoscaler,
-                window: VecDeque::new(),
-                settings: settings.clone(),
+                session: new_session(
+                    &job.name_any(),
+                    settings.clone(),
+                    now_s,
+                    horizon,
+                    store,
+                    state.as_ref(),
+                    ctx.unix0,
+                ),
                 last_scrape_unix_s: None,
                 shed_applied: None,
-                saved: loaded.as_ref().map(StateFingerprint::of),
             }
         });
+        let session = &mut m.session;
         // New settings, same job: what was learned carries over.
-        apply_new_settings(
-            &job.name_any(),
-            &mut m.autoscaler,
-            &mut m.settings,
-            settings,
-            now_s,
-        );
+        session.update_settings(settings, now_s);
+        session.set_window_rule(horizon);
         // A window from another parallelism is not about this deployment.
-        if m.window
+        if session
+            .window()
             .back()
             .is_some_and(|last| last_parallelism(last) != status.current_parallelism)
         {
-            m.window.clear();
+            session.clear_window();
         }
         if scraped_at.is_none() || scraped_at != m.last_scrape_unix_s {
-            m.window.push_back(sample);
+            session.push(sample);
             m.last_scrape_unix_s = scraped_at;
         }
-        let horizon = job.spec.autoscaler.metrics_window_seconds as f64;
-        while m
-            .window
-            .front()
-            .is_some_and(|s| now_s - s.at_seconds > horizon)
-        {
-            m.window.pop_front();
-        }
-        let window: Vec<MetricSample> = m.window.iter().cloned().collect();
-        let verdict = m.autoscaler.decide(now_s, &window, &spec);
-        let snap = snapshot(&job.name_any(), &m.autoscaler, ctx.unix0);
-        let fp = StateFingerprint::of(&snap);
-        let to_save = (m.saved.as_ref() != Some(&fp) && !fp.is_empty()).then_some(snap);
+        session.trim(now_s);
+        let verdict = session.decide(now_s, &spec);
+        // Written outside the lock: the store and what to write.
+        let to_save = session
+            .unsaved()
+            .map(|(fp, state)| (session.store().clone(), fp, state));
         (
             verdict,
-            m.autoscaler.limit_plan().cloned(),
+            session.autoscaler().limit_plan().cloned(),
             m.shed_applied,
             to_save,
         )
     };
-    if let Some(snap) = to_save {
-        let mut store = ConfigMapStateStore::for_stream_job(ctx.client.clone(), job);
-        let mut saved = None;
-        save_if_changed(&mut store, &snap, &mut saved).await;
-        if saved.is_some() {
-            let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(m) = memory.get_mut(&key(job)) {
-                m.saved = saved;
+    if let Some((mut store, fp, state)) = to_save {
+        match store.save(&state).await {
+            Ok(()) => {
+                let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(m) = memory.get_mut(&key(job)) {
+                    m.session.saved(fp);
+                }
             }
+            Err(e) => tracing::warn!(job = %key(job), "cannot save the autoscaler state: {e}"),
         }
     }
     let planned = match &verdict {

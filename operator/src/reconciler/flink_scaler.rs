@@ -43,12 +43,10 @@ use crate::flink_target::{self, TargetView};
 /// What the autoscaler remembers about one FlinkScaler between reconciles (the window is not
 /// persisted; what is learned is, in its ConfigMap).
 pub(crate) struct ScalerMemory {
-    autoscaler: Autoscaler,
-    settings: GuardSettings,
-    window: VecDeque<MetricSample>,
+    /// The window, the autoscaler and the ConfigMap store.
+    session: AutoscaleSession<ConfigMapStateStore>,
     collector: Collector,
     topology: Option<FlinkTopology>,
-    saved: Option<StateFingerprint>,
 }
 
 /// Runs the FlinkScaler controller in `namespace` (all when `None`) until shutdown. When
@@ -119,20 +117,22 @@ pub async fn reconcile_scaler(
         Some(m) => m,
         None => {
             let settings = guard_settings_of(&scaler.spec.autoscaler);
-            let mut autoscaler = Autoscaler::new(settings.clone());
-            autoscaler.restarted(ctx.now_s());
+            let now_s = ctx.now_s();
             let mut store = ConfigMapStateStore::for_flink_scaler(ctx.client.clone(), &scaler);
             let loaded = load_state(&*scaler, &ctx, &mut store).await;
-            if let Some(s) = &loaded {
-                s.restore_into(&mut autoscaler, ctx.unix0);
-            }
+            let horizon = f64::from(scaler.spec.autoscaler.metrics_window_seconds);
             ScalerMemory {
-                autoscaler,
-                settings,
-                window: VecDeque::new(),
+                session: new_session(
+                    &scaler.name_any(),
+                    settings,
+                    now_s,
+                    WindowRule::HorizonKeepingTwo(horizon),
+                    store,
+                    loaded.as_ref(),
+                    ctx.unix0,
+                ),
                 collector: Collector::new(),
                 topology: None,
-                saved: loaded.as_ref().map(StateFingerprint::of),
             }
         }
     };
@@ -329,7 +329,7 @@ async fn reconcile_with(
                     .as_ref()
                     .is_none_or(|t| t.job_id != topo.job_id || !t.same_graph(job))
                 {
-                    memory.window.clear();
+                    memory.session.clear_window();
                 }
                 memory.topology = Some(topo);
             }
@@ -543,8 +543,7 @@ async fn drive(
             let now = ctx_now(scope);
             status.rescale = None;
             status.phase = FlinkScalerPhase::Running;
-            memory.window.clear();
-            memory.autoscaler.restarted(now);
+            memory.session.restarted(now);
             if r.rolling_back {
                 let message = format!("back at {} after {seconds:.1} s", rescale::fmt_p(&r.to));
                 if let Some(last) = &mut status.last_rescale {
@@ -560,8 +559,11 @@ async fn drive(
                 status.rescales += 1;
                 status.backoff = None;
                 scope.set(status, "Degraded", false, "AsExpected", "");
-                memory.autoscaler.observe_rescale_downtime(seconds);
-                save_learned(scope, memory).await;
+                memory
+                    .session
+                    .autoscaler_mut()
+                    .observe_rescale_downtime(seconds);
+                save_learned(&mut memory.session).await;
                 let message = format!(
                     "{} -> {} in {seconds:.1} s",
                     rescale::fmt_p(&r.from),
@@ -672,19 +674,17 @@ async fn autoscale_flink(
     let now_s = scope.ctx.now_s();
     let settings = guard_settings_of(a);
     // New settings, same job: what was learned carries over.
-    apply_new_settings(
-        &scaler.name_any(),
-        &mut m.autoscaler,
-        &mut m.settings,
-        settings,
-        now_s,
-    );
+    m.session.update_settings(settings, now_s);
+    m.session
+        .set_window_rule(WindowRule::HorizonKeepingTwo(f64::from(
+            a.metrics_window_seconds,
+        )));
     let mut source = FlinkRestSource {
         collector: &mut m.collector,
         rest,
         job,
         topo: &topo,
-        previous: m.window.back(),
+        previous: m.session.window().back(),
     };
     let sample = match source.collect(&|| now_s).await {
         Ok(Some(s)) => s,
@@ -694,32 +694,24 @@ async fn autoscale_flink(
             return Ok(());
         }
     };
-    if m.window
+    if m.session
+        .window()
         .back()
         .is_some_and(|last| same_counters(last, &sample.sample))
     {
         // Flink has not refreshed its metrics since the last scrape.
         return Ok(());
     }
-    if m.window
+    if m.session
+        .window()
         .back()
         .is_some_and(|last| last_parallelism(last) != last_parallelism(&sample.sample))
     {
         // Rescaled from outside (the user, the Flink operator): a new deployment.
-        m.window.clear();
-        m.autoscaler.restarted(now_s);
+        m.session.restarted(now_s);
     }
     ctx_metrics_read(scope);
-    m.window.push_back(sample.sample);
-    let horizon = f64::from(a.metrics_window_seconds);
-    while m.window.len() > 2
-        && m.window
-            .front()
-            .is_some_and(|s| now_s - s.at_seconds > horizon)
-    {
-        m.window.pop_front();
-    }
-    let window: Vec<MetricSample> = m.window.iter().cloned().collect();
+    m.session.observe(now_s, sample.sample);
     let current = status.current_parallelism.clone();
     // The slots the plan may use: the cluster's free slots plus those the job holds, and its
     // share of a StreamQuota; the tightest caps every vertex.
@@ -798,8 +790,8 @@ async fn autoscale_flink(
             .limits
             .get_or_insert_with(LimitsSpec::default);
     }
-    let verdict = m.autoscaler.decide(now_s, &window, &spec);
-    save_learned(scope, m).await;
+    let verdict = m.session.decide(now_s, &spec);
+    save_learned(&mut m.session).await;
     let planned = match &verdict {
         Verdict::Rescale(d) => Some(d),
         Verdict::Hold { recommendation, .. } => recommendation.as_ref(),
@@ -987,8 +979,7 @@ async fn autoscale_flink(
     if let Some(r) = &mut status.rescale {
         r.target_generation = generation;
     }
-    m.window.clear();
-    m.autoscaler.restarted(now_s);
+    m.session.restarted(now_s);
     Ok(())
 }
 
@@ -1017,14 +1008,6 @@ async fn cluster_view(scope: &Scope<'_>, view: &TargetView) -> TargetView {
             view.clone()
         }
     }
-}
-
-/// Writes what the autoscaler learned to the FlinkScaler's ConfigMap when it changed.
-async fn save_learned(scope: &Scope<'_>, m: &mut ScalerMemory) {
-    let scaler = scope.scaler;
-    let snap = snapshot(&scaler.name_any(), &m.autoscaler, scope.ctx.unix0);
-    let mut store = ConfigMapStateStore::for_flink_scaler(scope.ctx.client.clone(), scaler);
-    save_if_changed(&mut store, &snap, &mut m.saved).await;
 }
 
 fn ctx_metrics_read(scope: &Scope<'_>) {

@@ -7,17 +7,14 @@ use super::*;
 /// what is learned (rate history, scalability factors, rescale downtime) is, in the job's
 /// `NAME-autoscaler` ConfigMap ([`crate::learned_configmap`]).
 pub(super) struct JobMemory {
-    pub(super) autoscaler: Autoscaler,
-    pub(super) window: VecDeque<MetricSample>,
-    pub(super) settings: GuardSettings,
-    /// Unix seconds of the last Prometheus scrape put into `window` (a query that returns the
-    /// same scrape again adds nothing).
+    /// The window, the autoscaler and the ConfigMap store.
+    pub(super) session: AutoscaleSession<ConfigMapStateStore>,
+    /// Unix seconds of the last Prometheus scrape put into the window (a query that returns
+    /// the same scrape again adds nothing).
     pub(super) last_scrape_unix_s: Option<f64>,
     /// Shed share last applied at the engine's sources (`None`: not since this engine started
     /// or since the operator started).
     pub(super) shed_applied: Option<f64>,
-    /// What the state ConfigMap holds (as last loaded or written).
-    pub(super) saved: Option<StateFingerprint>,
 }
 
 /// What the operator keeps of the autoscaler's learning: all of it (the job runs on at its
@@ -27,29 +24,23 @@ pub(super) const KEEP: Keep = Keep {
     downtime: true,
 };
 
-/// The state to persist from `autoscaler` (history moved to Unix time by `unix0`, the Unix
-/// time of the operator's clock zero).
-pub(super) fn snapshot(name: &str, autoscaler: &Autoscaler, unix0: f64) -> LearnedState {
-    LearnedState::of(name, autoscaler, unix0, KEEP)
-}
-
-/// Replaces `autoscaler` by one with new `settings` when they differ from `current` (the
-/// same job: what was learned carries over; the new one starts a stabilization at `now_s`).
-pub(super) fn apply_new_settings(
+/// A session of job `name` with `settings`, started at `now_s` on the operator's clock (whose
+/// zero is Unix time `unix0`), its window kept by `rule`, its state in `store`, holding `loaded`
+/// (as read from the store).
+pub(super) fn new_session(
     name: &str,
-    autoscaler: &mut Autoscaler,
-    current: &mut GuardSettings,
     settings: GuardSettings,
     now_s: f64,
-) {
-    if *current == settings {
-        return;
+    rule: WindowRule,
+    store: ConfigMapStateStore,
+    loaded: Option<&LearnedState>,
+    unix0: f64,
+) -> AutoscaleSession<ConfigMapStateStore> {
+    let mut session = AutoscaleSession::new(name, settings, now_s, rule, store, KEEP, unix0);
+    if let Some(s) = loaded {
+        session.restore(s);
     }
-    let mut fresh = Autoscaler::new(settings.clone());
-    fresh.restarted(now_s);
-    snapshot(name, autoscaler, 0.0).restore_into(&mut fresh, 0.0);
-    *autoscaler = fresh;
-    *current = settings;
+    session
 }
 
 /// Reads the job's learned state from `store`; `None` when there is none or it cannot be used
@@ -66,8 +57,8 @@ pub(super) async fn load_state<K: Resource<DynamicType = ()> + ResourceExt>(
                     job = %key(job),
                     bins = s.history.as_ref().map_or(0, |h| h.bins.len()),
                     factors = s.scalability.factors.len(),
-                    "autoscaler state loaded from {}",
-                    store.location()
+                    "autoscaler state loaded from ConfigMap {}",
+                    learned_configmap::configmap_name(&job.name_any())
                 );
             }
             s
@@ -90,19 +81,10 @@ pub(super) async fn load_state<K: Resource<DynamicType = ()> + ResourceExt>(
     }
 }
 
-/// Writes `state` to `store` when its fingerprint differs from `saved` (what the store holds)
-/// and it is not empty; `saved` follows what was written.
-pub(super) async fn save_if_changed(
-    store: &mut ConfigMapStateStore,
-    state: &LearnedState,
-    saved: &mut Option<StateFingerprint>,
-) {
-    let fp = StateFingerprint::of(state);
-    if saved.as_ref() == Some(&fp) || fp.is_empty() {
-        return;
-    }
-    match store.save(state).await {
-        Ok(()) => *saved = Some(fp),
-        Err(e) => tracing::warn!(job = %state.job, "cannot save the autoscaler state: {e}"),
+/// Writes what `session` learned to its store when it changed (a failure is logged; the next
+/// reconcile tries again).
+pub(super) async fn save_learned(session: &mut AutoscaleSession<ConfigMapStateStore>) {
+    if let Err(e) = session.save_if_changed().await {
+        tracing::warn!("cannot save the autoscaler state: {e}");
     }
 }

@@ -210,12 +210,11 @@ impl RescaleBackend for PodRescale<'_> {
             };
             let mut memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(m) = memory.get_mut(&key(job)) {
-                m.window.clear();
                 m.shed_applied = None;
-                m.autoscaler.restarted(ctx.now_s());
+                m.session.restarted(ctx.now_s());
                 if let Some(s) = downtime_s {
                     tracing::info!(job = %key(job), downtime_s = s, "rescale downtime observed");
-                    m.autoscaler.observe_rescale_downtime(s);
+                    m.session.autoscaler_mut().observe_rescale_downtime(s);
                 }
             }
         }
