@@ -14,6 +14,7 @@ pub mod auth;
 pub mod chain;
 pub mod checkpoint;
 pub mod clock;
+pub mod json_extract;
 pub mod json_field;
 pub mod kafka;
 pub mod keygroup;

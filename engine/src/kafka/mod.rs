@@ -10,6 +10,8 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::{Deserialize, Serialize};
 
+use crate::json_extract::{FieldPaths, Leaf};
+
 pub mod security;
 pub mod sink;
 pub mod transactional;
@@ -398,16 +400,103 @@ pub fn read_fields(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
 ) -> Result<(u64, i64), crate::json_field::Invalid> {
+    FieldReader::new(spec).read(key, value)
+}
+
+/// [`read_fields`] over a `serde_json::Value` tree: for paths a [`FieldPaths`] cannot read
+/// together.
+fn read_fields_tree(
+    key_field: Option<&str>,
+    value_field: Option<&str>,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> Result<(u64, i64), crate::json_field::Invalid> {
     let json = crate::json_field::parse_object(value)?;
-    let k = match spec.key_field() {
+    let k = match key_field {
         Some(f) => key_hash(Some(&crate::json_field::key_bytes(&json, f)?)),
         None => key_hash(key),
     };
-    let v = match &spec.value_field {
+    let v = match value_field {
         Some(f) => crate::json_field::int_at(&json, f)?,
         None => 0,
     };
     Ok((k, v))
+}
+
+/// A strict source's reader of record keys and values ([`read_fields`]), made once per
+/// source subtask: reads the `keyBy` and `valueField` fields in one pass over the value.
+#[derive(Debug, Clone)]
+pub struct FieldReader {
+    key_field: Option<String>,
+    value_field: Option<String>,
+    /// The fields' paths and the slots of `keyBy` and `valueField` in them (`None` when
+    /// there are no fields, or when one path starts the other: then a `Value` tree).
+    paths: Option<(FieldPaths, Option<usize>, Option<usize>)>,
+}
+
+impl FieldReader {
+    /// The reader of `spec`'s `keyBy` and `valueField`.
+    pub fn new(spec: &KafkaSourceSpec) -> FieldReader {
+        let key_field = spec.key_field().map(str::to_string);
+        let value_field = spec.value_field.clone();
+        let paths = match (&key_field, &value_field) {
+            (None, None) => None,
+            (Some(k), None) => FieldPaths::dotted(&[k]).ok().map(|p| (p, Some(0), None)),
+            (None, Some(v)) => FieldPaths::dotted(&[v]).ok().map(|p| (p, None, Some(0))),
+            (Some(k), Some(v)) if k == v => {
+                FieldPaths::dotted(&[k]).ok().map(|p| (p, Some(0), Some(0)))
+            }
+            (Some(k), Some(v)) => FieldPaths::dotted(&[k, v])
+                .ok()
+                .map(|p| (p, Some(0), Some(1))),
+        };
+        FieldReader {
+            key_field,
+            value_field,
+            paths,
+        }
+    }
+
+    /// The key hash and value of a record, as [`read_fields`].
+    ///
+    /// # Errors
+    /// As [`read_fields`].
+    pub fn read(
+        &self,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<(u64, i64), crate::json_field::Invalid> {
+        use crate::json_field::Invalid;
+        let Some((paths, key_slot, value_slot)) = &self.paths else {
+            return read_fields_tree(
+                self.key_field.as_deref(),
+                self.value_field.as_deref(),
+                key,
+                value,
+            );
+        };
+        let mut out: [Option<Leaf<'_>>; 2] = [None, None];
+        let out = &mut out[..paths.len()];
+        paths.read(value.ok_or(Invalid::NotJson)?, out)?;
+        let k = match (key_slot, &self.key_field) {
+            (Some(i), Some(f)) => key_hash(Some(
+                &out[*i]
+                    .as_ref()
+                    .ok_or_else(|| Invalid::Missing(f.clone()))?
+                    .key_bytes(),
+            )),
+            _ => key_hash(key),
+        };
+        let v = match (value_slot, &self.value_field) {
+            (Some(i), Some(f)) => out[*i]
+                .as_ref()
+                .ok_or_else(|| Invalid::Missing(f.clone()))?
+                .int()
+                .ok_or_else(|| Invalid::WrongType(f.clone()))?,
+            _ => 0,
+        };
+        Ok((k, v))
+    }
 }
 
 /// The integer at top-level field `field` of a JSON object `value`, or 0.
@@ -457,6 +546,49 @@ mod tests {
             read_fields(&spec, Some(b"k1"), Some(br#"{"n": 2}"#)),
             Ok((key_hash(Some(b"k1")), 2))
         );
+    }
+
+    proptest::proptest! {
+        /// The one-pass reader and the `Value` tree agree on every record: keys by nested
+        /// fields, values of every type, escapes, duplicates, not JSON.
+        #[test]
+        fn field_reader_agrees_with_the_value_tree(
+            user in proptest::sample::select(vec![
+                r#""ann""#, r#""a\u006en""#, "7", "7.0", "-0", "true", "null", r#"{"b":1,"a":2}"#, "[1]",
+            ]),
+            n in proptest::sample::select(vec![
+                "7", r#""7""#, "1.9", "-1.9", "1e19", "18446744073709551615", "null", "[]", "true",
+                "1e400",
+            ]),
+            shape in 0..6usize,
+            key_by in proptest::sample::select(vec!["user.id", "user", "n", "kafkaKey"]),
+        ) {
+            let text = match shape {
+                0 => format!(r#"{{"user": {{"id": {user}}}, "n": {n}}}"#),
+                1 => format!(r#"{{"n": 0, "user": {{"id": 1, "id": {user}}}, "n": {n}}}"#),
+                2 => format!(r#"{{"user": {{"id": {user}}}, "user": 5, "n": {n}}}"#),
+                3 => format!(r#"{{"u\u0073er": {{"id": {user}, "x": [{n}]}}, "\u006e": {n}}}"#),
+                4 => format!(r#"{{"n": {n}}}"#),
+                _ => format!(r#"{{"user": {{"id": {user}}}, "n": {n}"#),
+            };
+            let spec = KafkaSourceSpec {
+                key_by: Some(key_by.to_string()),
+                value_field: Some("n".into()),
+                ..serde_json::from_str(r#"{"topic": "t", "bootstrapServers": "b:1"}"#).unwrap()
+            };
+            let tree = read_fields_tree(
+                spec.key_field(),
+                spec.value_field.as_deref(),
+                Some(b"k"),
+                Some(text.as_bytes()),
+            );
+            proptest::prop_assert_eq!(
+                read_fields(&spec, Some(b"k"), Some(text.as_bytes())),
+                tree,
+                "{}",
+                text
+            );
+        }
     }
 
     #[test]

@@ -417,6 +417,7 @@ impl Job {
                 let body: Box<dyn FnOnce() -> Vec<SubtaskResult> + Send> = match &op.kind {
                     OperatorKind::Source { kafka: Some(k), .. } => {
                         let source = KafkaSourceTask {
+                            reader: k.strict().then(|| crate::kafka::FieldReader::new(k)),
                             spec: k.clone(),
                             gate: gates[name].clone(),
                             group: k

@@ -16,7 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
 use crate::json_field::Invalid;
-use crate::kafka::{KafkaSourceSpec, json_int_field, key_hash, owned_partitions, read_fields};
+use crate::kafka::{FieldReader, KafkaSourceSpec, json_int_field, key_hash, owned_partitions};
 use crate::payload::KafkaRecord;
 use crate::time::partition_watermarks::{PartitionWatermarks, WatermarkUpdate};
 
@@ -174,6 +174,9 @@ impl SourceProbe for KafkaFigures {
 
 pub(super) struct KafkaSourceTask {
     pub(super) spec: KafkaSourceSpec,
+    /// The reader of `spec`'s `keyBy` and `valueField` when the source is strict
+    /// ([`KafkaSourceSpec::strict`]).
+    pub(super) reader: Option<FieldReader>,
     pub(super) gate: Arc<SourceGate>,
     /// The consumer group offsets are committed to (for monitoring).
     pub(super) group: String,
@@ -259,6 +262,8 @@ impl KafkaSourceTask {
             invalid: Vec::new(),
         };
         let mut wait = POLL_WAIT;
+        // The last clock reading of this batch (µs since the epoch).
+        let mut clock: Option<u64> = None;
         while (polled.records.len() as u64) < SOURCE_BATCH {
             let t = (wait > Duration::ZERO).then(Instant::now);
             let msg = consumer.poll(wait);
@@ -279,14 +284,19 @@ impl KafkaSourceTask {
             let key = m.key().map(<[u8]>::to_vec);
             let value = m.payload().map(<[u8]>::to_vec);
             let timestamp_ms = m.timestamp().to_millis();
-            let now = now_unix_us();
-            let created_us = timestamp_ms
+            // The clock is read again only for a record stamped after the last reading (a
+            // record stamped before it is stamped before now too).
+            let stamp = timestamp_ms
                 .and_then(|t| u64::try_from(t).ok())
-                .map(|t| t.saturating_mul(1000))
-                .filter(|&t| t <= now)
-                .unwrap_or(now);
-            let (key_num, value_num, invalid) = if self.spec.strict() {
-                match read_fields(&self.spec, key.as_deref(), value.as_deref()) {
+                .map(|t| t.saturating_mul(1000));
+            let now = match (clock, stamp) {
+                (Some(now), Some(t)) if t <= now => now,
+                _ => now_unix_us(),
+            };
+            let now = *clock.insert(now);
+            let created_us = stamp.filter(|&t| t <= now).unwrap_or(now);
+            let (key_num, value_num, invalid) = if let Some(reader) = &self.reader {
+                match reader.read(key.as_deref(), value.as_deref()) {
                     Ok((k, v)) => (k, v, None),
                     Err(why) => (0, 0, Some(why)),
                 }
