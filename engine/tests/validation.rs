@@ -354,7 +354,7 @@ fn a_misspelled_field_points_at_its_own_key() {
         assert_error_at(
             &text,
             "sizMs",
-            "operators[1] (m): unknown field `sizMs`, expected one of sizeMs; every operator also takes name,",
+            "operators[1] (m): unknown field `sizMs`, expected one of sizeMs, aggregates; every operator also takes name,",
         );
     }
     for text in both_styles(&[&["name: m", "kind: map", "cpux: 4", "io: 1"]]) {
