@@ -5,54 +5,14 @@
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use streamscale_tests::kafka_broker::Broker;
 use streamscale_tests::workspace_bin;
-
-fn testenv(arg: &str) -> std::process::Output {
-    Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka-testenv.sh"))
-        .arg(arg)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run scripts/kafka-testenv.sh")
-}
-
-struct Broker(String);
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = testenv("stop");
-    }
-}
-
-fn start_broker() -> Option<Broker> {
-    let env = String::from_utf8_lossy(&testenv("env").stdout).to_string();
-    let var = |k: &str| {
-        env.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_string))
-    };
-    if !var("KAFKA_LIBS").is_some_and(|d| PathBuf::from(d).join(".complete").exists()) {
-        assert!(
-            std::env::var("CI").is_err(),
-            "Kafka is not installed (run scripts/kafka-testenv.sh install)"
-        );
-        eprintln!("SKIP: Kafka is not installed (run scripts/kafka-testenv.sh install)");
-        return None;
-    }
-    let _ = testenv("stop");
-    let out = testenv("start");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(Broker(var("KAFKA_BROKERS").unwrap()))
-}
 
 /// Every record's value in `topic` (3 partitions).
 fn values(servers: &str, topic: &str) -> Vec<serde_json::Value> {
@@ -88,7 +48,9 @@ fn values(servers: &str, topic: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn load_produces_a_trace_at_its_rate() {
-    let Some(broker) = start_broker() else { return };
+    let Some(broker) = Broker::start() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     // 200 records/s for 10 trace-seconds, then 600/s: at speedup 5, 2 s at 200/s then 600/s.
     let trace = dir.path().join("trace.csv");
@@ -98,7 +60,7 @@ fn load_produces_a_trace_at_its_rate() {
         .args([
             "load",
             "--brokers",
-            &broker.0,
+            &broker.servers,
             "--topic",
             "load-test",
             "--partitions",
@@ -121,7 +83,7 @@ fn load_produces_a_trace_at_its_rate() {
         "{stdout}"
     );
     // ∫ rate over 3 s = 2 s × 200 + 1 s × 600 = 1000 records.
-    let vs = values(&broker.0, "load-test");
+    let vs = values(&broker.servers, "load-test");
     assert!(
         (990..=1000).contains(&vs.len()),
         "{} records in {took:?}",
