@@ -257,23 +257,7 @@ async fn flink_rest_credentials_come_from_a_secret_and_stay_out_of_status_events
     let Some(kenv) = env() else {
         return;
     };
-    let chart = root().join("charts/streamscale");
-    let (ok, out) = run(
-        kenv,
-        &var(kenv, "HELM"),
-        &[
-            "upgrade",
-            "--install",
-            RELEASE,
-            chart.to_str().unwrap_or_default(),
-            "-n",
-            RELEASE_NS,
-            "--create-namespace",
-            "--wait=false",
-        ],
-        None,
-    );
-    assert!(ok, "helm install: {out}");
+    common::cluster::install_chart(kenv, RELEASE, RELEASE_NS);
     let crd = root().join(
         "operator/tests/data/flink-kubernetes-operator-crds/flinkdeployments.flink.apache.org-v1.yml",
     );

@@ -34,28 +34,35 @@ pub const JOB: &str = "demo";
 /// how many others share the cores.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Installs the chart once (CRD, ServiceAccount, RBAC) for every test of this file.
+/// Installs the chart once (CRD, ServiceAccount, RBAC) for every test of this file, as
+/// release [`RELEASE`] in [`RELEASE_NS`].
 pub fn chart_installed(env: &[(String, String)]) {
     static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
-        let chart = root().join("charts/streamscale");
-        let (ok, out) = run(
-            env,
-            &var(env, "HELM"),
-            &[
-                "upgrade",
-                "--install",
-                RELEASE,
-                chart.to_str().unwrap_or_default(),
-                "-n",
-                RELEASE_NS,
-                "--create-namespace",
-                "--wait=false",
-            ],
-            None,
-        );
-        assert!(ok, "helm install: {out}");
-    });
+    DONE.get_or_init(|| install_chart(env, RELEASE, RELEASE_NS));
+}
+
+/// Installs (or upgrades) the chart as release `release` in namespace `ns` with helm.
+///
+/// # Panics
+/// When helm fails.
+pub fn install_chart(env: &[(String, String)], release: &str, ns: &str) {
+    let chart = root().join("charts/streamscale");
+    let (ok, out) = run(
+        env,
+        &var(env, "HELM"),
+        &[
+            "upgrade",
+            "--install",
+            release,
+            chart.to_str().unwrap_or_default(),
+            "-n",
+            ns,
+            "--create-namespace",
+            "--wait=false",
+        ],
+        None,
+    );
+    assert!(ok, "helm install: {out}");
 }
 
 /// The `streamscale-engine` binary next to this test's target directory, built if missing.
