@@ -14,11 +14,11 @@
 //! sparse index (one key per [`crate::state::segment::BLOCK_ENTRIES`] entries, 1/1152 of the
 //! state's bytes).
 
+use std::cell::Cell;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{ChunkEntry, FileEntry, SavepointError};
 use crate::state::chunk::{ENTRY_BYTES, LEGACY_ENTRY_BYTES};
@@ -29,36 +29,44 @@ use crate::state::{KeyGroupData, KeyedState};
 /// whole number of `window` entries (72 bytes).
 pub const READ_BUFFER_BYTES: usize = (1 << 20) / ENTRY_BYTES * ENTRY_BYTES;
 
-/// Bytes currently held in restore read buffers, and the most held at once since the last
-/// [`reset_read_buffer_peak`] (process-wide; a hook for tests and benchmarks).
-static HELD: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+// Bytes currently held in restore read buffers on this thread, and the most held at once since
+// the last [`reset_read_buffer_peak`] (a hook for tests and benchmarks). Per thread, because
+// [`crate::savepoint::Savepoint::read`] reads every state file on the calling thread, and so
+// that restores running at the same time on other threads (parallel tests) do not count.
+thread_local! {
+    static HELD: Cell<usize> = const { Cell::new(0) };
+    static PEAK: Cell<usize> = const { Cell::new(0) };
+}
 
-/// The most bytes held at once in restore read buffers since the last
-/// [`reset_read_buffer_peak`] (process-wide, all threads).
+/// The most bytes held at once in restore read buffers on the calling thread since the last
+/// [`reset_read_buffer_peak`] on it.
 pub fn read_buffer_peak() -> usize {
-    PEAK.load(Ordering::Relaxed)
+    PEAK.with(Cell::get)
 }
 
-/// Starts a new peak measurement for [`read_buffer_peak`].
+/// Starts a new peak measurement for [`read_buffer_peak`] on the calling thread.
 pub fn reset_read_buffer_peak() {
-    PEAK.store(HELD.load(Ordering::Relaxed), Ordering::Relaxed);
+    PEAK.with(|p| p.set(HELD.with(Cell::get)));
 }
 
-/// A read buffer whose size is counted in [`HELD`] while it lives.
+/// A read buffer whose size is counted in `HELD` while it lives (on the thread that made it;
+/// it is never sent to another).
 struct Counted(Vec<u8>);
 
 impl Counted {
     fn new(len: usize) -> Counted {
-        let held = HELD.fetch_add(len, Ordering::Relaxed) + len;
-        PEAK.fetch_max(held, Ordering::Relaxed);
+        let held = HELD.with(|h| {
+            h.set(h.get() + len);
+            h.get()
+        });
+        PEAK.with(|p| p.set(p.get().max(held)));
         Counted(vec![0; len])
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        HELD.fetch_sub(self.0.len(), Ordering::Relaxed);
+        HELD.with(|h| h.set(h.get().saturating_sub(self.0.len())));
     }
 }
 
