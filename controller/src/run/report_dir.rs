@@ -137,3 +137,34 @@ impl Staging {
         std::fs::remove_dir(&self.dir).map_err(io(&self.dir))
     }
 }
+
+/// The directory in the report directory where the engines write savepoints.
+pub const SAVEPOINTS_DIR: &str = "savepoints";
+
+/// Files of a run's report that the next run in the same directory replaces, `summary.json`
+/// first: it is written last, so a `summary.json` marks a complete report.
+pub const REPORT_FILES: [&str; 5] = [
+    "summary.json",
+    "timeline.csv",
+    "timeline.png",
+    "service_rates.csv",
+    "job.yaml",
+];
+
+/// The warning for a report directory that holds an earlier run's report (any of
+/// [`REPORT_FILES`]), `None` for a new or empty one. A reused directory is not refused: it is
+/// also where the autoscaler's learned state ([`STATE_FILE`]) is kept between runs of a job.
+pub fn earlier_report(dir: &Path) -> Option<String> {
+    let found: Vec<&str> = REPORT_FILES
+        .iter()
+        .copied()
+        .filter(|f| dir.join(f).is_file())
+        .collect();
+    (!found.is_empty()).then(|| {
+        format!(
+            "warning: {} holds the report of an earlier run ({}); this run replaces it and its engine logs once its engine has started (savepoints stay, the newest --keep-savepoints; this job's {STATE_FILE} is read and kept, another job's are set aside). Use --report DIR to keep it.",
+            dir.display(),
+            found.join(", ")
+        )
+    })
+}

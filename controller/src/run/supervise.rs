@@ -11,12 +11,17 @@
 //! run's record balance holds across restarts.
 
 use std::path::Path;
+use std::time::Duration;
 
 use streamscale_engine::checkpoint::storage::CheckpointStorage;
 use streamscale_engine::savepoint::METADATA_FILE;
 use streamscale_engine::spec::{JobSpec, RestartSpec};
 
-use crate::runtime::Savepoint;
+use tokio::time::Instant;
+
+use super::run_loop::Loop;
+use crate::report::RestartRecord;
+use crate::runtime::{EngineHandle, EngineRuntime, RuntimeError, Savepoint};
 
 /// The run's restart strategy: the job's `checkpoint.restart`, else its defaults.
 pub fn restart_policy(spec: &JobSpec) -> RestartSpec {
@@ -113,6 +118,86 @@ pub fn restarted_line(t_s: f64, from: Option<&Savepoint>, recovery_s: f64) -> St
         "t={t_s:>4.0}s RESTARTED from {}: recovery {recovery_s:.1} s",
         from.map_or("the beginning (nothing completed yet)", |s| s.path.as_str())
     )
+}
+
+impl<R: EngineRuntime> Loop<'_, R> {
+    /// The engine `dead` died (`exit`) at `now_s`: restarts it from the latest completed
+    /// checkpoint under the job's restart strategy (see the module docs), printing a line before and
+    /// after, and records the restart. A failed start counts as an attempt too.
+    ///
+    /// # Errors
+    /// The run's failure when no restart is left or the restore point cannot be found.
+    pub(super) async fn restart_engine(
+        &mut self,
+        dead: &EngineHandle,
+        exit: &RuntimeError,
+        now_s: f64,
+        started: Instant,
+        print: &mut (dyn FnMut(&str) + Send),
+        warn: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<EngineHandle, String> {
+        let policy = restart_policy(&self.job.spec);
+        let mut reason = exit.to_string();
+        let mut restored_from = dead.restored_from.clone();
+        loop {
+            let n = self.restarts.len() as u32 + 1;
+            if n > policy.attempts {
+                return Err(format!(
+                    "engine failed at t={now_s:.0}s: {reason}; no restart left ({} allowed by the job's checkpoint.restart.attempts)",
+                    policy.attempts
+                ));
+            }
+            let died_s = started.elapsed().as_secs_f64();
+            print(&died_line(died_s, &reason, n, &policy));
+            tokio::time::sleep(Duration::from_secs_f64(policy.delay_seconds)).await;
+            let spec = self.job.spec.clone();
+            let first_id = self.job.first_checkpoint_id;
+            let from = restored_from.clone();
+            let found = tokio::task::spawn_blocking(move || {
+                let mut warnings = Vec::new();
+                let point =
+                    restore_point(&spec, first_id, from.as_ref(), &mut |w| warnings.push(w));
+                (point, warnings)
+            })
+            .await
+            .map_err(|e| format!("engine failed at t={now_s:.0}s: {reason}; {e}"))?;
+            let (point, warnings) = found;
+            warnings.iter().for_each(|w| warn(w));
+            let point = point.map_err(|e| {
+                format!(
+                    "engine failed at t={now_s:.0}s: {reason}; cannot restart from a checkpoint: {e}"
+                )
+            })?;
+            let launched = self
+                .executor
+                .launch(&dead.parallelism, point.as_ref())
+                .await;
+            let recovery_s = started.elapsed().as_secs_f64() - died_s;
+            self.restarts.push(RestartRecord {
+                at_s: died_s,
+                reason: reason.clone(),
+                restored_from: point.as_ref().map(|p| p.path.clone()),
+                recovery_s,
+            });
+            match launched {
+                Ok((engine, _)) => {
+                    if point.is_none() {
+                        self.trace_origin_s = started.elapsed().as_secs_f64();
+                    }
+                    print(&restarted_line(
+                        started.elapsed().as_secs_f64(),
+                        point.as_ref(),
+                        recovery_s,
+                    ));
+                    return Ok(engine);
+                }
+                Err(e) => {
+                    reason = format!("restart failed: {e}");
+                    restored_from = point.or(restored_from);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
