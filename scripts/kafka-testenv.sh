@@ -20,8 +20,8 @@
 # user `streamscale` with the test-only password `streamscale-test-password`, no authorizer) on
 # $KAFKA_SASL_PORT (default 39094), all on 127.0.0.1 and checked free before starting. Single-node settings:
 # replication factor 1 (and min ISR 1) for __consumer_offsets and __transaction_state, no
-# initial rebalance delay, topics auto-created off (a test creates what it needs), 6 partitions
-# by default. KAFKA_VERSION picks another 4.x version (default 4.1.1).
+# initial rebalance delay, transactions open longer than their timeout aborted within 1 s (not
+# 10 s), topics auto-created off (a test creates what it needs), 6 partitions by default. KAFKA_VERSION picks another 4.x version (default 4.1.1).
 set -euo pipefail
 
 KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
@@ -142,6 +142,7 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 log.retention.hours=1
 log.segment.bytes=16777216
 EOF

@@ -231,6 +231,8 @@ pub struct Job {
     gates: BTreeMap<String, Arc<SourceGate>>,
     job_started_unix_ms: u64,
     coordinator: Option<Coordinator>,
+    /// Commit errors of transactional sinks that fail the job ([`JobContext::sink_failures`]).
+    sink_failures: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// The outcome of a job whose threads have all returned.

@@ -515,6 +515,7 @@ fn transactional_sink_recovers_a_pre_committed_transaction(servers: &str) {
         topic: topic.into(),
         bootstrap_servers: servers.into(),
         transactional_id_prefix: Some("recover-test".into()),
+        transaction_timeout_ms: None,
         security: None,
     };
     let rec = |key: u64| Record {
@@ -549,18 +550,139 @@ fn transactional_sink_recovers_a_pre_committed_transaction(servers: &str) {
     assert_eq!(keys, ["1", "2", "3"], "each result once");
 }
 
+/// Sends `sig` (`-STOP`, `-CONT`) to the broker.
+fn signal_broker(sig: &str) {
+    let pid = std::fs::read_to_string(Path::new(&env()["KAFKA_RUN"]).join("kafka.pid")).unwrap();
+    let ok = Command::new("kill")
+        .args([sig, pid.trim()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Waits until the broker's log says it aborted transaction `tid` because it timed out.
+fn wait_timed_out_abort(tid: &str) {
+    let log = Path::new(&env()["KAFKA_RUN"]).join("server.log");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text
+            .lines()
+            .any(|l| l.contains(tid) && l.contains("due to timeout"))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "the broker did not abort {tid} for its timeout within 30 s ({})",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A pre-committed transaction the broker aborted before its commit (the broker paused,
+/// SIGSTOP, longer than the sink's `transactionTimeoutMs`): `commit` writes it again from its
+/// committable under a new producer of its id, so a `read_committed` reader sees each result
+/// once, and the writer goes on with its whole pool (more transactions than it has producers).
+/// Then a commit while the broker stays paused fails with one error naming the transaction and
+/// the checkpoint, the writer refuses to begin at once (no wait for a producer), and the
+/// recovery of a restarted sink commits that transaction once.
+fn commit_after_the_broker_aborted_the_transaction(servers: &str) {
+    use streamscale_engine::kafka::KafkaSinkSpec;
+    use streamscale_engine::kafka::sink::KafkaSink;
+    use streamscale_engine::record::Record;
+    use streamscale_engine::sink::TwoPhaseCommitSink;
+    use streamscale_engine::spec::SinkDelivery;
+    let topic = "out-aborted";
+    ensure_topic(servers, topic, 1).unwrap();
+    let spec = KafkaSinkSpec {
+        topic: topic.into(),
+        bootstrap_servers: servers.into(),
+        transactional_id_prefix: Some("aborted-test".into()),
+        transaction_timeout_ms: Some(2000),
+        security: None,
+    };
+    let rec = |key: u64| Record {
+        seq: key,
+        key,
+        value: 1,
+        count: 1,
+        created_us: 0,
+        payload: Default::default(),
+    };
+    let keys = || -> Vec<String> {
+        read_committed(servers, topic, 1)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    };
+    let sink = KafkaSink::new("j", "out", &spec, SinkDelivery::ExactlyOnce);
+    sink.recover(&[]).unwrap();
+    let mut w = sink.create_writer(0, 1, "a").unwrap();
+    w.write(&rec(1)).unwrap();
+    w.write(&rec(2)).unwrap();
+    let c1 = w.pre_commit(Some(1)).unwrap();
+    let tid = c1[0]["transactionalId"].as_str().unwrap().to_string();
+    signal_broker("-STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    signal_broker("-CONT");
+    wait_timed_out_abort(&tid);
+    sink.commit(&c1)
+        .expect("a transaction the broker aborted is written again and committed");
+    for (i, key) in (10..15).enumerate() {
+        w.write(&rec(key)).unwrap();
+        let c = w.pre_commit(Some(2 + i as u64)).unwrap();
+        sink.commit(&c).unwrap();
+    }
+    assert_eq!(
+        keys(),
+        ["1", "2", "10", "11", "12", "13", "14"],
+        "each result once"
+    );
+
+    w.write(&rec(20)).unwrap();
+    let c7 = w.pre_commit(Some(7)).unwrap();
+    let tid7 = c7[0]["transactionalId"].as_str().unwrap().to_string();
+    signal_broker("-STOP");
+    let failed = sink.commit(&c7);
+    let refused = Instant::now();
+    let begin = w.write(&rec(21));
+    let refused = refused.elapsed();
+    signal_broker("-CONT");
+    let e = failed.expect_err("the broker is paused").to_string();
+    assert!(
+        e.contains(&format!(
+            "transaction {tid7} of checkpoint 7 could not be committed"
+        )),
+        "{e}"
+    );
+    let begin = begin.expect_err("no producer").to_string();
+    assert!(
+        begin.contains(&tid7) && begin.contains("the job fails"),
+        "{begin}"
+    );
+    assert!(
+        refused < Duration::from_secs(5),
+        "refused after {refused:?}"
+    );
+    drop(w);
+    drop(sink);
+    // The job's restart recovers checkpoint 7's transaction.
+    let sink = KafkaSink::new("j", "out", &spec, SinkDelivery::ExactlyOnce);
+    sink.recover(&c7).unwrap();
+    assert_eq!(
+        keys(),
+        ["1", "2", "10", "11", "12", "13", "14", "20"],
+        "each result once"
+    );
+}
+
 /// The broker paused (SIGSTOP) for 8 s while an exactly-once Kafka -> window -> Kafka job
 /// runs: the job waits and recovers by itself, and the totals equal the input's.
 fn broker_paused_for_a_while(servers: &str, expected: &BTreeMap<u64, (u64, i64)>, n: u64) {
-    let pid = std::fs::read_to_string(Path::new(&env()["KAFKA_RUN"]).join("kafka.pid")).unwrap();
-    let signal = |sig: &str| {
-        let ok = Command::new("kill")
-            .args([sig, pid.trim()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
+    let signal = signal_broker;
     let (input, output) = ("in-keyed", "out-paused");
     ensure_topic(servers, output, 2).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -853,6 +975,7 @@ fn kafka_against_a_real_broker() {
     new_partitions_are_picked_up(&broker.servers);
     savepoint_and_restore_at_other_parallelism(&broker.servers);
     transactional_sink_recovers_a_pre_committed_transaction(&broker.servers);
+    commit_after_the_broker_aborted_the_transaction(&broker.servers);
     kafka_to_kafka_keyed_with_sigkill(&broker.servers);
     json_fields_keyed_filtered_window(&broker.servers);
     window_min_max_exactly_once_across_sigkill(&broker.servers);

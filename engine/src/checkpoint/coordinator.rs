@@ -24,8 +24,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -131,6 +131,9 @@ pub(crate) struct JobContext {
     pub first_id: u64,
     /// Transactional sinks by operator, committed when a snapshot covering them is written.
     pub sinks: BTreeMap<String, Arc<dyn TwoPhaseCommitSink>>,
+    /// Commit errors that fail the job, one line each naming the sink and the checkpoint
+    /// (the job reports them when it is joined).
+    pub sink_failures: Arc<Mutex<Vec<String>>>,
 }
 
 /// Handle of the coordinator thread.
@@ -211,17 +214,31 @@ fn carry<'a>(uncommitted: &mut Uncommitted, acks: impl IntoIterator<Item = &'a m
     }
 }
 
-/// Commits every sink's pre-commits in `sinks` (the snapshot just written covers them);
-/// returns those whose commit failed (logged and counted), to be retried.
-fn commit(ctx: &JobContext, sinks: &Uncommitted) -> Uncommitted {
+/// Commits every sink's pre-commits in `sinks` (snapshot `id`, just written, covers them);
+/// returns those whose commit failed (logged), to be retried. An error that
+/// [fails the job](crate::sink::SinkError::fails_job) is not retried: it is added to
+/// [`JobContext::sink_failures`] and the job is marked failed (it restarts from its latest
+/// checkpoint, whose recovery commits what this could not).
+fn commit(ctx: &JobContext, id: u64, sinks: &Uncommitted) -> Uncommitted {
     let mut failed = Uncommitted::new();
     for (op, committables) in sinks {
         let Some(sink) = ctx.sinks.get(op) else {
             continue;
         };
-        if let Err(e) = sink.commit(committables) {
-            tracing::error!(operator = %op, error = %e, "cannot commit the sink's pre-committed output; retried at the next completed checkpoint");
-            failed.insert(op.clone(), committables.clone());
+        match sink.commit(committables) {
+            Ok(()) => {}
+            Err(e) if e.fails_job() => {
+                tracing::error!(operator = %op, checkpoint = id, error = %e, "cannot commit the sink's pre-committed output; the job fails");
+                ctx.sink_failures
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("{op}: after checkpoint {id} completed: {e}"));
+                ctx.failed.store(true, Ordering::SeqCst);
+            }
+            Err(e) => {
+                tracing::error!(operator = %op, checkpoint = id, error = %e, "cannot commit the sink's pre-committed output; retried at the next completed checkpoint");
+                failed.insert(op.clone(), committables.clone());
+            }
         }
     }
     failed
@@ -446,7 +463,7 @@ fn on_ack(
 /// storage), then commits the final pre-commits.
 fn final_commit(ctx: &JobContext, id: u64, ended: &Ended, uncommitted: &mut Uncommitted) {
     if ctx.storage.is_none() {
-        *uncommitted = commit(ctx, uncommitted);
+        *uncommitted = commit(ctx, id, uncommitted);
         return;
     }
     let p = Pending {
@@ -571,7 +588,7 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut U
     };
     match written {
         Ok((location, metadata)) => {
-            *uncommitted = commit(ctx, &covered);
+            *uncommitted = commit(ctx, p.id, &covered);
             let secs = p.started.elapsed().as_secs_f64();
             let bytes: u64 = metadata.files.iter().map(|f| f.bytes).sum();
             ctx.metrics.checkpoints_completed.inc();
@@ -650,6 +667,7 @@ edges:
             timeout: Duration::from_secs(30),
             first_id: 1,
             sinks: BTreeMap::new(),
+            sink_failures: Arc::default(),
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         (Coordinator::start(ctx, rx).unwrap(), tx)

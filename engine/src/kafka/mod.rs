@@ -120,6 +120,12 @@ pub struct KafkaSinkSpec {
     /// `streamscale-<job>-<operator>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transactional_id_prefix: Option<String>,
+    /// `transaction.timeout.ms` of the exactly-once sink's producers, ms: the brokers abort a
+    /// transaction open longer than this (it must not exceed their
+    /// `transaction.max.timeout.ms`). Each transactional call waits at most this long too.
+    /// 1000 to 900000; default [`transactional::TRANSACTION_TIMEOUT_MS`] (30 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction_timeout_ms: Option<u32>,
     /// Authentication to the brokers ([`security::KafkaSecurity`]); default plaintext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security: Option<security::KafkaSecurity>,

@@ -11,7 +11,15 @@
 //!   sink; the committable names the transactional id and the marker and carries the
 //!   transaction's records.
 //! - **Commit** (checkpoint n completed, on the coordinator's thread): the parked producer
-//!   commits the transaction and becomes free again.
+//!   commits the transaction and becomes free again. A retriable error (a timeout, a moving
+//!   transaction coordinator) is retried on the same producer ([`COMMIT_ATTEMPTS`]); any other
+//!   (the transaction was aborted, for example by the brokers after `transaction.timeout.ms`,
+//!   or the producer was fenced) means that transaction is lost, so the committable is
+//!   recovered as on a restore (below) by a new producer of the same id, which then joins the
+//!   free producers. If that fails too, the commit fails with
+//!   [`SinkError::Uncommittable`] naming the transactional id and checkpoint: the job fails
+//!   and recovers from its latest checkpoint, and the writers of this sink refuse to begin new
+//!   transactions (they would otherwise wait for a producer that never comes back).
 //! - **Recover** (restart from checkpoint n): librdkafka cannot resume another process's
 //!   transaction, so for each committable the id is initialised (which aborts the transaction
 //!   if it is still open) and the marker tells whether it was committed (the group's committed
@@ -29,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -40,10 +49,13 @@ use crate::sink::{Committable, SinkError, TransactionalWriter};
 /// Transactional producers per sink subtask (a transaction waiting for its checkpoint to
 /// complete holds one; the next interval's records use another).
 pub const POOL: u32 = 3;
-/// `transaction.timeout.ms` of the producers.
+/// Default `transaction.timeout.ms` of the producers (the sink's `transactionTimeoutMs`
+/// overrides it); a transactional call waits at most this long too.
 pub const TRANSACTION_TIMEOUT_MS: u32 = 30_000;
-/// How long a transactional call may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Tries of a commit whose errors are retriable, on the same producer.
+pub const COMMIT_ATTEMPTS: u32 = 3;
+/// Pause between two tries of a commit.
+const COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 type TxProducer = ThreadedProducer<DefaultProducerContext>;
 
@@ -54,6 +66,16 @@ pub struct Transactions {
     parked: Mutex<HashMap<String, TxProducer>>,
     /// Producers without an open transaction, by transactional id.
     free: Mutex<HashMap<String, TxProducer>>,
+    /// Why a transaction could be neither committed nor recovered; once set, writers begin
+    /// no new transaction (the job is failing).
+    broken: Mutex<Option<String>>,
+}
+
+/// Whether a failed `commit_transaction` may be called again on the same producer: librdkafka
+/// marks such errors retriable; one that requires an abort or is fatal never succeeds again.
+pub fn commit_retriable(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::Transaction(t)
+        if t.is_retriable() && !t.txn_requires_abort() && !t.is_fatal())
 }
 
 impl std::fmt::Debug for Transactions {
@@ -117,16 +139,29 @@ impl TransactionalSink {
         }
     }
 
+    /// How long a transactional call may take: the transaction timeout.
+    fn call_timeout(&self) -> Duration {
+        Duration::from_millis(u64::from(
+            self.spec
+                .transaction_timeout_ms
+                .unwrap_or(TRANSACTION_TIMEOUT_MS),
+        ))
+    }
+
     fn producer(&self, tid: &str) -> Result<TxProducer, SinkError> {
+        let timeout_ms = self
+            .spec
+            .transaction_timeout_ms
+            .unwrap_or(TRANSACTION_TIMEOUT_MS);
         let p: TxProducer = self
             .spec
             .client_config()
             .set("transactional.id", tid)
-            .set("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS.to_string())
+            .set("transaction.timeout.ms", timeout_ms.to_string())
             .set("linger.ms", "5")
             .create()
             .map_err(|e| self.err("create transactional producer", e))?;
-        p.init_transactions(CALL_TIMEOUT)
+        p.init_transactions(self.call_timeout())
             .map_err(|e| self.err("init transactions", format!("{tid}: {e}")))?;
         Ok(p)
     }
@@ -145,7 +180,7 @@ impl TransactionalSink {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.spec.topic, 0, Offset::Offset(marker))
             .map_err(|e| self.err("marker", e))?;
-        p.send_offsets_to_transaction(&tpl, &cgm, CALL_TIMEOUT)
+        p.send_offsets_to_transaction(&tpl, &cgm, self.call_timeout())
             .map_err(|e| self.err("marker", format!("{tid}: {e}")))
     }
 
@@ -161,7 +196,7 @@ impl TransactionalSink {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.spec.topic, 0);
         let got = group
-            .committed_offsets(tpl, CALL_TIMEOUT)
+            .committed_offsets(tpl, self.call_timeout())
             .map_err(|e| self.err("read marker", format!("{tid}: {e}")))?;
         Ok(got
             .elements()
@@ -200,10 +235,15 @@ impl TransactionalSink {
     }
 
     /// Commits the parked transactions of `committables`; ids not parked here were committed
-    /// already or belong to a previous run ([`Self::recover`] handles those).
+    /// already or belong to a previous run ([`Self::recover`] handles those). A transaction
+    /// that cannot be committed (after [`COMMIT_ATTEMPTS`] tries of a retriable error, or at
+    /// once for any other error) is recovered from its committable as on a restore, by a new
+    /// producer of its id that then becomes free.
     ///
     /// # Errors
-    /// [`SinkError::External`] naming the transaction that could not be committed.
+    /// [`SinkError::Uncommittable`] naming the transactional id and checkpoint when neither
+    /// worked (writers of this sink then refuse to begin); [`SinkError::Committable`] for a
+    /// committable without a transactional id.
     pub fn commit(&self, committables: &[Committable]) -> Result<(), SinkError> {
         for c in committables {
             let Some(tid) = c["transactionalId"].as_str() else {
@@ -212,13 +252,53 @@ impl TransactionalSink {
             let Some(p) = lock(&self.shared.parked).remove(tid) else {
                 continue;
             };
-            if let Err(e) = p.commit_transaction(CALL_TIMEOUT) {
-                lock(&self.shared.parked).insert(tid.to_string(), p);
-                return Err(self.err("commit", format!("{tid}: {e}")));
-            }
+            let p = match self.commit_with_retries(tid, &p) {
+                Ok(()) => p,
+                Err(commit) => {
+                    tracing::warn!(sink = %self.name, transaction = tid, error = %commit, "cannot commit a pre-committed transaction; writing it again from its committable");
+                    // The producer is fenced or its transaction lost: a new one of the same id
+                    // replaces it (initialising it aborts whatever the old one left open).
+                    drop(p);
+                    match self.recover_one(c) {
+                        Ok(p) => p,
+                        Err(recover) => {
+                            let checkpoint = c["checkpoint"]
+                                .as_u64()
+                                .map_or_else(|| "at the end of input".into(), |n| n.to_string());
+                            *lock(&self.shared.broken) = Some(format!(
+                                "transaction {tid} of checkpoint {checkpoint} could be neither committed nor written again; the job fails"
+                            ));
+                            return Err(SinkError::Uncommittable {
+                                sink: self.name.clone(),
+                                transaction: tid.to_string(),
+                                checkpoint,
+                                commit: commit.to_string(),
+                                recover: recover.to_string(),
+                            });
+                        }
+                    }
+                }
+            };
             lock(&self.shared.free).insert(tid.to_string(), p);
         }
         Ok(())
+    }
+
+    /// Commits `p`'s open transaction, trying a retriable error again ([`COMMIT_ATTEMPTS`]
+    /// tries in all).
+    fn commit_with_retries(&self, tid: &str, p: &TxProducer) -> Result<(), KafkaError> {
+        let mut attempt = 1;
+        loop {
+            match p.commit_transaction(self.call_timeout()) {
+                Ok(()) => return Ok(()),
+                Err(e) if attempt < COMMIT_ATTEMPTS && commit_retriable(&e) => {
+                    tracing::warn!(sink = %self.name, transaction = tid, attempt, error = %e, "commit failed (retriable); trying again");
+                    attempt += 1;
+                    std::thread::sleep(COMMIT_RETRY_PAUSE);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn bad(&self, c: &Committable, reason: &str) -> SinkError {
@@ -236,36 +316,44 @@ impl TransactionalSink {
     /// [`SinkError`] naming the committable or the broker's error.
     pub fn recover(&self, restored: &[Committable]) -> Result<(), SinkError> {
         for c in restored {
-            let (Some(tid), Some(marker), Some(records)) = (
-                c["transactionalId"].as_str(),
-                c["marker"].as_i64(),
-                c["records"].as_array(),
-            ) else {
-                return Err(self.bad(c, "needs transactionalId, marker and records"));
-            };
-            // Initialising the id first fences the previous run's producer and aborts its
-            // open transaction, so that the marker's offset is stable to read.
-            let p = self.producer(tid)?;
-            if self.committed_marker(tid)? >= marker {
-                continue;
-            }
-            p.begin_transaction()
-                .map_err(|e| self.err("begin", format!("{tid}: {e}")))?;
-            for r in records {
-                let kv = r.as_array().and_then(|kv| {
-                    Some((unhex(kv.first()?.as_str()?)?, unhex(kv.get(1)?.as_str()?)?))
-                });
-                let Some((k, v)) = kv else {
-                    return Err(self.bad(c, "a record is not [hex key, hex value]"));
-                };
-                send_blocking(&p, &self.spec.topic, &k, &v).map_err(|e| self.err("send", e))?;
-            }
-            self.add_marker(&p, tid, marker)?;
-            p.commit_transaction(CALL_TIMEOUT)
-                .map_err(|e| self.err("commit", format!("{tid}: {e}")))?;
-            tracing::info!(sink = %self.name, transaction = tid, records = records.len(), "recovered a pre-committed transaction");
+            drop(self.recover_one(c)?);
         }
         Ok(())
+    }
+
+    /// Makes sure the transaction of committable `c` is committed (written again under its id
+    /// when its marker is not committed); returns the producer of its id, initialised and
+    /// without an open transaction.
+    fn recover_one(&self, c: &Committable) -> Result<TxProducer, SinkError> {
+        let (Some(tid), Some(marker), Some(records)) = (
+            c["transactionalId"].as_str(),
+            c["marker"].as_i64(),
+            c["records"].as_array(),
+        ) else {
+            return Err(self.bad(c, "needs transactionalId, marker and records"));
+        };
+        // Initialising the id first fences the previous producer of the id and aborts its open
+        // transaction, so that the marker's offset is stable to read.
+        let p = self.producer(tid)?;
+        if self.committed_marker(tid)? >= marker {
+            return Ok(p);
+        }
+        p.begin_transaction()
+            .map_err(|e| self.err("begin", format!("{tid}: {e}")))?;
+        for r in records {
+            let kv = r
+                .as_array()
+                .and_then(|kv| Some((unhex(kv.first()?.as_str()?)?, unhex(kv.get(1)?.as_str()?)?)));
+            let Some((k, v)) = kv else {
+                return Err(self.bad(c, "a record is not [hex key, hex value]"));
+            };
+            send_blocking(&p, &self.spec.topic, &k, &v).map_err(|e| self.err("send", e))?;
+        }
+        self.add_marker(&p, tid, marker)?;
+        self.commit_with_retries(tid, &p)
+            .map_err(|e| self.err("commit", format!("{tid}: {e}")))?;
+        tracing::info!(sink = %self.name, transaction = tid, records = records.len(), "recovered a pre-committed transaction");
+        Ok(p)
     }
 }
 
@@ -283,6 +371,9 @@ impl TransactionalKafkaWriter {
     fn begin(&mut self) -> Result<(), SinkError> {
         let started = Instant::now();
         loop {
+            if let Some(why) = lock(&self.sink.shared.broken).clone() {
+                return Err(self.sink.err("begin", why));
+            }
             let found = {
                 let mut free = lock(&self.sink.shared.free);
                 let tid = self.tids.iter().find(|t| free.contains_key(*t)).cloned();

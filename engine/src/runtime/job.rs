@@ -532,6 +532,7 @@ impl Job {
                 )
             })
             .collect();
+        let sink_failures = Arc::new(std::sync::Mutex::new(Vec::new()));
         let coordinator = if spawn_failed.is_none() {
             let context = JobContext {
                 spec: spec.clone(),
@@ -555,6 +556,7 @@ impl Job {
                 storage,
                 first_id,
                 sinks: two_phase.clone(),
+                sink_failures: sink_failures.clone(),
             };
             match Coordinator::start(context, ack_rx) {
                 Ok(c) => Some(c),
@@ -574,6 +576,7 @@ impl Job {
             gates,
             job_started_unix_ms,
             coordinator,
+            sink_failures,
         };
         if let Some(e) = spawn_failed {
             job.control.stop.store(true, Ordering::SeqCst);
@@ -673,6 +676,7 @@ impl Job {
                 Err(_) => errors.push("a subtask thread panicked".into()),
             }
         }
+        errors.append(&mut self.sink_failures.lock().unwrap_or_else(|p| p.into_inner()));
         for op in self.spec.operators.iter().filter(|o| o.kind.is_keyed()) {
             state.entry(op.name.clone()).or_default();
         }

@@ -32,7 +32,9 @@
 //!
 //! Errors: a failed `write` or `pre_commit` fails the subtask (the job restarts from its
 //! latest completed checkpoint when a restart strategy allows); a failed `recover` refuses to
-//! start the job; a failed `commit` is logged and retried (the checkpoint stays complete).
+//! start the job; a failed `commit` is logged and retried at the next completed checkpoint (the
+//! checkpoint stays complete), unless the error [fails the job](SinkError::fails_job): then the
+//! job fails and restarts from its latest completed checkpoint, whose `recover` commits it.
 
 use std::path::PathBuf;
 
@@ -77,6 +79,32 @@ pub enum SinkError {
         /// The system's message.
         reason: String,
     },
+    /// A pre-committed transaction of a completed checkpoint could be neither committed nor
+    /// written again from its committable: the job must fail, and its restart from the
+    /// latest checkpoint recovers the transaction ([`TwoPhaseCommitSink::recover`]).
+    #[error(
+        "{sink}: transaction {transaction} of checkpoint {checkpoint} could not be committed ({commit}) nor written again ({recover}); failing the job so that it recovers from its latest checkpoint"
+    )]
+    Uncommittable {
+        /// The sink (operator name and where it writes).
+        sink: String,
+        /// The transaction (a Kafka transactional id).
+        transaction: String,
+        /// The checkpoint whose pre-commit it is (`at the end of input` for the final one).
+        checkpoint: String,
+        /// Why the commit failed.
+        commit: String,
+        /// Why writing it again failed.
+        recover: String,
+    },
+}
+
+impl SinkError {
+    /// Whether this error must fail the job when a commit returns it (others are retried at
+    /// the next completed checkpoint).
+    pub fn fails_job(&self) -> bool {
+        matches!(self, SinkError::Uncommittable { .. })
+    }
 }
 
 /// A sink subtask's side of the protocol: writes records into an open transaction and

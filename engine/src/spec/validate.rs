@@ -668,7 +668,11 @@ impl JobSpec {
                         self.validate_aggregates(&format!("{at}.aggregates"), &op.name, list)?;
                     }
                 }
-                OperatorKind::Sink { output, kafka, .. } => {
+                OperatorKind::Sink {
+                    output,
+                    kafka,
+                    delivery,
+                } => {
                     if let Some(k) = kafka {
                         if output.is_some() {
                             return Err(format!(
@@ -681,6 +685,25 @@ impl JobSpec {
                             &k.bootstrap_servers,
                         )?;
                         validate_kafka_security(&format!("{at}.kafka"), k.security.as_ref())?;
+                        if let Some(t) = k.transaction_timeout_ms
+                            && !(1_000..=900_000).contains(&t)
+                        {
+                            return Err(format!(
+                                "{at}.kafka.transactionTimeoutMs: {t} is out of range 1000..=900000 ms (the brokers' default transaction.max.timeout.ms is 15 min)"
+                            ));
+                        }
+                    }
+                    // An exactly-once sink publishes what a completed checkpoint covers; without
+                    // periodic checkpoints nothing is published before a savepoint or the end
+                    // of input, and a Kafka transaction open that long is aborted by the brokers.
+                    if *delivery == SinkDelivery::ExactlyOnce
+                        && (output.is_some() || kafka.is_some())
+                        && self.checkpoint.is_none()
+                    {
+                        let target = if kafka.is_some() { "kafka" } else { "output" };
+                        return Err(format!(
+                            "{at}.delivery: exactly-once (the default) publishes `{target}` when a checkpoint completes, so the job needs `checkpoint: {{intervalSeconds: ...}}`; add one, or set `delivery: at-least-once`"
+                        ));
                     }
                 }
                 OperatorKind::Map => {}
@@ -1178,6 +1201,58 @@ edges:
         let e = check(yaml).expect_err("invalid");
         assert!(
             e.contains("operators[1] (f).where: `likes > 1` needs records with JSON values, from a Kafka source; source `src` generates records"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_exactly_once_sink_needs_checkpoints() {
+        let job = |sink: &str, checkpoint: &str| {
+            format!(
+                r#"name: j
+operators:
+  - {{ name: src, kind: source, rate: {{ constant: 10 }} }}
+  - {{ name: m, kind: map }}
+  - {{ name: log, kind: sink }}
+  - {{ name: out, kind: sink, {sink} }}
+edges:
+  - {{ from: src, to: m }}
+  - {{ from: m, to: log }}
+  - {{ from: m, to: out }}
+{checkpoint}"#
+            )
+        };
+        let kafka = r#"kafka: { topic: t, bootstrapServers: "127.0.0.1:9092" }"#;
+        for (sink, target) in [
+            (format!("{kafka}"), "kafka"),
+            (format!("delivery: exactly-once, {kafka}"), "kafka"),
+            ("output: out".to_string(), "output"),
+            ("delivery: exactly-once, output: out".to_string(), "output"),
+        ] {
+            let e = check(&job(&sink, "")).expect_err(&sink);
+            assert_eq!(
+                e,
+                format!(
+                    "operators[3] (out).delivery: exactly-once (the default) publishes `{target}` when a checkpoint completes, so the job needs `checkpoint: {{intervalSeconds: ...}}`; add one, or set `delivery: at-least-once`"
+                ),
+                "{sink}"
+            );
+            check(&job(&sink, "checkpoint: { intervalSeconds: 1 }\n")).expect(&sink);
+            let at_least_once = format!("delivery: at-least-once, {sink}").replace(
+                "delivery: at-least-once, delivery: exactly-once, ",
+                "delivery: at-least-once, ",
+            );
+            check(&job(&at_least_once, "")).expect(&at_least_once);
+        }
+        // A sink that only counts (no output) is fine either way.
+        check(&job("delivery: exactly-once", "")).expect("a counting sink");
+        let e = check(&job(
+            &format!(r#"kafka: {{ topic: t, bootstrapServers: "127.0.0.1:9092", transactionTimeoutMs: 500 }}"#),
+            "checkpoint: { intervalSeconds: 1 }\n",
+        ))
+        .expect_err("timeout too short");
+        assert!(
+            e.starts_with("operators[3] (out).kafka.transactionTimeoutMs: 500 is out of range"),
             "{e}"
         );
     }
