@@ -490,7 +490,7 @@ fn a_sink_output_of_the_wrong_kind_is_rejected() {
     let e = file_problem(&job(
         "  - { name: sink, kind: sink, output: job.yaml }\n",
         "  - { from: src, to: sink }\n",
-        "",
+        "checkpoint: { intervalSeconds: 1 }\n",
     ));
     assert!(
         e.contains("operators[1] (sink).output:")
@@ -505,7 +505,7 @@ fn a_sink_output_of_the_wrong_kind_is_rejected() {
         job(
             "  - { name: sink, kind: sink, output: out.csv }\n",
             "  - { from: src, to: sink }\n",
-            "",
+            "checkpoint: { intervalSeconds: 1 }\n",
         ),
     )
     .unwrap();
@@ -572,7 +572,7 @@ fn a_sink_output_that_cannot_be_created_is_rejected() {
         job(
             &format!("  - {{ name: sink, kind: sink, output: {output} }}\n"),
             "  - { from: src, to: sink }\n",
-            "",
+            "checkpoint: { intervalSeconds: 1 }\n",
         )
     };
     // Paths that fail even for root: nothing can be created under /proc, nor under a file.

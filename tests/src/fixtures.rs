@@ -28,9 +28,15 @@ edges:
 /// An unbounded job: one source at a constant 300 records/s over 100 keys, a `map` costing
 /// 100 µs of CPU per record, a sink (`output: DIR` when `sink_output` is given, relative to
 /// the job file: an exactly-once sink's directory of part files). Never finishes on its own.
+/// An exactly-once sink needs a `checkpoint:` block: [`with_checkpoints`] adds one.
 pub fn unbounded_job(sink_output: Option<&str>) -> String {
     let sink = sink_output.map_or_else(String::new, |f| format!(", output: {f}"));
     pipeline("forever", "keys: 100, rate: { constant: 300 }", 100, &sink)
+}
+
+/// `job` with a checkpoint every second (what an exactly-once sink in an unbounded job needs).
+pub fn with_checkpoints(job: &str) -> String {
+    format!("{job}checkpoint: {{ intervalSeconds: 1 }}\n")
 }
 
 /// A bounded job: the source stops after 1500 records (500 records/s), then the job

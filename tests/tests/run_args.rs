@@ -193,7 +193,9 @@ fn a_state_dir_or_sink_output_that_cannot_be_created_is_refused_before_the_engin
             vec!["job.yaml", "state.dir:", "blocker is not a directory"],
         ),
         (
-            fixtures::unbounded_job(Some("/proc/streamscale-nope/out.csv")),
+            fixtures::with_checkpoints(&fixtures::unbounded_job(Some(
+                "/proc/streamscale-nope/out.csv",
+            ))),
             vec![
                 "job.yaml",
                 "operators[2] (sink).output: /proc/streamscale-nope/out.csv",

@@ -166,7 +166,7 @@ fn a_run_into_a_new_report_directory_that_cannot_start_creates_nothing() {
     let bad = fixtures::write(
         dir.path(),
         "bad.yaml",
-        &fixtures::unbounded_job(Some("afile/results.csv")),
+        &fixtures::with_checkpoints(&fixtures::unbounded_job(Some("afile/results.csv"))),
     );
     let report = dir.path().join("report");
     // Refused when the job file is read (its sink's output lies under a regular file).

@@ -12,7 +12,9 @@ use streamscale_tests::fixtures;
 
 #[test]
 fn sighup_after_stdout_closed_drains_and_writes_the_report() {
-    let (dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("out/results")));
+    let (dir, job, report) = fixtures::job_dir(&fixtures::with_checkpoints(
+        &fixtures::unbounded_job(Some("out/results")),
+    ));
     // Run from another directory: the sink's relative output is next to the job file, in a
     // directory the engine creates.
     let mut child = fixtures::streamscale_run_fast(&job, &report, &["--duration", "120"])
@@ -57,7 +59,9 @@ fn sighup_after_stdout_closed_drains_and_writes_the_report() {
 
 #[test]
 fn a_second_run_into_the_same_report_directory_warns_that_it_replaces_it() {
-    let (_dir, job, report) = fixtures::job_dir(&fixtures::unbounded_job(Some("results")));
+    let (_dir, job, report) = fixtures::job_dir(&fixtures::with_checkpoints(
+        &fixtures::unbounded_job(Some("results")),
+    ));
     let first = fixtures::streamscale_run_fast(&job, &report, &["--duration", "2"])
         .output()
         .expect("first run");

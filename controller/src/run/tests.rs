@@ -293,7 +293,7 @@ fn relative_paths_are_relative_to_the_job_file() {
     // directory nor to the report directory the effective job.yaml is written to.
     let job = JOB.replace(
         "{ name: sink, kind: sink }",
-        "{ name: sink, kind: sink, output: out/results.csv }",
+        "{ name: sink, kind: sink, output: out/results.csv, delivery: at-least-once }",
     );
     let (dir, opts) = setup(&job);
     let prepared = prepare_job(&opts).expect("prepares");

@@ -722,6 +722,108 @@ edges:
         assert_eq!(m.counters["k"].records_in, 14);
     }
 
+    /// A mock two-phase sink whose commit fails with `error` (`fails_job` or not).
+    #[derive(Debug)]
+    struct MockFailingSink {
+        job_failing: bool,
+        commits: std::sync::atomic::AtomicU64,
+    }
+
+    impl TwoPhaseCommitSink for MockFailingSink {
+        fn create_writer(
+            &self,
+            _: u32,
+            _: u32,
+            _: &str,
+        ) -> Result<Box<dyn crate::sink::TransactionalWriter>, crate::sink::SinkError> {
+            unreachable!("the coordinator creates no writer")
+        }
+        fn commit(&self, _: &[Committable]) -> Result<(), crate::sink::SinkError> {
+            self.commits.fetch_add(1, Ordering::SeqCst);
+            Err(if self.job_failing {
+                crate::sink::SinkError::Uncommittable {
+                    sink: "k (kafka topic t)".into(),
+                    transaction: "p-0-1".into(),
+                    checkpoint: "4".into(),
+                    commit: "fenced".into(),
+                    recover: "timed out".into(),
+                }
+            } else {
+                crate::sink::SinkError::External {
+                    sink: "k".into(),
+                    action: "commit",
+                    reason: "busy".into(),
+                }
+            })
+        }
+        fn recover(&self, _: &[Committable]) -> Result<(), crate::sink::SinkError> {
+            Ok(())
+        }
+    }
+
+    /// Every subtask ends with a pre-commit on sink `k`, whose commit fails: an error that
+    /// fails the job marks it failed with one line naming the sink, the transaction and the
+    /// checkpoint; another error does neither (it is retried).
+    #[test]
+    fn a_commit_error_that_fails_the_job_fails_it() {
+        for job_failing in [true, false] {
+            let spec = JobSpec::from_yaml(YAML).unwrap();
+            let failed = Arc::new(AtomicBool::new(false));
+            let sink_failures: Arc<Mutex<Vec<String>>> = Arc::default();
+            let sink = Arc::new(MockFailingSink {
+                job_failing,
+                commits: Default::default(),
+            });
+            let ctx = JobContext {
+                spec,
+                gates: vec![
+                    ("s".into(), finished_gate(10)),
+                    ("t".into(), finished_gate(10)),
+                ],
+                subtasks: 4,
+                base_counters: BTreeMap::new(),
+                job_started_unix_ms: 0,
+                failed: failed.clone(),
+                metrics: EngineMetrics::new().unwrap(),
+                storage: None,
+                interval: None,
+                timeout: Duration::from_secs(30),
+                first_id: 1,
+                sinks: BTreeMap::from([(
+                    "k".to_string(),
+                    sink.clone() as Arc<dyn TwoPhaseCommitSink>,
+                )]),
+                sink_failures: sink_failures.clone(),
+            };
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let mut c = Coordinator::start(ctx, rx).unwrap();
+            for op in ["s", "t", "m"] {
+                tx.send(ack(AckOf::End, op, 0, 0)).unwrap();
+            }
+            let mut k = ack(AckOf::End, "k", 0, 0);
+            k.committables = vec![serde_json::json!({"transactionalId": "p-0-1"})];
+            tx.send(k).unwrap();
+            let until = Instant::now() + Duration::from_secs(10);
+            while sink.commits.load(Ordering::SeqCst) == 0 {
+                assert!(Instant::now() < until, "no commit");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            c.shutdown();
+            let lines = sink_failures.lock().unwrap().clone();
+            if job_failing {
+                assert_eq!(lines.len(), 1, "{lines:?}");
+                assert!(
+                    lines[0].starts_with("k: after checkpoint 1 completed: k (kafka topic t): transaction p-0-1 of checkpoint 4 could not be committed (fenced) nor written again (timed out)"),
+                    "{}",
+                    lines[0]
+                );
+            } else {
+                assert!(lines.is_empty(), "{lines:?}");
+                assert!(!failed.load(Ordering::SeqCst));
+            }
+        }
+    }
+
     #[test]
     fn no_barrier_once_every_source_finished() {
         let dir = tempfile::tempdir().unwrap();

@@ -695,15 +695,30 @@ impl JobSpec {
                     }
                     // An exactly-once sink publishes what a completed checkpoint covers; without
                     // periodic checkpoints nothing is published before a savepoint or the end
-                    // of input, and a Kafka transaction open that long is aborted by the brokers.
-                    if *delivery == SinkDelivery::ExactlyOnce
-                        && (output.is_some() || kafka.is_some())
-                        && self.checkpoint.is_none()
-                    {
-                        let target = if kafka.is_some() { "kafka" } else { "output" };
-                        return Err(format!(
-                            "{at}.delivery: exactly-once (the default) publishes `{target}` when a checkpoint completes, so the job needs `checkpoint: {{intervalSeconds: ...}}`; add one, or set `delivery: at-least-once`"
-                        ));
+                    // of input. A job whose sources all stop at their `count` publishes its
+                    // files at the end (FLIP-147); a Kafka transaction open that long is
+                    // aborted by the brokers after its timeout, so Kafka needs checkpoints.
+                    let unbounded = self.operators.iter().find(|o| {
+                        matches!(&o.kind, OperatorKind::Source { count, kafka, .. }
+                            if count.is_none() || kafka.is_some())
+                    });
+                    if *delivery == SinkDelivery::ExactlyOnce && self.checkpoint.is_none() {
+                        let why = match (kafka.is_some(), output.is_some(), unbounded) {
+                            (true, _, _) => Some(
+                                "writes `kafka` in transactions committed when a checkpoint completes"
+                                    .to_string(),
+                            ),
+                            (false, true, Some(src)) => Some(format!(
+                                "publishes `output` when a checkpoint completes (or at the end of input, which source `{}` never reaches)",
+                                src.name
+                            )),
+                            _ => None,
+                        };
+                        if let Some(why) = why {
+                            return Err(format!(
+                                "{at}.delivery: exactly-once (the default) {why}, so the job needs `checkpoint: {{intervalSeconds: ...}}`; add one, or set `delivery: at-least-once`"
+                            ));
+                        }
                     }
                 }
                 OperatorKind::Map => {}
@@ -1223,17 +1238,19 @@ edges:
             )
         };
         let kafka = r#"kafka: { topic: t, bootstrapServers: "127.0.0.1:9092" }"#;
-        for (sink, target) in [
-            (format!("{kafka}"), "kafka"),
-            (format!("delivery: exactly-once, {kafka}"), "kafka"),
-            ("output: out".to_string(), "output"),
-            ("delivery: exactly-once, output: out".to_string(), "output"),
+        let kafka_why = "writes `kafka` in transactions committed when a checkpoint completes";
+        let file_why = "publishes `output` when a checkpoint completes (or at the end of input, which source `src` never reaches)";
+        for (sink, why) in [
+            (kafka.to_string(), kafka_why),
+            (format!("delivery: exactly-once, {kafka}"), kafka_why),
+            ("output: out".to_string(), file_why),
+            ("delivery: exactly-once, output: out".to_string(), file_why),
         ] {
             let e = check(&job(&sink, "")).expect_err(&sink);
             assert_eq!(
                 e,
                 format!(
-                    "operators[3] (out).delivery: exactly-once (the default) publishes `{target}` when a checkpoint completes, so the job needs `checkpoint: {{intervalSeconds: ...}}`; add one, or set `delivery: at-least-once`"
+                    "operators[3] (out).delivery: exactly-once (the default) {why}, so the job needs `checkpoint: {{intervalSeconds: ...}}`; add one, or set `delivery: at-least-once`"
                 ),
                 "{sink}"
             );
@@ -1246,6 +1263,17 @@ edges:
         }
         // A sink that only counts (no output) is fine either way.
         check(&job("delivery: exactly-once", "")).expect("a counting sink");
+        // A bounded job publishes its files at the end of input; its Kafka transactions
+        // would still stay open until then.
+        let bounded = |sink: &str| {
+            job(sink, "").replace(
+                "rate: { constant: 10 }",
+                "rate: { constant: 10 }, count: 100",
+            )
+        };
+        check(&bounded("output: out")).expect("a bounded job's files");
+        let e = check(&bounded(kafka)).expect_err("a bounded job's kafka");
+        assert!(e.contains(kafka_why), "{e}");
         let e = check(&job(
             &format!(r#"kafka: {{ topic: t, bootstrapServers: "127.0.0.1:9092", transactionTimeoutMs: 500 }}"#),
             "checkpoint: { intervalSeconds: 1 }\n",
