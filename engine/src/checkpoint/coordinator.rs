@@ -741,13 +741,13 @@ edges:
         fn commit(&self, _: &[Committable]) -> Result<(), crate::sink::SinkError> {
             self.commits.fetch_add(1, Ordering::SeqCst);
             Err(if self.job_failing {
-                crate::sink::SinkError::Uncommittable {
+                crate::sink::SinkError::Uncommittable(Box::new(crate::sink::Uncommittable {
                     sink: "k (kafka topic t)".into(),
                     transaction: "p-0-1".into(),
                     checkpoint: "4".into(),
                     commit: "fenced".into(),
                     recover: "timed out".into(),
-                }
+                }))
             } else {
                 crate::sink::SinkError::External {
                     sink: "k".into(),

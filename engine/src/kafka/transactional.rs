@@ -44,7 +44,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::KafkaSinkSpec;
 use super::sink::{FLUSH_TIMEOUT, key_value, send_blocking};
 use crate::record::Record;
-use crate::sink::{Committable, SinkError, TransactionalWriter};
+use crate::sink::{Committable, SinkError, TransactionalWriter, Uncommittable};
 
 /// Transactional producers per sink subtask (a transaction waiting for its checkpoint to
 /// complete holds one; the next interval's records use another).
@@ -268,13 +268,13 @@ impl TransactionalSink {
                             *lock(&self.shared.broken) = Some(format!(
                                 "transaction {tid} of checkpoint {checkpoint} could be neither committed nor written again; the job fails"
                             ));
-                            return Err(SinkError::Uncommittable {
+                            return Err(SinkError::Uncommittable(Box::new(Uncommittable {
                                 sink: self.name.clone(),
                                 transaction: tid.to_string(),
                                 checkpoint,
                                 commit: commit.to_string(),
                                 recover: recover.to_string(),
-                            });
+                            })));
                         }
                     }
                 }

@@ -8,4 +8,6 @@
 pub mod file;
 pub mod two_phase;
 
-pub use two_phase::{Committable, SinkError, TransactionalWriter, TwoPhaseCommitSink};
+pub use two_phase::{
+    Committable, SinkError, TransactionalWriter, TwoPhaseCommitSink, Uncommittable,
+};

@@ -82,28 +82,33 @@ pub enum SinkError {
     /// A pre-committed transaction of a completed checkpoint could be neither committed nor
     /// written again from its committable: the job must fail, and its restart from the
     /// latest checkpoint recovers the transaction ([`TwoPhaseCommitSink::recover`]).
-    #[error(
-        "{sink}: transaction {transaction} of checkpoint {checkpoint} could not be committed ({commit}) nor written again ({recover}); failing the job so that it recovers from its latest checkpoint"
-    )]
-    Uncommittable {
-        /// The sink (operator name and where it writes).
-        sink: String,
-        /// The transaction (a Kafka transactional id).
-        transaction: String,
-        /// The checkpoint whose pre-commit it is (`at the end of input` for the final one).
-        checkpoint: String,
-        /// Why the commit failed.
-        commit: String,
-        /// Why writing it again failed.
-        recover: String,
-    },
+    #[error(transparent)]
+    Uncommittable(Box<Uncommittable>),
+}
+
+/// The details of [`SinkError::Uncommittable`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{sink}: transaction {transaction} of checkpoint {checkpoint} could not be committed ({commit}) nor written again ({recover}); failing the job so that it recovers from its latest checkpoint"
+)]
+pub struct Uncommittable {
+    /// The sink (operator name and where it writes).
+    pub sink: String,
+    /// The transaction (a Kafka transactional id).
+    pub transaction: String,
+    /// The checkpoint whose pre-commit it is (`at the end of input` for the final one).
+    pub checkpoint: String,
+    /// Why the commit failed.
+    pub commit: String,
+    /// Why writing it again failed.
+    pub recover: String,
 }
 
 impl SinkError {
     /// Whether this error must fail the job when a commit returns it (others are retried at
     /// the next completed checkpoint).
     pub fn fails_job(&self) -> bool {
-        matches!(self, SinkError::Uncommittable { .. })
+        matches!(self, SinkError::Uncommittable(_))
     }
 }
 

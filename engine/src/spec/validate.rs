@@ -1275,7 +1275,7 @@ edges:
         let e = check(&bounded(kafka)).expect_err("a bounded job's kafka");
         assert!(e.contains(kafka_why), "{e}");
         let e = check(&job(
-            &format!(r#"kafka: {{ topic: t, bootstrapServers: "127.0.0.1:9092", transactionTimeoutMs: 500 }}"#),
+            r#"kafka: { topic: t, bootstrapServers: "127.0.0.1:9092", transactionTimeoutMs: 500 }"#,
             "checkpoint: { intervalSeconds: 1 }\n",
         ))
         .expect_err("timeout too short");
