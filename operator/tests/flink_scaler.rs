@@ -419,23 +419,7 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
     };
     let started = Instant::now();
     // The chart (CRDs, ServiceAccount, RBAC with Flink support on, the default).
-    let chart = root().join("charts/streamscale");
-    let (ok, out) = run(
-        kenv,
-        &var(kenv, "HELM"),
-        &[
-            "upgrade",
-            "--install",
-            RELEASE,
-            chart.to_str().unwrap_or_default(),
-            "-n",
-            RELEASE_NS,
-            "--create-namespace",
-            "--wait=false",
-        ],
-        None,
-    );
-    assert!(ok, "helm install: {out}");
+    common::cluster::install_chart(kenv, RELEASE, RELEASE_NS);
     // The Flink Kubernetes Operator's CRDs, as a cluster running it has them (server-side:
     // the FlinkDeployment CRD is too large for client-side apply's annotation).
     let crd_dir = root().join("operator/tests/data/flink-kubernetes-operator-crds");
@@ -1094,7 +1078,7 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
         &[
             "template",
             RELEASE,
-            chart.to_str().unwrap_or_default(),
+            root().join("charts/streamscale").to_str().unwrap_or_default(),
             "--kube-version",
             "1.34.0",
             "--set",
