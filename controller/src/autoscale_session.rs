@@ -23,24 +23,6 @@ pub enum WindowRule {
     SpanAtLeast(f64),
 }
 
-/// A store that keeps nothing (`streamscale flink` keeps no learned state between runs).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NotKept;
-
-impl StateStore for NotKept {
-    fn location(&self) -> String {
-        "nowhere (not kept)".into()
-    }
-
-    async fn load(&mut self) -> Result<Option<LearnedState>, StateStoreError> {
-        Ok(None)
-    }
-
-    async fn save(&mut self, _state: &LearnedState) -> Result<(), StateStoreError> {
-        Ok(())
-    }
-}
-
 /// One job's autoscaling session (see the module docs). Times are seconds on the caller's
 /// monotonic clock; `unix0` is the Unix time of that clock's zero.
 #[derive(Debug)]
@@ -103,6 +85,11 @@ impl<S> AutoscaleSession<S> {
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// The store, to change where it keeps the state.
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
     }
 
     /// Sets the window's rule (the job's settings changed).

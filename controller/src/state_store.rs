@@ -1,7 +1,7 @@
 //! What the autoscaler learns about a job and keeps across restarts, and the one interface
-//! through which it is kept ([`StateStore`]): a file in the report directory for `streamscale
-//! run` ([`file::FileStateStore`]), a ConfigMap for the Kubernetes operator (in the operator
-//! crate). Both hold the same JSON ([`LearnedState`]).
+//! through which it is kept ([`StateStore`]): a file ([`file::FileStateStore`]) in the report
+//! directory for `streamscale run` and one per Flink job id for `streamscale flink`, a ConfigMap
+//! for the Kubernetes operator (in the operator crate). All hold the same JSON ([`LearnedState`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;

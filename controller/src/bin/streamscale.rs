@@ -198,6 +198,10 @@ struct FlinkArgs {
     /// Report directory.
     #[arg(long, default_value = "report-flink")]
     report: PathBuf,
+    /// Where what the autoscaler learned about each job is kept between sessions, one file per
+    /// job id (`learned-state-flink-ID.json`); default: the report directory.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -322,6 +326,7 @@ fn flink_options(
         scale_down_delay_s: a.scale_down_delay,
         duration_s,
         report_dir: a.report,
+        state_dir: a.state_dir,
         rescale_timeout_s: a.rescale_timeout,
     };
     Ok((opts, auth))

@@ -3,6 +3,9 @@
 //! Every interval, per job: collect (topology, per-subtask counters) -> evaluate, plan, guard
 //! ([`Autoscaler::decide`]) -> realize (in place, or savepoint + resubmit through
 //! [`Executor`]), with the same live lines and the same kind of report as `streamscale run`.
+//! What the autoscaler learns about a job (scalability factors, the forecast's rate history,
+//! the rescale downtime) is kept in one file per Flink job id ([`flink_state_file`]), read when
+//! the job is adopted and written when it changed, as `streamscale run` does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,12 +16,13 @@ use serde::Serialize;
 use streamscale_engine::spec::AutoscalerSpec;
 use tokio::sync::Mutex;
 
-use crate::autoscale_session::{AutoscaleSession, NotKept, WindowRule};
+use crate::autoscale_session::{AutoscaleSession, WindowRule};
 use crate::executor::{Executor, RescaleOutcome};
 use crate::model::{GuardSettings, MetricSample, Verdict};
 use crate::rescale::RescaleBackoff;
 use crate::runtime::EngineHandle;
-use crate::state_store::Keep;
+use crate::state_store::file::{FileStateStore, flink_state_file};
+use crate::state_store::{Keep, StateStore};
 
 use super::collect::{Collector, FlinkRestSource};
 use super::in_place::{self, InPlaceOutcome};
@@ -84,6 +88,9 @@ pub struct FlinkOptions {
     pub duration_s: Option<f64>,
     /// Report directory.
     pub report_dir: PathBuf,
+    /// Where the learned state is kept, one file per job id ([`flink_state_file`]; `None`:
+    /// the report directory).
+    pub state_dir: Option<PathBuf>,
     /// Seconds a rescale may take before it is given up (in place) or rolled back.
     pub rescale_timeout_s: f64,
     /// What every REST request carries (`--rest-token-file`, `--rest-basic-auth-file`).
@@ -108,6 +115,7 @@ impl Default for FlinkOptions {
             scale_down_delay_s: 60.0,
             duration_s: None,
             report_dir: PathBuf::from("report-flink"),
+            state_dir: None,
             rescale_timeout_s: 120.0,
             credentials: Default::default(),
         }
@@ -217,8 +225,8 @@ struct JobSession {
     topology: Arc<Mutex<FlinkTopology>>,
     runtime: FlinkRuntime,
     handle: EngineHandle,
-    /// The window and the autoscaler (`streamscale flink` keeps no learned state).
-    session: AutoscaleSession<NotKept>,
+    /// The window, the autoscaler and the job's learned-state file.
+    session: AutoscaleSession<FileStateStore>,
     backoff: RescaleBackoff,
     collector: Collector,
     /// The last hold said: its guard and the operators it held up or down.
@@ -256,11 +264,23 @@ fn vertex_rates(a: &MetricSample, b: &MetricSample, name: &str) -> Option<Vertex
     })
 }
 
+impl FlinkOptions {
+    /// The directory of the learned-state files (`--state-dir`, else the report directory).
+    pub fn state_dir(&self) -> &Path {
+        self.state_dir.as_deref().unwrap_or(&self.report_dir)
+    }
+}
+
 impl JobSession {
+    /// The session of `job`, with what an earlier session learned about it (a line says so; a
+    /// state file that cannot be used is a warning line). `unix0` is the Unix time of the
+    /// session clock's zero, seconds.
     async fn new(
         rest: &FlinkRest,
         job: &JobDetails,
         opts: &FlinkOptions,
+        unix0: f64,
+        print: &mut dyn FnMut(&str),
     ) -> Result<JobSession, SessionError> {
         let topo = FlinkTopology::from_job(job, &opts.settings, &opts.bounds)?;
         let by_name = topo.by_name(&job.parallelism_by_id());
@@ -297,18 +317,33 @@ impl JobSession {
             scale_down_delay_seconds: opts.scale_down_delay_s,
             ..GuardSettings::default()
         };
-        let session = AutoscaleSession::new(
+        let store =
+            FileStateStore::in_file(opts.state_dir(), &flink_state_file(&job.jid), &job.name);
+        // The measured rescale downtime is the job's (its state size, the cluster's restart):
+        // kept. The last observation is not: the next session may start long after, under
+        // another load, and a factor learned across that gap would not be a rescale's.
+        let mut session = AutoscaleSession::new(
             &job.name,
             settings,
             0.0,
             WindowRule::SpanAtLeast(opts.window_s),
-            NotKept,
+            store,
             Keep {
                 baseline: false,
-                downtime: false,
+                downtime: true,
             },
-            0.0,
+            unix0,
         );
+        match session.load().await {
+            Ok(Some(s)) => print(&format!(
+                "{}: {} from {}",
+                short(&job.jid),
+                learned_summary(&s),
+                session.store().location()
+            )),
+            Ok(None) => {}
+            Err(e) => print(&format!("{}: warning: {e}", short(&job.jid))),
+        }
         Ok(JobSession {
             topology,
             runtime,
@@ -492,6 +527,7 @@ impl JobSession {
             slots::cap(&mut topo.spec, limit);
         }
         let verdict = self.session.decide(now_s, &topo.spec);
+        self.save_state().await;
         match verdict {
             Verdict::Hold {
                 reason,
@@ -590,7 +626,15 @@ impl JobSession {
                 }
                 let now = now_s + record.downtime_seconds.unwrap_or(0.0);
                 self.session.restarted(now);
-                self.report.job_id = self.topology.lock().await.job_id.clone();
+                let job_id = self.topology.lock().await.job_id.clone();
+                if job_id != self.report.job_id {
+                    // Resubmitted from a savepoint: the learned state follows the new id.
+                    if let Err(e) = self.session.store_mut().move_to(&flink_state_file(&job_id)) {
+                        print(&format!("{}: warning: {e}", short(&job_id)));
+                    }
+                    self.session.forget_saved();
+                }
+                self.report.job_id = job_id;
                 self.report.rescales.push(record);
             }
         }
@@ -700,6 +744,14 @@ impl JobSession {
         record
     }
 
+    /// Writes the learned state when it changed since it was last written (a failure is
+    /// logged: the session goes on).
+    async fn save_state(&mut self) {
+        if let Err(e) = self.session.save_if_changed().await {
+            tracing::warn!("{e}");
+        }
+    }
+
     fn end(&mut self, why: String, print: &mut dyn FnMut(&str)) {
         print(&format!(
             "{}: {why}; no longer autoscaled",
@@ -708,6 +760,29 @@ impl JobSession {
         self.report.ended = Some(why);
         self.done = true;
     }
+}
+
+/// What a loaded state holds, for the line that says it was read: `learned: scalability
+/// factors of N vertex(es)[, N bins of rate history][, rescale downtime S s]`.
+fn learned_summary(s: &crate::state_store::LearnedState) -> String {
+    let mut parts = vec![format!(
+        "learned: scalability factors of {} vertex(es)",
+        s.scalability.factors.len()
+    )];
+    if let Some(h) = s.history.as_ref().filter(|h| !h.bins.is_empty()) {
+        parts.push(format!("{} bins of rate history", h.bins.len()));
+    }
+    if let Some(d) = s.rescale_downtime_seconds {
+        parts.push(format!("rescale downtime {d:.1} s"));
+    }
+    parts.join(", ")
+}
+
+/// Seconds since the Unix epoch now (0 when the clock is before it).
+fn unix_now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn short(jid: &str) -> &str {
@@ -777,6 +852,14 @@ pub async fn run(
         path: opts.report_dir.display().to_string(),
         source,
     })?;
+    std::fs::create_dir_all(opts.state_dir()).map_err(|e| {
+        SessionError::Option(format!(
+            "--state-dir: cannot create {}: {e}",
+            opts.state_dir().display()
+        ))
+    })?;
+    // The session's clock: seconds since `started`, which is Unix time `unix0`.
+    let (started, unix0) = (Instant::now(), unix_now_s());
     let mut sessions: Vec<JobSession> = Vec::new();
     for jid in &opts.jobs {
         let job = rest.job(jid).await?;
@@ -791,7 +874,7 @@ pub async fn run(
                 state: job.state,
             });
         }
-        sessions.push(JobSession::new(&rest, &job, opts).await?);
+        sessions.push(JobSession::new(&rest, &job, opts, unix0, print).await?);
     }
     let adopt_new = |sessions: &[JobSession], jid: &str| {
         !sessions
@@ -802,7 +885,7 @@ pub async fn run(
         for j in rest.jobs().await? {
             if j.state == "RUNNING" && adopt_new(&sessions, &j.jid) {
                 let job = rest.job(&j.jid).await?;
-                sessions.push(JobSession::new(&rest, &job, opts).await?);
+                sessions.push(JobSession::new(&rest, &job, opts, unix0, print).await?);
             }
         }
     }
@@ -842,7 +925,6 @@ pub async fn run(
                 .join(" -> ")
         ));
     }
-    let started = Instant::now();
     let mut stop = std::pin::pin!(stop);
     let mut next = tokio::time::Instant::now();
     loop {
@@ -858,7 +940,7 @@ pub async fn run(
                     continue;
                 }
                 if let Ok(job) = rest.job(&j.jid).await
-                    && let Ok(s) = JobSession::new(&rest, &job, opts).await
+                    && let Ok(s) = JobSession::new(&rest, &job, opts, unix0, print).await
                 {
                     print(&format!("job {} `{}`: now autoscaled", j.jid, j.name));
                     sessions.push(s);
@@ -882,6 +964,9 @@ pub async fn run(
                 break;
             }
         }
+    }
+    for s in &mut sessions {
+        s.save_state().await;
     }
     let summary = FlinkSummary {
         rest_url: opts.rest_url.clone(),
@@ -942,6 +1027,92 @@ mod tests {
             .into_iter()
             .collect();
         assert_eq!(describe(&from, &to), "b 2→4");
+    }
+
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    /// The demo job as a real Flink 2.3 cluster described it (`tests/data/flink/job.json`).
+    fn recorded_job() -> JobDetails {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/flink/job.json");
+        let text = std::fs::read_to_string(&path).expect("recorded job");
+        serde_json::from_str(&text).expect("job details")
+    }
+
+    #[test]
+    fn a_second_session_starts_from_what_the_first_learned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = FlinkOptions {
+            report_dir: dir.path().join("report"),
+            state_dir: Some(dir.path().join("state")),
+            ..FlinkOptions::default()
+        };
+        std::fs::create_dir_all(opts.state_dir()).expect("state dir");
+        let job = recorded_job();
+        // No request is sent while a session is set up and its state kept: nothing listens here.
+        let rest = FlinkRest::new(reqwest::Client::new(), "http://127.0.0.1:9");
+        let mut lines: Vec<String> = Vec::new();
+        block(async {
+            let unix0 = 1.0e9;
+            let mut first = JobSession::new(&rest, &job, &opts, unix0, &mut |l| {
+                lines.push(l.to_string())
+            })
+            .await
+            .expect("first session");
+            assert!(lines.is_empty(), "nothing learned yet: {lines:?}");
+            let vertex = first.report.vertices[1].name.clone();
+            let mut learned = first.session.autoscaler().scalability().clone();
+            learned.factors.insert(vertex.clone(), 0.8);
+            first.session.autoscaler_mut().set_scalability(learned);
+            first.session.autoscaler_mut().observe_rescale_downtime(3.0);
+            // Bin 10 of 300 s on the first session's clock: Unix second 1e9 + 3000.
+            first
+                .session
+                .autoscaler_mut()
+                .set_rate_history(crate::model::forecast::RateHistory {
+                    bin_seconds: 300.0,
+                    season_seconds: 86_400.0,
+                    bins: vec![(10, 5.0)],
+                    ..Default::default()
+                });
+            first.save_state().await;
+            let file = opts.state_dir().join(flink_state_file(&job.jid));
+            assert!(file.is_file(), "{} written", file.display());
+            assert!(!opts.report_dir.join("learned-state.json").exists());
+
+            // A session started 600 s later (by the Unix clock) reads it back.
+            let mut second = JobSession::new(&rest, &job, &opts, unix0 + 600.0, &mut |l| {
+                lines.push(l.to_string())
+            })
+            .await
+            .expect("second session");
+            let a = second.session.autoscaler();
+            assert_eq!(a.scalability().factor(&vertex), 0.8);
+            assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(3.0));
+            assert_eq!(a.rate_history().bins, vec![(8, 5.0)], "moved to its clock");
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            assert!(
+                lines[0].contains("scalability factors of 1 vertex")
+                    && lines[0].contains(&file.display().to_string()),
+                "{lines:?}"
+            );
+            // Unchanged: not written again.
+            assert_eq!(second.session.save_if_changed().await, Ok(false));
+
+            // Another job id has a file of its own, and starts with nothing learned.
+            let other = JobDetails {
+                jid: "0123456789abcdef0123456789abcdef".into(),
+                ..job.clone()
+            };
+            let third = JobSession::new(&rest, &other, &opts, unix0, &mut |_| {})
+                .await
+                .expect("other job");
+            assert!(third.session.autoscaler().scalability().factors.is_empty());
+        });
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! The [`StateStore`] of `streamscale run`: one JSON file in the report directory
-//! ([`STATE_FILE`], a [`LearnedState`]), written whole or not at all
-//! ([`report::replace_file`]), moved aside (never deleted) when it cannot be used, and kept per
-//! job when jobs share a report directory ([`claim_job_file`]).
+//! The [`StateStore`] of `streamscale run` and `streamscale flink`: one JSON file (a
+//! [`LearnedState`]), written whole or not at all ([`report::replace_file`]) and moved aside
+//! (never deleted) when it cannot be used. `streamscale run` keeps it in the report directory
+//! ([`STATE_FILE`], kept per job when jobs share a report directory: [`claim_job_file`]);
+//! `streamscale flink` keeps one file per Flink job id ([`flink_state_file`]).
 //!
 //! Runs before this file existed kept the same state in two files, [`LEGACY_HISTORY_FILE`] and
 //! [`LEGACY_LEARNED_FILE`] (`{"version": 1, "job": NAME, KEY: VALUE}`); while [`STATE_FILE`]
@@ -29,19 +30,56 @@ pub const LEGACY_HISTORY_FILE: &str = "forecast-history.json";
 /// "scalability": ScalabilityTracker}`.
 pub const LEGACY_LEARNED_FILE: &str = "scalability.json";
 
-/// The learned state of one job in a report directory.
+/// The file of `streamscale flink`'s learned state of the Flink job `job_id`:
+/// `learned-state-flink-JOB_ID.json` (a character of the id other than an ASCII letter, digit,
+/// `-` or `_` becomes `_`; Flink's ids are 32 hex digits).
+pub fn flink_state_file(job_id: &str) -> String {
+    let id: String = job_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("learned-state-flink-{id}.json")
+}
+
+/// The learned state of one job in a directory.
 #[derive(Debug, Clone)]
 pub struct FileStateStore {
     dir: PathBuf,
+    /// The state file's name in `dir`.
+    file: String,
+    /// Whether an earlier version's files ([`LEGACY_HISTORY_FILE`], [`LEGACY_LEARNED_FILE`])
+    /// are read while the state file does not exist (`streamscale run`'s store only).
+    legacy: bool,
     job: String,
     migrated_from: Vec<PathBuf>,
 }
 
 impl FileStateStore {
-    /// The store of job `job` in report directory `dir` (nothing is read yet).
+    /// The store of job `job` in report directory `dir`: [`STATE_FILE`], else an earlier
+    /// version's files (nothing is read yet).
     pub fn new(dir: &Path, job: &str) -> FileStateStore {
         FileStateStore {
             dir: dir.to_path_buf(),
+            file: STATE_FILE.to_string(),
+            legacy: true,
+            job: job.to_string(),
+            migrated_from: Vec::new(),
+        }
+    }
+
+    /// The store of job `job` in the file `file` of directory `dir`, without an earlier
+    /// version's files (nothing is read yet).
+    pub fn in_file(dir: &Path, file: &str, job: &str) -> FileStateStore {
+        FileStateStore {
+            dir: dir.to_path_buf(),
+            file: file.to_string(),
+            legacy: false,
             job: job.to_string(),
             migrated_from: Vec::new(),
         }
@@ -49,7 +87,26 @@ impl FileStateStore {
 
     /// The state file's path.
     pub fn path(&self) -> PathBuf {
-        self.dir.join(STATE_FILE)
+        self.dir.join(&self.file)
+    }
+
+    /// Keeps the state in `file` (same directory) from now on: the current file, if any, is
+    /// renamed to it (a Flink job resubmitted from a savepoint has a new id).
+    ///
+    /// # Errors
+    /// [`StateStoreError::Write`] naming both files when the rename fails (the next save
+    /// writes `file` all the same).
+    pub fn move_to(&mut self, file: &str) -> Result<(), StateStoreError> {
+        let (from, to) = (self.path(), self.dir.join(file));
+        self.file = file.to_string();
+        match std::fs::rename(&from, &to) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StateStoreError::Write {
+                location: to.display().to_string(),
+                problem: format!("cannot move {} to it: {e}", from.display()),
+            }),
+        }
     }
 
     /// The files of an earlier version the last [`StateStore::load`] read (empty when it read
@@ -63,8 +120,10 @@ impl FileStateStore {
     /// failed.
     pub fn claim(&self) -> (Vec<String>, Vec<String>) {
         let (mut notes, mut warnings) = (Vec::new(), Vec::new());
-        for name in [STATE_FILE, LEGACY_HISTORY_FILE, LEGACY_LEARNED_FILE] {
-            match claim_job_file(&self.dir.join(name), &self.job) {
+        let legacy = [LEGACY_HISTORY_FILE, LEGACY_LEARNED_FILE].map(|f| self.dir.join(f));
+        let files = std::iter::once(self.path()).chain(legacy.into_iter().filter(|_| self.legacy));
+        for path in files {
+            match claim_job_file(&path, &self.job) {
                 Ok(n) => notes.extend(n),
                 Err(w) => warnings.push(w),
             }
@@ -72,13 +131,14 @@ impl FileStateStore {
         (notes, warnings)
     }
 
-    /// Reads [`STATE_FILE`], see [`StateStore::load`].
+    /// Reads the state file, see [`StateStore::load`].
     fn load_now(&mut self) -> Result<Option<LearnedState>, StateStoreError> {
         self.migrated_from.clear();
         let path = self.path();
         match read(&path)? {
             Some(text) => set_aside_unless_ok(&path, LearnedState::decode(&text, &self.job)),
-            None => self.load_legacy(),
+            None if self.legacy => self.load_legacy(),
+            None => Ok(None),
         }
     }
 
@@ -189,9 +249,9 @@ impl StateStore for FileStateStore {
         self.path().display().to_string()
     }
 
-    /// Reads [`STATE_FILE`] (or, while it does not exist, the earlier version's files). A file
-    /// that cannot be parsed or checked ([`LearnedState::check`]) is moved aside to
-    /// `PATH.corrupt` and reported as [`StateStoreError::Invalid`].
+    /// Reads the state file (or, for `streamscale run`, while it does not exist, the earlier
+    /// version's files). A file that cannot be parsed or checked ([`LearnedState::check`]) is
+    /// moved aside to `PATH.corrupt` and reported as [`StateStoreError::Invalid`].
     async fn load(&mut self) -> Result<Option<LearnedState>, StateStoreError> {
         self.load_now()
     }
@@ -346,6 +406,45 @@ mod tests {
         block(store.save(&bad)).expect("saved");
         let err = block(store.load()).expect_err("out of range").to_string();
         assert!(err.contains("factor 7 of `work`"), "{err}");
+    }
+
+    #[test]
+    fn a_store_in_its_own_file_reads_no_earlier_version_and_follows_a_new_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // `streamscale run`'s earlier-version file of the same job beside it is not read.
+        std::fs::write(
+            dir.path().join(LEGACY_LEARNED_FILE),
+            r#"{"version":1,"job":"j","scalability":{"last":{},"factors":{"work":0.8},"ineffective":{}}}"#,
+        )
+        .expect("write");
+        let file = flink_state_file("a1b2");
+        assert_eq!(file, "learned-state-flink-a1b2.json");
+        assert_eq!(flink_state_file("../x"), "learned-state-flink-___x.json");
+        let mut store = FileStateStore::in_file(dir.path(), &file, "j");
+        assert_eq!(store.path(), dir.path().join(&file));
+        assert_eq!(block(store.load()), Ok(None));
+        let (notes, warnings) = store.claim();
+        assert!(notes.is_empty() && warnings.is_empty());
+        assert!(dir.path().join(LEGACY_LEARNED_FILE).exists());
+        let s = LearnedState {
+            version: STATE_VERSION,
+            job: "j".into(),
+            rescale_downtime_seconds: Some(2.0),
+            ..LearnedState::default()
+        };
+        block(store.save(&s)).expect("saved");
+        // A resubmitted job has a new id: the file moves with it.
+        store.move_to(&flink_state_file("c3d4")).expect("moved");
+        assert!(!dir.path().join(&file).exists());
+        assert_eq!(
+            store.path(),
+            dir.path().join("learned-state-flink-c3d4.json")
+        );
+        assert_eq!(block(store.load()), Ok(Some(s)));
+        // Nothing to move is no error: the next save writes the new file.
+        std::fs::remove_file(store.path()).expect("rm");
+        store.move_to("elsewhere.json").expect("nothing to move");
+        assert_eq!(store.path(), dir.path().join("elsewhere.json"));
     }
 
     #[test]
