@@ -350,17 +350,66 @@ impl Condition {
     /// compared with the constant (a string against a number, ...).
     pub fn eval(&self, value: &Value) -> Result<bool, Invalid> {
         let v = lookup(value, &self.field).ok_or_else(|| Invalid::Missing(self.field.clone()))?;
+        self.holds_for(v.as_f64(), v.as_str(), v.as_bool())
+    }
+
+    /// Whether the condition holds for a field value that is the number `num`, the string
+    /// `text` or the boolean `flag` (at most one of them given; none: another type).
+    ///
+    /// # Errors
+    /// [`Invalid::WrongType`] when the value's type does not fit the constant's.
+    fn holds_for(
+        &self,
+        num: Option<f64>,
+        text: Option<&str>,
+        flag: Option<bool>,
+    ) -> Result<bool, Invalid> {
         let wrong = || Invalid::WrongType(self.field.clone());
         let ord = match &self.value {
-            Literal::Number(n) => v
-                .as_f64()
-                .ok_or_else(wrong)?
-                .partial_cmp(n)
-                .ok_or_else(wrong)?,
-            Literal::Str(s) => v.as_str().ok_or_else(wrong)?.cmp(s.as_str()),
-            Literal::Bool(b) => v.as_bool().ok_or_else(wrong)?.cmp(b),
+            Literal::Number(n) => num.ok_or_else(wrong)?.partial_cmp(n).ok_or_else(wrong)?,
+            Literal::Str(s) => text.ok_or_else(wrong)?.cmp(s.as_str()),
+            Literal::Bool(b) => flag.ok_or_else(wrong)?.cmp(b),
         };
         Ok(self.op.holds(ord))
+    }
+}
+
+/// A [`Condition`] evaluated on JSON value bytes: reads only the condition's field, in one
+/// pass without building a [`Value`] tree ([`crate::json_extract::FieldPaths`]), with the
+/// same result as [`Condition::eval`] on the parsed object.
+#[derive(Debug, Clone)]
+pub struct ConditionReader {
+    condition: Condition,
+    /// The field's path (`None`: not readable in one pass; the value is parsed instead).
+    paths: Option<crate::json_extract::FieldPaths>,
+}
+
+impl ConditionReader {
+    /// The reader of `condition`'s field.
+    pub fn new(condition: Condition) -> ConditionReader {
+        let paths = crate::json_extract::FieldPaths::dotted(&[condition.field.as_str()]).ok();
+        ConditionReader { condition, paths }
+    }
+
+    /// Whether the condition holds for the JSON object `bytes`.
+    ///
+    /// # Errors
+    /// As [`parse_object`] and [`Condition::eval`].
+    pub fn eval(&self, bytes: Option<&[u8]>) -> Result<bool, Invalid> {
+        use crate::json_extract::Leaf;
+        let Some(paths) = &self.paths else {
+            return self.condition.eval(&parse_object(bytes)?);
+        };
+        let mut out = [None];
+        paths.read(bytes.ok_or(Invalid::NotJson)?, &mut out)?;
+        let c = &self.condition;
+        match &out[0] {
+            None => Err(Invalid::Missing(c.field.clone())),
+            Some(Leaf::Number(n)) => c.holds_for(n.as_f64(), None, None),
+            Some(Leaf::Str(s)) => c.holds_for(None, Some(s), None),
+            Some(Leaf::Bool(b)) => c.holds_for(None, None, Some(*b)),
+            Some(Leaf::Composite(_)) => c.holds_for(None, None, None),
+        }
     }
 }
 
@@ -503,5 +552,52 @@ mod tests {
         let mut bad = s.clone();
         bad.fields.insert("a..b".into(), FieldType::Int);
         assert!(bad.validate().unwrap_err().contains("fields.a..b"));
+    }
+
+    proptest::proptest! {
+        /// A condition read in one pass agrees with the condition on the parsed object: every
+        /// field type, nested paths, escapes, duplicate fields (the last counts), `null`,
+        /// values that are not objects or not JSON.
+        #[test]
+        fn condition_reader_agrees_with_the_value_tree(
+            v in proptest::sample::select(vec![
+                "7", "7.5", "-1", "0", r#""ann""#, r#""a\u006en""#, "true", "false", "null",
+                "[1]", r#"{"n":1}"#, "1e400",
+            ]),
+            shape in 0..7usize,
+            cond in proptest::sample::select(vec![
+                "n == 7", "n > 7", "n != 7.5", "n <= -1", r#"n == "ann""#, "n < b", "n == true",
+                "n != false", "u.n >= 0", r#"u.n == "ann""#, "u.n != true",
+            ]),
+        ) {
+            let text = match shape {
+                0 => format!(r#"{{"n": {v}}}"#),
+                1 => format!(r#"{{"u": {{"n": {v}}}, "n": {v}}}"#),
+                2 => format!(r#"{{"n": 1, "u": {{"n": "x", "n": {v}}}, "n": {v}}}"#),
+                3 => format!(r#"{{"u": 5, "\u006e": {v}, "u": {{"n": {v}}}}}"#),
+                4 => format!(r#"{{"n": {v}, "u": {{"n": {v}}}, "n": null}}"#),
+                5 => v.to_string(),
+                _ => format!(r#"{{"n": {v}"#),
+            };
+            let c = Condition::parse(cond).unwrap();
+            let tree = parse_object(Some(text.as_bytes())).and_then(|o| c.eval(&o));
+            proptest::prop_assert_eq!(
+                ConditionReader::new(c).eval(Some(text.as_bytes())),
+                tree,
+                "{}",
+                text
+            );
+        }
+    }
+
+    #[test]
+    fn condition_reader_needs_a_value() {
+        let c = ConditionReader::new(Condition::parse("n > 1").unwrap());
+        assert_eq!(c.eval(None), Err(Invalid::NotJson));
+        assert_eq!(c.eval(Some(br#"{"n": 2}"#)), Ok(true));
+        assert_eq!(
+            c.eval(Some(br#"{"m": 2}"#)),
+            Err(Invalid::Missing("n".into()))
+        );
     }
 }

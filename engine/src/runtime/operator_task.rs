@@ -6,7 +6,7 @@ pub(super) enum Behaviour {
     Map,
     Filter {
         keep: f64,
-        condition: Option<crate::json_field::Condition>,
+        condition: Option<crate::json_field::ConditionReader>,
     },
     Window {
         size_us: u64,
@@ -43,7 +43,9 @@ impl Behaviour {
         Ok(match kind {
             OperatorKind::Filter { keep, condition } => Behaviour::Filter {
                 keep: *keep,
-                condition: condition.clone(),
+                condition: condition
+                    .clone()
+                    .map(crate::json_field::ConditionReader::new),
             },
             OperatorKind::Window {
                 size_ms,
@@ -71,13 +73,13 @@ impl Behaviour {
 /// # Errors
 /// Why it cannot be evaluated: no JSON value, the field missing or of another type.
 fn filter_condition(
-    c: &crate::json_field::Condition,
+    c: &crate::json_field::ConditionReader,
     rec: &Record,
 ) -> Result<bool, crate::json_field::Invalid> {
     let Payload::Kafka(k) = &rec.payload else {
         return Err(crate::json_field::Invalid::NotJson);
     };
-    c.eval(&crate::json_field::parse_object(k.value.as_deref())?)
+    c.eval(k.value.as_deref())
 }
 
 /// Fails the subtask on a state backend error (a read or write of keyed state, or a snapshot):
