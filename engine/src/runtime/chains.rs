@@ -71,6 +71,8 @@ impl ChainMember {
                 sink.latency.set_clock(clock_us);
             }
         }
+        // A member's input came after a wait of unknown length.
+        self.op.clock_stale();
         let mut ok = true;
         for rec in self.pending.drain(..) {
             if !ok {

@@ -15,6 +15,12 @@ pub(super) enum Behaviour {
         state: StateBackend,
         pane_end_us: u64,
         checks: u32,
+        /// The wall clock (µs since the Unix epoch) records are timed against, read again
+        /// every [`WINDOW_CLOCK_USES`] records, after every wait for input and whenever the
+        /// window checks whether its pane ended.
+        clock_us: u64,
+        /// Records until the clock is read again.
+        clock_uses: u32,
     },
     Sink {
         /// An at-least-once output file, shared by the operator's subtasks.
@@ -31,6 +37,11 @@ pub(super) enum Behaviour {
 }
 
 pub(super) type SinkWriter = Arc<std::sync::Mutex<BufWriter<std::fs::File>>>;
+
+/// A `window` reads the wall clock once per this many records (and after every wait for
+/// input): the clock times a pane's start and its records' delay on reaching the window
+/// (a latency in ms), and a record takes well under a µs.
+pub(super) const WINDOW_CLOCK_USES: u32 = 16;
 
 impl Behaviour {
     /// The behaviour of a non-source operator kind (sources run as [`SourceTask`]).
@@ -56,6 +67,8 @@ impl Behaviour {
                 state: state()?,
                 pane_end_us: 0,
                 checks: 0,
+                clock_us: 0,
+                clock_uses: 0,
             },
             OperatorKind::Sink { .. } => Behaviour::Sink { file: sink, writer },
             OperatorKind::Map
@@ -146,6 +159,7 @@ impl OperatorTask {
                         if let Some(sink) = &mut ctx.meter.sink {
                             sink.clock_uses = 0; // the clock goes stale while waiting
                         }
+                        self.op.clock_stale();
                         let t = ctx.meter.now();
                         let r = self.rx.recv_timeout(tick);
                         if let Some(t) = t {
@@ -418,9 +432,16 @@ impl Operator {
                 size_us,
                 state,
                 pane_end_us,
+                clock_us,
+                clock_uses,
                 ..
             } => {
-                let now = now_unix_us();
+                if *clock_uses == 0 {
+                    *clock_us = now_unix_us();
+                    *clock_uses = WINDOW_CLOCK_USES;
+                }
+                *clock_uses -= 1;
+                let now = *clock_us;
                 if *pane_end_us == 0 {
                     *pane_end_us = (now / *size_us + 1) * *size_us;
                 }
@@ -458,6 +479,14 @@ impl Operator {
         }
     }
 
+    /// The wall clock went stale (the subtask waited for input): a `window` reads it again
+    /// at its next record.
+    pub(super) fn clock_stale(&mut self) {
+        if let Behaviour::Window { clock_uses, .. } = &mut self.behaviour {
+            *clock_uses = 0;
+        }
+    }
+
     /// Whether this is a window operator whose open pane may have ended (checks the clock
     /// at most every 64 records).
     pub(super) fn window_due(&mut self) -> bool {
@@ -489,12 +518,15 @@ impl Operator {
             aggregates,
             state,
             pane_end_us,
+            clock_us,
+            clock_uses,
             ..
         } = &mut self.behaviour
         else {
             return true;
         };
         let now = now_unix_us();
+        (*clock_us, *clock_uses) = (now, WINDOW_CLOCK_USES);
         if !all && (*pane_end_us == 0 || now < *pane_end_us) {
             return true;
         }
