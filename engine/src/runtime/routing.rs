@@ -22,11 +22,17 @@ impl Outputs {
             // Watermarks go to every downstream subtask and are not counted as records.
             return self.broadcast(Event::Data(rec), meter);
         }
-        for route in &mut self.routes {
-            let key = (route.key_of)(&rec);
+        // Every route but the last gets a copy; the last one the record itself.
+        let last = self.routes.len().saturating_sub(1);
+        let mut rec = Some(rec);
+        for (r, route) in self.routes.iter_mut().enumerate() {
+            let Some(this) = (if r == last { rec.take() } else { rec.clone() }) else {
+                break;
+            };
+            let key = (route.key_of)(&this);
             let msg = Message {
                 channel: route.channel,
-                event: Event::Data(rec.clone()),
+                event: Event::Data(this),
             };
             let ok = if route.keyed {
                 let kg = key_group(key, self.max_parallelism);
