@@ -427,6 +427,7 @@ impl Job {
                             figures: kafka_figures[name].clone(),
                             cpu_us: op.cpu,
                             io_us: op.io,
+                            payload: !kafka_payload_unused(&spec, name),
                         };
                         Box::new(move || source.run(ctx))
                     }
@@ -747,4 +748,51 @@ fn next_attempt() -> String {
     static STARTS: AtomicU64 = AtomicU64::new(0);
     let n = STARTS.fetch_add(1, Ordering::Relaxed);
     format!("{}{n:03}", now_unix_us() / 1000)
+}
+
+/// Whether no operator reads the Kafka records themselves ([`Payload::Kafka`]) of source
+/// `name`: it feeds only processing-time `window`s, which keep the records' keys, values and
+/// counts.
+fn kafka_payload_unused(spec: &JobSpec, name: &str) -> bool {
+    let mut to = spec
+        .edges
+        .iter()
+        .filter(|e| e.from == name)
+        .map(|e| spec.operator(&e.to).map(|o| &o.kind))
+        .peekable();
+    to.peek().is_some() && to.all(|k| matches!(k, Some(OperatorKind::Window { .. })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(downstream: &str) -> JobSpec {
+        JobSpec::from_yaml(&format!(
+            r#"name: j
+operators:
+  - {{ name: s, kind: source, kafka: {{ topic: t, bootstrapServers: "127.0.0.1:9092" }} }}
+{downstream}
+"#
+        ))
+        .expect("valid spec")
+    }
+
+    #[test]
+    fn kafka_records_are_dropped_only_before_processing_time_windows() {
+        let win = "  - { name: w, kind: window, sizeMs: 1000 }\n  - { name: o, kind: sink }";
+        let edges = "edges:\n  - { from: s, to: w }\n  - { from: w, to: o }";
+        assert!(kafka_payload_unused(&job(&format!("{win}\n{edges}")), "s"));
+        // A filter reads the value; a sink writes the record; both keep it.
+        let filter = "  - { name: f, kind: filter, where: \"n > 1\" }\n  - { name: o, kind: sink }\nedges:\n  - { from: s, to: f }\n  - { from: f, to: o }";
+        assert!(!kafka_payload_unused(&job(filter), "s"));
+        let sink = "  - { name: o, kind: sink }\nedges:\n  - { from: s, to: o }";
+        assert!(!kafka_payload_unused(&job(sink), "s"));
+        // A window and a sink side by side: the sink needs it.
+        let both =
+            format!("{win}\n  - {{ name: o2, kind: sink }}\n{edges}\n  - {{ from: s, to: o2 }}");
+        assert!(!kafka_payload_unused(&job(&both), "s"));
+        // No operator downstream at all: nothing to decide on, the record is kept.
+        assert!(!kafka_payload_unused(&job(&format!("{win}\n{edges}")), "o"));
+    }
 }

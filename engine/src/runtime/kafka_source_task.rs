@@ -184,11 +184,19 @@ pub(super) struct KafkaSourceTask {
     /// The operator's synthetic per-record costs (`cpu`, `io`, µs), spent per record read.
     pub(super) cpu_us: f64,
     pub(super) io_us: f64,
+    /// Whether records carry the Kafka record ([`Payload::Kafka`]): false when every
+    /// downstream operator reads only the records' key, value and counters
+    /// ([`kafka_payload_unused`]), so that the key and value bytes are not copied.
+    pub(super) payload: bool,
 }
 
 /// Records polled but not yet claimed (a barrier came first) and the offsets they advance.
 struct Polled {
     records: Vec<Record>,
+    /// Per record (same order): its partition and Kafka timestamp (ms since the Unix epoch).
+    stamps: Vec<(i32, Option<i64>)>,
+    /// The next offset of each partition read, a run of records of one partition in one
+    /// entry.
     advanced: Vec<(i32, i64)>,
     /// How long the first poll waited for a record (idle time, not work: with records at
     /// hand it returns at once).
@@ -256,10 +264,11 @@ impl KafkaSourceTask {
 
     fn poll(&self, consumer: &BaseConsumer, ctx: &SubtaskContext) -> Polled {
         let mut polled = Polled {
-            records: Vec::new(),
+            records: Vec::with_capacity(SOURCE_BATCH as usize),
+            stamps: Vec::with_capacity(SOURCE_BATCH as usize),
             advanced: Vec::new(),
             waited: Duration::ZERO,
-            invalid: Vec::new(),
+            invalid: Vec::with_capacity(SOURCE_BATCH as usize),
         };
         let mut wait = POLL_WAIT;
         // The last clock reading of this batch (µs since the epoch).
@@ -281,8 +290,7 @@ impl KafkaSourceTask {
                     break;
                 }
             };
-            let key = m.key().map(<[u8]>::to_vec);
-            let value = m.payload().map(<[u8]>::to_vec);
+            let (key, value) = (m.key(), m.payload());
             let timestamp_ms = m.timestamp().to_millis();
             // The clock is read again only for a record stamped after the last reading (a
             // record stamped before it is stamped before now too).
@@ -296,32 +304,43 @@ impl KafkaSourceTask {
             let now = *clock.insert(now);
             let created_us = stamp.filter(|&t| t <= now).unwrap_or(now);
             let (key_num, value_num, invalid) = if let Some(reader) = &self.reader {
-                match reader.read(key.as_deref(), value.as_deref()) {
+                match reader.read(key, value) {
                     Ok((k, v)) => (k, v, None),
                     Err(why) => (0, 0, Some(why)),
                 }
             } else {
-                let v = match (&self.spec.value_field, &value) {
+                let v = match (&self.spec.value_field, value) {
                     (Some(f), Some(v)) => json_int_field(v, f),
                     _ => 0,
                 };
-                (key_hash(key.as_deref()), v, None)
+                (key_hash(key), v, None)
             };
-            polled.advanced.push((m.partition(), m.offset() + 1));
+            let (partition, offset) = (m.partition(), m.offset());
+            match polled.advanced.last_mut() {
+                Some((p, next)) if *p == partition => *next = (*next).max(offset + 1),
+                _ => polled.advanced.push((partition, offset + 1)),
+            }
+            // A dead letter keeps its record (for the log line naming it).
+            let payload = if self.payload || invalid.is_some() {
+                Payload::Kafka(Arc::new(KafkaRecord {
+                    key: key.map(<[u8]>::to_vec),
+                    value: value.map(<[u8]>::to_vec),
+                    timestamp_ms,
+                    partition,
+                    offset,
+                }))
+            } else {
+                Payload::None
+            };
             polled.invalid.push(invalid);
+            polled.stamps.push((partition, timestamp_ms));
             polled.records.push(Record {
                 seq: 0,
                 key: key_num,
                 value: value_num,
                 count: 1,
                 created_us,
-                payload: Payload::Kafka(Arc::new(KafkaRecord {
-                    key,
-                    value,
-                    timestamp_ms,
-                    partition: m.partition(),
-                    offset: m.offset(),
-                })),
+                payload,
             });
         }
         polled
@@ -455,13 +474,15 @@ impl KafkaSourceTask {
                     let shed_share = crate::shed::share();
                     let mut shed = 0u64;
                     let mut invalid = batch.invalid.into_iter();
+                    let mut stamps = batch.stamps.into_iter();
                     let now = now_ms();
                     for (i, mut rec) in batch.records.into_iter().enumerate() {
                         rec.seq = start + i as u64;
-                        if let (Some(w), Payload::Kafka(k)) = (&mut event_time, &rec.payload)
-                            && let Some(ts) = k.timestamp_ms.and_then(|t| u64::try_from(t).ok())
+                        let stamp = stamps.next();
+                        if let (Some(w), Some((partition, Some(ts)))) = (&mut event_time, stamp)
+                            && let Ok(ts) = u64::try_from(ts)
                         {
-                            w.on_record(k.partition, ts, now);
+                            w.on_record(partition, ts, now);
                         }
                         if let Some(why) = invalid.next().flatten() {
                             ctx.dead_letter(&rec, &why);
