@@ -7,6 +7,7 @@
 pub mod backoff;
 pub mod drive;
 pub mod machine;
+pub mod restore_point;
 pub mod runtime_backend;
 
 pub use backoff::{BACKOFF_FIRST_S, BACKOFF_MAX_S, RescaleBackoff};

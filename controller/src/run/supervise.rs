@@ -10,11 +10,9 @@
 //! beginning. Keyed state, source positions and the record counters come back with it, so the
 //! run's record balance holds across restarts.
 
-use std::path::Path;
 use std::time::Duration;
 
 use streamscale_engine::checkpoint::storage::CheckpointStorage;
-use streamscale_engine::savepoint::METADATA_FILE;
 use streamscale_engine::spec::{JobSpec, RestartSpec};
 
 use tokio::time::Instant;
@@ -23,74 +21,14 @@ use super::run_loop::Loop;
 use crate::report::RestartRecord;
 use crate::runtime::{EngineHandle, EngineRuntime, RuntimeError, Savepoint};
 
+pub use crate::rescale::restore_point::restore_point;
+
 /// The run's restart strategy: the job's `checkpoint.restart`, else its defaults.
 pub fn restart_policy(spec: &JobSpec) -> RestartSpec {
     spec.checkpoint
         .as_ref()
         .map(|c| c.restart)
         .unwrap_or_default()
-}
-
-/// Checkpoint id recorded in the manifest of the savepoint or checkpoint at `dir`, if readable.
-fn checkpoint_id_of(dir: &Path) -> Option<u64> {
-    let text = std::fs::read(dir.join(METADATA_FILE)).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    v.get("checkpoint_id")?.as_u64()
-}
-
-/// Where a restarted engine resumes (see the module documentation): `Ok(None)` from the
-/// beginning. Only checkpoints numbered `first_checkpoint_id` or higher are this run's
-/// ([`first_checkpoint_id`]). Reads and verifies the latest checkpoints (blocking I/O); a damaged newest one
-/// falls back to an older one. `warn` receives a line when no checkpoint verifies but a
-/// savepoint is used instead.
-///
-/// # Errors
-/// When checkpoints exist but none verifies and there is no savepoint to fall back to, or the
-/// storage cannot be listed: the reason, naming the files.
-pub fn restore_point(
-    spec: &JobSpec,
-    first_checkpoint_id: u64,
-    restored_from: Option<&Savepoint>,
-    warn: &mut dyn FnMut(String),
-) -> Result<Option<Savepoint>, String> {
-    let savepoint = restored_from.map(|s| (s.clone(), checkpoint_id_of(Path::new(&s.path))));
-    let checkpoint = match spec
-        .checkpoint
-        .as_ref()
-        .and_then(|c| Some((c, c.dir.as_ref()?)))
-    {
-        None => None,
-        Some((c, dir)) => {
-            let latest = CheckpointStorage::open(dir, c.retain)
-                .map_err(|e| e.to_string())
-                .and_then(|s| {
-                    s.latest_since(spec, first_checkpoint_id)
-                        .map_err(|e| e.to_string())
-                });
-            match latest {
-                Ok(found) => found.map(|(path, sp)| {
-                    (
-                        Savepoint {
-                            path: path.display().to_string(),
-                        },
-                        sp.metadata.checkpoint_id,
-                    )
-                }),
-                Err(e) if savepoint.is_some() => {
-                    warn(format!(
-                        "warning: no usable checkpoint ({e}); restarting from the savepoint instead"
-                    ));
-                    None
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    };
-    Ok(match (checkpoint, savepoint) {
-        (Some((c, cid)), Some((s, sid))) => Some(if cid >= sid { c } else { s }),
-        (Some((c, _)), None) => Some(c),
-        (None, s) => s.map(|(s, _)| s),
-    })
 }
 
 /// The id the job's next checkpoint takes ([`CheckpointStorage::next_id`]; 0 without
