@@ -3,9 +3,11 @@
 //! A rescale (stop-with-savepoint at the old parallelism, restore at the new one) is the
 //! rescale machine of [`crate::rescale`] driven with the runtime as its backend, the same
 //! machine the Kubernetes operator drives. The savepoint is never lost and never overwritten:
-//! if the new engine cannot be started from it, the job is restarted at the old parallelism
-//! from the same savepoint; if the savepoint itself fails, the old engine is left running (or,
-//! when it died, restarted at the old parallelism from its latest restore point).
+//! if the new engine does not run from it, the job is restarted at the old parallelism from
+//! the newest restore point (with [`Executor::with_restore_point`], the failed engine's latest
+//! completed checkpoint when it got that far, else the same savepoint); if the savepoint itself
+//! fails, the old engine is left running (or, when it died, restarted at the old parallelism
+//! from its latest restore point).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,8 +44,9 @@ pub enum RescaleOutcome {
         /// Seconds the attempt took.
         downtime_s: f64,
     },
-    /// The savepoint completed but the new engine could not start from it; the job was restarted
-    /// at the old parallelism from the same savepoint.
+    /// The savepoint completed but the new engine did not run from it in time; the job was
+    /// restarted at the old parallelism from the newest restore point (`engine.restored_from`:
+    /// the failed engine's latest completed checkpoint, else the savepoint).
     RestoreFailed {
         /// The engine at the old parallelism.
         engine: EngineHandle,
@@ -80,9 +83,10 @@ impl RescaleOutcome {
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {
     /// Neither the new nor the old parallelism could be started; the savepoint (if any) is kept.
+    /// `savepoint` is the newest restore point (a savepoint or a completed checkpoint).
     #[error("cannot restart the job{}: {error}", savepoint.as_ref().map(|s| format!(" from savepoint {}", s.path)).unwrap_or_default())]
     Unrecoverable {
-        /// The last completed savepoint, to restore from by hand.
+        /// The newest completed savepoint or checkpoint, to restore from by hand.
         savepoint: Option<Savepoint>,
         /// What went wrong.
         error: String,
@@ -111,8 +115,9 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         }
     }
 
-    /// Resumes an engine that died during a rescale's savepoint from `find`'s restore point
-    /// (the latest completed checkpoint) instead of the savepoint it was restored from.
+    /// Resumes an engine that died during a rescale's savepoint, and rolls back a restore that
+    /// failed, from `find`'s restore point (the latest completed checkpoint, when newer) instead
+    /// of the savepoint the failed engine was restored from.
     pub fn with_restore_point(mut self, find: RestorePointFn) -> Self {
         self.restore_point = Some(find);
         self
@@ -212,7 +217,11 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
         let downtime_s = backend.elapsed_s();
         let running = backend.engine().cloned();
         let lost = |error: String| ExecutorError::Unrecoverable {
-            savepoint: backend.savepoint().or(backend.fallback()).cloned(),
+            savepoint: backend
+                .newest()
+                .or(backend.savepoint())
+                .or(backend.fallback())
+                .cloned(),
             error,
         };
         let first_error = backend.launch_errors().first().cloned().unwrap_or_default();
@@ -476,6 +485,54 @@ mod tests {
                 (p(2), None),
                 (p(4), Some("/sp/1".into())),
                 (p(2), Some("/sp/1".into()))
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_restore_rolls_back_from_the_failed_engines_latest_checkpoint() {
+        let mock = Mock {
+            broken_parallelism: vec![4],
+            ..Mock::default()
+        };
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        let ex = Executor::new(&mock, Path::new("job.yaml"))
+            .with_running_timeout(Duration::from_secs(1))
+            .with_restore_point(Arc::new(move |from: Option<&Savepoint>| {
+                seen.lock().expect("lock").push(from.cloned());
+                Ok(Some(Savepoint {
+                    path: "/chk/chk-12".into(),
+                }))
+            }));
+        let engine = first_engine(&ex).await;
+        let out = ex.rescale(engine, &p(4)).await.expect("recovers");
+        let RescaleOutcome::RestoreFailed {
+            engine, savepoint, ..
+        } = out
+        else {
+            panic!("expected RestoreFailed, got {out:?}");
+        };
+        assert_eq!(engine.parallelism, p(2));
+        assert_eq!(
+            engine.restored_from.map(|s| s.path).as_deref(),
+            Some("/chk/chk-12")
+        );
+        assert_eq!(savepoint.path, "/sp/1", "the rescale's savepoint is kept");
+        // Asked once the engine at the new parallelism (restored from /sp/1) had failed.
+        assert_eq!(
+            asked.lock().expect("lock").clone(),
+            vec![Some(Savepoint {
+                path: "/sp/1".into()
+            })]
+        );
+        let starts = mock.starts.lock().expect("lock").clone();
+        assert_eq!(
+            starts,
+            vec![
+                (p(2), None),
+                (p(4), Some("/sp/1".into())),
+                (p(2), Some("/chk/chk-12".into()))
             ]
         );
     }

@@ -167,6 +167,7 @@ mod tests {
                 workload: Some(self.workload.clone()),
                 step_age_s: 0.0,
                 previous_restore: None,
+                newest_restore: None,
                 savepoint_dir: "/sp".into(),
                 savepoint_timeout_s: 60.0,
                 restore_timeout_s: 60.0,

@@ -8,7 +8,11 @@
 //!
 //! * a failed savepoint ends the rescale with the job running at the old parallelism;
 //! * a restore at the new parallelism that fails or times out redeploys the old parallelism
-//!   from the same savepoint (`rolling_back`);
+//!   (`rolling_back`) from the newest completed restore point of the job's lineage: the failed
+//!   attempt's latest completed checkpoint when the backend observed one
+//!   ([`Observation::newest_restore`]), else the rescale's savepoint. Never from an older one:
+//!   the attempt's exactly-once sinks committed what it processed up to its latest checkpoint,
+//!   and a restore from the savepoint would commit it a second time;
 //! * the savepoint's id is chosen before the request ([`savepoint_id`]) and persisted with the
 //!   Savepointing step, so a driver killed right after the request finds the id and polls it
 //!   (or, when the engine has exited and restarted since and no longer knows it, learns from
@@ -52,7 +56,9 @@ pub struct RescaleState {
     /// Id of the requested savepoint, once requested.
     #[serde(default)]
     pub savepoint_id: Option<String>,
-    /// Path of the completed savepoint, once completed.
+    /// Path of the completed savepoint, once completed; while rolling back, the restore point
+    /// being deployed (that savepoint, the failed attempt's latest completed checkpoint, or the
+    /// savepoint the job ran from before).
     #[serde(default)]
     pub savepoint_path: Option<String>,
     /// True when restoring at the new parallelism failed and the job is going back to `from`.
@@ -120,6 +126,14 @@ pub struct Observation {
     pub step_age_s: f64,
     /// The savepoint the job ran from before the rescale (to fall back to).
     pub previous_restore: Option<String>,
+    /// The newest completed restore point of the deployed engine's lineage, observed once
+    /// that engine is gone (killed or exited, so that it completes no further checkpoint): its
+    /// latest completed checkpoint that verifies, when newer than what it was restored from.
+    /// `None` when there is none newer, or when the backend's engine picks it itself on start
+    /// (the operator's pods recover from their lineage's checkpoint directory). A restore that
+    /// failed is rolled back from it rather than from the older savepoint, since the failed
+    /// attempt's exactly-once sinks may have committed output after the savepoint.
+    pub newest_restore: Option<String>,
     /// Directory the engine writes savepoints to (a savepoint's path is `DIR/ID`).
     pub savepoint_dir: String,
     /// Seconds a savepoint may stay pending, or the engine unreachable, while savepointing
@@ -166,11 +180,12 @@ pub enum Outcome {
         /// Why.
         reason: String,
     },
-    /// The restore failed and the job runs again at the old parallelism from the savepoint.
+    /// The restore failed and the job runs again at the old parallelism from the newest
+    /// restore point: the failed attempt's latest completed checkpoint, else the savepoint.
     RolledBack {
         /// The old parallelism.
         parallelism: BTreeMap<String, u32>,
-        /// The savepoint it runs from.
+        /// The savepoint or checkpoint it runs from.
         savepoint: Option<String>,
     },
     /// Not even the old parallelism could be restored; the job needs a person.
@@ -428,18 +443,26 @@ pub fn advance(r: &RescaleState, obs: &Observation, now: &str) -> Transition {
                     },
                     format!("rolled back to {}", fmt_p(&r.from)),
                 ),
+                // Never from an older restore point than the failed attempt's newest: what it
+                // committed after the savepoint would be committed again.
                 (Some(false), false) => roll_back(
                     r,
                     now,
-                    r.savepoint_path.clone(),
+                    obs.newest_restore
+                        .clone()
+                        .or_else(|| r.savepoint_path.clone()),
                     &format!("restore at {} failed", fmt_p(&r.to)),
                 ),
                 (Some(false), true) => end(
                     Outcome::Failed {
                         reason: format!(
-                            "restoring the old parallelism {} from {} failed too",
+                            "restoring the old parallelism {} from {} failed too; resume the job from {}",
                             fmt_p(&r.from),
-                            r.savepoint_path.as_deref().unwrap_or("a fresh start")
+                            r.savepoint_path.as_deref().unwrap_or("a fresh start"),
+                            obs.newest_restore
+                                .as_deref()
+                                .or(r.savepoint_path.as_deref())
+                                .unwrap_or("the beginning")
                         ),
                     },
                     "rollback failed; the job needs attention".to_string(),
@@ -486,6 +509,7 @@ mod tests {
             }),
             step_age_s: 1.0,
             previous_restore: None,
+            newest_restore: None,
             savepoint_dir: "/sp".into(),
             savepoint_timeout_s: SAVEPOINT_TIMEOUT_S,
             restore_timeout_s: RESTORE_TIMEOUT_S,
@@ -632,6 +656,58 @@ mod tests {
             "t",
         );
         assert!(matches!(t.outcome, Some(Outcome::RolledBack { .. })));
+    }
+
+    #[test]
+    fn a_failed_restore_rolls_back_from_the_newest_restore_point_never_an_older_one() {
+        // The attempt at the new parallelism ran from /sp/sp-1, completed checkpoint 12 (its
+        // exactly-once sinks committed up to it), then failed.
+        let mut r = rescale();
+        r.step = RescaleStep::Restoring;
+        r.savepoint_path = Some("/sp/sp-1".into());
+        let mut o = obs(
+            up("failed", p(&[("map", 3)]), Some("/sp/sp-1")),
+            SavepointObs::NotAsked,
+        );
+        o.newest_restore = Some("/chk/chk-12".into());
+        let t = advance(&r, &o, "t1");
+        let next = t.rescale.expect("rolling back");
+        assert!(next.rolling_back);
+        assert_eq!(next.to, p(&[("map", 1)]));
+        assert_eq!(next.savepoint_path.as_deref(), Some("/chk/chk-12"));
+        let deploy = Action::Deploy {
+            parallelism: p(&[("map", 1)]),
+            restore: Some("/chk/chk-12".into()),
+        };
+        assert_eq!(t.action, deploy);
+        assert!(t.event.is_some_and(|e| e.contains("/chk/chk-12")));
+        // A driver that dies now redeploys the same restore point (persisted), whatever it
+        // observes next.
+        o.newest_restore = None;
+        o.engine = EngineObs::Unreachable;
+        let t = advance(&next, &o, "t2");
+        assert_eq!(t.action, deploy);
+        // Rolled back once the old parallelism runs from that checkpoint.
+        let mut back = next;
+        back.step = RescaleStep::Restoring;
+        o.engine = up("running", p(&[("map", 1)]), Some("/chk/chk-12"));
+        assert_eq!(
+            advance(&back, &o, "t3").outcome,
+            Some(Outcome::RolledBack {
+                parallelism: p(&[("map", 1)]),
+                savepoint: Some("/chk/chk-12".into())
+            })
+        );
+        // Rolling back failed too: the reason names the newest restore point to resume from.
+        o.engine = up("failed", p(&[("map", 1)]), Some("/chk/chk-12"));
+        o.newest_restore = Some("/chk/chk-15".into());
+        let Some(Outcome::Failed { reason }) = advance(&back, &o, "t4").outcome else {
+            panic!("expected Failed");
+        };
+        assert!(
+            reason.ends_with("resume the job from /chk/chk-15"),
+            "{reason}"
+        );
     }
 
     #[test]

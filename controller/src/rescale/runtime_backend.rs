@@ -9,7 +9,11 @@
 //! the machine redeploys the old parallelism from the latest restore point (the engine's
 //! latest checkpoint when a [`RestorePointFn`] is given, else the savepoint it was restored
 //! from). A restore that fails (the engine exits, its job reports `failed`, `finished` or
-//! `stopped`, or it does not run within the running timeout) is rolled back by the machine.
+//! `stopped`, or it does not run within the running timeout) is rolled back by the machine
+//! from the newest restore point of the failed engine, found once it is killed or has exited
+//! (with a [`RestorePointFn`], its latest completed checkpoint when newer than the savepoint:
+//! it may have run, completed checkpoints and committed output through exactly-once sinks
+//! before it failed).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -63,6 +67,9 @@ pub struct RuntimeBackend<'a, R: EngineRuntime> {
     old_alive: Option<bool>,
     /// Where a stopped old engine resumes (see [`RestorePointFn`]).
     fallback: Option<Savepoint>,
+    /// Where the job resumes after the engine deployed last failed (see [`RestorePointFn`];
+    /// `None` while it has not failed, or without a [`RestorePointFn`]).
+    newest: Option<Savepoint>,
 }
 
 impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
@@ -95,6 +102,7 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
             savepoint_error: None,
             old_alive: None,
             fallback: None,
+            newest: None,
         }
     }
 
@@ -144,6 +152,35 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
         self.fallback.as_ref()
     }
 
+    /// The newest restore point after the engine deployed last failed: its latest completed
+    /// checkpoint, or what it was restored from (`None` before it failed, or without a
+    /// [`RestorePointFn`]).
+    pub fn newest(&self) -> Option<&Savepoint> {
+        self.newest.as_ref()
+    }
+
+    /// `find`'s restore point for an engine restored from `from` (see [`RestorePointFn`]);
+    /// `from` itself without a `find` or when it fails.
+    async fn restore_point(&self, from: Option<Savepoint>) -> Option<Savepoint> {
+        let Some(find) = &self.restore_point else {
+            return from;
+        };
+        let (find, asked) = (Arc::clone(find), from.clone());
+        match tokio::task::spawn_blocking(move || find(asked.as_ref())).await {
+            Ok(Ok(point)) => point,
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    "no checkpoint to restart from ({e}); using the engine's restore point"
+                );
+                from
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                from
+            }
+        }
+    }
+
     fn age_s(&self, since: &str) -> f64 {
         since
             .parse::<f64>()
@@ -167,26 +204,18 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
         }
         self.old_alive = Some(false);
         self.engine = None;
-        let from = self.old.restored_from.clone();
-        self.fallback = match &self.restore_point {
-            Some(find) => {
-                let (find, asked) = (Arc::clone(find), from.clone());
-                match tokio::task::spawn_blocking(move || find(asked.as_ref())).await {
-                    Ok(Ok(point)) => point,
-                    Ok(Err(e)) => {
-                        tracing::warn!(
-                            "no checkpoint to restart from ({e}); using the engine's restore point"
-                        );
-                        from
-                    }
-                    Err(e) => {
-                        tracing::warn!("{e}");
-                        from
-                    }
-                }
-            }
-            None => from,
-        };
+        self.fallback = self.restore_point(self.old.restored_from.clone()).await;
+    }
+
+    /// Records that the engine deployed last did not run (`error`; it is dead by now) and
+    /// finds the newest restore point of its lineage (see [`Self::newest`]).
+    async fn deployed_failed(&mut self, error: String) {
+        self.failed_counted = true;
+        self.launch_errors.push(error);
+        if self.restore_point.is_some() {
+            let from = self.deployed.restore.clone().map(|path| Savepoint { path });
+            self.newest = self.restore_point(from).await;
+        }
     }
 
     /// The deployed engine as the machine sees it while restoring; records why it did not
@@ -234,8 +263,7 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
                 .to_string()
             }
         };
-        self.failed_counted = true;
-        self.launch_errors.push(error);
+        self.deployed_failed(error).await;
         failed
     }
 }
@@ -278,6 +306,7 @@ impl<R: EngineRuntime> RescaleBackend for RuntimeBackend<'_, R> {
             workload: Some(self.deployed.clone()),
             step_age_s,
             previous_restore: self.fallback.as_ref().map(|s| s.path.clone()),
+            newest_restore: self.newest.as_ref().map(|s| s.path.clone()),
             savepoint_dir: String::new(),
             savepoint_timeout_s: timeout_s,
             restore_timeout_s: timeout_s,
@@ -341,6 +370,7 @@ impl<R: EngineRuntime> RescaleBackend for RuntimeBackend<'_, R> {
             restore: restore.as_ref().map(|s| s.path.clone()),
         };
         self.failed_counted = false;
+        self.newest = None;
         self.last_seen.clear();
         match self
             .runtime
@@ -348,10 +378,7 @@ impl<R: EngineRuntime> RescaleBackend for RuntimeBackend<'_, R> {
             .await
         {
             Ok(engine) => self.engine = Some(engine),
-            Err(e) => {
-                self.failed_counted = true;
-                self.launch_errors.push(e.to_string());
-            }
+            Err(e) => self.deployed_failed(e.to_string()).await,
         }
         self.deployed_at = Instant::now();
         Ok(())
