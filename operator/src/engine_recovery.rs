@@ -1,7 +1,9 @@
 //! Noticing that a StreamJob's engine recovered from its own checkpoint: the engine pod's
-//! container died and was restarted with the same arguments (`--recover`), so the engine
-//! reports a checkpoint as what it was restored from instead of the savepoint the operator
-//! deployed it from (`status.restoredFrom`). [`observe`] and [`apply`] count it in status;
+//! container died and was restarted with the same arguments (`--recover`), or a rescale's
+//! roll back found the failed attempt's checkpoints in the lineage's directory
+//! ([`crate::resources::checkpoint_dir`]), so the engine reports a checkpoint as what it was
+//! restored from instead of the savepoint the operator deployed it from
+//! (`status.restoredFrom`). [`observe`] and [`apply`] count it in status;
 //! [`as_deployed`] keeps a rescale from mistaking it for an engine that did not restore.
 
 use crate::crd::{StreamJob, StreamJobStatus};
@@ -49,7 +51,7 @@ pub fn apply(status: &mut StreamJobStatus, obs: RecoveryObs) -> Option<String> {
             status.recoveries += 1;
             status.recovered_from = Some(from.clone());
             Some(format!(
-                "the engine restarted (its container died and was restarted) and recovered from its latest completed checkpoint {from} (recovery {}); records after that checkpoint are read again from the sources, and exactly-once sinks commit each result once",
+                "the engine recovered from the latest completed checkpoint {from} of its lineage (its container died and was restarted, or a rescale rolled back after its new engine had completed checkpoints) (recovery {}); records after that checkpoint are read again from the sources, and exactly-once sinks commit each result once",
                 status.recoveries
             ))
         }
@@ -78,11 +80,10 @@ pub fn as_deployed(
     else {
         return engine;
     };
-    let own = crate::resources::checkpoint_dir(job, &w.parallelism, w.restore.as_deref())
-        .is_some_and(|dir| {
-            from.strip_prefix(&dir)
-                .is_some_and(|rest| rest.starts_with('/'))
-        });
+    let own = crate::resources::checkpoint_dir(job, w.restore.as_deref()).is_some_and(|dir| {
+        from.strip_prefix(&dir)
+            .is_some_and(|rest| rest.starts_with('/'))
+    });
     if !own {
         return engine;
     }
@@ -117,8 +118,8 @@ spec:
             parallelism: job.spec.job.parallelism(),
             restore: Some("/sp/sp-2".into()),
         };
-        let dir = crate::resources::checkpoint_dir(&job, &w.parallelism, w.restore.as_deref())
-            .expect("checkpointed");
+        let dir =
+            crate::resources::checkpoint_dir(&job, w.restore.as_deref()).expect("checkpointed");
         let up = |from: &str| EngineObs::Up {
             state: "running".into(),
             parallelism: w.parallelism.clone(),

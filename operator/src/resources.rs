@@ -173,19 +173,18 @@ pub fn pvc(job: &StreamJob) -> Result<Option<PersistentVolumeClaim>, ResourceErr
     Ok(Some(pvc))
 }
 
-/// Where the engine deployed at `parallelism` from `restore` writes its periodic checkpoints:
-/// `checkpoints/<lineage>` under the job's `checkpoint.dir` when that is absolute or a URL,
-/// else under the savepoint volume ([`savepoint_dir`]), so that they outlive a container
-/// restart. `<lineage>` is 16 hex digits of a SHA-256 over the job file at `parallelism` and
-/// the savepoint restored from: a pod restarted with the same template finds its own
-/// checkpoints, and an engine deployed from a newer savepoint (a rescale) or with another job
-/// graph never recovers from an older engine's. `None` when the job has no `checkpoint:`
-/// block (it takes no checkpoints).
-pub fn checkpoint_dir(
-    job: &StreamJob,
-    parallelism: &BTreeMap<String, u32>,
-    restore: Option<&str>,
-) -> Option<String> {
+/// Where the engine deployed from `restore` (at any parallelism) writes its periodic
+/// checkpoints: `checkpoints/<lineage>` under the job's `checkpoint.dir` when that is absolute
+/// or a URL, else under the savepoint volume ([`savepoint_dir`]), so that they outlive a
+/// container restart. `<lineage>` is 16 hex digits of a SHA-256 over the job file (every
+/// operator at parallelism 1) and the savepoint restored from: a pod restarted with the same
+/// template finds its own checkpoints; a rescale's roll back (the old parallelism from the
+/// same savepoint) finds those of the failed attempt at the new parallelism and, with
+/// `--recover`, resumes from the newest of them rather than from the older savepoint, whose
+/// later records the attempt's exactly-once sinks may have committed; an engine deployed from
+/// a newer savepoint (a rescale) or with another job graph never recovers from an older
+/// engine's. `None` when the job has no `checkpoint:` block (it takes no checkpoints).
+pub fn checkpoint_dir(job: &StreamJob, restore: Option<&str>) -> Option<String> {
     use sha2::Digest;
     let checkpoint = job.spec.job.checkpoint.as_ref()?;
     let base = match checkpoint.dir.as_deref().map(|d| d.trim_end_matches('/')) {
@@ -193,7 +192,14 @@ pub fn checkpoint_dir(
         _ => format!("{}/checkpoints", savepoint_dir(job)),
     };
     let mut hasher = sha2::Sha256::new();
-    hasher.update(job_yaml(job, parallelism).as_bytes());
+    let ones: BTreeMap<String, u32> = job
+        .spec
+        .job
+        .operators
+        .iter()
+        .map(|o| (o.name.clone(), 1))
+        .collect();
+    hasher.update(job_yaml(job, &ones).as_bytes());
     hasher.update([0u8]);
     hasher.update(restore.unwrap_or_default().as_bytes());
     let lineage: String = hasher
@@ -349,7 +355,7 @@ pub fn deployment(
                             &savepoint_dir(job),
                             parallelism,
                             restore,
-                            checkpoint_dir(job, parallelism, restore).as_deref(),
+                            checkpoint_dir(job, restore).as_deref(),
                         ),
                         "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
                         "resources": {
@@ -515,7 +521,8 @@ spec:
 
     /// The engine pod restarts with the same arguments; they must name a checkpoint directory
     /// on the savepoint volume (not beside the read-only job file) and `--recover`, and the
-    /// directory must change with the savepoint restored from and the job graph.
+    /// directory must change with the savepoint restored from and the job graph (not with the
+    /// parallelism).
     #[test]
     fn a_checkpointed_job_recovers_from_its_own_checkpoints_on_the_savepoint_volume() {
         let args_of = |d: &Deployment| {
@@ -568,15 +575,24 @@ spec:
             value(&again, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
         );
-        // Another savepoint or another parallelism: another directory.
+        // Another savepoint or another job graph: another directory.
         let newer = args_of(&deployment(&j, &p, Some("/sp/sp-2"), 0).expect("deployment"));
         assert_ne!(
             value(&newer, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
         );
+        let mut other = j.clone();
+        other.spec.job.operators[0].name = "renamed".into();
+        let other = args_of(&deployment(&other, &p, Some("/sp/sp-1"), 0).expect("deployment"));
+        assert_ne!(
+            value(&other, "--checkpoint-dir").as_deref(),
+            Some(chk.as_str())
+        );
+        // The same savepoint at another parallelism (a rescale and its roll back): the same
+        // directory, so the roll back recovers from the failed attempt's newest checkpoint.
         let wider: BTreeMap<String, u32> = [("map".to_string(), 3)].into();
         let wider = args_of(&deployment(&j, &wider, Some("/sp/sp-1"), 0).expect("deployment"));
-        assert_ne!(
+        assert_eq!(
             value(&wider, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
         );

@@ -68,6 +68,11 @@ impl RescaleBackend for PodRescale<'_> {
             workload,
             step_age_s: age_s(&r.step_started_at),
             previous_restore: self.status.restored_from.clone(),
+            // The pods pick it themselves: a roll back deploys the old parallelism from the
+            // same savepoint, whose checkpoint directory it shares with the failed attempt
+            // (`resources::checkpoint_dir`), and `--recover` resumes from the newest
+            // checkpoint there that verifies, else from the savepoint.
+            newest_restore: None,
             savepoint_dir: resources::savepoint_dir(job),
             savepoint_timeout_s: f64::from(a.savepoint_timeout_seconds),
             restore_timeout_s: f64::from(a.restore_timeout_seconds),
