@@ -1,8 +1,8 @@
 //! Issue 21 ("never drop or duplicate a record silently"), rescale roll-back: a restore at the
 //! new parallelism that ran, completed checkpoints and published output through its
-//! exactly-once file sink, but was never seen running in time, is rolled back. The roll-back
-//! must resume from that attempt's latest completed checkpoint, not from the older savepoint
-//! (which would publish the attempt's records a second time).
+//! exactly-once file sink, then crashed before it was seen running, is rolled back. The
+//! roll-back must resume from that attempt's latest completed checkpoint, not from the older
+//! savepoint (which would publish the attempt's records a second time).
 #![allow(missing_docs)]
 
 use std::collections::{BTreeMap, HashSet};
@@ -22,16 +22,18 @@ use streamscale_tests::{fixtures, workspace_bin};
 /// Records the source emits (300 a second: about 10 s).
 const RECORDS: usize = 3000;
 
-/// The real local runtime, except that status requests to engines at a parallelism other than
-/// the first one get no answer, as through a network partition (the engine itself runs, takes
-/// checkpoints and publishes output). Notes the published part files when the rescale's
-/// savepoint completed and when the unanswered engine was killed.
-struct PartitionedRuntime {
+/// The real local runtime, except that status requests to an engine at a parallelism other
+/// than the first one get no answer (as through a network partition; the engine itself runs,
+/// takes checkpoints and publishes output) until it has published output after the rescale's
+/// savepoint; then it crashes (SIGKILL) and is reported exited. Notes the published part files
+/// when the savepoint completed and at the crash.
+struct CrashingRuntime {
     inner: LocalRuntime,
     reachable: BTreeMap<String, u32>,
     output: PathBuf,
     parts_at_savepoint: Mutex<HashSet<String>>,
     parts_at_kill: Mutex<HashSet<String>>,
+    crashed: Mutex<HashSet<u64>>,
 }
 
 fn parts(dir: &Path) -> HashSet<String> {
@@ -44,13 +46,13 @@ fn parts(dir: &Path) -> HashSet<String> {
         .unwrap_or_default()
 }
 
-impl PartitionedRuntime {
+impl CrashingRuntime {
     fn hidden(&self, handle: &EngineHandle) -> bool {
         handle.parallelism != self.reachable
     }
 }
 
-impl EngineRuntime for PartitionedRuntime {
+impl EngineRuntime for CrashingRuntime {
     async fn start(
         &self,
         job: &Path,
@@ -72,6 +74,16 @@ impl EngineRuntime for PartitionedRuntime {
 
     async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
         if self.hidden(handle) {
+            // Three part files past the savepoint: three checkpoints of this engine completed
+            // and committed.
+            let before = self.parts_at_savepoint.lock().expect("lock").clone();
+            let now = parts(&self.output);
+            if now.difference(&before).count() >= 3
+                && self.crashed.lock().expect("lock").insert(handle.id)
+            {
+                *self.parts_at_kill.lock().expect("lock") = now;
+                self.inner.kill(handle).await?;
+            }
             return Err(RuntimeError::Api(ApiError::NotRunning {
                 url: format!("{}/v1/job", handle.base_url),
                 waited_s: 0.0,
@@ -86,8 +98,8 @@ impl EngineRuntime for PartitionedRuntime {
     }
 
     async fn kill(&self, handle: &EngineHandle) -> Result<(), RuntimeError> {
-        if self.hidden(handle) {
-            *self.parts_at_kill.lock().expect("lock") = parts(&self.output);
+        if self.crashed.lock().expect("lock").contains(&handle.id) {
+            return Ok(());
         }
         self.inner.kill(handle).await
     }
@@ -97,6 +109,12 @@ impl EngineRuntime for PartitionedRuntime {
     }
 
     async fn exited(&self, handle: &EngineHandle) -> Option<RuntimeError> {
+        if self.crashed.lock().expect("lock").contains(&handle.id) {
+            return Some(RuntimeError::Exited {
+                status: "signal: 9 (SIGKILL)".into(),
+                last_error: "killed by the test after it published output".into(),
+            });
+        }
         self.inner.exited(handle).await
     }
 }
@@ -126,7 +144,7 @@ async fn a_rolled_back_rescale_resumes_from_the_failed_attempts_checkpoint_witho
     let job = fixtures::write(dir.path(), "job.yaml", &text);
     let spec = JobSpec::from_file(&job).expect("job parses");
     let client = reqwest::Client::new();
-    let runtime = PartitionedRuntime {
+    let runtime = CrashingRuntime {
         inner: LocalRuntime::new(
             workspace_bin("streamscale-engine"),
             dir.path().join("savepoints"),
@@ -137,10 +155,12 @@ async fn a_rolled_back_rescale_resumes_from_the_failed_attempts_checkpoint_witho
         output: out.clone(),
         parts_at_savepoint: Mutex::default(),
         parts_at_kill: Mutex::default(),
+        crashed: Mutex::default(),
     };
-    // As `streamscale run` wires it: the run's checkpoints start at the directory's next id.
+    // As `streamscale run` wires it (the run's first checkpoint id: 0, the directory is new).
+    // The running timeout only bounds a stuck test: the attempt crashes first.
     let executor = Executor::new(&runtime, &job)
-        .with_running_timeout(Duration::from_secs(4))
+        .with_running_timeout(Duration::from_secs(90))
         .with_restore_point(restore_point::finder(spec, 0));
     let (engine, _) = executor.launch(&p(1), None).await.expect("engine runs");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -150,19 +170,23 @@ async fn a_rolled_back_rescale_resumes_from_the_failed_attempts_checkpoint_witho
         .await
         .expect("an engine runs");
     let RescaleOutcome::RestoreFailed {
-        engine, savepoint, ..
+        engine,
+        savepoint,
+        error,
+        ..
     } = &outcome
     else {
         panic!("expected a rolled back rescale: {outcome:?}");
     };
+    assert!(error.contains("killed by the test"), "{error}");
     assert_eq!(engine.parallelism, p(1));
     let (at_savepoint, at_kill) = (
         runtime.parts_at_savepoint.lock().expect("lock").clone(),
         runtime.parts_at_kill.lock().expect("lock").clone(),
     );
     assert!(
-        at_kill.len() > at_savepoint.len() && at_kill.is_superset(&at_savepoint),
-        "the failed attempt published output before it was killed: {at_savepoint:?} then {at_kill:?}"
+        at_kill.len() >= at_savepoint.len() + 3 && at_kill.is_superset(&at_savepoint),
+        "the failed attempt published output before it crashed: {at_savepoint:?} then {at_kill:?}"
     );
 
     // The rolled back engine runs the bounded source to its end.

@@ -232,7 +232,7 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
         if self.failed_counted {
             return failed;
         }
-        let seen = match self.runtime.job_status(&engine).await {
+        let (seen, exit) = match self.runtime.job_status(&engine).await {
             Ok(job) if job.state == "running" => {
                 return EngineObs::Up {
                     state: job.state,
@@ -240,18 +240,23 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
                     restored_from: engine.restored_from.as_ref().map(|s| s.path.clone()),
                 };
             }
-            Ok(job) => format!("state {}", job.state),
-            Err(e) => e.to_string(),
+            Ok(job) => (format!("state {}", job.state), None),
+            // No answer: an engine that has exited is not waited for.
+            Err(e) => (e.to_string(), self.runtime.exited(&engine).await),
         };
         let ended = seen
             .strip_prefix("state ")
             .is_some_and(|s| matches!(s, "failed" | "finished" | "stopped"));
         self.last_seen = seen;
-        if !ended && age_s < self.running_timeout.as_secs_f64() {
+        if exit.is_none() && !ended && age_s < self.running_timeout.as_secs_f64() {
             return EngineObs::Unreachable;
         }
         // As `wait_running` fails: with the engine's exit when it died, else killed.
-        let error = match self.runtime.exited(&engine).await {
+        let exit = match exit {
+            Some(exit) => Some(exit),
+            None => self.runtime.exited(&engine).await,
+        };
+        let error = match exit {
             Some(exit) => exit.to_string(),
             None => {
                 let _ = self.runtime.kill(&engine).await;
