@@ -1078,7 +1078,10 @@ async fn flink_scaler_autoscales_a_flink_deployment_through_its_overrides() {
         &[
             "template",
             RELEASE,
-            root().join("charts/streamscale").to_str().unwrap_or_default(),
+            root()
+                .join("charts/streamscale")
+                .to_str()
+                .unwrap_or_default(),
             "--kube-version",
             "1.34.0",
             "--set",
