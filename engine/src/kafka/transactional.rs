@@ -96,8 +96,15 @@ fn new_marker() -> i64 {
         .map_or(0, |d| d.as_micros() as i64)
 }
 
+/// `b` as lowercase hexadecimal, two digits per byte.
 fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(2 * b.len());
+    for x in b {
+        s.push(char::from(DIGITS[usize::from(x >> 4)]));
+        s.push(char::from(DIGITS[usize::from(x & 0xf)]));
+    }
+    s
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
@@ -438,6 +445,7 @@ mod tests {
     fn hex_round_trips() {
         let b = b"\x00key\xff".to_vec();
         assert_eq!(unhex(&hex(&b)), Some(b));
+        assert_eq!(hex(b"\x00\x0f\xa5\xff"), "000fa5ff");
         assert_eq!(unhex("zz"), None);
         assert_eq!(unhex("abc"), None);
     }
