@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
-use streamscale_engine::kafka::{KafkaError, base_config, ensure_topic, sink::send_blocking};
+use rdkafka::producer::Producer;
+use streamscale_engine::kafka::sink::{PolledProducer, send_blocking};
+use streamscale_engine::kafka::{KafkaError, base_config, ensure_topic};
 use streamscale_engine::keygroup::murmur_fmix64;
 use streamscale_engine::spec::{GapPolicy, RateSpec, TraceRate};
 use streamscale_engine::trace::{RateFunction, TraceError};
@@ -138,7 +139,7 @@ pub fn run(
             opts.topic, opts.partitions
         ));
     }
-    let producer: ThreadedProducer<DefaultProducerContext> = base_config(&opts.brokers)
+    let producer: PolledProducer = base_config(&opts.brokers)
         .set("client.id", "streamscale-load")
         .set("linger.ms", "5")
         .set("enable.idempotence", "true")

@@ -6,9 +6,13 @@
 //! checkpoint never covers a record the brokers do not have; records written after the
 //! restored checkpoint are written again after a restore.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::config::FromClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
 
 use super::KafkaSinkSpec;
 use crate::payload::Payload;
@@ -102,10 +106,81 @@ impl TwoPhaseCommitSink for KafkaSink {
     }
 }
 
+/// A producer whose delivery reports and client errors are served by a thread of its own (as
+/// rdkafka's `ThreadedProducer`): every [`POLL_PERIOD`] it serves queued events one at a time
+/// (at most [`POLL_BURST`]) while that shrinks the producer's queue (`rd_kafka_outq_len`:
+/// messages not yet reported and events not yet served), and sleeps in between; `flush` serves
+/// the rest itself, and [`send_blocking`] when the queue is full. Derefs to the
+/// [`BaseProducer`]; stops its thread when dropped.
+pub struct PolledProducer {
+    producer: Arc<BaseProducer<DefaultProducerContext>>,
+    stop: Arc<AtomicBool>,
+    poller: Option<JoinHandle<()>>,
+}
+
+/// How often a [`PolledProducer`]'s thread serves its producer's events.
+pub const POLL_PERIOD: Duration = Duration::from_millis(10);
+/// Most events a [`PolledProducer`]'s thread serves per [`POLL_PERIOD`] (a delivery report
+/// covers a batch of messages).
+pub const POLL_BURST: u32 = 64;
+
+impl FromClientConfig for PolledProducer {
+    fn from_config(config: &rdkafka::ClientConfig) -> rdkafka::error::KafkaResult<Self> {
+        let producer = Arc::new(BaseProducer::from_config(config)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (producer.clone(), stop.clone());
+        let poller = std::thread::Builder::new()
+            .name("producer poller".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    let mut queued = p.in_flight_count();
+                    for _ in 0..POLL_BURST {
+                        if queued == 0 {
+                            break;
+                        }
+                        p.poll(Duration::ZERO);
+                        let left = p.in_flight_count();
+                        if left >= queued {
+                            break; // nothing was served: what is queued awaits the brokers
+                        }
+                        queued = left;
+                    }
+                    std::thread::park_timeout(POLL_PERIOD);
+                }
+            })
+            .map_err(|e| {
+                rdkafka::error::KafkaError::ClientCreation(format!("producer poller thread: {e}"))
+            })?;
+        Ok(PolledProducer {
+            producer,
+            stop,
+            poller: Some(poller),
+        })
+    }
+}
+
+impl std::ops::Deref for PolledProducer {
+    type Target = BaseProducer<DefaultProducerContext>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.producer
+    }
+}
+
+impl Drop for PolledProducer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.poller.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
 /// Kafka without transactions: an idempotent producer (`acks=all`) per subtask; records
 /// are keyed, so one key's results stay in order in one partition.
 pub struct AtLeastOnceWriter {
-    producer: ThreadedProducer<DefaultProducerContext>,
+    producer: PolledProducer,
     topic: String,
     sink: String,
 }
@@ -169,7 +244,7 @@ impl TransactionalWriter for AtLeastOnceWriter {
 /// # Errors
 /// librdkafka's message for any other refusal, or a queue still full after [`FLUSH_TIMEOUT`].
 pub fn send_blocking(
-    producer: &ThreadedProducer<DefaultProducerContext>,
+    producer: &PolledProducer,
     topic: &str,
     key: &[u8],
     value: &[u8],
@@ -186,6 +261,8 @@ pub fn send_blocking(
                 r,
             )) if start.elapsed() < FLUSH_TIMEOUT => {
                 record = r;
+                // Delivery reports waiting to be served hold queue room too.
+                producer.poll(Duration::ZERO);
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err((e, _)) => return Err(format!("send to topic {topic}: {e}")),

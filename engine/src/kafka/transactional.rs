@@ -38,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::KafkaSinkSpec;
@@ -57,7 +57,7 @@ pub const COMMIT_ATTEMPTS: u32 = 3;
 /// Pause between two tries of a commit.
 const COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
-type TxProducer = ThreadedProducer<DefaultProducerContext>;
+type TxProducer = super::sink::PolledProducer;
 
 /// What the writers and the committer of one exactly-once Kafka sink share.
 #[derive(Default)]
