@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
+use super::flaps::Profile;
 use super::float_text::Fixed;
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::guards::{
@@ -124,9 +125,7 @@ impl Autoscaler {
     /// [`Autoscaler::decide`] (a caller that knows the window repeats one already decided), so
     /// that the scale-down lookback sees it as if it had been made.
     pub fn repeat_recommendation(&mut self, now_s: f64, recommended: &[u32], spec: &JobSpec) {
-        let lookback = spec
-            .autoscaler
-            .scale_down_lookback(self.settings.planner.rescale_downtime_seconds);
+        let lookback = self.profile(now_s, spec).memory_s;
         let names: Vec<String> = self.state.recommended.keys().cloned().collect();
         if names.len() != recommended.len() {
             return;
@@ -195,6 +194,16 @@ impl Autoscaler {
             Some(prev) => 0.5 * prev + 0.5 * seconds,
             None => seconds,
         });
+    }
+
+    /// The guard settings in force at `now_s` for `spec`: the spiky-traffic profile
+    /// ([`super::flaps`]) when the job's recent rescales flapped, else the job's settings.
+    pub fn profile(&self, now_s: f64, spec: &JobSpec) -> Profile {
+        Profile::of(
+            &spec.autoscaler,
+            self.settings.planner.rescale_downtime_seconds,
+            self.state.flaps.spiky(now_s),
+        )
     }
 
     /// Decides at `now_s` (seconds) from a metric window (oldest first) of the job `spec`.
@@ -342,20 +351,30 @@ impl Autoscaler {
         // The guarded parallelism, edited in the plan's own map; the plan's values are kept
         // in name order and put back when the plan is returned as the recommendation of a hold.
         let recommended: Vec<u32> = planned.parallelism.values().copied().collect();
-        let lookback = spec
-            .autoscaler
-            .scale_down_lookback(g.planner.rescale_downtime_seconds);
-        if lookback > 0.0 {
+        let profile = self.profile(now_s, spec);
+        if profile.spiky {
+            planned
+                .reasons
+                .push(profile.note(self.state.flaps.recent(now_s)));
+        }
+        let lookback = profile.lookback_s;
+        if profile.memory_s > 0.0 {
             for (name, &p) in &planned.parallelism {
                 let steady = planned
                     .operators
                     .get(name.as_str())
                     .map_or(p, |o| steady_need(o, planned.target_utilization).min(p));
-                remember(&mut self.state.recommended, name, now_s, steady, lookback);
+                remember(
+                    &mut self.state.recommended,
+                    name,
+                    now_s,
+                    steady,
+                    profile.memory_s,
+                );
                 self.lookback_needs.push(steady);
             }
         }
-        let band = Band::new(spec, planned.latency_slo_seconds);
+        let band = Band::new(profile.band, planned.latency_slo_seconds);
         let mut now = NowAssessment::default();
         // Changes held inside the utilization band: (operator, planned parallelism, note).
         let mut in_band: Vec<(String, u32, String)> = Vec::new();
@@ -404,8 +423,14 @@ impl Autoscaler {
             // let the rest through within the scale-down delay, the job holds (one rescale later
             // rather than two) while the delay's clock keeps running.
             let mut lookback_hold: Option<String> = None;
-            if let Some(h) = self.state.recommended.get(name)
-                && let Some(highest) = h.front().map(|&(_, p)| p).filter(|&p| p > *new)
+            // The memory may reach further back than the lookback in force (see
+            // `Profile::memory_s`): only the recommendations within the lookback count.
+            let within = |h: &VecDeque<(f64, u32)>| {
+                let from = h.partition_point(|&(t, _)| t < now_s - lookback);
+                h.range(from..).copied().collect::<Vec<_>>()
+            };
+            if let Some(h) = self.state.recommended.get(name).map(within)
+                && let Some(highest) = h.first().map(|&(_, p)| p).filter(|&p| p > *new)
             {
                 self.used_history = true;
                 let floor = highest.min(cur);
@@ -603,6 +628,14 @@ impl Autoscaler {
             if spec.autoscaler.max_rescales_per_hour > 0 {
                 self.state.rescales_s.push_back(now_s);
             }
+            self.state.flaps.record(
+                now_s,
+                d.parallelism.iter().filter_map(|(op, &new)| {
+                    d.current
+                        .get(op.as_str())
+                        .map(|&cur| (op.as_str(), cur, new))
+                }),
+            );
             Verdict::Rescale(d)
         } else {
             restore(&mut planned.parallelism, &recommended);

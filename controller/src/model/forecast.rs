@@ -574,7 +574,7 @@ operators:
 edges:
   - {{ from: src, to: map }}
   - {{ from: map, to: sink }}
-autoscaler: {{ forecast: {forecast} }}
+autoscaler: {{ forecast: {forecast}, maxUtilization: 0.8, scaleDownLookbackSeconds: 0 }}
 "
         ))
     }

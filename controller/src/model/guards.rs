@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::JobSpec;
 
 use super::ModelError;
+use super::flaps::FlapHistory;
 use super::float_text::{Fixed, cat};
 use super::planner::{Decision, Model, OperatorPlan, PlannerSettings};
 use super::sample::MetricSample;
@@ -113,6 +114,9 @@ pub struct GuardState {
     /// rescale budget (`autoscaler.maxRescalesPerHour`).
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     pub rescales_s: VecDeque<f64>,
+    /// Recent scale-downs and flaps, for the spiky-traffic profile ([`super::flaps`]).
+    #[serde(default, skip_serializing_if = "FlapHistory::is_empty")]
+    pub flaps: FlapHistory,
 }
 
 /// The budget's window: `autoscaler.maxRescalesPerHour` counts the rescales of the last hour.
@@ -226,9 +230,9 @@ pub(super) struct Band {
 }
 
 impl Band {
-    /// The band of `spec`'s autoscaler settings, for a decision whose SLO is `slo` seconds.
-    pub(super) fn new(spec: &JobSpec, slo: f64) -> Band {
-        let (low, high) = spec.autoscaler.utilization_band();
+    /// The band (lower, upper) in force ([`super::flaps::Profile::band`]), for a decision whose
+    /// SLO is `slo` seconds.
+    pub(super) fn new((low, high): (f64, f64), slo: f64) -> Band {
         Band { low, high, slo }
     }
 

@@ -13,6 +13,7 @@
 //!   latency SLO; every operator is decided at once.
 //! * [`learn`]: per-operator scalability factors learned from past rescales, and
 //!   ineffective-scaling flags.
+//! * [`flaps`]: spiky traffic recognised from scale-ups that soon follow scale-downs.
 //! * [`forecast`]: Holt-Winters forecast of the job's input rate, to scale ahead of ramps.
 //! * [`shed`]: limits (max parallelism, subtask quota) and load shedding (capacity C, headroom H).
 //! * [`quota`]: one subtask quota split across several jobs by marginal benefit.
@@ -22,6 +23,7 @@
 
 pub mod autoscaler;
 pub mod estimate;
+pub mod flaps;
 mod float_text;
 pub mod forecast;
 pub mod guards;

@@ -985,3 +985,39 @@ fn a_subtask_missing_from_a_scrape_is_an_incomplete_sample_not_a_reset() {
         d.sources
     );
 }
+
+#[test]
+fn scale_ups_that_follow_scale_downs_switch_to_the_spiky_profile() {
+    // γ = 600 needs map at 9, γ = 120 needs 2; no lookback set and no downtime measured, so
+    // the usual lookback is 0 and every drop is a scale-down.
+    let spec = job(CHAIN);
+    let mut a = no_delay();
+    let mut p = 1;
+    for k in 0..crate::model::flaps::SPIKY_FLAPS + 1 {
+        let t = 200.0 * k as f64;
+        let up = a.decide(t, &win(p, 600.0, 0.0, 1), &spec);
+        assert_eq!(parallelism(&up).map(|p| p["map"]), Some(9), "{t}: {up:?}");
+        let v = a.decide(t + 100.0, &win(9, 120.0, 0.0, 1), &spec);
+        if k < crate::model::flaps::SPIKY_FLAPS {
+            assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{t}: {v:?}");
+            assert!(!a.profile(t + 100.0, &spec).spiky);
+            p = 2;
+        } else {
+            // Three scale-ups came within minutes of a scale-down: the spiky profile keeps
+            // the capacity for its lookback and says why.
+            assert!(
+                matches!(&v, Verdict::Hold { reason, recommendation: Some(r) }
+                    if reason.contains("no scale-down 9→2: p=9 was recommended within the last 2700 s")
+                        && r.reasons.iter().any(|s| s.starts_with("spiky traffic: 3 scale-ups in the last 24 h"))),
+                "{v:?}"
+            );
+            let profile = a.profile(t + 100.0, &spec);
+            assert!(profile.spiky && profile.band.1 == 1.0, "{profile:?}");
+        }
+    }
+    // A job that sets the lookback keeps it, spiky or not.
+    let mut set = job(CHAIN);
+    set.autoscaler.scale_down_lookback_seconds = Some(0.0);
+    let v = a.decide(900.0, &win(9, 120.0, 0.0, 1), &set);
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+}
