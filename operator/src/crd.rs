@@ -567,7 +567,9 @@ fn default_savepoint_history_max_count() -> u32 {
 /// The schema of the engine's [`JobSpec`] (generated from the engine's own types), with its
 /// internally tagged unions (operator `kind`) merged into one object schema: Kubernetes'
 /// structural schemas cannot express `oneOf` alternatives that give one property different
-/// schemas. Variant-specific fields become optional; the engine validates them.
+/// schemas. Variant-specific fields become optional, and a field several kinds declare (a
+/// source's and a sink's `kafka`) gets one schema allowing what each of them allows
+/// ([`merge_property_schemas`]); the engine validates them.
 fn job_graph_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let schema = <JobSpec as JsonSchema>::json_schema(generator);
     let mut value = schema.to_value();
@@ -629,20 +631,32 @@ fn merge_tagged_unions(value: &mut serde_json::Value) {
                     "description": format!("What the operator does. {}", descriptions.join(" ")),
                 }),
             );
-            for v in &variants {
+            // Each variant-specific property with the schemas the kinds that have it give it
+            // (in variant order), so that two kinds' `kafka` blocks (source and sink) become
+            // one schema holding the fields of both.
+            let mut by_property: Vec<(String, Vec<(String, Value)>)> = Vec::new();
+            for (v, tag) in variants.iter().zip(&tags) {
                 if let Some(Value::Object(p)) = v.get("properties") {
                     for (k, s) in p {
-                        if k != "kind" {
-                            // A default of one kind's field would be applied by the API server
-                            // to operators of every kind (and fail to deserialize there).
-                            let mut s = s.clone();
-                            if let Value::Object(m) = &mut s {
-                                m.remove("default");
-                            }
-                            props.entry(k.clone()).or_insert(s);
+                        if k == "kind" || props.contains_key(k) {
+                            continue;
+                        }
+                        // A default of one kind's field would be applied by the API server
+                        // to operators of every kind (and fail to deserialize there).
+                        let mut s = s.clone();
+                        if let Value::Object(m) = &mut s {
+                            m.remove("default");
+                        }
+                        let tag = tag.as_str().unwrap_or_default().to_string();
+                        match by_property.iter_mut().find(|(name, _)| name == k) {
+                            Some((_, schemas)) => schemas.push((tag, s)),
+                            None => by_property.push((k.clone(), vec![(tag, s)])),
                         }
                     }
                 }
+            }
+            for (k, schemas) in by_property {
+                props.insert(k, merge_property_schemas(&schemas));
             }
             map.insert("properties".to_string(), Value::Object(props));
             let mut required: Vec<Value> = match map.remove("required") {
@@ -658,6 +672,177 @@ fn merge_tagged_unions(value: &mut serde_json::Value) {
     }
 }
 
+/// One schema for a property that several operator kinds declare, from `(kind, schema)` pairs:
+/// a structural schema accepts (and the API server keeps) every field any of them allows.
+/// Object schemas are merged field by field (a field is required only if every kind requires
+/// it; a field some kinds lack loses its default, which the API server would otherwise apply
+/// to all kinds); schemas that differ only in description or `nullable` are kept with both;
+/// other differing schemas keep the whole value (`x-kubernetes-preserve-unknown-fields`).
+/// Differing descriptions are joined as "`kind`: description". The engine validates the
+/// fields of each kind.
+fn merge_property_schemas(schemas: &[(String, serde_json::Value)]) -> serde_json::Value {
+    use serde_json::{Map, Value};
+    if let [(_, only)] = schemas {
+        return only.clone();
+    }
+    let normalized: Vec<(String, Value, bool)> = schemas
+        .iter()
+        .map(|(t, s)| {
+            let (s, nullable) = split_nullable(s);
+            (t.clone(), s, nullable)
+        })
+        .collect();
+    let nullable = normalized.iter().any(|(_, _, n)| *n);
+    let schemas: Vec<(String, Value)> = normalized.into_iter().map(|(t, s, _)| (t, s)).collect();
+    let schemas = schemas.as_slice();
+    let Some((_, first)) = schemas.first() else {
+        return Value::Object(Map::new());
+    };
+    let description = {
+        let ds: Vec<(&str, &str)> = schemas
+            .iter()
+            .filter_map(|(t, s)| Some((t.as_str(), s.get("description")?.as_str()?)))
+            .collect();
+        match ds.as_slice() {
+            [] => None,
+            [(_, one), rest @ ..] if rest.iter().all(|(_, d)| d == one) => Some(one.to_string()),
+            _ => Some(
+                ds.iter()
+                    .map(|(t, d)| format!("`{t}`: {d}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+        }
+    };
+    let without = |s: &Value, keys: &[&str]| -> Value {
+        let mut s = s.clone();
+        if let Value::Object(m) = &mut s {
+            for k in keys {
+                m.remove(*k);
+            }
+        }
+        s
+    };
+    let finish = |mut m: Map<String, Value>| -> Value {
+        match &description {
+            Some(d) => m.insert("description".to_string(), Value::String(d.clone())),
+            None => m.remove("description"),
+        };
+        if nullable {
+            m.insert("nullable".to_string(), Value::Bool(true));
+        }
+        Value::Object(m)
+    };
+    let shape = |s: &Value| without(s, &["description"]);
+    if schemas.iter().all(|(_, s)| shape(s) == shape(first)) {
+        let Value::Object(m) = first.clone() else {
+            return first.clone();
+        };
+        return finish(m);
+    }
+    let objects: Option<Vec<(&String, &Map<String, Value>)>> = schemas
+        .iter()
+        .map(|(t, s)| {
+            let is_object = s.get("type") == Some(&Value::String("object".to_string()));
+            let rest = without(s, &["description", "properties", "required"]);
+            let rest_first = without(first, &["description", "properties", "required"]);
+            match s.get("properties") {
+                Some(Value::Object(p)) if is_object && rest == rest_first => Some((t, p)),
+                _ => None,
+            }
+        })
+        .collect();
+    let Some(objects) = objects else {
+        let mut m = Map::new();
+        m.insert(
+            "x-kubernetes-preserve-unknown-fields".to_string(),
+            Value::Bool(true),
+        );
+        return finish(m);
+    };
+    let mut fields: Vec<(String, Vec<(String, Value)>)> = Vec::new();
+    for (tag, p) in &objects {
+        for (k, s) in *p {
+            let entry = (tag.to_string(), s.clone());
+            match fields.iter_mut().find(|(name, _)| name == k) {
+                Some((_, v)) => v.push(entry),
+                None => fields.push((k.clone(), vec![entry])),
+            }
+        }
+    }
+    let mut properties = Map::new();
+    for (k, mut v) in fields {
+        if v.len() < objects.len() {
+            for (_, s) in &mut v {
+                if let Value::Object(m) = s {
+                    m.remove("default");
+                }
+            }
+        }
+        properties.insert(k, merge_property_schemas(&v));
+    }
+    let required_by = |s: &Value| -> Vec<Value> {
+        match s.get("required") {
+            Some(Value::Array(r)) => r.clone(),
+            _ => Vec::new(),
+        }
+    };
+    let required: Vec<Value> = required_by(first)
+        .into_iter()
+        .filter(|r| schemas.iter().all(|(_, s)| required_by(s).contains(r)))
+        .collect();
+    let Value::Object(mut m) = without(first, &["properties", "required"]) else {
+        return first.clone();
+    };
+    m.insert("properties".to_string(), Value::Object(properties));
+    if !required.is_empty() {
+        m.insert("required".to_string(), Value::Array(required));
+    }
+    finish(m)
+}
+
+/// A schema without its "may be null" (schemars' `type: [T, "null"]`, `anyOf: [S, {type:
+/// null}]` or OpenAPI's `nullable`), and whether it had one.
+fn split_nullable(schema: &serde_json::Value) -> (serde_json::Value, bool) {
+    use serde_json::Value;
+    let mut s = schema.clone();
+    let Value::Object(m) = &mut s else {
+        return (s, false);
+    };
+    let mut nullable = m.remove("nullable") == Some(Value::Bool(true));
+    if let Some(Value::Array(types)) = m.get("type") {
+        let rest: Vec<Value> = types
+            .iter()
+            .filter(|t| t.as_str() != Some("null"))
+            .cloned()
+            .collect();
+        if rest.len() < types.len() {
+            nullable = true;
+            let t = match <[Value; 1]>::try_from(rest) {
+                Ok([one]) => one,
+                Err(rest) => Value::Array(rest),
+            };
+            m.insert("type".to_string(), t);
+        }
+    }
+    if let Some(Value::Array(any)) = m.get("anyOf") {
+        let null = serde_json::json!({"type": "null"});
+        if let [a, b] = any.as_slice()
+            && (a == &null || b == &null)
+        {
+            let inner = if a == &null { b } else { a };
+            if let Value::Object(inner) = inner.clone() {
+                m.remove("anyOf");
+                for (k, v) in inner {
+                    m.entry(k).or_insert(v);
+                }
+                nullable = true;
+            }
+        }
+    }
+    (s, nullable)
+}
+
 /// The CRDs (StreamJob, then StreamQuota) as one multi-document YAML, as checked in at
 /// `crds/streamjob.yaml`.
 pub fn crd_yaml() -> String {
@@ -670,4 +855,42 @@ pub fn crd_yaml() -> String {
     format!(
         "# Generated by `cargo run -p streamscale-operator --bin crdgen`; do not edit.\n{jobs}---\n{quotas}"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_property_schemas;
+    use serde_json::json;
+
+    #[test]
+    fn object_schemas_merge_fields_required_by_all_and_drop_partial_defaults() {
+        let a = json!({"type": ["object", "null"], "description": "A.", "properties": {
+            "topic": {"type": "string", "description": "read"},
+            "group": {"type": "string", "default": "g"}},
+            "required": ["topic"]});
+        let b = json!({"type": "object", "description": "B.", "properties": {
+            "topic": {"type": "string", "description": "write"},
+            "prefix": {"type": "string"}},
+            "required": ["topic", "prefix"]});
+        let m = merge_property_schemas(&[("source".into(), a), ("sink".into(), b)]);
+        assert_eq!(m["type"], "object");
+        assert_eq!(m["nullable"], true);
+        assert_eq!(m["required"], json!(["topic"]));
+        assert_eq!(m["description"], "`source`: A. `sink`: B.");
+        assert_eq!(
+            m["properties"]["topic"]["description"],
+            "`source`: read `sink`: write"
+        );
+        assert_eq!(m["properties"]["prefix"], json!({"type": "string"}));
+        assert_eq!(m["properties"]["group"], json!({"type": "string"}));
+    }
+
+    #[test]
+    fn incompatible_schemas_keep_the_whole_value() {
+        let m = merge_property_schemas(&[
+            ("a".into(), json!({"type": "string"})),
+            ("b".into(), json!({"type": "integer"})),
+        ]);
+        assert_eq!(m, json!({"x-kubernetes-preserve-unknown-fields": true}));
+    }
 }

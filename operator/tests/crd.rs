@@ -110,3 +110,122 @@ fn example_flink_scaler_parses() {
         8
     );
 }
+
+/// The `kafka` properties of the StreamJob CRD's operators (source and sink share the name).
+fn operator_kafka_properties() -> serde_json::Map<String, serde_json::Value> {
+    use kube::CustomResourceExt;
+    let crd = serde_json::to_value(streamscale_operator::crd::StreamJob::crd()).expect("json");
+    let kafka = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["job"]["properties"]["operators"]["items"]["properties"]["kafka"];
+    kafka["properties"]
+        .as_object()
+        .cloned()
+        .unwrap_or_else(|| panic!("operators' kafka has no properties: {kafka}"))
+}
+
+/// Every field of a Kafka source's and a Kafka sink's `kafka` block is in the CRD's schema
+/// (a structural-schema API server prunes fields it does not list).
+#[test]
+fn operator_kafka_schema_has_source_and_sink_fields() {
+    let props = operator_kafka_properties();
+    for (what, schema) in [
+        (
+            "source",
+            schemars::schema_for!(streamscale_engine::kafka::KafkaSourceSpec),
+        ),
+        (
+            "sink",
+            schemars::schema_for!(streamscale_engine::kafka::KafkaSinkSpec),
+        ),
+    ] {
+        let fields = schema
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .unwrap_or_else(|| panic!("{what} spec schema has no properties"));
+        assert!(fields.len() >= 3, "{what}: {fields:?}");
+        for field in fields.keys() {
+            assert!(
+                props.contains_key(field),
+                "Kafka {what} field `{field}` missing from the CRD's operators[].kafka: {:?}",
+                props.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+    for field in [
+        "transactionalIdPrefix",
+        "transactionTimeoutMs",
+        "keyBy",
+        "eventTime",
+    ] {
+        assert!(props.contains_key(field), "{field}");
+    }
+}
+
+/// Model of the API server's pruning of unknown fields against a structural schema (not the
+/// real API server): drops object fields the schema does not list, unless it has
+/// `x-kubernetes-preserve-unknown-fields`.
+fn prune(value: &mut serde_json::Value, schema: &serde_json::Value) {
+    use serde_json::Value;
+    if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
+        return;
+    }
+    match value {
+        Value::Object(m) => {
+            if let Some(Value::Object(props)) = schema.get("properties") {
+                m.retain(|k, _| props.contains_key(k));
+                for (k, v) in m.iter_mut() {
+                    prune(v, &props[k]);
+                }
+            } else if let Some(extra @ Value::Object(_)) = schema.get("additionalProperties") {
+                for v in m.values_mut() {
+                    prune(v, extra);
+                }
+            } else {
+                m.clear();
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item) = schema.get("items") {
+                items.iter_mut().for_each(|v| prune(v, item));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A StreamJob with a Kafka source and an exactly-once Kafka sink keeps both blocks' settings
+/// when pruned by its CRD's schema (the sink's `transactionalIdPrefix` and
+/// `transactionTimeoutMs` were lost when the schema held only the source's `kafka` fields).
+#[test]
+fn kafka_source_and_sink_settings_survive_schema_pruning() {
+    use kube::CustomResourceExt;
+    let job: streamscale_operator::crd::StreamJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "streamscale.dev/v1alpha1",
+        "kind": "StreamJob",
+        "metadata": {"name": "x"},
+        "spec": {"job": {
+            "name": "x",
+            "operators": [
+                {"name": "s", "kind": "source", "parallelism": 1, "kafka": {
+                    "topic": "in", "bootstrapServers": "k:9092", "group": "g", "keyBy": "user",
+                    "valueField": "likes", "eventTime": {"maxOutOfOrdernessMs": 5, "idleTimeoutMs": 100}}},
+                {"name": "k", "kind": "sink", "parallelism": 1, "delivery": "exactly-once", "kafka": {
+                    "topic": "out", "bootstrapServers": "k:9092",
+                    "transactionalIdPrefix": "tx", "transactionTimeoutMs": 60000}},
+            ],
+            "edges": [{"from": "s", "to": "k"}],
+        }},
+    }))
+    .expect("a StreamJob");
+    let crd = serde_json::to_value(streamscale_operator::crd::StreamJob::crd()).expect("json");
+    let spec_schema =
+        &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut stored = serde_json::to_value(&job).expect("json");
+    prune(&mut stored["spec"], spec_schema);
+    let sink_kafka = &stored["spec"]["job"]["operators"][1]["kafka"];
+    assert_eq!(sink_kafka["transactionalIdPrefix"], "tx", "{sink_kafka}");
+    assert_eq!(sink_kafka["transactionTimeoutMs"], 60000, "{sink_kafka}");
+    let back: streamscale_operator::crd::StreamJob =
+        serde_json::from_value(stored).expect("the pruned StreamJob deserializes");
+    assert_eq!(back.spec, job.spec);
+}
