@@ -6,13 +6,15 @@
 //! checkpoint never covers a record the brokers do not have; records written after the
 //! restored checkpoint are written again after a restore.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rdkafka::config::FromClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::ClientContext;
+use rdkafka::config::{FromClientConfig, FromClientConfigAndContext};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 
 use super::KafkaSinkSpec;
 use crate::payload::Payload;
@@ -106,14 +108,66 @@ impl TwoPhaseCommitSink for KafkaSink {
     }
 }
 
+/// A producer's delivery reports as they are served: how many came back and which failed
+/// (librdkafka gave up on the message: it is not in the topic).
+#[derive(Debug, Default)]
+pub struct DeliveryReports {
+    /// Reports served, failed or not.
+    reported: AtomicU64,
+    /// Reports of failed deliveries.
+    failed: AtomicU64,
+    /// The first failure: partition and librdkafka's error.
+    first_failure: Mutex<Option<String>>,
+}
+
+impl DeliveryReports {
+    /// Reports served so far, failed or not.
+    pub fn reported(&self) -> u64 {
+        self.reported.load(Ordering::Acquire)
+    }
+
+    /// Failed deliveries so far, and the first one's partition and error.
+    pub fn failures(&self) -> Option<(u64, String)> {
+        let n = self.failed.load(Ordering::Acquire);
+        (n > 0).then(|| {
+            let first = self
+                .first_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_default();
+            (n, first)
+        })
+    }
+}
+
+impl ClientContext for DeliveryReports {}
+
+impl ProducerContext for DeliveryReports {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, m)) = result {
+            let mut first = self.first_failure.lock().unwrap_or_else(|p| p.into_inner());
+            if first.is_none() {
+                *first = Some(format!("partition {}: {e}", m.partition()));
+            }
+            self.failed.fetch_add(1, Ordering::Release);
+        }
+        // Counted last: a report counted here has its failure recorded.
+        self.reported.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// A producer whose delivery reports and client errors are served by a thread of its own (as
 /// rdkafka's `ThreadedProducer`): every [`POLL_PERIOD`] it serves queued events one at a time
 /// (at most [`POLL_BURST`]) while that shrinks the producer's queue (`rd_kafka_outq_len`:
 /// messages not yet reported and events not yet served), and sleeps in between; `flush` serves
 /// the rest itself, and [`send_blocking`] when the queue is full. Derefs to the
-/// [`BaseProducer`]; stops its thread when dropped.
+/// [`BaseProducer`], whose context counts the [`DeliveryReports`]; stops its thread when
+/// dropped.
 pub struct PolledProducer {
-    producer: Arc<BaseProducer<DefaultProducerContext>>,
+    producer: Arc<BaseProducer<DeliveryReports>>,
     stop: Arc<AtomicBool>,
     poller: Option<JoinHandle<()>>,
 }
@@ -126,7 +180,10 @@ pub const POLL_BURST: u32 = 64;
 
 impl FromClientConfig for PolledProducer {
     fn from_config(config: &rdkafka::ClientConfig) -> rdkafka::error::KafkaResult<Self> {
-        let producer = Arc::new(BaseProducer::from_config(config)?);
+        let producer = Arc::new(BaseProducer::from_config_and_context(
+            config,
+            DeliveryReports::default(),
+        )?);
         let stop = Arc::new(AtomicBool::new(false));
         let (p, s) = (producer.clone(), stop.clone());
         let poller = std::thread::Builder::new()
@@ -160,7 +217,7 @@ impl FromClientConfig for PolledProducer {
 }
 
 impl std::ops::Deref for PolledProducer {
-    type Target = BaseProducer<DefaultProducerContext>;
+    type Target = BaseProducer<DeliveryReports>;
 
     fn deref(&self) -> &Self::Target {
         &self.producer
@@ -183,6 +240,8 @@ pub struct AtLeastOnceWriter {
     producer: PolledProducer,
     topic: String,
     sink: String,
+    /// Records handed to the producer (each gets one delivery report).
+    sent: u64,
 }
 
 impl AtLeastOnceWriter {
@@ -211,6 +270,7 @@ impl AtLeastOnceWriter {
             producer,
             topic: spec.topic.clone(),
             sink: format!("{sink} (kafka topic {})", spec.topic),
+            sent: 0,
         })
     }
 }
@@ -224,17 +284,51 @@ impl TransactionalWriter for AtLeastOnceWriter {
                 action: "send",
                 reason,
             }
-        })
+        })?;
+        self.sent += 1;
+        Ok(())
     }
 
+    /// Flushes, waits for every record's delivery report and fails when any record this
+    /// writer sent failed delivery (the checkpoint then fails and the job restarts from the
+    /// previous one, sending those records again). Failures are not forgotten: once one is
+    /// seen, every later pre-commit of this writer fails too.
     fn pre_commit(&mut self, _checkpoint: Option<u64>) -> Result<Vec<Committable>, SinkError> {
+        let err = |action, reason: String| SinkError::External {
+            sink: self.sink.clone(),
+            action,
+            reason,
+        };
+        let start = std::time::Instant::now();
         self.producer
             .flush(FLUSH_TIMEOUT)
-            .map_err(|e| SinkError::External {
-                sink: self.sink.clone(),
-                action: "flush at the barrier",
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| err("flush at the barrier", e.to_string()))?;
+        // The flush returns once every report left librdkafka's queue; the polling thread may
+        // still be serving the last one.
+        let reports = self.producer.context();
+        while reports.reported() < self.sent {
+            if start.elapsed() > FLUSH_TIMEOUT {
+                return Err(err(
+                    "flush at the barrier",
+                    format!(
+                        "{} of {} delivery reports after {FLUSH_TIMEOUT:?}",
+                        reports.reported(),
+                        self.sent
+                    ),
+                ));
+            }
+            self.producer.poll(Duration::ZERO);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some((n, first)) = reports.failures() {
+            return Err(err(
+                "deliver",
+                format!(
+                    "{n} record(s) failed delivery to topic {} (first: {first})",
+                    self.topic
+                ),
+            ));
+        }
         Ok(Vec::new())
     }
 }
@@ -267,5 +361,63 @@ pub fn send_blocking(
             }
             Err((e, _)) => return Err(format!("send to topic {topic}: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    fn rec(key: u64) -> Record {
+        Record {
+            seq: key,
+            key,
+            value: 1,
+            count: 1,
+            created_us: 0,
+            payload: Payload::None,
+        }
+    }
+
+    fn spec(servers: &str) -> KafkaSinkSpec {
+        KafkaSinkSpec {
+            topic: "out".into(),
+            bootstrap_servers: servers.into(),
+            transactional_id_prefix: None,
+            transaction_timeout_ms: None,
+            security: None,
+        }
+    }
+
+    /// librdkafka's mock cluster (in-process mock brokers) refusing produce requests: the
+    /// barrier's pre-commit fails naming the sink, topic and librdkafka's error, and keeps
+    /// failing; without the refusal the same writer's pre-commit succeeds.
+    #[test]
+    fn pre_commit_fails_when_a_record_failed_delivery_on_a_mock_cluster() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("out", 1, 1).expect("mock topic");
+        let mut w =
+            AtLeastOnceWriter::new(&spec(&mock.bootstrap_servers()), "sink", "c").expect("writer");
+        w.write(&rec(1)).expect("write");
+        assert!(w.pre_commit(Some(1)).expect("delivered").is_empty());
+
+        mock.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+        );
+        w.write(&rec(2)).expect("write");
+        let e = w
+            .pre_commit(Some(2))
+            .expect_err("a lost record fails the barrier");
+        let e = e.to_string();
+        assert!(e.contains("sink (kafka topic out)"), "{e}");
+        assert!(e.contains("failed delivery to topic out"), "{e}");
+        assert!(e.to_lowercase().contains("too large"), "{e}");
+        assert!(
+            w.pre_commit(Some(3)).is_err(),
+            "the failure is not forgotten"
+        );
     }
 }
