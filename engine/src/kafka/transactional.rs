@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
@@ -69,6 +69,9 @@ pub struct Transactions {
     /// Why a transaction could be neither committed nor recovered; once set, writers begin
     /// no new transaction (the job is failing).
     broken: Mutex<Option<String>>,
+    /// The marker group's metadata by transactional id (group `<id>-marker`, never joined:
+    /// no member id, no generation), made once per id.
+    marker_groups: Mutex<HashMap<String, Arc<ConsumerGroupMetadata>>>,
 }
 
 /// Whether a failed `commit_transaction` may be called again on the same producer: librdkafka
@@ -173,17 +176,31 @@ impl TransactionalSink {
         Ok(p)
     }
 
-    /// Adds the marker of `tid` to `p`'s open transaction.
-    fn add_marker(&self, p: &TxProducer, tid: &str, marker: i64) -> Result<(), SinkError> {
+    /// The metadata of `tid`'s marker group for `send_offsets_to_transaction`: that of a
+    /// consumer of group `<tid>-marker` that never joins it (group id only), made by such a
+    /// consumer on first use and kept for the sink's life.
+    fn marker_group(&self, tid: &str) -> Result<Arc<ConsumerGroupMetadata>, SinkError> {
+        if let Some(g) = lock(&self.shared.marker_groups).get(tid) {
+            return Ok(g.clone());
+        }
         let group: BaseConsumer = self
             .spec
             .client_config()
             .set("group.id", format!("{tid}-marker"))
             .create()
             .map_err(|e| self.err("marker group", e))?;
-        let cgm = group
-            .group_metadata()
-            .ok_or_else(|| self.err("marker group", "no group metadata"))?;
+        let cgm = Arc::new(
+            group
+                .group_metadata()
+                .ok_or_else(|| self.err("marker group", "no group metadata"))?,
+        );
+        lock(&self.shared.marker_groups).insert(tid.to_string(), cgm.clone());
+        Ok(cgm)
+    }
+
+    /// Adds the marker of `tid` to `p`'s open transaction.
+    fn add_marker(&self, p: &TxProducer, tid: &str, marker: i64) -> Result<(), SinkError> {
+        let cgm = self.marker_group(tid)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.spec.topic, 0, Offset::Offset(marker))
             .map_err(|e| self.err("marker", e))?;
