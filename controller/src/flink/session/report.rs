@@ -1,0 +1,125 @@
+//! The session's report: `summary.json` (per job: its rescales, subtask-seconds, how it ended)
+//! and `timeline.csv`, and the short descriptions of parallelism its lines use.
+
+use super::*;
+
+/// One rescale (or rescale attempt) in the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RescaleRecord {
+    /// Seconds since the session started.
+    pub at_seconds: f64,
+    /// Parallelism by vertex name before.
+    pub from: BTreeMap<String, u32>,
+    /// Parallelism by vertex name asked for.
+    pub to: BTreeMap<String, u32>,
+    /// `inPlace` or `savepoint`.
+    pub path: String,
+    /// `rescaled`, `timedOut`, `savepointFailed`, `restoreFailed`, `failed` or `recommended`.
+    pub outcome: String,
+    /// Seconds from the request until every vertex ran at the new parallelism.
+    pub downtime_seconds: Option<f64>,
+    /// The planner's reason.
+    pub reason: String,
+    /// The savepoint (savepoint path only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<String>,
+    /// What went wrong, when something did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One job's part of the report.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobReport {
+    /// The job id at the start.
+    pub first_job_id: String,
+    /// The job id at the end (a resubmission gives a new one).
+    pub job_id: String,
+    /// Job name.
+    pub name: String,
+    /// The vertices (ids, names as printed, roles).
+    pub vertices: Vec<crate::flink::topology::FlinkVertex>,
+    /// Parallelism by vertex name at the end.
+    pub final_parallelism: BTreeMap<String, u32>,
+    /// Rescales and attempts (and, in recommend mode, recommendations).
+    pub rescales: Vec<RescaleRecord>,
+    /// Subtask-seconds used (Σ parallelism × interval), a proxy for slot-seconds.
+    pub subtask_seconds: f64,
+    /// Seconds of the session with some source's backlog growing.
+    pub lag_growing_seconds: f64,
+    /// How the session ended for this job, when it ended before the session did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+}
+
+/// The session's `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlinkSummary {
+    /// The cluster's REST URL.
+    pub rest_url: String,
+    /// Apply or recommend.
+    pub mode: Mode,
+    /// Seconds the session ran.
+    pub duration_seconds: f64,
+    /// One entry per job.
+    pub jobs: Vec<JobReport>,
+}
+
+pub(super) fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+pub(super) fn describe_map(p: &BTreeMap<String, u32>) -> String {
+    p.iter()
+        .map(|(n, p)| format!("{n}={p}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `name p→q` for every vertex whose parallelism changes.
+pub(super) fn describe(from: &BTreeMap<String, u32>, to: &BTreeMap<String, u32>) -> String {
+    to.iter()
+        .filter(|(n, p)| from.get(*n) != Some(*p))
+        .map(|(n, p)| format!("{n} {}→{p}", from.get(n).copied().unwrap_or(0)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) fn write_report(
+    dir: &Path,
+    summary: &FlinkSummary,
+    sessions: &[JobSession],
+) -> Result<(), SessionError> {
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|source| SessionError::Report {
+                path: path.display().to_string(),
+                source,
+            })
+    };
+    let json = serde_json::to_string_pretty(summary).map_err(|e| SessionError::Report {
+        path: dir.join("summary.json").display().to_string(),
+        source: std::io::Error::other(e),
+    })?;
+    write("summary.json", json + "\n")?;
+    let mut csv = String::from(
+        "t_seconds,job_id,vertex,vertex_id,parallelism,busy_share,records_in_per_s,records_out_per_s,backlog\n",
+    );
+    for s in sessions {
+        for line in &s.timeline {
+            csv.push_str(line);
+            csv.push('\n');
+        }
+    }
+    write("timeline.csv", csv)
+}
