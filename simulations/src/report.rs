@@ -147,24 +147,30 @@ pub fn table(summary: &Summary, order: &[String]) -> String {
     s
 }
 
-/// Width of one policy's column of panels, pixels.
-pub const PANEL_WIDTH: u32 = 440;
-/// Height of the three stacked panels together, pixels.
-pub const PANELS_HEIGHT: u32 = 960;
+/// Width of the comparison figure, pixels.
+pub const FIGURE_WIDTH: u32 = 1600;
+/// Height of the comparison figure, pixels.
+pub const FIGURE_HEIGHT: u32 = 1240;
 
-/// Draws the comparison figure: one column of panels per policy, side by side (in `runs`
-/// order), rows: input rate vs capacity, parallelism per operator, latency at the SLO's
-/// percentile ([`JobModel::slo_quantile`]; each point the worst step of its time-series row)
-/// with the SLO line; each panel has axis titles and a legend. Time axis in minutes (replays under an hour)
-/// or hours; every column shares the
-/// same axes so that the policies compare at a glance. Size: [`PANEL_WIDTH`] × number of
-/// policies by [`PANELS_HEIGHT`] pixels. PNG, or SVG when `path` ends in `.svg`.
+/// Draws the comparison figure, one picture for every policy in `runs` (each policy one colour,
+/// named in the key along the top; black is the input and the SLO):
+/// * three full-width panels over the whole replay with the policies overlaid: input rate and
+///   each policy's capacity (records/s; capacity above twice the peak input is drawn at that
+///   bound and the title says so), subtasks summed over every operator, and the latency at the
+///   SLO's percentile ([`JobModel::slo_quantile`], each point the worst step of its time-series
+///   row; above 5× the SLO drawn at that bound) with the SLO dashed;
+/// * along the bottom, the summary as bars (resource-hours, share of time over the SLO,
+///   rescales; each bar's value above it) and the latency panel zoomed in on the worst
+///   interval: the twentieth of the replay around the largest latency of any policy (around
+///   the peak input when no policy has any latency).
+///
+/// Time in minutes (replays under an hour) or hours. [`FIGURE_WIDTH`] × [`FIGURE_HEIGHT`]
+/// pixels; PNG, or SVG when `path` ends in `.svg`.
 ///
 /// # Errors
 /// [`SimError::Write`] when the file or fonts cannot be used.
 pub fn plot(path: &Path, runs: &[PolicyRun], model: &JobModel) -> Result<(), SimError> {
-    let cols = runs.len().max(1) as u32;
-    let size = (PANEL_WIDTH * cols, PANELS_HEIGHT);
+    let size = (FIGURE_WIDTH, FIGURE_HEIGHT);
     let svg = path
         .extension()
         .is_some_and(|x| x.eq_ignore_ascii_case("svg"));
@@ -203,14 +209,15 @@ const TITLE_FONT: u32 = 16;
 const AXIS_FONT: u32 = 13;
 const TICK_FONT: u32 = 11;
 
-/// The time axis shared by every panel: its end and its title (minutes or hours).
+/// A panel's time axis: its range and its title (minutes or hours).
 #[derive(Clone, Copy)]
 struct TimeAxis {
+    min: f64,
     max: f64,
     desc: &'static str,
 }
 
-/// A panel of `area` over time from 0 to `t.max` and `0..y_max`, titled `title`, its mesh
+/// A panel of `area` over time from `t.min` to `t.max` and `0..y_max`, titled `title`, its mesh
 /// drawn with `y_desc` as the y axis title (tick labels [`compact`] when `compact_y`).
 fn time_panel<'a, DB: DrawingBackend>(
     area: &'a DrawingArea<DB, plotters::coord::Shift>,
@@ -229,7 +236,7 @@ fn time_panel<'a, DB: DrawingBackend>(
         .margin(8)
         .x_label_area_size(x_area)
         .y_label_area_size(y_area)
-        .build_cartesian_2d(0.0..t.max, 0.0..y_max)
+        .build_cartesian_2d(t.min..t.max, 0.0..y_max)
         .map_err(|x| e(&x))?;
     let compact_label = |v: &f64| compact(*v);
     let mut mesh = ch.configure_mesh();
@@ -246,17 +253,121 @@ fn time_panel<'a, DB: DrawingBackend>(
     Ok(ch)
 }
 
-/// Draws the legend of `ch`'s labelled series in its upper right corner.
-fn series_labels<'a, DB: DrawingBackend + 'a>(
-    ch: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+/// Colour of the `k`-th policy.
+fn color(k: usize) -> RGBColor {
+    COLORS[k % COLORS.len()]
+}
+
+/// The key along the top of the figure: each policy's colour and name, left to right.
+fn draw_key<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    runs: &[PolicyRun],
 ) -> Result<(), String> {
-    ch.configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", TICK_FONT))
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let font = ("sans-serif", AXIS_FONT).into_font();
+    let mut x = 70;
+    let y = 18;
+    area.draw(&Text::new(
+        "policies:",
+        (8, y - 7),
+        font.clone().color(&BLACK),
+    ))
+    .map_err(|x| e(&x))?;
+    for (k, run) in runs.iter().enumerate() {
+        area.draw(&PathElement::new(
+            vec![(x, y), (x + 24, y)],
+            color(k).stroke_width(3),
+        ))
+        .map_err(|x| e(&x))?;
+        area.draw(&Text::new(
+            run.name.clone(),
+            (x + 30, y - 7),
+            font.clone().color(&BLACK),
+        ))
+        .map_err(|x| e(&x))?;
+        x += 48 + 8 * run.name.chars().count() as i32;
+    }
+    Ok(())
+}
+
+/// A bar per policy (in its colour) of `values`, titled `title`, each value printed above its
+/// bar.
+fn draw_bars<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    values: &[f64],
+    text: &dyn Fn(f64) -> String,
+) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let n = values.len().max(1) as f64;
+    let top = values
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(0.0_f64, f64::max);
+    let y_max = if top > 0.0 { top * 1.2 } else { 1.0 };
+    let mut ch = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", TITLE_FONT))
+        .margin(8)
+        .x_label_area_size(10)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0.0..n, 0.0..y_max)
+        .map_err(|x| e(&x))?;
+    let compact_label = |v: &f64| compact(*v);
+    ch.configure_mesh()
+        .disable_x_mesh()
+        .disable_x_axis()
+        .x_labels(0)
+        .y_labels(5)
+        .y_label_formatter(&compact_label)
+        .label_style(("sans-serif", TICK_FONT))
         .draw()
-        .map_err(|x| x.to_string())
+        .map_err(|x| e(&x))?;
+    for (k, &v) in values.iter().enumerate() {
+        let x0 = k as f64 + 0.15;
+        let v = if v.is_finite() { v } else { 0.0 };
+        ch.draw_series(std::iter::once(Rectangle::new(
+            [(x0, 0.0), (x0 + 0.7, v)],
+            color(k).filled(),
+        )))
+        .map_err(|x| e(&x))?;
+        ch.draw_series(std::iter::once(Text::new(
+            text(v),
+            (x0, v + y_max * 0.02),
+            ("sans-serif", TICK_FONT).into_font().color(&BLACK),
+        )))
+        .map_err(|x| e(&x))?;
+    }
+    Ok(())
+}
+
+/// The time range (seconds) of the zoomed panel: a twentieth of the replay (at least 20 rows)
+/// centred on the largest finite latency at the SLO's percentile of any policy, or on the
+/// peak input when there is none.
+fn worst_interval(runs: &[PolicyRun], t_end: f64) -> (f64, f64) {
+    let mut worst: Option<(f64, f64)> = None;
+    for r in runs.iter().flat_map(|r| &r.rows) {
+        if r.slo_latency_s.is_finite() && worst.is_none_or(|(v, _)| r.slo_latency_s > v) {
+            worst = Some((r.slo_latency_s, r.t_s));
+        }
+    }
+    if worst.is_none_or(|(v, _)| v <= 0.0) {
+        worst = None;
+        for r in runs.iter().flat_map(|r| &r.rows) {
+            if r.input_rate.is_finite() && worst.is_none_or(|(v, _)| r.input_rate > v) {
+                worst = Some((r.input_rate, r.t_s));
+            }
+        }
+    }
+    let center = worst.map_or(t_end / 2.0, |(_, t)| t);
+    let row_s = runs
+        .first()
+        .and_then(|r| r.rows.get(1).zip(r.rows.first()))
+        .map_or(1.0, |(b, a)| (b.t_s - a.t_s).max(1e-9));
+    let half = (t_end / 40.0).max(10.0 * row_s);
+    let from = (center - half).max(0.0);
+    let to = (from + 2.0 * half).min(t_end.max(from + 1e-9));
+    (from, to)
 }
 
 fn draw<DB: DrawingBackend>(
@@ -265,9 +376,13 @@ fn draw<DB: DrawingBackend>(
     model: &JobModel,
 ) -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let cols = runs.len().max(1);
     root.fill(&WHITE).map_err(|x| e(&x))?;
-    let grid = root.split_evenly((3, cols));
+    let (key, body) = root.split_vertically(36);
+    draw_key(&key, runs)?;
+    let panel_h = (FIGURE_HEIGHT - 36 - 320) / 3;
+    let (top, rest) = body.split_vertically(panel_h);
+    let (middle, rest) = rest.split_vertically(panel_h);
+    let (latency, bottom) = rest.split_vertically(panel_h);
     let t_end = runs
         .iter()
         .flat_map(|r| r.rows.last().map(|x| x.t_s))
@@ -278,92 +393,119 @@ fn draw<DB: DrawingBackend>(
     } else {
         (3600.0, "t (h)")
     };
-    let t_max = t_end / unit_s;
-    let finite_max =
-        |v: &mut dyn Iterator<Item = f64>| v.filter(|x| x.is_finite()).fold(0.0_f64, f64::max);
-    let in_max = finite_max(
-        &mut runs
-            .iter()
-            .flat_map(|r| r.rows.iter().map(|x| x.input_rate)),
-    );
-    let y_rate = (in_max * 2.0).max(1.0);
-    let p_max = runs
-        .iter()
-        .flat_map(|r| r.rows.iter().flat_map(|x| x.parallelism.iter().copied()))
-        .max()
-        .unwrap_or(1);
-    let slo = model.slo_s;
-    let pct = model.slo_quantile.label();
-    let lat_max = (slo * 5.0).min(
-        finite_max(
-            &mut runs
-                .iter()
-                .flat_map(|r| r.rows.iter().map(|x| x.slo_latency_s)),
-        )
-        .max(slo)
-            * 1.2,
-    );
     let t = TimeAxis {
-        max: t_max,
+        min: 0.0,
+        max: t_end / unit_s,
         desc: t_desc,
     };
-    let legend = |x: i32, y: i32, c: RGBColor| PathElement::new(vec![(x, y), (x + 15, y)], c);
-    for (c, run) in runs.iter().enumerate() {
-        let title = format!("{}: input vs capacity", run.name);
-        let mut ch = time_panel(&grid[c], &title, t, y_rate, "records/s", true)?;
+    let finite_max =
+        |v: &mut dyn Iterator<Item = f64>| v.filter(|x| x.is_finite()).fold(0.0_f64, f64::max);
+    let rows = || runs.iter().flat_map(|r| r.rows.iter());
+    let in_max = finite_max(&mut rows().map(|x| x.input_rate));
+    let y_rate = (in_max * 2.0).max(1.0);
+    let clipped = rows().any(|x| x.capacity > y_rate);
+    let title = if clipped {
+        "input rate (black) and capacity, records/s (capacity above twice the peak input drawn at it)"
+    } else {
+        "input rate (black) and capacity, records/s"
+    };
+    let mut ch = time_panel(&top, title, t, y_rate, "records/s", true)?;
+    if let Some(first) = runs.first() {
         ch.draw_series(LineSeries::new(
-            run.rows.iter().map(|r| (r.t_s / unit_s, r.input_rate)),
-            COLORS[0],
+            first.rows.iter().map(|r| (r.t_s / unit_s, r.input_rate)),
+            BLACK.stroke_width(2),
         ))
-        .map_err(|x| e(&x))?
-        .label("input rate")
-        .legend(move |(x, y)| legend(x, y, COLORS[0]));
+        .map_err(|x| e(&x))?;
+    }
+    for (k, run) in runs.iter().enumerate() {
         ch.draw_series(LineSeries::new(
             run.rows
                 .iter()
                 .map(|r| (r.t_s / unit_s, r.capacity.min(y_rate))),
-            COLORS[3],
+            color(k),
         ))
-        .map_err(|x| e(&x))?
-        .label("capacity")
-        .legend(move |(x, y)| legend(x, y, COLORS[3]));
-        series_labels(&mut ch)?;
+        .map_err(|x| e(&x))?;
+    }
 
-        let title = format!("{}: parallelism", run.name);
-        let y_max = f64::from(p_max + 1);
-        let mut ch = time_panel(&grid[cols + c], &title, t, y_max, "subtasks", true)?;
-        for (i, op) in model.ops.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
+    let total = |r: &crate::runner::Row| f64::from(r.parallelism.iter().sum::<u32>());
+    let p_max = finite_max(&mut rows().map(total));
+    let mut ch = time_panel(
+        &middle,
+        "subtasks, all operators summed",
+        t,
+        p_max + 1.0,
+        "subtasks",
+        true,
+    )?;
+    for (k, run) in runs.iter().enumerate() {
+        ch.draw_series(LineSeries::new(
+            run.rows.iter().map(|r| (r.t_s / unit_s, total(r))),
+            color(k),
+        ))
+        .map_err(|x| e(&x))?;
+    }
+
+    let slo = model.slo_s;
+    let pct = model.slo_quantile.label();
+    let lat_top = finite_max(&mut rows().map(|x| x.slo_latency_s));
+    let lat_max = (slo * 5.0).min(lat_top.max(slo) * 1.2).max(1e-3);
+    let lat_title = if lat_top > lat_max {
+        format!("{pct} latency, worst step per point; SLO dashed (above 5× the SLO drawn at it)")
+    } else {
+        format!("{pct} latency, worst step per point; SLO dashed")
+    };
+    let latency_panel = |area: &DrawingArea<DB, plotters::coord::Shift>,
+                         title: &str,
+                         t: TimeAxis|
+     -> Result<(), String> {
+        let mut ch = time_panel(area, title, t, lat_max, "seconds", false)?;
+        for (k, run) in runs.iter().enumerate() {
             ch.draw_series(LineSeries::new(
                 run.rows
                     .iter()
-                    .map(|r| (r.t_s / unit_s, f64::from(r.parallelism[i]))),
-                color,
+                    .map(|r| (r.t_s / unit_s, r.slo_latency_s.min(lat_max)))
+                    .filter(|(x, _)| *x >= t.min && *x <= t.max),
+                color(k),
             ))
-            .map_err(|x| e(&x))?
-            .label(op.name.as_str())
-            .legend(move |(x, y)| legend(x, y, color));
+            .map_err(|x| e(&x))?;
         }
-        series_labels(&mut ch)?;
-
-        let title = format!("{}: {pct} latency vs SLO", run.name);
-        let y_max = lat_max.max(1e-3);
-        let mut ch = time_panel(&grid[2 * cols + c], &title, t, y_max, "seconds", false)?;
-        ch.draw_series(LineSeries::new(
-            run.rows
-                .iter()
-                .map(|r| (r.t_s / unit_s, r.slo_latency_s.min(lat_max))),
-            COLORS[0],
+        ch.draw_series(DashedLineSeries::new(
+            [(t.min, slo), (t.max, slo)],
+            8,
+            5,
+            BLACK.stroke_width(2),
         ))
-        .map_err(|x| e(&x))?
-        .label(format!("{pct} latency (worst step per bin)"))
-        .legend(move |(x, y)| legend(x, y, COLORS[0]));
-        ch.draw_series(LineSeries::new([(0.0, slo), (t_max, slo)], COLORS[3]))
-            .map_err(|x| e(&x))?
-            .label("SLO")
-            .legend(move |(x, y)| legend(x, y, COLORS[3]));
-        series_labels(&mut ch)?;
-    }
+        .map_err(|x| e(&x))?;
+        Ok(())
+    };
+    latency_panel(&latency, &lat_title, t)?;
+
+    let parts = bottom.split_evenly((1, 4));
+    let values = |f: &dyn Fn(&PolicySummary) -> f64| -> Vec<f64> {
+        runs.iter().map(|r| f(&r.summary)).collect()
+    };
+    draw_bars(
+        &parts[0],
+        "resource-hours",
+        &values(&|s| s.resource_hours),
+        &|v| compact(v),
+    )?;
+    draw_bars(
+        &parts[1],
+        &format!("time over the SLO (%, {pct})"),
+        &values(&|s| 100.0 * s.slo_violation_fraction),
+        &|v| format!("{v:.2}"),
+    )?;
+    draw_bars(&parts[2], "rescales", &values(&|s| s.rescales), &|v| {
+        compact(v)
+    })?;
+    let (from, to) = worst_interval(runs, t_end);
+    let zoom = TimeAxis {
+        min: from / unit_s,
+        max: to / unit_s,
+        desc: t_desc,
+    };
+    latency_panel(&parts[3], &format!("{pct} latency, worst interval"), zoom)?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }

@@ -945,12 +945,13 @@ fn svg_texts(svg: &str) -> Vec<((f64, f64, f64, f64), String)> {
     out
 }
 
-/// The comparison figure: one column of three panels per policy, side by side in the order
-/// given (titles left to right), each with axis titles and a legend, and no two labels
-/// overlapping; PNG of the documented size from the command line.
+/// The comparison figure: one panel per quantity with the policies overlaid (input and
+/// capacity, subtasks, latency), the summary as bars and the worst interval zoomed in; each
+/// policy named once in the key; no two labels overlapping; the documented size, also for the
+/// command line's PNG.
 #[test]
-fn comparison_figure_has_one_panel_column_per_policy() {
-    use streamscale_simulations::report::{PANEL_WIDTH, PANELS_HEIGHT, plot};
+fn comparison_figure_overlays_the_policies_per_quantity() {
+    use streamscale_simulations::report::{FIGURE_HEIGHT, FIGURE_WIDTH, plot};
     let spec = job(&chain(
         "{ steps: [{atSeconds: 0, recordsPerSecond: 300}, {atSeconds: 60, recordsPerSecond: 1500}, {atSeconds: 150, recordsPerSecond: 200}] }",
     ));
@@ -974,54 +975,44 @@ fn comparison_figure_has_one_panel_column_per_policy() {
     let svg = std::fs::read_to_string(&file).unwrap();
     assert!(
         svg.contains(&format!(
-            "width=\"{}\" height=\"{PANELS_HEIGHT}\"",
-            3 * PANEL_WIDTH
+            "width=\"{FIGURE_WIDTH}\" height=\"{FIGURE_HEIGHT}\""
         )),
         "{}",
         &svg[..200]
     );
     let texts = svg_texts(&svg);
-    for panel in ["input vs capacity", "parallelism", "p99 latency vs SLO"] {
-        let xs: Vec<f64> = names
-            .iter()
-            .map(|n| {
-                let title = format!("{n}: {panel}");
-                let found: Vec<_> = texts.iter().filter(|(_, t)| *t == title).collect();
-                assert_eq!(found.len(), 1, "{title}");
-                let (x0, _, x1, _) = found[0].0;
-                (x0 + x1) / 2.0
-            })
-            .collect();
-        for (k, x) in xs.iter().enumerate() {
-            let col = f64::from(PANEL_WIDTH) * k as f64;
-            assert!(
-                *x > col && *x < col + f64::from(PANEL_WIDTH),
-                "{panel}: column {k} at {x}"
-            );
-        }
-    }
     let count = |s: &str| texts.iter().filter(|(_, t)| t == s).count();
-    for label in [
-        "input rate",
-        "capacity",
-        "p99 latency (worst step per bin)",
-        "SLO",
-        "parse",
-        "counts",
+    let starting = |s: &str| texts.iter().filter(|(_, t)| t.starts_with(s)).count();
+    // One key entry per policy, left to right in the order given.
+    let key_x: Vec<f64> = names
+        .iter()
+        .map(|n| {
+            let found: Vec<_> = texts.iter().filter(|(_, t)| t == n).collect();
+            assert_eq!(found.len(), 1, "key entry {n}");
+            found[0].0.0
+        })
+        .collect();
+    assert!(key_x.windows(2).all(|w| w[0] < w[1]), "{key_x:?}");
+    // One panel per quantity, not one per policy.
+    assert_eq!(starting("input rate (black) and capacity, records/s"), 1);
+    for title in [
+        "subtasks, all operators summed",
+        "resource-hours",
+        "rescales",
+        "p99 latency, worst interval",
     ] {
-        assert_eq!(count(label), 3, "legend entry {label}");
+        assert_eq!(count(title), 1, "{title}");
     }
-    assert_eq!(count("t (min)"), 9);
-    for axis in ["records/s", "subtasks", "seconds"] {
-        assert_eq!(count(axis), 3, "axis title {axis}");
-    }
+    assert_eq!(starting("p99 latency, worst step per point; SLO dashed"), 1);
+    assert_eq!(starting("time over the SLO (%, p99)"), 1);
+    assert_eq!(count("t (min)"), 4);
     for (i, (a, ta)) in texts.iter().enumerate() {
         for (b, tb) in &texts[i + 1..] {
             let apart = a.2 <= b.0 || b.2 <= a.0 || a.3 <= b.1 || b.3 <= a.1;
             assert!(apart, "`{ta}` {a:?} overlaps `{tb}` {b:?}");
         }
     }
-    // The command line's PNG: 440 px per policy by 960 (IHDR width and height, big-endian).
+    // The command line's PNG (IHDR width and height, big-endian).
     let rep = dir.path().join("rep");
     let (code, _, err) = sim(&[
         root().join("examples/jobs/tweets.yaml").to_str().unwrap(),
@@ -1039,7 +1030,7 @@ fn comparison_figure_has_one_panel_column_per_policy() {
     let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
     assert_eq!(
         (be(&png[16..20]), be(&png[20..24])),
-        (2 * PANEL_WIDTH, PANELS_HEIGHT)
+        (FIGURE_WIDTH, FIGURE_HEIGHT)
     );
 }
 
