@@ -1,5 +1,6 @@
 //! `timeline.png`: three stacked panels (input rate vs capacity; parallelism per operator;
-//! latency at the SLO's percentile, p99 by default, with the SLO line).
+//! latency at the SLO's percentile, p99 by default, with the SLO line), each with its key to
+//! the right of the plot, off the data.
 
 use std::path::Path;
 
@@ -39,7 +40,7 @@ fn max_of(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Draws the timeline of `rows` (operators in `operators` order) with the SLO `slo_s` seconds
-/// into the PNG file `path` (1200×1000 pixels).
+/// into the PNG file `path` (1390×1000 pixels: the plots, and their keys to the right).
 ///
 /// # Errors
 /// [`PlotError::Draw`] when the file or fonts cannot be used.
@@ -79,9 +80,10 @@ fn panel<'a>(
     Ok(chart)
 }
 
-/// Draws `points` as a labelled line of `color` and `width` pixels.
+/// Draws `points` as a line of `color` and `width` pixels and adds `label` to the panel's key.
 fn line(
     chart: &mut Panel<'_>,
+    key: &mut Vec<(String, RGBColor)>,
     points: impl IntoIterator<Item = (f64, f64)>,
     color: RGBColor,
     width: u32,
@@ -89,21 +91,59 @@ fn line(
 ) -> Result<(), String> {
     chart
         .draw_series(LineSeries::new(points, color.stroke_width(width)))
-        .map_err(|x| x.to_string())?
-        .label(label)
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        .map_err(|x| x.to_string())?;
+    key.push((label.to_string(), color));
     Ok(())
 }
 
-/// Draws the panel's legend.
-fn legend(chart: &mut Panel<'_>) -> Result<(), String> {
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| x.to_string())
+/// Width of the key to the right of each panel, pixels.
+const KEY_WIDTH: u32 = 190;
+
+/// Draws a panel's key (a line of each colour and its label, top to bottom) into `area`, the
+/// strip to the right of the panel's plot.
+fn draw_key(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    key: &[(String, RGBColor)],
+) -> Result<(), String> {
+    let font = ("sans-serif", 15).into_font();
+    for (i, (label, color)) in key.iter().enumerate() {
+        let y = 50 + 22 * i as i32;
+        area.draw(&PathElement::new(
+            vec![(6, y), (30, y)],
+            color.stroke_width(3),
+        ))
+        .map_err(|x| x.to_string())?;
+        area.draw(&Text::new(label.clone(), (36, y - 8), font.clone()))
+            .map_err(|x| x.to_string())?;
+    }
+    Ok(())
 }
+
+/// The rate panel's y axis: its top (records/s) and whether capacity goes above it. Capacity
+/// can be far above the input (an idle operator looks infinitely fast), so the axis stops at
+/// [`CAPACITY_SHOWN`] times the peak input (or target) rate and capacity above it is drawn at
+/// the top, which the panel's title then says.
+fn rate_axis(rows: &[IntervalStats]) -> (f64, bool) {
+    let rate_max = max_of(
+        rows.iter()
+            .flat_map(|r| [r.input_rate, r.target_rate, r.capacity.unwrap_or(0.0)]),
+    );
+    let input_max = max_of(rows.iter().flat_map(|r| [r.input_rate, r.target_rate]));
+    let top = if input_max > 0.0 {
+        rate_max.min(input_max * CAPACITY_SHOWN) * 1.1
+    } else {
+        rate_max.max(1.0) * 1.1
+    }
+    .max(1.0);
+    let clipped = rows
+        .iter()
+        .filter_map(|r| r.capacity)
+        .any(|c| c.is_finite() && c > top);
+    (top, clipped)
+}
+
+/// How far above the peak input rate the rate panel shows capacity.
+const CAPACITY_SHOWN: f64 = 3.0;
 
 fn draw(
     path: &Path,
@@ -112,27 +152,27 @@ fn draw(
     slo_s: f64,
 ) -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1200 + KEY_WIDTH, 1000)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
-    let panels = root.split_evenly((3, 1));
+    let panels: Vec<_> = root
+        .split_evenly((3, 1))
+        .into_iter()
+        .map(|p| p.split_horizontally(1200))
+        .collect();
     let t_max = rows.last().map_or(1.0, |r| r.t_s).max(1.0);
 
     // Panel 1: input rate vs capacity.
-    let rate_max = max_of(
-        rows.iter()
-            .flat_map(|r| [r.input_rate, r.target_rate, r.capacity.unwrap_or(0.0)]),
-    );
-    // Keep capacity spikes (idle operators look infinitely fast) from flattening the rate.
-    let input_max = max_of(rows.iter().flat_map(|r| [r.input_rate, r.target_rate]));
-    let y1 = if input_max > 0.0 {
-        rate_max.min(input_max * 3.0) * 1.1
+    let (y1, clipped) = rate_axis(rows);
+    let title = if clipped {
+        "input rate vs capacity (records/s; capacity above 3× the peak input drawn at the top)"
     } else {
-        rate_max.max(1.0) * 1.1
-    }
-    .max(1.0);
-    let mut chart = panel(&panels[0], "input rate vs capacity (records/s)", t_max, y1)?;
+        "input rate vs capacity (records/s)"
+    };
+    let mut chart = panel(&panels[0].0, title, t_max, y1)?;
+    let mut key = Vec::new();
     line(
         &mut chart,
+        &mut key,
         rows.iter().map(|r| (r.t_s, r.input_rate)),
         COLORS[0],
         2,
@@ -140,13 +180,14 @@ fn draw(
     )?;
     line(
         &mut chart,
+        &mut key,
         rows.iter()
             .filter_map(|r| r.capacity.map(|c| (r.t_s, c.min(y1)))),
         COLORS[3],
         2,
         "capacity (bottleneck)",
     )?;
-    legend(&mut chart)?;
+    draw_key(&panels[0].1, &key)?;
 
     // Panel 2: parallelism per operator (steps).
     let p_max = rows
@@ -155,11 +196,12 @@ fn draw(
         .max()
         .unwrap_or(1);
     let mut chart = panel(
-        &panels[1],
+        &panels[1].0,
         "parallelism per operator",
         t_max,
         f64::from(p_max) + 1.0,
     )?;
+    let mut key = Vec::new();
     for (i, op) in operators.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         // Offset lines slightly so operators at the same parallelism stay distinguishable.
@@ -178,22 +220,24 @@ fn draw(
                 last = Some(y);
             }
         }
-        line(&mut chart, points, color, 2, op)?;
+        line(&mut chart, &mut key, points, color, 2, op)?;
     }
-    legend(&mut chart)?;
+    draw_key(&panels[1].1, &key)?;
 
     // Panel 3: latency at the SLO's percentile (p99 unless the job says otherwise) and the SLO.
     let percentile = rows.iter().find_map(|r| r.slo_percentile).unwrap_or(0.99);
     let label = crate::progress::percentile_label(percentile);
     let lat_max = max_of(rows.iter().filter_map(|r| r.slo_latency().1)).max(slo_s) * 1.2;
     let mut chart = panel(
-        &panels[2],
+        &panels[2].0,
         &format!("{label} end-to-end latency (s)"),
         t_max,
         lat_max.max(0.001),
     )?;
+    let mut key = Vec::new();
     line(
         &mut chart,
+        &mut key,
         rows.iter()
             .filter_map(|r| r.slo_latency().1.map(|p| (r.t_s, p))),
         COLORS[0],
@@ -202,12 +246,13 @@ fn draw(
     )?;
     line(
         &mut chart,
+        &mut key,
         [(0.0, slo_s), (t_max, slo_s)],
         COLORS[3],
         1,
         "SLO",
     )?;
-    legend(&mut chart)?;
+    draw_key(&panels[2].1, &key)?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }
@@ -215,6 +260,25 @@ fn draw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capacity_far_above_the_input_is_drawn_at_the_top_and_said() {
+        let row = |input: f64, capacity: f64| IntervalStats {
+            input_rate: input,
+            target_rate: input,
+            capacity: Some(capacity),
+            ..IntervalStats::default()
+        };
+        // A Nexmark run: 66k records/s in, 435k-722k capacity.
+        let (top, clipped) = rate_axis(&[row(66_000.0, 435_000.0), row(60_000.0, 722_000.0)]);
+        assert!(
+            clipped && (top - 66_000.0 * 3.0 * 1.1).abs() < 1e-6,
+            "{top}"
+        );
+        // Capacity within reach: the axis shows all of it.
+        let (top, clipped) = rate_axis(&[row(100.0, 150.0), row(120.0, 180.0)]);
+        assert!(!clipped && (top - 180.0 * 1.1).abs() < 1e-9, "{top}");
+    }
 
     #[test]
     fn draws_a_png() {
