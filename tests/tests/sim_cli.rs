@@ -209,9 +209,13 @@ fn the_report_names_the_slo_percentile() {
     }
     assert!(rows > 10, "{csv}");
     let svg = std::fs::read_to_string(dir.path().join("p95/comparison.svg")).expect("svg");
-    assert!(svg.contains("p95 latency (worst step per bin)"), "legend");
-    assert!(svg.contains("static: p95 latency vs SLO"), "title");
-    assert!(!svg.contains("p99 latency"), "no p99 panel");
+    assert!(
+        svg.contains("p95 latency, worst step per point; SLO dashed"),
+        "latency panel"
+    );
+    assert!(svg.contains("p95 latency, worst interval"), "zoomed panel");
+    assert!(svg.contains("time over the SLO (%, p95)"), "violation bars");
+    assert!(!svg.contains("p99"), "no p99 anywhere in the figure");
     // The job's own percentile, without the flag: the same.
     let job = fixtures::sim_job() + "autoscaler: { latencyPercentile: 0.95 }\n";
     fixtures::write(dir.path(), "job.yaml", &job);
