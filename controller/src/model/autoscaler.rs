@@ -425,18 +425,18 @@ impl Autoscaler {
             let mut lookback_hold: Option<String> = None;
             // The memory may reach further back than the lookback in force (see
             // `Profile::memory_s`): only the recommendations within the lookback count.
-            let within = |h: &VecDeque<(f64, u32)>| {
-                let from = h.partition_point(|&(t, _)| t < now_s - lookback);
-                h.range(from..).copied().collect::<Vec<_>>()
-            };
-            if let Some(h) = self.state.recommended.get(name).map(within)
-                && let Some(highest) = h.first().map(|&(_, p)| p).filter(|&p| p > *new)
+            let recent = self
+                .state
+                .recommended
+                .get(name)
+                .map(|h| h.range(h.partition_point(|&(t, _)| t < now_s - lookback)..));
+            if let Some(h) = recent
+                && let Some(highest) = h.clone().next().map(|&(_, p)| p).filter(|&p| p > *new)
             {
                 self.used_history = true;
                 let floor = highest.min(cur);
                 // The lookback holds nothing above `new` from `clears_s` on.
                 let clears_s = h
-                    .iter()
                     .take_while(|&&(_, p)| p > *new)
                     .last()
                     .map_or(now_s, |&(t, _)| t + lookback);
