@@ -106,16 +106,6 @@ impl Pod {
     }
 }
 
-fn parts(dir: &Path) -> HashSet<String> {
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
-                .filter(|n| n.starts_with("part-"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Completed checkpoints (`chk-<id>/` with a manifest) in `dir`.
 fn checkpoints(dir: &Path) -> usize {
     std::fs::read_dir(dir)
@@ -179,7 +169,7 @@ async fn a_rolled_back_pod_recovers_from_the_failed_pods_newest_checkpoint_witho
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     first.delete();
-    let at_savepoint = parts(&out);
+    let at_savepoint = fixtures::published_parts(&out);
 
     // Redeployed at work=2 from the savepoint: it runs, completes checkpoints and publishes
     // output, but is not seen running in time; the roll back replaces its pod.
@@ -187,12 +177,14 @@ async fn a_rolled_back_pod_recovers_from_the_failed_pods_newest_checkpoint_witho
     let attempt_chk = flag(&attempt_args, "--checkpoint-dir").expect("--checkpoint-dir");
     let attempt = Pod::start(dir.path(), &job, &p(2), Some(&savepoint), &token, &starts);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while checkpoints(Path::new(&attempt_chk)) < 3 || parts(&out).len() < at_savepoint.len() + 3 {
+    while checkpoints(Path::new(&attempt_chk)) < 3
+        || fixtures::published_parts(&out).len() < at_savepoint.len() + 3
+    {
         assert!(Instant::now() < deadline, "the attempt published nothing");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     attempt.delete();
-    let at_kill = parts(&out);
+    let at_kill = fixtures::published_parts(&out);
     assert!(at_kill.is_superset(&at_savepoint) && at_kill.len() > at_savepoint.len());
 
     // The roll back: the old parallelism from the same savepoint, as `Action::Deploy` says.

@@ -210,6 +210,18 @@ impl Drop for Engine {
     }
 }
 
+/// The names of the published part files (`part-*`) in an exactly-once sink's `output`
+/// directory; empty when it does not exist.
+pub fn published_parts(dir: &Path) -> std::collections::HashSet<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                .filter(|n| n.starts_with("part-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// What a reader of an exactly-once sink's `output` directory sees: its published part files
 /// (`part-*`, in name order; in-progress files are hidden and skipped), concatenated. Empty
 /// when nothing was published.

@@ -36,16 +36,6 @@ struct CrashingRuntime {
     crashed: Mutex<HashSet<u64>>,
 }
 
-fn parts(dir: &Path) -> HashSet<String> {
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
-                .filter(|n| n.starts_with("part-"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 impl CrashingRuntime {
     fn hidden(&self, handle: &EngineHandle) -> bool {
         handle.parallelism != self.reachable
@@ -68,7 +58,7 @@ impl EngineRuntime for CrashingRuntime {
         drain: bool,
     ) -> Result<StopOutcome, RuntimeError> {
         let outcome = self.inner.stop_with_savepoint(handle, drain).await;
-        *self.parts_at_savepoint.lock().expect("lock") = parts(&self.output);
+        *self.parts_at_savepoint.lock().expect("lock") = fixtures::published_parts(&self.output);
         outcome
     }
 
@@ -77,7 +67,7 @@ impl EngineRuntime for CrashingRuntime {
             // Three part files past the savepoint: three checkpoints of this engine completed
             // and committed.
             let before = self.parts_at_savepoint.lock().expect("lock").clone();
-            let now = parts(&self.output);
+            let now = fixtures::published_parts(&self.output);
             if now.difference(&before).count() >= 3
                 && self.crashed.lock().expect("lock").insert(handle.id)
             {
