@@ -298,6 +298,10 @@ mod tests {
         savepoint_fails: bool,
         /// Every engine has exited (died) by the time it is asked.
         engines_die: bool,
+        /// Starts at these parallelisms (of `enrich`) never answer a status request.
+        silent_parallelism: Vec<u32>,
+        /// Status requests made.
+        status_calls: Mutex<u32>,
         next: Mutex<u64>,
     }
 
@@ -357,8 +361,14 @@ mod tests {
         }
 
         async fn job_status(&self, handle: &EngineHandle) -> Result<JobStatus, RuntimeError> {
+            *self.status_calls.lock().expect("lock") += 1;
             let enrich = handle.parallelism.get("enrich").copied().unwrap_or(0);
-            if self.broken_parallelism.contains(&enrich) {
+            if self.silent_parallelism.contains(&enrich) {
+                Err(RuntimeError::Io {
+                    path: handle.base_url.clone(),
+                    source: std::io::ErrorKind::ConnectionRefused.into(),
+                })
+            } else if self.broken_parallelism.contains(&enrich) {
                 Ok(job("failed"))
             } else {
                 Ok(job("running"))
@@ -383,6 +393,21 @@ mod tests {
 
     async fn first_engine(ex: &Executor<'_, Mock>) -> EngineHandle {
         ex.launch(&p(2), None).await.expect("starts").0
+    }
+
+    #[tokio::test]
+    async fn an_engine_that_exited_before_running_is_not_waited_for() {
+        let mock = Mock {
+            silent_parallelism: vec![2],
+            engines_die: true,
+            ..Mock::default()
+        };
+        let ex = Executor::new(&mock, Path::new("job.yaml"))
+            .with_running_timeout(Duration::from_secs(2));
+        let err = ex.launch(&p(2), None).await.expect_err("the engine died");
+        assert!(matches!(err, RuntimeError::Exited { .. }), "{err}");
+        // One unanswered status request, then the exit: not a poll every 100 ms until the timeout.
+        assert_eq!(*mock.status_calls.lock().expect("lock"), 1);
     }
 
     #[tokio::test]

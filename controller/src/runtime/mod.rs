@@ -163,7 +163,8 @@ pub trait EngineRuntime: Send + Sync {
 /// Polls the job's status every 100 ms until it is `running`.
 ///
 /// # Errors
-/// [`ApiError::NotRunning`] (as [`RuntimeError::Api`]) after `timeout`, or at once when the
+/// The engine's exit ([`EngineRuntime::exited`]) at once when it does not answer because it
+/// has exited; [`ApiError::NotRunning`] (as [`RuntimeError::Api`]) after `timeout`, or at once when the
 /// job is `failed`, `finished` or `stopped`.
 pub async fn wait_running<R: EngineRuntime>(
     runtime: &R,
@@ -185,7 +186,11 @@ pub async fn wait_running<R: EngineRuntime>(
                 return Err(not_running(format!("state {}", job.state)));
             }
             Ok(job) => format!("state {}", job.state),
-            Err(e) => e.to_string(),
+            // No answer: an engine that has exited is not waited for.
+            Err(e) => match runtime.exited(engine).await {
+                Some(exit) => return Err(exit),
+                None => e.to_string(),
+            },
         };
         if started.elapsed() >= timeout {
             return Err(not_running(last));
