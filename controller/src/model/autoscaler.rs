@@ -16,8 +16,8 @@ use super::float_text::Fixed;
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::guards::{
     Band, GuardSettings, GuardState, IGNORED, NowAssessment, PendingScaleDown, append_guard_notes,
-    change_note, drop_incomplete, op_note, over_budget, remember, rescale_worth_its_cost, restore,
-    steady_need, unknown_backlogs,
+    bounds_force, change_note, drop_incomplete, op_note, over_budget, remember,
+    rescale_worth_its_cost, restore, steady_need, unknown_backlogs,
 };
 use super::learn::ScalabilityTracker;
 use super::planner::{Decision, JobGraph, Model};
@@ -380,6 +380,8 @@ impl Autoscaler {
         let mut in_band: Vec<(String, u32, String)> = Vec::new();
         let guarded = &mut planned.parallelism;
         let mut notes = Vec::new();
+        // A change that brings an operator inside its bounds is made whatever the cost.
+        let mut forced = false;
         if !self.state.pending_scale_downs.is_empty() {
             self.state
                 .pending_scale_downs
@@ -393,6 +395,13 @@ impl Autoscaler {
             let Some((_, &cur)) = currents.next_if(|(k, _)| &***k == name.as_str()) else {
                 continue;
             };
+            if let Some((p, note)) = bounds_force(spec, name, cur, *new) {
+                *new = p;
+                forced = true;
+                self.state.pending_scale_downs.remove(name);
+                notes.push((name.clone(), note));
+                continue;
+            }
             if *new >= cur {
                 if !self.state.pending_scale_downs.is_empty() {
                     self.state.pending_scale_downs.remove(name);
@@ -588,6 +597,7 @@ impl Autoscaler {
             };
         }
         if changed
+            && !forced
             && let Some(why) = over_budget(
                 &mut self.state.rescales_s,
                 now_s,
@@ -604,7 +614,7 @@ impl Autoscaler {
                 recommendation: Some(planned),
             };
         }
-        let worth = if changed {
+        let worth = if changed && !forced {
             rescale_worth_its_cost(&mut now, &model, &planned, &planned.parallelism, g)
         } else {
             Ok(String::new())

@@ -119,6 +119,35 @@ fn moves_inside_the_utilization_band_cost_no_rescale() {
 }
 
 #[test]
+fn an_operator_outside_its_bounds_is_moved_inside_them_whatever_the_guards() {
+    let bounded = |scaling: &str| {
+        job(&CHAIN.replace(
+            "{ name: map, kind: map, parallelism: 8 }",
+            &format!("{{ name: map, kind: map, parallelism: 8, scaling: {scaling} }}"),
+        ))
+    };
+    // γ = 236 at p = 3: ρ 0.79, inside the band; a lower bound of 5 moves it to 5 at once.
+    let v = no_delay().decide(0.0, &win(3, 236.0, 0.0, 1), &bounded("{ min: 5 }"));
+    let Verdict::Rescale(d) = &v else {
+        panic!("{v:?}")
+    };
+    assert_eq!(d.parallelism["map"], 5);
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r == "map: 3→5: p=3 is below its lower bound 5 (scaling.min)"),
+        "{d:?}"
+    );
+    // γ = 130 at p = 4: ρ 0.33, inside the band (it wants 2); an upper bound of 3 moves it to
+    // 3 at the first decision, despite the scale-down delay; the rest waits for the guards.
+    let v = Autoscaler::default().decide(0.0, &win(4, 130.0, 0.0, 1), &bounded("{ max: 3 }"));
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
+    // Inside its bounds the band holds as before.
+    let v = no_delay().decide(0.0, &win(3, 236.0, 0.0, 1), &bounded("{ min: 2, max: 6 }"));
+    assert!(matches!(v, Verdict::Hold { .. }), "{v:?}");
+}
+
+#[test]
 fn an_operator_leaving_the_band_moves_every_operator_to_its_plan() {
     // map at ρ 0.79 (inside, wants 4); the sink at p = 2 runs at ρ 0.01 (below): the
     // sink's scale-down restarts the job, so map's scale-up comes with it.
