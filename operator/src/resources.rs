@@ -220,6 +220,7 @@ pub fn engine_args(
     parallelism: &BTreeMap<String, u32>,
     restore: Option<&str>,
     checkpoint_dir: Option<&str>,
+    retire: &[String],
 ) -> Vec<String> {
     let mut args = vec![
         "--job".to_string(),
@@ -242,8 +243,64 @@ pub fn engine_args(
         args.push("--checkpoint-dir".to_string());
         args.push(dir.to_string());
         args.push("--recover".to_string());
+        for dir in retire {
+            args.push("--retire-checkpoints".to_string());
+            args.push(dir.clone());
+        }
     }
     args
+}
+
+/// Most superseded checkpoint directories an engine is told to retire (the newest ones).
+const MAX_RETIRED: usize = 8;
+
+/// The checkpoint directories ([`checkpoint_dir`]) an engine deployed from `restore` supersedes
+/// (`--retire-checkpoints`: removed once it completed a checkpoint of its own). When the
+/// Deployment it replaces (`previous`) ran from another savepoint: that engine's directory and
+/// what that engine still had to retire (it may have died before its first checkpoint). From
+/// the same savepoint (a restarted pod, a rescale's roll back, a re-applied template): what
+/// `previous` had to retire, unchanged, so that the pod template does not change. Never the
+/// new engine's own directory; at most the newest 8.
+pub fn superseded_checkpoints(
+    job: &StreamJob,
+    restore: Option<&str>,
+    previous: Option<&Deployment>,
+) -> Vec<String> {
+    let Some(own) = checkpoint_dir(job, restore) else {
+        return Vec::new();
+    };
+    let Some(previous) = previous else {
+        return Vec::new();
+    };
+    let args = deployment_args(previous);
+    let mut retire: Vec<String> = args
+        .iter()
+        .zip(args.iter().skip(1))
+        .filter(|(flag, _)| *flag == "--retire-checkpoints")
+        .map(|(_, v)| v.clone())
+        .collect();
+    let previous_restore = workload_of(previous).and_then(|w| w.restore);
+    if previous_restore.as_deref() != restore
+        && let Some(dir) = checkpoint_dir(job, previous_restore.as_deref())
+    {
+        retire.push(dir);
+    }
+    retire.retain(|d| *d != own);
+    let mut seen = std::collections::BTreeSet::new();
+    retire.retain(|d| seen.insert(d.clone()));
+    let skip = retire.len().saturating_sub(MAX_RETIRED);
+    retire.drain(..skip);
+    retire
+}
+
+fn deployment_args(deployment: &Deployment) -> Vec<String> {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default()
 }
 
 /// Whether a Deployment's engine runs without `--auth-token-file` (deployed by an operator
@@ -289,12 +346,15 @@ pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadOb
 }
 
 /// The engine Deployment at `parallelism`, restored from `restore`; `restart` (from
-/// `status.restarts`) is a pod-template annotation, so that raising it replaces the pod.
+/// `status.restarts`) is a pod-template annotation, so that raising it replaces the pod;
+/// `retire` ([`superseded_checkpoints`]) the checkpoint directories the engine removes once it
+/// has completed a checkpoint.
 pub fn deployment(
     job: &StreamJob,
     parallelism: &BTreeMap<String, u32>,
     restore: Option<&str>,
     restart: u32,
+    retire: &[String],
 ) -> Result<Deployment, ResourceError> {
     let total: u32 = parallelism.values().sum::<u32>().max(1);
     let cpu = format!(
@@ -356,6 +416,7 @@ pub fn deployment(
                             parallelism,
                             restore,
                             checkpoint_dir(job, restore).as_deref(),
+                            retire,
                         ),
                         "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
                         "resources": {
@@ -451,7 +512,7 @@ spec:
     #[test]
     fn the_kafka_secret_is_mounted_read_only_when_named() {
         let mut j = job();
-        let d = deployment(&j, &j.spec.job.parallelism(), None, 0).expect("deployment");
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 0, &[]).expect("deployment");
         assert!(
             !serde_json::to_string(&d)
                 .expect("json")
@@ -460,7 +521,7 @@ spec:
         j.spec.kafka_secret = Some(crate::crd::KafkaSecretRef {
             secret_name: "kafka-creds".into(),
         });
-        let d = deployment(&j, &j.spec.job.parallelism(), None, 0).expect("deployment");
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 0, &[]).expect("deployment");
         let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
         let mount = pod.containers[0]
             .volume_mounts
@@ -486,7 +547,7 @@ spec:
     fn deployment_round_trips_parallelism_and_restore() {
         let j = job();
         let p = j.spec.job.parallelism();
-        let d = deployment(&j, &p, Some("/sp/x"), 0).expect("deployment");
+        let d = deployment(&j, &p, Some("/sp/x"), 0, &[]).expect("deployment");
         let w = workload_of(&d).expect("workload");
         assert_eq!(w.parallelism, p);
         assert_eq!(w.restore.as_deref(), Some("/sp/x"));
@@ -545,7 +606,7 @@ spec:
         };
         let j = job();
         let p = j.spec.job.parallelism();
-        let plain = args_of(&deployment(&j, &p, None, 0).expect("deployment"));
+        let plain = args_of(&deployment(&j, &p, None, 0, &[]).expect("deployment"));
         assert!(
             !plain
                 .iter()
@@ -554,7 +615,7 @@ spec:
 
         let mut j = job();
         j.spec.job.checkpoint = serde_saphyr::from_str("intervalSeconds: 1").expect("checkpoint");
-        let d = deployment(&j, &p, Some("/sp/sp-1"), 0).expect("deployment");
+        let d = deployment(&j, &p, Some("/sp/sp-1"), 0, &[]).expect("deployment");
         let args = args_of(&d);
         assert!(args.iter().any(|a| a == "--recover"), "{args:?}");
         let chk = value(&args, "--checkpoint-dir").expect("--checkpoint-dir");
@@ -570,20 +631,20 @@ spec:
             .any(|m| m.name == "savepoints" && chk.starts_with(&format!("{}/", m.mount_path)));
         assert!(on_volume, "the checkpoints must be on the savepoint volume");
         // The same template, the same directory (a restarted container finds its checkpoints).
-        let again = args_of(&deployment(&j, &p, Some("/sp/sp-1"), 1).expect("deployment"));
+        let again = args_of(&deployment(&j, &p, Some("/sp/sp-1"), 1, &[]).expect("deployment"));
         assert_eq!(
             value(&again, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
         );
         // Another savepoint or another job graph: another directory.
-        let newer = args_of(&deployment(&j, &p, Some("/sp/sp-2"), 0).expect("deployment"));
+        let newer = args_of(&deployment(&j, &p, Some("/sp/sp-2"), 0, &[]).expect("deployment"));
         assert_ne!(
             value(&newer, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
         );
         let mut other = j.clone();
         other.spec.job.operators[0].name = "renamed".into();
-        let other = args_of(&deployment(&other, &p, Some("/sp/sp-1"), 0).expect("deployment"));
+        let other = args_of(&deployment(&other, &p, Some("/sp/sp-1"), 0, &[]).expect("deployment"));
         assert_ne!(
             value(&other, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
@@ -591,7 +652,7 @@ spec:
         // The same savepoint at another parallelism (a rescale and its roll back): the same
         // directory, so the roll back recovers from the failed attempt's newest checkpoint.
         let wider: BTreeMap<String, u32> = [("map".to_string(), 3)].into();
-        let wider = args_of(&deployment(&j, &wider, Some("/sp/sp-1"), 0).expect("deployment"));
+        let wider = args_of(&deployment(&j, &wider, Some("/sp/sp-1"), 0, &[]).expect("deployment"));
         assert_eq!(
             value(&wider, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
@@ -599,11 +660,58 @@ spec:
         // An absolute `checkpoint.dir` of the job is kept as the base.
         j.spec.job.checkpoint = serde_saphyr::from_str("{intervalSeconds: 1, dir: \"s3://b/chk\"}")
             .expect("checkpoint");
-        let s3 = args_of(&deployment(&j, &p, None, 0).expect("deployment"));
+        let s3 = args_of(&deployment(&j, &p, None, 0, &[]).expect("deployment"));
         assert!(
             value(&s3, "--checkpoint-dir").is_some_and(|d| d.starts_with("s3://b/chk/")),
             "{s3:?}"
         );
+    }
+
+    #[test]
+    fn a_deployment_from_a_newer_savepoint_retires_the_lineages_it_supersedes() {
+        let retired = |d: &Deployment| -> Vec<String> {
+            let args = deployment_args(d);
+            args.iter()
+                .zip(args.iter().skip(1))
+                .filter(|(f, _)| *f == "--retire-checkpoints")
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        let mut j = job();
+        let p = j.spec.job.parallelism();
+        // No checkpoints, nothing to retire.
+        let d0 = deployment(&j, &p, None, 0, &[]).expect("deployment");
+        assert!(superseded_checkpoints(&j, Some("/sp/sp-1"), Some(&d0)).is_empty());
+        j.spec.job.checkpoint = serde_saphyr::from_str("intervalSeconds: 1").expect("checkpoint");
+        let dir = |restore: Option<&str>| checkpoint_dir(&j, restore).expect("dir");
+        let render = |restore: Option<&str>, previous: Option<&Deployment>| {
+            let retire = superseded_checkpoints(&j, restore, previous);
+            deployment(&j, &p, restore, 0, &retire).expect("deployment")
+        };
+        let first = render(None, None);
+        assert!(retired(&first).is_empty());
+        // A rescale from sp-1 supersedes the first engine's lineage.
+        let second = render(Some("/sp/sp-1"), Some(&first));
+        assert_eq!(retired(&second), vec![dir(None)]);
+        // A restart or roll back from the same savepoint keeps the template's list.
+        assert_eq!(
+            retired(&render(Some("/sp/sp-1"), Some(&second))),
+            vec![dir(None)]
+        );
+        // The next rescale adds sp-1's lineage (its engine may not have retired its own yet).
+        let third = render(Some("/sp/sp-2"), Some(&second));
+        assert_eq!(retired(&third), vec![dir(None), dir(Some("/sp/sp-1"))]);
+        // A return to an older savepoint never retires its own lineage.
+        let back = render(Some("/sp/sp-1"), Some(&third));
+        assert_eq!(retired(&back), vec![dir(None), dir(Some("/sp/sp-2"))]);
+        // At most the newest 8.
+        let mut d = back;
+        for k in 3..20 {
+            d = render(Some(&format!("/sp/sp-{k}")), Some(&d));
+        }
+        let list = retired(&d);
+        assert_eq!(list.len(), 8);
+        assert_eq!(list.last(), Some(&dir(Some("/sp/sp-18"))));
     }
 
     #[test]

@@ -133,8 +133,13 @@ impl KubeRuntime {
         Api::<Service>::namespaced(self.client.clone(), &ns)
             .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&svc))
             .await?;
-        let d = resources::deployment(&self.job, parallelism, restore, restart)?;
-        Api::<Deployment>::namespaced(self.client.clone(), &ns)
+        let deployments = Api::<Deployment>::namespaced(self.client.clone(), &ns);
+        let previous = deployments
+            .get_opt(&resources::engine_name(&self.job))
+            .await?;
+        let retire = resources::superseded_checkpoints(&self.job, restore, previous.as_ref());
+        let d = resources::deployment(&self.job, parallelism, restore, restart, &retire)?;
+        deployments
             .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&d))
             .await?;
         Ok(())

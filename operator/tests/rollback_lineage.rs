@@ -20,6 +20,7 @@ use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use common::cluster::{PodFiles, args_of, spawn_engine};
+use k8s_openapi::api::apps::v1::Deployment;
 use streamscale_controller::api::{EngineApi, JobStatus};
 use streamscale_operator::crd::StreamJob;
 use streamscale_operator::resources;
@@ -42,14 +43,21 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// The engine container's arguments of the Deployment the operator renders.
-fn pod_args(
+/// The Deployment the operator renders when it replaces `previous` (as `deploy` does).
+fn render(
     job: &StreamJob,
     parallelism: &BTreeMap<String, u32>,
     restore: Option<&str>,
-) -> Vec<String> {
-    let d = resources::deployment(job, parallelism, restore, 0).expect("deployment");
-    args_of(&serde_json::to_string(&d.spec.expect("spec").template).expect("json"))
+    previous: Option<&Deployment>,
+) -> Deployment {
+    let retire = resources::superseded_checkpoints(job, restore, previous);
+    resources::deployment(job, parallelism, restore, 0, &retire).expect("deployment")
+}
+
+/// The engine container's arguments of a Deployment.
+fn pod_args(d: &Deployment) -> Vec<String> {
+    let template = &d.spec.as_ref().expect("spec").template;
+    args_of(&serde_json::to_string(template).expect("json"))
 }
 
 struct Pod {
@@ -62,7 +70,7 @@ impl Pod {
         dir: &Path,
         job: &StreamJob,
         parallelism: &BTreeMap<String, u32>,
-        restore: Option<&str>,
+        deployment: &Deployment,
         token: &str,
         starts: &AtomicU32,
     ) -> Pod {
@@ -72,7 +80,7 @@ impl Pod {
             job_yaml: Some(&job_yaml),
             token: Some(token),
         };
-        let args = pod_args(job, parallelism, restore);
+        let args = pod_args(deployment);
         let child = spawn_engine(
             &workspace_bin("streamscale-engine"),
             dir,
@@ -150,7 +158,9 @@ async fn a_rolled_back_pod_recovers_from_the_failed_pods_newest_checkpoint_witho
     let starts = AtomicU32::new(0);
 
     // The job runs at work=1; the rescale to work=2 takes its stop-with-savepoint.
-    let first = Pod::start(dir.path(), &job, &p(1), None, &token, &starts);
+    let first_d = render(&job, &p(1), None, None);
+    let first_chk = flag(&pod_args(&first_d), "--checkpoint-dir").expect("--checkpoint-dir");
+    let first = Pod::start(dir.path(), &job, &p(1), &first_d, &token, &starts);
     first.job("running", |j| j.state == "running").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let id = first
@@ -170,12 +180,19 @@ async fn a_rolled_back_pod_recovers_from_the_failed_pods_newest_checkpoint_witho
     };
     first.delete();
     let at_savepoint = fixtures::published_parts(&out);
+    assert!(checkpoints(Path::new(&first_chk)) > 0, "{first_chk}");
 
     // Redeployed at work=2 from the savepoint: it runs, completes checkpoints and publishes
     // output, but is not seen running in time; the roll back replaces its pod.
-    let attempt_args = pod_args(&job, &p(2), Some(&savepoint));
+    // It supersedes the first pod's checkpoints (the savepoint is newer than all of them).
+    let attempt_d = render(&job, &p(2), Some(&savepoint), Some(&first_d));
+    let attempt_args = pod_args(&attempt_d);
     let attempt_chk = flag(&attempt_args, "--checkpoint-dir").expect("--checkpoint-dir");
-    let attempt = Pod::start(dir.path(), &job, &p(2), Some(&savepoint), &token, &starts);
+    assert_eq!(
+        flag(&attempt_args, "--retire-checkpoints"),
+        Some(first_chk.clone())
+    );
+    let attempt = Pod::start(dir.path(), &job, &p(2), &attempt_d, &token, &starts);
     let deadline = Instant::now() + Duration::from_secs(60);
     while checkpoints(Path::new(&attempt_chk)) < 3
         || fixtures::published_parts(&out).len() < at_savepoint.len() + 3
@@ -183,12 +200,28 @@ async fn a_rolled_back_pod_recovers_from_the_failed_pods_newest_checkpoint_witho
         assert!(Instant::now() < deadline, "the attempt published nothing");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Once it has checkpoints of its own, the first pod's are removed.
+    while checkpoints(Path::new(&first_chk)) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{first_chk} still holds checkpoints"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     attempt.delete();
     let at_kill = fixtures::published_parts(&out);
     assert!(at_kill.is_superset(&at_savepoint) && at_kill.len() > at_savepoint.len());
 
     // The roll back: the old parallelism from the same savepoint, as `Action::Deploy` says.
-    let back = Pod::start(dir.path(), &job, &p(1), Some(&savepoint), &token, &starts);
+    // Its template retires what the attempt's did, never the attempt's own checkpoints.
+    let back_d = render(&job, &p(1), Some(&savepoint), Some(&attempt_d));
+    let back_args = pod_args(&back_d);
+    assert_eq!(
+        flag(&back_args, "--checkpoint-dir"),
+        Some(attempt_chk.clone())
+    );
+    assert_eq!(flag(&back_args, "--retire-checkpoints"), Some(first_chk));
+    let back = Pod::start(dir.path(), &job, &p(1), &back_d, &token, &starts);
     let done = back.job("finished", |j| j.state == "finished").await;
     back.delete();
 

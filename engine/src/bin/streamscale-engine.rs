@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::Parser;
+use streamscale_engine::checkpoint::retire::Retirement;
 use streamscale_engine::checkpoint::storage::CheckpointStorage;
 use streamscale_engine::metrics::EngineMetrics;
 use streamscale_engine::runtime::{Job, PanicAt, RuntimeOptions};
@@ -78,6 +79,13 @@ struct Args {
     /// block.
     #[arg(long, conflicts_with = "recover_from")]
     recover: bool,
+    /// A checkpoint location (directory or URL, repeatable) this engine supersedes: every
+    /// checkpoint there is removed once this engine has completed a checkpoint of its own.
+    /// For a deployer that keeps one checkpoint directory per savepoint (the Kubernetes
+    /// operator): the directories of the lineages the restored savepoint is newer than. Needs
+    /// checkpoints of its own, elsewhere.
+    #[arg(long)]
+    retire_checkpoints: Vec<String>,
     /// Fault injection for recovery tests: `operator:seq` panics that operator's subtask once
     /// on the record with sequence number `seq`.
     #[arg(long, hide = true)]
@@ -277,6 +285,25 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     // Checkpoints numbered below this were written before this process started.
     let first_checkpoint_id = storage.as_ref().map_or(0, |s| s.next_id());
+    if !args.retire_checkpoints.is_empty() {
+        let Some(own) = &storage else {
+            anyhow::bail!(
+                "--retire-checkpoints needs checkpoints of this engine's own (--checkpoint-dir or the job's checkpoint.dir)"
+            );
+        };
+        let mut retired = Vec::with_capacity(args.retire_checkpoints.len());
+        for location in &args.retire_checkpoints {
+            let r = CheckpointStorage::open(location, retain)?;
+            if r.location() == own.location() {
+                anyhow::bail!(
+                    "--retire-checkpoints {location}: this is the engine's own checkpoint location"
+                );
+            }
+            retired.push(r);
+        }
+        Retirement::new(own.clone(), first_checkpoint_id, retired)
+            .spawn(std::time::Duration::from_secs(2))?;
+    }
     // With --recover, the latest completed checkpoint of this job's directory comes first.
     let recovered = match (&storage, args.recover) {
         (Some(storage), true) => storage.latest(&spec)?,

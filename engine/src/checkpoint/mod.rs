@@ -57,6 +57,7 @@
 pub mod barrier;
 pub mod coordinator;
 pub mod gate;
+pub mod retire;
 pub mod storage;
 
 pub use barrier::{Barrier, BarrierKind, Event, Message};

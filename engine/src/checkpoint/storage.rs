@@ -481,6 +481,38 @@ impl CheckpointStorage {
         }
     }
 
+    /// Removes every checkpoint at this location, completed or not (each completed one
+    /// manifest first, as retention does), and the local directory itself when that leaves it
+    /// empty. Anything else there is left alone. Returns how many checkpoints were removed.
+    ///
+    /// # Errors
+    /// [`StorageError::Store`] naming the object that could not be listed or deleted; what
+    /// was removed before it stays removed.
+    pub fn remove_all(&self) -> Result<usize, StorageError> {
+        let mut removed = 0;
+        for (id, complete) in self.scan()? {
+            if complete {
+                self.delete(id)?;
+            } else {
+                self.discard(id);
+            }
+            removed += 1;
+        }
+        if let Some(local) = &self.local {
+            for e in std::fs::read_dir(local).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name
+                    .strip_prefix(CHECKPOINT_PREFIX)
+                    .is_some_and(|s| s.parse::<u64>().is_ok())
+                {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(local);
+        }
+        Ok(removed)
+    }
+
     /// Deletes checkpoint `id`: its manifest first, so a half-deleted checkpoint never looks
     /// complete, then its files.
     fn delete(&self, id: u64) -> Result<(), StorageError> {
