@@ -15,6 +15,8 @@ use serde_json::{Number, Value};
 
 use crate::json_field::Invalid;
 
+mod plain;
+
 /// The most paths one [`FieldPaths`] reads.
 pub const MAX_PATHS: usize = 64;
 
@@ -145,6 +147,10 @@ impl FieldPaths {
         out: &mut [Option<Leaf<'de>>],
     ) -> Result<(), Invalid> {
         assert_eq!(out.len(), self.paths.len(), "one output per path");
+        out.iter_mut().for_each(|o| *o = None);
+        if plain::read(&self.paths, bytes, out).is_some() {
+            return Ok(());
+        }
         out.iter_mut().for_each(|o| *o = None);
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let node = Node {

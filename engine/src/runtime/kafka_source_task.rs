@@ -193,7 +193,8 @@ pub(super) struct KafkaSourceTask {
 /// Records polled but not yet claimed (a barrier came first) and the offsets they advance.
 struct Polled {
     records: Vec<Record>,
-    /// Per record (same order): its partition and Kafka timestamp (ms since the Unix epoch).
+    /// With event time, per record (same order): its partition and Kafka timestamp (ms since
+    /// the Unix epoch); empty without.
     stamps: Vec<(i32, Option<i64>)>,
     /// The next offset of each partition read, a run of records of one partition in one
     /// entry.
@@ -201,9 +202,10 @@ struct Polled {
     /// How long the first poll waited for a record (idle time, not work: with records at
     /// hand it returns at once).
     waited: Duration,
-    /// Per record (same order): why it is a dead letter, if it is (a strict source's value
-    /// without its `keyBy`/`valueField`, [`crate::kafka::read_fields`]).
-    invalid: Vec<Option<Invalid>>,
+    /// The dead letters among the records, in order: a record's index in `records` and why
+    /// it is one (a strict source's value without its `keyBy`/`valueField`,
+    /// [`crate::kafka::read_fields`]).
+    invalid: Vec<(usize, Invalid)>,
 }
 
 impl KafkaSourceTask {
@@ -265,11 +267,12 @@ impl KafkaSourceTask {
     fn poll(&self, consumer: &BaseConsumer, ctx: &SubtaskContext) -> Polled {
         let mut polled = Polled {
             records: Vec::with_capacity(SOURCE_BATCH as usize),
-            stamps: Vec::with_capacity(SOURCE_BATCH as usize),
+            stamps: Vec::new(),
             advanced: Vec::new(),
             waited: Duration::ZERO,
-            invalid: Vec::with_capacity(SOURCE_BATCH as usize),
+            invalid: Vec::new(),
         };
+        let event_time = self.spec.event_time.is_some();
         let mut wait = POLL_WAIT;
         // The last clock reading of this batch (µs since the epoch).
         let mut clock: Option<u64> = None;
@@ -332,8 +335,12 @@ impl KafkaSourceTask {
             } else {
                 Payload::None
             };
-            polled.invalid.push(invalid);
-            polled.stamps.push((partition, timestamp_ms));
+            if let Some(why) = invalid {
+                polled.invalid.push((polled.records.len(), why));
+            }
+            if event_time {
+                polled.stamps.push((partition, timestamp_ms));
+            }
             polled.records.push(Record {
                 seq: 0,
                 key: key_num,
@@ -473,7 +480,7 @@ impl KafkaSourceTask {
                 Claim::Batch { start, .. } => {
                     let shed_share = crate::shed::share();
                     let mut shed = 0u64;
-                    let mut invalid = batch.invalid.into_iter();
+                    let mut invalid = batch.invalid.into_iter().peekable();
                     let mut stamps = batch.stamps.into_iter();
                     let now = now_ms();
                     for (i, mut rec) in batch.records.into_iter().enumerate() {
@@ -484,7 +491,7 @@ impl KafkaSourceTask {
                         {
                             w.on_record(partition, ts, now);
                         }
-                        if let Some(why) = invalid.next().flatten() {
+                        if let Some((_, why)) = invalid.next_if(|(at, _)| *at == i) {
                             ctx.dead_letter(&rec, &why);
                             continue;
                         }
