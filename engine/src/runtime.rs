@@ -62,6 +62,7 @@ use prometheus::IntCounter;
 
 mod chains;
 mod cost;
+mod held_ack;
 mod job;
 mod kafka_source_task;
 mod meters;
@@ -71,6 +72,7 @@ mod sending;
 mod source_task;
 use chains::*;
 use cost::*;
+use held_ack::*;
 use kafka_source_task::*;
 use meters::*;
 use operator_task::*;

@@ -438,8 +438,8 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     }
 }
 
-/// Records an acknowledgement: a final state (its pre-commits wait for the next snapshot), or
-/// a snapshot of the pending barrier.
+/// Records an acknowledgement: a final state (its pre-commits wait for the next snapshot), a
+/// snapshot of the pending barrier, or one that came too late (its pre-commits wait too).
 fn on_ack(
     mut ack: Ack,
     pending: &mut Option<Pending>,
@@ -455,7 +455,9 @@ fn on_ack(
         (AckOf::Barrier(id), Some(p)) if id == p.id => {
             p.acks.insert(who, ack);
         }
-        _ => {}
+        // Late for a checkpoint that failed meanwhile (a sink's pre-commit can finish after
+        // the timeout): its pre-commits wait for the next snapshot.
+        _ => carry(uncommitted, [&mut ack]),
     }
 }
 

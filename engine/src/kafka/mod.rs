@@ -15,6 +15,7 @@ use crate::json_extract::{FieldPaths, Leaf};
 pub mod security;
 pub mod sink;
 pub mod transactional;
+pub mod transactional_writer;
 
 /// A Kafka source (`kafka:` on a `source` operator).
 ///

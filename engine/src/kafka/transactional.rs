@@ -5,11 +5,13 @@
 //!   one of its producers (transactional ids `<prefix>-<subtask>-<k>`, `k` < [`POOL`]; each is
 //!   initialised when the writer starts, which fences and aborts whatever a previous run left
 //!   open under that id).
-//! - **Pre-commit at barrier n**: the transaction also commits a *marker* (the offset
-//!   `marker` of partition 0 of the topic for consumer group `<transactional id>-marker`,
-//!   through `send_offsets_to_transaction`), is flushed, and its producer is parked in the
-//!   sink; the committable names the transactional id and the marker and carries the
-//!   transaction's records.
+//! - **Pre-commit at barrier n** ([`crate::kafka::transactional_writer`]): the writer hands the
+//!   open transaction to its pre-committing thread and goes on at once with a new transaction
+//!   on another producer of the pool. There the transaction also commits a *marker* (the
+//!   offset `marker` of partition 0 of the topic for consumer group `<transactional
+//!   id>-marker`, through `send_offsets_to_transaction`), is flushed, and its producer is
+//!   parked in the sink; then the committable (naming the transactional id and the marker and
+//!   carrying the transaction's records) goes with the subtask's acknowledgement.
 //! - **Commit** (checkpoint n completed, on the coordinator's thread): the parked producer
 //!   commits the transaction and becomes free again. A retriable error (a timeout, a moving
 //!   transaction coordinator) is retried on the same producer ([`COMMIT_ATTEMPTS`]); any other
@@ -34,7 +36,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
@@ -42,12 +44,12 @@ use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::KafkaSinkSpec;
-use super::sink::{FLUSH_TIMEOUT, key_value, send_blocking};
-use crate::record::Record;
-use crate::sink::{Committable, SinkError, TransactionalWriter, Uncommittable};
+use super::sink::send_blocking;
+use super::transactional_writer::TransactionalKafkaWriter;
+use crate::sink::{Committable, SinkError, Uncommittable};
 
-/// Transactional producers per sink subtask (a transaction waiting for its checkpoint to
-/// complete holds one; the next interval's records use another).
+/// Transactional producers per sink subtask (a transaction being pre-committed or waiting for
+/// its checkpoint to complete holds one; the next interval's records use another).
 pub const POOL: u32 = 3;
 /// Default `transaction.timeout.ms` of the producers (the sink's `transactionTimeoutMs`
 /// overrides it); a transactional call waits at most this long too.
@@ -57,18 +59,18 @@ pub const COMMIT_ATTEMPTS: u32 = 3;
 /// Pause between two tries of a commit.
 const COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
-type TxProducer = super::sink::PolledProducer;
+pub(super) type TxProducer = super::sink::PolledProducer;
 
 /// What the writers and the committer of one exactly-once Kafka sink share.
 #[derive(Default)]
 pub struct Transactions {
     /// Pre-committed transactions waiting for their checkpoint, by transactional id.
-    parked: Mutex<HashMap<String, TxProducer>>,
+    pub(super) parked: Mutex<HashMap<String, TxProducer>>,
     /// Producers without an open transaction, by transactional id.
-    free: Mutex<HashMap<String, TxProducer>>,
+    pub(super) free: Mutex<HashMap<String, TxProducer>>,
     /// Why a transaction could be neither committed nor recovered; once set, writers begin
     /// no new transaction (the job is failing).
-    broken: Mutex<Option<String>>,
+    pub(super) broken: Mutex<Option<String>>,
     /// The marker group's metadata by transactional id (group `<id>-marker`, never joined:
     /// no member id, no generation), made once per id.
     marker_groups: Mutex<HashMap<String, Arc<ConsumerGroupMetadata>>>,
@@ -87,20 +89,20 @@ impl std::fmt::Debug for Transactions {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The marker of a transaction pre-committed now: µs since the Unix epoch, so that later
 /// transactions under the same id have larger markers.
-fn new_marker() -> i64 {
+pub(super) fn new_marker() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// `b` as lowercase hexadecimal, two digits per byte.
-fn hex(b: &[u8]) -> String {
+pub(super) fn hex(b: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(2 * b.len());
     for x in b {
@@ -118,13 +120,13 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 /// The exactly-once sink of one operator: its name (for errors), spec and shared state.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TransactionalSink {
-    spec: KafkaSinkSpec,
+    pub(super) spec: KafkaSinkSpec,
     /// `<operator> (kafka topic <topic>)`.
-    name: String,
+    pub(super) name: String,
     prefix: String,
-    shared: Arc<Transactions>,
+    pub(super) shared: Arc<Transactions>,
 }
 
 impl TransactionalSink {
@@ -141,7 +143,7 @@ impl TransactionalSink {
         }
     }
 
-    fn err(&self, action: &'static str, reason: impl std::fmt::Display) -> SinkError {
+    pub(super) fn err(&self, action: &'static str, reason: impl std::fmt::Display) -> SinkError {
         SinkError::External {
             sink: self.name.clone(),
             action,
@@ -199,7 +201,12 @@ impl TransactionalSink {
     }
 
     /// Adds the marker of `tid` to `p`'s open transaction.
-    fn add_marker(&self, p: &TxProducer, tid: &str, marker: i64) -> Result<(), SinkError> {
+    pub(super) fn add_marker(
+        &self,
+        p: &TxProducer,
+        tid: &str,
+        marker: i64,
+    ) -> Result<(), SinkError> {
         let cgm = self.marker_group(tid)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.spec.topic, 0, Offset::Offset(marker))
@@ -236,7 +243,8 @@ impl TransactionalSink {
     /// previous run left open under their ids).
     ///
     /// # Errors
-    /// [`SinkError::External`] when a producer cannot be initialised.
+    /// [`SinkError::External`] when a producer cannot be initialised or the writer's
+    /// pre-committing thread cannot be spawned.
     pub fn writer(&self, subtask: u32) -> Result<TransactionalKafkaWriter, SinkError> {
         let mut tids = Vec::new();
         for k in 0..POOL {
@@ -245,17 +253,7 @@ impl TransactionalSink {
             lock(&self.shared.free).insert(tid.clone(), p);
             tids.push(tid);
         }
-        Ok(TransactionalKafkaWriter {
-            sink: TransactionalSink {
-                spec: self.spec.clone(),
-                name: self.name.clone(),
-                prefix: self.prefix.clone(),
-                shared: self.shared.clone(),
-            },
-            tids,
-            open: None,
-            records: Vec::new(),
-        })
+        TransactionalKafkaWriter::new(self.clone(), subtask, tids)
     }
 
     /// Commits the parked transactions of `committables`; ids not parked here were committed
@@ -378,79 +376,6 @@ impl TransactionalSink {
             .map_err(|e| self.err("commit", format!("{tid}: {e}")))?;
         tracing::info!(sink = %self.name, transaction = tid, records = records.len(), "recovered a pre-committed transaction");
         Ok(p)
-    }
-}
-
-/// One subtask's writer: its open transaction and that transaction's records.
-pub struct TransactionalKafkaWriter {
-    sink: TransactionalSink,
-    tids: Vec<String>,
-    open: Option<(String, TxProducer)>,
-    records: Vec<serde_json::Value>,
-}
-
-impl TransactionalKafkaWriter {
-    /// A free producer of this subtask with a new transaction begun; waits while all are
-    /// parked (their checkpoints not yet complete).
-    fn begin(&mut self) -> Result<(), SinkError> {
-        let started = Instant::now();
-        loop {
-            if let Some(why) = lock(&self.sink.shared.broken).clone() {
-                return Err(self.sink.err("begin", why));
-            }
-            let found = {
-                let mut free = lock(&self.sink.shared.free);
-                let tid = self.tids.iter().find(|t| free.contains_key(*t)).cloned();
-                tid.and_then(|t| free.remove(&t).map(|p| (t, p)))
-            };
-            if let Some((tid, p)) = found {
-                p.begin_transaction()
-                    .map_err(|e| self.sink.err("begin", format!("{tid}: {e}")))?;
-                self.open = Some((tid, p));
-                return Ok(());
-            }
-            if started.elapsed() > FLUSH_TIMEOUT {
-                return Err(self.sink.err(
-                    "begin",
-                    "every transactional producer still waits for its checkpoint to complete",
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl TransactionalWriter for TransactionalKafkaWriter {
-    fn write(&mut self, record: &Record) -> Result<(), SinkError> {
-        if self.open.is_none() {
-            self.begin()?;
-        }
-        let (key, value) = key_value(record);
-        if let Some((_, p)) = &self.open {
-            send_blocking(p, &self.sink.spec.topic, &key, &value)
-                .map_err(|e| self.sink.err("send", e))?;
-        }
-        self.records
-            .push(serde_json::json!([hex(&key), hex(&value)]));
-        Ok(())
-    }
-
-    fn pre_commit(&mut self, checkpoint: Option<u64>) -> Result<Vec<Committable>, SinkError> {
-        let Some((tid, p)) = self.open.take() else {
-            return Ok(Vec::new());
-        };
-        let marker = new_marker();
-        self.sink.add_marker(&p, &tid, marker)?;
-        p.flush(FLUSH_TIMEOUT)
-            .map_err(|e| self.sink.err("flush at the barrier", format!("{tid}: {e}")))?;
-        lock(&self.sink.shared.parked).insert(tid.clone(), p);
-        let records = std::mem::take(&mut self.records);
-        Ok(vec![serde_json::json!({
-            "transactionalId": tid,
-            "marker": marker,
-            "checkpoint": checkpoint,
-            "records": records,
-        })])
     }
 }
 

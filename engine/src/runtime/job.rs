@@ -294,6 +294,7 @@ impl Job {
                 channel: channel_base.get(name).copied().unwrap_or(0) + index,
                 ended: false,
                 committables: Vec::new(),
+                background_failure: Default::default(),
             }
         };
         // What subtask `index` of non-source operator `op` does, with its restored state.

@@ -339,8 +339,9 @@ impl Operator {
         }
     }
 
-    /// Every live input delivered barrier `b`: (drain: fire open panes,) snapshot, acknowledge,
-    /// forward. Returns false if a downstream receiver is gone.
+    /// Every live input delivered barrier `b`: (drain: fire open panes,) snapshot (a
+    /// transactional sink: pre-commit), acknowledge, forward. Returns false if a downstream
+    /// receiver is gone.
     pub(super) fn on_aligned(&mut self, b: Barrier, ctx: &mut SubtaskContext) -> bool {
         if matches!(b.kind, BarrierKind::Stop { drain: true }) && !self.fire_due_windows(ctx, true)
         {
@@ -353,9 +354,12 @@ impl Operator {
             writer: Some(w), ..
         } = &mut self.behaviour
         {
-            ctx.committables = w
-                .pre_commit(Some(b.id))
+            // The acknowledgement leaves once the pre-commit finished, possibly in the
+            // background while the next records go into a new transaction.
+            let held = ctx.hold_ack(b, None);
+            w.pre_commit_then(b.id, Box::new(move |outcome| held.release(outcome)))
                 .unwrap_or_else(|e| sink_failure(&ctx.operator, ctx.index, &e));
+            return ctx.outputs.broadcast(Event::Barrier(b), &mut ctx.meter);
         }
         let state = match &mut self.behaviour {
             // A checkpoint without this subtask's key groups must not complete: a state error

@@ -23,6 +23,8 @@ pub(super) struct SubtaskContext {
     /// A transactional sink's pre-commits, sent with the next acknowledgement (of a barrier,
     /// or of the end).
     pub(super) committables: Vec<Committable>,
+    /// Why a pre-commit this subtask's sink finished in the background failed.
+    pub(super) background_failure: BackgroundFailure,
 }
 
 impl SubtaskContext {
@@ -37,6 +39,24 @@ impl SubtaskContext {
             counters: self.meter.totals,
             committables: std::mem::take(&mut self.committables),
         });
+    }
+
+    /// Barrier `b`'s acknowledgement (with snapshot `state`), to be sent once this subtask's
+    /// sink finished its pre-commit ([`HeldAck::release`]).
+    pub(super) fn hold_ack(&mut self, b: Barrier, state: Option<KeyedState>) -> HeldAck {
+        HeldAck {
+            ack: Ack {
+                of: AckOf::Barrier(b.id),
+                operator: self.operator.clone(),
+                subtask: self.index,
+                state,
+                counters: self.meter.totals,
+                committables: Vec::new(),
+            },
+            acks: self.acks.clone(),
+            control: self.control.clone(),
+            failure: self.background_failure.clone(),
+        }
     }
 
     /// A dead letter: `rec` could not be read (`why`). Not emitted; counted in
@@ -78,6 +98,12 @@ impl SubtaskContext {
         state: Option<KeyedState>,
         error: Option<String>,
     ) -> SubtaskResult {
+        let background = self
+            .background_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let error = error.or(background);
         if error.is_some() {
             self.control.failed.store(true, Ordering::SeqCst);
             self.control.stop.store(true, Ordering::SeqCst);

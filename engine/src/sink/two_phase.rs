@@ -11,7 +11,12 @@
 //!    pre-commit is made durable but still invisible (a file flushed and synced, a Kafka
 //!    transaction flushed), and described by [`Committable`]s. They travel with the
 //!    subtask's acknowledgement into checkpoint `n`'s manifest (`_metadata.json`, field
-//!    `sinks`); the writer starts a new transaction for what follows.
+//!    `sinks`); the writer starts a new transaction for what follows. A writer may finish the
+//!    pre-commit in the background ([`TransactionalWriter::pre_commit_then`]): the subtask
+//!    goes on with the next records at once, in a new transaction, and its acknowledgement
+//!    leaves when the pre-commit finished, so a manifest lists only durable transactions and
+//!    the checkpoint completes only after them. A background pre-commit that fails fails the
+//!    subtask, as one at the barrier does.
 //! 3. **Commit when the checkpoint completes.** Once checkpoint (or savepoint) `n` is written,
 //!    the checkpoint coordinator calls [`TwoPhaseCommitSink::commit`] with every committable
 //!    the manifest lists, on its own thread (the notification of Flink's
@@ -112,6 +117,10 @@ impl SinkError {
     }
 }
 
+/// Receives the outcome of a pre-commit a writer finishes in the background
+/// ([`TransactionalWriter::pre_commit_then`]), on the thread that finished it.
+pub type PreCommitted = Box<dyn FnOnce(Result<Vec<Committable>, SinkError>) + Send>;
+
 /// A sink subtask's side of the protocol: writes records into an open transaction and
 /// pre-commits it at each barrier. Owned by the subtask's thread.
 pub trait TransactionalWriter: Send {
@@ -130,6 +139,21 @@ pub trait TransactionalWriter: Send {
     /// [`SinkError`] when the data cannot be made durable; the subtask fails, so the checkpoint
     /// does not complete.
     fn pre_commit(&mut self, checkpoint: Option<u64>) -> Result<Vec<Committable>, SinkError>;
+
+    /// Pre-commits at barrier `checkpoint` like [`Self::pre_commit`], but may finish in the
+    /// background: the next record goes into a new transaction at once, and `done` receives
+    /// the committables (or the error) once everything written before the barrier is durable.
+    /// Outcomes arrive in barrier order, and a later [`Self::pre_commit`] returns only after
+    /// every earlier `done` was called. The default pre-commits at once, then calls `done`.
+    ///
+    /// # Errors
+    /// [`SinkError`] when the pre-commit fails before it is handed over (`done` is then not
+    /// called); the subtask fails.
+    fn pre_commit_then(&mut self, checkpoint: u64, done: PreCommitted) -> Result<(), SinkError> {
+        let committables = self.pre_commit(Some(checkpoint))?;
+        done(Ok(committables));
+        Ok(())
+    }
 }
 
 /// A transactional sink operator: creates its subtasks' writers and commits or recovers their
