@@ -826,6 +826,68 @@ edges:
         }
     }
 
+    /// Sink `k` acknowledges savepoint 1 only after it timed out (its pre-commit finished
+    /// late): the committable is not dropped but goes into savepoint 2's manifest.
+    #[test]
+    fn a_late_acknowledgement_s_pre_commits_go_into_the_next_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, t) = (Arc::new(SourceGate::new(0)), finished_gate(10));
+        let ctx = JobContext {
+            spec: JobSpec::from_yaml(YAML).unwrap(),
+            gates: vec![("s".into(), s.clone()), ("t".into(), t)],
+            subtasks: 4,
+            base_counters: BTreeMap::new(),
+            job_started_unix_ms: 0,
+            failed: Arc::new(AtomicBool::new(false)),
+            metrics: EngineMetrics::new().unwrap(),
+            storage: None,
+            interval: None,
+            timeout: Duration::from_millis(100),
+            first_id: 1,
+            sinks: BTreeMap::new(),
+            sink_failures: Arc::default(),
+        };
+        let (acks, rx) = crossbeam_channel::unbounded();
+        let c = Coordinator::start(ctx, rx).unwrap();
+        acks.send(ack(AckOf::End, "t", 0, 10)).unwrap();
+        let savepoint = |id: u64| {
+            let out = c.trigger(
+                BarrierKind::Savepoint,
+                Target::Savepoint(dir.path().join(format!("sp-{id}"))),
+            );
+            let b = Barrier {
+                id,
+                kind: BarrierKind::Savepoint,
+            };
+            let until = Instant::now() + Duration::from_secs(10);
+            while s.claim(id - 1, 0, 100, 64) != Claim::Inject(b) {
+                assert!(Instant::now() < until, "no barrier {id}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for op in ["s", "m"] {
+                acks.send(ack(AckOf::Barrier(id), op, 0, 0)).unwrap();
+            }
+            out
+        };
+        let first = savepoint(1);
+        let failed = first.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(failed.unwrap_err().reason.contains("timed out"));
+        let mut late = ack(AckOf::Barrier(1), "k", 0, 0);
+        late.committables = vec![serde_json::json!({"transactionalId": "p-0-0"})];
+        acks.send(late).unwrap();
+        let second = savepoint(2);
+        acks.send(ack(AckOf::Barrier(2), "k", 0, 0)).unwrap();
+        let done = second
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.metadata.checkpoint_id, Some(2));
+        assert_eq!(
+            done.metadata.sinks.get("k"),
+            Some(&vec![serde_json::json!({"transactionalId": "p-0-0"})])
+        );
+    }
+
     #[test]
     fn no_barrier_once_every_source_finished() {
         let dir = tempfile::tempdir().unwrap();
