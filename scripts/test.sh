@@ -20,6 +20,8 @@ export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261202}"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The API docs build without a broken or private intra-doc link.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo build --workspace --bins
 # A real control plane for the operator's tests: kube-apiserver and helm built from the Go module
 # proxy (cached in ~/.cache/streamscale/k8s; about 16 minutes the first time on 2 cores), etcd and

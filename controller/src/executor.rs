@@ -138,7 +138,7 @@ impl<'a, R: EngineRuntime> Executor<'a, R> {
     /// [`crate::runtime::wait_running`]).
     ///
     /// # Errors
-    /// [`ApiError::NotRunning`] (as [`RuntimeError::Api`]) after `timeout`, or at once when the
+    /// [`ApiError::NotRunning`](crate::api::ApiError::NotRunning) (as [`RuntimeError::Api`]) after `timeout`, or at once when the
     /// job is `failed`, `finished` or `stopped`.
     pub async fn wait_running(
         &self,

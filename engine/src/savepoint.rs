@@ -9,7 +9,7 @@
 //! - `_metadata.json`: [`SavepointMetadata`], written last, listing every file with its size,
 //!   CRC-32 and chunk index (key group → offset, length).
 //!
-//! Writing streams ([`writer`]): key groups are encoded on several threads at once (one per
+//! Writing streams (`writer`): key groups are encoded on several threads at once (one per
 //! core) into a few reused buffers and written in key-group order while a background
 //! `fdatasync` every 64 MB keeps the device busy, so memory stays at a few key groups and the
 //! final `fsync` has little left to do. Files written by earlier versions (one postcard value per operator, no chunk

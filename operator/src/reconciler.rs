@@ -3,14 +3,14 @@
 //! Per reconcile of a StreamJob:
 //! 0. `spec.job` is checked as the engine checks a job file ([`crate::spec_check`]); a job the
 //!    engine would refuse is neither deployed nor planned (phase `Failed`, reason
-//!    `InvalidSpec`, see [`refuse_invalid_job`]);
+//!    `InvalidSpec`, see `refuse_invalid_job`);
 //! 1. a finalizer (`streamscale.dev/final-savepoint`) is ensured; on delete it takes a final
 //!    savepoint when `spec.savepointOnDelete` is set (owned objects go by owner references);
 //! 2. with a rescale in status, one step of [`crate::rescale::advance`]: the new status is
 //!    written first, then the step's action runs;
 //! 3. otherwise the owned objects are applied at the current parallelism, the engine's
 //!    `/metrics` are scraped into a window and the same guarded planner as `streamscale run`
-//!    ([`Autoscaler`]) decides: mode `auto` starts a rescale, `recommend` writes the
+//!    ([`Autoscaler`](streamscale_controller::model::Autoscaler)) decides: mode `auto` starts a rescale, `recommend` writes the
 //!    recommendation to status, `off` does neither. A job naming a `StreamQuota` plans within
 //!    its share of it ([`crate::quota`]), and a limit it runs into (hold or shed) goes to
 //!    `status.limit` and Events.
@@ -18,7 +18,7 @@
 //! A rescale that leaves the job running from its savepoint records it in
 //! `status.savepointHistory` ([`crate::savepoint_history`]); while the engine runs, the
 //! history's oldest entries beyond `spec.savepointHistoryMaxCount` are disposed of through the
-//! engine's `DELETE /v1/savepoints/{id}` ([`dispose_old_savepoints`]).
+//! engine's `DELETE /v1/savepoints/{id}` (`dispose_old_savepoints`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -235,7 +235,7 @@ pub fn metric_samples(model: &JobModel, p: &[u32], window: &[Snapshot]) -> Vec<M
 /// The p99 that the engine reports for these latencies (seconds): the observations counted
 /// into the sinks' histogram buckets ([`SINK_LATENCY_BUCKETS`], then +∞) and the quantile read
 /// back by the controller's linear interpolation within the bucket
-/// ([`LatencyHistogram::quantile_since`]), as `streamscale run` reads it at each scrape.
+/// ([`LatencyHistogram::quantile_since`](streamscale_controller::scrape::LatencyHistogram::quantile_since)), as `streamscale run` reads it at each scrape.
 /// `None` for no observations. Always the p99, whatever the SLO's percentile: it backs the
 /// `p99_engine_s` column, which compares with `streamscale run`'s `p99_s` column (p99 there
 /// too; the SLO percentile's own latency is graded on the simulator's exact quantile).

@@ -1,7 +1,7 @@
 //! Autoscaling policies compared by the simulator.
 //!
 //! * [`Streamscale`]: the controller's guarded planner ([`Autoscaler`]) as shipped, with its
-//!   defaults, fed the same [`MetricSample`](streamscale_controller::model::MetricSample)s the
+//!   defaults, fed the same [`MetricSample`]s the
 //!   engine's scrapes produce. One implementation, no copy.
 //! * [`Ds2`], [`Flink`], [`Threshold`], [`Static`], [`Oracle`]: baselines, implemented here from
 //!   their public descriptions (`baseline-policies.md`).

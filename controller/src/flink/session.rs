@@ -1,7 +1,7 @@
 //! `streamscale flink`: the autoscaling loop over the jobs of a Flink session cluster.
 //!
 //! Every interval, per job: collect (topology, per-subtask counters) -> evaluate, plan, guard
-//! ([`Autoscaler::decide`]) -> realize (in place, or savepoint + resubmit through
+//! ([`Autoscaler::decide`](crate::model::Autoscaler::decide)) -> realize (in place, or savepoint + resubmit through
 //! [`Executor`]), with the same live lines and the same kind of report as `streamscale run`.
 //! What the autoscaler learns about a job (scalability factors, the forecast's rate history,
 //! the rescale downtime) is kept in one file per Flink job id ([`flink_state_file`]), read when

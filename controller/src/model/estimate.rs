@@ -288,7 +288,7 @@ fn source_reports(rows: &[Option<&[SubtaskSample]>]) -> (bool, bool) {
 }
 
 /// The source operators of `spec` that report no `source_backlog` in any sample of `window`
-/// where they appear (see [`source_reports`]): their backlog is unknown. Sorted by name.
+/// where they appear (see `source_reports`): their backlog is unknown. Sorted by name.
 pub fn sources_without_backlog(spec: &JobSpec, window: &[MetricSample]) -> Vec<String> {
     spec.operators
         .iter()

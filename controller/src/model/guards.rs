@@ -34,7 +34,7 @@ pub struct GuardSettings {
     /// decision. Default 15 s.
     pub window_seconds: f64,
     /// No decision within this many seconds after a (re)start reported by
-    /// [`Autoscaler::restarted`]. Default 10 s.
+    /// [`Autoscaler::restarted`](crate::model::Autoscaler::restarted). Default 10 s.
     pub stabilization_seconds: f64,
     /// Backlog (records, per source) above which scale-downs are forbidden. `None` (default) =
     /// one second of that source's arrival rate γ.
@@ -49,7 +49,7 @@ pub struct GuardSettings {
     /// scale-down, not after it. 0: scale-downs apply at once. Default 30 s.
     pub scale_down_delay_seconds: f64,
     /// Horizon over which a rescale's benefit is weighed against its cost, seconds (see
-    /// [`Autoscaler::decide`]). Default 600 s.
+    /// [`Autoscaler::decide`](crate::model::Autoscaler::decide)). Default 600 s.
     pub rescale_horizon_seconds: f64,
     /// Settings passed to the planner.
     pub planner: PlannerSettings,

@@ -224,7 +224,7 @@ impl Topology {
     }
 
     /// [`Topology::traffic`], reporting an unstable feedback loop as an error:
-    /// λ = (I − Sᵀ)⁻¹ γ with S[j][i] = gain_j for every edge j → i (Jackson 1957). Operators
+    /// λ = (I − Sᵀ)⁻¹ γ with S\[j\]\[i\] = gain_j for every edge j → i (Jackson 1957). Operators
     /// outside loops take the topological pass (identical results on a DAG); each loop L is
     /// solved as (I − S_Lᵀ) λ_L = γ_L + inflow from upstream, by Gaussian elimination without
     /// pivoting. I − S_Lᵀ is a Z-matrix, and it is a non-singular M-matrix (equivalently

@@ -161,7 +161,7 @@ pub struct PreparedJob {
     pub duration_s: f64,
     /// The first source's rate function (for the trace time).
     pub rate: Option<RateFunction>,
-    /// The first checkpoint id this run can write ([`supervise::first_checkpoint_id`]): the
+    /// The first checkpoint id this run can write (`supervise::first_checkpoint_id`): the
     /// job's checkpoint directory may hold an earlier run's checkpoints below it.
     pub first_checkpoint_id: u64,
 }

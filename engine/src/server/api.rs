@@ -112,7 +112,7 @@ pub struct JobInfo {
     pub operators: Vec<OperatorInfo>,
     /// Edges.
     pub edges: Vec<EdgeInfo>,
-    /// Record deliveries owed to the sinks (see [`RecordBalance`]): every record a source
+    /// Record deliveries owed to the sinks (see [`RecordBalance`](crate::server::RecordBalance)): every record a source
     /// emitted, and every record an aggregating operator (`eventWindow`, `windowTop`, `join`)
     /// derived, times its number of paths to a sink. Equals `recordsAccounted +
     /// recordsFiltered` once nothing is in flight (a finished job or a draining stop).

@@ -2,7 +2,7 @@
 //! on-disk B-tree for the keys written since, for state larger than memory.
 //!
 //! # Layout (a two-level log-structured merge tree)
-//! - **Segments** ([`segment`]): one immutable file per key group holding its entries in the
+//! - **Segments** ([`segment`](crate::state::segment)): one immutable file per key group holding its entries in the
 //!   savepoint chunk format ([`chunk`]: fixed 72-byte entries in key order), read by point
 //!   reads through a sparse index (`pread`, no mmap). A checkpoint or savepoint copies a
 //!   segment's bytes as they are: no key is decoded or re-encoded (as Flink's RocksDB native

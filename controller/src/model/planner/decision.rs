@@ -45,7 +45,7 @@ pub struct OperatorPlan {
     #[serde(with = "crate::model::serde_inf")]
     pub predicted_sojourn_seconds: f64,
     /// This operator's term of the path percentile bound, seconds (`inf` when unstable): its
-    /// sojourn's ε'-quantile ([`super::queueing::sojourn_quantile_bound`], ε' = (1 −
+    /// sojourn's ε'-quantile ([`sojourn_quantile_bound`](crate::model::queueing::sojourn_quantile_bound), ε' = (1 −
     /// percentile) / (the most operators on any path)), plus the watermark delay of an
     /// event-time windowed operator and the time to drain the burst a window upstream emits at
     /// its boundary. Not the window period: a window result's latency counts from its window's

@@ -32,7 +32,7 @@ impl KeyedSearch {
 pub const HOT_KEY_GROUP_FACTOR: f64 = 2.0;
 
 /// A hot key group too large for one subtask at the target utilization counts as isolated
-/// ([`Model::isolating_parallelism`]) when its subtask carries at most this multiple of the
+/// (`Model::isolating_parallelism`) when its subtask carries at most this multiple of the
 /// group's own load besides it: 10 %, the scale-up tolerance band ([`SCALE_UP_TOLERANCE`]), so
 /// the isolated subtask runs within that band of its unavoidable minimum (the group alone).
 pub const HOT_KEY_ISOLATION: f64 = 0.1;
@@ -53,15 +53,15 @@ pub(super) fn isolates(load: f64, limit: f64) -> bool {
 }
 
 /// Hysteresis of the hot-key judgement: an operator held as a hot-key bottleneck (its hottest
-/// key group already has a subtask to itself, [`isolated_groups`]) is released only when that
+/// key group already has a subtask to itself, `isolated_groups`) is released only when that
 /// group's load, read at its point estimate, falls this fraction below what claims one
-/// ([`isolates`] against ρ_target·μ·(1 − this)). 10 %, the scale-up tolerance band
+/// (`isolates` against ρ_target·μ·(1 − this)). 10 %, the scale-up tolerance band
 /// ([`SCALE_UP_TOLERANCE`]): a group that drifts within the band around the threshold from one
 /// window to the next neither claims nor releases the operator each time.
 pub const HOT_KEY_RELEASE: f64 = 0.1;
 
 /// Saturation ((busy + backpressured time) / elapsed, [`OperatorEstimate::subtask_saturation`])
-/// from which a keyed subtask counts as saturated in [`offered_shares`]: it processed what it
+/// from which a keyed subtask counts as saturated in `offered_shares`: it processed what it
 /// could, not what was offered to it.
 pub const SATURATED: f64 = 0.9;
 

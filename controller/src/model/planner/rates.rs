@@ -33,7 +33,7 @@ pub(super) fn window_period(kind: &OperatorKind) -> Option<(f64, bool)> {
 /// Poisson count), 10 % at 100 records, the scale-up tolerance band ([`SCALE_UP_TOLERANCE`]).
 /// Below it a ratio out/in above 1 is noise that the traffic equations multiply into the
 /// downstream's target rate (2 records in, 1000 out read as selectivity 500), and the
-/// operator's output is taken as the fixed rate it was measured at ([`OutputModel::Fixed`]).
+/// operator's output is taken as the fixed rate it was measured at (`OutputModel::Fixed`).
 /// A selectivity up to 1 can at most pass the operator's own rate on, and stands.
 pub const MIN_SELECTIVITY_RECORDS: f64 = 100.0;
 
