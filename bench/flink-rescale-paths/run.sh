@@ -57,7 +57,7 @@ rescale() { # JID PATH FROM TO KEYS ROUND
   else
     extra=(--rescale in-place)
   fi
-  "$BIN" flink --rest-url "$REST" --job "$jid" --duration 40s --interval 2 --window 10 \
+  "$BIN" flink --rest-url "$REST" --job "$jid" --duration 20s --interval 2 --window 10 \
     --stabilization 4 --scale-down-delay 2 --settings "$d/settings.yaml" "${extra[@]}" \
     --report "$d/report" >"$d/streamscale.log" 2>&1 || die "streamscale flink failed; see $d/streamscale.log"
   python3 - "$d/report/summary.json" "$keys" "$round" "$path" "$from" "$to" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS" <<'EOF'
