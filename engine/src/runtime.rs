@@ -257,12 +257,19 @@ struct Outputs {
     ran_until: Option<Instant>,
 }
 
-/// One subtask's input queue (both ends).
-type Queue = (Sender<Message>, Receiver<Message>);
+/// One subtask's input queue (both ends) and its [`Batched`] count.
+type Queue = (Sender<Message>, Receiver<Message>, Batched);
+
+/// Records a queue holds in [`Event::Batch`] messages beyond one per message: the queue's
+/// length in records is its length in messages plus this. A sender adds before it sends a
+/// batch, the receiver subtracts when it takes one out.
+type Batched = Arc<std::sync::atomic::AtomicUsize>;
 
 /// The input queues of one downstream operator's subtasks, as seen by one upstream subtask.
 struct Route {
     txs: Vec<Sender<Message>>,
+    /// Per downstream subtask (same order as `txs`): its queue's [`Batched`] count.
+    batched: Vec<Batched>,
     /// This subtask's input-channel index at every downstream subtask.
     channel: u32,
     /// Route by key group (else rebalance).

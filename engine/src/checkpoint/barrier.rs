@@ -39,6 +39,9 @@ impl Barrier {
 pub enum Event {
     /// A data record.
     Data(Record),
+    /// Data records in order, as that many `Data` events (a source's poll batch for one
+    /// downstream subtask).
+    Batch(Vec<Record>),
     /// A checkpoint barrier: every record sent on this channel before it belongs to the
     /// checkpoint, none after it.
     Barrier(Barrier),

@@ -114,6 +114,11 @@ impl ChainMember {
                 let start = self.ctx.meter.now();
                 self.run_pending(start).0
             }
+            Event::Batch(recs) => {
+                self.pending.extend(recs);
+                let start = self.ctx.meter.now();
+                self.run_pending(start).0
+            }
             Event::Barrier(b) => self.timed(|m| m.op.on_aligned(b, &mut m.ctx)),
             Event::End => self.timed(|m| {
                 let ok = m.op.fire_due_windows(&mut m.ctx, true)

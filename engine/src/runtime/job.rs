@@ -126,7 +126,12 @@ impl Job {
             let cap = spec.channel_capacity;
             inputs.insert(
                 op.name.clone(),
-                (0..op.parallelism).map(|_| bounded(cap)).collect(),
+                (0..op.parallelism)
+                    .map(|_| {
+                        let (tx, rx) = bounded(cap);
+                        (tx, rx, Batched::default())
+                    })
+                    .collect(),
             );
             let n: u32 = spec
                 .inputs_of(&op.name)
@@ -151,7 +156,8 @@ impl Job {
                         .map(|u| u.parallelism)
                         .sum();
                     Some(Route {
-                        txs: queues.iter().map(|(tx, _)| tx.clone()).collect(),
+                        txs: queues.iter().map(|(tx, _, _)| tx.clone()).collect(),
+                        batched: queues.iter().map(|(_, _, b)| b.clone()).collect(),
                         channel: offset + index,
                         keyed: down.kind.is_keyed(),
                         key_of: key_selector(&down.kind),
@@ -452,10 +458,10 @@ impl Job {
                         Box::new(move || source.run(ctx))
                     }
                     _ => {
-                        let Some(rx) = inputs
+                        let Some((rx, batched)) = inputs
                             .get(name)
                             .and_then(|q| q.get(index as usize))
-                            .map(|(_, rx)| rx.clone())
+                            .map(|(_, rx, b)| (rx.clone(), b.clone()))
                         else {
                             control.stop.store(true, Ordering::SeqCst);
                             return Err(RuntimeError::Graph(format!("no input for {name}")));
@@ -469,6 +475,7 @@ impl Job {
                         };
                         let task = OperatorTask {
                             rx,
+                            batched,
                             op: op_task,
                             aligner: Aligner::new(channels.get(name).copied().unwrap_or(0)),
                         };

@@ -483,6 +483,8 @@ impl KafkaSourceTask {
                     let mut invalid = batch.invalid.into_iter().peekable();
                     let mut stamps = batch.stamps.into_iter();
                     let now = now_ms();
+                    // What is sent, in order, as one batch per downstream subtask.
+                    let mut out = Vec::with_capacity(batch.records.len());
                     for (i, mut rec) in batch.records.into_iter().enumerate() {
                         rec.seq = start + i as u64;
                         let stamp = stamps.next();
@@ -503,15 +505,15 @@ impl KafkaSourceTask {
                         if self.cpu_us > 0.0 || self.io_us > 0.0 {
                             super::cost::spend(self.cpu_us, self.io_us, rec.key);
                         }
-                        if !ctx.outputs.send(rec, &mut ctx.meter) {
-                            crate::shed::count_shed(&l, shed);
-                            return fail(ctx, "downstream closed".into());
-                        }
-                        if ctx.meter.tick(|| 0) == Check::Flushed {
-                            ctx.outputs.check_chain();
-                        }
+                        out.push(rec);
                     }
                     crate::shed::count_shed(&l, shed);
+                    if !ctx.outputs.send_batch(&mut out, &mut ctx.meter) {
+                        return fail(ctx, "downstream closed".into());
+                    }
+                    if ctx.meter.tick(|| 0) == Check::Flushed {
+                        ctx.outputs.check_chain();
+                    }
                     if !send_watermark(&mut event_time, &mut ctx)
                         || !ctx.outputs.flush(&mut ctx.meter)
                     {

@@ -121,11 +121,62 @@ pub(super) struct Operator {
 /// A non-source subtask that reads its own input queue (alone or as the head of a chain).
 pub(super) struct OperatorTask {
     pub(super) rx: Receiver<Message>,
+    /// The input queue's [`Batched`] count.
+    pub(super) batched: Batched,
     pub(super) op: Operator,
     pub(super) aligner: Aligner,
 }
 
+/// A queue's length in records: `rx`'s messages plus the records its batches hold beyond one
+/// each.
+pub(super) fn queue_len(rx: &Receiver<Message>, batched: &Batched) -> usize {
+    rx.len() + batched.load(Ordering::Relaxed)
+}
+
+/// Takes `msg`, just received from a queue, off the queue's [`Batched`] count.
+pub(super) fn took(batched: &Batched, msg: &Message) {
+    if let Event::Batch(recs) = &msg.event {
+        batched.fetch_sub(recs.len().saturating_sub(1), Ordering::Relaxed);
+    }
+}
+
 impl OperatorTask {
+    /// One data record (or watermark) from the input: processes it, ticks the meter and runs
+    /// the chain after [`CHAIN_BATCH`] records or a clock reading. Returns false if a
+    /// downstream receiver is gone.
+    fn on_record(
+        &mut self,
+        rec: Record,
+        ctx: &mut SubtaskContext,
+        since_flush: &mut usize,
+    ) -> bool {
+        if !rec.payload.is_watermark() {
+            ctx.meter.records_in += 1;
+            ctx.meter.totals.records_in += 1;
+        }
+        if let Some(sink) = &mut ctx.meter.sink {
+            sink.tick_clock();
+        }
+        if !self.op.process(rec, ctx) {
+            return false;
+        }
+        let (rx, batched) = (&self.rx, &self.batched);
+        let check = ctx.meter.tick(|| queue_len(rx, batched));
+        if check == Check::Flushed {
+            ctx.outputs.check_chain();
+        }
+        *since_flush += 1;
+        // A slow head reads the clock every few records: run the chain then too, so that
+        // its records do not wait for a full batch of slow records.
+        if *since_flush >= CHAIN_BATCH || check != Check::Skipped {
+            *since_flush = 0;
+            if !ctx.outputs.flush(&mut ctx.meter) {
+                return false;
+            }
+        }
+        true
+    }
+
     pub(super) fn run(mut self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
         let tick = Duration::from_millis(10);
         let mut error = None;
@@ -144,7 +195,10 @@ impl OperatorTask {
                 Ok(m)
             } else {
                 match self.rx.try_recv() {
-                    Ok(m) => Ok(m),
+                    Ok(m) => {
+                        took(&self.batched, &m);
+                        Ok(m)
+                    }
                     Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
                     Err(TryRecvError::Empty) => {
                         // About to wait for input: run the rest of the chain, flush
@@ -162,6 +216,9 @@ impl OperatorTask {
                         self.op.clock_stale();
                         let t = ctx.meter.now();
                         let r = self.rx.recv_timeout(tick);
+                        if let Ok(m) = &r {
+                            took(&self.batched, m);
+                        }
                         if let Some(t) = t {
                             let took = t.elapsed();
                             ctx.meter.idle += took;
@@ -189,31 +246,26 @@ impl OperatorTask {
             }
             let aligned = match msg.event {
                 Event::Data(rec) => {
-                    if !rec.payload.is_watermark() {
-                        ctx.meter.records_in += 1;
-                        ctx.meter.totals.records_in += 1;
-                    }
-                    if let Some(sink) = &mut ctx.meter.sink {
-                        sink.tick_clock();
-                    }
-                    if !self.op.process(rec, &mut ctx) {
+                    if !self.on_record(rec, &mut ctx, &mut since_flush) {
                         error = Some(closed(&ctx));
                         break;
                     }
-                    let rx = &self.rx;
-                    let check = ctx.meter.tick(|| rx.len());
-                    if check == Check::Flushed {
-                        ctx.outputs.check_chain();
-                    }
-                    since_flush += 1;
-                    // A slow head reads the clock every few records: run the chain then too,
-                    // so that its records do not wait for a full batch of slow records.
-                    if since_flush >= CHAIN_BATCH || check != Check::Skipped {
-                        since_flush = 0;
-                        if !ctx.outputs.flush(&mut ctx.meter) {
-                            error = Some(closed(&ctx));
+                    None
+                }
+                Event::Batch(recs) => {
+                    let mut ok = true;
+                    for rec in recs {
+                        // As if each record were its own message (the window check below
+                        // runs once per message).
+                        ok = self.on_record(rec, &mut ctx, &mut since_flush)
+                            && (!self.op.window_due() || self.op.fire_due_windows(&mut ctx, false));
+                        if !ok {
                             break;
                         }
+                    }
+                    if !ok {
+                        error = Some(closed(&ctx));
+                        break;
                     }
                     None
                 }

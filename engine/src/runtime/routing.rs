@@ -55,6 +55,40 @@ impl Outputs {
         true
     }
 
+    /// Sends `recs` (data records, no watermarks) as [`Outputs::send`] sends each in turn, with
+    /// the same order per downstream subtask and the same counts. Over one keyed route (and
+    /// no chain), a downstream subtask's records go as one [`Event::Batch`] message when its
+    /// queue has room for all of them in records (messages plus its [`Batched`] count), else
+    /// one by one, waiting for room as `send` does; any other output sends them one by one.
+    /// `recs` is left empty. Returns false if a receiver is gone.
+    pub(super) fn send_batch(&mut self, recs: &mut Vec<Record>, meter: &mut Meter) -> bool {
+        let one_keyed = self.chain.is_none() && self.routes.len() == 1 && self.routes[0].keyed;
+        if !one_keyed || recs.len() < 2 {
+            return recs.drain(..).all(|rec| self.send(rec, meter));
+        }
+        let route = &mut self.routes[0];
+        let n = route.txs.len();
+        let mut parts: Vec<Vec<Record>> = (0..n).map(|_| Vec::new()).collect();
+        if n == 1 {
+            parts[0] = std::mem::take(recs);
+        } else {
+            for rec in recs.drain(..) {
+                let kg = key_group((route.key_of)(&rec), self.max_parallelism);
+                let i = subtask_for_key_group(kg, n as u32, self.max_parallelism);
+                parts[i].push(rec);
+            }
+        }
+        for (i, part) in parts.into_iter().enumerate() {
+            let count = part.len() as u64;
+            if !send_part(route, i, part, meter) {
+                return false;
+            }
+            meter.records_out += count;
+            meter.totals.records_out += count;
+        }
+        true
+    }
+
     /// Sends `event` (a barrier or the end) on every output channel, in order after every
     /// record sent before; returns false if a receiver is gone.
     pub(super) fn broadcast(&mut self, event: Event, meter: &mut Meter) -> bool {
@@ -146,5 +180,166 @@ impl Outputs {
             results.push(m.ctx.result(state, error));
         }
         results
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meter() -> Meter {
+        let now = Instant::now();
+        Meter {
+            totals: OperatorCounters::default(),
+            enabled: false,
+            records_in: 0,
+            records_out: 0,
+            idle: Duration::ZERO,
+            ticks: 0,
+            check_every: 1,
+            check_at: 1,
+            last_check: now,
+            check_budget: Duration::from_millis(10),
+            backpressured: Duration::ZERO,
+            chained: false,
+            busy: Duration::ZERO,
+            last_flush: now,
+            next_flush: now,
+            flush_interval: Duration::from_millis(100),
+            labels: ["w".into(), "0".into()],
+            metrics: EngineMetrics::new().expect("metrics"),
+            live: Arc::default(),
+            sink: None,
+            anchor: (now, 0),
+            service: None,
+            key_groups: None,
+        }
+    }
+
+    fn record(seq: u64) -> Record {
+        Record {
+            seq,
+            key: murmur_fmix64(seq % 37),
+            value: seq as i64,
+            count: 1,
+            created_us: 0,
+            payload: Payload::None,
+        }
+    }
+
+    /// Outputs over one keyed route into `n` queues of capacity `cap`.
+    fn keyed(n: usize, cap: usize) -> (Outputs, Vec<Queue>) {
+        let queues: Vec<Queue> = (0..n)
+            .map(|_| {
+                let (tx, rx) = bounded(cap);
+                (tx, rx, Batched::default())
+            })
+            .collect();
+        let route = Route {
+            txs: queues.iter().map(|(tx, _, _)| tx.clone()).collect(),
+            batched: queues.iter().map(|(_, _, b)| b.clone()).collect(),
+            channel: 3,
+            keyed: true,
+            key_of: |r| r.key,
+            next: 0,
+        };
+        let outputs = Outputs {
+            routes: vec![route],
+            max_parallelism: 128,
+            chain: None,
+            ran_until: None,
+        };
+        (outputs, queues)
+    }
+
+    /// Every message waiting in `q`, taken off its count as a subtask does.
+    fn drain(q: &Queue) -> Vec<Message> {
+        let mut out = Vec::new();
+        while let Ok(m) = q.1.try_recv() {
+            took(&q.2, &m);
+            out.push(m);
+        }
+        out
+    }
+
+    fn records(msgs: &[Message]) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        for m in msgs {
+            assert_eq!(m.channel, 3);
+            match &m.event {
+                Event::Data(r) => seqs.push(r.seq),
+                Event::Batch(rs) => seqs.extend(rs.iter().map(|r| r.seq)),
+                other => panic!("not data: {other:?}"),
+            }
+        }
+        seqs
+    }
+
+    #[test]
+    fn a_batch_goes_to_each_key_groups_subtask_in_order_as_one_message() {
+        let (mut out, queues) = keyed(3, 1024);
+        let mut m = meter();
+        let mut recs: Vec<Record> = (0..200).map(record).collect();
+        assert!(out.send_batch(&mut recs, &mut m));
+        assert!(recs.is_empty());
+        assert_eq!((m.records_out, m.totals.records_out), (200, 200));
+        let mut seen = 0;
+        for (i, q) in queues.iter().enumerate() {
+            let want: Vec<u64> = (0..200)
+                .filter(|&s| {
+                    let kg = key_group(record(s).key, 128);
+                    subtask_for_key_group(kg, 3, 128) == i
+                })
+                .collect();
+            assert!(want.len() >= 2, "subtask {i} gets {} records", want.len());
+            // The queue's length in records, then one message holding them.
+            assert_eq!(queue_len(&q.1, &q.2), want.len());
+            let msgs = drain(q);
+            assert_eq!(msgs.len(), 1);
+            assert_eq!(records(&msgs), want);
+            assert_eq!(queue_len(&q.1, &q.2), 0);
+            seen += want.len();
+        }
+        assert_eq!(seen, 200);
+    }
+
+    #[test]
+    fn records_that_do_not_fit_go_one_by_one() {
+        let (mut out, queues) = keyed(1, 4);
+        let q = &queues[0];
+        let mut m = meter();
+        // Two records: one batch message, 2 of the queue's 4 records of room.
+        assert!(out.send_batch(&mut vec![record(0), record(1)], &mut m));
+        assert_eq!((q.1.len(), queue_len(&q.1, &q.2)), (1, 2));
+        // Three more do not fit in the 2 left: one message each.
+        assert!(out.send_batch(&mut vec![record(2), record(3), record(4)], &mut m));
+        assert_eq!((q.1.len(), queue_len(&q.1, &q.2)), (4, 5));
+        let msgs = drain(q);
+        let shapes: Vec<&str> = msgs
+            .iter()
+            .map(|m| match m.event {
+                Event::Batch(_) => "batch",
+                _ => "data",
+            })
+            .collect();
+        assert_eq!(shapes, ["batch", "data", "data", "data"]);
+        assert_eq!(records(&msgs), [0, 1, 2, 3, 4]);
+        assert_eq!((m.records_out, queue_len(&q.1, &q.2)), (5, 0));
+        // An empty queue has room again.
+        assert!(out.send_batch(&mut vec![record(5), record(6), record(7)], &mut m));
+        assert_eq!((q.1.len(), queue_len(&q.1, &q.2)), (1, 3));
+    }
+
+    #[test]
+    fn other_outputs_get_the_records_one_by_one() {
+        let (mut out, queues) = keyed(2, 64);
+        out.routes[0].keyed = false;
+        let mut m = meter();
+        assert!(out.send_batch(&mut (0..6).map(record).collect(), &mut m));
+        let mut all: Vec<Message> = queues.iter().flat_map(drain).collect();
+        assert_eq!(all.len(), 6);
+        all.sort_by_key(|m| records(std::slice::from_ref(m))[0]);
+        assert_eq!(records(&all), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(m.records_out, 6);
     }
 }
