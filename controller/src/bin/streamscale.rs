@@ -341,13 +341,15 @@ fn parse_duration(s: &str) -> Result<f64, String> {
         Some((i, 'h')) => (&s[..i], 3600.0),
         _ => (s, 1.0),
     };
-    let v: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (seconds, or e.g. 90s, 10m, 1h)"))?;
-    if !(v > 0.0 && v.is_finite()) {
+    let not_a_duration = || format!("`{s}` is not a duration (seconds, or e.g. 90s, 10m, 1h)");
+    let v: f64 = number.trim().parse().map_err(|_| not_a_duration())?;
+    if v.is_nan() {
+        return Err(not_a_duration());
+    }
+    if v <= 0.0 {
         return Err(format!("must be > 0 (got {s})"));
     }
+    // `inf` and `1e400` are positive: they fail the limit below, not the sign check.
     let seconds = v * factor;
     if seconds > run::MAX_SECONDS {
         return Err(format!(
@@ -692,5 +694,13 @@ mod tests {
         for absurd in ["1e300h", "8761h", "1e308", "inf"] {
             assert!(parse_duration(absurd).is_err(), "{absurd}");
         }
+        // Positive but unbounded values are refused for their size, not their sign.
+        for huge in ["inf", "1e400", "1e400s"] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(e.contains("longer than a year"), "{huge}: {e}");
+        }
+        let e = parse_duration("nan").unwrap_err();
+        assert!(e.contains("is not a duration"), "{e}");
+        assert!(parse_duration("-inf").unwrap_err().contains("must be > 0"));
     }
 }
