@@ -134,9 +134,16 @@ impl KubeRuntime {
             .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&svc))
             .await?;
         let deployments = Api::<Deployment>::namespaced(self.client.clone(), &ns);
-        let previous = deployments
-            .get_opt(&resources::engine_name(&self.job))
-            .await?;
+        // The Deployment replaced, for the checkpoint lineages the new engine supersedes (only a
+        // job that takes checkpoints has any).
+        let previous = match self.job.spec.job.checkpoint {
+            Some(_) => {
+                deployments
+                    .get_opt(&resources::engine_name(&self.job))
+                    .await?
+            }
+            None => None,
+        };
         let retire = resources::superseded_checkpoints(&self.job, restore, previous.as_ref());
         let d = resources::deployment(&self.job, parallelism, restore, restart, &retire)?;
         deployments
