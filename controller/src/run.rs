@@ -178,9 +178,10 @@ pub async fn run(
     }
     let slo_s = job.spec.autoscaler.latency_slo_seconds;
     print(&format!(
-        "streamscale run: job `{}` ({}), {:.0} s, interval {} s, SLO {} s, report in {}",
+        "streamscale run: job `{}` ({}), {} s, interval {} s, SLO {} s, report in {}",
         job.spec.name,
         opts.job.display(),
+        // Whole seconds as such (240), a fraction as given (1.5), never rounded to 0.
         job.duration_s,
         opts.interval_s,
         slo_s,

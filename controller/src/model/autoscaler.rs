@@ -455,9 +455,21 @@ impl Autoscaler {
                         Fixed(lookback, 0)
                     ));
                 } else if clears_s - now_s <= g.scale_down_delay_seconds {
+                    // The scale-down also waits for its delay (counted from the first window
+                    // that began after it was wanted): the earlier of the two is no promise.
+                    let delay_ends_s = if g.scale_down_delay_seconds <= 0.0 {
+                        now_s
+                    } else {
+                        self.state.pending_scale_downs.get(name).map_or(
+                            now_s + span + g.scale_down_delay_seconds,
+                            |p| {
+                                p.settled_s.unwrap_or(p.since_s + span) + g.scale_down_delay_seconds
+                            },
+                        )
+                    };
                     lookback_hold = Some(format!(
-                        "no scale-down {cur}→{floor} now: {cur}→{new} in {} s, when p={highest} leaves the last {} s (autoscaler.scaleDownLookbackSeconds)",
-                        Fixed(clears_s - now_s, 0),
+                        "no scale-down {cur}→{floor} now: {cur}→{new} in {} s, when p={highest} leaves the last {} s (autoscaler.scaleDownLookbackSeconds) and the scale-down delay is over",
+                        Fixed(clears_s.max(delay_ends_s) - now_s, 0),
                         Fixed(lookback, 0)
                     ));
                 } else {
