@@ -417,7 +417,8 @@ fn draw<DB: DrawingBackend>(
         ))
         .map_err(|x| e(&x))?;
     }
-    for (k, run) in runs.iter().enumerate() {
+    // The first policy (streamscale) drawn last, on top of the others.
+    for (k, run) in runs.iter().enumerate().rev() {
         ch.draw_series(LineSeries::new(
             run.rows
                 .iter()
@@ -437,7 +438,8 @@ fn draw<DB: DrawingBackend>(
         "subtasks",
         true,
     )?;
-    for (k, run) in runs.iter().enumerate() {
+    // The first policy (streamscale) drawn last, on top of the others.
+    for (k, run) in runs.iter().enumerate().rev() {
         ch.draw_series(LineSeries::new(
             run.rows.iter().map(|r| (r.t_s / unit_s, total(r))),
             color(k),
@@ -459,7 +461,7 @@ fn draw<DB: DrawingBackend>(
                          t: TimeAxis|
      -> Result<(), String> {
         let mut ch = time_panel(area, title, t, lat_max, "seconds", false)?;
-        for (k, run) in runs.iter().enumerate() {
+        for (k, run) in runs.iter().enumerate().rev() {
             ch.draw_series(LineSeries::new(
                 run.rows
                     .iter()
