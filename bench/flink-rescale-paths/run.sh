@@ -14,6 +14,7 @@
 #   cargo build --release && bench/flink-rescale-paths/run.sh
 #
 # Env: KEYS ("1000 1000000"), RATE (20000 rec/s), COST_US (20 µs per record), WARM (90 s),
+#      SESSION (45s: a job restored from a large savepoint needs ~10 s before its metrics are complete),
 #      ROUNDS (2), STREAMSCALE_BIN (target/release/streamscale), BENCH_WORK (~/.cache/streamscale/bench-flink-rescale-paths).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,6 +23,7 @@ KEYS=${KEYS:-"1000 1000000"}
 RATE=${RATE:-20000}
 COST_US=${COST_US:-20}
 WARM=${WARM:-90}
+SESSION=${SESSION:-45s}
 ROUNDS=${ROUNDS:-2}
 W=${BENCH_WORK:-$HOME/.cache/streamscale/bench-flink-rescale-paths}
 BIN=${STREAMSCALE_BIN:-$ROOT/target/release/streamscale}
@@ -57,10 +59,10 @@ rescale() { # JID PATH FROM TO KEYS ROUND
   else
     extra=(--rescale in-place)
   fi
-  "$BIN" flink --rest-url "$REST" --job "$jid" --duration 20s --interval 2 --window 10 \
+  "$BIN" flink --rest-url "$REST" --job "$jid" --duration "$SESSION" --interval 2 --window 10 \
     --stabilization 4 --scale-down-delay 2 --settings "$d/settings.yaml" "${extra[@]}" \
     --report "$d/report" >"$d/streamscale.log" 2>&1 || die "streamscale flink failed; see $d/streamscale.log"
-  python3 - "$d/report/summary.json" "$keys" "$round" "$path" "$from" "$to" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS" <<'EOF'
+  if python3 - "$d/report/summary.json" "$keys" "$round" "$path" "$from" "$to" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS" <<'EOF'
 import json, os, subprocess, sys
 summary, keys, rnd, path, frm, to, load = sys.argv[1:]
 job = json.load(open(summary))["jobs"][0]
@@ -74,6 +76,7 @@ if r.get("savepoint"):
     size = subprocess.run(["du", "-sb", p], capture_output=True, text=True).stdout.split()[0]
 print(f"{keys},{rnd},{path},{frm},{to},{r['downtimeSeconds']:.3f},{size},{r['outcome']},{load}")
 EOF
+  then :; else die "no rescale in $d (see streamscale.log there)"; fi
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["jobId"])' "$d/report/summary.json"
 }
 
