@@ -75,9 +75,22 @@ fn panel<'a>(
     chart
         .configure_mesh()
         .x_desc("t (s)")
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
         .draw()
         .map_err(|x| x.to_string())?;
     Ok(chart)
+}
+
+/// An axis label: a whole number without decimals (`2`, not `2.0`), otherwise at most three
+/// decimals without trailing zeros (`0.25`).
+fn tick(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as i64)
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
 }
 
 /// Draws `points` as a line of `color` and `width` pixels and adds `label` to the panel's key.
@@ -259,6 +272,16 @@ fn draw(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn axis_labels_print_whole_numbers_without_decimals() {
+        assert_eq!(tick(2.0), "2");
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(1500.0), "1500");
+        assert_eq!(tick(0.25), "0.25");
+        assert_eq!(tick(0.1 + 0.2), "0.3");
+        assert_eq!(tick(-0.5), "-0.5");
+    }
     use super::*;
 
     #[test]
