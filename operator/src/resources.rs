@@ -272,7 +272,7 @@ pub fn superseded_checkpoints(
     let Some(previous) = previous else {
         return Vec::new();
     };
-    let args = deployment_args(previous);
+    let args = deployment_args(previous).unwrap_or_default();
     let mut retire: Vec<String> = args
         .iter()
         .zip(args.iter().skip(1))
@@ -293,31 +293,9 @@ pub fn superseded_checkpoints(
     retire
 }
 
-fn deployment_args(deployment: &Deployment) -> Vec<String> {
+/// The engine container's arguments of a Deployment (its first container's).
+fn deployment_args(deployment: &Deployment) -> Option<&[String]> {
     deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.args.clone())
-        .unwrap_or_default()
-}
-
-/// Whether a Deployment's engine runs without `--auth-token-file` (deployed by an operator
-/// from before the engine token).
-pub fn runs_without_token(deployment: &Deployment) -> bool {
-    deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.args.as_ref())
-        .is_some_and(|args| !args.iter().any(|a| a == "--auth-token-file"))
-}
-
-/// Reads `--parallelism` and `--restore` back from a Deployment's first container.
-pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadObs> {
-    let args = deployment
         .spec
         .as_ref()?
         .template
@@ -326,7 +304,18 @@ pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadOb
         .containers
         .first()?
         .args
-        .clone()?;
+        .as_deref()
+}
+
+/// Whether a Deployment's engine runs without `--auth-token-file` (deployed by an operator
+/// from before the engine token).
+pub fn runs_without_token(deployment: &Deployment) -> bool {
+    deployment_args(deployment).is_some_and(|args| !args.iter().any(|a| a == "--auth-token-file"))
+}
+
+/// Reads `--parallelism` and `--restore` back from a Deployment's first container.
+pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadObs> {
+    let args = deployment_args(deployment)?;
     let value = |flag: &str| {
         args.iter()
             .position(|a| a == flag)
@@ -670,7 +659,7 @@ spec:
     #[test]
     fn a_deployment_from_a_newer_savepoint_retires_the_lineages_it_supersedes() {
         let retired = |d: &Deployment| -> Vec<String> {
-            let args = deployment_args(d);
+            let args = deployment_args(d).unwrap_or_default();
             args.iter()
                 .zip(args.iter().skip(1))
                 .filter(|(f, _)| *f == "--retire-checkpoints")

@@ -395,7 +395,10 @@ impl Autoscaler {
             let Some((_, &cur)) = currents.next_if(|(k, _)| &***k == name.as_str()) else {
                 continue;
             };
-            if let Some((p, note)) = bounds_force(spec, name, cur, *new) {
+            if let Some((p, note)) = model
+                .bounds_of(name)
+                .and_then(|b| bounds_force(b, cur, *new))
+            {
                 *new = p;
                 forced = true;
                 self.state.pending_scale_downs.remove(name);

@@ -212,27 +212,20 @@ impl NowAssessment {
     }
 }
 
-/// `Some((parallelism, note))` when operator `op` runs at `cur` outside its bounds
-/// (`scaling.min`, `scaling.max`; a Flink vertex's `min`/`max` in the settings file) and the
+/// `Some((parallelism, note))` when an operator runs at `cur` outside its bounds (`scaling.min`,
+/// `scaling.max`; a Flink vertex's `min`/`max` in the settings file; [`Model::bounds_of`]) and the
 /// plan's `new` brings it inside them: below the lower bound it moves to `new`, above the upper
 /// bound to the bound (a scale-down further than that waits for the usual guards). Such a change
 /// is made at the next decision whatever the band, the smallest change, the scale-down delay,
 /// the lookback, the rescale budget and the rescale's cost say (as Kubernetes' HPA enforces
 /// `minReplicas`/`maxReplicas`); the guards that protect the decision itself (enough samples,
 /// stabilization, backoff) still apply.
-pub(super) fn bounds_force(spec: &JobSpec, op: &str, cur: u32, new: u32) -> Option<(u32, String)> {
-    let bounds = spec.operators.iter().find(|o| o.name == op)?.scaling;
-    if let Some(min) = bounds.min
-        && cur < min
-        && new >= min
-    {
+pub(super) fn bounds_force((min, max): (u32, u32), cur: u32, new: u32) -> Option<(u32, String)> {
+    if cur < min && new >= min {
         let note = format!("{cur}→{new}: p={cur} is below its lower bound {min} (scaling.min)");
         return Some((new, note));
     }
-    if let Some(max) = bounds.max
-        && cur > max
-        && new <= max
-    {
+    if cur > max && new <= max {
         let note = format!("{cur}→{max}: p={cur} is above its upper bound {max} (scaling.max)");
         return Some((max, note));
     }

@@ -653,11 +653,11 @@ edges:
         }
     }
 
-    /// A coordinator for [`YAML`] (4 subtasks) with gates `s` and `t`, and its ack sender.
-    fn start(s: Arc<SourceGate>, t: Arc<SourceGate>) -> (Coordinator, Sender<Ack>) {
-        let spec = JobSpec::from_yaml(YAML).unwrap();
-        let ctx = JobContext {
-            spec,
+    /// The context of a job of [`YAML`] (4 subtasks) with gates `s` and `t`: no storage, no
+    /// sinks, a 30 s timeout.
+    fn context(s: Arc<SourceGate>, t: Arc<SourceGate>) -> JobContext {
+        JobContext {
+            spec: JobSpec::from_yaml(YAML).unwrap(),
             gates: vec![("s".into(), s), ("t".into(), t)],
             subtasks: 4,
             base_counters: BTreeMap::new(),
@@ -670,7 +670,12 @@ edges:
             first_id: 1,
             sinks: BTreeMap::new(),
             sink_failures: Arc::default(),
-        };
+        }
+    }
+
+    /// A coordinator for [`context`]`(s, t)`, and its ack sender.
+    fn start(s: Arc<SourceGate>, t: Arc<SourceGate>) -> (Coordinator, Sender<Ack>) {
+        let ctx = context(s, t);
         let (tx, rx) = crossbeam_channel::unbounded();
         (Coordinator::start(ctx, rx).unwrap(), tx)
     }
@@ -769,7 +774,6 @@ edges:
     #[test]
     fn a_commit_error_that_fails_the_job_fails_it() {
         for job_failing in [true, false] {
-            let spec = JobSpec::from_yaml(YAML).unwrap();
             let failed = Arc::new(AtomicBool::new(false));
             let sink_failures: Arc<Mutex<Vec<String>>> = Arc::default();
             let sink = Arc::new(MockFailingSink {
@@ -777,25 +781,13 @@ edges:
                 commits: Default::default(),
             });
             let ctx = JobContext {
-                spec,
-                gates: vec![
-                    ("s".into(), finished_gate(10)),
-                    ("t".into(), finished_gate(10)),
-                ],
-                subtasks: 4,
-                base_counters: BTreeMap::new(),
-                job_started_unix_ms: 0,
                 failed: failed.clone(),
-                metrics: EngineMetrics::new().unwrap(),
-                storage: None,
-                interval: None,
-                timeout: Duration::from_secs(30),
-                first_id: 1,
                 sinks: BTreeMap::from([(
                     "k".to_string(),
                     sink.clone() as Arc<dyn TwoPhaseCommitSink>,
                 )]),
                 sink_failures: sink_failures.clone(),
+                ..context(finished_gate(10), finished_gate(10))
             };
             let (tx, rx) = crossbeam_channel::unbounded();
             let mut c = Coordinator::start(ctx, rx).unwrap();
@@ -833,19 +825,8 @@ edges:
         let dir = tempfile::tempdir().unwrap();
         let (s, t) = (Arc::new(SourceGate::new(0)), finished_gate(10));
         let ctx = JobContext {
-            spec: JobSpec::from_yaml(YAML).unwrap(),
-            gates: vec![("s".into(), s.clone()), ("t".into(), t)],
-            subtasks: 4,
-            base_counters: BTreeMap::new(),
-            job_started_unix_ms: 0,
-            failed: Arc::new(AtomicBool::new(false)),
-            metrics: EngineMetrics::new().unwrap(),
-            storage: None,
-            interval: None,
             timeout: Duration::from_millis(100),
-            first_id: 1,
-            sinks: BTreeMap::new(),
-            sink_failures: Arc::default(),
+            ..context(s.clone(), t)
         };
         let (acks, rx) = crossbeam_channel::unbounded();
         let c = Coordinator::start(ctx, rx).unwrap();

@@ -365,12 +365,13 @@ pub fn send_blocking(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rdkafka::mocking::MockCluster;
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
-    fn rec(key: u64) -> Record {
+    /// A record of key `key` (and sequence number), value 1.
+    pub(crate) fn rec(key: u64) -> Record {
         Record {
             seq: key,
             key,
@@ -381,7 +382,8 @@ mod tests {
         }
     }
 
-    fn spec(servers: &str) -> KafkaSinkSpec {
+    /// A sink to topic `out` at `servers`, every option at its default.
+    pub(crate) fn spec(servers: &str) -> KafkaSinkSpec {
         KafkaSinkSpec {
             topic: "out".into(),
             bootstrap_servers: servers.into(),

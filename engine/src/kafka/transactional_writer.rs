@@ -131,19 +131,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::kafka::KafkaSinkSpec;
-    use crate::payload::Payload;
+    use crate::kafka::sink::tests::{rec, spec};
     use rdkafka::mocking::MockCluster;
-
-    fn rec(key: u64) -> Record {
-        Record {
-            seq: key,
-            key,
-            value: 1,
-            count: 1,
-            created_us: 0,
-            payload: Payload::None,
-        }
-    }
 
     /// On librdkafka's mock cluster (in-process mock brokers): while the pre-commit of barrier
     /// 1 cannot finish (the test holds the sink's parking lot, its last step), the writer takes
@@ -154,11 +143,8 @@ mod tests {
         let mock = MockCluster::new(1).unwrap();
         mock.create_topic("out", 1, 1).unwrap();
         let spec = KafkaSinkSpec {
-            topic: "out".into(),
-            bootstrap_servers: mock.bootstrap_servers(),
             transactional_id_prefix: Some("mock".into()),
-            transaction_timeout_ms: None,
-            security: None,
+            ..spec(&mock.bootstrap_servers())
         };
         let sink = TransactionalSink::new("job", "sink", &spec);
         let mut w = sink.writer(0).unwrap();

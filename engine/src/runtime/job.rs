@@ -231,25 +231,6 @@ impl Job {
          -> SubtaskContext {
             let name = &op.name;
             let mut meter = Meter {
-                totals: OperatorCounters::default(),
-                enabled: options.metrics_enabled,
-                records_in: 0,
-                records_out: 0,
-                idle: Duration::ZERO,
-                ticks: 0,
-                check_every: 1,
-                check_at: 1,
-                last_check: Instant::now(),
-                check_budget: options.flush_interval / CHECKS_PER_FLUSH,
-                backpressured: Duration::ZERO,
-                chained,
-                busy: Duration::ZERO,
-                last_flush: Instant::now(),
-                next_flush: Instant::now(),
-                flush_interval: options.flush_interval,
-                labels: [name.clone(), index.to_string()],
-                metrics: metrics.clone(),
-                live: counters[name].clone(),
                 sink: (options.metrics_enabled && matches!(op.kind, OperatorKind::Sink { .. }))
                     .then(|| {
                         let l = [name.as_str(), &index.to_string()];
@@ -260,7 +241,6 @@ impl Job {
                             clock_uses: 0,
                         }
                     }),
-                anchor: (Instant::now(), now_unix_us()),
                 service: (options.metrics_enabled
                     && !matches!(op.kind, OperatorKind::Source { .. }))
                 .then(|| ServiceMeter {
@@ -281,6 +261,14 @@ impl Job {
                             .series([name.as_str(), &index.to_string()]),
                     )
                 }),
+                ..Meter::new(
+                    options.metrics_enabled,
+                    options.flush_interval,
+                    chained,
+                    [name.clone(), index.to_string()],
+                    metrics.clone(),
+                    counters[name].clone(),
+                )
             };
             // Every series of the subtask exists from its start, at 0, so that a scrape before
             // its first record reads "nothing yet" rather than "no such subtask".

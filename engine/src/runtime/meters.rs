@@ -115,6 +115,45 @@ impl SinkMeter {
 }
 
 impl Meter {
+    /// A subtask's meter from now on: nothing counted yet, a flush due at once, the clock read
+    /// [`CHECKS_PER_FLUSH`] times per `flush_interval`, no sink, key-group or service-time
+    /// meters (set them on the result where they apply).
+    pub(super) fn new(
+        enabled: bool,
+        flush_interval: Duration,
+        chained: bool,
+        labels: [String; 2],
+        metrics: EngineMetrics,
+        live: Arc<LiveCounters>,
+    ) -> Meter {
+        let now = Instant::now();
+        Meter {
+            totals: OperatorCounters::default(),
+            enabled,
+            records_in: 0,
+            records_out: 0,
+            idle: Duration::ZERO,
+            backpressured: Duration::ZERO,
+            chained,
+            busy: Duration::ZERO,
+            last_flush: now,
+            next_flush: now,
+            ticks: 0,
+            check_every: 1,
+            check_at: 1,
+            last_check: now,
+            flush_interval,
+            check_budget: flush_interval / CHECKS_PER_FLUSH,
+            labels,
+            metrics,
+            live,
+            sink: None,
+            key_groups: None,
+            service: None,
+            anchor: (now, crate::clock::now_unix_us()),
+        }
+    }
+
     /// Publishes the accumulated counts. Busy time is derived as Flink does: the wall time
     /// since the last flush minus the measured idle and backpressured time, so the hot path
     /// reads the clock only when it blocks. A chain member measures its busy time around the

@@ -2,6 +2,14 @@
 
 use super::*;
 
+impl Route {
+    /// The downstream subtask (index into `txs`) owning `rec`'s key group (keyed routes).
+    fn subtask_of(&self, rec: &Record, max_parallelism: u32) -> usize {
+        let kg = key_group((self.key_of)(rec), max_parallelism);
+        subtask_for_key_group(kg, self.txs.len() as u32, max_parallelism)
+    }
+}
+
 impl Outputs {
     /// Sends `rec` to every downstream operator; returns false if a receiver is gone.
     pub(super) fn send(&mut self, rec: Record, meter: &mut Meter) -> bool {
@@ -29,14 +37,14 @@ impl Outputs {
             let Some(this) = (if r == last { rec.take() } else { rec.clone() }) else {
                 break;
             };
-            let key = (route.key_of)(&this);
+            let keyed = route
+                .keyed
+                .then(|| route.subtask_of(&this, self.max_parallelism));
             let msg = Message {
                 channel: route.channel,
                 event: Event::Data(this),
             };
-            let ok = if route.keyed {
-                let kg = key_group(key, self.max_parallelism);
-                let i = subtask_for_key_group(kg, route.txs.len() as u32, self.max_parallelism);
+            let ok = if let Some(i) = keyed {
                 send_one(&route.txs[i], msg, meter)
             } else {
                 rebalance(route, msg, meter)
@@ -73,9 +81,7 @@ impl Outputs {
             parts[0] = std::mem::take(recs);
         } else {
             for rec in recs.drain(..) {
-                let kg = key_group((route.key_of)(&rec), self.max_parallelism);
-                let i = subtask_for_key_group(kg, n as u32, self.max_parallelism);
-                parts[i].push(rec);
+                parts[route.subtask_of(&rec, self.max_parallelism)].push(rec);
             }
         }
         for (i, part) in parts.into_iter().enumerate() {
@@ -188,32 +194,14 @@ mod tests {
     use super::*;
 
     fn meter() -> Meter {
-        let now = Instant::now();
-        Meter {
-            totals: OperatorCounters::default(),
-            enabled: false,
-            records_in: 0,
-            records_out: 0,
-            idle: Duration::ZERO,
-            ticks: 0,
-            check_every: 1,
-            check_at: 1,
-            last_check: now,
-            check_budget: Duration::from_millis(10),
-            backpressured: Duration::ZERO,
-            chained: false,
-            busy: Duration::ZERO,
-            last_flush: now,
-            next_flush: now,
-            flush_interval: Duration::from_millis(100),
-            labels: ["w".into(), "0".into()],
-            metrics: EngineMetrics::new().expect("metrics"),
-            live: Arc::default(),
-            sink: None,
-            anchor: (now, 0),
-            service: None,
-            key_groups: None,
-        }
+        Meter::new(
+            false,
+            Duration::from_millis(100),
+            false,
+            ["w".into(), "0".into()],
+            EngineMetrics::new().expect("metrics"),
+            Arc::default(),
+        )
     }
 
     fn record(seq: u64) -> Record {

@@ -4,6 +4,13 @@
 use super::*;
 
 impl Model {
+    /// Operator `op`'s parallelism bounds (lowest, highest): its `scaling` bounds within
+    /// 1..=maxParallelism, as the plan keeps them.
+    pub(crate) fn bounds_of(&self, op: &str) -> Option<(u32, u32)> {
+        let &i = self.graph.topo.index.get(op)?;
+        Some(self.graph.bounds[i])
+    }
+
     /// Utilization ρ of operator `op`'s busiest subtask at parallelism `p` and the target rate
     /// (catch-up included); `None` for sources, an unknown μ or an unknown operator.
     pub(crate) fn utilization_at(&self, op: &str, p: u32) -> Option<f64> {
