@@ -152,8 +152,17 @@ pub struct Summary {
     pub job_file: String,
     /// Wall-clock seconds the run lasted (first engine running to final savepoint).
     pub duration_s: f64,
-    /// Scrape interval, seconds.
+    /// Scrape interval, seconds (`--interval`).
     pub interval_s: f64,
+    /// Sliding metric window given to the planner, seconds (`--window`).
+    pub window_s: f64,
+    /// Least metric history before a decision, seconds (three intervals, at most the window).
+    pub guard_window_s: f64,
+    /// No decision this long after a (re)start, seconds (`--stabilization`).
+    pub stabilization_s: f64,
+    /// A scale-down must be wanted this long before it happens, seconds
+    /// (`--scale-down-delay`).
+    pub scale_down_delay_s: f64,
     /// Latency SLO, seconds.
     pub slo_s: f64,
     /// The percentile of end-to-end latency the SLO is on (0.99 = p99).
@@ -486,6 +495,10 @@ mod tests {
             job_file: "report/job.yaml".into(),
             duration_s: 60.0,
             interval_s: 1.0,
+            window_s: 10.0,
+            guard_window_s: 3.0,
+            stabilization_s: 3.0,
+            scale_down_delay_s: 15.0,
             slo_s: 1.0,
             latency_percentile: 0.99,
             records_emitted: Some(10),
@@ -528,6 +541,11 @@ mod tests {
         let v = serde_json::to_value(&s).expect("serializes");
         for key in [
             "duration_s",
+            "interval_s",
+            "window_s",
+            "guard_window_s",
+            "stabilization_s",
+            "scale_down_delay_s",
             "records_emitted",
             "records_accounted",
             "parallelism_seconds",

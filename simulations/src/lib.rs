@@ -10,7 +10,8 @@
 //!   static, oracle.
 //! * [`runner`]: the replay loop and accounting. [`report`]: summary.json, CSV, table, plots.
 //!   [`progress`]: the progress bar of long replays.
-//! * [`rates`]: replayed service rates (`--service-rates`), measured μ over time.
+//! * [`rates`]: replayed service rates (`--service-rates`), measured μ over time;
+//!   [`run_settings`]: the replayed run's autoscaler settings, from its `summary.json`.
 
 pub mod config;
 pub mod des;
@@ -21,6 +22,7 @@ pub mod policy;
 pub mod progress;
 pub mod rates;
 pub mod report;
+pub mod run_settings;
 pub mod runner;
 
 use std::path::Path;
@@ -52,6 +54,15 @@ pub enum SimError {
         path: String,
         /// 1-based line number.
         line: usize,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The `summary.json` of a replayed run ([`run_settings`]) is unreadable or malformed; the
+    /// problem names the field.
+    #[error("{path}: {problem}")]
+    RunSummary {
+        /// The file.
+        path: String,
         /// What is wrong.
         problem: String,
     },

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Serialize;
 
 use streamscale_controller::plot::COLORS;
@@ -34,6 +35,17 @@ pub struct Summary {
     /// maximum parallelism (`utilizationOnly` or `bestEffort`: the job's
     /// `autoscaler.onUnattainableSlo`, or `--on-unattainable-slo` over it).
     pub on_unattainable_slo: streamscale_engine::spec::UnattainableSlo,
+    /// Metrics (decision) interval of `streamscale` and `ds2`, seconds; the fields below are
+    /// named as in `streamscale run`'s `summary.json`.
+    pub interval_s: f64,
+    /// Metric window of `streamscale` and `ds2`, seconds.
+    pub window_s: f64,
+    /// `streamscale`: least metric history before a decision, seconds.
+    pub guard_window_s: f64,
+    /// `streamscale`: no decision this long after a (re)start, seconds.
+    pub stabilization_s: f64,
+    /// `streamscale`: a scale-down must be wanted this long, seconds.
+    pub scale_down_delay_s: f64,
     /// `fast` or `event`.
     pub mode: String,
 }
@@ -159,8 +171,9 @@ pub const FIGURE_HEIGHT: u32 = 1240;
 ///   bound and the title says so), subtasks summed over every operator, and the latency at the
 ///   SLO's percentile ([`JobModel::slo_quantile`], each point the worst step of its time-series
 ///   row; above 5× the SLO drawn at that bound) with the SLO dashed;
-/// * along the bottom, the summary as bars (resource-hours, share of time over the SLO,
-///   rescales; each bar's value above it) and the latency panel zoomed in on the worst
+/// * along the bottom, the summary as bars (resource-hours as a percentage above the oracle's,
+///   share of time over the SLO, rescales; each bar's value just beyond its end) and the
+///   latency panel zoomed in on the worst
 ///   interval: the twentieth of the replay around the largest latency of any policy (around
 ///   the peak input when no policy has any latency).
 ///
@@ -204,6 +217,31 @@ fn compact(v: f64) -> String {
     format!("{s}{unit}")
 }
 
+/// A tick label with at most three decimals and no trailing zeros: 50 → "50", 0.25 → "0.25"
+/// (not "50.0").
+fn plain(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.to_string() }
+}
+
+/// A bar's label of a percentage difference: its sign always shown, more decimals the closer
+/// it is to 0 ("+0.002%", "+0.31%", "-4.2%", "+35%"); under 0.0005 it is "0%".
+fn signed_percent(v: f64) -> String {
+    let a = v.abs();
+    if a < 0.0005 {
+        "0%".into()
+    } else if a < 0.01 {
+        format!("{v:+.3}%")
+    } else if a < 1.0 {
+        format!("{v:+.2}%")
+    } else if a < 10.0 {
+        format!("{v:+.1}%")
+    } else {
+        format!("{v:+.0}%")
+    }
+}
+
 /// Font sizes: panel titles, axis titles, tick labels and legends.
 const TITLE_FONT: u32 = 16;
 const AXIS_FONT: u32 = 13;
@@ -239,15 +277,19 @@ fn time_panel<'a, DB: DrawingBackend>(
         .build_cartesian_2d(t.min..t.max, 0.0..y_max)
         .map_err(|x| e(&x))?;
     let compact_label = |v: &f64| compact(*v);
+    let plain_label = |v: &f64| plain(*v);
     let mut mesh = ch.configure_mesh();
     mesh.x_desc(t.desc)
         .y_desc(y_desc)
         .axis_desc_style(("sans-serif", AXIS_FONT))
         .label_style(("sans-serif", TICK_FONT))
         .x_labels(5)
-        .y_labels(6);
+        .y_labels(6)
+        .x_label_formatter(&plain_label);
     if compact_y {
         mesh.y_label_formatter(&compact_label);
+    } else {
+        mesh.y_label_formatter(&plain_label);
     }
     mesh.draw().map_err(|x| e(&x))?;
     Ok(ch)
@@ -290,39 +332,57 @@ fn draw_key<DB: DrawingBackend>(
     Ok(())
 }
 
-/// A bar per policy (in its colour) of `values`, titled `title`, each value printed above its
-/// bar.
+/// Pixels between a bar's end and its value label.
+const LABEL_GAP: i32 = 5;
+
+/// A bar per policy (in its colour) of `values`, titled `title`, from a black baseline at 0:
+/// upwards for positive values, downwards for negative ones. Each bar's value (`text`) is
+/// centred [`LABEL_GAP`] pixels beyond its end, and the axis reaches 15 % of the values' span
+/// past the longest bars either way to hold them; `tick` writes the axis's labels.
 fn draw_bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
     values: &[f64],
     text: &dyn Fn(f64) -> String,
+    tick: &dyn Fn(f64) -> String,
 ) -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let n = values.len().max(1) as f64;
-    let top = values
-        .iter()
-        .copied()
-        .filter(|v| v.is_finite())
-        .fold(0.0_f64, f64::max);
-    let y_max = if top > 0.0 { top * 1.2 } else { 1.0 };
+    let finite = || values.iter().copied().filter(|v| v.is_finite());
+    let hi = finite().fold(0.0_f64, f64::max);
+    let lo = finite().fold(0.0_f64, f64::min);
+    let (y_min, y_max) = if hi - lo > 0.0 {
+        let room = 0.15 * (hi - lo);
+        (
+            if lo < 0.0 { lo - room } else { 0.0 },
+            if hi > 0.0 { hi + room } else { room },
+        )
+    } else {
+        (0.0, 1.0)
+    };
     let mut ch = ChartBuilder::on(area)
         .caption(title, ("sans-serif", TITLE_FONT))
         .margin(8)
         .x_label_area_size(10)
         .y_label_area_size(52)
-        .build_cartesian_2d(0.0..n, 0.0..y_max)
+        .build_cartesian_2d(0.0..n, y_min..y_max)
         .map_err(|x| e(&x))?;
-    let compact_label = |v: &f64| compact(*v);
+    let tick_label = |v: &f64| tick(*v);
     ch.configure_mesh()
         .disable_x_mesh()
         .disable_x_axis()
         .x_labels(0)
         .y_labels(5)
-        .y_label_formatter(&compact_label)
+        .y_label_formatter(&tick_label)
         .label_style(("sans-serif", TICK_FONT))
         .draw()
         .map_err(|x| e(&x))?;
+    ch.draw_series(std::iter::once(PathElement::new(
+        vec![(0.0, 0.0), (n, 0.0)],
+        BLACK,
+    )))
+    .map_err(|x| e(&x))?;
+    let font = ("sans-serif", TICK_FONT).into_font().color(&BLACK);
     for (k, &v) in values.iter().enumerate() {
         let x0 = k as f64 + 0.15;
         let v = if v.is_finite() { v } else { 0.0 };
@@ -331,14 +391,50 @@ fn draw_bars<DB: DrawingBackend>(
             color(k).filled(),
         )))
         .map_err(|x| e(&x))?;
-        ch.draw_series(std::iter::once(Text::new(
-            text(v),
-            (x0, v + y_max * 0.02),
-            ("sans-serif", TICK_FONT).into_font().color(&BLACK),
-        )))
+        // Above a bar up, below a bar down, never touching it.
+        let (dy, v_pos) = if v < 0.0 {
+            (LABEL_GAP, VPos::Top)
+        } else {
+            (-LABEL_GAP, VPos::Bottom)
+        };
+        ch.draw_series(std::iter::once(
+            EmptyElement::at((x0 + 0.35, v))
+                + Text::new(
+                    text(v),
+                    (0, dy),
+                    font.clone().pos(Pos::new(HPos::Center, v_pos)),
+                ),
+        ))
         .map_err(|x| e(&x))?;
     }
     Ok(())
+}
+
+/// The resource panel's bars: each policy's resource-hours as a percentage above the oracle's
+/// (`resource_vs_oracle`; below it is negative), and the title naming the oracle's
+/// resource-hours. The policies use nearly the same resources over a long replay, so bars of
+/// resource-hours from 0 would all look alike; the differences are what compares them. When
+/// the oracle used nothing (no input), the resource-hours themselves.
+fn resource_bars(runs: &[PolicyRun]) -> (String, Vec<f64>, bool) {
+    let oracle_hours = runs.iter().find_map(|r| {
+        let s = &r.summary;
+        (s.resource_vs_oracle > 0.0 && s.resource_hours > 0.0)
+            .then(|| s.resource_hours / s.resource_vs_oracle)
+    });
+    match oracle_hours {
+        Some(h) => (
+            format!("resource-hours, % above the oracle ({})", compact(h)),
+            runs.iter()
+                .map(|r| 100.0 * (r.summary.resource_vs_oracle - 1.0))
+                .collect(),
+            true,
+        ),
+        None => (
+            "resource-hours".to_string(),
+            runs.iter().map(|r| r.summary.resource_hours).collect(),
+            false,
+        ),
+    }
 }
 
 /// The time range (seconds) of the zoomed panel: a twentieth of the replay (at least 20 rows)
@@ -411,10 +507,18 @@ fn draw<DB: DrawingBackend>(
     };
     let mut ch = time_panel(&top, title, t, y_rate, "records/s", true)?;
     if let Some(first) = runs.first() {
-        ch.draw_series(LineSeries::new(
-            first.rows.iter().map(|r| (r.t_s / unit_s, r.input_rate)),
-            BLACK.stroke_width(2),
-        ))
+        // Drawn segment by segment: a thick polyline's joins are mitred, and at a sharp spike
+        // the miter reaches far past the data (below the axis, under a one-row dip).
+        let points: Vec<(f64, f64)> = first
+            .rows
+            .iter()
+            .map(|r| (r.t_s / unit_s, r.input_rate))
+            .collect();
+        ch.draw_series(
+            points
+                .windows(2)
+                .map(|w| PathElement::new(vec![w[0], w[1]], BLACK.stroke_width(2))),
+        )
         .map_err(|x| e(&x))?;
     }
     // The first policy (streamscale) drawn last, on top of the others.
@@ -486,21 +590,28 @@ fn draw<DB: DrawingBackend>(
     let values = |f: &dyn Fn(&PolicySummary) -> f64| -> Vec<f64> {
         runs.iter().map(|r| f(&r.summary)).collect()
     };
-    draw_bars(
-        &parts[0],
-        "resource-hours",
-        &values(&|s| s.resource_hours),
-        &|v| compact(v),
-    )?;
+    let (title, resources, relative) = resource_bars(runs);
+    if relative {
+        draw_bars(&parts[0], &title, &resources, &signed_percent, &|v| {
+            format!("{}%", plain(v))
+        })?;
+    } else {
+        draw_bars(&parts[0], &title, &resources, &compact, &compact)?;
+    }
     draw_bars(
         &parts[1],
         &format!("time over the SLO (%, {pct})"),
         &values(&|s| 100.0 * s.slo_violation_fraction),
         &|v| format!("{v:.2}"),
+        &plain,
     )?;
-    draw_bars(&parts[2], "rescales", &values(&|s| s.rescales), &|v| {
-        compact(v)
-    })?;
+    draw_bars(
+        &parts[2],
+        "rescales",
+        &values(&|s| s.rescales),
+        &compact,
+        &compact,
+    )?;
     let (from, to) = worst_interval(runs, t_end);
     let zoom = TimeAxis {
         min: from / unit_s,
@@ -514,7 +625,21 @@ fn draw<DB: DrawingBackend>(
 
 #[cfg(test)]
 mod tests {
-    use super::compact;
+    use super::{compact, plain, signed_percent};
+
+    #[test]
+    fn plain_and_signed_labels() {
+        assert_eq!(plain(50.0), "50");
+        assert_eq!(plain(116.0), "116");
+        assert_eq!(plain(0.25), "0.25");
+        assert_eq!(plain(-0.0001), "0");
+        assert_eq!(signed_percent(0.0), "0%");
+        assert_eq!(signed_percent(-0.0002), "0%");
+        assert_eq!(signed_percent(-0.002), "-0.002%");
+        assert_eq!(signed_percent(0.317), "+0.32%");
+        assert_eq!(signed_percent(2.34), "+2.3%");
+        assert_eq!(signed_percent(16.4), "+16%");
+    }
 
     #[test]
     fn compact_tick_labels() {

@@ -565,6 +565,11 @@ pub fn replay_all(
         slo_s: model.slo_s,
         latency_percentile: model.slo_quantile.q,
         on_unattainable_slo: model.spec.autoscaler.on_unattainable_slo,
+        interval_s: cfg.interval_seconds,
+        window_s: cfg.window_seconds,
+        guard_window_s: cfg.guard_settings().window_seconds,
+        stabilization_s: cfg.stabilization_seconds,
+        scale_down_delay_s: cfg.scale_down_delay_seconds,
         mode: match opts.mode {
             Mode::Fast => "fast".into(),
             Mode::Event => "event".into(),

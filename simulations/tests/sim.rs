@@ -997,7 +997,6 @@ fn comparison_figure_overlays_the_policies_per_quantity() {
     assert_eq!(starting("input rate (black) and capacity, records/s"), 1);
     for title in [
         "subtasks, all operators summed",
-        "resource-hours",
         "rescales",
         "p99 latency, worst interval",
     ] {
@@ -1005,6 +1004,20 @@ fn comparison_figure_overlays_the_policies_per_quantity() {
     }
     assert_eq!(starting("p99 latency, worst step per point; SLO dashed"), 1);
     assert_eq!(starting("time over the SLO (%, p99)"), 1);
+    // Resource-hours as the percentage above the oracle's (they differ by a few %): one
+    // signed label per policy, and the oracle's resource-hours in the title.
+    assert_eq!(starting("resource-hours, % above the oracle ("), 1);
+    let above: Vec<f64> = runs
+        .iter()
+        .map(|r| 100.0 * (r.summary.resource_vs_oracle - 1.0))
+        .filter(|p| *p >= 0.0005)
+        .collect();
+    assert!(!above.is_empty(), "flink keeps more than the oracle");
+    let plus = texts
+        .iter()
+        .filter(|(_, t)| t.starts_with('+') && t.ends_with('%'))
+        .count();
+    assert_eq!(plus, above.len(), "{above:?} {texts:?}");
     assert_eq!(count("t (min)"), 4);
     for (i, (a, ta)) in texts.iter().enumerate() {
         for (b, tb) in &texts[i + 1..] {
@@ -1219,6 +1232,111 @@ fn cli_service_rates_input() {
     assert!(
         nominal < 100.0 && replayed > 1000.0,
         "{nominal} vs {replayed}"
+    );
+}
+
+/// `--service-rates DIR/service_rates.csv` of a run report: the settings the run recorded in
+/// DIR/summary.json are used where no flag or settings-file key gives them, and one line says
+/// so (the simulator's summary.json records what streamscale ran with); without a summary.json
+/// one line names the defaults; a bad one fails naming the file and the field.
+#[test]
+fn cli_service_rates_take_the_runs_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = root().join("examples/jobs/tweets.yaml");
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let rates = run.join("service_rates.csv");
+    std::fs::write(&rates, "t_s,enrich\n0,190\n").unwrap();
+    let run_summary = run.join("summary.json");
+    std::fs::write(
+        &run_summary,
+        r#"{"job": "tweets", "duration_s": 60.2, "interval_s": 1.0, "window_s": 10.0,
+            "guard_window_s": 3.0, "stabilization_s": 3.0, "scale_down_delay_s": 15.0,
+            "slo_s": 0.5, "latency_percentile": 0.95, "rescales": []}"#,
+    )
+    .unwrap();
+    let sim_with = |rates: &Path, extra: &[&str], out: &str| {
+        let report = dir.path().join(out);
+        let mut args = vec![
+            job.to_str().unwrap(),
+            "--policy",
+            "streamscale",
+            "--duration",
+            "60",
+            "--quiet",
+            "--service-rates",
+            rates.to_str().unwrap(),
+            "--report",
+            report.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (code, stdout, err) = sim(&args);
+        (code, stdout, err, report)
+    };
+    let settings = |report: &Path| {
+        let s = summary_json(report);
+        [
+            "interval_s",
+            "window_s",
+            "guard_window_s",
+            "stabilization_s",
+            "scale_down_delay_s",
+            "slo_s",
+            "latency_percentile",
+        ]
+        .map(|k| s[k].as_f64().unwrap_or(f64::NAN))
+    };
+
+    let (code, out, err, report) = sim_with(&rates, &[], "from-run");
+    assert_eq!(code, 0, "{err}");
+    let line = format!(
+        "settings from {} (the replayed run's): --interval 1 --window 10 --guard-window 3 --stabilization 3 --scale-down-delay 15 --slo 0.5 --latency-percentile 0.95\n",
+        run_summary.display()
+    );
+    assert!(out.contains(&line), "{out}");
+    assert_eq!(
+        settings(&report),
+        [1.0, 10.0, 3.0, 3.0, 15.0, 0.5, 0.95],
+        "{out}"
+    );
+
+    // A flag and a settings-file key win over the run's, and the line says they were given.
+    let cfg = dir.path().join("sim.yaml");
+    std::fs::write(&cfg, "stabilizationSeconds: 7\n").unwrap();
+    let (code, out, err, report) = sim_with(
+        &rates,
+        &["--window", "20", "--sim-config", cfg.to_str().unwrap()],
+        "given",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("--interval 1 --guard-window 3 --scale-down-delay 15 --slo 0.5 --latency-percentile 0.95; given: --window 20 --stabilization 7\n"),
+        "{out}"
+    );
+    assert_eq!(settings(&report), [1.0, 20.0, 3.0, 7.0, 15.0, 0.5, 0.95]);
+
+    // Rates without a run report beside them: the defaults, named.
+    let alone = dir.path().join("rates.csv");
+    std::fs::write(&alone, "t_s,enrich\n0,190\n").unwrap();
+    let (code, out, err, report) = sim_with(&alone, &[], "defaults");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("no settings of the replayed run (no summary.json beside the rates file): defaults: --interval 5 --window 30 --guard-window 15 --stabilization 10 --scale-down-delay 30, the job's SLO and percentile\n"),
+        "{out}"
+    );
+    assert_eq!(settings(&report)[..5], [5.0, 30.0, 15.0, 10.0, 30.0]);
+
+    // A bad summary.json: one line naming the file and the field, exit 2, nothing replayed.
+    std::fs::write(&run_summary, r#"{"interval_s": 1.0, "window_s": "ten"}"#).unwrap();
+    let (code, out, err, _) = sim_with(&rates, &[], "bad");
+    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}: window_s: `\"ten\"` is not a number (the run's --window setting)",
+            run_summary.display()
+        )),
+        "{err}"
     );
 }
 

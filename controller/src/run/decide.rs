@@ -27,7 +27,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
         // (no moving averages to refill, unlike Flink's 60 s meters), so a short
         // stabilization and a history of three intervals suffice.
         let settings = GuardSettings {
-            window_seconds: (3.0 * self.opts.interval_s).min(self.opts.window_s),
+            window_seconds: self.opts.guard_window_s(),
             stabilization_seconds: self.opts.stabilization_s,
             scale_down_delay_seconds: self.opts.scale_down_delay_s,
             planner: crate::model::PlannerSettings {

@@ -72,6 +72,16 @@ impl Default for RunOptions {
     }
 }
 
+impl RunOptions {
+    /// Least metric history (first to last sample) before the autoscaler decides, seconds:
+    /// three scrape intervals, at most the window. The engine's rates are exact counter deltas
+    /// from the first second after a restore (no moving averages to refill, unlike Flink's
+    /// 60 s meters), so a history of three intervals suffices.
+    pub fn guard_window_s(&self) -> f64 {
+        (3.0 * self.interval_s).min(self.window_s)
+    }
+}
+
 /// Errors of `streamscale run` (and `plan`).
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {

@@ -19,6 +19,7 @@ use streamscale_simulations::config::SimConfig;
 use streamscale_simulations::model::JobModel;
 use streamscale_simulations::policy::POLICIES;
 use streamscale_simulations::rates::ServiceRates;
+use streamscale_simulations::run_settings::{self, RunSettings};
 use streamscale_simulations::runner::{Mode, ReplayOptions, default_step, replay_all};
 use streamscale_simulations::{progress, report};
 
@@ -34,11 +35,13 @@ struct Args {
     /// Policies, comma-separated, or `all`.
     #[arg(long, default_value = "all")]
     policy: String,
-    /// Latency SLO, seconds (default: the job's autoscaler.latencySloSeconds).
+    /// Latency SLO, seconds (default: the job's autoscaler.latencySloSeconds; with
+    /// --service-rates, the replayed run's).
     #[arg(long)]
     slo: Option<f64>,
     /// Percentile the SLO is on, in (0, 1) (default: the job's autoscaler.latencyPercentile,
-    /// 0.99 = p99): the latency graded, planned for and plotted.
+    /// 0.99 = p99; with --service-rates, the replayed run's): the latency graded, planned for
+    /// and plotted.
     #[arg(long)]
     latency_percentile: Option<f64>,
     /// What streamscale's planner does when the SLO is unattainable even at maximum
@@ -74,20 +77,24 @@ struct Args {
     /// Step, simulated seconds (default: 1 s up to 6 h, else 10 s).
     #[arg(long)]
     step: Option<f64>,
-    /// Metrics (decision) interval of streamscale and ds2, seconds (default 5, the operator's).
+    /// Metrics (decision) interval of streamscale and ds2, seconds (default 5, the operator's;
+    /// with --service-rates, the replayed run's).
     #[arg(long)]
     interval: Option<f64>,
-    /// Metric window of streamscale and ds2, seconds (default 30, the operator's).
+    /// Metric window of streamscale and ds2, seconds (default 30, the operator's; with
+    /// --service-rates, the replayed run's).
     #[arg(long)]
     window: Option<f64>,
-    /// streamscale: seconds after a (re)start before deciding (default 10, the operator's).
+    /// streamscale: seconds after a (re)start before deciding (default 10, the operator's;
+    /// with --service-rates, the replayed run's).
     #[arg(long)]
     stabilization: Option<f64>,
-    /// streamscale: seconds a scale-down must be wanted (default 30, the operator's).
+    /// streamscale: seconds a scale-down must be wanted (default 30, the operator's; with
+    /// --service-rates, the replayed run's).
     #[arg(long)]
     scale_down_delay: Option<f64>,
     /// streamscale: least metric history before deciding, seconds (default max(window/2,
-    /// 2 × interval)).
+    /// 2 × interval); with --service-rates, the replayed run's).
     #[arg(long)]
     guard_window: Option<f64>,
     /// Seed of the event-level mode.
@@ -107,7 +114,10 @@ struct Args {
     service: Option<String>,
     /// Measured true processing rates over time to replay instead of the constant service
     /// times (CSV `t_s,<op>...`, records/s per subtask; `streamscale run --report DIR` writes
-    /// DIR/service_rates.csv; format in `simulations/src/rates.rs`).
+    /// DIR/service_rates.csv; format in `simulations/src/rates.rs`). The settings of
+    /// --interval, --window, --guard-window, --stabilization, --scale-down-delay, --slo and
+    /// --latency-percentile not given come from the run's DIR/summary.json when it records
+    /// them; one line says which.
     #[arg(long)]
     service_rates: Option<PathBuf>,
     /// Threads to run policies on, at least 1 (default: the machine's available parallelism).
@@ -284,7 +294,42 @@ fn run(a: Args) -> anyhow::Result<()> {
             }
         }
     }
-    cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Replaying a run's rates: the settings the run decided with, where the user gave none.
+    let settings_line = match &a.service_rates {
+        Some(rates) => {
+            let mut given = match &a.sim_config {
+                Some(p) => std::fs::read_to_string(p)
+                    .map(|text| run_settings::given_in_settings_file(&text))
+                    .unwrap_or_default(),
+                None => RunSettings::default(),
+            };
+            for (slot, flag) in [
+                (&mut given.interval_s, a.interval),
+                (&mut given.window_s, a.window),
+                (&mut given.guard_window_s, a.guard_window),
+                (&mut given.stabilization_s, a.stabilization),
+                (&mut given.scale_down_delay_s, a.scale_down_delay),
+                (&mut given.slo_s, a.slo),
+                (&mut given.latency_percentile, a.latency_percentile),
+            ] {
+                if flag.is_some() {
+                    *slot = flag;
+                }
+            }
+            let path = run_settings::summary_beside(rates);
+            let recorded = run_settings::read(&path)?;
+            run_settings::resolve(
+                &mut cfg,
+                &given,
+                recorded.as_ref().map(|r| (path.as_path(), r)),
+            )
+        }
+        None => None,
+    };
+    cfg.validate().map_err(|e| match &settings_line {
+        Some(line) => anyhow::anyhow!("{e} ({line})"),
+        None => anyhow::anyhow!("{e}"),
+    })?;
     let mode = match a.mode.as_str() {
         "fast" => Mode::Fast,
         "event" => Mode::Event,
@@ -367,6 +412,9 @@ fn run(a: Args) -> anyhow::Result<()> {
     let mut model = JobModel::new(&spec, &cfg, a.duration)?;
     if let Some(p) = &a.service_rates {
         model = model.with_service_rates(&ServiceRates::from_file(p)?)?;
+        if let Some(line) = &settings_line {
+            println!("{line}");
+        }
     }
     if model.duration_s.is_nan() || model.duration_s <= 0.0 {
         bail!(
