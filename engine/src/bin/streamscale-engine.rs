@@ -2,12 +2,13 @@
 //!
 //! Prints one line `{"event":"listening","address":"HOST:PORT"}` on stdout once it serves;
 //! logs go to stderr. Bad input (job file, savepoint, flags) prints one error line and exits 2.
+//! SIGINT or SIGTERM stops it with status 0, whatever disposition it inherited ([`StopSignals`]).
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
@@ -221,7 +222,77 @@ fn exit_on_stdin_eof() {
     });
 }
 
+/// SIGINT and SIGTERM stop the engine whatever disposition it inherited (a script's background
+/// job starts with SIGINT ignored; a container's PID 1 is not ended by SIGTERM's default): both
+/// are caught from the start of [`run`]. Before the server serves, a signal exits at once with
+/// status 0 (nothing is served yet); while it serves, the first signal shuts the server down
+/// gracefully (exit status 0, as on Ctrl-C before); a second exits at once with the shell's
+/// 128 + signal number (130, 143).
+struct StopSignals {
+    /// The first signal's name, once one arrived.
+    received: tokio::sync::watch::Receiver<Option<&'static str>>,
+    /// Whether the server serves (a signal then stops it instead of exiting).
+    serving: Arc<AtomicBool>,
+}
+
+impl StopSignals {
+    /// Installs the handlers and the task that answers them on `rt`.
+    ///
+    /// # Errors
+    /// When a handler cannot be installed.
+    fn catch(rt: &tokio::runtime::Runtime) -> std::io::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let _enter = rt.enter();
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let (tx, received) = tokio::sync::watch::channel(None);
+        let serving = Arc::new(AtomicBool::new(false));
+        let serves = serving.clone();
+        rt.spawn(async move {
+            loop {
+                let (name, status) = tokio::select! {
+                    Some(()) = int.recv() => ("SIGINT", 130),
+                    Some(()) = term.recv() => ("SIGTERM", 143),
+                    else => return,
+                };
+                if tx.borrow().is_some() {
+                    tracing::warn!(signal = name, "a second signal while stopping: exiting now");
+                    std::process::exit(status);
+                }
+                if !serves.load(Ordering::SeqCst) {
+                    tracing::info!(signal = name, "stopped before serving: exiting");
+                    std::process::exit(0);
+                }
+                tracing::info!(signal = name, "stopping: no new requests, then exiting");
+                tx.send_replace(Some(name));
+            }
+        });
+        Ok(StopSignals { received, serving })
+    }
+
+    /// Marks the server as serving; returns the receiver whose value becomes the first
+    /// signal's name.
+    fn serving(&self) -> tokio::sync::watch::Receiver<Option<&'static str>> {
+        self.serving.store(true, Ordering::SeqCst);
+        self.received.clone()
+    }
+}
+
+/// Returns once `stopped` holds a signal's name (at once if it already does).
+async fn stop_signalled(stopped: &mut tokio::sync::watch::Receiver<Option<&'static str>>) {
+    if stopped.wait_for(Option::is_some).await.is_err() {
+        // The signal task has ended: no signal will come.
+        std::future::pending::<()>().await;
+    }
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    // First, so that no signal is lost (or ignored, as inherited) while the job starts.
+    let stop = StopSignals::catch(&rt)?;
     // The environment variable lets a controller ask for this without an argument an older
     // engine would reject.
     if args.exit_on_stdin_eof
@@ -370,10 +441,6 @@ fn run(args: Args) -> anyhow::Result<()> {
         }),
         _ => None,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(&args.bind))
         .map_err(|e| anyhow::anyhow!("--bind {}: {e}", args.bind))?;
@@ -420,12 +487,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("{listening}");
     let router = coordinator.router_with_auth(token);
+    let mut stopped = stop.serving();
     rt.block_on(async move {
         let c = coordinator.clone();
         let shutdown = async move {
             loop {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => break,
+                    // Level-triggered: a signal that arrived while the job was polled still counts.
+                    () = stop_signalled(&mut stopped) => break,
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {
                         let c2 = c.clone();
                         let _ = tokio::task::spawn_blocking(move || c2.poll_job()).await;
