@@ -15,7 +15,8 @@
 # Needs Java 17 (java) and Maven (mvn); mvn reaching Maven Central on the first `install` (about
 # 55 MB; later runs reuse $CACHE). Everything lives in $STREAMSCALE_CACHE/kafka (default
 # ~/.cache/streamscale/kafka): the jars in lib-$VERSION/, the running broker's config, log, pid and
-# data in run/. Ports: broker $KAFKA_PORT (default 39092, PLAINTEXT), controller
+# data in run/ (or in $KAFKA_RUN_DIR: with it and other ports a second broker runs beside the
+# first on the same jars; `stop` then removes that directory). Ports: broker $KAFKA_PORT (default 39092, PLAINTEXT), controller
 # $KAFKA_CONTROLLER_PORT (default 39093), a SASL_PLAINTEXT listener (mechanism PLAIN, one test
 # user `streamscale` with the test-only password `streamscale-test-password`, no authorizer) on
 # $KAFKA_SASL_PORT (default 39094), all on 127.0.0.1 and checked free before starting. Single-node settings:
@@ -28,7 +29,7 @@ KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE="${STREAMSCALE_CACHE:-$HOME/.cache/streamscale}/kafka"
 LIB="$CACHE/lib-$KAFKA_VERSION"
-RUN="$CACHE/run"
+RUN="${KAFKA_RUN_DIR:-$CACHE/run}"
 PORT="${KAFKA_PORT:-39092}"
 CPORT="${KAFKA_CONTROLLER_PORT:-39093}"
 SPORT="${KAFKA_SASL_PORT:-39094}"
