@@ -141,6 +141,9 @@ pub async fn run(
     print: &mut (dyn FnMut(&str) + Send),
     warn: &mut (dyn FnMut(&str) + Send),
 ) -> Result<RunOutcome, RunError> {
+    // Registered first, so a signal while the job is prepared or the engine starts is not lost
+    // (nor ignored, as a script's background job inherits SIGINT).
+    let signals = Signals::new();
     let earlier = earlier_report(&opts.report_dir);
     let job = prepare_job(opts)?;
     let client = http_client()?;
@@ -187,8 +190,6 @@ pub async fn run(
         slo_s,
         opts.report_dir.display()
     ));
-    // Registered before the engine starts, so a signal during start-up is not lost.
-    let signals = Signals::new();
     let launched = Executor::new(&runtime, &staging.dir.join("job.yaml"))
         .launch(&job.spec.parallelism(), None)
         .await;

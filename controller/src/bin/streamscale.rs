@@ -192,7 +192,8 @@ struct FlinkArgs {
     /// Seconds a rescale may take before it is given up and rolled back.
     #[arg(long, default_value_t = 120.0, allow_negative_numbers = true)]
     rescale_timeout: f64,
-    /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: until Ctrl-C.
+    /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: until SIGINT (Ctrl-C) or
+    /// SIGTERM.
     #[arg(long)]
     duration: Option<String>,
     /// Report directory.
@@ -405,6 +406,38 @@ fn shown_under(path: &Path, report_dir: &Path) -> PathBuf {
     .unwrap_or_else(|| path.to_path_buf())
 }
 
+/// Resolves on the first SIGINT or SIGTERM (Ctrl-C elsewhere) that arrives after this call,
+/// even before it is first polled. The handlers are installed here, whatever disposition the
+/// process inherited (a script's background job starts with SIGINT ignored). Needs a runtime.
+fn interrupted() -> impl std::future::Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        async fn next(s: &mut Option<Signal>) {
+            if let Some(s) = s
+                && s.recv().await.is_some()
+            {
+                return;
+            }
+            std::future::pending::<()>().await;
+        }
+        let mut int = signal(SignalKind::interrupt()).ok();
+        let mut term = signal(SignalKind::terminate()).ok();
+        async move {
+            tokio::select! {
+                () = next(&mut int) => {}
+                () = next(&mut term) => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 fn exit_code(e: &RunError) -> u8 {
     match e {
         RunError::Option(_) | RunError::Spec(_) => 2,
@@ -602,8 +635,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let on_signal = stop.clone();
+            let signalled = interrupted();
             tokio::spawn(async move {
-                let _ = tokio::signal::ctrl_c().await;
+                signalled.await;
                 on_signal.store(true, std::sync::atomic::Ordering::SeqCst);
             });
             let summary = tokio::task::spawn_blocking(move || {
@@ -647,9 +681,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         .timeout(std::time::Duration::from_secs(90)),
                 )
                 .map_err(|e| RunError::Option(e.to_string()))?;
-            let stop = async {
-                let _ = tokio::signal::ctrl_c().await;
-            };
+            // Caught before the session starts: SIGINT or SIGTERM ends it with its report.
+            let stop = interrupted();
             let summary = streamscale_controller::flink::session::run(
                 &opts,
                 client,
