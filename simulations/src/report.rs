@@ -57,7 +57,7 @@ fn write(path: &Path, text: &str) -> Result<(), SimError> {
     })
 }
 
-/// Writes `summary.json` and `timeseries.csv` (columns `policy,t_s,input_rate,capacity,p99_s,
+/// Writes `summary.json`, `rescales.csv` (one row per rescale: `policy,t_s,from_<operator>...,to_<operator>...`) and `timeseries.csv` (columns `policy,t_s,input_rate,capacity,p99_s,
 /// p99_engine_s,backlog,queued,p_<operator>...`; `p99_engine_s` empty unless computed) into
 /// `dir`, creating it. Each row covers several steps: its latencies are the worst (largest)
 /// step's of the row, its rates means over the row. When the SLO is on another percentile
@@ -113,7 +113,31 @@ pub fn write_files(
             csv.push('\n');
         }
     }
-    write(&dir.join("timeseries.csv"), &csv)
+    write(&dir.join("timeseries.csv"), &csv)?;
+    write(&dir.join("rescales.csv"), &rescales_csv(runs, model))
+}
+
+/// `rescales.csv`: one row per rescale of every policy, `policy,t_s,from_<operator>...,
+/// to_<operator>...` (simulated seconds; parallelism before and after, per operator), so that
+/// rescales too close together for `timeseries.csv`'s rows stay visible.
+fn rescales_csv(runs: &[PolicyRun], model: &JobModel) -> String {
+    let mut csv = String::from("policy,t_s");
+    for side in ["from", "to"] {
+        for op in &model.ops {
+            let _ = write!(csv, ",{side}_{}", op.name);
+        }
+    }
+    csv.push('\n');
+    for run in runs {
+        for r in &run.rescales {
+            let _ = write!(csv, "{},{:.3}", run.name, r.at_s);
+            for p in r.from.iter().chain(&r.to) {
+                let _ = write!(csv, ",{p}");
+            }
+            csv.push('\n');
+        }
+    }
+    csv
 }
 
 /// The comparison table printed on the terminal.

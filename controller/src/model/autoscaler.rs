@@ -16,7 +16,7 @@ use super::float_text::Fixed;
 use super::forecast::{self, ForecastConfig, RateHistory};
 use super::guards::{
     Band, GuardSettings, GuardState, IGNORED, NowAssessment, PendingScaleDown, append_guard_notes,
-    bounds_force, change_note, drop_incomplete, op_note, over_budget, remember,
+    bounds_force, change_note, drop_incomplete, merge_scale_downs, op_note, over_budget, remember,
     rescale_worth_its_cost, restore, steady_need, unknown_backlogs,
 };
 use super::learn::ScalabilityTracker;
@@ -382,6 +382,11 @@ impl Autoscaler {
         let mut notes = Vec::new();
         // A change that brings an operator inside its bounds is made whatever the cost.
         let mut forced = false;
+        // Scale-downs held only for time (the delay or the lookback): (operator, current,
+        // planned, when it is due).
+        let mut due_downs: Vec<(String, u32, u32, f64)> = Vec::new();
+        // Scale-downs whose delay is over (applied now): (operator, since when they were ready).
+        let mut ready_downs: Vec<(String, f64)> = Vec::new();
         if !self.state.pending_scale_downs.is_empty() {
             self.state
                 .pending_scale_downs
@@ -435,6 +440,18 @@ impl Autoscaler {
             // let the rest through within the scale-down delay, the job holds (one rescale later
             // rather than two) while the delay's clock keeps running.
             let mut lookback_hold: Option<String> = None;
+            // When the scale-down's delay ends (counted from the first window that began
+            // after it was wanted).
+            let delay_ends_s = if g.scale_down_delay_seconds <= 0.0 {
+                now_s
+            } else {
+                self.state
+                    .pending_scale_downs
+                    .get(name)
+                    .map_or(now_s + span + g.scale_down_delay_seconds, |p| {
+                        p.settled_s.unwrap_or(p.since_s + span) + g.scale_down_delay_seconds
+                    })
+            };
             // The memory may reach further back than the lookback in force (see
             // `Profile::memory_s`): only the recommendations within the lookback count.
             let recent = self
@@ -453,23 +470,15 @@ impl Autoscaler {
                     .last()
                     .map_or(now_s, |&(t, _)| t + lookback);
                 if floor == cur {
+                    due_downs.push((name.clone(), cur, *new, clears_s.max(delay_ends_s)));
                     lookback_hold = Some(format!(
                         "no scale-down {cur}→{new}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
                         Fixed(lookback, 0)
                     ));
                 } else if clears_s - now_s <= g.scale_down_delay_seconds {
-                    // The scale-down also waits for its delay (counted from the first window
-                    // that began after it was wanted): the earlier of the two is no promise.
-                    let delay_ends_s = if g.scale_down_delay_seconds <= 0.0 {
-                        now_s
-                    } else {
-                        self.state.pending_scale_downs.get(name).map_or(
-                            now_s + span + g.scale_down_delay_seconds,
-                            |p| {
-                                p.settled_s.unwrap_or(p.since_s + span) + g.scale_down_delay_seconds
-                            },
-                        )
-                    };
+                    // The scale-down also waits for its delay: the earlier of the two is no
+                    // promise.
+                    due_downs.push((name.clone(), cur, *new, clears_s.max(delay_ends_s)));
                     lookback_hold = Some(format!(
                         "no scale-down {cur}→{floor} now: {cur}→{new} in {} s, when p={highest} leaves the last {} s (autoscaler.scaleDownLookbackSeconds) and the scale-down delay is over",
                         Fixed(clears_s.max(delay_ends_s) - now_s, 0),
@@ -538,9 +547,10 @@ impl Autoscaler {
             let waited = now_s - pending.since_s;
             let settled_for = pending.settled_s.map(|s| now_s - s);
             let delay_over = settled_for.is_some_and(|s| s >= g.scale_down_delay_seconds);
-            if delay_over && lookback_hold.is_some() {
-                // Held past the delay by the lookback: the delay's maximum is taken over its
-                // last `scale_down_delay_seconds`, not over the whole hold.
+            if delay_over && (lookback_hold.is_some() || pending.held_past_delay) {
+                // Held past the delay (by the lookback, or waiting for another operator's
+                // scale-down): the delay's maximum is taken over its last
+                // `scale_down_delay_seconds`, not over the whole hold.
                 pending.held_past_delay = true;
                 while pending
                     .recent
@@ -571,8 +581,12 @@ impl Autoscaler {
                     pending.highest
                 )));
                 *new = pending.highest;
-                self.state.pending_scale_downs.remove(name);
+                // Forgotten once the rescale is decided (below), not while it waits to be
+                // made together with another operator's.
+                let ready_s = pending.settled_s.unwrap_or(now_s) + g.scale_down_delay_seconds;
+                ready_downs.push((name.clone(), ready_s.min(now_s)));
             } else {
+                due_downs.push((name.clone(), cur, *new, delay_ends_s));
                 notes.push((
                     name.clone(),
                     match settled_for {
@@ -593,6 +607,31 @@ impl Autoscaler {
             .parallelism
             .iter()
             .any(|(k, p)| planned.current.get(k.as_str()) != Some(p));
+        if changed
+            && !forced
+            && let Some(why) = merge_scale_downs(
+                now_s,
+                lookback.max(g.scale_down_delay_seconds),
+                &planned,
+                &in_band,
+                &ready_downs,
+                &due_downs,
+            )
+        {
+            for (name, _) in &ready_downs {
+                if let Some(p) = self.state.pending_scale_downs.get_mut(name) {
+                    p.held_past_delay = true;
+                }
+            }
+            restore(&mut planned.parallelism, &recommended);
+            return Verdict::Hold {
+                reason: why,
+                recommendation: Some(planned),
+            };
+        }
+        for (name, _) in &ready_downs {
+            self.state.pending_scale_downs.remove(name);
+        }
         let mut notes: Vec<(String, String)> = notes;
         if changed {
             // A rescale restarts the whole job: the changes held inside the band come along.

@@ -90,8 +90,9 @@ pub struct PendingScaleDown {
     /// past its delay, those of the last `scaleDownDelaySeconds`.
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     pub recent: VecDeque<(f64, u32)>,
-    /// Whether the scale-down lookback held it past its delay (`highest` is then over the
-    /// last `scaleDownDelaySeconds` only).
+    /// Whether it was held past its delay, by the scale-down lookback or waiting for another
+    /// operator's scale-down to make one rescale (`highest` is then over the last
+    /// `scaleDownDelaySeconds` only).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held_past_delay: bool,
 }
@@ -382,6 +383,53 @@ pub(super) fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
     for (p, &v) in parallelism.values_mut().zip(values) {
         *p = v;
     }
+}
+
+/// Why a rescale made only of scale-downs waits, if it does: another operator's scale-down is
+/// held only for time (its delay or the lookback) and due within `window_s` (the scale-down
+/// lookback or delay in force), so that both are made in one rescale instead of two. `ready`:
+/// the operators whose scale-down would be applied now, with when their delay ended; `due`:
+/// (operator, current, planned, when it is due), seconds on the `now_s` clock. No wait when
+/// any operator grows (`planned` or a change held in the band, `in_band`), when a ready
+/// scale-down has already waited `window_s`, or when `window_s` is 0.
+pub(super) fn merge_scale_downs(
+    now_s: f64,
+    window_s: f64,
+    planned: &Decision,
+    in_band: &[(String, u32, String)],
+    ready: &[(String, f64)],
+    due: &[(String, u32, u32, f64)],
+) -> Option<String> {
+    if window_s <= 0.0 || ready.is_empty() || due.is_empty() {
+        return None;
+    }
+    let cur = |op: &str| planned.current.get(op).copied();
+    let grows = planned
+        .parallelism
+        .iter()
+        .map(|(op, &p)| (op, p))
+        .chain(in_band.iter().map(|(op, p, _)| (op, *p)))
+        .any(|(op, p)| cur(op).is_some_and(|c| p > c));
+    if grows || ready.iter().any(|(_, since)| now_s - since >= window_s) {
+        return None;
+    }
+    let (op, from, to, at) = due
+        .iter()
+        .filter(|d| d.3 - now_s <= window_s)
+        .min_by(|a, b| a.3.total_cmp(&b.3))?;
+    let moves: Vec<String> = ready
+        .iter()
+        .filter_map(|(o, _)| {
+            let (c, p) = (cur(o)?, *planned.parallelism.get(o)?);
+            (p < c).then(|| format!("{o} {c}→{p}"))
+        })
+        .collect();
+    Some(format!(
+        "scale-down {} waits {} s for {op}'s scale-down {from}→{to}: one rescale instead of two (a scale-down waits at most {} s, the scale-down lookback or delay, for another to join it)",
+        moves.join(", "),
+        Fixed((at - now_s).max(0.0), 0),
+        Fixed(window_s, 0)
+    ))
 }
 
 /// Whether rescaling from the current parallelism to `guarded` is worth its cost, with the

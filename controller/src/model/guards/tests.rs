@@ -276,6 +276,78 @@ fn a_scale_down_the_lookback_frees_within_the_delay_waits_to_be_one_rescale() {
     assert_eq!(parallelism(&v).map(|p| p["map"]), Some(5), "{v:?}");
 }
 
+const TWO_MAPS: &str = r"
+name: two
+operators:
+  - { name: src, kind: source, rate: { constant: 100 } }
+  - { name: a, kind: map, parallelism: 9 }
+  - { name: b, kind: map, parallelism: 4 }
+  - { name: sink, kind: sink }
+edges:
+  - { from: src, to: a }
+  - { from: a, to: b }
+  - { from: b, to: sink }
+";
+
+/// `a` and `b` at μ = 100 rec/s per subtask (each needs ⌈γ / 70⌉ at ρ = 0.7).
+fn two_maps(a: u32, b: u32, gamma: f64) -> Vec<MetricSample> {
+    window(
+        &[
+            Synth::source("src", 1, gamma, 0.0),
+            Synth::op("a", a, gamma, 100.0, 1.0),
+            Synth::op("b", b, gamma, 100.0, 1.0),
+            Synth::op("sink", 1, gamma, 10_000.0, 0.0),
+        ],
+        &[0.0, 5.0, 10.0, 15.0, 20.0],
+    )
+}
+
+#[test]
+fn a_scale_down_waits_for_another_due_within_the_delay_to_make_one_rescale() {
+    // At γ = 250 `a` (9 subtasks, ρ 0.28) wants 4 and `b` (4, ρ 0.63) stays in the band; from
+    // 60 s γ = 100 and `b` (ρ 0.25) wants 2 as well. `a`'s delay (60 s) is over at 80 s,
+    // `b`'s only at 140 s: `a` waits for it, and both go in one rescale.
+    let mut spec = job(TWO_MAPS);
+    spec.autoscaler.scale_down_lookback_seconds = Some(0.0);
+    let settings = GuardSettings {
+        scale_down_delay_seconds: 60.0,
+        ..GuardSettings::default()
+    };
+    let mut auto = Autoscaler::new(settings.clone());
+    let mut rescales = Vec::new();
+    for k in 0..=20 {
+        let t = 10.0 * f64::from(k);
+        let gamma = if t < 60.0 { 250.0 } else { 100.0 };
+        let (a, b) = rescales.last().copied().unwrap_or((9, 4));
+        let v = auto.decide(t, &two_maps(a, b, gamma), &spec);
+        if let Some(p) = parallelism(&v) {
+            rescales.push((p["a"], p["b"]));
+        } else if t == 80.0 {
+            assert!(
+                matches!(&v, Verdict::Hold { reason, .. } if reason.contains("scale-down a 9→4 waits 60 s for b's scale-down 4→2: one rescale instead of two")),
+                "{v:?}"
+            );
+        }
+    }
+    assert_eq!(rescales, vec![(2, 2)]);
+    // A wait is bounded: with the merge window (the delay) shorter than `b`'s wait, `a` goes
+    // alone first.
+    let mut auto = Autoscaler::new(GuardSettings {
+        scale_down_delay_seconds: 20.0,
+        ..settings
+    });
+    let mut rescales = Vec::new();
+    for k in 0..=20 {
+        let t = 10.0 * f64::from(k);
+        let gamma = if t < 60.0 { 250.0 } else { 100.0 };
+        let (a, b) = rescales.last().copied().unwrap_or((9, 4));
+        if let Some(p) = parallelism(&auto.decide(t, &two_maps(a, b, gamma), &spec)) {
+            rescales.push((p["a"], p["b"]));
+        }
+    }
+    assert_eq!(rescales.first(), Some(&(4, 4)), "{rescales:?}");
+}
+
 #[test]
 fn the_rescale_budget_holds_back_all_but_a_job_falling_behind() {
     let spec = disciplined(0.0, 1);
