@@ -46,6 +46,9 @@ const WATERMARK_REFRESH: Duration = Duration::from_millis(500);
 const WATERMARK_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long one poll waits for a record before the subtask checks barriers and stops.
 const POLL_WAIT: Duration = Duration::from_millis(20);
+/// The most records a subtask polls before it claims them and sends them downstream as one
+/// batch (a barrier waits for at most one batch).
+const KAFKA_SOURCE_BATCH: usize = 256;
 
 /// What a Kafka source's metrics are computed from at scrape time, shared by its subtasks:
 /// the gate (positions) and the log end offsets, queried by the scrape itself (at most every
@@ -227,6 +230,9 @@ impl KafkaSourceTask {
             // 1 s) once its local queue holds queued.min.messages; a source that drains the
             // queue faster then waits for the rest of that second.
             .set("fetch.queue.backoff.ms", "10")
+            // No client telemetry (KIP-714) to the brokers: with it on, every poll also adds
+            // the poll idle ratio to a locked histogram.
+            .set("enable.metrics.push", "false")
             .create()
             .map_err(|e| format!("kafka consumer for topic {}: {e}", self.spec.topic))
     }
@@ -266,7 +272,7 @@ impl KafkaSourceTask {
 
     fn poll(&self, consumer: &BaseConsumer, ctx: &SubtaskContext) -> Polled {
         let mut polled = Polled {
-            records: Vec::with_capacity(SOURCE_BATCH as usize),
+            records: Vec::with_capacity(KAFKA_SOURCE_BATCH),
             stamps: Vec::new(),
             advanced: Vec::new(),
             waited: Duration::ZERO,
@@ -276,7 +282,7 @@ impl KafkaSourceTask {
         let mut wait = POLL_WAIT;
         // The last clock reading of this batch (µs since the epoch).
         let mut clock: Option<u64> = None;
-        while (polled.records.len() as u64) < SOURCE_BATCH {
+        while polled.records.len() < KAFKA_SOURCE_BATCH {
             let t = (wait > Duration::ZERO).then(Instant::now);
             let msg = consumer.poll(wait);
             if let Some(t) = t {

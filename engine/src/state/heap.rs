@@ -25,7 +25,8 @@ const DECODE_MIN_KEYS: usize = 64;
 /// to a shared key group copies that key group's map alone (the chunk is shared, not copied).
 #[derive(Debug)]
 pub struct HeapBackend {
-    groups: BTreeMap<u32, KeyGroupData>,
+    /// Key group → its data (`None`: no state yet), indexed by key group and grown on demand.
+    groups: Vec<Option<KeyGroupData>>,
     /// Bit per key group: written since the window last fired (may hold open panes).
     touched: Vec<u64>,
 }
@@ -56,20 +57,26 @@ impl HeapBackend {
                 *w |= 1 << (kg % 64);
             }
         }
-        HeapBackend {
-            groups: restored.groups,
-            touched,
+        let mut groups = Vec::new();
+        for (kg, data) in restored.groups {
+            let i = kg as usize;
+            if i >= groups.len() {
+                groups.resize_with(i + 1, || None);
+            }
+            groups[i] = Some(data);
         }
+        HeapBackend { groups, touched }
     }
 
     /// The key group ready for writing: a map (a new or decoded key group), or a restored
     /// chunk with its delta (an encoded key group's order is checked on this first use; a
     /// layered one whose delta has grown is decoded into a map).
     fn slot(&mut self, key_group: u32) -> Result<Slot<'_>, StateError> {
-        let slot = self
-            .groups
-            .entry(key_group)
-            .or_insert_with(|| KeyGroupData::Map(Arc::default()));
+        let i = key_group as usize;
+        if i >= self.groups.len() {
+            self.groups.resize_with(i + 1, || None);
+        }
+        let slot = self.groups[i].get_or_insert_with(|| KeyGroupData::Map(Arc::default()));
         let replace = match slot {
             KeyGroupData::Map(_) => None,
             KeyGroupData::Encoded { bytes, open_panes } => {
@@ -146,7 +153,7 @@ impl KeyedStateBackend for HeapBackend {
             while *bits != 0 {
                 let kg = (w * 64) as u32 + bits.trailing_zeros();
                 *bits &= *bits - 1;
-                let open = match self.groups.get(&kg) {
+                let open = match self.groups.get(kg as usize).and_then(Option::as_ref) {
                     Some(KeyGroupData::Map(m)) => m.values().any(|s| s.pane_count > 0),
                     Some(KeyGroupData::Layered {
                         open_panes, delta, ..
@@ -191,7 +198,12 @@ impl KeyedStateBackend for HeapBackend {
 
     fn snapshot(&mut self) -> Result<KeyedState, StateError> {
         Ok(KeyedState {
-            groups: self.groups.clone(),
+            groups: self
+                .groups
+                .iter()
+                .enumerate()
+                .filter_map(|(kg, d)| Some((u32::try_from(kg).ok()?, d.clone()?)))
+                .collect(),
             blobs: BTreeMap::new(),
         })
     }
@@ -201,6 +213,13 @@ impl KeyedStateBackend for HeapBackend {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    impl HeapBackend {
+        /// Key group `kg`'s data (panics when it has none).
+        fn group(&self, kg: u32) -> &KeyGroupData {
+            self.groups[kg as usize].as_ref().unwrap()
+        }
+    }
 
     #[test]
     fn snapshot_is_not_changed_by_later_writes_and_panes_fire_once() {
@@ -227,6 +246,33 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_hold_the_written_key_groups_alone_in_order() {
+        let mut h = HeapBackend::new(128, KeyedState::default());
+        for kg in [100u32, 3, 127, 3] {
+            h.entry(kg, u64::from(kg)).unwrap().total_count += 1;
+        }
+        let snap = h.snapshot().unwrap();
+        assert_eq!(
+            snap.groups.keys().copied().collect::<Vec<_>>(),
+            [3, 100, 127]
+        );
+        assert_eq!(snap.totals()[&3], (2, 0));
+        // A backend restored from it holds the same key groups, sparse as they are.
+        let mut r = HeapBackend::new(128, snap.clone());
+        assert_eq!(r.snapshot().unwrap(), snap);
+        r.entry(0, 0).unwrap().total_count += 1;
+        assert_eq!(
+            r.snapshot()
+                .unwrap()
+                .groups
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            [0, 3, 100, 127]
+        );
+    }
+
+    #[test]
     fn restored_key_groups_stay_encoded_until_used_and_open_panes_fire() {
         let mut h = HeapBackend::new(8, KeyedState::default());
         for key in 0..40u64 {
@@ -249,15 +295,15 @@ mod tests {
             blobs: BTreeMap::new(),
         };
         let mut r = HeapBackend::new(8, encoded);
-        assert!(matches!(r.groups[&2], KeyGroupData::Encoded { .. }));
+        assert!(matches!(r.group(2), KeyGroupData::Encoded { .. }));
         let mut fired = Vec::new();
         r.fire_panes(&mut |k, _| fired.push(k)).unwrap();
         assert_eq!(fired, vec![9]);
         assert!(
-            matches!(r.groups[&1], KeyGroupData::Layered { .. }),
+            matches!(r.group(1), KeyGroupData::Layered { .. }),
             "fired group layered, not decoded"
         );
-        assert!(matches!(r.groups[&2], KeyGroupData::Encoded { .. }));
+        assert!(matches!(r.group(2), KeyGroupData::Encoded { .. }));
         r.entry(2, 2).unwrap().total_count += 1;
         assert_eq!(r.snapshot().unwrap().totals()[&2], (3, 0));
         assert_eq!(r.snapshot().unwrap().totals(), {
@@ -296,8 +342,8 @@ mod tests {
         // A key of the chunk, a new key between two of its keys.
         h.entry(5, 10).unwrap().total_count += 100;
         h.entry(5, 11).unwrap().total_count += 1;
-        let KeyGroupData::Layered { delta, .. } = &h.groups[&5] else {
-            panic!("not layered: {:?}", h.groups[&5]);
+        let KeyGroupData::Layered { delta, .. } = h.group(5) else {
+            panic!("not layered: {:?}", h.group(5));
         };
         assert_eq!(delta.len(), 2, "only the written keys are decoded");
         let snap = h.snapshot().unwrap();
@@ -321,7 +367,7 @@ mod tests {
             h.entry(5, 4 * k).unwrap().total_sum += 1;
         }
         h.entry(5, 1).unwrap();
-        assert!(matches!(h.groups[&5], KeyGroupData::Map(_)));
+        assert!(matches!(h.group(5), KeyGroupData::Map(_)));
         let after = h.snapshot().unwrap().totals();
         assert_eq!(after.len(), 1002);
         assert_eq!(after[&12], (0, 1));
@@ -375,7 +421,7 @@ mod tests {
                 (30, 30)
             ]
         );
-        assert!(matches!(h.groups[&2], KeyGroupData::Layered { .. }));
+        assert!(matches!(h.group(2), KeyGroupData::Layered { .. }));
         let mut again = 0;
         h.fire_panes(&mut |_, _| again += 1).unwrap();
         assert_eq!(again, 0);
