@@ -34,6 +34,7 @@ use crossbeam_channel::{Receiver, Sender, select};
 use super::barrier::{Barrier, BarrierKind};
 use super::gate::{GatePosition, SourceGate};
 use super::storage::CheckpointStorage;
+use crate::clock::now_unix_us;
 use crate::keygroup::key_group_range;
 use crate::metrics::EngineMetrics;
 use crate::savepoint::{
@@ -260,11 +261,30 @@ fn fail(ctx: &JobContext, reply: Option<Sender<Outcome>>, failed: Failed) {
     }
 }
 
+/// Longest wait of the coordinator's loop between looking at its timers.
+const TICK: Duration = Duration::from_millis(20);
+
+/// When the next periodic checkpoint starts, given the monotonic clock `now` and the wall clock
+/// `now_unix_us` (µs since the Unix epoch) read together: at the next multiple of `interval` on
+/// the wall clock, strictly after now. Processing-time windows end on the same multiples of their
+/// size (`time::window`), so with an interval that is a multiple or a divisor of the window size a
+/// checkpoint starts just as panes close, and their results (fired at the barrier at the latest)
+/// are committed by that checkpoint instead of waiting up to a whole interval for the next one.
+fn next_aligned_trigger(now: Instant, now_unix_us: u64, interval: Duration) -> Instant {
+    let i = u64::try_from(interval.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let next = (now_unix_us / i).saturating_add(1).saturating_mul(i);
+    now + Duration::from_micros(next - now_unix_us)
+}
+
 fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     let mut next_id = ctx.first_id;
     let mut pending: Option<Pending> = None;
     let mut queued: VecDeque<Request> = VecDeque::new();
-    let mut next_periodic = ctx.interval.map(|i| Instant::now() + i);
+    let mut next_periodic = ctx
+        .interval
+        .map(|i| next_aligned_trigger(Instant::now(), now_unix_us(), i));
     let mut open = true;
     let mut ended: Ended = BTreeMap::new();
     let mut uncommitted = Uncommitted::new();
@@ -274,7 +294,11 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     // would be ready at once, forever).
     let mut acks = acks;
     loop {
-        let tick = crossbeam_channel::after(Duration::from_millis(20));
+        // At most 20 ms, and no later than the next periodic trigger.
+        let wait = next_periodic.map_or(TICK, |t| {
+            t.saturating_duration_since(Instant::now()).min(TICK)
+        });
+        let tick = crossbeam_channel::after(wait);
         select! {
             recv(requests) -> r => match r {
                 Ok(req) => queued.push_back(req),
@@ -368,7 +392,9 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
             Some(r) => Some(r),
             None => match next_periodic {
                 Some(t) if Instant::now() >= t => {
-                    next_periodic = ctx.interval.map(|i| Instant::now() + i);
+                    next_periodic = ctx
+                        .interval
+                        .map(|i| next_aligned_trigger(Instant::now(), now_unix_us(), i));
                     ctx.storage.as_ref().map(|_| Request {
                         kind: BarrierKind::Checkpoint,
                         target: Target::Checkpoint,
@@ -637,6 +663,28 @@ edges:
   - { from: t, to: m }
   - { from: m, to: k }
 ";
+
+    #[test]
+    fn periodic_checkpoints_start_on_multiples_of_the_interval_on_the_wall_clock() {
+        let now = Instant::now();
+        let second = Duration::from_secs(1);
+        // 5.25 s past the epoch: the next whole second.
+        assert_eq!(
+            next_aligned_trigger(now, 5_250_000, second),
+            now + Duration::from_millis(750)
+        );
+        // On a multiple: the next one, not now.
+        assert_eq!(next_aligned_trigger(now, 5_000_000, second), now + second);
+        let half = Duration::from_millis(500);
+        assert_eq!(
+            next_aligned_trigger(now, 7_999_999, half),
+            now + Duration::from_micros(1)
+        );
+        assert_eq!(
+            next_aligned_trigger(now, 8_000_001, half),
+            now + Duration::from_micros(499_999)
+        );
+    }
 
     fn ack(of: AckOf, operator: &str, records_in: u64, records_out: u64) -> Ack {
         Ack {

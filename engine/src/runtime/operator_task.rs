@@ -395,8 +395,11 @@ impl Operator {
     /// transactional sink: pre-commit), acknowledge, forward. Returns false if a downstream
     /// receiver is gone.
     pub(super) fn on_aligned(&mut self, b: Barrier, ctx: &mut SubtaskContext) -> bool {
-        if matches!(b.kind, BarrierKind::Stop { drain: true }) && !self.fire_due_windows(ctx, true)
-        {
+        // A processing-time pane that has ended fires before the snapshot, even when no record
+        // came after its end: its results go with this checkpoint (with the transactional
+        // sink, are committed by it) rather than the next. A draining stop fires every pane.
+        let drain = matches!(b.kind, BarrierKind::Stop { drain: true });
+        if !self.fire_due_windows(ctx, drain) {
             return false;
         }
         if let Err(e) = self.flush_sink() {
