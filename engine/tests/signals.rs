@@ -60,6 +60,19 @@ fn exit_within(child: &mut Child, within: Duration) -> Option<ExitStatus> {
     None
 }
 
+/// Waits up to 60 s for the engine to exit, checks that it exited with status 0 and returns
+/// its log (`log`, its stderr).
+fn exits_with_0(child: &mut Child, log: &Path) -> String {
+    let status = exit_within(child, Duration::from_secs(60));
+    let logged = std::fs::read_to_string(log).unwrap();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "{status:?}\n{logged}"
+    );
+    logged
+}
+
 /// A job that runs far longer than any test: 10 records/s, a million records.
 fn long_job(dir: &Path) -> String {
     common::bounded_job(dir, 1_000_000, 10.0)
@@ -82,13 +95,7 @@ fn sigint_stops_a_serving_engine_that_started_with_sigint_ignored() {
     let view: serde_json::Value = reqwest::blocking::get(&job_url).unwrap().json().unwrap();
     assert_eq!(view["state"], "running", "{view}");
     kill("-INT", &child);
-    let status = exit_within(&mut child, Duration::from_secs(60));
-    let logged = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(0),
-        "{status:?}\n{logged}"
-    );
+    let logged = exits_with_0(&mut child, &log);
     assert!(logged.contains("SIGINT"), "{logged}");
     assert!(reqwest::blocking::get(&job_url).is_err(), "still serving");
 }
@@ -116,14 +123,8 @@ fn sigint_while_starting_with_sigint_ignored_exits() {
     // started and waits for the text, which never comes while the writer stays open.
     let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
     kill("-INT", &child);
-    let status = exit_within(&mut child, Duration::from_secs(60));
+    exits_with_0(&mut child, &log);
     drop(writer);
-    let logged = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(0),
-        "{status:?}\n{logged}"
-    );
 }
 
 /// SIGTERM stops a serving engine as SIGINT does (exit status 0), rather than killing it.
@@ -142,13 +143,7 @@ fn sigterm_stops_a_serving_engine_like_sigint() {
         .unwrap();
     let address = listening(&mut child);
     kill("-TERM", &child);
-    let status = exit_within(&mut child, Duration::from_secs(60));
-    let logged = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(0),
-        "{status:?}\n{logged}"
-    );
+    let logged = exits_with_0(&mut child, &log);
     assert!(logged.contains("SIGTERM"), "{logged}");
     assert!(
         reqwest::blocking::get(format!("http://{address}/v1/job")).is_err(),

@@ -282,9 +282,12 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
     let mut next_id = ctx.first_id;
     let mut pending: Option<Pending> = None;
     let mut queued: VecDeque<Request> = VecDeque::new();
-    let mut next_periodic = ctx
-        .interval
-        .map(|i| next_aligned_trigger(Instant::now(), now_unix_us(), i));
+    // The periodic trigger after now, on both clocks read together.
+    let next_trigger = || {
+        ctx.interval
+            .map(|i| next_aligned_trigger(Instant::now(), now_unix_us(), i))
+    };
+    let mut next_periodic = next_trigger();
     let mut open = true;
     let mut ended: Ended = BTreeMap::new();
     let mut uncommitted = Uncommitted::new();
@@ -392,9 +395,7 @@ fn run(ctx: JobContext, requests: Receiver<Request>, acks: Receiver<Ack>) {
             Some(r) => Some(r),
             None => match next_periodic {
                 Some(t) if Instant::now() >= t => {
-                    next_periodic = ctx
-                        .interval
-                        .map(|i| next_aligned_trigger(Instant::now(), now_unix_us(), i));
+                    next_periodic = next_trigger();
                     ctx.storage.as_ref().map(|_| Request {
                         kind: BarrierKind::Checkpoint,
                         target: Target::Checkpoint,

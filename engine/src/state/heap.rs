@@ -42,6 +42,15 @@ enum Slot<'a> {
     },
 }
 
+/// Key group `kg`'s place in `groups`, growing it (with `None`s) to reach it.
+fn group_slot(groups: &mut Vec<Option<KeyGroupData>>, kg: u32) -> &mut Option<KeyGroupData> {
+    let i = kg as usize;
+    if i >= groups.len() {
+        groups.resize_with(i + 1, || None);
+    }
+    &mut groups[i]
+}
+
 impl HeapBackend {
     /// A backend over `max_parallelism` key groups holding `restored`.
     pub fn new(max_parallelism: u32, restored: KeyedState) -> HeapBackend {
@@ -59,11 +68,7 @@ impl HeapBackend {
         }
         let mut groups = Vec::new();
         for (kg, data) in restored.groups {
-            let i = kg as usize;
-            if i >= groups.len() {
-                groups.resize_with(i + 1, || None);
-            }
-            groups[i] = Some(data);
+            *group_slot(&mut groups, kg) = Some(data);
         }
         HeapBackend { groups, touched }
     }
@@ -72,11 +77,8 @@ impl HeapBackend {
     /// chunk with its delta (an encoded key group's order is checked on this first use; a
     /// layered one whose delta has grown is decoded into a map).
     fn slot(&mut self, key_group: u32) -> Result<Slot<'_>, StateError> {
-        let i = key_group as usize;
-        if i >= self.groups.len() {
-            self.groups.resize_with(i + 1, || None);
-        }
-        let slot = self.groups[i].get_or_insert_with(|| KeyGroupData::Map(Arc::default()));
+        let slot = group_slot(&mut self.groups, key_group)
+            .get_or_insert_with(|| KeyGroupData::Map(Arc::default()));
         let replace = match slot {
             KeyGroupData::Map(_) => None,
             KeyGroupData::Encoded { bytes, open_panes } => {
