@@ -175,14 +175,15 @@ fn the_default_lookback_grows_with_the_measured_rescale_downtime() {
     let v = a.decide(100.0, &win(9, 120.0, 0.0, 1), &spec);
     assert!(
         matches!(&v, Verdict::Hold { reason, .. }
-                if reason.contains("no scale-down 9→3: p=9 was recommended within the last 1200 s")),
+                if reason.contains("no scale-down 9→2: p=9 was recommended within the last 1200 s")),
         "{v:?}"
     );
     let mut a = slow();
     let off = disciplined(0.0, 0);
     a.decide(0.0, &win(1, 600.0, 0.0, 1), &off);
     let v = a.decide(100.0, &win(9, 120.0, 0.0, 1), &off);
-    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
+    // max(120/0.7, 120 + 1200/30)/100 = 1.71 → 2.
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
 }
 
 #[test]
@@ -394,25 +395,26 @@ fn a_scale_down_must_save_more_than_its_rescale_costs() {
         ..GuardSettings::default()
     };
     // map runs 8 subtasks at γ = 200. The 10 s downtime's 2000 records drain within the
-    // 30 s catch-up: target 200 + 2000/30 = 266.7 rec/s → ⌈266.7/70⌉ = 4 subtasks. At the
-    // steady rate ρ = 200/400 = 0.5, so the backlog drains in 10·0.5/0.5 = 10 s: 20 s late.
-    // Saved: 4 subtasks × H; cost: the job's 10 subtasks × 20 s = 200 subtask-s.
+    // 30 s catch-up on full capacity: target 200 + 2000/30 = 266.7 rec/s → max(200/0.7,
+    // 266.7)/100 = 2.86 → 3 subtasks. At the steady rate ρ = 200/300 = 0.67, so the backlog
+    // drains in 10·0.67/0.33 = 20 s: 30 s late. Saved: 5 subtasks × H; cost: the job's 10
+    // subtasks × 30 s = 300 subtask-s.
     let v = Autoscaler::new(settings(40.0)).decide(0.0, &win(8, 200.0, 0.0, 1), &spec);
     assert!(
         matches!(&v, Verdict::Hold { reason, recommendation: Some(r) }
                 if reason.starts_with("rescale not worth its cost")
-                    && reason.contains("2000 records, drained in 10.0 s")
-                    && reason.contains("saves 4 subtasks × 40 s = 160 subtask-s vs the job's 10 subtasks × 20.0 s late = 200 subtask-s")
-                    && r.parallelism["map"] == 4),
+                    && reason.contains("2000 records, drained in 20.0 s")
+                    && reason.contains("saves 5 subtasks × 40 s = 200 subtask-s vs the job's 10 subtasks × 30.0 s late = 300 subtask-s")
+                    && r.parallelism["map"] == 3),
         "{v:?}"
     );
     let v = Autoscaler::new(settings(600.0)).decide(0.0, &win(8, 200.0, 0.0, 1), &spec);
-    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(3), "{v:?}");
     assert!(
         planned(&v)
             .reasons
             .iter()
-            .any(|r| r.contains("2400 subtask-s vs the job's 10 subtasks")
+            .any(|r| r.contains("3000 subtask-s vs the job's 10 subtasks")
                 && r.ends_with("worth it")),
         "{v:?}"
     );
@@ -429,16 +431,17 @@ fn a_scale_up_must_avoid_more_violation_than_its_rescale_causes() {
         },
         ..GuardSettings::default()
     };
-    // map at 1 subtask under γ = 600 (ρ = 6, overloaded). Sized for 600 + 6000/30 = 800
-    // rec/s: 12 subtasks (the rescale's own backlog drains within the catch-up time); at
-    // the steady rate ρ = 0.5, so 10 s down + 10 s draining = 20 s late. Over a 600 s
-    // horizon the scale-up avoids 600 s of violation; over 15 s only 15.
+    // map at 1 subtask under γ = 600 (ρ = 6, overloaded). Sized for 600 rec/s at ρ 0.7 and
+    // 600 + 6000/30 = 800 rec/s on full capacity: 9 subtasks (the rescale's own backlog
+    // drains within the catch-up time); at the steady rate ρ = 0.67, so 10 s down + 20 s
+    // draining = 30 s late. Over a 600 s horizon the scale-up avoids 600 s of violation;
+    // over 15 s only 15.
     let v = Autoscaler::new(settings(600.0)).decide(0.0, &win(1, 600.0, 0.0, 1), &spec);
-    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(12), "{v:?}");
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
     assert!(
         planned(&v).reasons.iter().any(|r| r
             .contains("scale-up avoids 600 s of SLO violation over the 600 s horizon")
-            && r.contains("vs 20.0 s late during the rescale: worth it")),
+            && r.contains("vs 30.0 s late during the rescale: worth it")),
         "{v:?}"
     );
     let v = Autoscaler::new(settings(15.0)).decide(0.0, &win(1, 600.0, 0.0, 1), &spec);

@@ -382,6 +382,7 @@ impl Model {
             );
             return p;
         }
+        let lambda = self.lambda_size(i);
         let limit = cap * (1.0 + CEIL_SLACK);
         // (A share whose lower bound already misses the limit misses it: λ ≥ 0 and the
         // product is monotone in the share.)

@@ -266,6 +266,25 @@ impl Model {
             .map(|m| self.effective_lambda(i, self.lambda_target[i], p) / (f64::from(p.max(1)) * m))
     }
 
+    /// The rate operator `i` is sized against at ρ_target, records/s: max(λ_steady, ρ_target ·
+    /// λ_target). Utilization headroom is for the steady arrival rate; a backlog (the current
+    /// one and the rescale's own) drains on the subtasks' full capacity within the catch-up
+    /// time, so p · μ ≥ λ_target suffices for it. Sizing p · ρ_target · μ ≥ this rate meets
+    /// both: the smallest parallelism that keeps the steady rate at the target utilization
+    /// and drains the backlog in time (sizing λ_target at ρ_target would reserve the headroom
+    /// for the drain as well, up to 1/ρ_target times the capacity the drain needs).
+    pub(super) fn lambda_size(&self, i: usize) -> f64 {
+        self.lambda_steady[i].max(self.s.rho * self.lambda_target[i])
+    }
+
+    /// Predicted ρ of operator `i`'s busiest subtask at `p` for the sizing rate
+    /// ([`Model::lambda_size`]): compared with ρ_target and its scale-up tolerance band.
+    pub(super) fn sizing_rho(&self, i: usize, p: u32) -> Option<f64> {
+        self.mu_at(i, p)
+            .or_else(|| self.source_mu(i))
+            .map(|m| self.effective_lambda(i, self.lambda_size(i), p) / (f64::from(p.max(1)) * m))
+    }
+
     /// Utilization ρ of operator `i`'s busiest subtask at parallelism `p` and the steady
     /// arrival rate (`None` without μ): λ_eff / (p · μ).
     pub(super) fn steady_rho(&self, i: usize, p: u32) -> Option<f64> {

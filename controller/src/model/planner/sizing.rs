@@ -73,7 +73,7 @@ impl Model {
         if !bounds.contains(&cur) {
             return None;
         }
-        self.predicted_rho(i, cur)
+        self.sizing_rho(i, cur)
             .filter(|&rho| rho <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK))
     }
 
@@ -92,7 +92,7 @@ impl Model {
     /// parallelism before the bounds (N + 1 when even one partition per subtask is too much)
     /// and the text of its sizing.
     pub(super) fn size_source(&self, i: usize, n: u32, mu: f64) -> (u32, String) {
-        let lambda = self.lambda_target[i];
+        let lambda = self.lambda_size(i);
         let limit = self.s.rho * mu * (1.0 + CEIL_SLACK);
         let fits = |p: u32| lambda * partition_share(n, p) <= limit;
         let Some(p) = (1..=n).find(|&p| fits(p)) else {
@@ -271,7 +271,7 @@ impl Model {
                 ));
                 continue;
             };
-            let lambda = self.lambda_target[i];
+            let lambda = self.lambda_size(i);
             let x = lambda / (rho_t * mu);
             let need = if x.is_finite() {
                 (x - CEIL_SLACK * x.max(1.0)).ceil().max(1.0)
@@ -286,10 +286,20 @@ impl Model {
             if explain {
                 // Room for the clauses appended below in one allocation.
                 why[i] = String::with_capacity(256);
-                cat!(&mut why[i];
-                    "DS2: λ_target ", fmt_rate(lambda), " rec/s / (ρ_target ", Fixed(rho_t, 2),
-                    " × μ ", fmt_rate(mu), " rec/s) = ", Fixed(x, 2), " → p=", need_u
-                );
+                let (steady, target) = (self.lambda_steady[i], self.lambda_target[i]);
+                if target > steady * (1.0 + CEIL_SLACK) {
+                    // A backlog to drain: the steady rate at ρ_target, the drain on full capacity.
+                    cat!(&mut why[i];
+                        "DS2: max(λ ", fmt_rate(steady), " rec/s / ρ_target ", Fixed(rho_t, 2),
+                        ", λ_target ", fmt_rate(target), " rec/s draining the backlog at ρ 1) / μ ",
+                        fmt_rate(mu), " rec/s = ", Fixed(x, 2), " → p=", need_u
+                    );
+                } else {
+                    cat!(&mut why[i];
+                        "DS2: λ_target ", fmt_rate(lambda), " rec/s / (ρ_target ", Fixed(rho_t, 2),
+                        " × μ ", fmt_rate(mu), " rec/s) = ", Fixed(x, 2), " → p=", need_u
+                    );
+                }
             }
             // Above the current parallelism μ is corrected by the learned scalability factor.
             let mut mu_size = mu;
@@ -367,7 +377,7 @@ impl Model {
             if let Some(&down) = free.and_then(|f| f.get(i))
                 && down < cur
                 && down < need_u
-                && let Some(rho_down) = self.predicted_rho(i, down)
+                && let Some(rho_down) = self.sizing_rho(i, down)
                 && rho_down <= (rho_t * (1.0 + SCALE_UP_TOLERANCE)).min(1.0 - CEIL_SLACK)
             {
                 if explain {
@@ -449,7 +459,7 @@ impl Model {
             if topo.is_source[i] || p[i] <= cur || f.is_nan() || f >= 1.0 || self.mu(i).is_none() {
                 continue;
             }
-            let lambda = self.lambda_target[i] * f;
+            let lambda = self.lambda_size(i) * f;
             let limit =
                 |q: u32| self.mu_at(i, q).map_or(0.0, |mu| self.s.rho * mu) * (1.0 + CEIL_SLACK);
             let q = (1..p[i])
