@@ -437,9 +437,12 @@ impl Autoscaler {
             }
             // Scale-down lookback: no lower than the highest recommendation of the lookback.
             // When the lookback holds the whole scale-down, or lets part of it through but would
-            // let the rest through within the scale-down delay, the job holds (one rescale later
-            // rather than two) while the delay's clock keeps running.
+            // let the rest through within the scale-down delay (or within the lookback, for at
+            // most a lookback), the job holds (one rescale later rather than two) while the
+            // delay's clock keeps running.
             let mut lookback_hold: Option<String> = None;
+            // Whether the lookback lets part of the scale-down through.
+            let mut partial = false;
             // When the scale-down's delay ends (counted from the first window that began
             // after it was wanted).
             let delay_ends_s = if g.scale_down_delay_seconds <= 0.0 {
@@ -464,6 +467,13 @@ impl Autoscaler {
             {
                 self.used_history = true;
                 let floor = highest.min(cur);
+                partial = floor < cur;
+                let partial_since = self
+                    .state
+                    .pending_scale_downs
+                    .get(name)
+                    .and_then(|p| p.partial_since_s)
+                    .unwrap_or(now_s);
                 // The lookback holds nothing above `new` from `clears_s` on.
                 let clears_s = h
                     .take_while(|&&(_, p)| p > *new)
@@ -475,9 +485,15 @@ impl Autoscaler {
                         "no scale-down {cur}→{new}: p={highest} was recommended within the last {} s (autoscaler.scaleDownLookbackSeconds)",
                         Fixed(lookback, 0)
                     ));
-                } else if clears_s - now_s <= g.scale_down_delay_seconds {
-                    // The scale-down also waits for its delay: the earlier of the two is no
-                    // promise.
+                } else if clears_s - now_s <= g.scale_down_delay_seconds
+                    || (clears_s - now_s <= lookback && now_s - partial_since < lookback)
+                {
+                    // One step instead of two: the rest of the scale-down is due within the
+                    // delay, or within the lookback while this partial step has waited less
+                    // than the lookback since its delay ended (the wait `merge_scale_downs`
+                    // allows for another operator's scale-down, for this one's own rest; a
+                    // slow descent still steps, once per lookback at most). The scale-down
+                    // also waits for its delay: the earlier of the two is no promise.
                     due_downs.push((name.clone(), cur, *new, clears_s.max(delay_ends_s)));
                     lookback_hold = Some(format!(
                         "no scale-down {cur}→{floor} now: {cur}→{new} in {} s, when p={highest} leaves the last {} s (autoscaler.scaleDownLookbackSeconds) and the scale-down delay is over",
@@ -529,7 +545,13 @@ impl Autoscaler {
                     settled_s: None,
                     recent: VecDeque::new(),
                     held_past_delay: false,
+                    partial_since_s: None,
                 });
+            if !partial {
+                pending.partial_since_s = None;
+            } else if pending.partial_since_s.is_none() {
+                pending.partial_since_s = Some(now_s);
+            }
             // This window began at now − span: at or after `since_s` it holds no sample from
             // before the load dropped, so its recommendation is the settled one.
             if (now_s - span >= pending.since_s || g.scale_down_delay_seconds <= 0.0)

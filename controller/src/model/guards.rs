@@ -95,6 +95,12 @@ pub struct PendingScaleDown {
     /// `scaleDownDelaySeconds` only).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held_past_delay: bool,
+    /// When the scale-down lookback first let part of this scale-down through (seconds, the
+    /// `now_s` clock): that partial step waits at most the lookback from then for the rest to
+    /// clear, so that a spike's descent is one rescale rather than a step per recommendation
+    /// leaving the lookback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_since_s: Option<f64>,
 }
 
 /// Memory of the guards between calls.

@@ -268,13 +268,55 @@ fn a_scale_down_the_lookback_frees_within_the_delay_waits_to_be_one_rescale() {
     assert!(parallelism(&v).is_none(), "{v:?}");
     let v = a.decide(910.0, &win(9, 120.0, 0.0, 1), &spec);
     assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
-    // At 610 s the lookback would hold p = 5 for another 290 s: the scale-down goes as far
-    // as it lets, after the delay.
+    // At 610 s the lookback would hold p = 5 for another 290 s, within the lookback: the
+    // partial step to 5 waits for the rest too (it may wait up to the lookback, 600 s), one
+    // rescale 9 → 2 at 900 s instead of 9 → 5 at 640 s and 5 → 2 at 900 s.
     let mut a = start();
-    let v = a.decide(610.0, &win(9, 120.0, 0.0, 1), &spec);
-    assert!(parallelism(&v).is_none(), "{v:?}");
-    let v = a.decide(640.0, &win(9, 120.0, 0.0, 1), &spec);
-    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(5), "{v:?}");
+    for t in [610.0, 640.0, 800.0] {
+        let v = a.decide(t, &win(9, 120.0, 0.0, 1), &spec);
+        assert!(
+            matches!(&v, Verdict::Hold { reason, .. } if reason.contains("no scale-down 9→5 now: 9→2 in ")),
+            "{t}: {v:?}"
+        );
+    }
+    let v = a.decide(910.0, &win(9, 120.0, 0.0, 1), &spec);
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(2), "{v:?}");
+}
+
+/// A descent under a 600 s lookback, the need falling by one subtask every `every` seconds
+/// from 9 to 2: each recommendation leaving the lookback would let one more subtask go. A
+/// partial step waits for the rest at most the lookback: a descent over 700 s is one
+/// rescale, and a slower one steps at most once per lookback. `(time, from, to)` of each
+/// rescale.
+fn descent(every: f64) -> Vec<(f64, u32, u32)> {
+    let spec = disciplined(600.0, 0);
+    let mut a = delayed();
+    let mut p = 1;
+    let mut changes = Vec::new();
+    for k in 0..=60 {
+        let t = every * f64::from(k);
+        let gamma = (600.0 - 70.0 * f64::from(k)).max(140.0);
+        let v = a.decide(t, &win(p, gamma, 0.0, 1), &spec);
+        if let Some(q) = parallelism(&v).map(|q| q["map"]) {
+            changes.push((t, p, q));
+            p = q;
+        }
+    }
+    changes
+}
+
+#[test]
+fn a_descent_steps_down_at_most_once_per_lookback() {
+    // Stepping as recommendations left the lookback made 9→8 at 700 s, 8→6 at 1000 s and
+    // 6→2 at 1300 s.
+    assert_eq!(descent(100.0), [(0.0, 1, 9), (1300.0, 9, 2)]);
+    let slow = descent(250.0);
+    assert_eq!(slow.first(), Some(&(0.0, 1, 9)), "{slow:?}");
+    assert_eq!(slow.last().map(|c| c.2), Some(2), "{slow:?}");
+    assert!(slow.len() > 2, "a slow descent still steps: {slow:?}");
+    for w in slow[1..].windows(2) {
+        assert!(w[1].0 - w[0].0 >= 600.0, "{slow:?}");
+    }
 }
 
 const TWO_MAPS: &str = r"
