@@ -506,12 +506,40 @@ impl FieldReader {
     }
 }
 
-/// The integer at top-level field `field` of a JSON object `value`, or 0.
+/// The `valueField` of a source that is not strict ([`KafkaSourceSpec::strict`]): the integer
+/// at a top-level field of JSON object values (the name as written, dots included), read
+/// leniently: 0 when the value is not one JSON object, lacks the field, or holds anything but
+/// an integer in the range of `i64` there.
+#[derive(Debug, Clone)]
+pub struct LenientValueField {
+    paths: FieldPaths,
+}
+
+impl LenientValueField {
+    /// The reader of top-level field `field` (`None` for an empty name).
+    pub fn new(field: &str) -> Option<LenientValueField> {
+        FieldPaths::new(vec![vec![field.to_string()]])
+            .ok()
+            .map(|paths| LenientValueField { paths })
+    }
+
+    /// The field's integer in `value`, or 0.
+    pub fn read(&self, value: &[u8]) -> i64 {
+        let mut out = [None];
+        match self.paths.read(value, &mut out) {
+            Ok(()) => match &out[0] {
+                Some(Leaf::Number(n)) => n.as_i64().unwrap_or(0),
+                _ => 0,
+            },
+            Err(_) => 0,
+        }
+    }
+}
+
+/// The integer at top-level field `field` of a JSON object `value`, or 0 (as
+/// [`LenientValueField::read`], for one value).
 pub fn json_int_field(value: &[u8], field: &str) -> i64 {
-    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(value)
-        .ok()
-        .and_then(|m| m.get(field).and_then(serde_json::Value::as_i64))
-        .unwrap_or(0)
+    LenientValueField::new(field).map_or(0, |f| f.read(value))
 }
 
 #[cfg(test)]
@@ -689,6 +717,33 @@ mod tests {
         assert_eq!(json_int_field(br#"{"value": 7, "k": "a"}"#, "value"), 7);
         assert_eq!(json_int_field(br#"{"value": "7"}"#, "value"), 0);
         assert_eq!(json_int_field(b"not json", "value"), 0);
+        // Whatever the reader's path (its plain scan or serde), the answer of a `Map` parse:
+        // the last of duplicates, escapes, integers only, a dotted name taken as written.
+        let lenient = |v: &[u8], f: &str| {
+            serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(v)
+                .ok()
+                .and_then(|m| m.get(f).and_then(serde_json::Value::as_i64))
+                .unwrap_or(0)
+        };
+        for (v, f) in [
+            (&br#"{"value": 1, "value": 2}"#[..], "value"),
+            (br#"{"va\u006cue": 3}"#, "value"),
+            (br#"{"value": 7.9}"#, "value"),
+            (br#"{"value": -9223372036854775808}"#, "value"),
+            (br#"{"value": 18446744073709551615}"#, "value"),
+            (br#"{"value": [1]}"#, "value"),
+            (br#"{"a.b": 4, "a": {"b": 5}}"#, "a.b"),
+            (br#"{"value": 7} x"#, "value"),
+            (br#"[{"value": 7}]"#, "value"),
+            (br#" {"value" : 12 , "n": {"value": 1}} "#, "value"),
+        ] {
+            assert_eq!(
+                json_int_field(v, f),
+                lenient(v, f),
+                "{}",
+                String::from_utf8_lossy(v)
+            );
+        }
         assert_ne!(key_hash(Some(b"a")), key_hash(Some(b"b")));
         assert_eq!(key_hash(None), 0);
     }

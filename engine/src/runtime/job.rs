@@ -413,6 +413,11 @@ impl Job {
                     OperatorKind::Source { kafka: Some(k), .. } => {
                         let source = KafkaSourceTask {
                             reader: k.strict().then(|| crate::kafka::FieldReader::new(k)),
+                            lenient_value: k
+                                .value_field
+                                .as_deref()
+                                .filter(|_| !k.strict())
+                                .and_then(crate::kafka::LenientValueField::new),
                             spec: k.clone(),
                             gate: gates[name].clone(),
                             group: k

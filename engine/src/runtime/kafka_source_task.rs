@@ -16,7 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
 use crate::json_field::Invalid;
-use crate::kafka::{FieldReader, KafkaSourceSpec, json_int_field, key_hash, owned_partitions};
+use crate::kafka::{FieldReader, KafkaSourceSpec, LenientValueField, key_hash, owned_partitions};
 use crate::payload::KafkaRecord;
 use crate::time::partition_watermarks::{PartitionWatermarks, WatermarkUpdate};
 
@@ -180,6 +180,8 @@ pub(super) struct KafkaSourceTask {
     /// The reader of `spec`'s `keyBy` and `valueField` when the source is strict
     /// ([`KafkaSourceSpec::strict`]).
     pub(super) reader: Option<FieldReader>,
+    /// The `valueField` of a source that is not strict.
+    pub(super) lenient_value: Option<LenientValueField>,
     pub(super) gate: Arc<SourceGate>,
     /// The consumer group offsets are committed to (for monitoring).
     pub(super) group: String,
@@ -318,8 +320,8 @@ impl KafkaSourceTask {
                     Err(why) => (0, 0, Some(why)),
                 }
             } else {
-                let v = match (&self.spec.value_field, value) {
-                    (Some(f), Some(v)) => json_int_field(v, f),
+                let v = match (&self.lenient_value, value) {
+                    (Some(f), Some(v)) => f.read(v),
                     _ => 0,
                 };
                 (key_hash(key), v, None)
