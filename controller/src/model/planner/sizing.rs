@@ -287,12 +287,20 @@ impl Model {
                 // Room for the clauses appended below in one allocation.
                 why[i] = String::with_capacity(256);
                 let (steady, target) = (self.lambda_steady[i], self.lambda_target[i]);
-                if target > steady * (1.0 + CEIL_SLACK) {
-                    // A backlog to drain: the steady rate at ρ_target, the drain on full capacity.
+                if rho_t * target > steady {
+                    // The backlog's drain decides: the target rate on full capacity.
                     cat!(&mut why[i];
-                        "DS2: max(λ ", fmt_rate(steady), " rec/s / ρ_target ", Fixed(rho_t, 2),
-                        ", λ_target ", fmt_rate(target), " rec/s draining the backlog at ρ 1) / μ ",
-                        fmt_rate(mu), " rec/s = ", Fixed(x, 2), " → p=", need_u
+                        "DS2: λ_target ", fmt_rate(target), " rec/s draining the backlog on full capacity / μ ",
+                        fmt_rate(mu), " rec/s = ", Fixed(x, 2), " → p=", need_u,
+                        " (λ ", fmt_rate(steady), " rec/s at ρ_target ", Fixed(rho_t, 2), " needs less)"
+                    );
+                } else if target > steady * (1.0 + CEIL_SLACK) {
+                    // The steady rate decides; the drain fits the headroom.
+                    cat!(&mut why[i];
+                        "DS2: λ ", fmt_rate(steady), " rec/s / (ρ_target ", Fixed(rho_t, 2),
+                        " × μ ", fmt_rate(mu), " rec/s) = ", Fixed(x, 2), " → p=", need_u,
+                        " (the backlog drains in the headroom: λ_target ", fmt_rate(target),
+                        " rec/s on full capacity)"
                     );
                 } else {
                     cat!(&mut why[i];

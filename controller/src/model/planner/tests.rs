@@ -1591,6 +1591,13 @@ fn rescale_downtime_adds_its_backlog_to_the_catch_up() {
     let d = plan(&spec, &w, &downtime(4.2)).expect("plans");
     assert_eq!(d.parallelism["win"], 15);
     assert!((d.sources["src"].target_rate - 1140.0).abs() < 1e-9);
+    assert!(
+        d.operators["win"].reason.starts_with(
+            "DS2: λ 1000 rec/s / (ρ_target 0.70 × μ 100 rec/s) = 14.29 → p=15 (the backlog drains in the headroom: λ_target 1140 rec/s on full capacity)"
+        ),
+        "{}",
+        d.operators["win"].reason
+    );
     let settings = downtime(21.0);
     let d = plan(&spec, &w, &settings).expect("plans");
     assert_eq!(d.parallelism["win"], 17, "{}", d.operators["win"].reason);
@@ -1604,7 +1611,7 @@ fn rescale_downtime_adds_its_backlog_to_the_catch_up() {
     );
     assert!(
         d.operators["win"].reason.starts_with(
-            "DS2: max(λ 1000 rec/s / ρ_target 0.70, λ_target 1700 rec/s draining the backlog at ρ 1) / μ 100 rec/s = 17.00 → p=17"
+            "DS2: λ_target 1700 rec/s draining the backlog on full capacity / μ 100 rec/s = 17.00 → p=17 (λ 1000 rec/s at ρ_target 0.70 needs less)"
         ),
         "{}",
         d.operators["win"].reason
