@@ -378,6 +378,9 @@ impl Autoscaler {
         let mut now = NowAssessment::default();
         // Changes held inside the utilization band: (operator, planned parallelism, note).
         let mut in_band: Vec<(String, u32, String)> = Vec::new();
+        // Partial scale-downs waiting for the rest (their delay over): (operator, current,
+        // the lookback's floor). A rescale made anyway takes them along.
+        let mut partial_along: Vec<(String, u32, u32)> = Vec::new();
         let guarded = &mut planned.parallelism;
         let mut notes = Vec::new();
         // A change that brings an operator inside its bounds is made whatever the cost.
@@ -490,10 +493,14 @@ impl Autoscaler {
                 {
                     // One step instead of two: the rest of the scale-down is due within the
                     // delay, or within the lookback while this partial step has waited less
-                    // than the lookback since its delay ended (the wait `merge_scale_downs`
-                    // allows for another operator's scale-down, for this one's own rest; a
-                    // slow descent still steps, once per lookback at most). The scale-down
-                    // also waits for its delay: the earlier of the two is no promise.
+                    // than the lookback (the wait `merge_scale_downs` allows for another
+                    // operator's scale-down, for this one's own rest; a slow descent still
+                    // steps, once per lookback at most). The scale-down also waits for its
+                    // delay: the earlier of the two is no promise. A rescale made now for
+                    // other reasons takes the partial step along (below).
+                    if delay_ends_s <= now_s {
+                        partial_along.push((name.clone(), cur, floor));
+                    }
                     due_downs.push((name.clone(), cur, *new, clears_s.max(delay_ends_s)));
                     lookback_hold = Some(format!(
                         "no scale-down {cur}→{floor} now: {cur}→{new} in {} s, when p={highest} leaves the last {} s (autoscaler.scaleDownLookbackSeconds) and the scale-down delay is over",
@@ -662,6 +669,31 @@ impl Autoscaler {
                     *v = p;
                 }
                 notes.push((name, format!("{note}, moves with this rescale")));
+            }
+            // So does the part of a scale-down the lookback lets through (the rest waits as
+            // before): the job restarts anyway.
+            for (name, cur, floor) in partial_along {
+                let floor = self
+                    .state
+                    .pending_scale_downs
+                    .get(&name)
+                    .map_or(floor, |p| floor.max(p.highest));
+                if floor < cur
+                    && let Some(v) = planned.parallelism.get_mut(&name)
+                {
+                    *v = floor;
+                    // Its hold note ("no scale-down … now") gives way to this one.
+                    notes.retain(|(n, t)| !(n == &name && t.starts_with("no scale-down")));
+                    notes.push((
+                        name,
+                        change_note(
+                            "scale-down",
+                            cur,
+                            floor,
+                            &[" (the part the scale-down lookback lets through) moves with this rescale"],
+                        ),
+                    ));
+                }
             }
             notes.sort_by(|a, b| a.0.cmp(&b.0));
         } else if !in_band.is_empty() {

@@ -319,6 +319,57 @@ fn a_descent_steps_down_at_most_once_per_lookback() {
     }
 }
 
+/// A rescale made for another operator takes along the part of a scale-down the lookback
+/// lets through; the rest still waits for the lookback.
+#[test]
+fn a_rescale_made_anyway_takes_a_partial_scale_down_along() {
+    let spec = |a_max: u32| {
+        let mut s = job(&TWO_MAPS.replace(
+            "{ name: a, kind: map, parallelism: 9 }",
+            &format!("{{ name: a, kind: map, parallelism: 9, scaling: {{ max: {a_max} }} }}"),
+        ));
+        s.autoscaler.scale_down_lookback_seconds = Some(600.0);
+        s
+    };
+    let mut g = delayed();
+    // γ = 600 at 0 s (9 subtasks each), 300 at 300 s (5), then 120 (2).
+    let v = g.decide(0.0, &two_maps(1, 1, 600.0), &spec(128));
+    assert_eq!(
+        parallelism(&v).map(|p| (p["a"], p["b"])),
+        Some((9, 9)),
+        "{v:?}"
+    );
+    assert!(parallelism(&g.decide(300.0, &two_maps(9, 9, 300.0), &spec(128))).is_none());
+    // 610 s: the lookback lets both down to 5 and to 2 at 900 s: both wait.
+    for t in [610.0, 640.0] {
+        let v = g.decide(t, &two_maps(9, 9, 120.0), &spec(128));
+        assert!(parallelism(&v).is_none(), "{t}: {v:?}");
+    }
+    // 670 s: `a`'s max drops to 4, a rescale whatever the guards say: `b` goes to 5 with it.
+    let v = g.decide(670.0, &two_maps(9, 9, 120.0), &spec(4));
+    let Verdict::Rescale(d) = &v else {
+        panic!("{v:?}")
+    };
+    assert_eq!((d.parallelism["a"], d.parallelism["b"]), (4, 5), "{v:?}");
+    assert!(
+        d.operators["b"].reason.contains(
+            "scale-down 9→5 (the part the scale-down lookback lets through) moves with this rescale"
+        ),
+        "{}",
+        d.operators["b"].reason
+    );
+    assert!(
+        !d.reasons.iter().any(|r| r.starts_with("b: no scale-down")),
+        "{:?}",
+        d.reasons
+    );
+    // The rest at 900 s, when p = 5 leaves the lookback.
+    let v = g.decide(800.0, &two_maps(4, 5, 120.0), &spec(4));
+    assert!(parallelism(&v).is_none(), "{v:?}");
+    let v = g.decide(910.0, &two_maps(4, 5, 120.0), &spec(4));
+    assert_eq!(parallelism(&v).map(|p| p["b"]), Some(2), "{v:?}");
+}
+
 const TWO_MAPS: &str = r"
 name: two
 operators:
