@@ -536,15 +536,14 @@ impl LenientValueField {
     }
 }
 
-/// The integer at top-level field `field` of a JSON object `value`, or 0 (as
-/// [`LenientValueField::read`], for one value).
-pub fn json_int_field(value: &[u8], field: &str) -> i64 {
-    LenientValueField::new(field).map_or(0, |f| f.read(value))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The integer at top-level field `field` of a JSON object `value`, or 0.
+    fn json_int_field(value: &[u8], field: &str) -> i64 {
+        LenientValueField::new(field).map_or(0, |f| f.read(value))
+    }
 
     #[test]
     fn strict_sources_key_by_a_json_field_and_name_dead_letters() {

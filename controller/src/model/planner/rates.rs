@@ -261,9 +261,15 @@ impl Model {
 
     /// Predicted utilization ρ of operator `i`'s busiest subtask at `p` and the target rate.
     pub(super) fn predicted_rho(&self, i: usize, p: u32) -> Option<f64> {
+        self.rho_at_rate(i, p, self.lambda_target[i])
+    }
+
+    /// ρ of operator `i`'s busiest subtask at `p` subtasks and arrival rate `lambda` (μ at `p`,
+    /// or a Kafka source's μ; `None` without one).
+    fn rho_at_rate(&self, i: usize, p: u32, lambda: f64) -> Option<f64> {
         self.mu_at(i, p)
             .or_else(|| self.source_mu(i))
-            .map(|m| self.effective_lambda(i, self.lambda_target[i], p) / (f64::from(p.max(1)) * m))
+            .map(|m| self.effective_lambda(i, lambda, p) / (f64::from(p.max(1)) * m))
     }
 
     /// The rate operator `i` is sized against at ρ_target, records/s: max(λ_steady, ρ_target ·
@@ -280,9 +286,7 @@ impl Model {
     /// Predicted ρ of operator `i`'s busiest subtask at `p` for the sizing rate
     /// ([`Model::lambda_size`]): compared with ρ_target and its scale-up tolerance band.
     pub(super) fn sizing_rho(&self, i: usize, p: u32) -> Option<f64> {
-        self.mu_at(i, p)
-            .or_else(|| self.source_mu(i))
-            .map(|m| self.effective_lambda(i, self.lambda_size(i), p) / (f64::from(p.max(1)) * m))
+        self.rho_at_rate(i, p, self.lambda_size(i))
     }
 
     /// Utilization ρ of operator `i`'s busiest subtask at parallelism `p` and the steady
