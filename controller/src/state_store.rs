@@ -8,9 +8,9 @@ use std::future::Future;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Autoscaler;
 use crate::model::forecast::RateHistory;
 use crate::model::learn::{FACTOR_MAX, FACTOR_MIN, ScalabilityTracker};
+use crate::model::{Autoscaler, expected_downtime};
 
 pub mod file;
 
@@ -19,7 +19,8 @@ pub const STATE_VERSION: u32 = 1;
 
 /// What the autoscaler learned about one job, as stored (JSON, camelCase):
 /// `{"version": 1, "job": NAME, "history": RateHistory?, "scalability": ScalabilityTracker,
-/// "rescaleDowntimeSeconds": SECONDS?}`. The history's times are Unix seconds.
+/// "rescaleDowntimeSeconds": SECONDS?, "rescaleDowntimesSeconds": [SECONDS]}`. The history's
+/// times are Unix seconds.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LearnedState {
@@ -33,9 +34,15 @@ pub struct LearnedState {
     /// Scalability factors and ineffective-scaling flags learned from past rescales.
     #[serde(default)]
     pub scalability: ScalabilityTracker,
-    /// Mean measured rescale downtime, seconds (EWMA; absent before the first rescale).
+    /// Expected rescale downtime, seconds ([`crate::model::expected_downtime`] of
+    /// `rescale_downtimes_seconds`; absent before the first rescale). A state written before
+    /// the measurements were kept has this alone, and it is restored as one measurement.
     #[serde(default)]
     pub rescale_downtime_seconds: Option<f64>,
+    /// The last measured rescale downtimes, seconds, oldest first (at most
+    /// [`crate::model::DOWNTIMES_KEPT`] are used).
+    #[serde(default)]
+    pub rescale_downtimes_seconds: Vec<f64>,
 }
 
 /// What of the autoscaler's learning a store keeps beyond the history and the factors.
@@ -45,7 +52,7 @@ pub struct Keep {
     /// kept where the job runs on at the same parallelism (the operator), not where the next
     /// run starts at the job's initial parallelism (`streamscale run`).
     pub baseline: bool,
-    /// The mean measured rescale downtime.
+    /// The measured rescale downtimes.
     pub downtime: bool,
 }
 
@@ -64,11 +71,13 @@ impl LearnedState {
             history: (h.bin_seconds > 0.0 && (!h.bins.is_empty() || h.open.is_some()))
                 .then(|| h.shifted(unix0)),
             scalability,
-            rescale_downtime_seconds: autoscaler
-                .settings()
-                .planner
-                .rescale_downtime_seconds
+            rescale_downtime_seconds: expected_downtime(autoscaler.measured_downtimes())
                 .filter(|_| keep.downtime),
+            rescale_downtimes_seconds: if keep.downtime {
+                autoscaler.measured_downtimes().collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -79,14 +88,22 @@ impl LearnedState {
             autoscaler.set_rate_history(h.shifted(-unix0));
         }
         autoscaler.set_scalability(self.scalability.clone());
-        if let Some(d) = self.rescale_downtime_seconds {
+        // A state from before the measurements were kept has the expected value alone.
+        let measured = match (
+            &self.rescale_downtimes_seconds[..],
+            self.rescale_downtime_seconds,
+        ) {
+            ([], Some(d)) => vec![d],
+            (kept, _) => kept.to_vec(),
+        };
+        for d in measured {
             autoscaler.observe_rescale_downtime(d);
         }
     }
 
     /// Why a decoded state cannot be used, if it cannot: another version, an invalid history,
     /// a factor outside [`FACTOR_MIN`]..=[`FACTOR_MAX`] or a downtime that is not a finite
-    /// number >= 0.
+    /// number >= 0 (the expected one or a measured one).
     ///
     /// # Errors
     /// The problem, naming the field.
@@ -112,6 +129,16 @@ impl LearnedState {
             .is_some_and(|d| !(d.is_finite() && d >= 0.0))
         {
             return Err("rescaleDowntimeSeconds is not a finite number >= 0".into());
+        }
+        if let Some((i, d)) = self
+            .rescale_downtimes_seconds
+            .iter()
+            .enumerate()
+            .find(|(_, d)| !(d.is_finite() && **d >= 0.0))
+        {
+            return Err(format!(
+                "rescaleDowntimesSeconds[{i}] = {d} is not a finite number >= 0"
+            ));
         }
         Ok(())
     }
@@ -141,6 +168,7 @@ pub struct StateFingerprint {
     factors: BTreeMap<String, f64>,
     ineffective: Vec<String>,
     downtime: Option<f64>,
+    downtimes: Vec<f64>,
 }
 
 impl StateFingerprint {
@@ -153,6 +181,7 @@ impl StateFingerprint {
             factors: s.scalability.factors.clone(),
             ineffective: s.scalability.ineffective.keys().cloned().collect(),
             downtime: s.rescale_downtime_seconds,
+            downtimes: s.rescale_downtimes_seconds.clone(),
         }
     }
 
@@ -162,6 +191,7 @@ impl StateFingerprint {
             && self.factors.is_empty()
             && self.ineffective.is_empty()
             && self.downtime.is_none()
+            && self.downtimes.is_empty()
     }
 }
 
@@ -237,6 +267,7 @@ mod tests {
                 ..ScalabilityTracker::default()
             },
             rescale_downtime_seconds: Some(1.5),
+            rescale_downtimes_seconds: vec![6.0, 1.5],
         }
     }
 
@@ -259,6 +290,10 @@ mod tests {
             .contains("factor 7 of `work`")
         );
         assert!(bad(&|s| s.rescale_downtime_seconds = Some(-1.0)).contains("rescaleDowntime"));
+        assert!(
+            bad(&|s| s.rescale_downtimes_seconds[1] = -2.0)
+                .contains("rescaleDowntimesSeconds[1] = -2 is not")
+        );
         assert!(
             bad(&|s| s.history.as_mut().expect("h").bins = vec![(2, 1.0), (1, 1.0)])
                 .contains("not ascending")
@@ -297,7 +332,27 @@ mod tests {
             },
         );
         assert!(none.scalability.last.is_empty() && none.rescale_downtime_seconds.is_none());
+        assert!(none.rescale_downtimes_seconds.is_empty());
         assert!(!none.is_empty());
         assert!(LearnedState::default().is_empty());
+    }
+
+    #[test]
+    fn a_state_from_before_the_measurements_were_kept_restores_its_downtime() {
+        use crate::model::GuardSettings;
+        let text = r#"{"version": 1, "job": "j", "rescaleDowntimeSeconds": 3.6}"#;
+        let s = LearnedState::decode(text, "j")
+            .expect("decodes")
+            .expect("job j");
+        assert!(s.rescale_downtimes_seconds.is_empty());
+        let mut a = Autoscaler::new(GuardSettings::default());
+        s.restore_into(&mut a, 0.0);
+        assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(3.6));
+        assert_eq!(a.measured_downtimes().collect::<Vec<_>>(), [3.6]);
+        // The measurements restored decide, not the expected value beside them.
+        let mut a = Autoscaler::new(GuardSettings::default());
+        state().restore_into(&mut a, 0.0);
+        assert_eq!(a.measured_downtimes().collect::<Vec<_>>(), [6.0, 1.5]);
+        assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(1.5));
     }
 }

@@ -210,6 +210,7 @@ mod tests {
                 ..ScalabilityTracker::default()
             },
             rescale_downtime_seconds: Some(1.5),
+            rescale_downtimes_seconds: vec![1.5; 5],
         }
     }
 

@@ -58,6 +58,22 @@ pub struct Autoscaler {
     /// What the last [`Autoscaler::decide`] added to the scale-down lookback, per operator in
     /// name order (empty when the lookback was off or no plan was made).
     lookback_needs: Vec<u32>,
+    /// The last [`DOWNTIMES_KEPT`] measured rescale downtimes, seconds, oldest first.
+    downtimes: VecDeque<f64>,
+}
+
+/// How many measured rescale downtimes [`Autoscaler::observe_rescale_downtime`] keeps.
+pub const DOWNTIMES_KEPT: usize = 5;
+
+/// The expected rescale downtime from measured ones (seconds, any order): the lower median,
+/// the middle value or, of an even count, the smaller of the two middle ones. One slow outlier
+/// (a Flink job's first in-place rescale, which brings up its slots) does not set the cost
+/// until slow rescales are the majority; `None` for no measurement.
+pub fn expected_downtime(measured: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = measured.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len().checked_sub(1)? / 2;
+    v.get(mid).copied()
 }
 
 /// The job graph's derived model from the last call, reused while the spec's graph (operators,
@@ -103,6 +119,7 @@ impl Autoscaler {
             limit: None,
             used_history: false,
             lookback_needs: Vec::new(),
+            downtimes: VecDeque::new(),
         }
     }
 
@@ -182,18 +199,29 @@ impl Autoscaler {
         self.state.pending_scale_downs.clear();
     }
 
-    /// Records the measured downtime (seconds) of a completed rescale. The planner then sizes
-    /// scale-ups to drain the backlog a rescale creates (downtime × γ) within the catch-up
-    /// time, using an exponentially weighted mean (weight 0.5) of the measured downtimes.
+    /// Records the measured downtime (seconds) of a completed rescale; a value that is not a
+    /// finite number >= 0 is ignored. The expected downtime (`planner.rescaleDowntimeSeconds`,
+    /// replacing a configured one) becomes [`expected_downtime`] of the last
+    /// [`DOWNTIMES_KEPT`] measurements: the planner sizes scale-ups to drain the backlog a
+    /// rescale creates (downtime × γ) within the catch-up time, the guards weigh a rescale's
+    /// cost and set the scale-down lookback by it.
     pub fn observe_rescale_downtime(&mut self, seconds: f64) {
         if !(seconds.is_finite() && seconds >= 0.0) {
             return;
         }
-        let planner = &mut self.settings.planner;
-        planner.rescale_downtime_seconds = Some(match planner.rescale_downtime_seconds {
-            Some(prev) => 0.5 * prev + 0.5 * seconds,
-            None => seconds,
-        });
+        if self.downtimes.len() == DOWNTIMES_KEPT {
+            self.downtimes.pop_front();
+        }
+        self.downtimes.push_back(seconds);
+        self.settings.planner.rescale_downtime_seconds =
+            expected_downtime(self.downtimes.iter().copied());
+    }
+
+    /// The measured rescale downtimes kept (the last [`DOWNTIMES_KEPT`], seconds, oldest
+    /// first): persist them and replay them through
+    /// [`Autoscaler::observe_rescale_downtime`] after a restart.
+    pub fn measured_downtimes(&self) -> impl ExactSizeIterator<Item = f64> + '_ {
+        self.downtimes.iter().copied()
     }
 
     /// The guard settings in force at `now_s` for `spec`: the spiky-traffic profile

@@ -441,8 +441,8 @@ pub(super) fn merge_scale_downs(
 /// Whether rescaling from the current parallelism to `guarded` is worth its cost, with the
 /// reason either way (`Err` = hold).
 ///
-/// Cost: the job stops for the expected downtime D (the measured mean of past rescales,
-/// [`Autoscaler::observe_rescale_downtime`], or the configured
+/// Cost: the job stops for the expected downtime D (the lower median of the last measured
+/// rescales, [`Autoscaler::observe_rescale_downtime`], or the configured
 /// `planner.rescaleDowntimeSeconds` until then; 0 = free). Its backlog D·γ drains at the new
 /// parallelism's spare capacity in T = D·ρ/(1 − ρ) (fluid: the slowest operator at steady
 /// utilization ρ takes γ/ρ, so the backlog shrinks at γ(1/ρ − 1)); for D + T seconds records

@@ -37,7 +37,7 @@ mod serde_inf;
 pub mod service_cv;
 pub mod shed;
 
-pub use autoscaler::{Autoscaler, Verdict};
+pub use autoscaler::{Autoscaler, DOWNTIMES_KEPT, Verdict, expected_downtime};
 pub use estimate::{Estimates, MIN_BUSY_SECONDS, OperatorEstimate, SourceEstimate, estimate};
 pub use guards::{GuardSettings, GuardState, PendingScaleDown};
 pub use network::{PathLatency, Topology, end_to_end_latency, traffic_equations};

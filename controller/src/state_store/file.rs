@@ -384,6 +384,7 @@ mod tests {
                 ..ScalabilityTracker::default()
             },
             rescale_downtime_seconds: None,
+            rescale_downtimes_seconds: Vec::new(),
         };
         block(store.save(&s)).expect("saved");
         assert_eq!(block(store.load()), Ok(Some(s.clone())));

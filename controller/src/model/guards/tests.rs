@@ -579,9 +579,41 @@ fn measured_downtime_feeds_the_planner() {
     let mut a = Autoscaler::new(GuardSettings::default());
     assert_eq!(a.settings().planner.rescale_downtime_seconds, None);
     a.observe_rescale_downtime(2.0);
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(2.0));
     a.observe_rescale_downtime(4.0);
     a.observe_rescale_downtime(f64::NAN);
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(2.0));
+    a.observe_rescale_downtime(3.0);
     assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(3.0));
+}
+
+/// Flink's first in-place rescale brings up slots (6.0 s in a real run, then 1.3 s, 1.3 s):
+/// that outlier does not set the cost, nor the scale-down lookback that follows it (an
+/// exponentially weighted mean made it 3.6 s and the lookback 436 s instead of ~300 s).
+#[test]
+fn one_slow_rescale_does_not_set_the_expected_downtime() {
+    let mut a = Autoscaler::new(GuardSettings::default());
+    a.observe_rescale_downtime(6.0);
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(6.0));
+    a.observe_rescale_downtime(1.3);
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(1.3));
+    a.observe_rescale_downtime(1.3);
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(1.3));
+    // Slow rescales that become the majority do set it; only the last five count.
+    for _ in 0..3 {
+        a.observe_rescale_downtime(8.0);
+    }
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(8.0));
+    assert_eq!(
+        a.measured_downtimes().collect::<Vec<_>>(),
+        [1.3, 1.3, 8.0, 8.0, 8.0]
+    );
+    a.observe_rescale_downtime(0.5);
+    a.observe_rescale_downtime(0.5);
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(8.0));
+    a.observe_rescale_downtime(0.5);
+    assert_eq!(a.measured_downtimes().len(), 5);
+    assert_eq!(a.settings().planner.rescale_downtime_seconds, Some(0.5));
 }
 
 /// The recommendation of a hold or the decision of a rescale.
