@@ -188,10 +188,23 @@ pub fn hold_line(t_s: f64, change: &str, reason: &str) -> String {
 }
 
 /// The guard a hold's `reason` names, for saying a hold once: its text up to the first `:`
-/// (`within the utilization band [0.30, 0.80] (…)`, `rescale budget`, `rescale cost`), the
-/// figures after it change every interval.
-pub fn hold_kind(reason: &str) -> &str {
-    reason.split(':').next().unwrap_or(reason)
+/// (`within the utilization band [#.#, #.#] (…)`, `rescale budget`, `rescale cost`) with
+/// every number as `#` (the figures change every interval, also before the `:`, as in
+/// `scale-down counts 2→1 waits 8 s for …`).
+pub fn hold_kind(reason: &str) -> String {
+    let head = reason.split(':').next().unwrap_or(reason);
+    let mut kind = String::with_capacity(head.len());
+    let mut in_number = false;
+    for c in head.chars() {
+        let digit = c.is_ascii_digit() || (in_number && c == '.');
+        if digit && !in_number {
+            kind.push('#');
+        } else if !digit {
+            kind.push(c);
+        }
+        in_number = digit;
+    }
+    kind
 }
 
 /// What makes a hold worth saying again: its guard ([`hold_kind`]) and, for each operator the
@@ -199,7 +212,7 @@ pub fn hold_kind(reason: &str) -> &str {
 /// values and the reason's figures move every interval; this key moves only when the guard or
 /// the set of moves does.
 pub fn hold_key(reason: &str, planned: Option<&crate::model::Decision>) -> String {
-    let mut key = hold_kind(reason).to_string();
+    let mut key = hold_kind(reason);
     if let Some(d) = planned {
         for (op, p) in &d.parallelism {
             if let Some(cur) = d.current.get(op.as_str()).filter(|c| *c != p) {
@@ -495,7 +508,18 @@ mod tests {
         let band = "within the utilization band [0.30, 0.80] (autoscaler.minUtilization, autoscaler.maxUtilization): enrich: scale-up 6→7 held: ρ 0.80 at 6";
         assert_eq!(
             hold_kind(band),
-            "within the utilization band [0.30, 0.80] (autoscaler.minUtilization, autoscaler.maxUtilization)"
+            "within the utilization band [#, #] (autoscaler.minUtilization, autoscaler.maxUtilization)"
+        );
+        // A count-down before the `:` is one hold, not one a second.
+        let wait = |s: u32| {
+            format!(
+                "scale-down counts 2→1 waits {s} s for enrich's scale-down 6→2: one rescale instead of two"
+            )
+        };
+        assert_eq!(hold_kind(&wait(8)), hold_kind(&wait(17)));
+        assert_eq!(
+            hold_kind(&wait(8)),
+            "scale-down counts #→# waits # s for enrich's scale-down #→#"
         );
         assert_eq!(
             hold_kind("rescale budget: 2 rescales in the last hour"),

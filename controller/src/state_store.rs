@@ -40,8 +40,8 @@ pub struct LearnedState {
     #[serde(default)]
     pub rescale_downtime_seconds: Option<f64>,
     /// The last measured rescale downtimes, seconds, oldest first (at most
-    /// [`crate::model::DOWNTIMES_KEPT`] are used).
-    #[serde(default)]
+    /// [`crate::model::DOWNTIMES_KEPT`] are used; absent when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rescale_downtimes_seconds: Vec<f64>,
 }
 

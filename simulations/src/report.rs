@@ -192,14 +192,16 @@ pub const FIGURE_HEIGHT: u32 = 1240;
 /// named in the key along the top; black is the input and the SLO):
 /// * three full-width panels over the whole replay with the policies overlaid: input rate and
 ///   each policy's capacity (records/s; capacity above twice the peak input is drawn at that
-///   bound and the title says so), subtasks summed over every operator, and the latency at the
-///   SLO's percentile ([`JobModel::slo_quantile`], each point the worst step of its time-series
-///   row; above 5× the SLO drawn at that bound) with the SLO dashed;
+///   bound and the title says so), subtasks summed over every operator, and the share of each
+///   time-series row's time over the SLO at its percentile ([`JobModel::slo_quantile`]; the
+///   summary's violation time, row by row);
 /// * along the bottom, the summary as bars (resource-hours as a percentage above the oracle's,
 ///   share of time over the SLO, rescales; each bar's value just beyond its end) and the
-///   latency panel zoomed in on the worst
-///   interval: the twentieth of the replay around the largest latency of any policy (around
-///   the peak input when no policy has any latency).
+///   latency at the SLO's percentile zoomed in on the worst interval (each point the worst
+///   step of its row; above 5× the SLO drawn at that bound, the axis says so; the SLO
+///   dashed): the twentieth of
+///   the replay around the largest latency of any policy (around the peak input when no
+///   policy has any latency).
 ///
 /// Time in minutes (replays under an hour) or hours. [`FIGURE_WIDTH`] × [`FIGURE_HEIGHT`]
 /// pixels; PNG, or SVG when `path` ends in `.svg`.
@@ -579,16 +581,17 @@ fn draw<DB: DrawingBackend>(
     let pct = model.slo_quantile.label();
     let lat_top = finite_max(&mut rows().map(|x| x.slo_latency_s));
     let lat_max = (slo * 5.0).min(lat_top.max(slo) * 1.2).max(1e-3);
-    let lat_title = if lat_top > lat_max {
-        format!("{pct} latency, worst step per point; SLO dashed (above 5× the SLO drawn at it)")
+    // Latencies above 5× the SLO are drawn at that bound, and the axis says so.
+    let lat_desc = if lat_top > lat_max {
+        "seconds (cut at 5× SLO)"
     } else {
-        format!("{pct} latency, worst step per point; SLO dashed")
+        "seconds"
     };
     let latency_panel = |area: &DrawingArea<DB, plotters::coord::Shift>,
                          title: &str,
                          t: TimeAxis|
      -> Result<(), String> {
-        let mut ch = time_panel(area, title, t, lat_max, "seconds", false)?;
+        let mut ch = time_panel(area, title, t, lat_max, lat_desc, false)?;
         for (k, run) in runs.iter().enumerate().rev() {
             ch.draw_series(LineSeries::new(
                 run.rows
@@ -608,7 +611,32 @@ fn draw<DB: DrawingBackend>(
         .map_err(|x| e(&x))?;
         Ok(())
     };
-    latency_panel(&latency, &lat_title, t)?;
+    // Over the whole replay, how long each policy was over the SLO: a point's share of time
+    // (its worst step's latency would draw a 10-second excursion like an hour-long one).
+    let share_top = finite_max(&mut rows().map(|x| 100.0 * x.over_slo_share));
+    let share_max = (share_top * 1.1).clamp(1.0, 100.0);
+    let mut ch = time_panel(
+        &latency,
+        &format!(
+            "time over the SLO ({} s on {pct}), % of the time per point",
+            plain(slo)
+        ),
+        t,
+        share_max,
+        "% of the time",
+        false,
+    )?;
+    // The first policy (streamscale) drawn last, on top of the others.
+    for (k, run) in runs.iter().enumerate().rev() {
+        ch.draw_series(LineSeries::new(
+            run.rows
+                .iter()
+                .map(|r| (r.t_s / unit_s, 100.0 * r.over_slo_share))
+                .filter(|(x, _)| *x >= t.min && *x <= t.max),
+            color(k),
+        ))
+        .map_err(|x| e(&x))?;
+    }
 
     let parts = bottom.split_evenly((1, 4));
     let values = |f: &dyn Fn(&PolicySummary) -> f64| -> Vec<f64> {

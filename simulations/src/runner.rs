@@ -80,6 +80,9 @@ pub struct Row {
     /// Largest p99 of the row's steps as the engine's sink histogram reports it
     /// ([`StepStats::p99_engine_s`]), seconds; `None` when not computed or no record arrived.
     pub p99_engine_s: Option<f64>,
+    /// Share of the row's time whose step was over the SLO at its percentile (0 to 1): the
+    /// summary's `slo_violation_fraction`, row by row.
+    pub over_slo_share: f64,
     /// Source backlog at the end, records.
     pub backlog: f64,
     /// Records queued at operators at the end.
@@ -297,7 +300,8 @@ pub fn replay_scheduled(
         let total_p: u32 = cur.iter().sum();
         s.resource_hours += f64::from(total_p) * dt / 3600.0;
         // Graded at the SLO's percentile, as the planner sized for it.
-        if st.slo_latency_s.is_some_and(|p| p > model.slo_s) {
+        let over_slo = st.slo_latency_s.is_some_and(|p| p > model.slo_s);
+        if over_slo {
             s.slo_violation_fraction += dt;
         }
         s.records_late += st.late;
@@ -313,7 +317,7 @@ pub fn replay_scheduled(
             window.push(plant.as_ref(), now, class);
             window.drop_older(now, window_s);
         }
-        acc.add(&st, dt);
+        acc.add(&st, dt, over_slo);
         if (k as u64 + 1).is_multiple_of(per_row) || k as u64 + 1 == steps {
             rows.push(acc.row(now, &st, &cur));
             acc = RowAcc::default();
@@ -413,11 +417,16 @@ struct RowAcc {
     p99: f64,
     slo_latency: f64,
     p99_engine: Option<f64>,
+    over_slo_s: f64,
 }
 
 impl RowAcc {
-    fn add(&mut self, st: &StepStats, dt: f64) {
+    /// Adds a step of `dt` seconds; `over_slo` when it was graded over the SLO.
+    fn add(&mut self, st: &StepStats, dt: f64, over_slo: bool) {
         self.dt += dt;
+        if over_slo {
+            self.over_slo_s += dt;
+        }
         self.arrivals += st.arrivals;
         self.capacity += st.capacity.min(1e12) * dt;
         self.p99 = self.p99.max(st.p99_s.unwrap_or(0.0));
@@ -434,6 +443,7 @@ impl RowAcc {
             p99_s: self.p99,
             slo_latency_s: self.slo_latency,
             p99_engine_s: self.p99_engine,
+            over_slo_share: self.over_slo_s / self.dt,
             backlog: st.backlog,
             queued: st.queued,
             parallelism: p.to_vec(),

@@ -995,15 +995,44 @@ fn comparison_figure_overlays_the_policies_per_quantity() {
     assert!(key_x.windows(2).all(|w| w[0] < w[1]), "{key_x:?}");
     // One panel per quantity, not one per policy.
     assert_eq!(starting("input rate (black) and capacity, records/s"), 1);
-    for title in [
-        "subtasks, all operators summed",
-        "rescales",
-        "p99 latency, worst interval",
-    ] {
+    for title in ["subtasks, all operators summed", "rescales"] {
         assert_eq!(count(title), 1, "{title}");
     }
-    assert_eq!(starting("p99 latency, worst step per point; SLO dashed"), 1);
+    assert_eq!(starting("p99 latency, worst interval"), 1);
+    // Over the whole replay, the share of each point's time over the SLO (not the worst
+    // step's latency, which draws a 10-second excursion like an hour-long one); the bars.
+    let share_panel = texts
+        .iter()
+        .filter(|(_, t)| {
+            t.starts_with("time over the SLO (") && t.ends_with("% of the time per point")
+        })
+        .count();
+    assert_eq!(share_panel, 1, "{texts:?}");
     assert_eq!(starting("time over the SLO (%, p99)"), 1);
+    // Row by row, the shares add up to the summary's violation time.
+    for run in &runs {
+        let mut prev = 0.0;
+        let over: f64 = run
+            .rows
+            .iter()
+            .map(|r| {
+                let dt = r.t_s - std::mem::replace(&mut prev, r.t_s);
+                r.over_slo_share * dt
+            })
+            .sum();
+        let fraction = over / prev;
+        assert!(
+            (fraction - run.summary.slo_violation_fraction).abs() < 1e-9,
+            "{}: rows {fraction}, summary {}",
+            run.name,
+            run.summary.slo_violation_fraction
+        );
+    }
+    assert!(
+        runs.iter()
+            .any(|r| r.rows.iter().any(|x| x.over_slo_share > 0.0)),
+        "some policy is over the SLO somewhere"
+    );
     // Resource-hours as the percentage above the oracle's (they differ by a few %): one
     // signed label per policy, and the oracle's resource-hours in the title.
     assert_eq!(starting("resource-hours, % above the oracle ("), 1);

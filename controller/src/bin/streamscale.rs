@@ -57,7 +57,7 @@ enum Command {
         #[arg(long, default_value_t = 6, allow_negative_numbers = true)]
         partitions: i32,
         /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: the end of the trace.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         duration: Option<String>,
     },
     /// Run a job on a local engine under the autoscaler and write a report.
@@ -194,7 +194,7 @@ struct FlinkArgs {
     rescale_timeout: f64,
     /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: until SIGINT (Ctrl-C) or
     /// SIGTERM.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     duration: Option<String>,
     /// Report directory.
     #[arg(long, default_value = "report-flink")]
@@ -268,8 +268,7 @@ fn flink_options(
             "name the jobs to autoscale (--job ID, repeatable) or pass --all".into(),
         ));
     }
-    run::check_metrics_url(&a.rest_url)
-        .map_err(|e| RunError::Option(format!("--rest-url: {e}")))?;
+    run::check_http_url("--rest-url", &a.rest_url, "http://127.0.0.1:8081")?;
     let auth = streamscale_controller::flink::rest_auth::RestAuth::from_files(
         a.rest_token_file.as_deref(),
         a.rest_basic_auth_file.as_deref(),
@@ -520,7 +519,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             .await?;
             let s = &outcome.summary;
             console.line(&format!(
-                "done in {:.0} s: {} rescale(s) ({} failed){}, {:.0} subtask·s (mean parallelism {:.2}), {} above the {} s SLO for {:.0} s{}; report in {}{}",
+                "done in {:.0} s: {} rescale(s) ({} failed){}, {:.0} subtask·s (mean {:.2} subtasks in all), {} above the {} s SLO for {:.0} s{}; report in {}{}",
                 s.duration_s,
                 s.rescales.len(),
                 s.failed_rescales.len(),
@@ -735,5 +734,32 @@ mod tests {
         let e = parse_duration("nan").unwrap_err();
         assert!(e.contains("is not a duration"), "{e}");
         assert!(parse_duration("-inf").unwrap_err().contains("must be > 0"));
+    }
+
+    /// A negative `--duration` reaches the duration check (which names the option) rather
+    /// than clap, which took `-1` for a flag.
+    #[test]
+    fn a_negative_duration_is_a_value_in_every_subcommand() {
+        let duration = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Flink(a)) => a.duration,
+            Ok(Command::Load { duration, .. }) => duration,
+            Ok(_) => panic!("another command"),
+            Err(e) => panic!("{args:?}: {e}"),
+        };
+        let flink = ["streamscale", "flink", "--all", "--duration", "-1"];
+        assert_eq!(duration(&flink).as_deref(), Some("-1"));
+        let load = [
+            "streamscale",
+            "load",
+            "--brokers",
+            "b",
+            "--topic",
+            "t",
+            "--trace",
+            "f",
+            "--duration",
+            "-1",
+        ];
+        assert_eq!(duration(&load).as_deref(), Some("-1"));
     }
 }

@@ -43,11 +43,11 @@ pub fn load(path: &Path) -> Result<FlinkSettings, String> {
 /// What is wrong, naming the field.
 pub fn parse(text: &str) -> Result<FlinkSettings, String> {
     let s: FlinkSettings = serde_saphyr::from_str(text).map_err(|e| {
-        e.to_string()
-            .lines()
-            .next()
-            .unwrap_or("not a settings file")
-            .to_string()
+        // The parser's first line (`error: line L column C: …`), without its own `error: `:
+        // the caller's message already says it is one.
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or("not a settings file");
+        first.strip_prefix("error: ").unwrap_or(first).to_string()
     })?;
     check_autoscaler(&s.autoscaler)?;
     for (name, b) in &s.vertices {
@@ -117,6 +117,6 @@ mod tests {
         let e = parse("vertices: { a: { min: 3, max: 2 } }").expect_err("bad");
         assert!(e.contains("vertices.\"a\""), "{e}");
         let e = parse("autoscalr: {}").expect_err("unknown field");
-        assert!(e.contains("autoscalr"), "{e}");
+        assert!(e.contains("autoscalr") && !e.starts_with("error"), "{e}");
     }
 }

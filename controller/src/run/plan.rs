@@ -2,19 +2,28 @@
 
 use super::*;
 
-/// Checks that `url` is an absolute `http`/`https` URL.
+/// Checks that `url`, the value of `--metrics-url`, is an absolute `http`/`https` URL.
 ///
 /// # Errors
-/// [`RunError::Option`] naming the URL and the reason.
+/// [`RunError::Option`] naming the option, the URL and the reason.
 pub fn check_metrics_url(url: &str) -> Result<(), RunError> {
+    check_http_url("--metrics-url", url, "http://127.0.0.1:40123/metrics")
+}
+
+/// Checks that `url`, the value of the command-line option `option`, is an absolute
+/// `http`/`https` URL; `example` is a valid value, quoted in the error.
+///
+/// # Errors
+/// [`RunError::Option`] naming the option, the URL and the reason.
+pub fn check_http_url(option: &str, url: &str, example: &str) -> Result<(), RunError> {
     match reqwest::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => Ok(()),
         Ok(u) => Err(RunError::Option(format!(
-            "--metrics-url: `{url}` is not an http(s) URL with a host (scheme `{}`)",
+            "{option}: `{url}` is not an http(s) URL with a host (scheme `{}`; expected e.g. {example})",
             u.scheme()
         ))),
         Err(e) => Err(RunError::Option(format!(
-            "--metrics-url: `{url}` is not a URL: {e} (expected e.g. http://127.0.0.1:40123/metrics)"
+            "{option}: `{url}` is not a URL: {e} (expected e.g. {example})"
         ))),
     }
 }

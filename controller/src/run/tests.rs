@@ -278,6 +278,16 @@ fn a_bad_metrics_url_names_the_url_and_the_reason() {
     let err = check_metrics_url("ftp://host/metrics").expect_err("scheme");
     assert!(err.to_string().contains("scheme `ftp`"), "{err}");
     check_metrics_url("http://127.0.0.1:40123/metrics").expect("fine");
+    // Another option's check names that option alone, with its own example.
+    let err = check_http_url("--rest-url", "127.0.0.1:9", "http://127.0.0.1:8081")
+        .expect_err("no scheme")
+        .to_string();
+    assert!(
+        err.starts_with("--rest-url: `127.0.0.1:9`")
+            && err.ends_with("(expected e.g. http://127.0.0.1:8081)")
+            && !err.contains("metrics"),
+        "{err}"
+    );
 }
 
 #[test]
