@@ -210,8 +210,8 @@ fn the_report_names_the_slo_percentile() {
     assert!(rows > 10, "{csv}");
     let svg = std::fs::read_to_string(dir.path().join("p95/comparison.svg")).expect("svg");
     assert!(
-        svg.contains("p95 latency, worst step per point; SLO dashed"),
-        "latency panel"
+        svg.contains("on p95), % of the time per point"),
+        "the panel of time over the SLO"
     );
     assert!(svg.contains("p95 latency, worst interval"), "zoomed panel");
     assert!(svg.contains("time over the SLO (%, p95)"), "violation bars");
