@@ -180,10 +180,17 @@ pub async fn run(
         warn(&warning);
     }
     let slo_s = job.spec.autoscaler.latency_slo_seconds;
+    // The job file as given, or where it was found when that is not under the working
+    // directory (the default job, run from elsewhere).
+    let job_file = if opts.job.exists() {
+        opts.job.clone()
+    } else {
+        std::fs::canonicalize(resolve_job_path(&opts.job)).unwrap_or_else(|_| opts.job.clone())
+    };
     print(&format!(
         "streamscale run: job `{}` ({}), {} s, interval {} s, SLO {} s, report in {}",
         job.spec.name,
-        opts.job.display(),
+        job_file.display(),
         // Whole seconds as such (240), a fraction as given (1.5), never rounded to 0.
         job.duration_s,
         opts.interval_s,
