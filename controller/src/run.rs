@@ -183,9 +183,9 @@ pub async fn run(
     // The job file as given, or where it was found when that is not under the working
     // directory (the default job, run from elsewhere).
     let job_file = if opts.job.exists() {
-        opts.job.clone()
+        &opts.job
     } else {
-        std::fs::canonicalize(resolve_job_path(&opts.job)).unwrap_or_else(|_| opts.job.clone())
+        &job.file
     };
     print(&format!(
         "streamscale run: job `{}` ({}), {} s, interval {} s, SLO {} s, report in {}",

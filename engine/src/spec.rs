@@ -33,6 +33,8 @@ mod parse_error;
 mod validate;
 mod yaml_tree;
 
+pub use parse_error::first_line as yaml_error_line;
+
 /// Default number of key groups (Flink's default lower bound for max parallelism).
 pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 /// Largest number of key groups a job may declare (Flink's upper bound, 2^15).

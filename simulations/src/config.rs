@@ -197,14 +197,9 @@ impl SimConfig {
             path: path.display().to_string(),
             problem: e.to_string(),
         })?;
-        let cfg: SimConfig = serde_saphyr::from_str(&text).map_err(|e| {
-            let full = e.to_string();
-            // The parser's first line without its own `error: ` (the message says it is one).
-            let first = full.lines().next().unwrap_or_default();
-            SimError::Config {
-                path: path.display().to_string(),
-                problem: first.strip_prefix("error: ").unwrap_or(first).to_string(),
-            }
+        let cfg: SimConfig = serde_saphyr::from_str(&text).map_err(|e| SimError::Config {
+            path: path.display().to_string(),
+            problem: streamscale_engine::spec::yaml_error_line(&e),
         })?;
         cfg.validate().map_err(|problem| SimError::Config {
             path: path.display().to_string(),

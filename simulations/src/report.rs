@@ -15,7 +15,7 @@ use streamscale_controller::plot::COLORS;
 
 use crate::SimError;
 use crate::model::JobModel;
-use crate::runner::{PolicyRun, PolicySummary};
+use crate::runner::{PolicyRun, PolicySummary, Row};
 
 /// `summary.json`: `{"policies": {NAME: PolicySummary}}` plus the run's settings.
 #[derive(Debug, Clone, Serialize)]
@@ -326,6 +326,29 @@ fn color(k: usize) -> RGBColor {
     COLORS[k % COLORS.len()]
 }
 
+/// One line per policy of `runs` on `ch`: `value` of each time-series row against its time
+/// in units of `unit_s` seconds, within `t`; the first policy (streamscale) drawn last, on top
+/// of the others.
+fn overlay<DB: DrawingBackend>(
+    ch: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    runs: &[PolicyRun],
+    t: TimeAxis,
+    unit_s: f64,
+    value: impl Fn(&Row) -> f64,
+) -> Result<(), String> {
+    for (k, run) in runs.iter().enumerate().rev() {
+        ch.draw_series(LineSeries::new(
+            run.rows
+                .iter()
+                .map(|r| (r.t_s / unit_s, value(r)))
+                .filter(|(x, _)| *x >= t.min && *x <= t.max),
+            color(k),
+        ))
+        .map_err(|x| x.to_string())?;
+    }
+    Ok(())
+}
+
 /// The key along the top of the figure: each policy's colour and name, left to right.
 fn draw_key<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
@@ -504,7 +527,7 @@ fn draw<DB: DrawingBackend>(
     let panel_h = (FIGURE_HEIGHT - 36 - 320) / 3;
     let (top, rest) = body.split_vertically(panel_h);
     let (middle, rest) = rest.split_vertically(panel_h);
-    let (latency, bottom) = rest.split_vertically(panel_h);
+    let (over_slo, bottom) = rest.split_vertically(panel_h);
     let t_end = runs
         .iter()
         .flat_map(|r| r.rows.last().map(|x| x.t_s))
@@ -547,18 +570,9 @@ fn draw<DB: DrawingBackend>(
         )
         .map_err(|x| e(&x))?;
     }
-    // The first policy (streamscale) drawn last, on top of the others.
-    for (k, run) in runs.iter().enumerate().rev() {
-        ch.draw_series(LineSeries::new(
-            run.rows
-                .iter()
-                .map(|r| (r.t_s / unit_s, r.capacity.min(y_rate))),
-            color(k),
-        ))
-        .map_err(|x| e(&x))?;
-    }
+    overlay(&mut ch, runs, t, unit_s, |r| r.capacity.min(y_rate))?;
 
-    let total = |r: &crate::runner::Row| f64::from(r.parallelism.iter().sum::<u32>());
+    let total = |r: &Row| f64::from(r.parallelism.iter().sum::<u32>());
     let p_max = finite_max(&mut rows().map(total));
     let mut ch = time_panel(
         &middle,
@@ -568,14 +582,7 @@ fn draw<DB: DrawingBackend>(
         "subtasks",
         true,
     )?;
-    // The first policy (streamscale) drawn last, on top of the others.
-    for (k, run) in runs.iter().enumerate().rev() {
-        ch.draw_series(LineSeries::new(
-            run.rows.iter().map(|r| (r.t_s / unit_s, total(r))),
-            color(k),
-        ))
-        .map_err(|x| e(&x))?;
-    }
+    overlay(&mut ch, runs, t, unit_s, total)?;
 
     let slo = model.slo_s;
     let pct = model.slo_quantile.label();
@@ -592,16 +599,7 @@ fn draw<DB: DrawingBackend>(
                          t: TimeAxis|
      -> Result<(), String> {
         let mut ch = time_panel(area, title, t, lat_max, lat_desc, false)?;
-        for (k, run) in runs.iter().enumerate().rev() {
-            ch.draw_series(LineSeries::new(
-                run.rows
-                    .iter()
-                    .map(|r| (r.t_s / unit_s, r.slo_latency_s.min(lat_max)))
-                    .filter(|(x, _)| *x >= t.min && *x <= t.max),
-                color(k),
-            ))
-            .map_err(|x| e(&x))?;
-        }
+        overlay(&mut ch, runs, t, unit_s, |r| r.slo_latency_s.min(lat_max))?;
         ch.draw_series(DashedLineSeries::new(
             [(t.min, slo), (t.max, slo)],
             8,
@@ -616,7 +614,7 @@ fn draw<DB: DrawingBackend>(
     let share_top = finite_max(&mut rows().map(|x| 100.0 * x.over_slo_share));
     let share_max = (share_top * 1.1).clamp(1.0, 100.0);
     let mut ch = time_panel(
-        &latency,
+        &over_slo,
         &format!(
             "time over the SLO ({} s on {pct}), % of the time per point",
             plain(slo)
@@ -626,17 +624,7 @@ fn draw<DB: DrawingBackend>(
         "% of the time",
         false,
     )?;
-    // The first policy (streamscale) drawn last, on top of the others.
-    for (k, run) in runs.iter().enumerate().rev() {
-        ch.draw_series(LineSeries::new(
-            run.rows
-                .iter()
-                .map(|r| (r.t_s / unit_s, 100.0 * r.over_slo_share))
-                .filter(|(x, _)| *x >= t.min && *x <= t.max),
-            color(k),
-        ))
-        .map_err(|x| e(&x))?;
-    }
+    overlay(&mut ch, runs, t, unit_s, |r| 100.0 * r.over_slo_share)?;
 
     let parts = bottom.split_evenly((1, 4));
     let values = |f: &dyn Fn(&PolicySummary) -> f64| -> Vec<f64> {

@@ -43,11 +43,12 @@ pub fn load(path: &Path) -> Result<FlinkSettings, String> {
 /// What is wrong, naming the field.
 pub fn parse(text: &str) -> Result<FlinkSettings, String> {
     let s: FlinkSettings = serde_saphyr::from_str(text).map_err(|e| {
-        // The parser's first line (`error: line L column C: …`), without its own `error: `:
-        // the caller's message already says it is one.
-        let text = e.to_string();
-        let first = text.lines().next().unwrap_or("not a settings file");
-        first.strip_prefix("error: ").unwrap_or(first).to_string()
+        let line = streamscale_engine::spec::yaml_error_line(&e);
+        if line.is_empty() {
+            "not a settings file".to_string()
+        } else {
+            line
+        }
     })?;
     check_autoscaler(&s.autoscaler)?;
     for (name, b) in &s.vertices {

@@ -128,6 +128,7 @@ pub fn prepare_job(opts: &RunOptions) -> Result<PreparedJob, RunError> {
         .unwrap_or(DEFAULT_DURATION_S);
     let first_checkpoint_id = supervise::first_checkpoint_id(&spec);
     Ok(PreparedJob {
+        file: job_path,
         spec,
         path,
         yaml,

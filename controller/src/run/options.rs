@@ -161,6 +161,8 @@ pub(super) fn start_note(report: &Path, kept: Option<&Path>) -> String {
 /// The job as it will run: the effective spec, where it was written, and its time base.
 #[derive(Debug, Clone)]
 pub struct PreparedJob {
+    /// The job file read (absolute; [`resolve_job_path`] of the `--job` given).
+    pub file: PathBuf,
     /// The effective spec (overrides applied, trace path absolute).
     pub spec: JobSpec,
     /// Where the effective job file goes: `job.yaml` in the report directory (absolute).
@@ -232,7 +234,8 @@ pub fn resolve_job_path(job: &Path) -> PathBuf {
     if job.is_absolute() || job.exists() {
         return job.to_path_buf();
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().unwrap_or(manifest);
     let candidate = root.join(job);
     if candidate.exists() {
         candidate

@@ -20,17 +20,22 @@ use super::{COMMON_OPERATOR_FIELDS, OperatorKind, RateSpec};
 use crate::nexmark::queries::{BidKey, SelectQuery};
 use crate::time::window::WindowSpec;
 
+/// The parser's message for any YAML file it refused, in one line: its first (`line L column
+/// C: reason`; the rest is a source snippet) without its own `error: ` prefix, since the
+/// caller's message already says it is one. Empty when the parser gave no text.
+pub fn first_line(err: &Error) -> String {
+    let full = err.to_string();
+    let first = full.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
+}
+
 /// The message for the job file `text` that the parser refused with `err`, e.g.
 /// `line 5 column 24: operators[2] (win).kind: unknown variant `windw`, expected one of ...`.
 ///
 /// Falls back to the parser's first line (`line L column C: reason`) when the text is not
 /// valid YAML or the field cannot be found.
 pub(crate) fn explain(text: &str, err: &Error) -> String {
-    // The parser's message spans several lines (a source snippet); keep the first, which
-    // names the line, column and reason.
-    let full = err.to_string();
-    let first = full.lines().next().unwrap_or_default();
-    let mut msg = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    let mut msg = first_line(err);
     // The parser's hint about its own options means nothing to a job file's author.
     if let Some(m) = msg.strip_suffix(", set DuplicateKeyPolicy in Options if acceptable") {
         msg = format!("{m} (each key may appear only once in a mapping)");
