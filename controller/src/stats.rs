@@ -202,7 +202,7 @@ fn busiest_subtask_utilization(prev: &EngineMetrics, cur: &EngineMetrics, op: &s
 pub struct CapacityEstimator {
     /// Smoothed μ per operator, records per busy second.
     pub service_rate: BTreeMap<String, f64>,
-    /// Smoothed records in per source record, per operator.
+    /// Smoothed records in (a Kafka source: records out) per source record, per operator.
     pub share: BTreeMap<String, f64>,
     /// Per operator: its records in per subtask at the parallelism now measured (the vector's
     /// length), summed over the intervals since that parallelism took effect with older
@@ -227,15 +227,22 @@ impl CapacityEstimator {
             .iter()
             .filter_map(|s| delta(prev, cur, s, |x| x.records_out))
             .fold(0.0, |a, b| a + b);
-        for op in cur.sample.operators.keys() {
-            if sources.contains(op) {
+        for (op, subtasks) in &cur.sample.operators {
+            // A Kafka source reads at a rate of its own (records out per busy second, its
+            // busiest subtask the one with the most partitions); a synthetic source emits its
+            // schedule and has no capacity to show.
+            let records: fn(&SubtaskSample) -> f64 = if !sources.contains(op) {
+                |s| s.records_in
+            } else if subtasks.iter().any(|s| s.source_partitions.is_some()) {
+                |s| s.records_out
+            } else {
                 continue;
-            }
-            if let Some(per_subtask) = subtask_deltas(prev, cur, op, |s| s.records_in) {
+            };
+            if let Some(per_subtask) = subtask_deltas(prev, cur, op, records) {
                 self.observe_spread(op, per_subtask);
             }
             let (Some(records_in), Some(busy)) = (
-                delta(prev, cur, op, |s| s.records_in),
+                delta(prev, cur, op, records),
                 delta(prev, cur, op, |s| s.busy_seconds),
             ) else {
                 continue;
@@ -432,6 +439,64 @@ mod tests {
         assert!(!s.service_rate.contains_key("source"));
         assert!(s.p99_s.is_some());
         assert_eq!(s.trace_time_s, Some(3600.0));
+    }
+
+    /// A Kafka source reads at a rate of its own: the capacity is the lower of its and the
+    /// other operators' (a Kafka job's `cap=` showed millions of records/s, the sink's).
+    #[test]
+    fn a_kafka_source_caps_capacity_at_its_read_rate() {
+        let kafka = |at: f64, read: f64, busy: f64| {
+            let mut m = metrics(
+                at,
+                0.0,
+                0.0,
+                vec![sub(3.0 * read, 3.0 * read, 0.01 * at, at)],
+                3.0 * read,
+            );
+            let src = SubtaskSample {
+                records_out: read,
+                busy_seconds: busy,
+                source_arrivals: Some(3.0 * read),
+                source_backlog: Some(0.0),
+                source_partitions: Some(6.0),
+                ..SubtaskSample::default()
+            };
+            m.sample
+                .operators
+                .insert("source".into(), vec![src.clone(), src.clone(), src]);
+            m
+        };
+        let p: BTreeMap<String, u32> = [("source".to_string(), 3), ("enrich".to_string(), 1)]
+            .into_iter()
+            .collect();
+        // Each of 3 subtasks read 1000 records in 1.25 busy seconds (μ = 800/s): 2400 rec/s
+        // in all; enrich took the 3000 records in 0.1 busy seconds (μ = 30000/s).
+        let s = one_interval(
+            &kafka(0.0, 0.0, 0.0),
+            &kafka(10.0, 1000.0, 1.25),
+            &["source".to_string()],
+            &p,
+            None,
+        );
+        let cap = s.capacity.expect("measured");
+        assert!((cap - 2400.0).abs() < 1.0, "{cap}");
+        // A synthetic source (no partition count) emits its schedule: no capacity of its own.
+        let synthetic = |at: f64, read: f64, busy: f64| {
+            let mut m = kafka(at, read, busy);
+            for x in m.sample.operators.get_mut("source").expect("source") {
+                x.source_partitions = None;
+            }
+            m
+        };
+        let s = one_interval(
+            &synthetic(0.0, 0.0, 0.0),
+            &synthetic(10.0, 1000.0, 1.25),
+            &["source".to_string()],
+            &p,
+            None,
+        );
+        let cap = s.capacity.expect("measured");
+        assert!(cap > 20_000.0, "{cap}");
     }
 
     #[test]

@@ -141,3 +141,32 @@ fn alignment_is_the_smallest_parallelism_with_the_same_busiest_share() {
     let six: Vec<u32> = (1..=8).map(|p| align_to_partitions(6, p)).collect();
     assert_eq!(six, [1, 2, 3, 3, 3, 6, 6, 6]);
 }
+
+#[test]
+fn a_saturated_kafka_source_counts_in_the_assessment_of_a_parallelism() {
+    // One subtask reading μ = 1000 records per busy second while 1800 arrive: at p=1 it runs
+    // at ρ 1.8, at p=3 (2 partitions each) at 0.6. The rescale's cost guard weighs these
+    // figures; without the source's own μ they said ρ 0 (the sink's) and held a needed
+    // scale-up as "not worth its cost".
+    let spec = job(KAFKA_JOB);
+    let model = Model::new(
+        &spec,
+        &window(1800.0, Some(6.0)),
+        &PlannerSettings::default(),
+    )
+    .expect("model");
+    let at = |p: u32| {
+        let par: BTreeMap<&str, u32> = [("src", p), ("sink", 1)].into_iter().collect();
+        model.assess(&par)
+    };
+    let (target_now, steady_now, _) = at(1);
+    assert!((steady_now - 1.8).abs() < 1e-6, "{steady_now}");
+    assert!(target_now >= steady_now, "{target_now}");
+    let (_, steady_three, _) = at(3);
+    assert!((steady_three - 0.6).abs() < 1e-6, "{steady_three}");
+    assert!(
+        (model.assess_steady_rho(&[("src", 3u32)].into_iter().collect::<BTreeMap<_, _>>()) - 0.6)
+            .abs()
+            < 1e-6
+    );
+}

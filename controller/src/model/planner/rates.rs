@@ -290,11 +290,9 @@ impl Model {
     }
 
     /// Utilization ρ of operator `i`'s busiest subtask at parallelism `p` and the steady
-    /// arrival rate (`None` without μ): λ_eff / (p · μ).
+    /// arrival rate (μ at `p`, or a Kafka source's μ; `None` without one): λ_eff / (p · μ).
     pub(super) fn steady_rho(&self, i: usize, p: u32) -> Option<f64> {
-        self.mu_at(i, p).map(|mu| {
-            self.effective_lambda(i, self.lambda_steady[i], p) / (f64::from(p.max(1)) * mu)
-        })
+        self.rho_at_rate(i, p, self.lambda_steady[i])
     }
 
     /// The partition count of Kafka source `i` (`None` for other operators).
