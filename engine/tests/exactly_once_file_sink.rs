@@ -203,12 +203,19 @@ fn a_manifest_with_one_bit_flipped_is_refused_naming_the_file() {
     let id = *storage.completed_ids().unwrap().last().unwrap();
     let manifest = storage.path_of(id).join(METADATA_FILE);
     let mut bytes = std::fs::read(&manifest).unwrap();
-    // One bit of the source's position: `"emitted": 1234` becomes another valid number.
-    let at = String::from_utf8_lossy(&bytes)
+    // The lowest bit of the last digit of the source's position: `"emitted": 1234` becomes
+    // 1235, another valid number (flipping the first digit could make `0234`, which is no
+    // JSON number: the parse fails before the checksum is looked at).
+    let start = String::from_utf8_lossy(&bytes)
         .find("\"emitted\": ")
         .unwrap()
         + 11;
-    bytes[at] ^= 0x01;
+    let digits = bytes[start..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    assert!(digits > 0, "{}", String::from_utf8_lossy(&bytes));
+    bytes[start + digits - 1] ^= 0x01;
     std::fs::write(&manifest, &bytes).unwrap();
     let run = std::process::Command::new(common::engine_bin())
         .args(["--job", &job.display().to_string(), "--restore"])
