@@ -186,7 +186,7 @@ pub fn table(summary: &Summary, order: &[String]) -> String {
 /// Width of the comparison figure, pixels.
 pub const FIGURE_WIDTH: u32 = 1600;
 /// Height of the comparison figure, pixels.
-pub const FIGURE_HEIGHT: u32 = 1240;
+pub const FIGURE_HEIGHT: u32 = 1360;
 
 /// Draws the comparison figure, one picture for every policy in `runs` (each policy one colour,
 /// named in the key along the top; black is the input and the SLO):
@@ -196,7 +196,8 @@ pub const FIGURE_HEIGHT: u32 = 1240;
 ///   time-series row's time over the SLO at its percentile ([`JobModel::slo_quantile`]; the
 ///   summary's violation time, row by row);
 /// * along the bottom, the summary as bars (resource-hours as a percentage above the oracle's,
-///   share of time over the SLO, rescales; each bar's value just beyond its end) and the
+///   share of time over the SLO, rescales; each bar's value just beyond its end, its policy's
+///   name under it) and the
 ///   latency at the SLO's percentile zoomed in on the worst interval (each point the worst
 ///   step of its row; above 5× the SLO drawn at that bound, the axis says so; the SLO
 ///   dashed): the twentieth of
@@ -383,14 +384,19 @@ fn draw_key<DB: DrawingBackend>(
 
 /// Pixels between a bar's end and its value label.
 const LABEL_GAP: i32 = 5;
+/// Height under a bar panel for its policies' names, written upwards, pixels.
+const NAME_AREA: u32 = 130;
 
 /// A bar per policy (in its colour) of `values`, titled `title`, from a black baseline at 0:
 /// upwards for positive values, downwards for negative ones. Each bar's value (`text`) is
 /// centred [`LABEL_GAP`] pixels beyond its end, and the axis reaches 15 % of the values' span
-/// past the longest bars either way to hold them; `tick` writes the axis's labels.
+/// past the longest bars either way to hold them; `tick` writes the axis's labels. Under the
+/// panel each bar's policy (`names`, in the order of `values`) is written upwards, so that a
+/// bar is read without the colour key.
 fn draw_bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
+    names: &[&str],
     values: &[f64],
     text: &dyn Fn(f64) -> String,
     tick: &dyn Fn(f64) -> String,
@@ -412,7 +418,7 @@ fn draw_bars<DB: DrawingBackend>(
     let mut ch = ChartBuilder::on(area)
         .caption(title, ("sans-serif", TITLE_FONT))
         .margin(8)
-        .x_label_area_size(10)
+        .x_label_area_size(NAME_AREA)
         .y_label_area_size(52)
         .build_cartesian_2d(0.0..n, y_min..y_max)
         .map_err(|x| e(&x))?;
@@ -432,6 +438,22 @@ fn draw_bars<DB: DrawingBackend>(
     )))
     .map_err(|x| e(&x))?;
     let font = ("sans-serif", TICK_FONT).into_font().color(&BLACK);
+    // The names hang from the bottom of the plotting area, read upwards.
+    let upwards = ("sans-serif", TICK_FONT)
+        .into_font()
+        .transform(FontTransform::Rotate270)
+        .color(&BLACK);
+    let (base_x, base_y) = area.get_base_pixel();
+    let (_, bottom) = ch.backend_coord(&(0.0, y_min));
+    for (k, name) in names.iter().enumerate() {
+        let (x, _) = ch.backend_coord(&(k as f64 + 0.5, y_min));
+        area.draw(&Text::new(
+            name.to_string(),
+            (x - base_x, bottom - base_y + LABEL_GAP),
+            upwards.clone().pos(Pos::new(HPos::Right, VPos::Center)),
+        ))
+        .map_err(|x| e(&x))?;
+    }
     for (k, &v) in values.iter().enumerate() {
         let x0 = k as f64 + 0.15;
         let v = if v.is_finite() { v } else { 0.0 };
@@ -524,7 +546,7 @@ fn draw<DB: DrawingBackend>(
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let (key, body) = root.split_vertically(36);
     draw_key(&key, runs)?;
-    let panel_h = (FIGURE_HEIGHT - 36 - 320) / 3;
+    let panel_h = (FIGURE_HEIGHT - 36 - 440) / 3;
     let (top, rest) = body.split_vertically(panel_h);
     let (middle, rest) = rest.split_vertically(panel_h);
     let (over_slo, bottom) = rest.split_vertically(panel_h);
@@ -627,20 +649,27 @@ fn draw<DB: DrawingBackend>(
     overlay(&mut ch, runs, t, unit_s, |r| 100.0 * r.over_slo_share)?;
 
     let parts = bottom.split_evenly((1, 4));
+    let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
     let values = |f: &dyn Fn(&PolicySummary) -> f64| -> Vec<f64> {
         runs.iter().map(|r| f(&r.summary)).collect()
     };
     let (title, resources, relative) = resource_bars(runs);
     if relative {
-        draw_bars(&parts[0], &title, &resources, &signed_percent, &|v| {
-            format!("{}%", plain(v))
-        })?;
+        draw_bars(
+            &parts[0],
+            &title,
+            &names,
+            &resources,
+            &signed_percent,
+            &|v| format!("{}%", plain(v)),
+        )?;
     } else {
-        draw_bars(&parts[0], &title, &resources, &compact, &compact)?;
+        draw_bars(&parts[0], &title, &names, &resources, &compact, &compact)?;
     }
     draw_bars(
         &parts[1],
         &format!("time over the SLO (%, {pct})"),
+        &names,
         &values(&|s| 100.0 * s.slo_violation_fraction),
         &|v| format!("{v:.2}"),
         &plain,
@@ -648,6 +677,7 @@ fn draw<DB: DrawingBackend>(
     draw_bars(
         &parts[2],
         "rescales",
+        &names,
         &values(&|s| s.rescales),
         &compact,
         &compact,

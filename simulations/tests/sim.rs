@@ -983,12 +983,14 @@ fn comparison_figure_overlays_the_policies_per_quantity() {
     let texts = svg_texts(&svg);
     let count = |s: &str| texts.iter().filter(|(_, t)| t == s).count();
     let starting = |s: &str| texts.iter().filter(|(_, t)| t.starts_with(s)).count();
-    // One key entry per policy, left to right in the order given.
+    // One key entry per policy along the top, left to right in the order given; each policy
+    // named once more under each of the three bar panels.
     let key_x: Vec<f64> = names
         .iter()
         .map(|n| {
-            let found: Vec<_> = texts.iter().filter(|(_, t)| t == n).collect();
+            let found: Vec<_> = texts.iter().filter(|(b, t)| t == n && b.1 < 36.0).collect();
             assert_eq!(found.len(), 1, "key entry {n}");
+            assert_eq!(count(n), 4, "{n}: the key and three bar panels");
             found[0].0.0
         })
         .collect();
