@@ -241,18 +241,18 @@ impl CapacityEstimator {
             if let Some(per_subtask) = subtask_deltas(prev, cur, op, records) {
                 self.observe_spread(op, per_subtask);
             }
-            let (Some(records_in), Some(busy)) = (
+            let (Some(taken), Some(busy)) = (
                 delta(prev, cur, op, records),
                 delta(prev, cur, op, |s| s.busy_seconds),
             ) else {
                 continue;
             };
-            if records_in < MIN_RECORDS_FOR_CAPACITY || busy <= 0.0 {
+            if taken < MIN_RECORDS_FOR_CAPACITY || busy <= 0.0 {
                 continue;
             }
-            smooth(&mut self.service_rate, op, records_in / busy);
+            smooth(&mut self.service_rate, op, taken / busy);
             if source_out >= MIN_RECORDS_FOR_CAPACITY {
-                smooth(&mut self.share, op, records_in / source_out);
+                smooth(&mut self.share, op, taken / source_out);
             }
         }
     }
