@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::json_extract::{FieldPaths, Leaf};
 
+pub mod batch_read;
 pub mod security;
 pub mod sink;
 pub mod transactional;

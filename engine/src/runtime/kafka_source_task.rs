@@ -16,6 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
 use crate::json_field::Invalid;
+use crate::kafka::batch_read::{BatchReader, Fetched};
 use crate::kafka::{FieldReader, KafkaSourceSpec, LenientValueField, key_hash, owned_partitions};
 use crate::payload::KafkaRecord;
 use crate::time::partition_watermarks::{PartitionWatermarks, WatermarkUpdate};
@@ -243,10 +244,11 @@ impl KafkaSourceTask {
     }
 
     /// Assigns the partitions in `owned` that are not yet in `assigned`, each from its
-    /// restored (or recorded) offset, else the earliest.
+    /// restored (or recorded) offset, else the earliest, routed to `reader` first.
     fn assign_new(
         &self,
         consumer: &BaseConsumer,
+        reader: &mut BatchReader<'_>,
         owned: &[i32],
         assigned: &mut Vec<i32>,
     ) -> Result<(), String> {
@@ -263,6 +265,7 @@ impl KafkaSourceTask {
                 .map_or(Offset::Beginning, |&o| Offset::Offset(o));
             tpl.add_partition_offset(&self.spec.topic, p, from)
                 .map_err(|e| format!("partition {p}: {e}"))?;
+            reader.route(&self.spec.topic, p)?;
             // Known to the metrics from now on (its log end offset is queried at scrapes).
             self.figures.set_log_end(p, 0);
             assigned.push(p);
@@ -275,7 +278,15 @@ impl KafkaSourceTask {
         Ok(())
     }
 
-    fn poll(&self, consumer: &BaseConsumer, ctx: &SubtaskContext) -> Polled {
+    /// Reads the next batch: up to [`KAFKA_SOURCE_BATCH`] records of the routed partitions
+    /// (waiting up to [`POLL_WAIT`] for the first), after the consumer's own events (an error
+    /// is logged).
+    fn poll(
+        &self,
+        consumer: &BaseConsumer,
+        reader: &mut BatchReader<'_>,
+        ctx: &SubtaskContext,
+    ) -> Polled {
         let mut polled = Polled {
             records: Vec::with_capacity(KAFKA_SOURCE_BATCH),
             stamps: Vec::new(),
@@ -283,85 +294,95 @@ impl KafkaSourceTask {
             waited: Duration::ZERO,
             invalid: Vec::new(),
         };
-        let event_time = self.spec.event_time.is_some();
-        let mut wait = POLL_WAIT;
         // The last clock reading of this batch (µs since the epoch).
         let mut clock: Option<u64> = None;
-        while polled.records.len() < KAFKA_SOURCE_BATCH {
-            let t = (wait > Duration::ZERO).then(Instant::now);
-            let msg = consumer.poll(wait);
-            if let Some(t) = t {
-                polled.waited = t.elapsed();
-            }
-            let Some(msg) = msg else {
-                break;
-            };
-            wait = Duration::ZERO;
-            let m = match msg {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "kafka poll");
-                    break;
-                }
-            };
-            let (key, value) = (m.key(), m.payload());
-            let timestamp_ms = m.timestamp().to_millis();
-            // The clock is read again only for a record stamped after the last reading (a
-            // record stamped before it is stamped before now too).
-            let stamp = timestamp_ms
-                .and_then(|t| u64::try_from(t).ok())
-                .map(|t| t.saturating_mul(1000));
-            let now = match (clock, stamp) {
-                (Some(now), Some(t)) if t <= now => now,
-                _ => now_unix_us(),
-            };
-            let now = *clock.insert(now);
-            let created_us = stamp.filter(|&t| t <= now).unwrap_or(now);
-            let (key_num, value_num, invalid) = if let Some(reader) = &self.reader {
-                match reader.read(key, value) {
-                    Ok((k, v)) => (k, v, None),
-                    Err(why) => (0, 0, Some(why)),
-                }
-            } else {
-                let v = match (&self.lenient_value, value) {
-                    (Some(f), Some(v)) => f.read(v),
-                    _ => 0,
+        let warn = |e: &dyn std::fmt::Display| {
+            tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "kafka poll");
+        };
+        // The consumer's queue holds its events; a message of a partition comes there only
+        // if it was fetched before the partition was routed (never, as routing precedes the
+        // assignment), and is taken all the same.
+        match consumer.poll(Duration::ZERO) {
+            Some(Ok(m)) => {
+                let f = Fetched {
+                    key: m.key(),
+                    value: m.payload(),
+                    timestamp_ms: m.timestamp().to_millis(),
+                    partition: m.partition(),
+                    offset: m.offset(),
                 };
-                (key_hash(key), v, None)
-            };
-            let (partition, offset) = (m.partition(), m.offset());
-            match polled.advanced.last_mut() {
-                Some((p, next)) if *p == partition => *next = (*next).max(offset + 1),
-                _ => polled.advanced.push((partition, offset + 1)),
+                self.take(f, &mut clock, &mut polled);
             }
-            // A dead letter keeps its record (for the log line naming it).
-            let payload = if self.payload || invalid.is_some() {
-                Payload::Kafka(Arc::new(KafkaRecord {
-                    key: key.map(<[u8]>::to_vec),
-                    value: value.map(<[u8]>::to_vec),
-                    timestamp_ms,
-                    partition,
-                    offset,
-                }))
-            } else {
-                Payload::None
-            };
-            if let Some(why) = invalid {
-                polled.invalid.push((polled.records.len(), why));
-            }
-            if event_time {
-                polled.stamps.push((partition, timestamp_ms));
-            }
-            polled.records.push(Record {
-                seq: 0,
-                key: key_num,
-                value: value_num,
-                count: 1,
-                created_us,
-                payload,
-            });
+            Some(Err(e)) => warn(&e),
+            None => {}
         }
+        let room = KAFKA_SOURCE_BATCH - polled.records.len();
+        polled.waited = reader.read(POLL_WAIT, room, |m| match m {
+            Ok(f) => self.take(f, &mut clock, &mut polled),
+            Err(e) => warn(&e),
+        });
         polled
+    }
+
+    /// Turns fetched message `m` into a record of `polled` (a dead letter when a strict
+    /// source cannot read its fields); `clock` is the batch's last clock reading.
+    fn take(&self, m: Fetched<'_>, clock: &mut Option<u64>, polled: &mut Polled) {
+        let event_time = self.spec.event_time.is_some();
+        let (key, value, timestamp_ms) = (m.key, m.value, m.timestamp_ms);
+        // The clock is read again only for a record stamped after the last reading (a
+        // record stamped before it is stamped before now too).
+        let stamp = timestamp_ms
+            .and_then(|t| u64::try_from(t).ok())
+            .map(|t| t.saturating_mul(1000));
+        let now = match (*clock, stamp) {
+            (Some(now), Some(t)) if t <= now => now,
+            _ => now_unix_us(),
+        };
+        let now = *clock.insert(now);
+        let created_us = stamp.filter(|&t| t <= now).unwrap_or(now);
+        let (key_num, value_num, invalid) = if let Some(reader) = &self.reader {
+            match reader.read(key, value) {
+                Ok((k, v)) => (k, v, None),
+                Err(why) => (0, 0, Some(why)),
+            }
+        } else {
+            let v = match (&self.lenient_value, value) {
+                (Some(f), Some(v)) => f.read(v),
+                _ => 0,
+            };
+            (key_hash(key), v, None)
+        };
+        let (partition, offset) = (m.partition, m.offset);
+        match polled.advanced.last_mut() {
+            Some((p, next)) if *p == partition => *next = (*next).max(offset + 1),
+            _ => polled.advanced.push((partition, offset + 1)),
+        }
+        // A dead letter keeps its record (for the log line naming it).
+        let payload = if self.payload || invalid.is_some() {
+            Payload::Kafka(Arc::new(KafkaRecord {
+                key: key.map(<[u8]>::to_vec),
+                value: value.map(<[u8]>::to_vec),
+                timestamp_ms,
+                partition,
+                offset,
+            }))
+        } else {
+            Payload::None
+        };
+        if let Some(why) = invalid {
+            polled.invalid.push((polled.records.len(), why));
+        }
+        if event_time {
+            polled.stamps.push((partition, timestamp_ms));
+        }
+        polled.records.push(Record {
+            seq: 0,
+            key: key_num,
+            value: value_num,
+            count: 1,
+            created_us,
+            payload,
+        });
     }
 
     /// Commits this subtask's positions to the consumer group (monitoring only).
@@ -407,9 +428,13 @@ impl KafkaSourceTask {
             Err(e) => return fail(ctx, e.to_string()),
         };
         self.figures.set_partitions(partitions);
+        let mut reader = match BatchReader::new(&consumer) {
+            Ok(r) => r,
+            Err(e) => return fail(ctx, e),
+        };
         let mut assigned = Vec::new();
         let owned = owned_partitions(&topic, partitions, ctx.index, ctx.parallelism);
-        if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
+        if let Err(e) = self.assign_new(&consumer, &mut reader, &owned, &mut assigned) {
             return fail(ctx, e.to_string());
         }
         // Event time: per-partition watermarks of the partitions this subtask reads now (none
@@ -444,7 +469,7 @@ impl KafkaSourceTask {
                     partitions = n;
                     self.figures.set_partitions(n);
                     let owned = owned_partitions(&topic, partitions, ctx.index, ctx.parallelism);
-                    if let Err(e) = self.assign_new(&consumer, &owned, &mut assigned) {
+                    if let Err(e) = self.assign_new(&consumer, &mut reader, &owned, &mut assigned) {
                         return fail(ctx, e.to_string());
                     }
                     if let Some(w) = &mut event_time {
@@ -459,7 +484,7 @@ impl KafkaSourceTask {
                 Some(p) => p,
                 None => {
                     let t = ctx.meter.now();
-                    let polled = self.poll(&consumer, &ctx);
+                    let polled = self.poll(&consumer, &mut reader, &ctx);
                     // A poll that found nothing waited for records: idle time; one that found
                     // some waited for the first of them (its busy time is reading them).
                     if let Some(t) = t {
