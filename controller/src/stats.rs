@@ -469,16 +469,21 @@ mod tests {
         let p: BTreeMap<String, u32> = [("source".to_string(), 3), ("enrich".to_string(), 1)]
             .into_iter()
             .collect();
-        // Each of 3 subtasks read 1000 records in 1.25 busy seconds (μ = 800/s): 2400 rec/s
-        // in all; enrich took the 3000 records in 0.1 busy seconds (μ = 30000/s).
-        let s = one_interval(
-            &kafka(0.0, 0.0, 0.0),
-            &kafka(10.0, 1000.0, 1.25),
-            &["source".to_string()],
-            &p,
-            None,
-        );
-        let cap = s.capacity.expect("measured");
+        // The capacity after 10 s in which each of 3 subtasks read 1000 records in 1.25 busy
+        // seconds (μ = 800/s) and enrich took the 3000 records in 0.1 busy seconds (μ = 30000/s).
+        let capacity = |metrics: &dyn Fn(f64, f64, f64) -> EngineMetrics| {
+            one_interval(
+                &metrics(0.0, 0.0, 0.0),
+                &metrics(10.0, 1000.0, 1.25),
+                &["source".to_string()],
+                &p,
+                None,
+            )
+            .capacity
+            .expect("measured")
+        };
+        // 2400 rec/s in all: the source is the bottleneck.
+        let cap = capacity(&kafka);
         assert!((cap - 2400.0).abs() < 1.0, "{cap}");
         // A synthetic source (no partition count) emits its schedule: no capacity of its own.
         let synthetic = |at: f64, read: f64, busy: f64| {
@@ -488,14 +493,7 @@ mod tests {
             }
             m
         };
-        let s = one_interval(
-            &synthetic(0.0, 0.0, 0.0),
-            &synthetic(10.0, 1000.0, 1.25),
-            &["source".to_string()],
-            &p,
-            None,
-        );
-        let cap = s.capacity.expect("measured");
+        let cap = capacity(&synthetic);
         assert!(cap > 20_000.0, "{cap}");
     }
 

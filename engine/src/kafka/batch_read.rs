@@ -15,6 +15,7 @@ use std::ffi::{CStr, CString};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
+use rdkafka::Message;
 use rdkafka::bindings as rd;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -32,6 +33,19 @@ pub struct Fetched<'m> {
     pub partition: i32,
     /// Its offset in that partition.
     pub offset: i64,
+}
+
+impl<'m> Fetched<'m> {
+    /// The fields of a message `rdkafka` returned (one taken from the consumer's own queue).
+    pub fn of(m: &'m impl Message) -> Fetched<'m> {
+        Fetched {
+            key: m.key(),
+            value: m.payload(),
+            timestamp_ms: m.timestamp().to_millis(),
+            partition: m.partition(),
+            offset: m.offset(),
+        }
+    }
 }
 
 /// The partitions of one consumer routed to a queue read a batch at a time. Holds the
@@ -113,8 +127,9 @@ impl<'c> BatchReader<'c> {
         mut each: impl FnMut(Result<Fetched<'_>, String>),
     ) -> Duration {
         let max = max.max(1);
-        self.batch.clear();
-        self.batch.resize(max, std::ptr::null_mut());
+        if self.batch.len() < max {
+            self.batch.resize(max, std::ptr::null_mut());
+        }
         let mut n = self.consume(0, 0, max);
         let mut waited = Duration::ZERO;
         if n == 0 && !wait.is_zero() {

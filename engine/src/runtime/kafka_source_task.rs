@@ -11,7 +11,6 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicU32;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
@@ -303,16 +302,7 @@ impl KafkaSourceTask {
         // if it was fetched before the partition was routed (never, as routing precedes the
         // assignment), and is taken all the same.
         match consumer.poll(Duration::ZERO) {
-            Some(Ok(m)) => {
-                let f = Fetched {
-                    key: m.key(),
-                    value: m.payload(),
-                    timestamp_ms: m.timestamp().to_millis(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                };
-                self.take(f, &mut clock, &mut polled);
-            }
+            Some(Ok(m)) => self.take(Fetched::of(&m), &mut clock, &mut polled),
             Some(Err(e)) => warn(&e),
             None => {}
         }
