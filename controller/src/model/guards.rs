@@ -449,9 +449,10 @@ pub(super) fn merge_scale_downs(
 /// are late. The planner already sizes scale-ups to drain that backlog within the catch-up
 /// time (the downtime is part of the sources' target rate).
 ///
-/// * Scale-up (any operator grows): the benefit is the SLO violation avoided over the horizon
-///   H: H seconds when the current parallelism violates the utilization target at the target
-///   rate (with catch-up) or the latency SLO's percentile bound, else 0. Rescale when the
+/// * Scale-up (any operator grows): the benefit is the violation avoided over the horizon H:
+///   H seconds when the current parallelism violates the utilization target at the target
+///   rate (with catch-up) or the latency SLO's percentile bound, else 0. The reason says
+///   which: time over the utilization target alone is not called SLO violation. Rescale when the
 ///   benefit exceeds the D + T seconds of violation the rescale causes. A scale-up for latency
 ///   alone whose plan still exceeds the SLO (`onUnattainableSlo: bestEffort`, or an allocation
 ///   stuck above it) avoids no violation but cuts the bound, which best effort asks for: it
@@ -507,8 +508,15 @@ pub(super) fn rescale_worth_its_cost(
                 Fixed(planned.predicted_latency_percentile_seconds, 4),
                 Fixed(benefit, 0)
             )
-        } else {
+        } else if tail_now > planned.latency_slo_seconds || !violates {
             format!("scale-up avoids {} s of SLO violation", Fixed(benefit, 0))
+        } else {
+            // Over the utilization target with the SLO's bound still met: the time counted is
+            // time without the headroom the target keeps, not time over the SLO.
+            format!(
+                "scale-up avoids {} s over the utilization target (the SLO's bound is met)",
+                Fixed(benefit, 0)
+            )
         };
         let verdict = format!(
             "{cost}; {gain} over the {} s horizon{} (now: ρ {} vs target {}, {} bound {} s vs SLO {} s) vs {} s late during the rescale",

@@ -547,6 +547,36 @@ fn a_scale_up_must_avoid_more_violation_than_its_rescale_causes() {
     assert_eq!(parallelism(&v).map(|p| p["map"]), Some(9), "{v:?}");
 }
 
+/// A scale-up out of the utilization band whose current parallelism still meets the SLO says
+/// it avoids time over the utilization target, not SLO violation (map at 3 subtasks and
+/// γ = 255: ρ 0.85 over the band's 0.8, p99 bound far under the 1 s SLO).
+#[test]
+fn a_scale_up_over_the_target_with_the_slo_met_does_not_claim_slo_violation() {
+    let spec = job(CHAIN);
+    let settings = GuardSettings {
+        rescale_horizon_seconds: 600.0,
+        planner: PlannerSettings {
+            rescale_downtime_seconds: Some(1.0),
+            latency_slo_seconds: Some(1.0),
+            ..PlannerSettings::default()
+        },
+        ..GuardSettings::default()
+    };
+    let v = Autoscaler::new(settings).decide(0.0, &win(3, 255.0, 0.0, 1), &spec);
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+    let reasons = &planned(&v).reasons;
+    assert!(
+        reasons.iter().any(|r| r.contains(
+            "scale-up avoids 600 s over the utilization target (the SLO's bound is met)"
+        ) && r.ends_with("worth it")),
+        "{reasons:?}"
+    );
+    assert!(
+        !reasons.iter().any(|r| r.contains("of SLO violation")),
+        "{reasons:?}"
+    );
+}
+
 /// Best effort: a scale-up for latency alone (map at ρ 0.67 ≤ 0.7 already, an SLO below
 /// its service time) is applied, and its reason says that the SLO stays unmet.
 #[test]
