@@ -84,6 +84,44 @@ fn the_demo_jobs_graph_is_a_source_feeding_a_keyed_vertex() {
     assert!(!restarting.all_running());
 }
 
+/// A job being created (`job-created.json`, recorded after a TaskManager was killed: `CREATED`)
+/// lists its vertices in another order and no plan. Its graph is not read from that answer (the
+/// keyed vertex would be taken for a source, as the demo's first session line once did), and a
+/// graph read from the running job stays the same when that answer comes.
+#[test]
+fn a_job_without_a_plan_is_not_read_as_a_graph_of_sources() {
+    use streamscale_controller::flink::topology::{TopologyError, graph_known};
+    let created: JobDetails = parse("job-created.json");
+    assert!(!graph_known(&created));
+    assert_eq!(
+        FlinkTopology::from_job(&created, &Default::default(), &Default::default()),
+        Err(TopologyError::PlanNotListed {
+            job: created.jid.clone(),
+            state: "CREATED".into(),
+        })
+    );
+    let running: JobDetails = parse("job.json");
+    let t = FlinkTopology::from_job(&running, &Default::default(), &Default::default())
+        .expect("topology");
+    assert!(t.same_graph(&running));
+    assert!(t.same_graph(&created), "no plan: nothing to compare");
+    // A graph whose keyed edge became a forward one is another graph (same vertex ids).
+    let mut forward = running.clone();
+    for n in &mut forward.plan.nodes {
+        for i in &mut n.inputs {
+            i.ship_strategy = "FORWARD".into();
+        }
+    }
+    assert!(!t.same_graph(&forward));
+    assert!(
+        t.describe().ends_with(
+            "Source: trace (source, p=1, max 128) -> count -> discard: Writer (keyed, p=1, max 128)"
+        ),
+        "{}",
+        t.describe()
+    );
+}
+
 #[test]
 fn counters_are_dated_by_when_flink_fetched_them() {
     let job: JobDetails = parse("job.json");
@@ -135,4 +173,38 @@ fn counters_are_dated_by_when_flink_fetched_them() {
     assert_eq!(s.source_backlog, Some(pending));
     assert_eq!(s.source_arrivals, Some(out + pending));
     assert!(later.notes.is_empty(), "{:?}", later.notes);
+}
+
+/// A source that lists no pendingRecords metric yet (a source registers it once it runs) gets
+/// a note; once the metric is listed the note is gone and the source is named as reporting it
+/// again, so that the session can say the earlier line no longer holds.
+#[test]
+fn a_source_whose_pending_records_appear_is_named_once_they_do() {
+    let job: JobDetails = parse("job.json");
+    let t =
+        FlinkTopology::from_job(&job, &Default::default(), &Default::default()).expect("topology");
+    let mut early = scrapes(&t, "", "source-subtask0-metric-values.json");
+    for s in early.values_mut() {
+        s.source_ids.pending.clear();
+    }
+    let first = metrics::sample(&t, &early, 100.0, None);
+    assert_eq!(first.notes.len(), 1, "{:?}", first.notes);
+    assert!(
+        first.notes[0].starts_with("Source: trace: no pendingRecords metric"),
+        "{:?}",
+        first.notes
+    );
+    let later = metrics::sample(
+        &t,
+        &scrapes(&t, "-later", "source-subtask0-metric-values-later.json"),
+        110.0,
+        Some(&first.sample),
+    );
+    assert!(later.notes.is_empty(), "{:?}", later.notes);
+    assert_eq!(
+        metrics::sources_reporting_again(&first.notes, &later.notes),
+        vec!["Source: trace"]
+    );
+    assert!(metrics::sources_reporting_again(&first.notes, &first.notes).is_empty());
+    assert!(metrics::sources_reporting_again(&later.notes, &first.notes).is_empty());
 }

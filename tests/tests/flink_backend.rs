@@ -584,12 +584,16 @@ fn streamscale_autoscales_a_real_flink_job() {
     assert!(out.contains(" busy "), "live lines with rates: {out}");
     flink.cancel_all();
 
-    // 7. An unknown job and an unreachable cluster: exit 1 and one line naming it.
+    // 7. An unknown job and an unreachable cluster: exit 1 and one line naming it, and no
+    // report directory left behind; a job id that is no Flink id: exit 2 before any request.
+    let unknown_report = tmp.path().join("report-unknown-job");
     let (code, _, err) = streamscale_flink(&[
         "--rest-url",
         &flink.rest,
         "--job",
         "0123456789abcdef0123456789abcdef",
+        "--report",
+        &unknown_report.display().to_string(),
     ]);
     assert_eq!(code, Some(1));
     assert!(
@@ -597,7 +601,22 @@ fn streamscale_autoscales_a_real_flink_job() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    let (code, _, err) = streamscale_flink(&["--rest-url", "http://127.0.0.1:9", "--job", "x"]);
+    assert!(
+        !unknown_report.exists(),
+        "nothing written for an unknown job"
+    );
+    let (code, _, err) = streamscale_flink(&["--rest-url", &flink.rest, "--job", "x"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--job x: a Flink job id is 32 hexadecimal digits"),
+        "{err}"
+    );
+    let (code, _, err) = streamscale_flink(&[
+        "--rest-url",
+        "http://127.0.0.1:9",
+        "--job",
+        "0123456789abcdef0123456789abcdef",
+    ]);
     assert_eq!(code, Some(1));
     assert!(
         err.contains("127.0.0.1:9") && err.contains("refused"),

@@ -302,6 +302,23 @@ fn flink_options(
             )));
         }
     }
+    if a.window < a.interval {
+        return Err(RunError::Option(format!(
+            "--window ({} s) must be at least --interval ({} s)",
+            a.window, a.interval
+        )));
+    }
+    // Flink's job ids are 32 hex digits (`JobID`): another value is a typo, refused before the
+    // cluster's own HTTP 400 would be.
+    if let Some(bad) = a
+        .jobs
+        .iter()
+        .find(|j| j.len() != 32 || !j.chars().all(|c| c.is_ascii_hexdigit()))
+    {
+        return Err(RunError::Option(format!(
+            "--job {bad}: a Flink job id is 32 hexadecimal digits (as `flink list` and the web UI show it)"
+        )));
+    }
     let opts = FlinkOptions {
         credentials: auth.credentials.clone(),
         rest_url: a.rest_url,

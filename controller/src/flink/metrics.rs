@@ -267,13 +267,13 @@ pub fn sample(
         if v.role == VertexRole::Source && scrape.source_ids.pending.is_empty() {
             notes.push(if inferred > 0 {
                 format!(
-                    "{}: no pendingRecords metric; arrival rate read from its output, backlog taken as 0 (back-pressured under {:.0} % of the interval)",
+                    "{}{NO_PENDING}; arrival rate read from its output, backlog taken as 0 (back-pressured under {:.0} % of the interval)",
                     v.name,
                     SOURCE_BP_LIMIT * 100.0
                 )
             } else {
                 format!(
-                    "{}: no pendingRecords metric and back-pressured (or no earlier sample): backlog unknown, arrival rate read from its output, no scale-down",
+                    "{}{NO_PENDING} and back-pressured (or no earlier sample): backlog unknown, arrival rate read from its output, no scale-down",
                     v.name
                 )
             });
@@ -288,6 +288,24 @@ pub fn sample(
         age_seconds,
         notes,
     }
+}
+
+/// The text after a vertex name in a [`FlinkSample::notes`] line about a source without a
+/// `pendingRecords` metric.
+const NO_PENDING: &str = ": no pendingRecords metric";
+
+/// The source vertices a note of `before` said had no `pendingRecords` metric and no note of
+/// `now` says so any more (the metric appeared: a source registers it once it runs), in
+/// `before`'s order.
+pub fn sources_reporting_again<'a>(before: &'a [String], now: &[String]) -> Vec<&'a str> {
+    before
+        .iter()
+        .filter_map(|n| n.split_once(NO_PENDING).map(|(vertex, _)| vertex))
+        .filter(|vertex| {
+            !now.iter()
+                .any(|n| n.split_once(NO_PENDING).is_some_and(|(v, _)| v == *vertex))
+        })
+        .collect()
 }
 
 /// Whether two samples carry the same counters (Flink refreshes the metrics it serves every

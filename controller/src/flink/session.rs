@@ -30,7 +30,7 @@ use super::metrics;
 use super::rest::{FlinkError, FlinkRest, JobDetails};
 use super::runtime::{FlinkRuntime, FlinkTimeouts, Resubmit};
 use super::slots;
-use super::topology::{FlinkTopology, VertexBounds, VertexRole};
+use super::topology::{self, FlinkTopology, VertexBounds, VertexRole};
 use crate::collect::MetricsSource;
 
 mod error;
@@ -58,6 +58,8 @@ struct JobSession {
     /// The last hold said: its guard and the operators it held up or down.
     last_hold: String,
     last_notes: Vec<String>,
+    /// Since when (session seconds) the job could not be read, while it cannot.
+    unreadable_since: Option<f64>,
     report: JobReport,
     timeline: Vec<String>,
     done: bool,
@@ -88,6 +90,56 @@ fn unix_now_s() -> f64 {
 
 fn short(jid: &str) -> &str {
     jid.get(..8).unwrap_or(jid)
+}
+
+/// Job `jid` once Flink lists its plan (its graph can be read), read every interval while it
+/// is being created (one line says so), or `None` when `stop` resolves first.
+///
+/// # Errors
+/// [`SessionError::NotRunning`] when the job has ended (or ends while waited for) or is still
+/// without a plan when the session's duration is over; a REST error.
+async fn job_with_plan(
+    rest: &FlinkRest,
+    jid: &str,
+    opts: &FlinkOptions,
+    started: Instant,
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    print: &mut dyn FnMut(&str),
+) -> Result<Option<JobDetails>, SessionError> {
+    let mut said = false;
+    loop {
+        let job = rest.job(jid).await?;
+        // A job still starting (CREATED, INITIALIZING, RESTARTING) is waited for; one that
+        // has ended is not autoscaled.
+        if matches!(
+            job.state.as_str(),
+            "FINISHED" | "CANCELED" | "CANCELLING" | "FAILED" | "FAILING" | "SUSPENDED"
+        ) || (opts
+            .duration_s
+            .is_some_and(|d| started.elapsed().as_secs_f64() >= d)
+            && !topology::graph_known(&job))
+        {
+            return Err(SessionError::NotRunning {
+                job: jid.to_string(),
+                state: job.state,
+            });
+        }
+        if topology::graph_known(&job) {
+            return Ok(Some(job));
+        }
+        if !said {
+            print(&format!(
+                "{}: job {} (Flink lists no plan yet): waiting for it to run",
+                short(jid),
+                job.state
+            ));
+            said = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs_f64(opts.interval_s)) => {}
+            () = stop.as_mut() => return Ok(None),
+        }
+    }
 }
 
 /// Runs `streamscale flink` until `duration_s` or until `stop` resolves; writes the report.
@@ -125,6 +177,25 @@ pub async fn run(
         opts.mode,
         opts.rescale
     ));
+    let mut stop = std::pin::pin!(stop);
+    // The session's clock: seconds since `started`, which is Unix time `unix0`.
+    let (started, unix0) = (Instant::now(), unix_now_s());
+    // The named jobs first (an unknown or ended one ends the session before anything is
+    // written); a job still being created is waited for until Flink lists its plan.
+    let mut named = Vec::with_capacity(opts.jobs.len());
+    for jid in &opts.jobs {
+        let Some(job) = job_with_plan(&rest, jid, opts, started, stop.as_mut(), print).await?
+        else {
+            print("interrupted before any job ran: nothing to report");
+            return Ok(FlinkSummary {
+                rest_url: opts.rest_url.clone(),
+                mode: opts.mode,
+                duration_seconds: started.elapsed().as_secs_f64(),
+                jobs: Vec::new(),
+            });
+        };
+        named.push(job);
+    }
     std::fs::create_dir_all(&opts.report_dir).map_err(|source| SessionError::Report {
         path: opts.report_dir.display().to_string(),
         source,
@@ -135,23 +206,9 @@ pub async fn run(
             opts.state_dir().display()
         ))
     })?;
-    // The session's clock: seconds since `started`, which is Unix time `unix0`.
-    let (started, unix0) = (Instant::now(), unix_now_s());
     let mut sessions: Vec<JobSession> = Vec::new();
-    for jid in &opts.jobs {
-        let job = rest.job(jid).await?;
-        // A job still starting (CREATED, INITIALIZING, RESTARTING) is waited for; one that
-        // has ended is not autoscaled.
-        if matches!(
-            job.state.as_str(),
-            "FINISHED" | "CANCELED" | "CANCELLING" | "FAILED" | "FAILING" | "SUSPENDED"
-        ) {
-            return Err(SessionError::NotRunning {
-                job: jid.clone(),
-                state: job.state,
-            });
-        }
-        sessions.push(JobSession::new(&rest, &job, opts, unix0, print).await?);
+    for job in &named {
+        sessions.push(JobSession::new(&rest, job, opts, unix0, print).await?);
     }
     let adopt_new = |sessions: &[JobSession], jid: &str| {
         !sessions
@@ -162,7 +219,9 @@ pub async fn run(
         for j in rest.jobs().await? {
             if j.state == "RUNNING" && adopt_new(&sessions, &j.jid) {
                 let job = rest.job(&j.jid).await?;
-                sessions.push(JobSession::new(&rest, &job, opts, unix0, print).await?);
+                if topology::graph_known(&job) {
+                    sessions.push(JobSession::new(&rest, &job, opts, unix0, print).await?);
+                }
             }
         }
     }
@@ -185,24 +244,8 @@ pub async fn run(
                 t.job_id
             ));
         }
-        print(&format!(
-            "job {} `{}`: {}",
-            t.job_id,
-            t.job_name,
-            t.vertices
-                .iter()
-                .map(|v| format!(
-                    "{} ({}, p={}, max {})",
-                    v.name,
-                    v.role.name(),
-                    v.parallelism,
-                    v.max_parallelism
-                ))
-                .collect::<Vec<_>>()
-                .join(" -> ")
-        ));
+        print(&t.describe());
     }
-    let mut stop = std::pin::pin!(stop);
     let mut next = tokio::time::Instant::now();
     loop {
         let now_s = started.elapsed().as_secs_f64();
@@ -220,6 +263,7 @@ pub async fn run(
                     && let Ok(s) = JobSession::new(&rest, &job, opts, unix0, print).await
                 {
                     print(&format!("job {} `{}`: now autoscaled", j.jid, j.name));
+                    print(&s.topology.lock().await.describe());
                     sessions.push(s);
                 }
             }
@@ -242,7 +286,16 @@ pub async fn run(
             }
         }
     }
+    let end_s = started.elapsed().as_secs_f64();
     for s in &mut sessions {
+        if let Some(since) = s.unreadable_since.take() {
+            s.report.unreadable_seconds += end_s - since;
+            print(&format!(
+                "{}: could not be read for the last {:.0} s of the session",
+                short(&s.report.job_id),
+                end_s - since
+            ));
+        }
         s.save_state().await;
     }
     let summary = FlinkSummary {

@@ -85,6 +85,14 @@ pub enum TopologyError {
         /// The job id.
         job: String,
     },
+    /// Flink lists no plan for the job yet (it is being created): its graph cannot be read.
+    #[error("job {job} ({state}) lists no plan yet: its graph cannot be read until it runs")]
+    PlanNotListed {
+        /// The job id.
+        job: String,
+        /// The job's state.
+        state: String,
+    },
 }
 
 /// Flink's default max parallelism for a vertex that reports none (`-1`):
@@ -104,7 +112,8 @@ impl FlinkTopology {
     /// [`FlinkTopology::unknown_bounds`]).
     ///
     /// # Errors
-    /// [`TopologyError`] on a plan whose inputs name unknown vertices, or no vertices.
+    /// [`TopologyError`] on a plan whose inputs name unknown vertices, no vertices, or no plan
+    /// listed yet ([`graph_known`]).
     pub fn from_job(
         job: &JobDetails,
         autoscaler: &AutoscalerSpec,
@@ -113,6 +122,12 @@ impl FlinkTopology {
         if job.vertices.is_empty() {
             return Err(TopologyError::Empty {
                 job: job.jid.clone(),
+            });
+        }
+        if !graph_known(job) {
+            return Err(TopologyError::PlanNotListed {
+                job: job.jid.clone(),
+                state: job.state.clone(),
             });
         }
         let inputs: BTreeMap<&str, &[super::rest::PlanInput]> = job
@@ -261,14 +276,44 @@ impl FlinkTopology {
             .collect()
     }
 
-    /// Whether `job` still has this graph: the same vertex ids with the same inputs.
+    /// Whether `job` still has this graph: the same vertex ids in the same order, with the same
+    /// roles and edges. A job whose plan Flink does not list yet ([`graph_known`] false: a
+    /// starting job) has nothing to compare and counts as the same.
     pub fn same_graph(&self, job: &JobDetails) -> bool {
-        job.vertices.len() == self.vertices.len()
-            && job
-                .vertices
+        if !graph_known(job) {
+            return true;
+        }
+        match FlinkTopology::from_job(job, &self.spec.autoscaler, &VertexBounds::new()) {
+            Ok(t) => {
+                t.vertices
+                    .iter()
+                    .map(|v| (&v.id, v.role))
+                    .eq(self.vertices.iter().map(|v| (&v.id, v.role)))
+                    && t.spec.edges == self.spec.edges
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// One line naming the job and its vertices in Flink's order: name, role, parallelism, max
+    /// parallelism (`job ID \`name\`: Source: trace (source, p=1, max 128) -> …`).
+    pub fn describe(&self) -> String {
+        format!(
+            "job {} `{}`: {}",
+            self.job_id,
+            self.job_name,
+            self.vertices
                 .iter()
-                .zip(&self.vertices)
-                .all(|(a, b)| a.id == b.id)
+                .map(|v| format!(
+                    "{} ({}, p={}, max {})",
+                    v.name,
+                    v.role.name(),
+                    v.parallelism,
+                    v.max_parallelism
+                ))
+                .collect::<Vec<_>>()
+                .join(" -> ")
+        )
     }
 
     /// `pipeline.jobvertex-parallelism-overrides` for a parallelism map by operator name:
@@ -280,6 +325,13 @@ impl FlinkTopology {
             .collect::<Vec<_>>()
             .join(",")
     }
+}
+
+/// Whether Flink lists `job`'s plan: a job still being created (`CREATED`, also after a
+/// restart) answers its vertices, in another order, with an empty plan, from which no vertex's
+/// inputs (so no role and no edge) can be read.
+pub fn graph_known(job: &JobDetails) -> bool {
+    !job.plan.nodes.is_empty()
 }
 
 /// A job name as the planner's spec names jobs (letters, digits, `-`, `_`).

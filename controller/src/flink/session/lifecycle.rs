@@ -25,6 +25,7 @@ impl JobSession {
             rescales: Vec::new(),
             subtask_seconds: 0.0,
             lag_growing_seconds: 0.0,
+            unreadable_seconds: 0.0,
             ended: None,
         };
         let topology = Arc::new(Mutex::new(topo));
@@ -85,6 +86,7 @@ impl JobSession {
             collector: Collector::new(),
             last_hold: String::new(),
             last_notes: Vec::new(),
+            unreadable_since: None,
             report,
             timeline: Vec::new(),
             done: false,

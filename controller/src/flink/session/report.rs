@@ -49,6 +49,9 @@ pub struct JobReport {
     pub subtask_seconds: f64,
     /// Seconds of the session with some source's backlog growing.
     pub lag_growing_seconds: f64,
+    /// Seconds of the session in which the job could not be read (the cluster unreachable, or
+    /// answering errors): no metrics, no decision.
+    pub unreadable_seconds: f64,
     /// How the session ended for this job, when it ended before the session did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended: Option<String>,

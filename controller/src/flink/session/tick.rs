@@ -20,10 +20,26 @@ impl JobSession {
                 return;
             }
             Err(e) => {
-                print(&format!("{}: cannot read the job: {e}", short(&jid)));
+                // Said once; the next line is when the job can be read again.
+                if self.unreadable_since.is_none() {
+                    self.unreadable_since = Some(now_s);
+                    print(&format!(
+                        "{}: cannot read the job: {e} (trying again every {} s; a line says when it answers)",
+                        short(&jid),
+                        opts.interval_s
+                    ));
+                }
                 return;
             }
         };
+        if let Some(since) = self.unreadable_since.take() {
+            self.report.unreadable_seconds += now_s - since;
+            print(&format!(
+                "{}: the job can be read again, after {:.0} s",
+                short(&jid),
+                now_s - since
+            ));
+        }
         if matches!(job.state.as_str(), "FINISHED" | "CANCELED" | "FAILED") {
             self.end(format!("job {jid} ended ({})", job.state), print);
             return;
@@ -37,6 +53,8 @@ impl JobSession {
                             "{}: the job graph changed; reading it again",
                             short(&jid)
                         ));
+                        print(&t.describe());
+                        self.report.vertices.clone_from(&t.vertices);
                         *topo = t;
                         self.session.clear_window();
                     }
@@ -98,6 +116,14 @@ impl JobSession {
         if sample.notes != self.last_notes {
             for n in &sample.notes {
                 print(&format!("{}: {n}", short(&jid)));
+            }
+            // A source whose pendingRecords metric was missing (a source registers it once
+            // it runs) and is there now: the earlier line no longer holds.
+            for vertex in metrics::sources_reporting_again(&self.last_notes, &sample.notes) {
+                print(&format!(
+                    "{}: {vertex}: reports pendingRecords now: its backlog is read from it",
+                    short(&jid)
+                ));
             }
             self.last_notes.clone_from(&sample.notes);
         }
