@@ -56,14 +56,25 @@ pub fn plot_timeline(
     })
 }
 
-type Panel<'a> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+pub(crate) type Panel<'a> =
+    ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// What a panel's y axis counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum YAxis {
+    /// A measure: labels wherever the axis puts them.
+    Real,
+    /// A count (parallelism): labels on whole numbers only.
+    Whole,
+}
 
 /// One panel: caption, time axis `0..t_max` seconds, y axis `0..y_max`, mesh drawn.
-fn panel<'a>(
+pub(crate) fn panel<'a>(
     area: &DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>,
     caption: &str,
     t_max: f64,
     y_max: f64,
+    y_axis: YAxis,
 ) -> Result<Panel<'a>, String> {
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 20))
@@ -72,13 +83,15 @@ fn panel<'a>(
         .y_label_area_size(70)
         .build_cartesian_2d(0.0..t_max, 0.0..y_max)
         .map_err(|x| x.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("t (s)")
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc("t (s)")
         .x_label_formatter(&|v| tick(*v))
-        .y_label_formatter(&|v| tick(*v))
-        .draw()
-        .map_err(|x| x.to_string())?;
+        .y_label_formatter(&|v| tick(*v));
+    if y_axis == YAxis::Whole {
+        // At most 11 labels; the axis picks whole steps (1, 2, 5, …) for a range from 0.
+        mesh.y_labels((y_max.floor() as usize + 1).clamp(2, 11));
+    }
+    mesh.draw().map_err(|x| x.to_string())?;
     Ok(chart)
 }
 
@@ -94,7 +107,7 @@ fn tick(v: f64) -> String {
 }
 
 /// Draws `points` as a line of `color` and `width` pixels and adds `label` to the panel's key.
-fn line(
+pub(crate) fn line(
     chart: &mut Panel<'_>,
     key: &mut Vec<(String, RGBColor)>,
     points: impl IntoIterator<Item = (f64, f64)>,
@@ -110,11 +123,11 @@ fn line(
 }
 
 /// Width of the key to the right of each panel, pixels.
-const KEY_WIDTH: u32 = 190;
+pub(crate) const KEY_WIDTH: u32 = 190;
 
 /// Draws a panel's key (a line of each colour and its label, top to bottom) into `area`, the
 /// strip to the right of the panel's plot.
-fn draw_key(
+pub(crate) fn draw_key(
     area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
     key: &[(String, RGBColor)],
 ) -> Result<(), String> {
@@ -181,7 +194,7 @@ fn draw(
     } else {
         "input rate vs capacity (records/s)"
     };
-    let mut chart = panel(&panels[0].0, title, t_max, y1)?;
+    let mut chart = panel(&panels[0].0, title, t_max, y1, YAxis::Real)?;
     let mut key = Vec::new();
     line(
         &mut chart,
@@ -213,6 +226,7 @@ fn draw(
         "parallelism per operator",
         t_max,
         f64::from(p_max) + 1.0,
+        YAxis::Whole,
     )?;
     let mut key = Vec::new();
     for (i, op) in operators.iter().enumerate() {
@@ -246,6 +260,7 @@ fn draw(
         &format!("{label} end-to-end latency (s)"),
         t_max,
         lat_max.max(0.001),
+        YAxis::Real,
     )?;
     let mut key = Vec::new();
     line(

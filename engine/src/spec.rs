@@ -468,6 +468,13 @@ pub struct RateStep {
 
 /// A source rate that follows a recorded workload trace.
 ///
+/// Largest factor on a trace's rates (`rate.trace.scale`, `--scale`): beyond it no engine keeps
+/// up and counts of records would overflow.
+pub const MAX_TRACE_SCALE: f64 = 1e9;
+/// Largest replay speed of a trace (`rate.trace.speedup`, `--speedup`), trace-seconds per
+/// second: a year of trace in 32 s.
+pub const MAX_TRACE_SPEEDUP: f64 = 1e6;
+
 /// Trace time advances `speedup` trace-seconds per wall-clock second from `startSeconds`;
 /// the emitted rate in records/s is the trace's rate at that trace time times `scale`.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

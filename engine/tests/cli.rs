@@ -60,6 +60,10 @@ fn bad_jobs_fail_with_one_clear_line() {
             "rate.trace.scale: -2 must be a finite, positive number",
         ),
         (
+            "name: j\noperators:\n  - { name: src, kind: source, rate: { trace: { file: t.csv, speedup: 1e300 } } }\nedges: []\n".to_string(),
+            "rate.trace.speedup: 1e300 is above the limit 1e6",
+        ),
+        (
             "name: j\noperators:\n  - { name: src, kind: source, rate: { trace: { file: missing.csv } } }\nedges: []\n".to_string(),
             "missing.csv does not exist",
         ),

@@ -132,7 +132,7 @@ mod tests {
             "backlog grows by about # rec/s at p=#"
         );
         assert_ne!(
-            reason_shape("waiting for data: 1 metric samples, need 2"),
+            reason_shape("waiting for data: 1 of 2 metric samples"),
             reason_shape("stabilizing: 1 s since the last (re)start, need 2 s")
         );
     }

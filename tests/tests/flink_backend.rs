@@ -582,6 +582,28 @@ fn streamscale_autoscales_a_real_flink_job() {
     );
     assert!(out.contains("no pendingRecords metric"), "{out}");
     assert!(out.contains(" busy "), "live lines with rates: {out}");
+    assert!(
+        report.join("timeline.png").is_file(),
+        "a job's chart beside its summary"
+    );
+    // Bounds for a vertex the named job does not have: refused (exit 2), nothing written.
+    let typo = tmp.path().join("typo-settings.yaml");
+    std::fs::write(&typo, "vertices:\n  \"no such vertex\": { max: 2 }\n").expect("settings");
+    let typo_report = tmp.path().join("typo-report");
+    let (code, _, err) = autoscale(
+        &flink.rest,
+        &py_jid,
+        "10s",
+        &["--settings", &typo.display().to_string()],
+        &typo_report,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--settings: vertices: no vertex named `no such vertex` in job")
+            && err.contains("(its vertices: `"),
+        "{err}"
+    );
+    assert!(!typo_report.exists());
     flink.cancel_all();
 
     // 7. An unknown job and an unreachable cluster: exit 1 and one line naming it, and no

@@ -113,6 +113,22 @@ fn an_absurd_duration_is_refused() {
         &["streamscale: --duration: must be > 0 (got 0s)"],
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // A negative value with a unit is the option's value, not another option (clap took
+    // `-5s` for a flag: `unexpected argument '-5'`, without naming --duration).
+    let (_, stderr) = refused_run(
+        &["--report", "report", "--duration", "-5s"],
+        &["streamscale: --duration: must be > 0 (got -5s)"],
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // A trace replayed absurdly fast or scaled absurdly high (a backlog of 18446744073709545472
+    // records, a trace position of 307445734561825860 h were printed).
+    for (flag, v) in [("--scale", "1e300"), ("--speedup", "1e300")] {
+        let (_, stderr) = refused_run(
+            &["--report", "report", flag, v],
+            &[&format!("streamscale: {flag}: 1e300 is above the limit")],
+        );
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
     // Other seconds options too (a timer cannot even hold 1e300 s).
     refused_run(
         &[

@@ -224,3 +224,28 @@ fn the_report_names_the_slo_percentile() {
     assert_eq!(q, 0.95);
     assert!(header.ends_with(",p95_s"), "{header}");
 }
+
+/// A reader that goes away (`streamscale-sim … | head -1`) does not end the replay: no panic,
+/// exit 0, one line on stderr, and the report written.
+#[test]
+fn a_closed_standard_output_still_writes_the_report() {
+    let dir = setup();
+    let mut child = Command::new(workspace_bin("streamscale-sim"))
+        .current_dir(dir.path())
+        .args(["job.yaml", "--quiet", "--report", "rep"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run streamscale-sim");
+    // The read end closes before the first line is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("standard output closed") && stderr.contains("the report is still written"),
+        "{stderr}"
+    );
+    assert!(dir.path().join("rep/summary.json").is_file());
+}

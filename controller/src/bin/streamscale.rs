@@ -57,7 +57,7 @@ enum Command {
         #[arg(long, default_value_t = 6, allow_negative_numbers = true)]
         partitions: i32,
         /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: the end of the trace.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_hyphen_values = true)]
         duration: Option<String>,
     },
     /// Run a job on a local engine under the autoscaler and write a report.
@@ -74,7 +74,7 @@ enum Command {
         #[arg(long, allow_negative_numbers = true)]
         scale: Option<f64>,
         /// Run length: seconds, or with a unit (`90s`, `10m`, `1h`). Default: the trace window.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_hyphen_values = true)]
         duration: Option<String>,
         /// Report directory.
         #[arg(long, default_value = "report")]
@@ -194,7 +194,7 @@ struct FlinkArgs {
     rescale_timeout: f64,
     /// Stop after this long (seconds, or `90s`, `10m`, `1h`); default: until SIGINT (Ctrl-C) or
     /// SIGTERM.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     duration: Option<String>,
     /// Report directory.
     #[arg(long, default_value = "report-flink")]
@@ -477,7 +477,14 @@ async fn main() -> ExitCode {
     match main_inner(cli).await {
         Ok(code) => code,
         Err(e) => {
-            let code = e.downcast_ref::<RunError>().map_or(1, exit_code);
+            let code = match (
+                e.downcast_ref::<RunError>(),
+                e.downcast_ref::<streamscale_controller::flink::session::SessionError>(),
+            ) {
+                (Some(r), _) => exit_code(r),
+                (None, Some(streamscale_controller::flink::session::SessionError::Option(_))) => 2,
+                _ => 1,
+            };
             err(&format!("streamscale: {e}"));
             ExitCode::from(code)
         }

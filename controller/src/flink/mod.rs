@@ -11,11 +11,12 @@
 //! * [`slots`]: the task slots a job holds and may use (plans capped at them);
 //! * [`settings`]: the `--settings` file (the job file's `autoscaler` schema, vertex bounds);
 //! * [`session`]: the loop of `streamscale flink` over one or more jobs, its live lines and its
-//!   report.
+//!   report; [`plot`]: a job's `timeline.png`.
 
 pub mod collect;
 pub mod in_place;
 pub mod metrics;
+pub mod plot;
 pub mod rest;
 pub mod rest_auth;
 pub mod runtime;

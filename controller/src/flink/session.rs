@@ -43,8 +43,8 @@ mod tick;
 
 pub use error::SessionError;
 pub use options::{FlinkOptions, Mode, RescalePath};
-pub use report::{FlinkSummary, JobReport, RescaleRecord};
-use report::{csv_field, describe, describe_map, write_report};
+pub use report::{FlinkSummary, JobReport, RescaleRecord, TimelineRow};
+use report::{describe, describe_map, write_report};
 
 /// One job under autoscaling.
 struct JobSession {
@@ -61,7 +61,7 @@ struct JobSession {
     /// Since when (session seconds) the job could not be read, while it cannot.
     unreadable_since: Option<f64>,
     report: JobReport,
-    timeline: Vec<String>,
+    timeline: Vec<TimelineRow>,
     done: bool,
 }
 
@@ -194,6 +194,21 @@ pub async fn run(
                 jobs: Vec::new(),
             });
         };
+        // Bounds for a vertex the named job does not have (a typo) would be dropped silently:
+        // refused, naming the job's vertices. With --all, jobs differ and it stays a warning.
+        if !opts.all {
+            let t = FlinkTopology::from_job(&job, &opts.settings, &opts.bounds)?;
+            if let Some(b) = t.unknown_bounds(&opts.bounds).first() {
+                return Err(SessionError::Option(format!(
+                    "--settings: vertices: no vertex named `{b}` in job {jid} (its vertices: {})",
+                    t.vertices
+                        .iter()
+                        .map(|v| format!("`{}`", v.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
         named.push(job);
     }
     std::fs::create_dir_all(&opts.report_dir).map_err(|source| SessionError::Report {
@@ -304,7 +319,12 @@ pub async fn run(
         duration_seconds: started.elapsed().as_secs_f64(),
         jobs: sessions.iter().map(|s| s.report.clone()).collect(),
     };
-    write_report(&opts.report_dir, &summary, &sessions)?;
+    write_report(
+        &opts.report_dir,
+        &summary,
+        &sessions,
+        opts.settings.target_utilization,
+    )?;
     print(&format!(
         "report: {}",
         opts.report_dir.join("summary.json").display()

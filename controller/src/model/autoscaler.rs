@@ -263,7 +263,7 @@ impl Autoscaler {
         }
         if window.len() < g.min_samples.max(2) {
             return hold(format!(
-                "waiting for data: {} metric samples, need {}",
+                "waiting for data: {} of {} metric samples",
                 window.len(),
                 g.min_samples.max(2)
             ));

@@ -449,7 +449,9 @@ pub(super) fn merge_scale_downs(
 /// are late. The planner already sizes scale-ups to drain that backlog within the catch-up
 /// time (the downtime is part of the sources' target rate).
 ///
-/// * Scale-up (any operator grows): the benefit is the violation avoided over the horizon H:
+/// * Scale-up (any operator grows): one that still cannot keep up (ρ ≥ 1 at the new
+///   parallelism) goes ahead when it lowers ρ: the backlog grows slower. Otherwise the
+///   benefit is the violation avoided over the horizon H:
 ///   H seconds when the current parallelism violates the utilization target at the target
 ///   rate (with catch-up) or the latency SLO's percentile bound, else 0. The reason says
 ///   which: time over the utilization target alone is not called SLO violation. Rescale when the
@@ -490,7 +492,19 @@ pub(super) fn rescale_worth_its_cost(
         .iter()
         .any(|(k, p)| planned.current.get(k.as_str()).is_some_and(|c| p > c));
     if up {
-        let (rho_target_now, _, tail_now) = now.get(model, &planned.current);
+        let (rho_target_now, rho_steady_now, tail_now) = now.get(model, &planned.current);
+        // A scale-up that cannot keep up either (at the slot limit or `scaling.max`, under a
+        // load above the most the job can have) never drains its own downtime's backlog, but
+        // it slows the backlog's growth: worth it when it adds capacity (it was held as
+        // "drained in inf s", and the overload went on at the smaller parallelism).
+        if rho_new >= 1.0 && rho_new < rho_steady_now {
+            return Ok(format!(
+                "{cost}; the new parallelism cannot keep up either (ρ {} at the steady rate, now {}), but the backlog grows slower: worth its {} s of downtime",
+                Fixed(rho_new, 2),
+                Fixed(rho_steady_now, 2),
+                Fixed(downtime, 1)
+            ));
+        }
         let violates = rho_target_now > planned.target_utilization * (1.0 + 1e-9)
             || tail_now > planned.latency_slo_seconds;
         let benefit = if violates { horizon } else { 0.0 };

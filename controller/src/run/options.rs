@@ -443,6 +443,17 @@ pub(super) fn existing_file(what: &str, path: &Path, expected: &str) -> Result<(
 pub fn check_options(opts: &RunOptions) -> Result<(), RunError> {
     positive("--speedup", opts.speedup)?;
     positive("--scale", opts.scale)?;
+    use streamscale_engine::spec::{MAX_TRACE_SCALE, MAX_TRACE_SPEEDUP};
+    for (name, v, max) in [
+        ("--speedup", opts.speedup, MAX_TRACE_SPEEDUP),
+        ("--scale", opts.scale, MAX_TRACE_SCALE),
+    ] {
+        if let Some(v) = v.filter(|&v| v > max) {
+            return Err(RunError::Option(format!(
+                "{name}: {v:e} is above the limit {max:e}"
+            )));
+        }
+    }
     positive("--duration", opts.duration_s)?;
     scrape_interval(opts.interval_s)?;
     positive("--slo", opts.slo_s)?;

@@ -409,11 +409,12 @@ fn run(a: Args) -> anyhow::Result<()> {
     // `--start`, a start past the trace's end): check the spec again as the engine would.
     spec.validate()
         .map_err(|e| anyhow::anyhow!("{} with the command-line overrides: {e}", a.job.display()))?;
+    let mut out = Stdout::default();
     let mut model = JobModel::new(&spec, &cfg, a.duration)?;
     if let Some(p) = &a.service_rates {
         model = model.with_service_rates(&ServiceRates::from_file(p)?)?;
         if let Some(line) = &settings_line {
-            println!("{line}");
+            out.write(&format!("{line}\n"));
         }
     }
     if model.duration_s.is_nan() || model.duration_s <= 0.0 {
@@ -461,8 +462,8 @@ fn run(a: Args) -> anyhow::Result<()> {
         bar.inc(n);
     })?;
     bar.finish_and_clear();
-    println!(
-        "job `{}`: {} simulated ({} mode, step {} s, SLO {} s{}) in {:.2} s",
+    out.write(&format!(
+        "job `{}`: {} simulated ({} mode, step {} s, SLO {} s{}) in {:.2} s\n",
         spec.name,
         if model.duration_s < 3600.0 {
             format!("{:.0} s", model.duration_s)
@@ -478,12 +479,37 @@ fn run(a: Args) -> anyhow::Result<()> {
             format!(" on {}", model.slo_quantile.label())
         },
         started.elapsed().as_secs_f64()
-    );
-    print!("{}", report::table(&summary, &names));
+    ));
+    out.write(&report::table(&summary, &names));
     if let Some(dir) = &a.report {
         report::write_files(dir, &summary, &runs, &model)?;
         report::plot(&dir.join(format!("comparison.{}", a.plot)), &runs, &model)?;
-        println!("report in {}", dir.display());
+        out.write(&format!("report in {}\n", dir.display()));
     }
     Ok(())
+}
+
+/// Standard output for the summary. A reader that went away (`| head`) must not end the replay
+/// before its report is written: the first failed write is said once on stderr and later text is
+/// dropped.
+#[derive(Default)]
+struct Stdout {
+    closed: bool,
+}
+
+impl Stdout {
+    fn write(&mut self, text: &str) {
+        use std::io::Write;
+        if self.closed {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+            self.closed = true;
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "streamscale-sim: standard output closed ({e}); the report is still written"
+            );
+        }
+    }
 }

@@ -10,10 +10,23 @@ struct VertexRates {
     backlog: Option<f64>,
 }
 
-fn vertex_rates(a: &MetricSample, b: &MetricSample, name: &str) -> Option<VertexRates> {
+/// Busy share above which a pair of samples is no measurement (a share is at most 1; Flink's
+/// accumulated times can step a little).
+const MAX_BUSY_SHARE: f64 = 1.5;
+
+/// The rates of vertex `name` between samples `a` and `b`, `None` when the pair measures
+/// nothing: the vertex missing or at another parallelism, a subtask absent, samples less than
+/// `min_dt` seconds apart, or an impossible busy share (samples across a restart, dated by
+/// fetches that do not follow each other: seen as busy 999 % and 1,066,547 records/s).
+fn vertex_rates(
+    a: &MetricSample,
+    b: &MetricSample,
+    name: &str,
+    min_dt: f64,
+) -> Option<VertexRates> {
     let dt = b.at_seconds - a.at_seconds;
     let (x, y) = (a.operators.get(name)?, b.operators.get(name)?);
-    if dt <= 0.0 || x.len() != y.len() || y.iter().any(|s| s.is_absent()) {
+    if !(dt >= min_dt && dt > 0.0) || x.len() != y.len() || y.iter().any(|s| s.is_absent()) {
         return None;
     }
     let n = y.len().max(1) as f64;
@@ -21,18 +34,24 @@ fn vertex_rates(a: &MetricSample, b: &MetricSample, name: &str) -> Option<Vertex
         x.iter().zip(y).map(|(p, q)| f(q) - f(p)).sum::<f64>()
     };
     let backlog: Option<f64> = y.iter().map(|s| s.source_backlog).sum();
-    Some(VertexRates {
+    let rates = VertexRates {
         busy: sum(&|s| s.busy_seconds) / dt / n,
         records_in: sum(&|s| s.records_in) / dt,
         records_out: sum(&|s| s.records_out) / dt,
         backlog,
-    })
+    };
+    let plausible =
+        rates.busy <= MAX_BUSY_SHARE && rates.records_in >= 0.0 && rates.records_out >= 0.0;
+    plausible.then_some(rates)
 }
 
 impl JobSession {
+    /// Prints the job's live line for the last two samples of the window (at least
+    /// `interval_s / 4` apart) and records it in the timeline.
     pub(super) fn live_line(
         &mut self,
         at_s: f64,
+        interval_s: f64,
         topo: &FlinkTopology,
         print: &mut dyn FnMut(&str),
     ) {
@@ -46,7 +65,7 @@ impl JobSession {
         let mut growing = false;
         for v in &topo.vertices {
             let p = b.operators.get(&v.name).map_or(0, Vec::len);
-            let Some(r) = vertex_rates(a, b, &v.name) else {
+            let Some(r) = vertex_rates(a, b, &v.name, interval_s / 4.0) else {
                 parts.push(format!("{} p={p} (no data)", v.name));
                 continue;
             };
@@ -74,16 +93,18 @@ impl JobSession {
                 v.name,
                 100.0 * r.busy.clamp(0.0, 9.99)
             ));
-            self.timeline.push(format!(
-                "{at_s:.1},{},{},{},{p},{:.4},{:.2},{:.2},{}",
-                self.report.job_id,
-                csv_field(&v.name),
-                v.id,
-                r.busy,
-                r.records_in,
-                r.records_out,
-                r.backlog.map_or(String::new(), |l| format!("{l:.0}"))
-            ));
+            self.timeline.push(TimelineRow {
+                t_s: at_s,
+                job_id: self.report.job_id.clone(),
+                vertex: v.name.clone(),
+                vertex_id: v.id.clone(),
+                role: v.role,
+                parallelism: p,
+                busy: r.busy,
+                records_in: r.records_in,
+                records_out: r.records_out,
+                backlog: r.backlog,
+            });
         }
         let dt = b.at_seconds - a.at_seconds;
         if growing {
@@ -96,5 +117,40 @@ impl JobSession {
             short(&self.report.job_id),
             parts.join(" | ")
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::SubtaskSample;
+
+    fn sample(at: f64, busy: f64, records: f64) -> MetricSample {
+        MetricSample {
+            at_seconds: at,
+            operators: [(
+                "v".to_string(),
+                vec![SubtaskSample {
+                    busy_seconds: busy,
+                    records_in: records,
+                    records_out: records,
+                    ..SubtaskSample::default()
+                }],
+            )]
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    /// A pair of samples a few milliseconds apart (across a restart, seen as busy 999 % and
+    /// 1,066,547 records/s) or with an impossible busy share is not shown as rates.
+    #[test]
+    fn samples_too_close_or_impossible_are_no_rates() {
+        let a = sample(100.0, 10.0, 1000.0);
+        let r = vertex_rates(&a, &sample(104.0, 12.0, 5000.0), "v", 1.0).expect("rates");
+        assert!((r.busy - 0.5).abs() < 1e-9 && (r.records_out - 1000.0).abs() < 1e-9);
+        assert!(vertex_rates(&a, &sample(100.004, 10.04, 5000.0), "v", 1.0).is_none());
+        assert!(vertex_rates(&a, &sample(104.0, 20.0, 5000.0), "v", 1.0).is_none());
+        assert!(vertex_rates(&a, &sample(104.0, 12.0, 5000.0), "w", 1.0).is_none());
     }
 }

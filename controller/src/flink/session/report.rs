@@ -1,5 +1,5 @@
 //! The session's report: `summary.json` (per job: its rescales, subtask-seconds, how it ended)
-//! and `timeline.csv`, and the short descriptions of parallelism its lines use.
+//! `timeline.csv` and `timeline.png`, and the short descriptions of parallelism its lines use.
 
 use super::*;
 
@@ -71,6 +71,49 @@ pub struct FlinkSummary {
     pub jobs: Vec<JobReport>,
 }
 
+/// One vertex in one interval of a job, as `timeline.csv` and `timeline.png` show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelineRow {
+    /// Session seconds at the interval's end.
+    pub t_s: f64,
+    /// The job id then.
+    pub job_id: String,
+    /// The vertex's name as printed.
+    pub vertex: String,
+    /// Flink's vertex id.
+    pub vertex_id: String,
+    /// Source, keyed or other.
+    pub role: VertexRole,
+    /// Subtasks reporting.
+    pub parallelism: usize,
+    /// Mean busy share of its subtasks over the interval, 0–1.
+    pub busy: f64,
+    /// Records in per second.
+    pub records_in: f64,
+    /// Records out per second.
+    pub records_out: f64,
+    /// A source's `pendingRecords` at the interval's end (records), when it reports it.
+    pub backlog: Option<f64>,
+}
+
+impl TimelineRow {
+    /// The row's `timeline.csv` line (no newline).
+    fn csv(&self) -> String {
+        format!(
+            "{:.1},{},{},{},{},{:.4},{:.2},{:.2},{}",
+            self.t_s,
+            self.job_id,
+            csv_field(&self.vertex),
+            self.vertex_id,
+            self.parallelism,
+            self.busy,
+            self.records_in,
+            self.records_out,
+            self.backlog.map_or(String::new(), |l| format!("{l:.0}"))
+        )
+    }
+}
+
 pub(super) fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
@@ -99,6 +142,7 @@ pub(super) fn write_report(
     dir: &Path,
     summary: &FlinkSummary,
     sessions: &[JobSession],
+    target_utilization: f64,
 ) -> Result<(), SessionError> {
     let write = |name: &str, text: String| {
         let path = dir.join(name);
@@ -119,10 +163,30 @@ pub(super) fn write_report(
         "t_seconds,job_id,vertex,vertex_id,parallelism,busy_share,records_in_per_s,records_out_per_s,backlog\n",
     );
     for s in sessions {
-        for line in &s.timeline {
-            csv.push_str(line);
+        for row in &s.timeline {
+            csv.push_str(&row.csv());
             csv.push('\n');
         }
     }
-    write("timeline.csv", csv)
+    write("timeline.csv", csv)?;
+    // One chart per job: `timeline.png` for a session of one job, else `timeline-JOB.png`
+    // (the job's first id, 8 digits).
+    for s in sessions.iter().filter(|s| !s.timeline.is_empty()) {
+        let name = if sessions.len() == 1 {
+            "timeline.png".to_string()
+        } else {
+            format!("timeline-{}.png", short(&s.report.first_job_id))
+        };
+        crate::flink::plot::plot_job_timeline(
+            &dir.join(&name),
+            &s.report.name,
+            &s.timeline,
+            target_utilization,
+        )
+        .map_err(|e| SessionError::Report {
+            path: dir.join(&name).display().to_string(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+    }
+    Ok(())
 }

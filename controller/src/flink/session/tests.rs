@@ -1,4 +1,5 @@
 use super::*;
+use report::csv_field;
 
 #[test]
 fn changes_name_only_the_vertices_that_change() {

@@ -128,7 +128,7 @@ impl JobSession {
             self.last_notes.clone_from(&sample.notes);
         }
         self.session.observe(now_s, sample.sample);
-        self.live_line(now_s, &topo, print);
+        self.live_line(now_s, opts.interval_s, &topo, print);
         let limit = slots_available.map(|free| slots::limit(free, &job));
         if let Some(limit) = limit {
             slots::cap(&mut topo.spec, limit);

@@ -577,6 +577,34 @@ fn a_scale_up_over_the_target_with_the_slo_met_does_not_claim_slo_violation() {
     );
 }
 
+/// A scale-up capped below what the load needs (map at most 4 subtasks under γ = 600: ρ 1.5
+/// at 4, 3.0 at 2) never drains its downtime's backlog, yet it slows the overload: it goes
+/// ahead (it was held as "drained in inf s … not worth its cost", seen on a real Flink job at
+/// its slot limit).
+#[test]
+fn a_capped_scale_up_that_still_falls_behind_goes_ahead() {
+    let spec = job(&CHAIN.replace(
+        "{ name: map, kind: map, parallelism: 8 }",
+        "{ name: map, kind: map, parallelism: 8, scaling: { max: 4 } }",
+    ));
+    let settings = GuardSettings {
+        rescale_horizon_seconds: 600.0,
+        planner: PlannerSettings {
+            rescale_downtime_seconds: Some(10.0),
+            ..PlannerSettings::default()
+        },
+        ..GuardSettings::default()
+    };
+    let v = Autoscaler::new(settings).decide(0.0, &win(2, 600.0, 0.0, 1), &spec);
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+    assert!(
+        planned(&v).reasons.iter().any(|r| r.contains(
+            "the new parallelism cannot keep up either (ρ 1.50 at the steady rate, now 3.00), but the backlog grows slower"
+        )),
+        "{v:?}"
+    );
+}
+
 /// Best effort: a scale-up for latency alone (map at ρ 0.67 ≤ 0.7 already, an SLO below
 /// its service time) is applied, and its reason says that the SLO stays unmet.
 #[test]
@@ -749,7 +777,7 @@ fn too_few_samples_or_too_short_history_holds() {
     let w = win(1, 600.0, 0.0, 1);
     let v = a.decide(0.0, &w[..2], &spec);
     assert!(
-        matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.contains("2 metric samples")),
+        matches!(&v, Verdict::Hold { reason, recommendation: None } if reason.contains("waiting for data: 2 of 3 metric samples")),
         "{v:?}"
     );
     // 3 samples but only 10 s of history (< 15 s).

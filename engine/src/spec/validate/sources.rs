@@ -86,6 +86,17 @@ pub(super) fn validate_rate(at: &str, rate: &RateSpec) -> Result<(), String> {
                     t.speedup
                 ));
             }
+            if t.scale > crate::spec::MAX_TRACE_SCALE || t.speedup > crate::spec::MAX_TRACE_SPEEDUP
+            {
+                let (field, v, max) = if t.scale > crate::spec::MAX_TRACE_SCALE {
+                    ("scale", t.scale, crate::spec::MAX_TRACE_SCALE)
+                } else {
+                    ("speedup", t.speedup, crate::spec::MAX_TRACE_SPEEDUP)
+                };
+                return Err(format!(
+                    "{at}.rate.trace.{field}: {v:e} is above the limit {max:e}"
+                ));
+            }
             if !(t.start_seconds >= 0.0 && t.start_seconds.is_finite()) {
                 return Err(format!(
                     "{at}.rate.trace.startSeconds: {} must be a finite, non-negative number of seconds",
