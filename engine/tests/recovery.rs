@@ -172,6 +172,12 @@ fn subtask_panic_restarts_in_process_from_the_latest_checkpoint() {
     assert_eq!(actual, expected);
 }
 
+/// A checkpoint interval no test sees a periodic checkpoint of: periodic checkpoints start on
+/// multiples of the interval on the wall clock, and the next multiple of 4e9 s since the Unix
+/// epoch is in 2096. (With 60 s the next full minute came within the 3 s before the injected
+/// fault: both tests below failed together when run at 20:58:58 UTC.)
+const NO_PERIODIC_CHECKPOINT_S: f64 = 4.0e9;
+
 /// A second run in a checkpoint directory that still holds the first run's checkpoints,
 /// failing before it completes one of its own: it restarts from the beginning, never from the
 /// earlier run's state (which would count its records twice).
@@ -193,11 +199,11 @@ fn a_restart_never_resumes_from_an_earlier_runs_checkpoints() {
         "the first run left checkpoints"
     );
 
-    // The second run checkpoints every 60 s: it fails (at record 4000, about 3 s in) before
-    // its first checkpoint.
+    // The second run takes no periodic checkpoint: it fails (at record 4000, about 3 s in)
+    // before its first one.
     let second = dir.path().join("second");
     std::fs::create_dir_all(&second).unwrap();
-    let job = checkpointed_job(&second, COUNT, RATE, 60.0, 3, &chk);
+    let job = checkpointed_job(&second, COUNT, RATE, NO_PERIODIC_CHECKPOINT_S, 3, &chk);
     let mut engine = EngineProcess::start(
         &job,
         &sps,
@@ -232,7 +238,7 @@ fn a_restart_before_the_first_checkpoint_resumes_from_the_restored_savepoint() {
     let dir = tempfile::tempdir().unwrap();
     let sps = dir.path().join("savepoints");
     let chk = dir.path().join("checkpoints");
-    let job = checkpointed_job(dir.path(), COUNT, RATE, 60.0, 3, &chk);
+    let job = checkpointed_job(dir.path(), COUNT, RATE, NO_PERIODIC_CHECKPOINT_S, 3, &chk);
     let spec = JobSpec::from_file(&job).unwrap();
     let expected = uninterrupted(&job, &sps, &spec);
 
