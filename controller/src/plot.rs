@@ -35,7 +35,8 @@ pub const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-fn max_of(values: impl Iterator<Item = f64>) -> f64 {
+/// The largest finite value, 0 when there is none.
+pub(crate) fn max_of(values: impl Iterator<Item = f64>) -> f64 {
     values.filter(|v| v.is_finite()).fold(0.0, f64::max)
 }
 

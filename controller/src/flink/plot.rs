@@ -10,7 +10,7 @@ use plotters::prelude::*;
 
 use super::session::TimelineRow;
 use super::topology::VertexRole;
-use crate::plot::{COLORS, KEY_WIDTH, PlotError, YAxis, draw_key, line, panel};
+use crate::plot::{COLORS, KEY_WIDTH, PlotError, YAxis, draw_key, line, max_of, panel};
 
 /// Draws the chart of one job's `rows` (every vertex of every interval, in session order) into
 /// the PNG file `path` (1390×1300 pixels), titled with the job's name, with the busy-share
@@ -50,10 +50,6 @@ fn series<'a>(
     rows.iter()
         .filter(move |r| r.vertex == vertex)
         .filter_map(move |r| value(r).map(|v| (r.t_s, v)))
-}
-
-fn max_of(values: impl Iterator<Item = f64>) -> f64 {
-    values.filter(|v| v.is_finite()).fold(0.0, f64::max)
 }
 
 fn draw(
