@@ -22,6 +22,7 @@ pub mod api;
 pub mod autoscale_session;
 pub mod causes;
 pub mod collect;
+pub mod console;
 pub mod executor;
 pub mod flink;
 pub mod load;

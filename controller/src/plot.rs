@@ -123,6 +123,30 @@ pub(crate) fn line(
     Ok(())
 }
 
+/// How far line `i` of `n` on a parallelism panel is moved up or down, so that lines at the
+/// same parallelism stay distinguishable.
+pub(crate) fn step_offset(i: usize, n: usize) -> f64 {
+    (i as f64 - n as f64 / 2.0) * 0.03
+}
+
+/// A parallelism series `(t, p)` as a step line moved by `offset`: a change at `t` is drawn as a
+/// vertical step there, not a slope from the previous point.
+pub(crate) fn steps(points: impl IntoIterator<Item = (f64, f64)>, offset: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let mut last: Option<f64> = None;
+    for (t, p) in points {
+        let y = p + offset;
+        if let Some(prev) = last
+            && prev != y
+        {
+            out.push((t, prev));
+        }
+        out.push((t, y));
+        last = Some(y);
+    }
+    out
+}
+
 /// Width of the key to the right of each panel, pixels.
 pub(crate) const KEY_WIDTH: u32 = 190;
 
@@ -232,22 +256,11 @@ fn draw(
     let mut key = Vec::new();
     for (i, op) in operators.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        // Offset lines slightly so operators at the same parallelism stay distinguishable.
-        let offset = (i as f64 - operators.len() as f64 / 2.0) * 0.03;
-        let mut points = Vec::new();
-        let mut last: Option<f64> = None;
-        for r in rows {
-            if let Some(p) = r.parallelism.get(op) {
-                let y = f64::from(*p) + offset;
-                if let Some(prev) = last
-                    && prev != y
-                {
-                    points.push((r.t_s, prev));
-                }
-                points.push((r.t_s, y));
-                last = Some(y);
-            }
-        }
+        let points = steps(
+            rows.iter()
+                .filter_map(|r| r.parallelism.get(op).map(|p| (r.t_s, f64::from(*p)))),
+            step_offset(i, operators.len()),
+        );
         line(&mut chart, &mut key, points, color, 2, op)?;
     }
     draw_key(&panels[1].1, &key)?;

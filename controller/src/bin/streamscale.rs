@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::io::{IsTerminal as _, Write as _};
 
 use clap::{Parser, Subcommand};
+use streamscale_controller::console::Console;
 use streamscale_controller::flink::session::FlinkOptions;
 use streamscale_controller::run::{self, RunError, RunOptions};
 
@@ -377,27 +378,10 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     Ok(seconds)
 }
 
-/// Standard output for the run's lines. A closed stdout (the terminal went away: SIGHUP, or a
-/// pipe whose reader exited) must not end the run before its draining savepoint and report:
-/// the first failed write is reported once on stderr and later lines are dropped.
-#[derive(Default)]
-struct Console {
-    closed: bool,
-}
-
-impl Console {
-    fn line(&mut self, line: &str) {
-        if self.closed {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
-            self.closed = true;
-            err(&format!(
-                "streamscale: standard output closed ({e}); the run goes on, see the report"
-            ));
-        }
-    }
+/// Standard output for the command's lines ([`Console`]: a closed stdout does not end a run
+/// before its draining savepoint and report).
+fn console() -> Console {
+    Console::new("streamscale", "the run goes on, see the report")
 }
 
 /// Writes one line to stderr; a closed stderr is ignored (nothing else can be told).
@@ -534,7 +518,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 latency_percentile,
                 keep_savepoints,
             };
-            let mut console = Console::default();
+            let mut console = console();
             let outcome = run::run(
                 &opts,
                 &mut |line: &str| console.line(line),
@@ -664,11 +648,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 on_signal.store(true, std::sync::atomic::Ordering::SeqCst);
             });
             let summary = tokio::task::spawn_blocking(move || {
-                let mut console = Console::default();
+                let mut console = console();
                 streamscale_controller::load::run(&opts, &stop, &mut |l| console.line(l))
             })
             .await??;
-            Console::default().line(&format!(
+            console().line(&format!(
                 "load: sent {} records in {:.1} s",
                 summary.records, summary.seconds
             ));
@@ -683,12 +667,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             for note in &outcome.notes {
                 err(&format!("streamscale plan: {note}"));
             }
-            Console::default().line(&serde_json::to_string_pretty(&outcome.decision)?);
+            console().line(&serde_json::to_string_pretty(&outcome.decision)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Flink(args) => {
             let (opts, auth) = flink_options(*args)?;
-            let mut console = Console::default();
+            let mut console = console();
             if auth.credentials != Default::default() && !opts.rest_url.starts_with("https:") {
                 err(&format!(
                     "streamscale flink: warning: sending REST credentials over plain http to {} (use an https --rest-url)",

@@ -10,7 +10,9 @@ use plotters::prelude::*;
 
 use super::session::TimelineRow;
 use super::topology::VertexRole;
-use crate::plot::{COLORS, KEY_WIDTH, PlotError, YAxis, draw_key, line, max_of, panel};
+use crate::plot::{
+    COLORS, KEY_WIDTH, Panel, PlotError, YAxis, draw_key, line, max_of, panel, step_offset, steps,
+};
 
 /// Draws the chart of one job's `rows` (every vertex of every interval, in session order) into
 /// the PNG file `path` (1390×1300 pixels), titled with the job's name, with the busy-share
@@ -50,6 +52,28 @@ fn series<'a>(
     rows.iter()
         .filter(move |r| r.vertex == vertex)
         .filter_map(move |r| value(r).map(|v| (r.t_s, v)))
+}
+
+/// One line per vertex of `vertices` (its index among the job's vertices, for its colour, and
+/// its name) of `value` over the session.
+fn vertex_lines(
+    chart: &mut Panel<'_>,
+    key: &mut Vec<(String, RGBColor)>,
+    rows: &[TimelineRow],
+    vertices: &[(usize, &str)],
+    value: impl Fn(&TimelineRow) -> Option<f64> + Copy,
+) -> Result<(), String> {
+    for &(i, v) in vertices {
+        line(
+            chart,
+            key,
+            series(rows, v, value),
+            COLORS[i % COLORS.len()],
+            2,
+            v,
+        )?;
+    }
+    Ok(())
 }
 
 fn draw(
@@ -96,20 +120,12 @@ fn draw(
         YAxis::Real,
     )?;
     let mut key = Vec::new();
-    for &(i, v) in &sources {
-        line(
-            &mut chart,
-            &mut key,
-            series(rows, v, |r| Some(r.records_out)),
-            color(i),
-            2,
-            v,
-        )?;
-    }
+    vertex_lines(&mut chart, &mut key, rows, &sources, |r| {
+        Some(r.records_out)
+    })?;
     draw_key(&panels[0].1, &key)?;
 
-    // Panel 2: parallelism per vertex (steps), offset slightly so that vertices at the same
-    // parallelism stay apart.
+    // Panel 2: parallelism per vertex (steps).
     let p_max = rows.iter().map(|r| r.parallelism).max().unwrap_or(1);
     let mut chart = panel(
         &panels[1].0,
@@ -120,19 +136,10 @@ fn draw(
     )?;
     let mut key = Vec::new();
     for (i, (v, _)) in verts.iter().enumerate() {
-        let offset = (i as f64 - verts.len() as f64 / 2.0) * 0.03;
-        let mut points = Vec::new();
-        let mut last: Option<f64> = None;
-        for (t, p) in series(rows, v, |r| Some(r.parallelism as f64)) {
-            let y = p + offset;
-            if let Some(prev) = last
-                && prev != y
-            {
-                points.push((t, prev));
-            }
-            points.push((t, y));
-            last = Some(y);
-        }
+        let points = steps(
+            series(rows, v, |r| Some(r.parallelism as f64)),
+            step_offset(i, verts.len()),
+        );
         line(&mut chart, &mut key, points, color(i), 2, v)?;
     }
     draw_key(&panels[1].1, &key)?;
@@ -146,18 +153,10 @@ fn draw(
         YAxis::Real,
     )?;
     let mut key = Vec::new();
-    for (i, (v, _)) in verts.iter().enumerate() {
-        line(
-            &mut chart,
-            &mut key,
-            series(rows, v, |r| {
-                r.busy.is_finite().then_some(r.busy.clamp(0.0, 1.0))
-            }),
-            color(i),
-            2,
-            v,
-        )?;
-    }
+    let all: Vec<(usize, &str)> = verts.iter().map(|(v, _)| *v).enumerate().collect();
+    vertex_lines(&mut chart, &mut key, rows, &all, |r| {
+        r.busy.is_finite().then_some(r.busy.clamp(0.0, 1.0))
+    })?;
     line(
         &mut chart,
         &mut key,
@@ -188,16 +187,7 @@ fn draw(
         YAxis::Real,
     )?;
     let mut key = Vec::new();
-    for &(i, v) in &reported {
-        line(
-            &mut chart,
-            &mut key,
-            series(rows, v, |r| r.backlog),
-            color(i),
-            2,
-            v,
-        )?;
-    }
+    vertex_lines(&mut chart, &mut key, rows, &reported, |r| r.backlog)?;
     draw_key(&panels[3].1, &key)?;
     root.present().map_err(|x| e(&x))?;
     Ok(())

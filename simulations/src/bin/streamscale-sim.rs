@@ -409,7 +409,11 @@ fn run(a: Args) -> anyhow::Result<()> {
     // `--start`, a start past the trace's end): check the spec again as the engine would.
     spec.validate()
         .map_err(|e| anyhow::anyhow!("{} with the command-line overrides: {e}", a.job.display()))?;
-    let mut out = Stdout::default();
+    // A reader that went away (`| head`) does not end the replay before its report.
+    let mut out = streamscale_controller::console::Console::new(
+        "streamscale-sim",
+        "the report is still written",
+    );
     let mut model = JobModel::new(&spec, &cfg, a.duration)?;
     if let Some(p) = &a.service_rates {
         model = model.with_service_rates(&ServiceRates::from_file(p)?)?;
@@ -487,29 +491,4 @@ fn run(a: Args) -> anyhow::Result<()> {
         out.write(&format!("report in {}\n", dir.display()));
     }
     Ok(())
-}
-
-/// Standard output for the summary. A reader that went away (`| head`) must not end the replay
-/// before its report is written: the first failed write is said once on stderr and later text is
-/// dropped.
-#[derive(Default)]
-struct Stdout {
-    closed: bool,
-}
-
-impl Stdout {
-    fn write(&mut self, text: &str) {
-        use std::io::Write;
-        if self.closed {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-            self.closed = true;
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "streamscale-sim: standard output closed ({e}); the report is still written"
-            );
-        }
-    }
 }

@@ -37,6 +37,20 @@ fn parallelism(v: &Verdict) -> Option<&BTreeMap<String, u32>> {
     }
 }
 
+/// Guard settings with the rescale-cost guard on: a `horizon_s` horizon, an expected downtime of
+/// `downtime_s`, and the latency SLO `slo_s` (the planner's default when `None`).
+fn costed(horizon_s: f64, downtime_s: f64, slo_s: Option<f64>) -> GuardSettings {
+    GuardSettings {
+        rescale_horizon_seconds: horizon_s,
+        planner: PlannerSettings {
+            rescale_downtime_seconds: Some(downtime_s),
+            latency_slo_seconds: slo_s,
+            ..PlannerSettings::default()
+        },
+        ..GuardSettings::default()
+    }
+}
+
 #[test]
 fn the_graph_cache_never_changes_a_decision() {
     // One autoscaler reused across jobs whose graphs differ (bounds, kinds, edges) must
@@ -480,12 +494,7 @@ fn a_scale_down_must_save_more_than_its_rescale_costs() {
     spec.autoscaler.min_utilization = Some(spec.autoscaler.target_utilization);
     let settings = |horizon: f64| GuardSettings {
         scale_down_delay_seconds: 0.0,
-        rescale_horizon_seconds: horizon,
-        planner: PlannerSettings {
-            rescale_downtime_seconds: Some(10.0),
-            ..PlannerSettings::default()
-        },
-        ..GuardSettings::default()
+        ..costed(horizon, 10.0, None)
     };
     // map runs 8 subtasks at γ = 200. The 10 s downtime's 2000 records drain within the
     // 30 s catch-up on full capacity: target 200 + 2000/30 = 266.7 rec/s → max(200/0.7,
@@ -516,14 +525,7 @@ fn a_scale_down_must_save_more_than_its_rescale_costs() {
 #[test]
 fn a_scale_up_must_avoid_more_violation_than_its_rescale_causes() {
     let spec = job(CHAIN);
-    let settings = |horizon: f64| GuardSettings {
-        rescale_horizon_seconds: horizon,
-        planner: PlannerSettings {
-            rescale_downtime_seconds: Some(10.0),
-            ..PlannerSettings::default()
-        },
-        ..GuardSettings::default()
-    };
+    let settings = |horizon: f64| costed(horizon, 10.0, None);
     // map at 1 subtask under γ = 600 (ρ = 6, overloaded). Sized for 600 rec/s at ρ 0.7 and
     // 600 + 6000/30 = 800 rec/s on full capacity: 9 subtasks (the rescale's own backlog
     // drains within the catch-up time); at the steady rate ρ = 0.67, so 10 s down + 20 s
@@ -553,15 +555,7 @@ fn a_scale_up_must_avoid_more_violation_than_its_rescale_causes() {
 #[test]
 fn a_scale_up_over_the_target_with_the_slo_met_does_not_claim_slo_violation() {
     let spec = job(CHAIN);
-    let settings = GuardSettings {
-        rescale_horizon_seconds: 600.0,
-        planner: PlannerSettings {
-            rescale_downtime_seconds: Some(1.0),
-            latency_slo_seconds: Some(1.0),
-            ..PlannerSettings::default()
-        },
-        ..GuardSettings::default()
-    };
+    let settings = costed(600.0, 1.0, Some(1.0));
     let v = Autoscaler::new(settings).decide(0.0, &win(3, 255.0, 0.0, 1), &spec);
     assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
     let reasons = &planned(&v).reasons;
@@ -587,14 +581,7 @@ fn a_capped_scale_up_that_still_falls_behind_goes_ahead() {
         "{ name: map, kind: map, parallelism: 8 }",
         "{ name: map, kind: map, parallelism: 8, scaling: { max: 4 } }",
     ));
-    let settings = GuardSettings {
-        rescale_horizon_seconds: 600.0,
-        planner: PlannerSettings {
-            rescale_downtime_seconds: Some(10.0),
-            ..PlannerSettings::default()
-        },
-        ..GuardSettings::default()
-    };
+    let settings = costed(600.0, 10.0, None);
     let v = Autoscaler::new(settings).decide(0.0, &win(2, 600.0, 0.0, 1), &spec);
     assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
     assert!(
@@ -610,15 +597,7 @@ fn a_capped_scale_up_that_still_falls_behind_goes_ahead() {
 #[test]
 fn a_best_effort_scale_up_says_the_slo_stays_unmet() {
     let mut spec = job(CHAIN);
-    let settings = GuardSettings {
-        rescale_horizon_seconds: 600.0,
-        planner: PlannerSettings {
-            rescale_downtime_seconds: Some(1.0),
-            latency_slo_seconds: Some(0.005),
-            ..PlannerSettings::default()
-        },
-        ..GuardSettings::default()
-    };
+    let settings = costed(600.0, 1.0, Some(0.005));
     let v = Autoscaler::new(settings.clone()).decide(0.0, &win(3, 200.0, 0.0, 1), &spec);
     assert!(matches!(v, Verdict::Hold { .. }), "{v:?}");
     spec.autoscaler.on_unattainable_slo = UnattainableSlo::BestEffort;
