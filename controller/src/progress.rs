@@ -225,6 +225,38 @@ pub fn hold_key(reason: &str, planned: Option<&crate::model::Decision>) -> Strin
     key
 }
 
+/// The hold last said ([`hold_key`]) and when it said it would act, if it named a time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HoldSaid {
+    key: String,
+    due_s: Option<f64>,
+}
+
+impl HoldSaid {
+    /// Whether a hold with `key`, expecting to act at `due_s` (seconds on the caller's clock),
+    /// is worth saying after the one said last: another guard or set of moves, or the time it
+    /// named moved later by more than `slack_s` (the wait it announced grew). Remembers it
+    /// when it is.
+    pub fn news(&mut self, key: String, due_s: Option<f64>, slack_s: f64) -> bool {
+        let later = match (self.due_s, due_s) {
+            (Some(said), Some(now)) => now > said + slack_s,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if key != self.key || later {
+            *self = HoldSaid { key, due_s };
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Forgets the hold (a rescale or no hold came in between).
+    pub fn clear(&mut self) {
+        *self = HoldSaid::default();
+    }
+}
+
 /// The line printed with `--no-autoscale` when the planner decides a rescale the run does not
 /// apply: `t= 123s WOULD RESCALE enrich 4→6 (--no-autoscale) | reason`.
 pub fn rescale_recommended_line(t_s: f64, change: &str, reason: &str) -> String {
@@ -529,6 +561,29 @@ mod tests {
         assert_eq!(
             hold_line(55.2, "enrich 6→7", band),
             format!("t=  55s HOLD enrich 6→7 | {band}")
+        );
+    }
+
+    #[test]
+    fn a_hold_is_said_again_when_the_wait_it_named_grows() {
+        let mut said = HoldSaid::default();
+        let key = || "scale-down counts #→# waits # s for enrich's scale-down #→#".to_string();
+        assert!(said.news(key(), Some(108.0), 1.0), "first time");
+        // The count-down runs: nothing new.
+        assert!(!said.news(key(), Some(108.0), 1.0));
+        assert!(!said.news(key(), Some(108.9), 1.0), "within the slack");
+        // The awaited scale-down became due later (its lookback was refreshed): said again,
+        // and then the new time is the one to beat.
+        assert!(said.news(key(), Some(126.0), 1.0));
+        assert!(!said.news(key(), Some(126.0), 1.0));
+        // Sooner is no news; another guard is.
+        assert!(!said.news(key(), Some(120.0), 1.0));
+        assert!(said.news("rescale budget".to_string(), None, 1.0));
+        assert!(!said.news("rescale budget".to_string(), None, 1.0));
+        said.clear();
+        assert!(
+            said.news("rescale budget".to_string(), None, 1.0),
+            "after a clear"
         );
     }
 

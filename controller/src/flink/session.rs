@@ -56,7 +56,7 @@ struct JobSession {
     backoff: RescaleBackoff,
     collector: Collector,
     /// The last hold said: its guard and the operators it held up or down.
-    last_hold: String,
+    last_hold: crate::progress::HoldSaid,
     last_notes: Vec<String>,
     /// Since when (session seconds) the job could not be read, while it cannot.
     unreadable_since: Option<f64>,

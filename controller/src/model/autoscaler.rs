@@ -60,6 +60,8 @@ pub struct Autoscaler {
     lookback_needs: Vec<u32>,
     /// The last [`DOWNTIMES_KEPT`] measured rescale downtimes, seconds, oldest first.
     downtimes: VecDeque<f64>,
+    /// When the last call's hold expects to act (seconds on its clock), if it said so.
+    hold_due_s: Option<f64>,
 }
 
 /// How many measured rescale downtimes [`Autoscaler::observe_rescale_downtime`] keeps.
@@ -120,7 +122,16 @@ impl Autoscaler {
             used_history: false,
             lookback_needs: Vec::new(),
             downtimes: VecDeque::new(),
+            hold_due_s: None,
         }
+    }
+
+    /// When the last [`Autoscaler::decide`]'s hold expects to act, seconds on the `now_s`
+    /// clock: the due time of the scale-down a waiting scale-down joins (`scale-down … waits
+    /// N s for …`); `None` for a verdict that names no such time. A caller that says a hold
+    /// once says it again when this moves later (the wait it announced grew).
+    pub fn hold_due_s(&self) -> Option<f64> {
+        self.hold_due_s
     }
 
     /// Whether the last [`Autoscaler::decide`] depended on the guards' history: the scale-down
@@ -253,6 +264,7 @@ impl Autoscaler {
     pub fn decide(&mut self, now_s: f64, window: &[MetricSample], spec: &JobSpec) -> Verdict {
         let g = &self.settings;
         self.used_history = false;
+        self.hold_due_s = None;
         self.lookback_needs.clear();
         // Forecasting (`autoscaler.forecast`): every window feeds the rate history; with mode
         // `on` a usable forecast above the measured rate raises the sources' rates planned for.
@@ -666,7 +678,7 @@ impl Autoscaler {
             .any(|(k, p)| planned.current.get(k.as_str()) != Some(p));
         if changed
             && !forced
-            && let Some(why) = merge_scale_downs(
+            && let Some((why, due_s)) = merge_scale_downs(
                 now_s,
                 lookback.max(g.scale_down_delay_seconds),
                 &planned,
@@ -680,6 +692,7 @@ impl Autoscaler {
                     p.held_past_delay = true;
                 }
             }
+            self.hold_due_s = Some(due_s);
             restore(&mut planned.parallelism, &recommended);
             return Verdict::Hold {
                 reason: why,

@@ -397,7 +397,8 @@ pub(super) fn restore(parallelism: &mut BTreeMap<String, u32>, values: &[u32]) {
 /// the operators whose scale-down would be applied now, with when their delay ended; `due`:
 /// (operator, current, planned, when it is due), seconds on the `now_s` clock. No wait when
 /// any operator grows (`planned` or a change held in the band, `in_band`), when a ready
-/// scale-down has already waited `window_s`, or when `window_s` is 0.
+/// scale-down has already waited `window_s`, or when `window_s` is 0. `Some((reason, due))`:
+/// `due` is when the awaited scale-down is due, on the `now_s` clock.
 pub(super) fn merge_scale_downs(
     now_s: f64,
     window_s: f64,
@@ -405,7 +406,7 @@ pub(super) fn merge_scale_downs(
     in_band: &[(String, u32, String)],
     ready: &[(String, f64)],
     due: &[(String, u32, u32, f64)],
-) -> Option<String> {
+) -> Option<(String, f64)> {
     if window_s <= 0.0 || ready.is_empty() || due.is_empty() {
         return None;
     }
@@ -430,12 +431,13 @@ pub(super) fn merge_scale_downs(
             (p < c).then(|| format!("{o} {c}→{p}"))
         })
         .collect();
-    Some(format!(
+    let why = format!(
         "scale-down {} waits {} s for {op}'s scale-down {from}→{to}: one rescale instead of two (a scale-down waits at most {} s, the scale-down lookback or delay, for another to join it)",
         moves.join(", "),
         Fixed((at - now_s).max(0.0), 0),
         Fixed(window_s, 0)
-    ))
+    );
+    Some((why, at.max(now_s)))
 }
 
 /// Whether rescaling from the current parallelism to `guarded` is worth its cost, with the

@@ -196,14 +196,14 @@ impl<R: EngineRuntime> Loop<'_, R> {
             && d.parallelism != st.engine.parallelism
         {
             let key = progress::hold_key(reason, Some(d));
-            if st.held.as_ref() != Some(&key) {
+            let due_s = st.session.autoscaler().hold_due_s();
+            if st.held.news(key, due_s, self.opts.interval_s.max(1.0)) {
                 let change =
                     progress::format_change(&st.engine.parallelism, &d.parallelism, &self.order);
                 print(&progress::hold_line(now_s, &change, reason));
-                st.held = Some(key);
             }
         } else {
-            st.held = None;
+            st.held.clear();
         }
         let Verdict::Rescale(decision) = verdict else {
             return None;

@@ -108,9 +108,9 @@ pub(super) struct LoopState {
     pub(super) unattainable: bool,
     /// Operators last reported as held overloaded ([`progress::at_limit_line`]).
     pub(super) at_limit: Vec<String>,
-    /// The last change held back (operators and directions) and the guard that held it
-    /// ([`progress::hold_key`]).
-    pub(super) held: Option<String>,
+    /// The last change held back (operators and directions), the guard that held it
+    /// ([`progress::hold_key`]) and when it said it would act.
+    pub(super) held: progress::HoldSaid,
 
     // Apply.
     /// Rescales that failed: the next attempt waits, longer after each failure in a row.
@@ -182,7 +182,7 @@ impl<R: EngineRuntime> Loop<'_, R> {
             shed_applied: 0.0,
             unattainable: false,
             at_limit: Vec::new(),
-            held: None,
+            held: progress::HoldSaid::default(),
             backoff: RescaleBackoff::default(),
             backoff_said: false,
         };

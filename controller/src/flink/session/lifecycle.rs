@@ -84,7 +84,7 @@ impl JobSession {
             session,
             backoff: RescaleBackoff::default(),
             collector: Collector::new(),
-            last_hold: String::new(),
+            last_hold: crate::progress::HoldSaid::default(),
             last_notes: Vec::new(),
             unreadable_since: None,
             report,

@@ -150,9 +150,9 @@ impl JobSession {
                 };
                 // Once per guard and set of operators it holds up or down.
                 let key = crate::progress::hold_key(&reason, recommendation.as_ref());
-                if key != self.last_hold {
+                let due_s = self.session.autoscaler().hold_due_s();
+                if self.last_hold.news(key, due_s, opts.interval_s.max(1.0)) {
                     print(&format!("{}: HOLD {reason}", short(&jid)));
-                    self.last_hold = key;
                 }
             }
             Verdict::Rescale(decision) => {

@@ -435,6 +435,10 @@ fn a_scale_down_waits_for_another_due_within_the_delay_to_make_one_rescale() {
                 matches!(&v, Verdict::Hold { reason, .. } if reason.contains("scale-down a 9→4 waits 60 s for b's scale-down 4→2: one rescale instead of two")),
                 "{v:?}"
             );
+            // The time the hold names, for a caller that says it again when it moves.
+            assert_eq!(auto.hold_due_s(), Some(140.0));
+        } else if t < 60.0 {
+            assert_eq!(auto.hold_due_s(), None, "at {t} s: {v:?}");
         }
     }
     assert_eq!(rescales, vec![(2, 2)]);
