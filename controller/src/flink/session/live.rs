@@ -45,9 +45,22 @@ fn vertex_rates(
     plausible.then_some(rates)
 }
 
+/// The sample of `window` (oldest first) that the last one's rates are measured against: the
+/// newest earlier one at least `min_dt` seconds before it (Flink's fetches can come a few
+/// milliseconds apart, and such a pair measures nothing); `None` when there is none yet.
+fn rate_base<'a>(
+    window: impl DoubleEndedIterator<Item = &'a MetricSample>,
+    min_dt: f64,
+) -> Option<&'a MetricSample> {
+    let mut newest_first = window.rev();
+    let last = newest_first.next()?;
+    newest_first.find(|s| last.at_seconds - s.at_seconds >= min_dt)
+}
+
 impl JobSession {
-    /// Prints the job's live line for the last two samples of the window (at least
-    /// `interval_s / 4` apart) and records it in the timeline.
+    /// Prints the job's live line for the last sample of the window, its rates measured
+    /// against the newest sample at least `interval_s / 4` before it ([`rate_base`]; no line
+    /// while there is none), and records it in the timeline.
     pub(super) fn live_line(
         &mut self,
         at_s: f64,
@@ -60,12 +73,19 @@ impl JobSession {
         if n < 2 {
             return;
         }
-        let (a, b) = (&window[n - 2], &window[n - 1]);
+        let (prev, b) = (&window[n - 2], &window[n - 1]);
+        // The report's time accounting goes interval by interval.
+        let dt = b.at_seconds - prev.at_seconds;
+        self.report.subtask_seconds +=
+            dt * b.operators.values().map(|s| s.len() as f64).sum::<f64>();
+        let Some(a) = rate_base(window.iter(), interval_s / 4.0) else {
+            return;
+        };
         let mut parts = Vec::new();
         let mut growing = false;
         for v in &topo.vertices {
             let p = b.operators.get(&v.name).map_or(0, Vec::len);
-            let Some(r) = vertex_rates(a, b, &v.name, interval_s / 4.0) else {
+            let Some(r) = vertex_rates(a, b, &v.name, 0.0) else {
                 parts.push(format!("{} p={p} (no data)", v.name));
                 continue;
             };
@@ -106,12 +126,9 @@ impl JobSession {
                 backlog: r.backlog,
             });
         }
-        let dt = b.at_seconds - a.at_seconds;
         if growing {
             self.report.lag_growing_seconds += dt;
         }
-        self.report.subtask_seconds +=
-            dt * b.operators.values().map(|s| s.len() as f64).sum::<f64>();
         print(&format!(
             "t={at_s:>6.0}s {}: {}",
             short(&self.report.job_id),
@@ -152,5 +169,23 @@ mod tests {
         assert!(vertex_rates(&a, &sample(100.004, 10.04, 5000.0), "v", 1.0).is_none());
         assert!(vertex_rates(&a, &sample(104.0, 20.0, 5000.0), "v", 1.0).is_none());
         assert!(vertex_rates(&a, &sample(104.0, 12.0, 5000.0), "w", 1.0).is_none());
+    }
+
+    /// The last sample is measured against the newest one far enough before it: a fetch that
+    /// came right after the previous one does not make the line `(no data)`.
+    #[test]
+    fn rates_skip_a_sample_too_close_to_the_last() {
+        let at = |w: &[MetricSample]| rate_base(w.iter(), 2.5).map(|s| s.at_seconds);
+        let w = [
+            sample(100.0, 10.0, 1000.0),
+            sample(110.0, 15.0, 3000.0),
+            sample(110.02, 15.01, 3004.0),
+        ];
+        assert_eq!(at(&w), Some(110.0 - 10.0));
+        assert_eq!(at(&w[..2]), Some(100.0));
+        // The first two fetches of a session, close together: no base yet, no line.
+        assert_eq!(at(&w[1..]), None);
+        assert_eq!(at(&w[..1]), None);
+        assert_eq!(at(&[]), None);
     }
 }
