@@ -208,3 +208,86 @@ fn a_source_whose_pending_records_appear_is_named_once_they_do() {
     assert!(metrics::sources_reporting_again(&first.notes, &first.notes).is_empty());
     assert!(metrics::sources_reporting_again(&later.notes, &first.notes).is_empty());
 }
+
+/// Recorded from a Kafka-fed job (`bench/kafka-flink`'s `KafkaWindowSum`: `Source: kafka`
+/// reading a 3-partition topic at 20,000 records/s, parallelism 2, into a keyed window): each
+/// reader lists an offset metric per partition it is assigned (subtask 0 two, subtask 1 one).
+/// The source's samples carry the 3 partitions, and the planner sizes the source from its
+/// records read per busy second: far under its load at 2 subtasks, it plans 1 (a parallelism
+/// that spreads 3 partitions evenly, never above 3).
+#[test]
+fn a_kafka_sources_partitions_are_read_and_size_it() {
+    let job: JobDetails = parse("kafka-job.json");
+    let t =
+        FlinkTopology::from_job(&job, &Default::default(), &Default::default()).expect("topology");
+    let listing: Vec<MetricValue> = parse("kafka-source-metric-ids.json");
+    let ids = SourceMetricIds::from_listing(&listing);
+    assert_eq!(ids.partitions, 3);
+    assert_eq!(ids.pending.len(), 2);
+    let scrape = |suffix: &str| {
+        let mut out = BTreeMap::new();
+        for v in &t.vertices {
+            let (file, ids, vals) = if v.role == VertexRole::Source {
+                let vals: Vec<MetricValue> =
+                    parse(&format!("kafka-source-metric-values{suffix}.json"));
+                (
+                    format!("kafka-vertex-source{suffix}.json"),
+                    ids.clone(),
+                    metrics::metric_values(&vals),
+                )
+            } else {
+                (
+                    format!("kafka-vertex-window{suffix}.json"),
+                    SourceMetricIds::default(),
+                    BTreeMap::new(),
+                )
+            };
+            out.insert(
+                v.id.clone(),
+                VertexScrape {
+                    details: parse(&file),
+                    source_values: vals,
+                    source_ids: ids,
+                },
+            );
+        }
+        out
+    };
+    let first = metrics::sample(&t, &scrape(""), 100.0, None);
+    let later = metrics::sample(&t, &scrape("-later"), 110.0, Some(&first.sample));
+    let src = &later.sample.operators["Source: kafka"];
+    assert_eq!(src.len(), 2);
+    assert!(
+        src.iter().all(|s| s.source_partitions == Some(3.0)),
+        "{src:?}"
+    );
+    let window = [first.sample, later.sample];
+    let decision = streamscale_controller::model::plan(
+        &t.spec,
+        &window,
+        &streamscale_controller::model::PlannerSettings::default(),
+    )
+    .expect("a plan");
+    assert_eq!(decision.parallelism["Source: kafka"], 1, "{decision:?}");
+    let source = &decision.operators["Source: kafka"];
+    assert_eq!(source.max_parallelism, 3, "{source:?}");
+    assert!(
+        source.reason.starts_with("source with 3 partitions"),
+        "{}",
+        source.reason
+    );
+    // Without the partitions the source keeps its parallelism, as other sources do.
+    let mut blind = window.clone();
+    for s in &mut blind {
+        for sub in s.operators.get_mut("Source: kafka").expect("source") {
+            sub.source_partitions = None;
+        }
+    }
+    let decision = streamscale_controller::model::plan(
+        &t.spec,
+        &blind,
+        &streamscale_controller::model::PlannerSettings::default(),
+    )
+    .expect("a plan");
+    assert_eq!(decision.parallelism["Source: kafka"], 2, "{decision:?}");
+}

@@ -12,12 +12,18 @@ use super::metrics::{self, FlinkSample, SourceMetricIds, VertexScrape};
 use super::rest::{FlinkError, FlinkRest, JobDetails};
 use super::topology::{FlinkTopology, VertexRole};
 
+/// Seconds a source vertex's metric listing is reused: a Kafka source's readers report the
+/// partitions they are assigned, and a topic can gain partitions while the job runs.
+pub const SOURCE_LISTING_MAX_AGE_S: f64 = 60.0;
+
 /// Reads samples of Flink jobs, keeping the metric ids of their source vertices between scrapes
-/// (listing a vertex's metrics is one more request; the ids change only with the parallelism).
+/// (listing a vertex's metrics is one more request; the ids change with the parallelism, the
+/// Kafka partitions with the topic: listed again after [`SOURCE_LISTING_MAX_AGE_S`]).
 #[derive(Debug, Clone, Default)]
 pub struct Collector {
-    /// Source metric ids by `job id/vertex id`.
-    source_ids: BTreeMap<String, SourceMetricIds>,
+    /// Source metric ids by `job id/vertex id`, with when they were listed (seconds on the
+    /// caller's clock).
+    source_ids: BTreeMap<String, (SourceMetricIds, f64)>,
 }
 
 impl Collector {
@@ -57,14 +63,17 @@ impl Collector {
                 let cached = self
                     .source_ids
                     .get(&key)
-                    .filter(|ids| ids.records_out.len() >= v.parallelism as usize)
-                    .cloned();
+                    .filter(|(ids, at)| {
+                        ids.records_out.len() >= v.parallelism as usize
+                            && at_s - at < SOURCE_LISTING_MAX_AGE_S
+                    })
+                    .map(|(ids, _)| ids.clone());
                 let ids = match cached {
                     Some(ids) => ids,
                     None => {
                         let listing = rest.vertex_metrics(&job.jid, &v.id, &[]).await?;
                         let ids = SourceMetricIds::from_listing(&listing);
-                        self.source_ids.insert(key, ids.clone());
+                        self.source_ids.insert(key, (ids.clone(), at_s));
                         ids
                     }
                 };

@@ -11,6 +11,9 @@
 //!   report it); arrivals are the source operator's `numRecordsOut` plus that backlog (what
 //!   was emitted and what waits), so that Δarrivals/Δt is the producers' rate even while the
 //!   source falls behind;
+//! - a Kafka source's partition count ([`SourceMetricIds::partitions`]) is the sample's
+//!   `source_partitions`: the planner sizes such a source like an operator, from its records
+//!   read per busy second, never above its partitions;
 //! - a source without `pendingRecords` (datagen, ...) has its arrivals read from its output;
 //!   its backlog is taken as 0 while it spent under [`SOURCE_BP_LIMIT`] of the last interval
 //!   back-pressured (a source that is not held back keeps up with its input), and as unknown
@@ -18,7 +21,7 @@
 //!
 //! Flink's network buffers count bytes, not records, so the input queue length is 0.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::{MetricSample, SubtaskSample};
 
@@ -34,13 +37,29 @@ pub const SOURCE_BP_LIMIT: f64 = 0.1;
 pub const STEP_BACK_TOLERANCE_S: f64 = 1.0;
 
 /// The metric ids (as `GET /jobs/:jid/vertices/:vid/metrics` lists them, `<subtask>.<name>`)
-/// of a source vertex's backlog and output, by subtask index.
+/// of a source vertex's backlog and output, by subtask index, and the Kafka partitions its
+/// readers report.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SourceMetricIds {
     /// `<k>.<source operator>.pendingRecords`.
     pub pending: BTreeMap<u32, String>,
     /// `<k>.<source operator>.numRecordsOut`.
     pub records_out: BTreeMap<u32, String>,
+    /// Kafka sources: the distinct topic partitions the vertex's readers report an offset of
+    /// (`<k>.<source operator>.KafkaSourceReader.topic.<topic>.partition.<n>.currentOffset`,
+    /// one per partition a reader is assigned, every partition assigned to one reader), the
+    /// most subtasks the source can use; 0 for other sources.
+    pub partitions: u32,
+}
+
+/// The partition a Kafka reader's offset metric is about, as `<scope>…topic.<t>.partition.<n>`
+/// (the id without its subtask index and metric name, the same for any reader it is assigned
+/// to); `None` for other metrics.
+fn kafka_partition(rest: &str) -> Option<&str> {
+    let key = rest.strip_suffix(".currentOffset")?;
+    let (_, topic_partition) = key.split_once(".KafkaSourceReader.topic.")?;
+    let (topic, n) = topic_partition.rsplit_once(".partition.")?;
+    (!topic.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(key)
 }
 
 impl SourceMetricIds {
@@ -50,11 +69,16 @@ impl SourceMetricIds {
     pub fn from_listing(listing: &[MetricValue]) -> SourceMetricIds {
         let mut ids = SourceMetricIds::default();
         let mut fallback_out: BTreeMap<u32, String> = BTreeMap::new();
+        let mut partitions: BTreeSet<&str> = BTreeSet::new();
         for m in listing {
             let Some((k, rest)) = m.id.split_once('.') else {
                 continue;
             };
             let Ok(k) = k.parse::<u32>() else { continue };
+            if let Some(p) = kafka_partition(rest) {
+                partitions.insert(p);
+                continue;
+            }
             let Some((scope, name)) = rest.rsplit_once('.') else {
                 continue;
             };
@@ -74,6 +98,7 @@ impl SourceMetricIds {
         for (k, id) in fallback_out {
             ids.records_out.entry(k).or_insert(id);
         }
+        ids.partitions = u32::try_from(partitions.len()).unwrap_or(u32::MAX);
         ids
     }
 
@@ -223,6 +248,8 @@ pub fn sample(
                 };
                 let emitted = get(&scrape.source_ids.records_out).unwrap_or(c.write_records);
                 sub.records_in = emitted;
+                let partitions = scrape.source_ids.partitions;
+                sub.source_partitions = (partitions > 0).then_some(f64::from(partitions));
                 match get(&scrape.source_ids.pending) {
                     Some(pending) if pending >= 0.0 => {
                         sub.source_backlog = Some(pending);
@@ -329,6 +356,34 @@ pub fn same_counters(a: &MetricSample, b: &MetricSample) -> bool {
 mod tests {
     use super::*;
     use crate::flink::rest::{SubtaskCounters, SubtaskDetails};
+
+    /// Kafka's partition offsets as Flink's Kafka connector names them: a topic may hold dots,
+    /// a reader reports only the partitions it is assigned, and each partition counts once.
+    #[test]
+    fn kafka_partitions_are_counted_once_across_readers() {
+        let listing: Vec<MetricValue> = [
+            "0.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.0.currentOffset",
+            "0.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.0.committedOffset",
+            "1.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.1.currentOffset",
+            "1.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.10.currentOffset",
+            "2.Source__kafka.KafkaSourceReader.topic.clicks.partition.0.currentOffset",
+            // Listed again by another reader (e.g. between an assignment and a restart).
+            "2.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.1.currentOffset",
+            "0.Source__kafka.KafkaSourceReader.topic.x.partition.p.currentOffset",
+            "0.Source__kafka.KafkaSourceReader.commitsSucceeded",
+            "0.Source__kafka.pendingRecords",
+        ]
+        .iter()
+        .map(|id| MetricValue {
+            id: (*id).to_string(),
+            value: None,
+        })
+        .collect();
+        let ids = SourceMetricIds::from_listing(&listing);
+        assert_eq!(ids.partitions, 4);
+        assert_eq!(ids.pending.len(), 1);
+        assert_eq!(SourceMetricIds::default().partitions, 0);
+    }
 
     #[test]
     fn source_metric_ids_prefer_the_source_operator() {

@@ -282,8 +282,10 @@ impl Autoscaler {
         }
         let span = window[window.len() - 1].at_seconds - window[0].at_seconds;
         if span.is_nan() || span < g.window_seconds {
+            // Rounded down: 14.96 s short of 15 s must not read "spans 15.0 s, need 15 s".
             return hold(format!(
-                "waiting for data: the window spans {span:.1} s, need {} s",
+                "waiting for data: the window spans {:.1} s, need {} s",
+                (span * 10.0).floor() / 10.0,
                 g.window_seconds
             ));
         }

@@ -122,9 +122,11 @@ pub struct SourceEstimate {
     /// reports, `streamscale_source_partitions`); `None` for other sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<u32>,
-    /// Kafka sources: records a subtask reads per second of busy time (Δrecords_out / Δbusy
-    /// over the window, summed over subtasks), the source's μ; `None` for other sources and
-    /// when the window has no output or too little busy time.
+    /// Kafka sources: records a subtask reads per second of busy time (Δrecords read / Δbusy
+    /// over the window, summed over subtasks; records read are the subtasks' records in where
+    /// the backend counts them, as Flink's source operator output, else their records out),
+    /// the source's μ; `None` for other sources and when the window has no output or too
+    /// little busy time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processing_rate: Option<f64>,
 }
@@ -403,8 +405,11 @@ fn estimate_operator(
             .filter(|n| n.is_finite() && *n >= 1.0)
             .fold(None, |m: Option<f64>, n| Some(m.map_or(n, |m| m.max(n))))
             .map(|n| n.min(f64::from(u32::MAX)) as u32);
-        let processing_rate = (partitions.is_some() && d_out > 0.0 && d_busy > MIN_BUSY_SECONDS)
-            .then(|| d_out / d_busy);
+        // Records read: what the backend counts as the source's input where it does (Flink:
+        // the source operator's output, ahead of the operators chained to it), else its output.
+        let read = if d_in > 0.0 { d_in } else { d_out };
+        let processing_rate = (partitions.is_some() && read > 0.0 && d_busy > MIN_BUSY_SECONDS)
+            .then(|| read / d_busy);
         Some(SourceEstimate {
             arrival_rate: window_rate.max(recent_rate),
             window_arrival_rate: window_rate,

@@ -769,6 +769,15 @@ fn too_few_samples_or_too_short_history_holds() {
         matches!(&v, Verdict::Hold { reason, .. } if reason.contains("spans 10.0 s")),
         "{v:?}"
     );
+    // Just short of the 15 s (Flink dates its counters by their fetch, to the millisecond):
+    // said as short, not as "spans 15.0 s, need 15 s".
+    let mut short = w[..4].to_vec();
+    short[3].at_seconds = short[0].at_seconds + 14.96;
+    let v = a.decide(0.0, &short, &spec);
+    assert!(
+        matches!(&v, Verdict::Hold { reason, .. } if reason.contains("spans 14.9 s, need 15 s")),
+        "{v:?}"
+    );
     // The full window rescales (map 1 → 9, a scale-up).
     assert_eq!(
         parallelism(&a.decide(0.0, &w, &spec)).map(|p| p["map"]),
