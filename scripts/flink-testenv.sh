@@ -8,10 +8,12 @@
 #                                                     start 1 JobManager + 1 TaskManager (4 slots)
 #   scripts/flink-testenv.sh stop                     stop both (no error when not running)
 #   scripts/flink-testenv.sh env                      print FLINK_HOME, FLINK_DEMO_JAR, FLINK_REST_URL,
-#                                                     FLINK_SAVEPOINT_DIR, FLINK_CONF_DIR lines (for eval)
+#                                                     FLINK_SAVEPOINT_DIR, FLINK_CONF_DIR, FLINK_PYTHON,
+#                                                     FLINK_KAFKA_JOB_JAR lines (for eval)
 #   scripts/flink-testenv.sh submit [job args...]     upload the demo jar by REST, run it, print the job id
 #
-# Needs Java 17 (java, javac, jar), python3, curl, unzip; pip reaching PyPI on the first `install`.
+# Needs Java 17 (java, javac, jar), python3, curl, unzip; pip reaching PyPI and mvn reaching Maven
+# Central (the Kafka connector of the Kafka-fed job, bench/kafka-flink/flink-job) on the first `install`.
 # Flink has no tarball on PyPI, but two wheels together make a FLINK_HOME: apache-flink-libraries
 # (lib/, opt/, plugins/, ~330 MB) and apache-flink (bin/*.sh, conf/). Everything is cached in
 # $STREAMSCALE_CACHE/flink (default ~/.cache/streamscale/flink); a second `install` is a no-op, and
@@ -147,11 +149,76 @@ install_pyflink() {
     "apache-flink==$FLINK_VERSION" || die "pip install apache-flink==$FLINK_VERSION failed"
 }
 
+# The Kafka-fed job (bench/kafka-flink/flink-job: KafkaSource -> keyBy -> 1 s window ->
+# exactly-once KafkaSink) with flink-connector-kafka and kafka-clients inside its jar (Flink's lib/
+# has neither); the connector and its dependencies from Maven Central with mvn, cached.
+KAFKA_CONNECTOR_VERSION="${FLINK_KAFKA_CONNECTOR_VERSION:-5.0.0-2.2}"
+KAFKA_LIB="$CACHE/kafka-connector-$KAFKA_CONNECTOR_VERSION"
+KAFKA_JOB_SRC="$ROOT/bench/kafka-flink/flink-job/src/main/java"
+KAFKA_JAR="$CACHE/kafka-job-$KAFKA_CONNECTOR_VERSION/kafka-window-sum.jar"
+install_kafka_job() {
+  if [[ ! -f "$KAFKA_LIB/.complete" ]]; then
+    need mvn
+    local work="$CACHE/kafka-connector-pom-$KAFKA_CONNECTOR_VERSION"
+    mkdir -p "$work"
+    cat >"$work/pom.xml" <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamscale</groupId>
+  <artifactId>flink-kafka-connector</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.flink</groupId>
+      <artifactId>flink-connector-kafka</artifactId>
+      <version>$KAFKA_CONNECTOR_VERSION</version>
+    </dependency>
+  </dependencies>
+</project>
+EOF
+    log "fetching org.apache.flink:flink-connector-kafka:$KAFKA_CONNECTOR_VERSION and its dependencies with mvn"
+    rm -rf "$KAFKA_LIB.tmp"
+    (cd "$work" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$KAFKA_LIB.tmp" \
+      -DincludeScope=runtime >"$work/mvn.log" 2>&1) ||
+      {
+        tail -n 30 "$work/mvn.log" >&2
+        die "mvn dependency:copy-dependencies failed (log: $work/mvn.log)"
+      }
+    compgen -G "$KAFKA_LIB.tmp/kafka-clients-*.jar" >/dev/null || die "no kafka-clients jar in $KAFKA_LIB.tmp"
+    rm -rf "$KAFKA_LIB"
+    mv "$KAFKA_LIB.tmp" "$KAFKA_LIB"
+    touch "$KAFKA_LIB/.complete"
+  fi
+  local srcs f d
+  mapfile -t srcs < <(find "$KAFKA_JOB_SRC" -name '*.java' | sort)
+  if [[ -f "$KAFKA_JAR" ]]; then
+    local stale=0
+    for f in "${srcs[@]}"; do [[ "$f" -nt "$KAFKA_JAR" ]] && stale=1; done
+    ((stale)) || return 0
+  fi
+  need javac jar unzip
+  log "building $KAFKA_JAR"
+  d=$(dirname "$KAFKA_JAR")
+  rm -rf "$d"
+  mkdir -p "$d/classes"
+  javac --release 17 -Xlint:-options -nowarn -cp "$FH/lib/*:$KAFKA_LIB/*" -d "$d/classes" "${srcs[@]}" ||
+    die "javac failed for $KAFKA_JOB_SRC"
+  for f in "$KAFKA_LIB"/*.jar; do
+    case "$(basename "$f")" in slf4j-*) continue ;; esac
+    (cd "$d/classes" && unzip -qo "$f" -x 'META-INF/MANIFEST.MF' '*module-info.class' 2>/dev/null) || true
+  done
+  jar --create --file "$KAFKA_JAR.tmp" --main-class streamscale.bench.KafkaWindowSum -C "$d/classes" .
+  mv "$KAFKA_JAR.tmp" "$KAFKA_JAR"
+  rm -rf "$d/classes"
+}
+
 cmd_install() {
   need java python3
   assemble_home
   build_job
   install_pyflink
+  install_kafka_job
 }
 
 # ---------------------------------------------------------------------------------- start/stop
@@ -334,6 +401,7 @@ cmd_env() {
   echo "FLINK_SAVEPOINT_DIR=$RUN/savepoints"
   echo "FLINK_CONF_DIR=$RUN/conf"
   echo "FLINK_PYTHON=$PYVENV/bin/python"
+  echo "FLINK_KAFKA_JOB_JAR=$KAFKA_JAR"
 }
 
 cmd_submit() {

@@ -28,8 +28,9 @@ cargo build --workspace --bins
 # kubectl from Debian. The tests start it; the trap stops it.
 ./scripts/k8s-testenv.sh build
 # A real Apache Flink 2.3 session cluster for the Flink backend's tests: Flink from its PyPI
-# wheels and the demo job compiled with javac (cached in ~/.cache/streamscale/flink; about a
-# minute and about 1.2 GB with the PyFlink venv the first time). The test starts and stops the cluster.
+# wheels, the demo job compiled with javac and the Kafka-fed job with flink-connector-kafka from
+# Maven Central (mvn) (cached in ~/.cache/streamscale/flink; about a minute and about 1.2 GB with
+# the PyFlink venv the first time). The tests start and stop the cluster.
 ./scripts/flink-testenv.sh install
 # A real Apache Kafka 4.1 broker (KRaft, one node) for the Kafka tests of the engine,
 # `streamscale run` and the operator (operator/tests/operator_kafka.rs, with the k8s testenv

@@ -6,12 +6,11 @@
 #   bench/kafka-flink/run.sh [--records N] [--rounds R] [--parallelism "1 2"] [--keys K]
 #                            [--latency-rate R] [--latency-seconds S] [--no-latency] [--no-overhead]
 #
-# Installs what it needs (cached in $STREAMSCALE_CACHE/bench-kafka-flink, default
-# ~/.cache/streamscale/bench-kafka-flink): org.apache.flink:flink-connector-kafka and its
-# kafka-clients from Maven Central (mvn dependency:copy-dependencies), the Flink job's jar
-# (javac against Flink's lib/), a Python venv with confluent-kafka (the read_committed reader);
-# the broker and the Flink cluster come from scripts/kafka-testenv.sh and scripts/flink-testenv.sh
-# (started here, stopped at the end). Results: one JSON line per run in $OUT/results.jsonl
+# Installs what it needs: a Python venv with confluent-kafka (the read_committed reader, cached in
+# $STREAMSCALE_CACHE/bench-kafka-flink, default ~/.cache/streamscale/bench-kafka-flink); the
+# broker, the Flink cluster and the Flink job's jar with org.apache.flink:flink-connector-kafka
+# (fetched with mvn) come from scripts/kafka-testenv.sh and scripts/flink-testenv.sh (started
+# here, stopped at the end). Results: one JSON line per run in $OUT/results.jsonl
 # (default target/bench-kafka-flink) and the tables on stdout.
 # STREAMSCALE_BIN_DIR: use the streamscale and streamscale-engine binaries there instead of
 # building target/release.
@@ -19,12 +18,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/bench/kafka-flink"
-CONNECTOR_VERSION="${FLINK_KAFKA_CONNECTOR_VERSION:-5.0.0-2.2}"
 CACHE="${STREAMSCALE_CACHE:-$HOME/.cache/streamscale}/bench-kafka-flink"
-LIB="$CACHE/lib-$CONNECTOR_VERSION"
 VENV="$CACHE/venv"
-JOB_SRC="$HERE/flink-job/src/main/java"
-JOB_JAR="$CACHE/job-$CONNECTOR_VERSION/kafka-window-sum.jar"
 OUT="${OUT:-$ROOT/target/bench-kafka-flink}"
 
 RECORDS=4000000
@@ -56,41 +51,6 @@ die() {
 }
 
 # ---------------------------------------------------------------------------------- install
-install_connector() {
-  [[ -f "$LIB/.complete" ]] && return 0
-  command -v mvn >/dev/null || die "mvn is not installed (needed to fetch flink-connector-kafka)"
-  local work="$CACHE/pom-$CONNECTOR_VERSION"
-  mkdir -p "$work"
-  cat >"$work/pom.xml" <<EOF
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>streamscale</groupId>
-  <artifactId>bench-kafka-flink</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.flink</groupId>
-      <artifactId>flink-connector-kafka</artifactId>
-      <version>$CONNECTOR_VERSION</version>
-    </dependency>
-  </dependencies>
-</project>
-EOF
-  log "fetching org.apache.flink:flink-connector-kafka:$CONNECTOR_VERSION and its dependencies with mvn"
-  rm -rf "$LIB.tmp"
-  (cd "$work" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$LIB.tmp" \
-    -DincludeScope=runtime >"$work/mvn.log" 2>&1) ||
-    {
-      tail -n 30 "$work/mvn.log" >&2
-      die "mvn dependency:copy-dependencies failed (log: $work/mvn.log)"
-    }
-  compgen -G "$LIB.tmp/kafka-clients-*.jar" >/dev/null || die "no kafka-clients jar in $LIB.tmp"
-  rm -rf "$LIB"
-  mv "$LIB.tmp" "$LIB"
-  touch "$LIB/.complete"
-}
-
 install_venv() {
   [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import confluent_kafka' 2>/dev/null && return 0
   log "installing confluent-kafka into $VENV"
@@ -100,33 +60,6 @@ install_venv() {
     die "pip install confluent-kafka failed"
 }
 
-# The job's classes with the connector, kafka-clients and its compression libraries in one jar
-# (Flink's lib/ has the connector base classes, Jackson (shaded) and slf4j).
-build_job() {
-  local fh=$1 srcs f
-  mapfile -t srcs < <(find "$JOB_SRC" -name '*.java' | sort)
-  if [[ -f "$JOB_JAR" ]]; then
-    local stale=0
-    for f in "${srcs[@]}"; do [[ "$f" -nt "$JOB_JAR" ]] && stale=1; done
-    ((stale)) || return 0
-  fi
-  log "building $JOB_JAR"
-  local d
-  d=$(dirname "$JOB_JAR")
-  rm -rf "$d"
-  mkdir -p "$d/classes"
-  javac --release 17 -Xlint:-options -nowarn -cp "$fh/lib/*:$LIB/*" -d "$d/classes" "${srcs[@]}" ||
-    die "javac failed for $JOB_SRC"
-  for f in "$LIB"/*.jar; do
-    case "$(basename "$f")" in slf4j-*) continue ;; esac
-    (cd "$d/classes" && unzip -qo "$f" -x 'META-INF/MANIFEST.MF' '*module-info.class' 2>/dev/null) || true
-  done
-  jar --create --file "$JOB_JAR.tmp" --main-class streamscale.bench.KafkaWindowSum -C "$d/classes" .
-  mv "$JOB_JAR.tmp" "$JOB_JAR"
-  rm -rf "$d/classes"
-}
-
-install_connector
 install_venv
 PY="$VENV/bin/python"
 BENCH="$PY $HERE/bench.py"
@@ -139,8 +72,11 @@ fi
 [[ -x "$BIN/streamscale-engine" && -x "$BIN/streamscale" ]] || die "no streamscale/streamscale-engine in $BIN"
 
 "$ROOT/scripts/kafka-testenv.sh" install
+# Flink, and the Flink job with flink-connector-kafka in its jar (FLINK_KAFKA_CONNECTOR_VERSION
+# picks another connector version; default 5.0.0-2.2).
+"$ROOT/scripts/flink-testenv.sh" install
 FLINK_ENV=$("$ROOT/scripts/flink-testenv.sh" env)
-FLINK_HOME=$(sed -n 's/^FLINK_HOME=//p' <<<"$FLINK_ENV")
+JOB_JAR=$(sed -n 's/^FLINK_KAFKA_JOB_JAR=//p' <<<"$FLINK_ENV")
 FLINK_REST=$(sed -n 's/^FLINK_REST_URL=//p' <<<"$FLINK_ENV")
 FLINK_RUN=$(dirname "$(sed -n 's/^FLINK_CONF_DIR=//p' <<<"$FLINK_ENV")")
 
@@ -151,7 +87,6 @@ cleanup() {
 trap cleanup EXIT
 BROKERS=$("$ROOT/scripts/kafka-testenv.sh" start | sed -n 's/^KAFKA_BROKERS=//p')
 "$ROOT/scripts/flink-testenv.sh" start --scheduler default >/dev/null
-build_job "$FLINK_HOME"
 FLINK_PIDS=("$FLINK_RUN"/pid/*.pid)
 
 mkdir -p "$OUT"

@@ -1,6 +1,7 @@
 //! Helpers for the cross-crate tests in `tests/tests/`: locating the workspace's binaries, and
 //! the job files and commands several tests share ([`fixtures`]), and the real Kafka broker of
-//! `scripts/kafka-testenv.sh` ([`kafka_broker`], also used by the operator's tests).
+//! `scripts/kafka-testenv.sh` ([`kafka_broker`], also used by the operator's tests) and the real
+//! Flink cluster of `scripts/flink-testenv.sh` ([`flink_cluster`]).
 //!
 //! The tests run the real `streamscale` and `streamscale-engine` binaries, built by
 //! `cargo build --workspace --bins` (which `scripts/test.sh` runs before the tests).
@@ -28,4 +29,5 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 pub mod fixtures;
+pub mod flink_cluster;
 pub mod kafka_broker;

@@ -16,60 +16,12 @@
 #![allow(missing_docs)]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use streamscale_tests::flink_cluster::{Cluster, flink_env, root, testenv};
 use streamscale_tests::workspace_bin;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-fn testenv(args: &[&str]) -> Output {
-    Command::new(root().join("scripts/flink-testenv.sh"))
-        .args(args)
-        .output()
-        .expect("run scripts/flink-testenv.sh")
-}
-
-/// `KEY=value` lines of `flink-testenv.sh env`, when Flink is installed.
-fn flink_env() -> Option<BTreeMap<String, String>> {
-    let out = testenv(&["env"]);
-    let env: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
-        .collect();
-    let installed = out.status.success()
-        && env
-            .get("FLINK_DEMO_JAR")
-            .is_some_and(|j| Path::new(j).is_file());
-    if installed {
-        return Some(env);
-    }
-    let why = format!(
-        "Flink is not installed (run scripts/flink-testenv.sh install): {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why}");
-    }
-    eprintln!("SKIP: {why}");
-    None
-}
-
-/// Stops the cluster when the test ends, passed or not.
-struct Cluster;
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = testenv(&["stop"]);
-    }
-}
 
 /// A tiny synchronous JSON client over `curl` (the workspace's reqwest has no blocking
 /// client, and this test needs no async runtime of its own).
@@ -314,26 +266,12 @@ const FAST: [&str; 8] = [
 
 #[test]
 fn streamscale_autoscales_a_real_flink_job() {
-    let Some(env) = flink_env() else {
+    let Some(env) = flink_env(&["FLINK_DEMO_JAR"]) else {
         return;
     };
-    let _ = testenv(&["stop"]);
     // Flink refreshes the metrics its REST API serves every 10 s by default; every second here,
     // so that the test's short windows hold several samples.
-    let started = Command::new(root().join("scripts/flink-testenv.sh"))
-        .arg("start")
-        .env(
-            "FLINK_EXTRA_CONFIG",
-            "metrics.fetcher.update-interval: 1000",
-        )
-        .output()
-        .expect("run scripts/flink-testenv.sh start");
-    assert!(
-        started.status.success(),
-        "cluster did not start: {}",
-        String::from_utf8_lossy(&started.stderr)
-    );
-    let _cluster = Cluster;
+    let _cluster = Cluster::start("metrics.fetcher.update-interval: 1000", &[]);
     let flink = Flink {
         rest: env
             .get("FLINK_REST_URL")

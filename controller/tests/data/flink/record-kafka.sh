@@ -1,39 +1,19 @@
 #!/usr/bin/env bash
 # Records the kafka-*.json answers of README.md: a Kafka broker (scripts/kafka-testenv.sh) and a
 # Flink cluster (scripts/flink-testenv.sh, adaptive scheduler, 1 s metric refresh) on loopback,
-# bench/kafka-flink's KafkaWindowSum job (connector fetched with mvn as bench/kafka-flink/run.sh
-# does) at parallelism 2 reading a 3-partition topic that `streamscale load` fills at 20,000
+# bench/kafka-flink's KafkaWindowSum job (built with its Kafka connector by scripts/flink-testenv.sh
+# install) at parallelism 2 reading a 3-partition topic that `streamscale load` fills at 20,000
 # records/s; after 40 s the job, its vertices twice 10 s apart and the source's metrics. Needs
 # the release build (target/release/streamscale). Leaves the cluster, broker and load running:
 # stop them with scripts/flink-testenv.sh stop, scripts/kafka-testenv.sh stop.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../../.." && pwd)
-CONNECTOR_VERSION=5.0.0-2.2
-CACHE=$HOME/.cache/streamscale/bench-kafka-flink
-LIB="$CACHE/lib-$CONNECTOR_VERSION"
 OUTD=${OUTD:-$(cd "$(dirname "$0")" && pwd)}
 mkdir -p "$OUTD"
 TMPD=$(mktemp -d)
-if [[ ! -f "$LIB/.complete" ]]; then
-  work="$CACHE/pom-$CONNECTOR_VERSION"; mkdir -p "$work"
-  cat >"$work/pom.xml" <<P
-<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
-<groupId>streamscale</groupId><artifactId>bench-kafka-flink</artifactId><version>1</version><packaging>pom</packaging>
-<dependencies><dependency><groupId>org.apache.flink</groupId><artifactId>flink-connector-kafka</artifactId><version>$CONNECTOR_VERSION</version></dependency></dependencies></project>
-P
-  rm -rf "$LIB.tmp"
-  (cd "$work" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$LIB.tmp" -DincludeScope=runtime > "$work/mvn.log" 2>&1)
-  mv "$LIB.tmp" "$LIB"; touch "$LIB/.complete"
-fi
+$ROOT/scripts/flink-testenv.sh install >/dev/null
 eval "$($ROOT/scripts/flink-testenv.sh env)"
-JOB_JAR=$CACHE/job-$CONNECTOR_VERSION/kafka-window-sum.jar
-if [[ ! -f $JOB_JAR ]]; then
-  d=$(dirname "$JOB_JAR"); rm -rf "$d"; mkdir -p "$d/classes"
-  javac --release 17 -nowarn -cp "$FLINK_HOME/lib/*:$LIB/*" -d "$d/classes" $(find $ROOT/bench/kafka-flink/flink-job/src/main/java -name '*.java')
-  for f in "$LIB"/*.jar; do case "$(basename "$f")" in slf4j-*) continue ;; esac; (cd "$d/classes" && unzip -qo "$f" -x 'META-INF/MANIFEST.MF' '*module-info.class' 2>/dev/null) || true; done
-  jar --create --file "$JOB_JAR" --main-class streamscale.bench.KafkaWindowSum -C "$d/classes" .
-  rm -rf "$d/classes"
-fi
+JOB_JAR=$FLINK_KAFKA_JOB_JAR
 $ROOT/scripts/kafka-testenv.sh install >/dev/null
 BROKERS=$($ROOT/scripts/kafka-testenv.sh start | sed -n 's/^KAFKA_BROKERS=//p')
 echo "brokers $BROKERS"
