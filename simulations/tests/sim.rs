@@ -563,7 +563,12 @@ fn memo_changes_nothing_with_the_rescale_discipline() {
         threads: 1,
         engine_p99: false,
     };
-    let plain = JobModel::new(&spec, &SimConfig::default(), Some(2.0 * 86400.0)).unwrap();
+    // Without the discipline: no lookback, and the band's usual upper end set, so that the
+    // spiky profile (which brings a lookback of its own) has nothing to change.
+    let mut bare = spec.clone();
+    bare.autoscaler.scale_down_lookback_seconds = Some(0.0);
+    bare.autoscaler.max_utilization = Some(bare.autoscaler.utilization_band().1);
+    let plain = JobModel::new(&bare, &SimConfig::default(), Some(2.0 * 86400.0)).unwrap();
     let base = replay(&plain, &mut Streamscale::new(5.0, 30.0), &opts, &mut |_| {});
     spec.autoscaler.scale_down_lookback_seconds = Some(1800.0);
     spec.autoscaler.max_rescales_per_hour = 2;

@@ -18,7 +18,7 @@ pub const FLAP_GAP_S: f64 = 2700.0;
 /// Flaps are counted over this many seconds (a day).
 pub const MEMORY_S: f64 = 86_400.0;
 /// Flaps within [`MEMORY_S`] from which the traffic is taken as spiky.
-pub const SPIKY_FLAPS: usize = 3;
+pub const SPIKY_FLAPS: usize = 1;
 /// The scale-down lookback of the spiky profile, seconds (at least; a longer one is kept).
 pub const SPIKY_LOOKBACK_S: f64 = 2700.0;
 /// The utilization band's upper end in the spiky profile.
@@ -133,7 +133,8 @@ impl Profile {
     /// The sentence for a decision's reasons when the spiky profile applies.
     pub fn note(&self, flaps: usize) -> String {
         format!(
-            "spiky traffic: {flaps} scale-ups in the last {} h came within {} min of a scale-down, so the utilization band's upper end is {} and the scale-down lookback {} s (settings the job leaves unset)",
+            "spiky traffic: {flaps} scale-up{} in the last {} h came within {} min of a scale-down, so the utilization band's upper end is {} and the scale-down lookback {} s (settings the job leaves unset)",
+            if flaps == 1 { "" } else { "s" },
             MEMORY_S / 3600.0,
             FLAP_GAP_S / 60.0,
             self.band.1,
