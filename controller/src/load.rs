@@ -17,6 +17,10 @@ use streamscale_engine::keygroup::murmur_fmix64;
 use streamscale_engine::spec::{GapPolicy, RateSpec, TraceRate};
 use streamscale_engine::trace::{RateFunction, TraceError};
 
+/// Records sent between two looks at the stop flag, the end and the progress line while a
+/// deficit is caught up.
+const CHECK_EVERY: u64 = 1024;
+
 /// What `streamscale load` does.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -162,6 +166,16 @@ pub fn run(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         while sent < due {
+            // A deficit can be millions of records (a high --scale, a stalled broker): a signal,
+            // the end and the 5 s line are not held back until it is sent.
+            if sent.is_multiple_of(CHECK_EVERY)
+                && sent > 0
+                && (stop.load(Ordering::Relaxed)
+                    || started.elapsed().as_secs_f64() >= end
+                    || last_line.elapsed() >= Duration::from_secs(5))
+            {
+                break;
+            }
             let key = key_of(sent, opts.keys);
             let value = value_of(sent, &key, ts_ms);
             send_blocking(&producer, &opts.topic, key.as_bytes(), value.as_bytes())
@@ -259,5 +273,49 @@ mod tests {
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn trace_file(name: &str, rate: f64) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ss-load-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let trace = dir.join("t.rate.csv");
+        std::fs::write(&trace, format!("t_seconds,rate\n0,{rate}\n100000,{rate}\n"))
+            .expect("trace");
+        trace
+    }
+
+    /// A deficit of millions of records (here 10^11 records/s due) does not hold back a stop:
+    /// `run` returns soon after the flag is set (before, SIGINT and SIGTERM went unheard until
+    /// the whole deficit was sent).
+    #[test]
+    fn a_stop_ends_a_large_deficit() {
+        use rdkafka::mocking::MockCluster;
+        use std::sync::Arc;
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("t", 1, 1).expect("mock topic");
+        let opts = LoadOptions {
+            brokers: mock.bootstrap_servers(),
+            topic: "t".into(),
+            partitions: 1,
+            trace: trace_file("deficit", 1e11),
+            speedup: 1.0,
+            scale: 1.0,
+            start_seconds: 0.0,
+            keys: 10,
+            duration: Some(600.0),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let _ = tx.send(run(&opts, &s, &mut |_| {}).map(|r| r.records));
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::SeqCst);
+        let sent = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("stopped within 10 s of the flag")
+            .expect("load");
+        assert!(sent > 0);
     }
 }
