@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::Producer;
-use streamscale_engine::kafka::sink::{PolledProducer, send_blocking};
+use streamscale_engine::kafka::sink::{FLUSH_TIMEOUT, PolledProducer, send_blocking};
 use streamscale_engine::kafka::{KafkaError, base_config, ensure_topic};
 use streamscale_engine::keygroup::murmur_fmix64;
 use streamscale_engine::spec::{GapPolicy, RateSpec, TraceRate};
@@ -195,11 +195,32 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(5));
     }
     producer
-        .flush(Duration::from_secs(60))
+        .flush(FLUSH_TIMEOUT)
         .map_err(|source| KafkaError::Client {
             what: "flush".into(),
             source,
         })?;
+    // The flush returns once every report left librdkafka's queue; the polling thread may
+    // still be serving the last ones. A record whose delivery failed (the topic deleted, the
+    // brokers refusing it) was not written: that is an error, not a count of records sent.
+    let reports = producer.context();
+    let waited = Instant::now();
+    while reports.reported() < sent && waited.elapsed() < FLUSH_TIMEOUT {
+        producer.poll(Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if let Some((n, first)) = reports.failures() {
+        return Err(LoadError::Send(format!(
+            "{n} of {sent} records failed delivery to topic {} (first: {first})",
+            opts.topic
+        )));
+    }
+    if reports.reported() < sent {
+        return Err(LoadError::Send(format!(
+            "{} of {sent} records have no delivery report after {FLUSH_TIMEOUT:?}",
+            sent - reports.reported()
+        )));
+    }
     Ok(LoadSummary {
         records: sent,
         seconds: started.elapsed().as_secs_f64(),
@@ -282,6 +303,35 @@ mod tests {
         std::fs::write(&trace, format!("t_seconds,rate\n0,{rate}\n100000,{rate}\n"))
             .expect("trace");
         trace
+    }
+
+    /// Records the brokers refuse are not counted as sent: `run` fails naming how many and
+    /// why (before, it answered `sent N records` and `streamscale load` exited 0).
+    #[test]
+    fn records_that_fail_delivery_are_an_error() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("t", 1, 1).expect("mock topic");
+        mock.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 64],
+        );
+        let opts = LoadOptions {
+            brokers: mock.bootstrap_servers(),
+            topic: "t".into(),
+            partitions: 1,
+            trace: trace_file("refused", 200.0),
+            speedup: 1.0,
+            scale: 1.0,
+            start_seconds: 0.0,
+            keys: 10,
+            duration: Some(0.5),
+        };
+        let e = run(&opts, &AtomicBool::new(false), &mut |_| {}).expect_err("refused records");
+        let e = e.to_string();
+        assert!(e.contains("failed delivery to topic t"), "{e}");
+        assert!(e.to_lowercase().contains("too large"), "{e}");
     }
 
     /// A deficit of millions of records (here 10^11 records/s due) does not hold back a stop:
