@@ -311,9 +311,12 @@ pub const INVALID_SPEC_RECHECK: Duration = Duration::from_secs(300);
 async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let mut status = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
-    if let Err(invalid) = spec_check::check(&job.spec.job).and_then(|()| {
-        spec_check::check_kafka_secret(&job.spec.job, job.spec.kafka_secret.is_some())
-    }) {
+    if let Err(invalid) = spec_check::check(&job.spec.job)
+        .and_then(|()| {
+            spec_check::check_kafka_secret(&job.spec.job, job.spec.kafka_secret.is_some())
+        })
+        .and_then(|()| spec_check::check_bounds(&job.spec.job, &job.spec.autoscaler.parallelism))
+    {
         return refuse_invalid_job(&job, &ctx, status, &invalid).await;
     }
     // Fixed since: what said so goes (the conditions are set again below).
@@ -573,7 +576,8 @@ async fn engine_tokens(
     Ok(tokens)
 }
 
-/// The outcome of a StreamJob whose `spec.job` the engine would refuse: nothing is deployed
+/// The outcome of a StreamJob whose `spec.job` the engine would refuse (or whose
+/// `spec.autoscaler.parallelism` names an operator it lacks): nothing is deployed
 /// or planned (an engine already running keeps its previous job, a rescale in progress waits),
 /// the status says phase `Failed` with `Ready=False` and `Degraded=True`, both with reason
 /// `InvalidSpec` and the problem as message, and a Warning Event `InvalidSpec` names it (once
@@ -587,7 +591,10 @@ async fn refuse_invalid_job(
 ) -> Result<Requeue, Error> {
     let generation = job.metadata.generation;
     let old = status.conditions.clone();
-    let message = format!("{invalid}; the job is not deployed until spec.job is fixed");
+    let message = format!(
+        "{invalid}; the job is not deployed until {} is fixed",
+        invalid.at
+    );
     status.phase = Phase::Failed;
     set_condition(
         &mut status,

@@ -7,14 +7,21 @@
 
 use streamscale_engine::spec::JobSpec;
 
-/// A `spec.job` the engine would refuse.
+/// A `spec.job` the engine would refuse, or settings in `spec` that name what `spec.job` lacks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("spec.job.{problem}")]
+#[error("{at}.{problem}")]
 pub struct InvalidJob {
-    /// The engine's validation message, naming the field within the job (e.g.
+    /// The part of the StreamJob at fault: `spec.job`, or `spec.autoscaler.parallelism`.
+    pub at: &'static str,
+    /// The problem, naming the field within `at` (e.g. the engine's
     /// `operators[2] (enrich).parallelism: ...`, `edges[0].to: ...`).
     pub problem: String,
 }
+
+/// Where [`check`] and [`check_kafka_secret`] find their problems.
+pub const SPEC_JOB: &str = "spec.job";
+/// Where [`check_bounds`] finds its problems.
+pub const SPEC_BOUNDS: &str = "spec.autoscaler.parallelism";
 
 /// Checks `job` (a StreamJob's `spec.job`) as the engine checks a job file.
 ///
@@ -24,7 +31,34 @@ pub struct InvalidJob {
 pub fn check(job: &JobSpec) -> Result<(), InvalidJob> {
     job.validate()
         .and_then(|()| job.validate_job_file())
-        .map_err(|problem| InvalidJob { problem })
+        .map_err(|problem| InvalidJob {
+            at: SPEC_JOB,
+            problem,
+        })
+}
+
+/// Checks that every `spec.autoscaler.parallelism` bound names an operator of `job` (a bound
+/// for a misspelt name would otherwise be ignored without a word).
+///
+/// # Errors
+/// [`InvalidJob`] naming the first such bound and the job's operators.
+pub fn check_bounds<B>(
+    job: &JobSpec,
+    bounds: &std::collections::BTreeMap<String, B>,
+) -> Result<(), InvalidJob> {
+    for name in bounds.keys() {
+        if !job.operators.iter().any(|o| &o.name == name) {
+            let names: Vec<&str> = job.operators.iter().map(|o| o.name.as_str()).collect();
+            return Err(InvalidJob {
+                at: SPEC_BOUNDS,
+                problem: format!(
+                    "{name}: no operator named `{name}` in spec.job (its operators: {})",
+                    names.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks that the Kafka passwords of `job` can reach the engine pod: a `passwordFile` must be
@@ -46,6 +80,7 @@ pub fn check_kafka_secret(job: &JobSpec, has_secret: bool) -> Result<(), Invalid
         let at = format!("operators[{i}] ({}).kafka.security", op.name);
         if s.password_env.is_some() {
             return Err(InvalidJob {
+                at: SPEC_JOB,
                 problem: format!(
                     "{at}.passwordEnv: not available on Kubernetes (the engine pod's environment is the operator's); use `passwordFile: {dir}/KEY` with spec.kafkaSecret"
                 ),
@@ -54,6 +89,7 @@ pub fn check_kafka_secret(job: &JobSpec, has_secret: bool) -> Result<(), Invalid
         if let Some(f) = &s.password_file {
             if !f.starts_with(dir) {
                 return Err(InvalidJob {
+                    at: SPEC_JOB,
                     problem: format!(
                         "{at}.passwordFile: {} is not in the engine pod; name a key of spec.kafkaSecret as {dir}/KEY",
                         f.display()
@@ -62,6 +98,7 @@ pub fn check_kafka_secret(job: &JobSpec, has_secret: bool) -> Result<(), Invalid
             }
             if !has_secret {
                 return Err(InvalidJob {
+                    at: SPEC_JOB,
                     problem: format!(
                         "{at}.passwordFile: {} needs spec.kafkaSecret (the Secret mounted at {dir})",
                         f.display()

@@ -462,6 +462,37 @@ async fn a_job_the_engine_would_refuse_is_not_deployed_and_fails_with_invalid_sp
     assert!(seen.is_empty(), "{seen:?}");
 }
 
+/// Bounds for an operator the job does not have (a misspelt name) are refused naming the
+/// field, not ignored without a word.
+#[tokio::test]
+async fn bounds_for_an_operator_the_job_lacks_are_refused_with_invalid_spec() {
+    let mut v = serde_json::to_value(job(true)).expect("json");
+    v["spec"]["autoscaler"]["parallelism"] = serde_json::json!({"mpa": {"min": 2, "max": 4}});
+    let j: StreamJob = serde_json::from_value(v).expect("still a StreamJob");
+    let (_, seen) = reconcile_recording(j).await;
+    for (method, uri, _) in &seen {
+        assert!(
+            uri.contains("/streamjobs/demo/status") || uri.contains("/events"),
+            "{method} {uri}: nothing but status and Events"
+        );
+    }
+    let status = seen
+        .iter()
+        .find(|(_, uri, _)| uri.contains("/streamjobs/demo/status"))
+        .map(|(_, _, body)| body["status"].clone())
+        .expect("status written");
+    assert_eq!(status["phase"], "Failed", "{status}");
+    let msg = condition(&status, "Degraded")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        msg.starts_with("spec.autoscaler.parallelism.mpa: no operator named `mpa`")
+            && msg.contains("until spec.autoscaler.parallelism is fixed"),
+        "{msg}"
+    );
+}
+
 #[tokio::test]
 async fn a_fixed_job_deploys_at_its_next_generation() {
     // Refused at generation 1 ...
