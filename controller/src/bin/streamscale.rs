@@ -445,6 +445,24 @@ fn exit_code(e: &RunError) -> u8 {
     }
 }
 
+/// The exit status of a failed command: 2 for bad input (an option, a job file, a trace), 1
+/// for the rest.
+fn error_exit_code(e: &anyhow::Error) -> u8 {
+    use streamscale_controller::flink::session::SessionError;
+    use streamscale_controller::load::LoadError;
+    if let Some(r) = e.downcast_ref::<RunError>() {
+        return exit_code(r);
+    }
+    match (
+        e.downcast_ref::<SessionError>(),
+        e.downcast_ref::<LoadError>(),
+    ) {
+        (Some(SessionError::Option(_)), _)
+        | (_, Some(LoadError::Option(_) | LoadError::Trace(_))) => 2,
+        _ => 1,
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -461,16 +479,8 @@ async fn main() -> ExitCode {
     match main_inner(cli).await {
         Ok(code) => code,
         Err(e) => {
-            let code = match (
-                e.downcast_ref::<RunError>(),
-                e.downcast_ref::<streamscale_controller::flink::session::SessionError>(),
-            ) {
-                (Some(r), _) => exit_code(r),
-                (None, Some(streamscale_controller::flink::session::SessionError::Option(_))) => 2,
-                _ => 1,
-            };
             err(&format!("streamscale: {e}"));
-            ExitCode::from(code)
+            ExitCode::from(error_exit_code(&e))
         }
     }
 }
@@ -769,5 +779,35 @@ mod tests {
             "-1",
         ];
         assert_eq!(duration(&load).as_deref(), Some("-1"));
+    }
+
+    /// `streamscale load`'s bad options and traces exit 2 as `run`'s do (they exited 1, while
+    /// its bad `--duration` exited 2); a broker or send failure stays 1.
+    #[test]
+    fn load_refuses_bad_input_with_exit_status_2() {
+        use streamscale_controller::load::LoadError;
+        let option = anyhow::Error::from(LoadError::Option("--keys: must be at least 1".into()));
+        assert_eq!(error_exit_code(&option), 2);
+        let trace = streamscale_engine::trace::RateFunction::from_spec(
+            &streamscale_engine::spec::RateSpec::Trace(streamscale_engine::spec::TraceRate {
+                file: "/nonexistent/t.rate.csv".into(),
+                speedup: 1.0,
+                scale: 1.0,
+                start_seconds: 0.0,
+                end_seconds: None,
+                gaps: streamscale_engine::spec::GapPolicy::Hold,
+            }),
+        )
+        .map(|_| ())
+        .expect_err("no such trace");
+        assert_eq!(error_exit_code(&LoadError::Trace(trace).into()), 2);
+        assert_eq!(
+            error_exit_code(&LoadError::Send("send to topic t: failed".into()).into()),
+            1
+        );
+        assert_eq!(
+            error_exit_code(&RunError::Option("--interval".into()).into()),
+            2
+        );
     }
 }
