@@ -355,6 +355,15 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     {
         return start_token_migration(&job, &ctx, status).await;
     }
+    // An edited `spec.job` reaches a running engine through a savepoint, as a rescale at the
+    // same parallelism, so that the new job continues from the old one's state and source
+    // positions; replacing the pod would start it afresh from a new checkpoint lineage
+    // (records read and written again, state lost).
+    if matches!(&engine, EngineObs::Up { state, .. } if state == "running")
+        && rt.deployed_another_job(&status.current_parallelism).await?
+    {
+        return start_job_change(&job, &ctx, status).await;
+    }
     // A stopped engine (stop-with-savepoint outside a rescale, or a rescale that ended without
     // replacing it) never runs again by itself: replace its pod (persisted first).
     if matches!(&engine, EngineObs::Up { state, .. } if state == "stopped") {
@@ -513,10 +522,53 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
 async fn start_token_migration(
     job: &StreamJob,
     ctx: &Context,
+    status: StreamJobStatus,
+) -> Result<Requeue, Error> {
+    let reason = "the engine runs without a token (deployed by an older operator): redeploying it from a savepoint with its token Secret";
+    start_redeploy(
+        job,
+        ctx,
+        status,
+        reason,
+        "redeploying the engine with its token",
+        "EngineTokenMigration",
+    )
+    .await
+}
+
+/// Starts a rescale at the current parallelism (stop with a savepoint, deploy the edited job,
+/// restore) for a running engine whose job file is not `spec.job`'s any more; Event
+/// `JobSpecChanged`. A savepoint the edited job cannot restore (an operator with state
+/// removed or renamed) fails the restore, and the rescale machine rolls back from the same
+/// savepoint: nothing starts half-restored.
+async fn start_job_change(
+    job: &StreamJob,
+    ctx: &Context,
+    status: StreamJobStatus,
+) -> Result<Requeue, Error> {
+    start_redeploy(
+        job,
+        ctx,
+        status,
+        "spec.job changed: redeploying the engine with the edited job from a savepoint of the running one",
+        "redeploying the engine with the edited job",
+        "JobSpecChanged",
+    )
+    .await
+}
+
+/// Starts a rescale at the current parallelism with `reason` (status and Event `event`) and
+/// `message` (the `Scaling` condition).
+async fn start_redeploy(
+    job: &StreamJob,
+    ctx: &Context,
     mut status: StreamJobStatus,
+    reason: &str,
+    message: &str,
+    event: &str,
 ) -> Result<Requeue, Error> {
     let now = now_rfc3339();
-    let reason = "the engine runs without a token (deployed by an older operator): redeploying it from a savepoint with its token Secret".to_string();
+    let reason = reason.to_string();
     status.rescale = Some(RescaleStatus {
         step: RescaleStep::Savepointing,
         from: status.current_parallelism.clone(),
@@ -536,13 +588,13 @@ async fn start_token_migration(
             "Scaling",
             true,
             "Savepointing",
-            "redeploying the engine with its token",
+            message,
             job.metadata.generation,
             &old,
         ),
     );
     write_status(ctx, job, &status).await?;
-    publish(ctx, job, false, "EngineTokenMigration", reason).await;
+    publish(ctx, job, false, event, reason).await;
     Ok(Requeue::requeue(Duration::from_millis(200)))
 }
 

@@ -307,6 +307,32 @@ fn deployment_args(deployment: &Deployment) -> Option<&[String]> {
         .as_deref()
 }
 
+/// The `streamscale.dev/config-hash` pod annotation of the engine Deployment of `job` at
+/// `parallelism`: 16 hex digits of a SHA-256 over the job file the engine runs.
+pub fn config_hash(job: &StreamJob, parallelism: &BTreeMap<String, u32>) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(job_yaml(job, parallelism).as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A Deployment's `streamscale.dev/config-hash` pod annotation ([`config_hash`]), `None`
+/// without one.
+pub fn deployed_config_hash(deployment: &Deployment) -> Option<&str> {
+    deployment
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get("streamscale.dev/config-hash")
+        .map(String::as_str)
+}
+
 /// Whether a Deployment's engine runs without `--auth-token-file` (deployed by an operator
 /// from before the engine token).
 pub fn runs_without_token(deployment: &Deployment) -> bool {
@@ -358,15 +384,7 @@ pub fn deployment(
             .saturating_mul(total)
             .saturating_add(64)
     );
-    let config_hash = {
-        use sha2::Digest;
-        let digest = sha2::Sha256::digest(job_yaml(job, parallelism).as_bytes());
-        digest
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
+    let config_hash = config_hash(job, parallelism);
     let savepoints = match job.spec.storage.kind {
         StorageKind::PersistentVolumeClaim => {
             json!({"name": "savepoints", "persistentVolumeClaim": {"claimName": pvc_name(job)}})

@@ -1801,3 +1801,64 @@ async fn an_engine_deployed_without_a_token_moves_onto_it_through_a_savepoint() 
     drop(kubelet);
     w.cleanup().await;
 }
+
+/// An edited `spec.job` reaches the running engine through a stop-with-savepoint and a restore
+/// of the edited job at the same parallelism (Event `JobSpecChanged`), not by replacing its
+/// pod: the edited job continues from the old one's state and positions, no record is lost or
+/// counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_job_continues_from_a_savepoint_of_the_running_one() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut w) = World::new("edit", false).await else {
+        return;
+    };
+    let kubelet = Kubelet::start(w.admin.clone(), &w.ns, w.dir.path(), w.port);
+    w.start_operator();
+    w.create_job("off").await;
+    let (job, _) = w
+        .wait_for("phase Running", Duration::from_secs(60), |_, s| {
+            s.phase == Phase::Running
+        })
+        .await;
+    let deployments: Api<Deployment> = Api::namespaced(w.admin.clone(), &w.ns);
+    let hash = |d: &Deployment| {
+        streamscale_operator::resources::deployed_config_hash(d)
+            .expect("config hash")
+            .to_string()
+    };
+    let before = hash(&deployments.get("demo-engine").await.expect("Deployment"));
+    // `work` costs 800 µs of io per record instead of 1000.
+    let jobs: Api<StreamJob> = Api::namespaced(w.admin.clone(), &w.ns);
+    let patch = serde_json::json!([
+        {"op": "test", "path": "/spec/job/operators/1/name", "value": "work"},
+        {"op": "replace", "path": "/spec/job/operators/1/io", "value": 800},
+    ]);
+    jobs.patch(
+        &job.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch).expect("json patch")),
+    )
+    .await
+    .expect("patch spec.job");
+    let (_, status) = w
+        .wait_for(
+            "the edited job restored from a savepoint",
+            Duration::from_secs(60),
+            |_, s| s.phase == Phase::Running && s.rescale.is_none() && s.restored_from.is_some(),
+        )
+        .await;
+    let d = deployments.get("demo-engine").await.expect("Deployment");
+    assert_ne!(hash(&d), before, "the edited job is deployed");
+    let args = deployed_args(&d);
+    assert!(args.contains("--restore"), "{args}");
+    assert_eq!(status.current_parallelism["work"], 1, "{status:#?}");
+    let events = event_reasons(&w.admin, &w.ns).await;
+    assert!(
+        events.iter().any(|(r, _)| r == "JobSpecChanged"),
+        "{events:?}"
+    );
+    let engine = w.final_drain(&kubelet, true).await;
+    assert_no_loss(&engine);
+    drop(kubelet);
+    w.cleanup().await;
+}
