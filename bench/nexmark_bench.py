@@ -30,6 +30,29 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def machine_busy(interval=0.5):
+    """Share of the machine's CPU time (all cores) that was busy over `interval` seconds."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + v[4]
+        return sum(v), idle
+    t0, i0 = sample()
+    time.sleep(interval)
+    t1, i1 = sample()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def quiet(limit=0.1, timeout=20.0):
+    """Waits (at most `timeout` seconds) until the machine is under `limit` busy, so that a
+    run does not share the cores with the other system's finishing work (a Flink TaskManager
+    keeps working for seconds after its job finished; a subtask thread that spins while it
+    waits then burns CPU for nothing, and the run's records per CPU-second fall)."""
+    end = time.time() + timeout
+    while time.time() < end and machine_busy() > limit:
+        pass
+
+
 def get(url):
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.load(r)
@@ -50,6 +73,7 @@ def engine(binary, job, events, parallelism):
     name = re.search(r"^name: (\S+)", text, re.M).group(1)
     ops = re.findall(r"name: ([A-Za-z0-9_-]+), kind:|- name: ([A-Za-z0-9_-]+)\n", text)
     ops = [a or b for a, b in ops]
+    quiet()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "job.yaml")
         open(path, "w").write(text)
@@ -85,6 +109,7 @@ def flink(jar_id, sql, rows, parallelism, tm_pid):
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(text)
         path = f.name
+    quiet()
     cpu0 = cpu_seconds(tm_pid)
     t_submit = time.time()
     job = post(f"{FLINK}/jars/{jar_id}/run", {"entryClass": "demo.SqlRunner",

@@ -4,6 +4,11 @@
 //! logs go to stderr. Bad input (job file, savepoint, flags) prints one error line and exits 2.
 //! SIGINT or SIGTERM stops it with status 0, whatever disposition it inherited ([`StopSignals`]).
 
+/// mimalloc: per-thread heaps, where glibc's malloc made the subtask threads wait on its arena
+/// locks (BENCHMARKS.md, Nexmark).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
