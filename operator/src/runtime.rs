@@ -152,16 +152,21 @@ impl KubeRuntime {
         Ok(())
     }
 
+    /// The engine Deployment, `None` without one.
+    async fn deployment(&self) -> Result<Option<Deployment>, kube::Error> {
+        let ns = self.job.namespace().unwrap_or_else(|| "default".into());
+        Api::<Deployment>::namespaced(self.client.clone(), &ns)
+            .get_opt(&resources::engine_name(&self.job))
+            .await
+    }
+
     /// Whether the deployed engine runs without a token (an operator from before the engine
     /// token deployed it); `false` without a Deployment.
     ///
     /// # Errors
     /// The API server's error.
     pub async fn deployed_without_token(&self) -> Result<bool, kube::Error> {
-        let ns = self.job.namespace().unwrap_or_else(|| "default".into());
-        let d = Api::<Deployment>::namespaced(self.client.clone(), &ns)
-            .get_opt(&resources::engine_name(&self.job))
-            .await?;
+        let d = self.deployment().await?;
         Ok(d.as_ref().is_some_and(resources::runs_without_token))
     }
 
@@ -175,10 +180,7 @@ impl KubeRuntime {
         &self,
         parallelism: &BTreeMap<String, u32>,
     ) -> Result<bool, kube::Error> {
-        let ns = self.job.namespace().unwrap_or_else(|| "default".into());
-        let d = Api::<Deployment>::namespaced(self.client.clone(), &ns)
-            .get_opt(&resources::engine_name(&self.job))
-            .await?;
+        let d = self.deployment().await?;
         let want = resources::config_hash(&self.job, parallelism);
         Ok(d.as_ref()
             .and_then(resources::deployed_config_hash)
@@ -190,10 +192,7 @@ impl KubeRuntime {
     /// # Errors
     /// The API server's error.
     pub async fn workload(&self) -> Result<Option<crate::rescale::WorkloadObs>, kube::Error> {
-        let ns = self.job.namespace().unwrap_or_else(|| "default".into());
-        let d = Api::<Deployment>::namespaced(self.client.clone(), &ns)
-            .get_opt(&resources::engine_name(&self.job))
-            .await?;
+        let d = self.deployment().await?;
         Ok(d.as_ref().and_then(resources::workload_of))
     }
 }
