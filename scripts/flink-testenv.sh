@@ -75,6 +75,8 @@ die() {
   log "error: $*"
   exit 1
 }
+# shellcheck source=mvn-deps.sh
+. "$ROOT/scripts/mvn-deps.sh"
 
 need() {
   local c
@@ -178,17 +180,7 @@ install_kafka_job() {
 </project>
 EOF
     log "fetching org.apache.flink:flink-connector-kafka:$KAFKA_CONNECTOR_VERSION and its dependencies with mvn"
-    rm -rf "$KAFKA_LIB.tmp"
-    (cd "$work" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$KAFKA_LIB.tmp" \
-      -DincludeScope=runtime >"$work/mvn.log" 2>&1) ||
-      {
-        tail -n 30 "$work/mvn.log" >&2
-        die "mvn dependency:copy-dependencies failed (log: $work/mvn.log)"
-      }
-    compgen -G "$KAFKA_LIB.tmp/kafka-clients-*.jar" >/dev/null || die "no kafka-clients jar in $KAFKA_LIB.tmp"
-    rm -rf "$KAFKA_LIB"
-    mv "$KAFKA_LIB.tmp" "$KAFKA_LIB"
-    touch "$KAFKA_LIB/.complete"
+    mvn_copy_dependencies "$work" "$KAFKA_LIB" 'kafka-clients-*.jar'
   fi
   local srcs f d
   mapfile -t srcs < <(find "$KAFKA_JOB_SRC" -name '*.java' | sort)

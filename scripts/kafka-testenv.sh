@@ -42,6 +42,8 @@ die() {
   log "error: $*"
   exit 1
 }
+# shellcheck source=mvn-deps.sh
+. "$ROOT/scripts/mvn-deps.sh"
 need() {
   local c
   for c in "$@"; do command -v "$c" >/dev/null || die "$c is not installed (needed: java 17, mvn)"; done
@@ -95,17 +97,7 @@ cmd_install() {
 </project>
 EOF
   log "fetching org.apache.kafka:kafka_2.13:$KAFKA_VERSION and its dependencies with mvn"
-  rm -rf "$LIB.tmp"
-  (cd "$work" && mvn -q -B dependency:copy-dependencies -DoutputDirectory="$LIB.tmp" \
-    -DincludeScope=runtime >"$work/mvn.log" 2>&1) ||
-    {
-      tail -n 30 "$work/mvn.log" >&2
-      die "mvn dependency:copy-dependencies failed (log: $work/mvn.log)"
-    }
-  compgen -G "$LIB.tmp/kafka_2.13-$KAFKA_VERSION.jar" >/dev/null || die "no kafka_2.13-$KAFKA_VERSION.jar in $LIB.tmp"
-  rm -rf "$LIB"
-  mv "$LIB.tmp" "$LIB"
-  touch "$LIB/.complete"
+  mvn_copy_dependencies "$work" "$LIB" "kafka_2.13-$KAFKA_VERSION.jar"
   log "installed $(find "$LIB" -name '*.jar' | wc -l) jars in $LIB in $((SECONDS - t0)) s"
 }
 

@@ -262,12 +262,15 @@ fn a_kafka_sources_partitions_are_read_and_size_it() {
         "{src:?}"
     );
     let window = [first.sample, later.sample];
-    let decision = streamscale_controller::model::plan(
-        &t.spec,
-        &window,
-        &streamscale_controller::model::PlannerSettings::default(),
-    )
-    .expect("a plan");
+    let plan = |window: &[streamscale_controller::model::MetricSample]| {
+        streamscale_controller::model::plan(
+            &t.spec,
+            window,
+            &streamscale_controller::model::PlannerSettings::default(),
+        )
+        .expect("a plan")
+    };
+    let decision = plan(&window);
     assert_eq!(decision.parallelism["Source: kafka"], 1, "{decision:?}");
     let source = &decision.operators["Source: kafka"];
     assert_eq!(source.max_parallelism, 3, "{source:?}");
@@ -283,11 +286,6 @@ fn a_kafka_sources_partitions_are_read_and_size_it() {
             sub.source_partitions = None;
         }
     }
-    let decision = streamscale_controller::model::plan(
-        &t.spec,
-        &blind,
-        &streamscale_controller::model::PlannerSettings::default(),
-    )
-    .expect("a plan");
+    let decision = plan(&blind);
     assert_eq!(decision.parallelism["Source: kafka"], 2, "{decision:?}");
 }

@@ -348,21 +348,26 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
     }
 
     let (engine, _) = observe_engine(&rt).await;
-    // An engine an older operator started without a token is moved onto its token through a
-    // savepoint, as a rescale at the same parallelism, rather than replaced from an older one.
-    if matches!(&engine, EngineObs::Up { state, .. } if state == "running")
-        && rt.deployed_without_token().await?
-    {
-        return start_token_migration(&job, &ctx, status).await;
-    }
-    // An edited `spec.job` reaches a running engine through a savepoint, as a rescale at the
-    // same parallelism, so that the new job continues from the old one's state and source
-    // positions; replacing the pod would start it afresh from a new checkpoint lineage
-    // (records read and written again, state lost).
-    if matches!(&engine, EngineObs::Up { state, .. } if state == "running")
-        && rt.deployed_another_job(&status.current_parallelism).await?
-    {
-        return start_job_change(&job, &ctx, status).await;
+    if matches!(&engine, EngineObs::Up { state, .. } if state == "running") {
+        let deployed = rt.deployment().await?;
+        // An engine an older operator started without a token is moved onto its token through
+        // a savepoint, as a rescale at the same parallelism, rather than replaced from an older
+        // one.
+        if deployed.as_ref().is_some_and(resources::runs_without_token) {
+            return start_token_migration(&job, &ctx, status).await;
+        }
+        // An edited `spec.job` reaches a running engine through a savepoint, as a rescale at the
+        // same parallelism, so that the new job continues from the old one's state and source
+        // positions; replacing the pod would start it afresh from a new checkpoint lineage
+        // (records read and written again, state lost).
+        let want = resources::config_hash(&job, &status.current_parallelism);
+        if deployed
+            .as_ref()
+            .and_then(resources::deployed_config_hash)
+            .is_some_and(|h| h != want)
+        {
+            return start_job_change(&job, &ctx, status).await;
+        }
     }
     // A stopped engine (stop-with-savepoint outside a rescale, or a rescale that ended without
     // replacing it) never runs again by itself: replace its pod (persisted first).

@@ -153,38 +153,14 @@ impl KubeRuntime {
     }
 
     /// The engine Deployment, `None` without one.
-    async fn deployment(&self) -> Result<Option<Deployment>, kube::Error> {
+    ///
+    /// # Errors
+    /// The API server's error.
+    pub async fn deployment(&self) -> Result<Option<Deployment>, kube::Error> {
         let ns = self.job.namespace().unwrap_or_else(|| "default".into());
         Api::<Deployment>::namespaced(self.client.clone(), &ns)
             .get_opt(&resources::engine_name(&self.job))
             .await
-    }
-
-    /// Whether the deployed engine runs without a token (an operator from before the engine
-    /// token deployed it); `false` without a Deployment.
-    ///
-    /// # Errors
-    /// The API server's error.
-    pub async fn deployed_without_token(&self) -> Result<bool, kube::Error> {
-        let d = self.deployment().await?;
-        Ok(d.as_ref().is_some_and(resources::runs_without_token))
-    }
-
-    /// Whether the deployed engine runs another job file than `spec.job` at `parallelism`
-    /// (its config hash differs: the StreamJob's job was edited since it was deployed);
-    /// `false` without a Deployment or without the annotation.
-    ///
-    /// # Errors
-    /// The API server's error.
-    pub async fn deployed_another_job(
-        &self,
-        parallelism: &BTreeMap<String, u32>,
-    ) -> Result<bool, kube::Error> {
-        let d = self.deployment().await?;
-        let want = resources::config_hash(&self.job, parallelism);
-        Ok(d.as_ref()
-            .and_then(resources::deployed_config_hash)
-            .is_some_and(|h| h != want))
     }
 
     /// The deployed engine's `--parallelism` and `--restore`, `None` without a Deployment.

@@ -405,22 +405,27 @@ fn job_with_dangling_edge() -> StreamJob {
     serde_json::from_value(v).expect("still a StreamJob")
 }
 
-#[tokio::test]
-async fn a_job_the_engine_would_refuse_is_not_deployed_and_fails_with_invalid_spec() {
-    let j = job_with_dangling_edge();
-    let (requeue, seen) = reconcile_recording(j.clone()).await;
-    // Nothing owned is applied: no ConfigMap, PVC, Service or Deployment.
-    for (method, uri, _) in &seen {
+/// The status a refused StreamJob's reconcile wrote, having asserted that it wrote nothing but
+/// status and Events (no ConfigMap, PVC, Service or Deployment).
+fn refused_status(seen: &[(http::Method, String, serde_json::Value)]) -> serde_json::Value {
+    for (method, uri, _) in seen {
         assert!(
             uri.contains("/streamjobs/demo/status") || uri.contains("/events"),
             "{method} {uri}: nothing but status and Events"
         );
     }
-    let status = seen
-        .iter()
+    seen.iter()
         .find(|(_, uri, _)| uri.contains("/streamjobs/demo/status"))
         .map(|(_, _, body)| body["status"].clone())
-        .expect("status written");
+        .expect("status written")
+}
+
+#[tokio::test]
+async fn a_job_the_engine_would_refuse_is_not_deployed_and_fails_with_invalid_spec() {
+    let j = job_with_dangling_edge();
+    let (requeue, seen) = reconcile_recording(j.clone()).await;
+    // Nothing owned is applied: no ConfigMap, PVC, Service or Deployment.
+    let status = refused_status(&seen);
     assert_eq!(status["phase"], "Failed", "{status}");
     assert_eq!(status["observedGeneration"], 1);
     for type_ in ["Ready", "Degraded"] {
@@ -470,17 +475,7 @@ async fn bounds_for_an_operator_the_job_lacks_are_refused_with_invalid_spec() {
     v["spec"]["autoscaler"]["parallelism"] = serde_json::json!({"mpa": {"min": 2, "max": 4}});
     let j: StreamJob = serde_json::from_value(v).expect("still a StreamJob");
     let (_, seen) = reconcile_recording(j).await;
-    for (method, uri, _) in &seen {
-        assert!(
-            uri.contains("/streamjobs/demo/status") || uri.contains("/events"),
-            "{method} {uri}: nothing but status and Events"
-        );
-    }
-    let status = seen
-        .iter()
-        .find(|(_, uri, _)| uri.contains("/streamjobs/demo/status"))
-        .map(|(_, _, body)| body["status"].clone())
-        .expect("status written");
+    let status = refused_status(&seen);
     assert_eq!(status["phase"], "Failed", "{status}");
     let msg = condition(&status, "Degraded")["message"]
         .as_str()

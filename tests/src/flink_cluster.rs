@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -86,5 +87,58 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = testenv(&["stop"]);
+    }
+}
+
+/// `GET url` of the cluster's REST API through `curl` (the workspace's reqwest has no blocking
+/// client, and these tests need no async runtime of their own), the answer as JSON;
+/// `Value::Null` when it is none (the cluster gone, a timeout).
+///
+/// # Panics
+/// When curl cannot be run.
+pub fn get_json(url: &str) -> serde_json::Value {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "60", url])
+        .output()
+        .unwrap_or_else(|e| panic!("run curl: {e}"));
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// A job's state and its parallelism per vertex name, from its `GET /jobs/:jid` answer.
+pub fn job_parallelism(job: &serde_json::Value) -> (String, BTreeMap<String, u64>) {
+    let p = job["vertices"]
+        .as_array()
+        .map(|vs| {
+            vs.iter()
+                .map(|v| {
+                    (
+                        v["name"].as_str().unwrap_or("").to_string(),
+                        v["parallelism"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (job["state"].as_str().unwrap_or("?").to_string(), p)
+}
+
+/// Waits (at most 90 s) until job `jid` of the cluster at `rest` and every one of its vertices
+/// are `RUNNING`.
+///
+/// # Panics
+/// When they are not within 90 s.
+pub fn wait_running(rest: &str, jid: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let j = get_json(&format!("{rest}/jobs/{jid}"));
+        let all = j["state"] == "RUNNING"
+            && j["vertices"]
+                .as_array()
+                .is_some_and(|vs| vs.iter().all(|v| v["status"] == "RUNNING"));
+        if all {
+            return;
+        }
+        assert!(Instant::now() < deadline, "job {jid} not running: {j}");
+        std::thread::sleep(Duration::from_millis(300));
     }
 }

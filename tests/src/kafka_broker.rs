@@ -12,13 +12,17 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-fn testenv(arg: &str) -> std::process::Output {
+fn testenv_args(args: &[&str]) -> std::process::Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka-testenv.sh");
     Command::new(script)
-        .arg(arg)
+        .args(args)
         .stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|e| panic!("run scripts/kafka-testenv.sh {arg}: {e}"))
+        .unwrap_or_else(|e| panic!("run scripts/kafka-testenv.sh {args:?}: {e}"))
+}
+
+fn testenv(arg: &str) -> std::process::Output {
+    testenv_args(&[arg])
 }
 
 /// A broker started by [`Broker::start`]; stopped (and its data removed) when dropped.
@@ -57,6 +61,45 @@ impl Broker {
         Some(Broker {
             servers: var("KAFKA_BROKERS").unwrap_or_else(|| "127.0.0.1:39092".into()),
         })
+    }
+
+    /// Creates `topic` with `partitions` partitions (topics are not created automatically on
+    /// the test broker).
+    ///
+    /// # Panics
+    /// When the script fails.
+    pub fn create_topic(&self, topic: &str, partitions: u32) {
+        let made = testenv_args(&["create-topic", topic, &partitions.to_string()]);
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+
+    /// `streamscale load --brokers … --topic topic ARGS --trace trace` started, once its first
+    /// line (which names the topic: it exists from then on) is out; the rest of its output is
+    /// read and dropped. Kill it when done.
+    ///
+    /// # Panics
+    /// When it cannot be started or its first line does not name the topic.
+    pub fn start_load(&self, topic: &str, args: &[&str], trace: &Path) -> std::process::Child {
+        use std::io::BufRead;
+        let mut load = Command::new(crate::workspace_bin("streamscale"))
+            .args(["load", "--brokers", &self.servers, "--topic", topic])
+            .args(args)
+            .arg("--trace")
+            .arg(trace)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("streamscale load: {e}"));
+        let mut out = std::io::BufReader::new(load.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line)
+            .unwrap_or_else(|e| panic!("streamscale load's first line: {e}"));
+        assert!(line.contains(topic), "{line}");
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        load
     }
 
     /// A producer (librdkafka's own thread sends; `linger.ms` 5).

@@ -20,22 +20,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use streamscale_tests::flink_cluster::{Cluster, flink_env, root, testenv};
+use streamscale_tests::flink_cluster::{
+    Cluster, flink_env, get_json, job_parallelism, root, testenv, wait_running,
+};
 use streamscale_tests::workspace_bin;
-
-/// A tiny synchronous JSON client over `curl` (the workspace's reqwest has no blocking
-/// client, and this test needs no async runtime of its own).
-struct Curl;
-
-impl Curl {
-    fn get(&self, url: &str) -> serde_json::Value {
-        let out = Command::new("curl")
-            .args(["-s", "--max-time", "60", url])
-            .output()
-            .expect("curl");
-        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
-    }
-}
 
 struct Flink {
     rest: String,
@@ -44,30 +32,16 @@ struct Flink {
 
 impl Flink {
     fn job(&self, jid: &str) -> serde_json::Value {
-        Curl.get(&format!("{}/jobs/{jid}", self.rest))
+        get_json(&format!("{}/jobs/{jid}", self.rest))
     }
 
     /// Parallelism per vertex name and the job state.
     fn parallelism(&self, jid: &str) -> (String, BTreeMap<String, u64>) {
-        let j = self.job(jid);
-        let p = j["vertices"]
-            .as_array()
-            .map(|vs| {
-                vs.iter()
-                    .map(|v| {
-                        (
-                            v["name"].as_str().unwrap_or("").to_string(),
-                            v["parallelism"].as_u64().unwrap_or(0),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        (j["state"].as_str().unwrap_or("?").to_string(), p)
+        job_parallelism(&self.job(jid))
     }
 
     fn running_jobs(&self) -> Vec<String> {
-        Curl.get(&format!("{}/jobs/overview", self.rest))["jobs"]
+        get_json(&format!("{}/jobs/overview", self.rest))["jobs"]
             .as_array()
             .map(|js| {
                 js.iter()
@@ -97,7 +71,7 @@ impl Flink {
         let vid = self.keyed_vertex(jid);
         let deadline = Instant::now() + Duration::from_secs(40);
         loop {
-            let ids = Curl.get(&format!("{}/jobs/{jid}/vertices/{vid}/metrics", self.rest));
+            let ids = get_json(&format!("{}/jobs/{jid}/vertices/{vid}/metrics", self.rest));
             let wanted: Vec<String> = ids
                 .as_array()
                 .map(|a| {
@@ -109,7 +83,7 @@ impl Flink {
                 })
                 .unwrap_or_default();
             if !wanted.is_empty() {
-                let vals = Curl.get(&format!(
+                let vals = get_json(&format!(
                     "{}/jobs/{jid}/vertices/{vid}/metrics?get={}",
                     self.rest,
                     wanted.join(",")
@@ -150,19 +124,7 @@ impl Flink {
     }
 
     fn wait_running(&self, jid: &str) {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let j = self.job(jid);
-            let all = j["state"] == "RUNNING"
-                && j["vertices"]
-                    .as_array()
-                    .is_some_and(|vs| vs.iter().all(|v| v["status"] == "RUNNING"));
-            if all {
-                return;
-            }
-            assert!(Instant::now() < deadline, "job {jid} not running: {j}");
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        wait_running(&self.rest, jid);
     }
 
     /// The id of the uploaded demo jar (`GET /jars`).
@@ -172,7 +134,7 @@ impl Flink {
             .and_then(|n| n.to_str())
             .expect("jar name")
             .to_string();
-        Curl.get(&format!("{}/jars", self.rest))["files"]
+        get_json(&format!("{}/jars", self.rest))["files"]
             .as_array()
             .and_then(|fs| {
                 fs.iter()

@@ -11,11 +11,11 @@
 //! CI=true.
 #![allow(missing_docs)]
 
-use std::io::BufRead;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use streamscale_tests::flink_cluster::{Cluster, flink_env, root};
+use streamscale_tests::flink_cluster::{
+    Cluster, flink_env, get_json, job_parallelism, wait_running,
+};
 use streamscale_tests::kafka_broker::Broker;
 use streamscale_tests::workspace_bin;
 
@@ -30,26 +30,6 @@ fn curl(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("curl {args:?}: {e}: {text}"))
 }
 
-/// Vertex name -> (parallelism, status) of job `jid`, and the job's state.
-fn vertices(rest: &str, jid: &str) -> (String, Vec<(String, u64, String)>) {
-    let j = curl(&[&format!("{rest}/jobs/{jid}")]);
-    let vs = j["vertices"]
-        .as_array()
-        .map(|vs| {
-            vs.iter()
-                .map(|v| {
-                    (
-                        v["name"].as_str().unwrap_or("").to_string(),
-                        v["parallelism"].as_u64().unwrap_or(0),
-                        v["status"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    (j["state"].as_str().unwrap_or("?").to_string(), vs)
-}
-
 #[test]
 fn a_kafka_source_of_a_real_flink_job_is_sized_by_its_partitions() {
     let Some(env) = flink_env(&["FLINK_KAFKA_JOB_JAR"]) else {
@@ -62,32 +42,15 @@ fn a_kafka_source_of_a_real_flink_job_is_sized_by_its_partitions() {
     let rest = env["FLINK_REST_URL"].clone();
     let tmp = tempfile::tempdir().expect("tempdir");
 
-    // The output topic (topics are not created automatically on the test broker).
-    let made = Command::new(root().join("scripts/kafka-testenv.sh"))
-        .args(["create-topic", "fk-out", "1"])
-        .output()
-        .expect("create-topic");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    broker.create_topic("fk-out", 1);
     // 10,000 records/s into 3 partitions for the whole test.
     let trace = tmp.path().join("flat.csv");
     std::fs::write(&trace, "t_seconds,rate\n0,10000\n1000,10000\n").expect("trace");
-    let mut load = Command::new(workspace_bin("streamscale"))
-        .args(["load", "--brokers", &broker.servers, "--topic", "fk-in"])
-        .args(["--partitions", "3", "--keys", "200", "--duration", "240"])
-        .arg("--trace")
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("streamscale load");
-    let mut out = std::io::BufReader::new(load.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("first line");
-    assert!(line.contains("fk-in"), "{line}");
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let mut load = broker.start_load(
+        "fk-in",
+        &["--partitions", "3", "--keys", "200", "--duration", "240"],
+        &trace,
+    );
 
     // The job at parallelism 2.
     let jar = format!("jarfile=@{}", env["FLINK_KAFKA_JOB_JAR"]);
@@ -114,15 +77,7 @@ fn a_kafka_source_of_a_real_flink_job_is_sized_by_its_partitions() {
         &format!("{rest}/jars/{jar_id}/run"),
     ]);
     let jid = run["jobid"].as_str().expect("job id").to_string();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let (state, vs) = vertices(&rest, &jid);
-        if state == "RUNNING" && vs.iter().all(|v| v.2 == "RUNNING") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "job not running: {state} {vs:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_running(&rest, &jid);
 
     let report = tmp.path().join("report");
     let session = Command::new(workspace_bin("streamscale"))
@@ -151,13 +106,13 @@ fn a_kafka_source_of_a_real_flink_job_is_sized_by_its_partitions() {
     assert_eq!(session.status.code(), Some(0), "{o}{e}");
     assert!(o.contains("source with 3 partitions"), "{o}");
     assert!(o.contains("rescaled by inPlace"), "{o}");
-    let (state, vs) = vertices(&rest, &jid);
+    let (state, vs) = job_parallelism(&get_json(&format!("{rest}/jobs/{jid}")));
     assert_eq!(state, "RUNNING");
     let source = vs
         .iter()
         .find(|v| v.0.starts_with("Source"))
         .expect("source vertex");
-    assert_eq!(source.1, 1, "the source went to 1: {vs:?}");
+    assert_eq!(*source.1, 1, "the source went to 1: {vs:?}");
     let summary: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(report.join("summary.json")).expect("summary.json"),
     )

@@ -5,11 +5,8 @@
 //! parallelisms that divide its 6 partitions (never 4 or 5, never above 6), ending at 3.
 #![allow(missing_docs, clippy::unwrap_used)]
 
-use std::process::{Command, Stdio};
-
 use streamscale_tests::fixtures::{job_dir, streamscale_run_fast, summary, write};
 use streamscale_tests::kafka_broker::Broker;
-use streamscale_tests::workspace_bin;
 
 #[test]
 fn a_lagging_kafka_source_is_scaled_to_a_divisor_of_its_partitions() {
@@ -30,23 +27,11 @@ autoscaler: {{ targetUtilization: 0.7, minUtilization: 0.45, catchUpSeconds: 20,
     ));
     // 1500 records/s for the whole run, into a topic of 6 partitions created by the generator.
     let trace = write(dir.path(), "flat.csv", "t_seconds,rate\n0,1500\n100,1500\n");
-    let mut load = Command::new(workspace_bin("streamscale"))
-        .args(["load", "--brokers", &broker.servers, "--topic", "scale-in"])
-        .args(["--partitions", "6", "--keys", "100", "--duration", "45"])
-        .arg("--trace")
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The topic exists once the generator printed its first line.
-    {
-        use std::io::BufRead;
-        let mut line = String::new();
-        let mut out = std::io::BufReader::new(load.stdout.take().unwrap());
-        out.read_line(&mut line).unwrap();
-        assert!(line.contains("scale-in"), "{line}");
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    }
+    let mut load = broker.start_load(
+        "scale-in",
+        &["--partitions", "6", "--keys", "100", "--duration", "45"],
+        &trace,
+    );
     // The idempotent producer's first records may wait for the brokers' coordinator and then
     // arrive in one burst: the run starts once the rate is steady (the records so far are
     // the source's backlog).

@@ -357,11 +357,21 @@ mod tests {
     use super::*;
     use crate::flink::rest::{SubtaskCounters, SubtaskDetails};
 
+    /// A vertex's metric listing of `ids` (`GET …/metrics` without `get`: ids, no values).
+    fn listing(ids: &[&str]) -> Vec<MetricValue> {
+        ids.iter()
+            .map(|id| MetricValue {
+                id: (*id).to_string(),
+                value: None,
+            })
+            .collect()
+    }
+
     /// Kafka's partition offsets as Flink's Kafka connector names them: a topic may hold dots,
     /// a reader reports only the partitions it is assigned, and each partition counts once.
     #[test]
     fn kafka_partitions_are_counted_once_across_readers() {
-        let listing: Vec<MetricValue> = [
+        let listing = listing(&[
             "0.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.0.currentOffset",
             "0.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.0.committedOffset",
             "1.Source__kafka.KafkaSourceReader.topic.orders.eu.partition.1.currentOffset",
@@ -372,13 +382,7 @@ mod tests {
             "0.Source__kafka.KafkaSourceReader.topic.x.partition.p.currentOffset",
             "0.Source__kafka.KafkaSourceReader.commitsSucceeded",
             "0.Source__kafka.pendingRecords",
-        ]
-        .iter()
-        .map(|id| MetricValue {
-            id: (*id).to_string(),
-            value: None,
-        })
-        .collect();
+        ]);
         let ids = SourceMetricIds::from_listing(&listing);
         assert_eq!(ids.partitions, 4);
         assert_eq!(ids.pending.len(), 1);
@@ -387,19 +391,13 @@ mod tests {
 
     #[test]
     fn source_metric_ids_prefer_the_source_operator() {
-        let listing: Vec<MetricValue> = [
+        let listing = listing(&[
             "0.numRecordsOut",
             "0.Source__trace.numRecordsOut",
             "0.Map.numRecordsOut",
             "0.Source__trace.pendingRecords",
             "1.Map.numRecordsOut",
-        ]
-        .iter()
-        .map(|id| MetricValue {
-            id: (*id).to_string(),
-            value: None,
-        })
-        .collect();
+        ]);
         let ids = SourceMetricIds::from_listing(&listing);
         assert_eq!(ids.records_out[&0], "0.Source__trace.numRecordsOut");
         assert_eq!(ids.records_out[&1], "1.Map.numRecordsOut");
