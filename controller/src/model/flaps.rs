@@ -15,8 +15,10 @@ use streamscale_engine::spec::AutoscalerSpec;
 
 /// A scale-up within this many seconds of the same operator's last scale-down is a flap.
 pub const FLAP_GAP_S: f64 = 2700.0;
-/// Flaps are counted over this many seconds (a day).
-pub const MEMORY_S: f64 = 86_400.0;
+/// Flaps are counted over this many seconds (a week: traffic that was spiky on a weekday is
+/// taken as spiky through a quiet weekend, so that the first spike after it is not two rescales
+/// again).
+pub const MEMORY_S: f64 = 7.0 * 86_400.0;
 /// Flaps within [`MEMORY_S`] from which the traffic is taken as spiky.
 pub const SPIKY_FLAPS: usize = 1;
 /// The scale-down lookback of the spiky profile, seconds (at least; a longer one is kept).
@@ -133,9 +135,9 @@ impl Profile {
     /// The sentence for a decision's reasons when the spiky profile applies.
     pub fn note(&self, flaps: usize) -> String {
         format!(
-            "spiky traffic: {flaps} scale-up{} in the last {} h came within {} min of a scale-down, so the utilization band's upper end is {} and the scale-down lookback {} s (settings the job leaves unset)",
+            "spiky traffic: {flaps} scale-up{} in the last {} days came within {} min of a scale-down, so the utilization band's upper end is {} and the scale-down lookback {} s (settings the job leaves unset)",
             if flaps == 1 { "" } else { "s" },
-            MEMORY_S / 3600.0,
+            MEMORY_S / 86_400.0,
             FLAP_GAP_S / 60.0,
             self.band.1,
             self.lookback_s
@@ -164,7 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn the_profile_starts_at_the_threshold_and_ends_after_a_day() {
+    fn the_profile_starts_at_the_threshold_and_ends_after_a_week() {
         let mut h = FlapHistory::default();
         for k in 0..SPIKY_FLAPS {
             let t = 1000.0 * k as f64;

@@ -133,6 +133,25 @@ fn moves_inside_the_utilization_band_cost_no_rescale() {
 }
 
 #[test]
+fn a_rescales_own_downtime_does_not_move_an_operator_out_of_the_band() {
+    // γ = 236 at p = 3: ρ 0.79, inside [0.3, 0.8]. With 10 s expected per rescale, the rate a
+    // rescale must drain within the 30 s catch-up is 236 · (1 + 10/30) = 315, ρ 1.05 at 3: that
+    // backlog exists only if the job is rescaled, so the band judges ρ 0.79 and holds.
+    let mut a = no_delay();
+    a.observe_rescale_downtime(10.0);
+    let v = a.decide(0.0, &win(3, 236.0, 0.0, 1), &job(CHAIN));
+    assert!(
+        matches!(&v, Verdict::Hold { reason, .. }
+                if reason.contains("map: scale-up 3→4 held: ρ 0.79 at 3")),
+        "{v:?}"
+    );
+    // Out of the band without it (γ = 250: ρ 0.83), the rescale is sized with it:
+    // max(250, 0.7 · 333) / 70 → 4.
+    let v = a.decide(0.0, &win(3, 250.0, 0.0, 1), &job(CHAIN));
+    assert_eq!(parallelism(&v).map(|p| p["map"]), Some(4), "{v:?}");
+}
+
+#[test]
 fn an_operator_outside_its_bounds_is_moved_inside_them_whatever_the_guards() {
     let bounded = |scaling: &str| {
         job(&CHAIN.replace(
@@ -1287,7 +1306,7 @@ fn scale_ups_that_follow_scale_downs_switch_to_the_spiky_profile() {
             assert!(
                 matches!(&v, Verdict::Hold { reason, recommendation: Some(r) }
                     if reason.contains("no scale-down 9→2: p=9 was recommended within the last 2700 s")
-                        && r.reasons.iter().any(|s| s.starts_with("spiky traffic: 1 scale-up in the last 24 h"))),
+                        && r.reasons.iter().any(|s| s.starts_with("spiky traffic: 1 scale-up in the last 7 days"))),
                 "{v:?}"
             );
             let profile = a.profile(t + 100.0, &spec);

@@ -12,10 +12,14 @@ impl Model {
     }
 
     /// Utilization ρ of operator `op`'s busiest subtask at parallelism `p` and the target rate
-    /// (catch-up included); `None` for sources, an unknown μ or an unknown operator.
+    /// with the current backlog's catch-up but without the backlog of a rescale's own downtime:
+    /// how `p` runs when the job is not rescaled, which is what the utilization band judges
+    /// (with that backlog, a job near the band's upper end would leave the band only because
+    /// of the rescale that leaving it asks for). `None` for sources, an unknown μ or an
+    /// unknown operator.
     pub(crate) fn utilization_at(&self, op: &str, p: u32) -> Option<f64> {
         let &i = self.graph.topo.index.get(op)?;
-        self.predicted_rho(i, p)
+        self.staying_rho(i, p)
     }
 
     /// How parallelism `p` (by operator name; missing = current) would run: (highest

@@ -264,6 +264,17 @@ impl Model {
         self.rho_at_rate(i, p, self.lambda_target[i])
     }
 
+    /// ρ of operator `i`'s busiest subtask at `p` subtasks and the target rate without the
+    /// backlog of the rescale's own downtime ([`Model::utilization_at`]).
+    pub(super) fn staying_rho(&self, i: usize, p: u32) -> Option<f64> {
+        let lambda = if self.with_downtime {
+            self.lambda_target_hold[i]
+        } else {
+            self.lambda_target[i]
+        };
+        self.rho_at_rate(i, p, lambda)
+    }
+
     /// ρ of operator `i`'s busiest subtask at `p` subtasks and arrival rate `lambda` (μ at `p`,
     /// or a Kafka source's μ; `None` without one).
     fn rho_at_rate(&self, i: usize, p: u32, lambda: f64) -> Option<f64> {
