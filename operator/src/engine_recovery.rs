@@ -80,7 +80,14 @@ pub fn as_deployed(
     else {
         return engine;
     };
-    let own = crate::resources::checkpoint_dir(job, w.restore.as_deref()).is_some_and(|dir| {
+    let restore = w.restore.as_deref();
+    let own = [
+        crate::resources::checkpoint_dir(job, restore),
+        crate::resources::checkpoint_dir_before_namespaces(job, restore),
+    ]
+    .into_iter()
+    .flatten()
+    .any(|dir| {
         from.strip_prefix(&dir)
             .is_some_and(|rest| rest.starts_with('/'))
     });
@@ -147,6 +154,15 @@ spec:
             as_deployed(&job, Some(&w), EngineObs::Unreachable),
             EngineObs::Unreachable
         );
+        // Under a shared `checkpoint.dir`, the directory an older operator named (before it
+        // held the namespace and name) is the template's own too.
+        let mut shared = job.clone();
+        shared.spec.job.checkpoint =
+            serde_saphyr::from_str("{intervalSeconds: 1, dir: /shared}").expect("checkpoint");
+        let before = crate::resources::checkpoint_dir_before_namespaces(&shared, Some("/sp/sp-2"))
+            .expect("shared");
+        let seen = as_deployed(&shared, Some(&w), up(&format!("{before}/chk-3")));
+        assert_eq!(restored(seen).as_deref(), Some("/sp/sp-2"));
     }
 
     #[test]

@@ -174,23 +174,77 @@ pub fn pvc(job: &StreamJob) -> Result<Option<PersistentVolumeClaim>, ResourceErr
 }
 
 /// Where the engine deployed from `restore` (at any parallelism) writes its periodic
-/// checkpoints: `checkpoints/<lineage>` under the job's `checkpoint.dir` when that is absolute
-/// or a URL, else under the savepoint volume ([`savepoint_dir`]), so that they outlive a
-/// container restart. `<lineage>` is 16 hex digits of a SHA-256 over the job file (every
-/// operator at parallelism 1) and the savepoint restored from: a pod restarted with the same
-/// template finds its own checkpoints; a rescale's roll back (the old parallelism from the
-/// same savepoint) finds those of the failed attempt at the new parallelism and, with
-/// `--recover`, resumes from the newest of them rather than from the older savepoint, whose
-/// later records the attempt's exactly-once sinks may have committed; an engine deployed from
-/// a newer savepoint (a rescale) or with another job graph never recovers from an older
-/// engine's. `None` when the job has no `checkpoint:` block (it takes no checkpoints).
+/// checkpoints: `checkpoints/<lineage>` under the savepoint volume ([`savepoint_dir`]), so that
+/// they outlive a container restart, or `<namespace>/<name>/<lineage>` under the job's
+/// `checkpoint.dir` when that is absolute or a URL (a directory other StreamJobs may share).
+/// `<lineage>` is 16 hex digits of a SHA-256 over the job file (every operator at
+/// parallelism one), the savepoint restored from and, under a shared directory, the
+/// StreamJob's uid: a pod restarted with the same template finds its own
+/// checkpoints; a rescale's roll back (the old parallelism from the same savepoint) finds those
+/// of the failed attempt at the new parallelism and, with `--recover`, resumes from the newest
+/// of them rather than from the older savepoint, whose later records the attempt's exactly-once
+/// sinks may have committed; an engine deployed from a newer savepoint (a rescale), with
+/// another job graph or for another StreamJob (or one deleted and created again) never
+/// recovers from another engine's. `None`
+/// when the job has no `checkpoint:` block (it takes no checkpoints).
 pub fn checkpoint_dir(job: &StreamJob, restore: Option<&str>) -> Option<String> {
-    use sha2::Digest;
+    let (base, shared) = checkpoint_base(job)?;
+    Some(if shared {
+        let ns = job.namespace().unwrap_or_else(|| "default".into());
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let lineage = lineage(job, restore, Some(uid));
+        format!("{base}/{ns}/{}/{lineage}", job.name_any())
+    } else {
+        format!("{base}/{}", lineage(job, restore, None))
+    })
+}
+
+/// The directory [`checkpoint_dir`] named under a shared `checkpoint.dir` before it held the
+/// StreamJob's namespace and name (`<checkpoint.dir>/<lineage>`); `None` when the base is the
+/// job's own volume (named as before) or the job takes no checkpoints.
+pub fn checkpoint_dir_before_namespaces(job: &StreamJob, restore: Option<&str>) -> Option<String> {
+    match checkpoint_base(job)? {
+        (base, true) => Some(format!("{base}/{}", lineage(job, restore, None))),
+        (_, false) => None,
+    }
+}
+
+/// The checkpoint directory of the engine deployed from `restore` in place of `previous` (the
+/// Deployment there now): [`checkpoint_dir`], except that an engine an older operator deployed
+/// from the same savepoint under [`checkpoint_dir_before_namespaces`] keeps that directory, so
+/// that an operator upgrade neither replaces its pod nor makes a restarted pod restore the
+/// older savepoint and replay what its exactly-once sinks already committed.
+pub fn deployed_checkpoint_dir(
+    job: &StreamJob,
+    restore: Option<&str>,
+    previous: Option<&Deployment>,
+) -> Option<String> {
+    let own = checkpoint_dir(job, restore)?;
+    let before = checkpoint_dir_before_namespaces(job, restore);
+    let kept = previous.filter(|d| workload_of(d).is_some_and(|w| w.restore.as_deref() == restore));
+    match (kept.and_then(|d| arg_value(d, "--checkpoint-dir")), before) {
+        (Some(dir), Some(before)) if dir == before => Some(dir),
+        _ => Some(own),
+    }
+}
+
+/// The base of a job's checkpoint directories and whether other StreamJobs may share it (an
+/// absolute or URL `checkpoint.dir`); `None` without checkpoints.
+fn checkpoint_base(job: &StreamJob) -> Option<(String, bool)> {
     let checkpoint = job.spec.job.checkpoint.as_ref()?;
-    let base = match checkpoint.dir.as_deref().map(|d| d.trim_end_matches('/')) {
-        Some(d) if d.starts_with('/') || d.contains("://") => d.to_string(),
-        _ => format!("{}/checkpoints", savepoint_dir(job)),
-    };
+    Some(
+        match checkpoint.dir.as_deref().map(|d| d.trim_end_matches('/')) {
+            Some(d) if d.starts_with('/') || d.contains("://") => (d.to_string(), true),
+            _ => (format!("{}/checkpoints", savepoint_dir(job)), false),
+        },
+    )
+}
+
+/// 16 hex digits of a SHA-256 over the job file at parallelism 1, `restore` and, when given,
+/// the StreamJob's `uid` (a StreamJob deleted and created again under the same name is another
+/// job).
+fn lineage(job: &StreamJob, restore: Option<&str>, uid: Option<&str>) -> String {
+    use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
     let ones: BTreeMap<String, u32> = job
         .spec
@@ -202,13 +256,16 @@ pub fn checkpoint_dir(job: &StreamJob, restore: Option<&str>) -> Option<String> 
     hasher.update(job_yaml(job, &ones).as_bytes());
     hasher.update([0u8]);
     hasher.update(restore.unwrap_or_default().as_bytes());
-    let lineage: String = hasher
+    if let Some(uid) = uid {
+        hasher.update([0u8]);
+        hasher.update(uid.as_bytes());
+    }
+    hasher
         .finalize()
         .iter()
         .take(8)
         .map(|b| format!("{b:02x}"))
-        .collect();
-    Some(format!("{base}/{lineage}"))
+        .collect()
 }
 
 /// The engine's command-line arguments (savepoints under `savepoint_dir`; with
@@ -266,7 +323,7 @@ pub fn superseded_checkpoints(
     restore: Option<&str>,
     previous: Option<&Deployment>,
 ) -> Vec<String> {
-    let Some(own) = checkpoint_dir(job, restore) else {
+    let Some(own) = deployed_checkpoint_dir(job, restore, previous) else {
         return Vec::new();
     };
     let Some(previous) = previous else {
@@ -281,7 +338,7 @@ pub fn superseded_checkpoints(
         .collect();
     let previous_restore = workload_of(previous).and_then(|w| w.restore);
     if previous_restore.as_deref() != restore
-        && let Some(dir) = checkpoint_dir(job, previous_restore.as_deref())
+        && let Some(dir) = arg_value(previous, "--checkpoint-dir")
     {
         retire.push(dir);
     }
@@ -305,6 +362,13 @@ fn deployment_args(deployment: &Deployment) -> Option<&[String]> {
         .first()?
         .args
         .as_deref()
+}
+
+/// The value after `flag` in a Deployment's engine arguments.
+fn arg_value(deployment: &Deployment, flag: &str) -> Option<String> {
+    let args = deployment_args(deployment)?;
+    let at = args.iter().position(|a| a == flag)?;
+    args.get(at + 1).cloned()
 }
 
 /// The `streamscale.dev/config-hash` pod annotation of the engine Deployment of `job` at
@@ -341,13 +405,7 @@ pub fn runs_without_token(deployment: &Deployment) -> bool {
 
 /// Reads `--parallelism` and `--restore` back from a Deployment's first container.
 pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadObs> {
-    let args = deployment_args(deployment)?;
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
-    let parallelism = value("--parallelism")?
+    let parallelism = arg_value(deployment, "--parallelism")?
         .split(',')
         .filter_map(|kv| {
             let (k, v) = kv.split_once('=')?;
@@ -356,21 +414,24 @@ pub fn workload_of(deployment: &Deployment) -> Option<crate::rescale::WorkloadOb
         .collect();
     Some(crate::rescale::WorkloadObs {
         parallelism,
-        restore: value("--restore"),
+        restore: arg_value(deployment, "--restore"),
     })
 }
 
-/// The engine Deployment at `parallelism`, restored from `restore`; `restart` (from
-/// `status.restarts`) is a pod-template annotation, so that raising it replaces the pod;
-/// `retire` ([`superseded_checkpoints`]) the checkpoint directories the engine removes once it
-/// has completed a checkpoint.
+/// The engine Deployment at `parallelism`, restored from `restore`, in place of `previous` (the
+/// Deployment there now, if any); `restart` (from `status.restarts`) is a pod-template
+/// annotation, so that raising it replaces the pod. The engine checkpoints under
+/// [`deployed_checkpoint_dir`] and removes the directories [`superseded_checkpoints`] names once
+/// it has completed a checkpoint.
 pub fn deployment(
     job: &StreamJob,
     parallelism: &BTreeMap<String, u32>,
     restore: Option<&str>,
     restart: u32,
-    retire: &[String],
+    previous: Option<&Deployment>,
 ) -> Result<Deployment, ResourceError> {
+    let retire = superseded_checkpoints(job, restore, previous);
+    let checkpoints = deployed_checkpoint_dir(job, restore, previous);
     let total: u32 = parallelism.values().sum::<u32>().max(1);
     let cpu = format!(
         "{}m",
@@ -422,8 +483,8 @@ pub fn deployment(
                             &savepoint_dir(job),
                             parallelism,
                             restore,
-                            checkpoint_dir(job, restore).as_deref(),
-                            retire,
+                            checkpoints.as_deref(),
+                            &retire,
                         ),
                         "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
                         "resources": {
@@ -519,7 +580,7 @@ spec:
     #[test]
     fn the_kafka_secret_is_mounted_read_only_when_named() {
         let mut j = job();
-        let d = deployment(&j, &j.spec.job.parallelism(), None, 0, &[]).expect("deployment");
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 0, None).expect("deployment");
         assert!(
             !serde_json::to_string(&d)
                 .expect("json")
@@ -528,7 +589,7 @@ spec:
         j.spec.kafka_secret = Some(crate::crd::KafkaSecretRef {
             secret_name: "kafka-creds".into(),
         });
-        let d = deployment(&j, &j.spec.job.parallelism(), None, 0, &[]).expect("deployment");
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 0, None).expect("deployment");
         let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
         let mount = pod.containers[0]
             .volume_mounts
@@ -554,7 +615,7 @@ spec:
     fn deployment_round_trips_parallelism_and_restore() {
         let j = job();
         let p = j.spec.job.parallelism();
-        let d = deployment(&j, &p, Some("/sp/x"), 0, &[]).expect("deployment");
+        let d = deployment(&j, &p, Some("/sp/x"), 0, None).expect("deployment");
         let w = workload_of(&d).expect("workload");
         assert_eq!(w.parallelism, p);
         assert_eq!(w.restore.as_deref(), Some("/sp/x"));
@@ -613,7 +674,7 @@ spec:
         };
         let j = job();
         let p = j.spec.job.parallelism();
-        let plain = args_of(&deployment(&j, &p, None, 0, &[]).expect("deployment"));
+        let plain = args_of(&deployment(&j, &p, None, 0, None).expect("deployment"));
         assert!(
             !plain
                 .iter()
@@ -622,7 +683,7 @@ spec:
 
         let mut j = job();
         j.spec.job.checkpoint = serde_saphyr::from_str("intervalSeconds: 1").expect("checkpoint");
-        let d = deployment(&j, &p, Some("/sp/sp-1"), 0, &[]).expect("deployment");
+        let d = deployment(&j, &p, Some("/sp/sp-1"), 0, None).expect("deployment");
         let args = args_of(&d);
         assert!(args.iter().any(|a| a == "--recover"), "{args:?}");
         let chk = value(&args, "--checkpoint-dir").expect("--checkpoint-dir");
@@ -638,20 +699,21 @@ spec:
             .any(|m| m.name == "savepoints" && chk.starts_with(&format!("{}/", m.mount_path)));
         assert!(on_volume, "the checkpoints must be on the savepoint volume");
         // The same template, the same directory (a restarted container finds its checkpoints).
-        let again = args_of(&deployment(&j, &p, Some("/sp/sp-1"), 1, &[]).expect("deployment"));
+        let again = args_of(&deployment(&j, &p, Some("/sp/sp-1"), 1, None).expect("deployment"));
         assert_eq!(
             value(&again, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
         );
         // Another savepoint or another job graph: another directory.
-        let newer = args_of(&deployment(&j, &p, Some("/sp/sp-2"), 0, &[]).expect("deployment"));
+        let newer = args_of(&deployment(&j, &p, Some("/sp/sp-2"), 0, None).expect("deployment"));
         assert_ne!(
             value(&newer, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
         );
         let mut other = j.clone();
         other.spec.job.operators[0].name = "renamed".into();
-        let other = args_of(&deployment(&other, &p, Some("/sp/sp-1"), 0, &[]).expect("deployment"));
+        let other =
+            args_of(&deployment(&other, &p, Some("/sp/sp-1"), 0, None).expect("deployment"));
         assert_ne!(
             value(&other, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
@@ -659,7 +721,8 @@ spec:
         // The same savepoint at another parallelism (a rescale and its roll back): the same
         // directory, so the roll back recovers from the failed attempt's newest checkpoint.
         let wider: BTreeMap<String, u32> = [("map".to_string(), 3)].into();
-        let wider = args_of(&deployment(&j, &wider, Some("/sp/sp-1"), 0, &[]).expect("deployment"));
+        let wider =
+            args_of(&deployment(&j, &wider, Some("/sp/sp-1"), 0, None).expect("deployment"));
         assert_eq!(
             value(&wider, "--checkpoint-dir").as_deref(),
             Some(chk.as_str())
@@ -667,11 +730,94 @@ spec:
         // An absolute `checkpoint.dir` of the job is kept as the base.
         j.spec.job.checkpoint = serde_saphyr::from_str("{intervalSeconds: 1, dir: \"s3://b/chk\"}")
             .expect("checkpoint");
-        let s3 = args_of(&deployment(&j, &p, None, 0, &[]).expect("deployment"));
+        let s3 = args_of(&deployment(&j, &p, None, 0, None).expect("deployment"));
         assert!(
-            value(&s3, "--checkpoint-dir").is_some_and(|d| d.starts_with("s3://b/chk/")),
+            value(&s3, "--checkpoint-dir").is_some_and(|d| d.starts_with("s3://b/chk/ns/demo/")),
             "{s3:?}"
         );
+    }
+
+    #[test]
+    fn streamjobs_sharing_a_checkpoint_dir_never_share_a_lineage() {
+        let mut a = job();
+        a.spec.job.checkpoint =
+            serde_saphyr::from_str("{intervalSeconds: 1, dir: \"s3://b/chk/\"}")
+                .expect("checkpoint");
+        let mut b = a.clone();
+        b.metadata.namespace = Some("staging".into());
+        let mut c = a.clone();
+        c.metadata.name = Some("demo-2".into());
+        let dirs: Vec<String> = [&a, &b, &c]
+            .iter()
+            .map(|j| checkpoint_dir(j, Some("/sp/sp-1")).expect("dir"))
+            .collect();
+        assert!(dirs[0].starts_with("s3://b/chk/ns/demo/"), "{dirs:?}");
+        assert!(dirs[1].starts_with("s3://b/chk/staging/demo/"), "{dirs:?}");
+        assert!(dirs[2].starts_with("s3://b/chk/ns/demo-2/"), "{dirs:?}");
+        // Deleted and created again under the same name: another uid, another lineage.
+        let mut again = a.clone();
+        again.metadata.uid = Some("5678".into());
+        let recreated = checkpoint_dir(&again, Some("/sp/sp-1")).expect("dir");
+        assert!(recreated.starts_with("s3://b/chk/ns/demo/"), "{recreated}");
+        assert_ne!(recreated, dirs[0]);
+        // Under the job's own volume nothing else is shared and the directory is as before.
+        let own = checkpoint_dir(&job_with_checkpoints(), None).expect("dir");
+        assert!(
+            own.starts_with(&format!("{}/checkpoints/", savepoint_dir(&a))),
+            "{own}"
+        );
+        assert_eq!(
+            checkpoint_dir_before_namespaces(&job_with_checkpoints(), None),
+            None
+        );
+    }
+
+    #[test]
+    fn an_engine_an_older_operator_deployed_keeps_its_checkpoint_dir_until_it_is_rescaled() {
+        let mut j = job();
+        j.spec.job.checkpoint =
+            serde_saphyr::from_str("{intervalSeconds: 1, dir: /shared/chk}").expect("checkpoint");
+        let p = j.spec.job.parallelism();
+        let before = checkpoint_dir_before_namespaces(&j, Some("/sp/sp-1")).expect("shared");
+        // As an operator before namespaced lineages rendered it.
+        let mut old = deployment(&j, &p, Some("/sp/sp-1"), 0, None).expect("deployment");
+        let args = old
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .expect("pod spec");
+        let args = args.containers[0].args.as_mut().expect("args");
+        let at = args
+            .iter()
+            .position(|a| a == "--checkpoint-dir")
+            .expect("flag")
+            + 1;
+        args[at] = before.clone();
+        // Re-applied from the same savepoint (every reconcile, a restart): unchanged.
+        let again = deployment(&j, &p, Some("/sp/sp-1"), 0, Some(&old)).expect("deployment");
+        assert_eq!(arg_value(&again, "--checkpoint-dir"), Some(before.clone()));
+        assert_eq!(again, old);
+        // A rescale (a newer savepoint) moves to the namespaced directory and retires the old.
+        let rescaled = deployment(&j, &p, Some("/sp/sp-2"), 0, Some(&old)).expect("deployment");
+        assert_eq!(
+            arg_value(&rescaled, "--checkpoint-dir"),
+            checkpoint_dir(&j, Some("/sp/sp-2"))
+        );
+        assert_eq!(arg_value(&rescaled, "--retire-checkpoints"), Some(before));
+        // Another job's directory of the old naming is not taken for this one's.
+        let mut other = j.clone();
+        other.spec.job.operators[1].name = "other".into();
+        let theirs = deployment(&other, &p, Some("/sp/sp-1"), 0, Some(&old)).expect("deployment");
+        assert_eq!(
+            arg_value(&theirs, "--checkpoint-dir"),
+            checkpoint_dir(&other, Some("/sp/sp-1"))
+        );
+    }
+
+    fn job_with_checkpoints() -> StreamJob {
+        let mut j = job();
+        j.spec.job.checkpoint = serde_saphyr::from_str("intervalSeconds: 1").expect("checkpoint");
+        j
     }
 
     #[test]
@@ -687,13 +833,12 @@ spec:
         let mut j = job();
         let p = j.spec.job.parallelism();
         // No checkpoints, nothing to retire.
-        let d0 = deployment(&j, &p, None, 0, &[]).expect("deployment");
+        let d0 = deployment(&j, &p, None, 0, None).expect("deployment");
         assert!(superseded_checkpoints(&j, Some("/sp/sp-1"), Some(&d0)).is_empty());
         j.spec.job.checkpoint = serde_saphyr::from_str("intervalSeconds: 1").expect("checkpoint");
         let dir = |restore: Option<&str>| checkpoint_dir(&j, restore).expect("dir");
         let render = |restore: Option<&str>, previous: Option<&Deployment>| {
-            let retire = superseded_checkpoints(&j, restore, previous);
-            deployment(&j, &p, restore, 0, &retire).expect("deployment")
+            deployment(&j, &p, restore, 0, previous).expect("deployment")
         };
         let first = render(None, None);
         assert!(retired(&first).is_empty());

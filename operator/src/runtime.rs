@@ -134,8 +134,8 @@ impl KubeRuntime {
             .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&svc))
             .await?;
         let deployments = Api::<Deployment>::namespaced(self.client.clone(), &ns);
-        // The Deployment replaced, for the checkpoint lineages the new engine supersedes (only a
-        // job that takes checkpoints has any).
+        // The Deployment replaced, for the checkpoint directory the new engine keeps and the
+        // lineages it supersedes (only a job that takes checkpoints has any).
         let previous = match self.job.spec.job.checkpoint {
             Some(_) => {
                 deployments
@@ -144,8 +144,7 @@ impl KubeRuntime {
             }
             None => None,
         };
-        let retire = resources::superseded_checkpoints(&self.job, restore, previous.as_ref());
-        let d = resources::deployment(&self.job, parallelism, restore, restart, &retire)?;
+        let d = resources::deployment(&self.job, parallelism, restore, restart, previous.as_ref())?;
         deployments
             .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&d))
             .await?;

@@ -50,8 +50,7 @@ fn render(
     restore: Option<&str>,
     previous: Option<&Deployment>,
 ) -> Deployment {
-    let retire = resources::superseded_checkpoints(job, restore, previous);
-    resources::deployment(job, parallelism, restore, 0, &retire).expect("deployment")
+    resources::deployment(job, parallelism, restore, 0, previous).expect("deployment")
 }
 
 /// The engine container's arguments of a Deployment.
