@@ -308,6 +308,15 @@ async fn observe_engine(
 /// generation is reconciled at once, through the watch).
 pub const INVALID_SPEC_RECHECK: Duration = Duration::from_secs(300);
 
+/// How long a StreamJob whose owned objects the API server refused waits before they are
+/// applied again (a new generation is reconciled at once; an admission rule, a quota or RBAC
+/// may change without one).
+pub const APPLY_REFUSED_RECHECK: Duration = Duration::from_secs(60);
+
+/// The reason of the conditions and the Warning Event of a StreamJob whose owned objects the
+/// API server refused.
+pub const APPLY_REFUSED: &str = "ApplyRefused";
+
 async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let mut status = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
@@ -320,7 +329,9 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         return refuse_invalid_job(&job, &ctx, status, &invalid).await;
     }
     // Fixed since: what said so goes (the conditions are set again below).
-    status.conditions.retain(|c| c.reason != "InvalidSpec");
+    status
+        .conditions
+        .retain(|c| c.reason != "InvalidSpec" && c.reason != APPLY_REFUSED);
     if status.current_parallelism.is_empty() {
         status.current_parallelism = job.spec.job.parallelism();
     }
@@ -396,12 +407,19 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         )
         .await;
     }
-    rt.deploy(
-        &status.current_parallelism,
-        status.restored_from.as_deref(),
-        status.restarts,
-    )
-    .await?;
+    if let Err(e) = rt
+        .deploy(
+            &status.current_parallelism,
+            status.restored_from.as_deref(),
+            status.restarts,
+        )
+        .await
+    {
+        return match e.spec_fault() {
+            Some(fault) => refuse_apply(&job, &ctx, status, &fault).await,
+            None => Err(e.into()),
+        };
+    }
     let old_conditions = status.conditions.clone();
     // Held until this reconcile's status is written (see `Context::quota_locks`).
     let quota_lock = ctx.quota_lock(&job);
@@ -667,6 +685,39 @@ async fn refuse_invalid_job(
         publish(ctx, job, true, "InvalidSpec", message).await;
     }
     Ok(Requeue::requeue(INVALID_SPEC_RECHECK))
+}
+
+/// A StreamJob whose owned objects the API server refused (`fault`, naming the object and
+/// the API server's message, e.g. a PVC of `storage.size: "0"`): the status says `Ready=False`
+/// and `Degraded=True`, both with reason [`APPLY_REFUSED`] and the refusal as message, and a
+/// Warning Event says it once per change; the phase is kept (an engine already running goes on
+/// with what was applied before). Applied again after [`APPLY_REFUSED_RECHECK`] or at once on
+/// an edit.
+async fn refuse_apply(
+    job: &StreamJob,
+    ctx: &Context,
+    mut status: StreamJobStatus,
+    fault: &str,
+) -> Result<Requeue, Error> {
+    ctx.metrics.errors.inc();
+    tracing::warn!("{}: {fault}", key(job));
+    let generation = job.metadata.generation;
+    let old = status.conditions.clone();
+    let message = format!(
+        "{fault}; applied again when the StreamJob changes or in {} s",
+        APPLY_REFUSED_RECHECK.as_secs()
+    );
+    for (type_, ok) in [("Ready", false), ("Degraded", true)] {
+        set_condition(
+            &mut status,
+            condition(type_, ok, APPLY_REFUSED, &message, generation, &old),
+        );
+    }
+    if job.status.as_ref() != Some(&status) {
+        write_status(ctx, job, &status).await?;
+        publish(ctx, job, true, APPLY_REFUSED, message).await;
+    }
+    Ok(Requeue::requeue(APPLY_REFUSED_RECHECK))
 }
 
 /// Disposes of the oldest savepoints of `status.savepointHistory` beyond

@@ -30,6 +30,40 @@ pub enum ApplyError {
     /// An object could not be built.
     #[error(transparent)]
     Resource(#[from] ResourceError),
+    /// The API server refused an owned object as invalid or forbidden (a 4xx answer: the
+    /// spec, not the moment, is at fault; retrying will not help until it changes).
+    #[error("the API server refused {object}: {message}")]
+    Refused {
+        /// The object's kind and name, e.g. `PersistentVolumeClaim demo-savepoints`.
+        object: String,
+        /// The API server's message.
+        message: String,
+    },
+}
+
+impl ApplyError {
+    /// What a StreamJob's status should say about this error: the refusal of an object
+    /// ([`ApplyError::Refused`]) or an object that could not be built; `None` for errors that
+    /// may pass (the API server unreachable or failing).
+    pub fn spec_fault(&self) -> Option<String> {
+        match self {
+            ApplyError::Refused { .. } | ApplyError::Resource(_) => Some(self.to_string()),
+            ApplyError::Kube(_) => None,
+        }
+    }
+}
+
+/// `error` as an [`ApplyError`], a 4xx answer (but a conflict) as the refusal of `kind` `name`.
+fn refused(kind: &str, name: &str, error: kube::Error) -> ApplyError {
+    match error {
+        kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 409 => {
+            ApplyError::Refused {
+                object: format!("{kind} {name}"),
+                message: status.message,
+            }
+        }
+        other => ApplyError::Kube(other),
+    }
 }
 
 /// Engines of one StreamJob, run as a Deployment.
@@ -117,22 +151,24 @@ impl KubeRuntime {
         let ns = self.job.namespace().unwrap_or_else(|| "default".into());
         let pp = Self::params();
         let cm = resources::configmap(&self.job, parallelism)?;
+        let name = resources::configmap_name(&self.job);
         Api::<ConfigMap>::namespaced(self.client.clone(), &ns)
-            .patch(
-                &resources::configmap_name(&self.job),
-                &pp,
-                &Patch::Apply(&cm),
-            )
-            .await?;
+            .patch(&name, &pp, &Patch::Apply(&cm))
+            .await
+            .map_err(|e| refused("ConfigMap", &name, e))?;
         if let Some(pvc) = resources::pvc(&self.job)? {
+            let name = resources::pvc_name(&self.job);
             Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns)
-                .patch(&resources::pvc_name(&self.job), &pp, &Patch::Apply(&pvc))
-                .await?;
+                .patch(&name, &pp, &Patch::Apply(&pvc))
+                .await
+                .map_err(|e| refused("PersistentVolumeClaim", &name, e))?;
         }
         let svc = resources::service(&self.job)?;
+        let name = resources::engine_name(&self.job);
         Api::<Service>::namespaced(self.client.clone(), &ns)
-            .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&svc))
-            .await?;
+            .patch(&name, &pp, &Patch::Apply(&svc))
+            .await
+            .map_err(|e| refused("Service", &name, e))?;
         let deployments = Api::<Deployment>::namespaced(self.client.clone(), &ns);
         // The Deployment replaced, for the checkpoint directory the new engine keeps and the
         // lineages it supersedes (only a job that takes checkpoints has any).
@@ -146,8 +182,9 @@ impl KubeRuntime {
         };
         let d = resources::deployment(&self.job, parallelism, restore, restart, previous.as_ref())?;
         deployments
-            .patch(&resources::engine_name(&self.job), &pp, &Patch::Apply(&d))
-            .await?;
+            .patch(&name, &pp, &Patch::Apply(&d))
+            .await
+            .map_err(|e| refused("Deployment", &name, e))?;
         Ok(())
     }
 

@@ -1862,3 +1862,84 @@ async fn an_edited_job_continues_from_a_savepoint_of_the_running_one() {
     drop(kubelet);
     w.cleanup().await;
 }
+
+/// An owned object the API server refuses (a PVC of `storage.size: "0"`; helper-41 found the job
+/// stuck with the error only in the operator's log): the status says so in `Ready` and
+/// `Degraded` (reason `ApplyRefused`, naming the object and the API server's message), one
+/// Warning Event says it, and once the spec is fixed the job deploys and the conditions go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_the_api_server_refuses_is_said_in_the_status_until_fixed() {
+    let _serial = SERIAL.lock().await;
+    let Some(mut w) = World::new("refused", false).await else {
+        return;
+    };
+    w.start_operator();
+    w.create_job_with_spec(
+        "off",
+        serde_json::json!({}),
+        serde_json::json!({"storage": {"size": "0"}}),
+    )
+    .await;
+    let refused = |s: &streamscale_operator::crd::StreamJobStatus| {
+        s.conditions.iter().any(|c| c.reason == "ApplyRefused")
+    };
+    let (_, status) = w
+        .wait_for(
+            "the refusal in the status",
+            Duration::from_secs(60),
+            |_, s| refused(s),
+        )
+        .await;
+    for (type_, value) in [("Ready", "False"), ("Degraded", "True")] {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("no {type_} in {status:#?}"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (value, "ApplyRefused")
+        );
+        assert!(
+            c.message
+                .starts_with("the API server refused PersistentVolumeClaim demo-savepoints:")
+                && c.message.contains("storage"),
+            "{}",
+            c.message
+        );
+    }
+    let deployments: Api<Deployment> = Api::namespaced(w.admin.clone(), &w.ns);
+    assert!(
+        deployments
+            .get_opt("demo-engine")
+            .await
+            .expect("get")
+            .is_none(),
+        "nothing deployed past the refused object"
+    );
+    // Said once, not at every retry.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let said = event_reasons(&w.admin, &w.ns)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "ApplyRefused")
+        .count();
+    assert_eq!(said, 1);
+    // Fixed: deployed, and the conditions no longer say it.
+    let jobs: Api<StreamJob> = Api::namespaced(w.admin.clone(), &w.ns);
+    let fix = serde_json::json!({"spec": {"storage": {"size": "64Mi"}}});
+    jobs.patch("demo", &PatchParams::default(), &Patch::Merge(&fix))
+        .await
+        .expect("patch");
+    w.wait_for("the refusal gone", Duration::from_secs(60), |_, s| {
+        !refused(s)
+    })
+    .await;
+    assert!(
+        deployments
+            .get_opt("demo-engine")
+            .await
+            .expect("get")
+            .is_some()
+    );
+}
