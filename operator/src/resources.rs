@@ -179,14 +179,13 @@ pub fn pvc(job: &StreamJob) -> Result<Option<PersistentVolumeClaim>, ResourceErr
 /// `checkpoint.dir` when that is absolute or a URL (a directory other StreamJobs may share).
 /// `<lineage>` is 16 hex digits of a SHA-256 over the job file (every operator at
 /// parallelism one), the savepoint restored from and, under a shared directory, the
-/// StreamJob's uid: a pod restarted with the same template finds its own
-/// checkpoints; a rescale's roll back (the old parallelism from the same savepoint) finds those
-/// of the failed attempt at the new parallelism and, with `--recover`, resumes from the newest
-/// of them rather than from the older savepoint, whose later records the attempt's exactly-once
-/// sinks may have committed; an engine deployed from a newer savepoint (a rescale), with
-/// another job graph or for another StreamJob (or one deleted and created again) never
-/// recovers from another engine's. `None`
-/// when the job has no `checkpoint:` block (it takes no checkpoints).
+/// StreamJob's uid: a pod restarted with the same template finds its own checkpoints; a
+/// rescale's roll back (the old parallelism from the same savepoint) finds those of the failed
+/// attempt at the new parallelism and, with `--recover`, resumes from the newest of them rather
+/// than from the older savepoint, whose later records the attempt's exactly-once sinks may have
+/// committed; an engine deployed from a newer savepoint (a rescale), with another job graph or
+/// for another StreamJob (or one deleted and created again) never recovers from another
+/// engine's. `None` when the job has no `checkpoint:` block (it takes no checkpoints).
 pub fn checkpoint_dir(job: &StreamJob, restore: Option<&str>) -> Option<String> {
     let (base, shared) = checkpoint_base(job)?;
     Some(if shared {
