@@ -8,6 +8,7 @@ use std::future::Future;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::flaps::FlapHistory;
 use crate::model::forecast::RateHistory;
 use crate::model::learn::{FACTOR_MAX, FACTOR_MIN, ScalabilityTracker};
 use crate::model::{Autoscaler, expected_downtime};
@@ -43,6 +44,10 @@ pub struct LearnedState {
     /// [`crate::model::DOWNTIMES_KEPT`] are used; absent when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rescale_downtimes_seconds: Vec<f64>,
+    /// The recent scale-downs and flaps of the spiky-traffic profile ([`crate::model::flaps`]),
+    /// times in Unix seconds (absent when empty), so that a restart does not end the profile.
+    #[serde(default, skip_serializing_if = "FlapHistory::is_empty")]
+    pub flaps: FlapHistory,
 }
 
 /// What of the autoscaler's learning a store keeps beyond the history and the factors.
@@ -78,6 +83,7 @@ impl LearnedState {
             } else {
                 Vec::new()
             },
+            flaps: autoscaler.flaps().shifted(unix0),
         }
     }
 
@@ -88,6 +94,7 @@ impl LearnedState {
             autoscaler.set_rate_history(h.shifted(-unix0));
         }
         autoscaler.set_scalability(self.scalability.clone());
+        autoscaler.set_flaps(self.flaps.shifted(-unix0));
         // A state from before the measurements were kept has the expected value alone.
         let measured = match (
             &self.rescale_downtimes_seconds[..],
@@ -113,6 +120,9 @@ impl LearnedState {
         }
         if let Some(h) = &self.history {
             h.validate().map_err(|e| e.to_string())?;
+        }
+        if !self.flaps.is_valid() {
+            return Err("flaps holds a time that is not a finite number".into());
         }
         if let Some((op, v)) = self
             .scalability
@@ -160,7 +170,7 @@ impl LearnedState {
 }
 
 /// The parts of a [`LearnedState`] whose change is worth a write: the history's bins (a new
-/// bin every `binSeconds`), the learned factors and flags, the downtime.
+/// bin every `binSeconds`), the learned factors and flags, the downtime, the flaps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StateFingerprint {
     bins: usize,
@@ -169,6 +179,7 @@ pub struct StateFingerprint {
     ineffective: Vec<String>,
     downtime: Option<f64>,
     downtimes: Vec<f64>,
+    flaps: FlapHistory,
 }
 
 impl StateFingerprint {
@@ -182,6 +193,7 @@ impl StateFingerprint {
             ineffective: s.scalability.ineffective.keys().cloned().collect(),
             downtime: s.rescale_downtime_seconds,
             downtimes: s.rescale_downtimes_seconds.clone(),
+            flaps: s.flaps.clone(),
         }
     }
 
@@ -192,6 +204,7 @@ impl StateFingerprint {
             && self.ineffective.is_empty()
             && self.downtime.is_none()
             && self.downtimes.is_empty()
+            && self.flaps.is_empty()
     }
 }
 
@@ -268,6 +281,10 @@ mod tests {
             },
             rescale_downtime_seconds: Some(1.5),
             rescale_downtimes_seconds: vec![6.0, 1.5],
+            flaps: FlapHistory {
+                scale_down_s: [("work".to_string(), 1_700_000_000.0)].into(),
+                flaps_s: [1_700_000_500.0].into(),
+            },
         }
     }
 
@@ -317,6 +334,9 @@ mod tests {
         );
         s.restore_into(&mut a, 100.0);
         assert_eq!(a.rate_history().bins[0].0, 1 - 100);
+        // The flaps on the autoscaler's clock, so that the spiky profile goes on.
+        assert_eq!(a.flaps().flaps_s.front(), Some(&(1_700_000_500.0 - 100.0)));
+        assert!(a.flaps().spiky(1_700_000_600.0 - 100.0));
         let all = Keep {
             baseline: true,
             downtime: true,

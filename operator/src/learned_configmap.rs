@@ -211,6 +211,7 @@ mod tests {
             },
             rescale_downtime_seconds: Some(1.5),
             rescale_downtimes_seconds: vec![1.5; 5],
+            flaps: Default::default(),
         }
     }
 

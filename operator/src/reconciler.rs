@@ -329,9 +329,7 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         return refuse_invalid_job(&job, &ctx, status, &invalid).await;
     }
     // Fixed since: what said so goes (the conditions are set again below).
-    status
-        .conditions
-        .retain(|c| c.reason != "InvalidSpec" && c.reason != APPLY_REFUSED);
+    status.conditions.retain(|c| c.reason != "InvalidSpec");
     if status.current_parallelism.is_empty() {
         status.current_parallelism = job.spec.job.parallelism();
     }
@@ -416,10 +414,15 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         .await
     {
         return match e.spec_fault() {
-            Some(fault) => refuse_apply(&job, &ctx, status, &fault).await,
+            Some(fault) => {
+                say_refused(&job, &ctx, &mut status, &fault).await?;
+                Ok(Requeue::requeue(APPLY_REFUSED_RECHECK))
+            }
             None => Err(e.into()),
         };
     }
+    // Applied: a refusal said before is over (Ready and Degraded are set again below).
+    status.conditions.retain(|c| c.reason != APPLY_REFUSED);
     let old_conditions = status.conditions.clone();
     // Held until this reconcile's status is written (see `Context::quota_locks`).
     let quota_lock = ctx.quota_lock(&job);
@@ -687,37 +690,50 @@ async fn refuse_invalid_job(
     Ok(Requeue::requeue(INVALID_SPEC_RECHECK))
 }
 
-/// A StreamJob whose owned objects the API server refused (`fault`, naming the object and
-/// the API server's message, e.g. a PVC of `storage.size: "0"`): the status says `Ready=False`
-/// and `Degraded=True`, both with reason [`APPLY_REFUSED`] and the refusal as message, and a
-/// Warning Event says it once per change; the phase is kept (an engine already running goes on
-/// with what was applied before). Applied again after [`APPLY_REFUSED_RECHECK`] or at once on
-/// an edit.
-async fn refuse_apply(
+/// Says in `status` that the API server refused an owned object of `job` or the operator could
+/// not build one (`fault`, naming the object and the reason, e.g. a PVC of `storage.size: "0"`):
+/// `Ready=False` and `Degraded=True`, both with reason [`APPLY_REFUSED`] and the refusal as
+/// message, written at once, and a Warning Event when the refusal is new or another. The phase
+/// is kept (an engine already running goes on with what was applied before; a rescale waits in
+/// its redeploy). The caller applies again after [`APPLY_REFUSED_RECHECK`] (or at once on an
+/// edit); the conditions go once an apply succeeds.
+pub(super) async fn say_refused(
     job: &StreamJob,
     ctx: &Context,
-    mut status: StreamJobStatus,
+    status: &mut StreamJobStatus,
     fault: &str,
-) -> Result<Requeue, Error> {
+) -> Result<(), Error> {
     ctx.metrics.errors.inc();
     tracing::warn!("{}: {fault}", key(job));
     let generation = job.metadata.generation;
-    let old = status.conditions.clone();
+    // The conditions as written: an unchanged refusal keeps its transition time, so it is
+    // written and said once.
+    let old = job
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
     let message = format!(
         "{fault}; applied again when the StreamJob changes or in {} s",
         APPLY_REFUSED_RECHECK.as_secs()
     );
+    let said = old
+        .iter()
+        .any(|c| c.reason == APPLY_REFUSED && c.message == message);
     for (type_, ok) in [("Ready", false), ("Degraded", true)] {
         set_condition(
-            &mut status,
+            status,
             condition(type_, ok, APPLY_REFUSED, &message, generation, &old),
         );
     }
-    if job.status.as_ref() != Some(&status) {
-        write_status(ctx, job, &status).await?;
+    status.observed_generation = generation;
+    if job.status.as_ref() != Some(status) {
+        write_status(ctx, job, status).await?;
+    }
+    if !said {
         publish(ctx, job, true, APPLY_REFUSED, message).await;
     }
-    Ok(Requeue::requeue(APPLY_REFUSED_RECHECK))
+    Ok(())
 }
 
 /// Disposes of the oldest savepoints of `status.savepointHistory` beyond

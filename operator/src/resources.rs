@@ -187,14 +187,13 @@ pub fn pvc(job: &StreamJob) -> Result<Option<PersistentVolumeClaim>, ResourceErr
 /// for another StreamJob (or one deleted and created again) never recovers from another
 /// engine's. `None` when the job has no `checkpoint:` block (it takes no checkpoints).
 pub fn checkpoint_dir(job: &StreamJob, restore: Option<&str>) -> Option<String> {
-    let (base, shared) = checkpoint_base(job)?;
-    Some(if shared {
-        let ns = job.namespace().unwrap_or_else(|| "default".into());
-        let uid = job.metadata.uid.as_deref().unwrap_or_default();
-        let lineage = lineage(job, restore, Some(uid));
-        format!("{base}/{ns}/{}/{lineage}", job.name_any())
-    } else {
-        format!("{base}/{}", lineage(job, restore, None))
+    let (base, _) = checkpoint_base(job)?;
+    Some(match checkpoint_prefix(job) {
+        Some(prefix) => {
+            let uid = job.metadata.uid.as_deref().unwrap_or_default();
+            format!("{prefix}{}", lineage(job, restore, Some(uid)))
+        }
+        None => format!("{base}/{}", lineage(job, restore, None)),
     })
 }
 
@@ -224,6 +223,18 @@ pub fn deployed_checkpoint_dir(
     match (kept.and_then(|d| arg_value(d, "--checkpoint-dir")), before) {
         (Some(dir), Some(before)) if dir == before => Some(dir),
         _ => Some(own),
+    }
+}
+
+/// The prefix every checkpoint directory of this StreamJob under a shared `checkpoint.dir`
+/// starts with (`<dir>/<namespace>/<name>/`); `None` when its directories are on its own volume.
+fn checkpoint_prefix(job: &StreamJob) -> Option<String> {
+    match checkpoint_base(job)? {
+        (base, true) => {
+            let ns = job.namespace().unwrap_or_else(|| "default".into());
+            Some(format!("{base}/{ns}/{}/", job.name_any()))
+        }
+        (_, false) => None,
     }
 }
 
@@ -341,7 +352,10 @@ pub fn superseded_checkpoints(
     {
         retire.push(dir);
     }
-    retire.retain(|d| *d != own);
+    // Only this StreamJob's own directories: under a shared `checkpoint.dir` an earlier
+    // operator's `<dir>/<lineage>` may be another StreamJob's live lineage too.
+    let mine = checkpoint_prefix(job);
+    retire.retain(|d| *d != own && mine.as_deref().is_none_or(|m| d.starts_with(m)));
     let mut seen = std::collections::BTreeSet::new();
     retire.retain(|d| seen.insert(d.clone()));
     let skip = retire.len().saturating_sub(MAX_RETIRED);
@@ -796,13 +810,21 @@ spec:
         let again = deployment(&j, &p, Some("/sp/sp-1"), 0, Some(&old)).expect("deployment");
         assert_eq!(arg_value(&again, "--checkpoint-dir"), Some(before.clone()));
         assert_eq!(again, old);
-        // A rescale (a newer savepoint) moves to the namespaced directory and retires the old.
+        // A rescale (a newer savepoint) moves to the namespaced directory. The old one is not
+        // retired: another StreamJob of the same spec.job may have shared it.
         let rescaled = deployment(&j, &p, Some("/sp/sp-2"), 0, Some(&old)).expect("deployment");
         assert_eq!(
             arg_value(&rescaled, "--checkpoint-dir"),
             checkpoint_dir(&j, Some("/sp/sp-2"))
         );
-        assert_eq!(arg_value(&rescaled, "--retire-checkpoints"), Some(before));
+        assert_eq!(arg_value(&rescaled, "--retire-checkpoints"), None);
+        // The next rescale retires the namespaced directory it supersedes.
+        let next = deployment(&j, &p, Some("/sp/sp-3"), 0, Some(&rescaled)).expect("deployment");
+        assert_eq!(
+            arg_value(&next, "--retire-checkpoints"),
+            checkpoint_dir(&j, Some("/sp/sp-2"))
+        );
+        assert_ne!(checkpoint_dir(&j, Some("/sp/sp-2")), Some(before));
         // Another job's directory of the old naming is not taken for this one's.
         let mut other = j.clone();
         other.spec.job.operators[1].name = "other".into();

@@ -30,8 +30,9 @@ pub enum ApplyError {
     /// An object could not be built.
     #[error(transparent)]
     Resource(#[from] ResourceError),
-    /// The API server refused an owned object as invalid or forbidden (a 4xx answer: the
-    /// spec, not the moment, is at fault; retrying will not help until it changes).
+    /// The API server refused an owned object as invalid or forbidden (400, 403, 404, 413 or
+    /// 422: the spec or the cluster's rules, not the moment, are at fault; retrying will not
+    /// help until one of them changes).
     #[error("the API server refused {object}: {message}")]
     Refused {
         /// The object's kind and name, e.g. `PersistentVolumeClaim demo-savepoints`.
@@ -53,10 +54,13 @@ impl ApplyError {
     }
 }
 
-/// `error` as an [`ApplyError`], a 4xx answer (but a conflict) as the refusal of `kind` `name`.
+/// `error` as an [`ApplyError`]: an answer that the object itself is at fault (400 Bad
+/// Request, 403 Forbidden, 404 Not Found, 413 Too Large, 422 Invalid) as the refusal of `kind`
+/// `name`; anything that may pass (401 while a token is reloaded, 408, 409, 429 throttling,
+/// 5xx, no answer) as it is.
 fn refused(kind: &str, name: &str, error: kube::Error) -> ApplyError {
     match error {
-        kube::Error::Api(status) if (400..500).contains(&status.code) && status.code != 409 => {
+        kube::Error::Api(status) if matches!(status.code, 400 | 403 | 404 | 413 | 422) => {
             ApplyError::Refused {
                 object: format!("{kind} {name}"),
                 message: status.message,

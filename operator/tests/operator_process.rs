@@ -1917,16 +1917,36 @@ async fn an_object_the_api_server_refuses_is_said_in_the_status_until_fixed() {
             .is_none(),
         "nothing deployed past the refused object"
     );
-    // Said once, not at every retry.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let said = event_reasons(&w.admin, &w.ns)
-        .await
-        .into_iter()
-        .filter(|(r, _)| r == "ApplyRefused")
-        .count();
-    assert_eq!(said, 1);
-    // Fixed: deployed, and the conditions no longer say it.
+    // Said once, not at every reconcile: another reconcile (an annotation edit) neither moves
+    // the conditions' transition time nor publishes the Event again (the recorder would count
+    // a repeat in the Event's series).
     let jobs: Api<StreamJob> = Api::namespaced(w.admin.clone(), &w.ns);
+    let since = |s: &streamscale_operator::crd::StreamJobStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.last_transition_time.clone())
+    };
+    let poke = serde_json::json!({"metadata": {"annotations": {"test/poke": "1"}}});
+    jobs.patch("demo", &PatchParams::default(), &Patch::Merge(&poke))
+        .await
+        .expect("poke");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, again) = w.status().await.expect("status");
+    assert!(refused(&again), "{again:#?}");
+    assert_eq!(since(&again), since(&status));
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.admin.clone(), &w.ns)
+        .list(&Default::default())
+        .await
+        .expect("events");
+    let said: Vec<_> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ApplyRefused"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert!(said[0].series.is_none(), "said again: {:#?}", said[0]);
+    // Fixed: deployed, and the conditions no longer say it.
     let fix = serde_json::json!({"spec": {"storage": {"size": "64Mi"}}});
     jobs.patch("demo", &PatchParams::default(), &Patch::Merge(&fix))
         .await

@@ -203,6 +203,18 @@ impl Autoscaler {
         self.learned = learned;
     }
 
+    /// The job's recent scale-downs and flaps, for the spiky-traffic profile
+    /// ([`super::flaps`]), times on this autoscaler's clock.
+    pub fn flaps(&self) -> &super::flaps::FlapHistory {
+        &self.state.flaps
+    }
+
+    /// Replaces them (e.g. ones persisted before a restart, moved to this clock with
+    /// [`super::flaps::FlapHistory::shifted`]).
+    pub fn set_flaps(&mut self, flaps: super::flaps::FlapHistory) {
+        self.state.flaps = flaps;
+    }
+
     /// Reports that the job (re)started at `now_s` (seconds): starts the stabilization period
     /// and forgets pending scale-downs (they were measured on the old deployment).
     pub fn restarted(&mut self, now_s: f64) {

@@ -44,6 +44,27 @@ impl FlapHistory {
         self.scale_down_s.is_empty() && self.flaps_s.is_empty()
     }
 
+    /// The same history on a clock `by` seconds ahead (every time plus `by`): to Unix time and
+    /// back when it is saved and restored.
+    pub fn shifted(&self, by: f64) -> FlapHistory {
+        FlapHistory {
+            scale_down_s: self
+                .scale_down_s
+                .iter()
+                .map(|(op, t)| (op.clone(), t + by))
+                .collect(),
+            flaps_s: self.flaps_s.iter().map(|t| t + by).collect(),
+        }
+    }
+
+    /// Whether every time is a finite number (a decoded history may hold anything).
+    pub fn is_valid(&self) -> bool {
+        self.scale_down_s
+            .values()
+            .chain(&self.flaps_s)
+            .all(|t| t.is_finite())
+    }
+
     /// Records a rescale decided at `now_s`: `changes` holds (operator, current, new
     /// parallelism) for every operator (unchanged ones included or not).
     pub fn record<'a>(

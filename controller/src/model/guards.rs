@@ -242,7 +242,8 @@ pub(super) fn bounds_force((min, max): (u32, u32), cur: u32, new: u32) -> Option
 /// The utilization band (`autoscaler.minUtilization`, `autoscaler.maxUtilization`, see
 /// [`AutoscalerSpec::utilization_band`](streamscale_engine::spec::AutoscalerSpec::utilization_band)),
 /// the rule by which small moves of the load cost no rescale: an operator whose busiest subtask
-/// runs inside the band at its current parallelism and the target rate (catch-up included) is
+/// runs inside the band at its current parallelism and the target rate (the current backlog's
+/// catch-up included, not the backlog of the rescale's own downtime: [`Model::utilization_at`]) is
 /// not rescaled on its own; a scale-up needs ρ above the upper end (or the latency bound over
 /// the SLO), a scale-down ρ below the lower end (or above the upper end: more subtasks did not
 /// help). Once one operator leaves the band, the rescale moves every operator to its plan (a

@@ -385,6 +385,10 @@ mod tests {
             },
             rescale_downtime_seconds: None,
             rescale_downtimes_seconds: Vec::new(),
+            flaps: crate::model::flaps::FlapHistory {
+                scale_down_s: [("work".to_string(), 1_700_000_000.0)].into(),
+                flaps_s: [1_700_000_600.0].into(),
+            },
         };
         block(store.save(&s)).expect("saved");
         assert_eq!(block(store.load()), Ok(Some(s.clone())));

@@ -428,6 +428,7 @@ impl Job {
                             cpu_us: op.cpu,
                             io_us: op.io,
                             payload: !kafka_payload_unused(&spec, name),
+                            attached: ctx.attach_source(kafka_figures[name].clone()),
                         };
                         Box::new(move || source.run(ctx))
                     }
@@ -447,6 +448,12 @@ impl Job {
                             limit: *count,
                             job_started_unix_ms,
                             salt: murmur_fmix64(name.len() as u64 ^ 0x5eed),
+                            attached: ctx.attach_source(Arc::new(SourceFigures {
+                                rate: rates[name].clone(),
+                                gate: gates[name].clone(),
+                                limit: count.unwrap_or(u64::MAX),
+                                job_started_unix_ms,
+                            })),
                         };
                         Box::new(move || source.run(ctx))
                     }

@@ -196,6 +196,8 @@ pub(super) struct KafkaSourceTask {
     /// downstream operator reads only the records' key, value and counters
     /// ([`kafka_payload_unused`]), so that the key and value bytes are not copied.
     pub(super) payload: bool,
+    /// Its metric series ([`SubtaskContext::attach_source`]), held while it runs.
+    pub(super) attached: Option<crate::metrics::AttachedSource>,
 }
 
 /// Records polled but not yet claimed (a barrier came first) and the offsets they advance.
@@ -389,15 +391,11 @@ impl KafkaSourceTask {
         }
     }
 
-    pub(super) fn run(self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
+    pub(super) fn run(mut self, mut ctx: SubtaskContext) -> Vec<SubtaskResult> {
         let labels = [ctx.operator.clone(), ctx.index.to_string()];
         let l = [labels[0].as_str(), labels[1].as_str()];
-        let _figures = ctx.meter.enabled.then(|| {
-            ctx.meter
-                .metrics
-                .sources
-                .attach(l, ctx.parallelism, self.figures.clone())
-        });
+        // Attached before the thread started ([`SubtaskContext::attach_source`]).
+        let _figures = self.attached.take();
         // Setting up the consumer (metadata, assignment) waits on the brokers: idle time, not
         // reading, or the first metric window would understate the source's μ.
         let setup = ctx.meter.now();

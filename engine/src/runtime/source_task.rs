@@ -28,6 +28,26 @@ pub(super) struct SubtaskContext {
 }
 
 impl SubtaskContext {
+    /// Attaches this source subtask's series (`streamscale_source_*`) to `probe` when metrics
+    /// are on. Called where the job is built, before the subtask's thread runs, so that every
+    /// source's series exists once the job reports running: a scrape right after a start or a
+    /// restore found none for a source whose thread had not run yet, and the controller read
+    /// the sample as a source without a backlog. The series stay attached until the handle is
+    /// dropped (when the subtask's run ends).
+    pub(super) fn attach_source(
+        &self,
+        probe: Arc<dyn crate::metrics::SourceProbe>,
+    ) -> Option<crate::metrics::AttachedSource> {
+        let index = self.index.to_string();
+        self.meter.enabled.then(|| {
+            self.meter.metrics.sources.attach(
+                [self.operator.as_str(), index.as_str()],
+                self.parallelism,
+                probe,
+            )
+        })
+    }
+
     /// Acknowledges barrier `b` to the coordinator with this subtask's snapshot (and a
     /// transactional sink's pre-commits, [`SubtaskContext::committables`]).
     pub(super) fn ack(&mut self, b: Barrier, state: Option<KeyedState>) {
@@ -135,6 +155,8 @@ pub(super) struct SourceTask {
     pub(super) limit: Option<u64>,
     pub(super) job_started_unix_ms: u64,
     pub(super) salt: u64,
+    /// Its metric series ([`SubtaskContext::attach_source`]), held while it runs.
+    pub(super) attached: Option<crate::metrics::AttachedSource>,
 }
 
 pub(super) const SOURCE_BATCH: u64 = 64;
@@ -173,20 +195,10 @@ impl SourceTask {
         let limit = self.limit.unwrap_or(u64::MAX);
         let mut last_injected = 0;
         // Arrivals, backlog and rate are computed at every scrape from what this loop uses
-        // (the thread may be blocked in `send` for seconds under backpressure); they exist
-        // from the start and stay as they were last read once this subtask returns.
-        let _figures = ctx.meter.enabled.then(|| {
-            let probe = SourceFigures {
-                rate: self.rate.clone(),
-                gate: self.gate.clone(),
-                limit,
-                job_started_unix_ms: self.job_started_unix_ms,
-            };
-            ctx.meter
-                .metrics
-                .sources
-                .attach(l, ctx.parallelism, Arc::new(probe))
-        });
+        // (the thread may be blocked in `send` for seconds under backpressure, see
+        // `SourceFigures`); they exist from before the thread started and stay as they were
+        // last read once this subtask returns.
+        let _figures = self.attached.take();
         loop {
             if ctx.control.stop.load(Ordering::Relaxed) {
                 ctx.outputs.flush(&mut ctx.meter);

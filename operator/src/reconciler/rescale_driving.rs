@@ -290,9 +290,22 @@ impl RescaleBackend for PodRescale<'_> {
         restore: Option<&str>,
         _obs: &Observation,
     ) -> Result<(), Error> {
-        self.rt
+        match self
+            .rt
             .deploy(parallelism, restore, self.status.restarts)
-            .await?;
-        Ok(())
+            .await
+        {
+            Ok(()) => {
+                self.status.conditions.retain(|c| c.reason != APPLY_REFUSED);
+                Ok(())
+            }
+            // Said in the status; the rescale stays in its redeploy and applies again.
+            Err(e) => {
+                if let Some(fault) = e.spec_fault() {
+                    say_refused(self.job, self.ctx, &mut self.status, &fault).await?;
+                }
+                Err(e.into())
+            }
+        }
     }
 }

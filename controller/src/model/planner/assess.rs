@@ -22,9 +22,11 @@ impl Model {
         self.staying_rho(i, p)
     }
 
-    /// How parallelism `p` (by operator name; missing = current) would run: (highest
-    /// predicted utilization ρ at the target rate, with catch-up; highest ρ at the steady rate;
-    /// the percentile bound of the slowest path, seconds). Used to weigh a rescale's cost.
+    /// How parallelism `p` (by operator name; missing = current) runs: (highest predicted
+    /// utilization ρ at the target rate with the current backlog's catch-up, as
+    /// [`Model::utilization_at`], without the backlog of a rescale's own downtime; highest ρ at
+    /// the steady rate; the percentile bound of the slowest path, seconds). The guards' view of
+    /// the current parallelism (whether it falls behind, whether a rescale is worth its cost).
     pub(crate) fn assess<K: Borrow<str> + Ord>(&self, p: &BTreeMap<K, u32>) -> (f64, f64, f64) {
         let n = self.graph.topo.len();
         let pv = self.parallelism_by_index(p);
@@ -32,7 +34,7 @@ impl Model {
         for (i, &pi) in pv.iter().enumerate() {
             if let Some(rho) = self.steady_rho(i, pi) {
                 rho_steady = rho_steady.max(rho);
-                rho_target = rho_target.max(self.predicted_rho(i, pi).unwrap_or(0.0));
+                rho_target = rho_target.max(self.staying_rho(i, pi).unwrap_or(0.0));
             }
         }
         let tail: Vec<f64> = (0..n).map(|i| self.tail(i, pv[i])).collect();
