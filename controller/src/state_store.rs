@@ -83,7 +83,15 @@ impl LearnedState {
             } else {
                 Vec::new()
             },
-            flaps: autoscaler.flaps().shifted(unix0),
+            flaps: {
+                let mut flaps = autoscaler.flaps().shifted(unix0);
+                // The next run starts at the job's initial parallelism: a scale-up from there
+                // is no flap of this run's scale-downs.
+                if !keep.baseline {
+                    flaps.scale_down_s.clear();
+                }
+                flaps
+            },
         }
     }
 
@@ -352,6 +360,8 @@ mod tests {
             },
         );
         assert!(none.scalability.last.is_empty() && none.rescale_downtime_seconds.is_none());
+        // The next run starts afresh: no scale-down of this one for a flap, the flaps kept.
+        assert!(none.flaps.scale_down_s.is_empty() && !none.flaps.flaps_s.is_empty());
         assert!(none.rescale_downtimes_seconds.is_empty());
         assert!(!none.is_empty());
         assert!(LearnedState::default().is_empty());

@@ -121,7 +121,8 @@ pub fn configmap_name(name: &str) -> String {
 }
 
 /// Encodes `state` as JSON of at most [`MAX_STATE_BYTES`], dropping the oldest history bins
-/// (and, if still too large, the history) to fit.
+/// (and, if still too large, the history, then the per-operator figures and flaps) to fit;
+/// empty when even that does not fit.
 pub fn encode(state: &LearnedState) -> String {
     let mut s = state.clone();
     loop {
@@ -138,8 +139,16 @@ pub fn encode(state: &LearnedState) -> String {
             None => {
                 s.scalability.last.clear();
                 if serde_json::to_string(&s).map_or(0, |t| t.len()) > MAX_STATE_BYTES {
-                    // Only an absurd number of operators gets here: keep nothing.
+                    // Only an absurd number of operators gets here: keep nothing of them.
                     s.scalability = ScalabilityTracker::default();
+                    s.flaps = Default::default();
+                    s.rescale_downtimes_seconds.clear();
+                    let text = serde_json::to_string(&s).unwrap_or_default();
+                    return if text.len() <= MAX_STATE_BYTES {
+                        text
+                    } else {
+                        String::new()
+                    };
                 }
             }
         }

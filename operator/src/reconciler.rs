@@ -713,10 +713,8 @@ pub(super) async fn say_refused(
         .as_ref()
         .map(|s| s.conditions.clone())
         .unwrap_or_default();
-    let message = format!(
-        "{fault}; applied again when the StreamJob changes or in {} s",
-        APPLY_REFUSED_RECHECK.as_secs()
-    );
+    let message =
+        format!("{fault}; applied again until it is accepted (at once when the StreamJob changes)");
     let said = old
         .iter()
         .any(|c| c.reason == APPLY_REFUSED && c.message == message);

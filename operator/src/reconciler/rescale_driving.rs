@@ -296,7 +296,11 @@ impl RescaleBackend for PodRescale<'_> {
             .await
         {
             Ok(()) => {
+                let said = self.status.conditions.len();
                 self.status.conditions.retain(|c| c.reason != APPLY_REFUSED);
+                if self.status.conditions.len() != said {
+                    write_status(self.ctx, self.job, &self.status).await?;
+                }
                 Ok(())
             }
             // Said in the status; the rescale stays in its redeploy and applies again.
