@@ -395,7 +395,14 @@ async fn operator_killed_between_rescale_steps_resumes_without_losing_records() 
         eprintln!("operator: {}", line.chars().take(300).collect::<String>());
     }
     assert!(killed_at.iter().any(|k| k == AFTER), "{killed_at:?}");
-    assert!(killed_at.len() >= 3, "{killed_at:?}");
+    // And at a step after the savepoint: Restoring can pass between two polls when the engine
+    // restored while the operator was down after its Redeploying kill (17 ms once).
+    assert!(
+        killed_at
+            .iter()
+            .any(|k| k == "Redeploying" || k == "Restoring"),
+        "{killed_at:?}"
+    );
     assert_eq!(status.phase, Phase::Running, "{status:#?}");
     // The id was persisted before the request: every kill resumes, none rolls back, and the
     // job runs from the savepoint that was requested under that id.
