@@ -390,20 +390,29 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         if fresh.metadata.resource_version != job.metadata.resource_version {
             return Ok(Requeue::requeue(Duration::from_millis(200)));
         }
-        status.restarts += 1;
-        write_status(&ctx, &job, &status).await?;
-        publish(
-            &ctx,
-            &*job,
-            true,
-            "EngineRestarted",
-            format!(
-                "the engine was stopped; replacing its pod at {} from {}",
-                rescale::fmt_p(&status.current_parallelism),
-                status.restored_from.as_deref().unwrap_or("a fresh start")
-            ),
-        )
-        .await;
+        // Raised once per stop: when the pod template does not carry the last raise yet (the
+        // API server refused it, said as ApplyRefused), it is applied again, not raised again.
+        let applied = rt
+            .deployment()
+            .await?
+            .as_ref()
+            .and_then(resources::deployed_restart);
+        if applied.is_none_or(|n| n >= status.restarts) {
+            status.restarts += 1;
+            write_status(&ctx, &job, &status).await?;
+            publish(
+                &ctx,
+                &*job,
+                true,
+                "EngineRestarted",
+                format!(
+                    "the engine was stopped; replacing its pod at {} from {}",
+                    rescale::fmt_p(&status.current_parallelism),
+                    status.restored_from.as_deref().unwrap_or("a fresh start")
+                ),
+            )
+            .await;
+        }
     }
     if let Err(e) = rt
         .deploy(

@@ -398,6 +398,18 @@ pub fn config_hash(job: &StreamJob, parallelism: &BTreeMap<String, u32>) -> Stri
 /// A Deployment's `streamscale.dev/config-hash` pod annotation ([`config_hash`]), `None`
 /// without one.
 pub fn deployed_config_hash(deployment: &Deployment) -> Option<&str> {
+    template_annotation(deployment, "streamscale.dev/config-hash")
+}
+
+/// The `status.restarts` a Deployment's pod template was applied with (its
+/// `streamscale.dev/restart` annotation); `None` when it has none or it is not a number.
+pub fn deployed_restart(deployment: &Deployment) -> Option<u32> {
+    template_annotation(deployment, "streamscale.dev/restart")?
+        .parse()
+        .ok()
+}
+
+fn template_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a str> {
     deployment
         .spec
         .as_ref()?
@@ -406,7 +418,7 @@ pub fn deployed_config_hash(deployment: &Deployment) -> Option<&str> {
         .as_ref()?
         .annotations
         .as_ref()?
-        .get("streamscale.dev/config-hash")
+        .get(key)
         .map(String::as_str)
 }
 
@@ -588,6 +600,14 @@ spec:
       - {from: map, to: sink}
 "#;
         serde_saphyr::from_str(yaml).expect("valid StreamJob")
+    }
+
+    #[test]
+    fn the_restart_count_is_read_back_from_the_pod_template() {
+        let j = job();
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 7, None).expect("deployment");
+        assert_eq!(deployed_restart(&d), Some(7));
+        assert_eq!(deployed_restart(&Deployment::default()), None);
     }
 
     #[test]

@@ -80,7 +80,7 @@ impl FlapHistory {
                 && self
                     .scale_down_s
                     .get(op)
-                    .is_some_and(|&t| now_s - t <= FLAP_GAP_S)
+                    .is_some_and(|&t| within(now_s, t, FLAP_GAP_S))
             {
                 flapped = true;
             }
@@ -91,19 +91,19 @@ impl FlapHistory {
         self.forget(now_s);
     }
 
-    /// Drops what is older than the memory at `now_s`.
+    /// Drops what is older than the memory at `now_s`, and what is later than `now_s` (a
+    /// hand-edited or foreign learned state), which would otherwise count for ever.
     fn forget(&mut self, now_s: f64) {
-        while self.flaps_s.front().is_some_and(|&t| now_s - t > MEMORY_S) {
-            self.flaps_s.pop_front();
-        }
-        self.scale_down_s.retain(|_, t| now_s - *t <= FLAP_GAP_S);
+        self.flaps_s.retain(|&t| within(now_s, t, MEMORY_S));
+        self.scale_down_s
+            .retain(|_, t| within(now_s, *t, FLAP_GAP_S));
     }
 
     /// Flaps within the last [`MEMORY_S`] before `now_s`.
     pub fn recent(&self, now_s: f64) -> usize {
         self.flaps_s
             .iter()
-            .filter(|&&t| now_s - t <= MEMORY_S)
+            .filter(|&&t| within(now_s, t, MEMORY_S))
             .count()
     }
 
@@ -111,6 +111,11 @@ impl FlapHistory {
     pub fn spiky(&self, now_s: f64) -> bool {
         self.recent(now_s) >= SPIKY_FLAPS
     }
+}
+
+/// Whether `t_s` is at most `span_s` before `now_s` (and not after it).
+fn within(now_s: f64, t_s: f64, span_s: f64) -> bool {
+    (0.0..=span_s).contains(&(now_s - t_s))
 }
 
 /// The guard settings in force: the job's, with the spiky profile's for those it leaves unset.
@@ -199,6 +204,19 @@ mod tests {
         assert!(h.spiky(last));
         assert!(h.spiky(300.0 + MEMORY_S - 1.0));
         assert!(!h.spiky(last + MEMORY_S + 1.0));
+    }
+
+    #[test]
+    fn times_after_now_do_not_count() {
+        // A learned state edited by hand (or from a machine whose clock ran ahead).
+        let mut h = FlapHistory {
+            flaps_s: [1e12; SPIKY_FLAPS].into_iter().collect(),
+            scale_down_s: [("a".to_string(), 1e12)].into_iter().collect(),
+        };
+        assert!(!h.spiky(1000.0));
+        h.record(1000.0, [("a", 1, 2)]);
+        assert_eq!(h.recent(1000.0), 0, "a scale-up after a future scale-down");
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]
