@@ -11,6 +11,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use streamscale_engine::spec::JobSpec;
 
+pub use crate::backoff_status::BackoffStatus;
+
 /// Annotation that points the operator at a given engine URL instead of the engine Service
 /// (`http://NAME-engine.NAMESPACE.svc:8081`). For tests and development, where the engine runs
 /// outside the cluster (for example on loopback beside a local operator).
@@ -229,7 +231,8 @@ pub struct AutoscalerSettings {
     pub savepoint_timeout_seconds: u32,
     /// Seconds the engine redeployed at the new parallelism may take to run the restored job
     /// (pod scheduled, image pulled, state loaded) before the restore counts as failed and the
-    /// old parallelism is redeployed from the same savepoint. Default 120.
+    /// old parallelism is redeployed from the same savepoint; also how long the Deployment at
+    /// the new parallelism may stay refused by the API server. Default 120.
     #[serde(default = "default_step_timeout")]
     #[schemars(range(min = 1, max = 86400))]
     pub restore_timeout_seconds: u32,
@@ -408,7 +411,8 @@ pub struct StreamJobStatus {
     pub recoveries: u32,
     /// The checkpoint the running engine recovered from, while it runs from one (cleared when
     /// an engine deployed from `restoredFrom` runs, e.g. after a rescale).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Serialized as `null` when cleared (see `backoff`).
+    #[serde(default)]
     pub recovered_from: Option<String>,
     /// `Ready`, `Scaling` and `Degraded`.
     #[serde(default)]
@@ -427,6 +431,13 @@ pub struct StreamJobStatus {
     /// the operator kept a history are not listed and never disposed of.
     #[serde(default)]
     pub savepoint_history: Vec<SavepointHistoryEntry>,
+    /// After a rescale that did not complete (its savepoint failed, or it was rolled back): no
+    /// rescale is started before `retryAfter`, 10 s after the first failure in a row, doubling
+    /// up to 5 minutes; the parallelisms that failed are listed. A completed rescale clears it.
+    // Serialized as `null` when cleared: the status is written as a merge patch, which keeps
+    // a field it leaves out.
+    #[serde(default)]
+    pub backoff: Option<BackoffStatus>,
 }
 
 /// One savepoint in `status.savepointHistory`.
@@ -861,6 +872,29 @@ pub fn crd_yaml() -> String {
 mod tests {
     use super::merge_property_schemas;
     use serde_json::json;
+
+    /// The status is written as a JSON merge patch, which keeps a field the patch leaves out:
+    /// a field the operator clears must be written as `null` (`recoveredFrom` stayed set for
+    /// ever, and so would `backoff` and a FlinkScaler's `quota`).
+    #[test]
+    fn cleared_status_fields_are_written_as_null() {
+        let job = serde_json::to_value(super::StreamJobStatus::default()).expect("json");
+        for field in [
+            "recoveredFrom",
+            "backoff",
+            "rescale",
+            "lastDecision",
+            "quota",
+            "limit",
+        ] {
+            assert_eq!(job.get(field), Some(&serde_json::Value::Null), "{field}");
+        }
+        let scaler = serde_json::to_value(crate::flink_scaler_crd::FlinkScalerStatus::default())
+            .expect("json");
+        for field in ["backoff", "quota", "rescale", "lastDecision"] {
+            assert_eq!(scaler.get(field), Some(&serde_json::Value::Null), "{field}");
+        }
+    }
 
     #[test]
     fn object_schemas_merge_fields_required_by_all_and_drop_partial_defaults() {

@@ -14,8 +14,7 @@
 //! deploys anything itself. It writes parallelism overrides onto the FlinkDeployment and the
 //! Flink Kubernetes Operator does the savepoint and the redeploy, so its steps (overrides
 //! written, seen by the Flink operator, job running) have no Savepointing or Redeploying step
-//! to share. The backoff between failed attempts is the shared
-//! [`streamscale_controller::rescale::RescaleBackoff`] formula.
+//! to share. The backoff between failed attempts is [`crate::backoff_status`].
 
 use std::collections::BTreeMap;
 
@@ -112,12 +111,6 @@ pub fn advance(
         }
         _ => Next::Wait,
     }
-}
-
-/// Seconds to wait after the `failures`-th failed rescale in a row: 10 s, doubling, at most
-/// 300 s (the bundled engine's backoff, [`streamscale_controller::rescale::RescaleBackoff`]).
-pub fn backoff_seconds(failures: u32) -> f64 {
-    streamscale_controller::rescale::backoff::wait_after(failures)
 }
 
 #[cfg(test)]
@@ -260,12 +253,5 @@ mod tests {
             ),
             Next::GiveUp { .. }
         ));
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_five_minutes() {
-        assert_eq!(backoff_seconds(1), 10.0);
-        assert_eq!(backoff_seconds(2), 20.0);
-        assert_eq!(backoff_seconds(10), 300.0);
     }
 }

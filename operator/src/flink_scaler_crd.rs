@@ -12,6 +12,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::backoff_status::{BackoffStatus, FailedParallelism};
 use crate::crd::{AutoscalerSettings, DecisionStatus, QuotaShareStatus};
 
 /// The Flink operator's configuration key the FlinkScaler writes on its target: per-vertex
@@ -194,29 +195,6 @@ pub struct RescaleResultStatus {
     pub message: Option<String>,
 }
 
-/// A parallelism that failed, with how often.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FailedParallelism {
-    /// Parallelism per vertex name.
-    pub parallelism: BTreeMap<String, u32>,
-    /// Failed attempts since the last completed rescale.
-    pub failures: u32,
-}
-
-/// The backoff after failed rescales (cleared by a completed one).
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BackoffStatus {
-    /// Failed rescales in a row.
-    pub failures: u32,
-    /// No rescale before this time (RFC 3339).
-    pub retry_after: String,
-    /// The parallelisms that failed.
-    #[serde(default)]
-    pub failed: Vec<FailedParallelism>,
-}
-
 /// One vertex of the job.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -283,7 +261,9 @@ pub struct FlinkScalerStatus {
     /// This job's share of its `StreamQuota` (with `spec.autoscaler.quota`), counted in task
     /// slots: with one slot-sharing group the job holds as many slots as its largest vertex
     /// has subtasks, and a slot counts as one subtask of the quota.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Serialized as `null` when cleared: the status is written as a merge patch, which keeps
+    // a field it leaves out.
+    #[serde(default)]
     pub quota: Option<QuotaShareStatus>,
 }
 

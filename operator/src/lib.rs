@@ -2,6 +2,7 @@
 //! Kubernetes implementation of the controller's engine runtime.
 //!
 //! * [`crd`]: the resource types (the CRD is generated from them by `crdgen`).
+//! * [`backoff_status`]: the backoff after failed rescales as `status.backoff` keeps it (pure).
 //! * [`flink_scaler_crd`]: the `FlinkScaler` resource, which autoscales a Flink job run by the
 //!   Flink Kubernetes Operator; [`flink_target`] what it reads and writes on its target;
 //!   [`flink_rescale`] its rescale steps (pure).
@@ -24,6 +25,7 @@
 //! * [`learned_configmap`]: the autoscaler's learned state (rate history, scalability factors) in a
 //!   ConfigMap, kept across operator restarts.
 
+pub mod backoff_status;
 pub mod crd;
 pub mod engine_recovery;
 pub mod engine_token;

@@ -29,6 +29,11 @@
 //!   pod at the new parallelism does not fit the node (stays Pending); after
 //!   `restoreTimeoutSeconds` the old parallelism is redeployed from the same savepoint.
 //!
+//! * `a_rescale_whose_deployment_is_refused_rolls_back_and_backs_off`: an admission policy
+//!   refuses the Deployment at the new parallelism; the rescale rolls back after
+//!   `restoreTimeoutSeconds`, `status.backoff` holds the next attempts, and once the policy is
+//!   gone a rescale completes;
+//!
 //! * `jobs_sharing_a_quota_keep_their_needed_share_when_one_spikes`: two StreamJobs share a
 //!   StreamQuota; one spikes far past its share, the other still gets (and runs) what it needs,
 //!   and the spiking one holds at its share, reported in status and Events; the two never hold
@@ -913,6 +918,12 @@ async fn failed_restore_rolls_back_to_the_old_parallelism_from_the_same_savepoin
     assert_eq!(status.rescales, 0, "{status:#?}");
     assert_eq!(status.current_parallelism["work"], 1, "{status:#?}");
     assert_eq!(status.phase, Phase::Running, "{status:#?}");
+    // The next attempt is held (10 s after a first failure).
+    assert_eq!(
+        status.backoff.as_ref().map(|b| b.failures),
+        Some(1),
+        "{status:#?}"
+    );
     // The rescale's decision, or a hold after the rollback (at the old parallelism).
     assert!(
         status
@@ -944,6 +955,156 @@ async fn failed_restore_rolls_back_to_the_old_parallelism_from_the_same_savepoin
         .find(|o| o.name == "work")
         .map(|o| o.parallelism);
     assert_eq!(work, Some(1), "{engine:#?}");
+    assert_no_loss(&engine);
+    drop(kubelet);
+    w.cleanup().await;
+}
+
+/// A rescale whose Deployment the API server refuses (a ValidatingAdmissionPolicy that allows
+/// one `work` subtask only, as a cluster's policy or quota would): the engine has stopped with
+/// its savepoint, so after `restoreTimeoutSeconds` the old parallelism is redeployed from that
+/// savepoint (before, the rescale waited in Redeploying with the engine stopped, for ever).
+/// `status.backoff` then holds the next attempts (10 s, doubling), said in `lastDecision`;
+/// once the policy is gone, a rescale completes and clears it. No record lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescale_whose_deployment_is_refused_rolls_back_and_backs_off() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let _serial = SERIAL.lock().await;
+    let Some(mut w) = World::new("refusedrescale", false).await else {
+        return;
+    };
+    let name = format!("streamscale-test-{}", w.ns);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["apps"], "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["deployments"],
+            }]},
+            "validations": [{
+                "expression": "!object.spec.template.spec.containers.exists(c, has(c.args) && \
+                               c.args.exists(a, a.matches('(^|,)work=([2-9]|[1-9][0-9])')))",
+                "message": "one work subtask at most in this namespace",
+            }],
+        },
+    }))
+    .expect("policy");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": w.ns},
+            }},
+        },
+    }))
+    .expect("binding");
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(w.admin.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(w.admin.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create the policy");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the binding");
+    let kubelet = Kubelet::start(w.admin.clone(), &w.ns, w.dir.path(), w.port);
+    w.start_operator();
+    w.create_job_with("auto", serde_json::json!({"restoreTimeoutSeconds": 5}))
+        .await;
+    w.wait_for("phase Running", Duration::from_secs(60), |_, s| {
+        s.phase == Phase::Running
+    })
+    .await;
+    // The policy is enforced once the API server has loaded it: a rescale's refusal is said
+    // while it waits in Redeploying, then it rolls back.
+    let (mut refused_while_redeploying, mut taken) = (false, None);
+    let (_, status) = w
+        .wait_for(
+            "a rescale refused, then rolled back",
+            Duration::from_secs(120),
+            |_, s| {
+                if let Some(r) = &s.rescale
+                    && !r.rolling_back
+                {
+                    taken = r.savepoint_path.clone().or(taken.take());
+                    refused_while_redeploying |= r.step == RescaleStep::Redeploying
+                        && s.conditions.iter().any(|c| {
+                            c.reason == "ApplyRefused"
+                                && c.message.contains("one work subtask at most")
+                        });
+                }
+                s.rescale.is_none()
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Scaling" && c.reason == "RolledBack")
+            },
+        )
+        .await;
+    assert!(refused_while_redeploying, "{status:#?}");
+    let taken = taken.expect("the rescale's savepoint");
+    assert_eq!(status.restored_from.as_ref(), Some(&taken), "{status:#?}");
+    assert_eq!(
+        (
+            status.current_parallelism["work"],
+            status.rescales,
+            status.phase
+        ),
+        (1, 0, Phase::Running),
+        "{status:#?}"
+    );
+    let backoff = status.backoff.clone().expect("status.backoff");
+    assert!(backoff.failures >= 1, "{backoff:#?}");
+    assert!(
+        backoff.failed.iter().any(|f| f.parallelism["work"] > 1),
+        "{backoff:#?}"
+    );
+    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded");
+    assert!(
+        degraded.is_some_and(|c| c.reason == "RescaleRolledBack" && c.message.contains("held")),
+        "{status:#?}"
+    );
+    let events = event_reasons(&w.admin, &w.ns).await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "RollingBack" && n.contains("was not applied within 5 s")),
+        "{events:?}"
+    );
+    // The planner still wants more: held by the backoff rather than stopping the job again at
+    // once (the window is 4 s, the stabilization 2 s).
+    w.wait_for("a hold by the backoff", Duration::from_secs(120), |_, s| {
+        s.last_decision.as_ref().is_some_and(|d| {
+            d.action == DecisionAction::Hold && d.reason.contains("backing off until")
+        })
+    })
+    .await;
+    // The policy gone, the next attempt completes and clears the backoff.
+    bindings
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the binding");
+    policies
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the policy");
+    let (_, status) = w
+        .wait_for("a completed rescale", Duration::from_secs(420), |_, s| {
+            s.rescales >= 1 && s.rescale.is_none()
+        })
+        .await;
+    assert!(status.current_parallelism["work"] > 1, "{status:#?}");
+    assert!(status.backoff.is_none(), "{status:#?}");
+    let engine = w.final_drain(&kubelet, true).await;
     assert_no_loss(&engine);
     drop(kubelet);
     w.cleanup().await;

@@ -18,6 +18,8 @@
 //!   (or, when the engine has exited and restarted since and no longer knows it, learns from
 //!   the engine's `409 already exists` that the savepoint is on disk at `DIR/ID`) instead of
 //!   rolling back;
+//! * a workload at the new parallelism that is not applied within the restore timeout (the
+//!   API server refuses it) is rolled back the same way; a roll back is applied until it is;
 //! * an engine that stopped without the recorded savepoint (or stays unreachable past the
 //!   savepoint timeout) is redeployed at the old parallelism from the savepoint it was
 //!   started from.
@@ -140,7 +142,8 @@ pub struct Observation {
     /// before the rescale rolls back (`spec.autoscaler.savepointTimeoutSeconds`).
     pub savepoint_timeout_s: f64,
     /// Seconds a redeployed engine may take to run the restored job before the restore counts
-    /// as failed and is rolled back (`spec.autoscaler.restoreTimeoutSeconds`).
+    /// as failed and is rolled back, and a workload at the new parallelism may take to be
+    /// applied (`spec.autoscaler.restoreTimeoutSeconds`).
     pub restore_timeout_s: f64,
 }
 
@@ -401,6 +404,23 @@ pub fn advance(r: &RescaleState, obs: &Observation, now: &str) -> Transition {
                     Action::Wait,
                     format!("workload redeployed at {}; restoring", fmt_p(&r.to)),
                 )
+            } else if !r.rolling_back && obs.step_age_s >= obs.restore_timeout_s {
+                // Never applied (the API server refuses the new workload, a quota, an admission
+                // policy): the job goes back to the old parallelism rather than staying stopped.
+                // A roll back that is not applied either keeps trying: the workload at the old
+                // parallelism from the newest restore point is the only one to run.
+                roll_back(
+                    r,
+                    now,
+                    obs.newest_restore
+                        .clone()
+                        .or_else(|| r.savepoint_path.clone()),
+                    &format!(
+                        "the workload at {} was not applied within {:.0} s",
+                        fmt_p(&r.to),
+                        obs.restore_timeout_s
+                    ),
+                )
             } else {
                 stay(
                     r,
@@ -618,6 +638,41 @@ mod tests {
         assert_eq!(t.rescale.unwrap().step, RescaleStep::Redeploying);
         assert!(matches!(t.action, Action::Deploy { .. }));
         assert!(t.event.is_none());
+    }
+
+    #[test]
+    fn a_workload_never_applied_rolls_back_and_its_roll_back_keeps_trying() {
+        let mut r = rescale();
+        r.step = RescaleStep::Redeploying;
+        r.savepoint_path = Some("/sp/sp-1".into());
+        let mut o = obs(EngineObs::Unreachable, SavepointObs::NotAsked);
+        o.step_age_s = RESTORE_TIMEOUT_S - 1.0;
+        assert_eq!(advance(&r, &o, "t").rescale.unwrap(), r);
+        o.step_age_s = RESTORE_TIMEOUT_S;
+        let t = advance(&r, &o, "t1");
+        let back = t.rescale.unwrap();
+        assert!(back.rolling_back);
+        assert_eq!(
+            (back.step, back.step_started_at.as_str()),
+            (RescaleStep::Redeploying, "t1")
+        );
+        assert_eq!(
+            t.action,
+            Action::Deploy {
+                parallelism: p(&[("map", 1)]),
+                restore: Some("/sp/sp-1".into())
+            }
+        );
+        assert!(
+            t.event.unwrap().contains("not applied within 120 s"),
+            "said why"
+        );
+        // The roll back's workload is refused too: no end, no other restore point.
+        o.step_age_s = 10.0 * RESTORE_TIMEOUT_S;
+        let t = advance(&back, &o, "t2");
+        assert_eq!(t.rescale.as_ref(), Some(&back));
+        assert!(t.outcome.is_none());
+        assert!(matches!(t.action, Action::Deploy { .. }));
     }
 
     #[test]

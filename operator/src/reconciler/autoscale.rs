@@ -208,6 +208,29 @@ pub(super) async fn autoscale(
         record_hold(ctx, job, &mut status.last_decision, d).await;
         return;
     }
+    // After a rescale that did not complete, none before the backoff ends (a rescale that
+    // fails again and again would stop the job again and again).
+    if auto
+        && let Some(b) = &status.backoff
+        && b.holds_at(Timestamp::now())
+    {
+        ctx.metrics.decisions.with_label_values(&["hold"]).inc();
+        let why = format!(
+            "rescale to {} held: backing off until {} after {} failed rescale(s) in a row",
+            rescale::fmt_p(&decision.parallelism),
+            b.retry_after,
+            b.failures
+        );
+        let d = last_decision::of_decision(
+            &decision,
+            &status.current_parallelism,
+            DecisionAction::Hold,
+            why,
+            now_rfc3339(),
+        );
+        record_hold(ctx, job, &mut status.last_decision, d).await;
+        return;
+    }
     let action = if auto {
         DecisionAction::Rescale
     } else {

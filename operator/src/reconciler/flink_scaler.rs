@@ -29,14 +29,13 @@ use streamscale_controller::flink::metrics::same_counters;
 use streamscale_controller::flink::rest::JobDetails;
 use streamscale_controller::flink::slots;
 use streamscale_controller::flink::topology::{FlinkTopology, VertexBounds};
-use streamscale_controller::rescale::BACKOFF_MAX_S;
 use streamscale_engine::spec::{AutoscalerSpec, LimitsSpec, ScalingBounds};
 
 use super::*;
 use crate::flink_rescale::{self, JobObs, Next};
 use crate::flink_scaler_crd::{
-    BackoffStatus, FailedParallelism, FlinkRescaleStatus, FlinkRescaleStep, FlinkScaler,
-    FlinkScalerPhase, FlinkScalerStatus, RescaleResultStatus, VertexStatus,
+    BackoffStatus, FlinkRescaleStatus, FlinkRescaleStep, FlinkScaler, FlinkScalerPhase,
+    FlinkScalerStatus, RescaleResultStatus, VertexStatus,
 };
 
 mod autoscale;

@@ -24,6 +24,30 @@ pub(super) async fn drive_rescale(
     Ok(Requeue::requeue(Duration::from_millis(300)))
 }
 
+/// Records in `status.backoff` that the rescale to `to` did not complete.
+fn record_failure(status: &mut StreamJobStatus, to: &BTreeMap<String, u32>) {
+    let (backoff, _) = crate::backoff_status::BackoffStatus::after_failure(
+        status.backoff.as_ref(),
+        to,
+        Timestamp::now(),
+    );
+    status.backoff = Some(backoff);
+}
+
+/// Starts the hold of `status.backoff` from now; returns it as the status says it.
+fn hold(status: &mut StreamJobStatus) -> String {
+    match &mut status.backoff {
+        Some(b) => {
+            let wait = b.hold_from(Timestamp::now());
+            format!(
+                "rescales held for {wait:.0} s (until {}) after {} failed rescale(s) in a row",
+                b.retry_after, b.failures
+            )
+        }
+        None => String::new(),
+    }
+}
+
 /// The rescale machine's backend for a StreamJob: its engine pod (observed through the
 /// engine's REST API and the Deployment's pod template) and its status.
 struct PodRescale<'a> {
@@ -97,6 +121,11 @@ impl RescaleBackend for PodRescale<'_> {
                 .observe(obs.step_age_s);
         }
         status.rescale = t.rescale.clone();
+        // A rescale that starts rolling back failed at its target: the backoff remembers it
+        // (the roll back's own state targets the old parallelism).
+        if t.rescale.as_ref().is_some_and(|n| n.rolling_back) && !r.rolling_back {
+            record_failure(status, &r.to);
+        }
         if let Some(next) = &t.rescale {
             status.phase = Phase::Rescaling;
             set_condition(
@@ -133,6 +162,7 @@ impl RescaleBackend for PodRescale<'_> {
                 status.current_parallelism = parallelism.clone();
                 status.restored_from = Some(savepoint.clone());
                 status.rescales += 1;
+                status.backoff = None;
                 status.phase = Phase::Running;
                 let note = t.event.as_deref().unwrap_or("");
                 let scaling = ("Rescaled", note);
@@ -148,6 +178,8 @@ impl RescaleBackend for PodRescale<'_> {
             Some(Outcome::SavepointFailed { reason }) => {
                 warning = true;
                 status.phase = Phase::Running;
+                record_failure(status, &r.to);
+                let reason = format!("{reason}; {}", hold(status));
                 let scaling = ("SavepointFailed", reason.as_str());
                 let degraded = (true, "SavepointFailed", reason.as_str());
                 set_outcome_conditions(status, scaling, degraded, generation, &old);
@@ -162,11 +194,12 @@ impl RescaleBackend for PodRescale<'_> {
                 status.restored_from = savepoint.clone();
                 status.phase = Phase::Running;
                 let scaling = ("RolledBack", t.event.as_deref().unwrap_or(""));
-                let degraded = (
-                    true,
-                    "RescaleRolledBack",
-                    "restoring at the new parallelism failed",
+                let why = format!(
+                    "the rescale did not complete and the job runs at {} again (the RollingBack Event says why); {}",
+                    rescale::fmt_p(parallelism),
+                    hold(status)
                 );
+                let degraded = (true, "RescaleRolledBack", why.as_str());
                 set_outcome_conditions(status, scaling, degraded, generation, &old);
                 "RolledBack".into()
             }

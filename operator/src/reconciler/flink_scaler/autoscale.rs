@@ -224,9 +224,7 @@ pub(super) async fn autoscale_flink(
     let auto = a.mode == AutoscalerMode::Auto;
     if auto
         && let Some(b) = &status.backoff
-        && b.retry_after
-            .parse::<Timestamp>()
-            .is_ok_and(|t| t > Timestamp::now())
+        && b.holds_at(Timestamp::now())
     {
         let why = format!(
             "rescale to {} held: backing off until {} after {} failed rescale(s)",

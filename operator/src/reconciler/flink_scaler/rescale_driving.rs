@@ -108,28 +108,9 @@ pub(super) async fn drive(
             Ok(Requeue::requeue(Duration::from_secs(1)))
         }
         Next::RollBack { why } => {
-            let failures = status.backoff.as_ref().map_or(0, |b| b.failures) + 1;
-            let wait = flink_rescale::backoff_seconds(failures).min(BACKOFF_MAX_S);
-            let mut failed = status
-                .backoff
-                .as_ref()
-                .map(|b| b.failed.clone())
-                .unwrap_or_default();
-            match failed.iter_mut().find(|f| f.parallelism == r.to) {
-                Some(f) => f.failures += 1,
-                None => failed.push(FailedParallelism {
-                    parallelism: r.to.clone(),
-                    failures: 1,
-                }),
-            }
-            let retry = Timestamp::now()
-                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs_f64(wait))
-                .unwrap_or_else(|_| Timestamp::now());
-            status.backoff = Some(BackoffStatus {
-                failures,
-                retry_after: retry.to_string(),
-                failed,
-            });
+            let (backoff, wait) =
+                BackoffStatus::after_failure(status.backoff.as_ref(), &r.to, Timestamp::now());
+            status.backoff = Some(backoff);
             let message = format!(
                 "rescale to {} failed: {why}; putting back {} (backoff {wait:.0} s)",
                 rescale::fmt_p(&r.to),
