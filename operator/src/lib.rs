@@ -22,6 +22,7 @@
 //!   which old ones are disposed of (pure).
 //! * [`spec_check`]: the engine's job-file validation applied to `spec.job` before it is
 //!   planned or deployed.
+//! * [`status_patch`]: the status as a merge patch that writes what was cleared as `null`.
 //! * [`learned_configmap`]: the autoscaler's learned state (rate history, scalability factors) in a
 //!   ConfigMap, kept across operator restarts.
 
@@ -45,3 +46,4 @@ pub mod resources;
 pub mod runtime;
 pub mod savepoint_history;
 pub mod spec_check;
+pub mod status_patch;

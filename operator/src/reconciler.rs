@@ -592,6 +592,18 @@ async fn start_job_change(
     .await
 }
 
+/// The parallelism of `job` (an edited job) at `current`'s: each operator at its current
+/// parallelism, one the edit added at the job's own; operators the job no longer has left out.
+fn edited_parallelism(current: &BTreeMap<String, u32>, job: &JobSpec) -> BTreeMap<String, u32> {
+    job.parallelism()
+        .into_iter()
+        .map(|(op, p)| {
+            let now = current.get(&op).copied().unwrap_or(p);
+            (op, now)
+        })
+        .collect()
+}
+
 /// Starts a rescale at the current parallelism with `reason` (status and Event `event`) and
 /// `message` (the `Scaling` condition).
 async fn start_redeploy(
@@ -604,10 +616,13 @@ async fn start_redeploy(
 ) -> Result<Requeue, Error> {
     let now = now_rfc3339();
     let reason = reason.to_string();
+    // At the same parallelism, over the operators of the job as it is now (an edit may add
+    // or remove some: the engine refuses a `--parallelism` naming an operator its job lacks).
+    let same = edited_parallelism(&status.current_parallelism, &job.spec.job);
     status.rescale = Some(RescaleStatus {
         step: RescaleStep::Savepointing,
-        from: status.current_parallelism.clone(),
-        to: status.current_parallelism.clone(),
+        from: same.clone(),
+        to: same,
         reason: reason.clone(),
         savepoint_id: Some(rescale::savepoint_id(&now)),
         savepoint_path: None,
@@ -879,7 +894,25 @@ pub const MANAGER: &str = FIELD_MANAGER;
 
 #[cfg(test)]
 mod tests {
-    use super::seconds_between;
+    use super::{edited_parallelism, seconds_between};
+
+    #[test]
+    fn an_edited_job_keeps_the_parallelism_of_the_operators_it_still_has() {
+        let yaml = "name: j\noperators:\n  - {name: source, kind: source}\n  \
+                    - {name: tag, kind: map, parallelism: 2}\n  - {name: sink, kind: sink}\n\
+                    edges:\n  - {from: source, to: tag}\n  - {from: tag, to: sink}\n";
+        let job: streamscale_engine::spec::JobSpec = serde_saphyr::from_str(yaml).expect("job");
+        let current = [("source", 1), ("enrich", 3), ("sink", 4)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let p = edited_parallelism(&current, &job);
+        let want: Vec<(&str, u32)> = vec![("sink", 4), ("source", 1), ("tag", 2)];
+        assert_eq!(
+            p.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
+            want
+        );
+    }
 
     #[test]
     fn seconds_between_parses_rfc3339_and_rejects_bad_or_reversed_times() {

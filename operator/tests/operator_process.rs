@@ -1017,9 +1017,37 @@ async fn a_rescale_whose_deployment_is_refused_rolls_back_and_backs_off() {
         .create(&PostParams::default(), &binding)
         .await
         .expect("create the binding");
+    // Enforced once the API server has loaded it (and only by one started with the admission
+    // plugin on: `scripts/k8s-testenv.sh` reuses a running one).
+    let probe: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "policy-probe"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "engine", "image": "probe",
+                                         "args": ["--parallelism", "sink=1,source=1,work=2"]}]},
+            },
+        },
+    }))
+    .expect("probe");
+    let deployments: Api<Deployment> = Api::namespaced(w.admin.clone(), &w.ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while deployments.create(&dry_run, &probe).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the API server does not enforce the ValidatingAdmissionPolicy: restart it with \
+             `scripts/k8s-testenv.sh stop` (the tests start it again)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let kubelet = Kubelet::start(w.admin.clone(), &w.ns, w.dir.path(), w.port);
     w.start_operator();
-    w.create_job_with("auto", serde_json::json!({"restoreTimeoutSeconds": 5}))
+    w.create_job_with("auto", serde_json::json!({"restoreTimeoutSeconds": 15}))
         .await;
     w.wait_for("phase Running", Duration::from_secs(60), |_, s| {
         s.phase == Phase::Running
@@ -1077,11 +1105,11 @@ async fn a_rescale_whose_deployment_is_refused_rolls_back_and_backs_off() {
     assert!(
         events
             .iter()
-            .any(|(r, n)| r == "RollingBack" && n.contains("was not applied within 5 s")),
+            .any(|(r, n)| r == "RollingBack" && n.contains("was not applied within 15 s")),
         "{events:?}"
     );
     // The planner still wants more: held by the backoff rather than stopping the job again at
-    // once (the window is 4 s, the stabilization 2 s).
+    // once (the window is 4 s, the stabilization 2 s, the first hold 10 s).
     w.wait_for("a hold by the backoff", Duration::from_secs(120), |_, s| {
         s.last_decision.as_ref().is_some_and(|d| {
             d.action == DecisionAction::Hold && d.reason.contains("backing off until")

@@ -116,7 +116,22 @@ pub(super) async fn autoscale(
             m.last_scrape_unix_s = scraped_at;
         }
         session.trim(now_s);
-        let verdict = session.decide(now_s, &spec);
+        // After a rescale that did not complete, none before the backoff ends (one that fails
+        // again and again would stop the job again and again). The planner is not asked: a
+        // decision it makes counts towards its rescale budget and flaps as if applied.
+        let backoff = status.backoff.as_ref().filter(|b| {
+            job.spec.autoscaler.mode == AutoscalerMode::Auto && b.holds_at(Timestamp::now())
+        });
+        let verdict = match backoff {
+            Some(b) => Verdict::Hold {
+                reason: format!(
+                    "held: backing off until {} after {} failed rescale(s) in a row",
+                    b.retry_after, b.failures
+                ),
+                recommendation: None,
+            },
+            None => session.decide(now_s, &spec),
+        };
         // Written outside the lock: the store and what to write.
         let to_save = session
             .unsaved()
@@ -203,29 +218,6 @@ pub(super) async fn autoscale(
             &status.current_parallelism,
             DecisionAction::Hold,
             held,
-            now_rfc3339(),
-        );
-        record_hold(ctx, job, &mut status.last_decision, d).await;
-        return;
-    }
-    // After a rescale that did not complete, none before the backoff ends (a rescale that
-    // fails again and again would stop the job again and again).
-    if auto
-        && let Some(b) = &status.backoff
-        && b.holds_at(Timestamp::now())
-    {
-        ctx.metrics.decisions.with_label_values(&["hold"]).inc();
-        let why = format!(
-            "rescale to {} held: backing off until {} after {} failed rescale(s) in a row",
-            rescale::fmt_p(&decision.parallelism),
-            b.retry_after,
-            b.failures
-        );
-        let d = last_decision::of_decision(
-            &decision,
-            &status.current_parallelism,
-            DecisionAction::Hold,
-            why,
             now_rfc3339(),
         );
         record_hold(ctx, job, &mut status.last_decision, d).await;

@@ -88,7 +88,11 @@ pub(super) async fn write_status(
 ) -> Result<(), Error> {
     let ns = job.namespace().unwrap_or_else(|| "default".into());
     let api: Api<StreamJob> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({ "status": status });
+    // What was cleared since the status was read is written as null (a merge patch keeps what
+    // it leaves out).
+    let new = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
+    let read = serde_json::to_value(&job.status).unwrap_or_default();
+    let patch = serde_json::json!({ "status": crate::status_patch::merge_patch(&read, &new) });
     api.patch_status(
         &job.name_any(),
         &PatchParams::default(),

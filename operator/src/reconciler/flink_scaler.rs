@@ -181,7 +181,12 @@ impl Scope<'_> {
         api.patch_status(
             &self.scaler.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&serde_json::json!({ "status": status })),
+            &Patch::Merge(
+                &serde_json::json!({ "status": crate::status_patch::merge_patch(
+                &serde_json::to_value(&self.scaler.status).unwrap_or_default(),
+                &serde_json::to_value(status).map_err(kube::Error::SerdeError)?,
+            ) }),
+            ),
         )
         .await?;
         Ok(())

@@ -34,13 +34,14 @@ fn record_failure(status: &mut StreamJobStatus, to: &BTreeMap<String, u32>) {
     status.backoff = Some(backoff);
 }
 
-/// Starts the hold of `status.backoff` from now; returns it as the status says it.
+/// Starts the hold of `status.backoff` from now; returns it as the status says it after a
+/// reason (`"; rescales held ..."`), empty without a backoff.
 fn hold(status: &mut StreamJobStatus) -> String {
     match &mut status.backoff {
         Some(b) => {
             let wait = b.hold_from(Timestamp::now());
             format!(
-                "rescales held for {wait:.0} s (until {}) after {} failed rescale(s) in a row",
+                "; rescales held for {wait:.0} s (until {}) after {} failed rescale(s) in a row",
                 b.retry_after, b.failures
             )
         }
@@ -123,7 +124,9 @@ impl RescaleBackend for PodRescale<'_> {
         status.rescale = t.rescale.clone();
         // A rescale that starts rolling back failed at its target: the backoff remembers it
         // (the roll back's own state targets the old parallelism).
-        if t.rescale.as_ref().is_some_and(|n| n.rolling_back) && !r.rolling_back {
+        // Not for a redeploy at the same parallelism (an edited job, a token migration): the
+        // backoff is about the autoscaler's rescales.
+        if t.rescale.as_ref().is_some_and(|n| n.rolling_back) && !r.rolling_back && r.from != r.to {
             record_failure(status, &r.to);
         }
         if let Some(next) = &t.rescale {
@@ -162,7 +165,9 @@ impl RescaleBackend for PodRescale<'_> {
                 status.current_parallelism = parallelism.clone();
                 status.restored_from = Some(savepoint.clone());
                 status.rescales += 1;
-                status.backoff = None;
+                if r.from != r.to {
+                    status.backoff = None;
+                }
                 status.phase = Phase::Running;
                 let note = t.event.as_deref().unwrap_or("");
                 let scaling = ("Rescaled", note);
@@ -178,8 +183,10 @@ impl RescaleBackend for PodRescale<'_> {
             Some(Outcome::SavepointFailed { reason }) => {
                 warning = true;
                 status.phase = Phase::Running;
-                record_failure(status, &r.to);
-                let reason = format!("{reason}; {}", hold(status));
+                if r.from != r.to {
+                    record_failure(status, &r.to);
+                }
+                let reason = format!("{reason}{}", hold(status));
                 let scaling = ("SavepointFailed", reason.as_str());
                 let degraded = (true, "SavepointFailed", reason.as_str());
                 set_outcome_conditions(status, scaling, degraded, generation, &old);
@@ -195,7 +202,7 @@ impl RescaleBackend for PodRescale<'_> {
                 status.phase = Phase::Running;
                 let scaling = ("RolledBack", t.event.as_deref().unwrap_or(""));
                 let why = format!(
-                    "the rescale did not complete and the job runs at {} again (the RollingBack Event says why); {}",
+                    "the rescale did not complete and the job runs at {} again (the RollingBack Event says why){}",
                     rescale::fmt_p(parallelism),
                     hold(status)
                 );
