@@ -356,9 +356,19 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         return drive_rescale(&job, &ctx, &rt, status, r).await;
     }
 
+    // An edit that changes the job's graph: no savepoint of the running job restores into it
+    // (the engine refuses it as another job's), and a fresh start would read and write again
+    // what the running job has. Said, and nothing deployed, until the edit is undone.
+    let deployed = rt.deployment().await?;
+    if let Some(running) = deployed.as_ref().and_then(resources::deployed_fingerprint)
+        && running != job.spec.job.fingerprint()
+    {
+        return refuse_graph_change(&job, &ctx, status).await;
+    }
+    status.conditions.retain(|c| c.reason != JOB_GRAPH_CHANGED);
+
     let (engine, _) = observe_engine(&rt).await;
     if matches!(&engine, EngineObs::Up { state, .. } if state == "running") {
-        let deployed = rt.deployment().await?;
         // An engine an older operator started without a token is moved onto its token through
         // a savepoint, as a rescale at the same parallelism, rather than replaced from an older
         // one.
@@ -729,23 +739,34 @@ pub(super) async fn say_refused(
 ) -> Result<(), Error> {
     ctx.metrics.errors.inc();
     tracing::warn!("{}: {fault}", key(job));
+    let message =
+        format!("{fault}; applied again until it is accepted (at once when the StreamJob changes)");
+    say_not_applied(job, ctx, status, APPLY_REFUSED, message).await
+}
+
+/// `Ready=False` and `Degraded=True` with `reason` and `message` in `status`, written at once,
+/// and a Warning Event when the message is new (an unchanged one keeps its transition time, so
+/// it is written and said once).
+async fn say_not_applied(
+    job: &StreamJob,
+    ctx: &Context,
+    status: &mut StreamJobStatus,
+    reason: &str,
+    message: String,
+) -> Result<(), Error> {
     let generation = job.metadata.generation;
-    // The conditions as written: an unchanged refusal keeps its transition time, so it is
-    // written and said once.
     let old = job
         .status
         .as_ref()
         .map(|s| s.conditions.clone())
         .unwrap_or_default();
-    let message =
-        format!("{fault}; applied again until it is accepted (at once when the StreamJob changes)");
     let said = old
         .iter()
-        .any(|c| c.reason == APPLY_REFUSED && c.message == message);
+        .any(|c| c.reason == reason && c.message == message);
     for (type_, ok) in [("Ready", false), ("Degraded", true)] {
         set_condition(
             status,
-            condition(type_, ok, APPLY_REFUSED, &message, generation, &old),
+            condition(type_, ok, reason, &message, generation, &old),
         );
     }
     status.observed_generation = generation;
@@ -753,9 +774,30 @@ pub(super) async fn say_refused(
         write_status(ctx, job, status).await?;
     }
     if !said {
-        publish(ctx, job, true, APPLY_REFUSED, message).await;
+        publish(ctx, job, true, reason, message).await;
     }
     Ok(())
+}
+
+/// Reason of the conditions and Event when an edit of `spec.job` changes the running job's
+/// graph, which no savepoint of it restores into.
+pub const JOB_GRAPH_CHANGED: &str = "JobGraphChanged";
+
+/// Says that `spec.job` changes the running job's graph; nothing is deployed, the engine goes
+/// on with the previous job, and the StreamJob is looked at again on an edit.
+async fn refuse_graph_change(
+    job: &StreamJob,
+    ctx: &Context,
+    mut status: StreamJobStatus,
+) -> Result<Requeue, Error> {
+    let message = "spec.job changes the running job's graph (an operator added, removed, renamed \
+                   or of another kind, an edge, the job's name or maxParallelism): no savepoint of \
+                   the running job restores into it, so the engine goes on with the previous job. \
+                   Put the previous graph back, or delete the StreamJob and create it again to \
+                   start the edited job afresh (from its sources' start)"
+        .to_string();
+    say_not_applied(job, ctx, &mut status, JOB_GRAPH_CHANGED, message).await?;
+    Ok(Requeue::requeue(INVALID_SPEC_RECHECK))
 }
 
 /// Disposes of the oldest savepoints of `status.savepointHistory` beyond

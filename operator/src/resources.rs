@@ -560,7 +560,27 @@ pub fn deployment(
             source,
         })?;
     d.metadata = meta(job, engine_name(job))?;
+    // On the Deployment, not its pod template: an operator upgrade that adds it replaces no pod.
+    d.metadata.annotations.get_or_insert_default().insert(
+        JOB_FINGERPRINT_ANNOTATION.to_string(),
+        job.spec.job.fingerprint(),
+    );
     Ok(d)
+}
+
+/// The Deployment annotation holding the fingerprint of the job its engine runs (operators,
+/// kinds, edges, name, maxParallelism: what a savepoint must match to be restored).
+pub const JOB_FINGERPRINT_ANNOTATION: &str = "streamscale.dev/job-fingerprint";
+
+/// The fingerprint of the job a Deployment's engine runs ([`JOB_FINGERPRINT_ANNOTATION`]),
+/// `None` for one an operator deployed before it was kept.
+pub fn deployed_fingerprint(deployment: &Deployment) -> Option<&str> {
+    deployment
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(JOB_FINGERPRINT_ANNOTATION)
+        .map(String::as_str)
 }
 
 /// The engine Service (REST and metrics).
@@ -600,6 +620,16 @@ spec:
       - {from: map, to: sink}
 "#;
         serde_saphyr::from_str(yaml).expect("valid StreamJob")
+    }
+
+    #[test]
+    fn the_job_fingerprint_is_on_the_deployment_not_its_pod_template() {
+        let j = job();
+        let d = deployment(&j, &j.spec.job.parallelism(), None, 0, None).expect("deployment");
+        let fingerprint = j.spec.job.fingerprint();
+        assert_eq!(deployed_fingerprint(&d), Some(fingerprint.as_str()));
+        let template = serde_json::to_string(&d.spec.expect("spec").template).expect("json");
+        assert!(!template.contains(&fingerprint), "{template}");
     }
 
     #[test]

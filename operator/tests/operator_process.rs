@@ -1998,10 +1998,22 @@ async fn an_engine_deployed_without_a_token_moves_onto_it_through_a_savepoint() 
     w.cleanup().await;
 }
 
+/// Applies the JSON patch (RFC 6902) `patch` to StreamJob `name`.
+async fn json_patch(jobs: &Api<StreamJob>, name: &str, patch: serde_json::Value) {
+    jobs.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(patch).expect("json patch")),
+    )
+    .await
+    .expect("patch spec.job");
+}
+
 /// An edited `spec.job` reaches the running engine through a stop-with-savepoint and a restore
 /// of the edited job at the same parallelism (Event `JobSpecChanged`), not by replacing its
 /// pod: the edited job continues from the old one's state and positions, no record is lost or
-/// counted twice.
+/// counted twice. An edit that changes the job's graph, which no savepoint of it restores
+/// into, is said (`JobGraphChanged`) and not deployed; the engine goes on with the job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_job_continues_from_a_savepoint_of_the_running_one() {
     let _serial = SERIAL.lock().await;
@@ -2029,13 +2041,7 @@ async fn an_edited_job_continues_from_a_savepoint_of_the_running_one() {
         {"op": "test", "path": "/spec/job/operators/1/name", "value": "work"},
         {"op": "replace", "path": "/spec/job/operators/1/io", "value": 800},
     ]);
-    jobs.patch(
-        &job.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(serde_json::from_value(patch).expect("json patch")),
-    )
-    .await
-    .expect("patch spec.job");
+    json_patch(&jobs, &job.name_any(), patch).await;
     let (_, status) = w
         .wait_for(
             "the edited job restored from a savepoint",
@@ -2053,6 +2059,58 @@ async fn an_edited_job_continues_from_a_savepoint_of_the_running_one() {
         events.iter().any(|(r, _)| r == "JobSpecChanged"),
         "{events:?}"
     );
+    // An edit that changes the graph (an operator `tag` added between `work` and `sink`): no
+    // savepoint of the running job restores into it, so it is said and nothing is deployed;
+    // undone, the conditions go.
+    let edited = hash(&d);
+    let graph_edit = serde_json::json!([
+        {"op": "test", "path": "/spec/job/operators/2/name", "value": "sink"},
+        {"op": "add", "path": "/spec/job/operators/2", "value": {"name": "tag", "kind": "map"}},
+        {"op": "replace", "path": "/spec/job/edges", "value": [
+            {"from": "source", "to": "work"}, {"from": "work", "to": "tag"},
+            {"from": "tag", "to": "sink"},
+        ]},
+    ]);
+    let undo = serde_json::json!([
+        {"op": "test", "path": "/spec/job/operators/2/name", "value": "tag"},
+        {"op": "remove", "path": "/spec/job/operators/2"},
+        {"op": "replace", "path": "/spec/job/edges", "value": [
+            {"from": "source", "to": "work"}, {"from": "work", "to": "sink"},
+        ]},
+    ]);
+    let graph_changed = |s: &streamscale_operator::crd::StreamJobStatus| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.reason == "JobGraphChanged")
+    };
+    json_patch(&jobs, &job.name_any(), graph_edit).await;
+    let (_, status) = w
+        .wait_for("the graph change said", Duration::from_secs(30), |_, s| {
+            graph_changed(s)
+        })
+        .await;
+    assert!(status.rescale.is_none(), "{status:#?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let d = deployments.get("demo-engine").await.expect("Deployment");
+    assert_eq!(hash(&d), edited, "nothing deployed for the new graph");
+    let running = EngineApi::new(reqwest::Client::new(), &w.engine_url())
+        .job()
+        .await
+        .expect("the engine answers");
+    assert_eq!(running.state, "running", "{running:#?}");
+    assert!(
+        event_reasons(&w.admin, &w.ns)
+            .await
+            .iter()
+            .any(|(r, _)| r == "JobGraphChanged")
+    );
+    json_patch(&jobs, &job.name_any(), undo).await;
+    w.wait_for(
+        "the graph change undone",
+        Duration::from_secs(30),
+        |_, s| !graph_changed(s) && s.phase == Phase::Running,
+    )
+    .await;
     let engine = w.final_drain(&kubelet, true).await;
     assert_no_loss(&engine);
     drop(kubelet);

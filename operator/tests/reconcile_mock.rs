@@ -158,6 +158,11 @@ async fn reconcile_applies_owned_objects_and_writes_status() {
                 "the token Secret first: {method} {uri}"
             );
         }
+        // The Deployment there now (none yet), whose job graph an edit must keep.
+        let (method, uri, _, send) = next(&mut handle).await;
+        assert_eq!(method, http::Method::GET, "{uri}");
+        assert!(uri.ends_with("/deployments/demo-engine"), "{uri}");
+        not_found(send);
         for _ in 0..4 {
             let (method, uri, body, send) = next(&mut handle).await;
             assert_eq!(method, http::Method::PATCH, "{uri}");
