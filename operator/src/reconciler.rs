@@ -402,11 +402,7 @@ async fn apply(job: Arc<StreamJob>, ctx: Arc<Context>) -> Result<Requeue, Error>
         }
         // Raised once per stop: when the pod template does not carry the last raise yet (the
         // API server refused it, said as ApplyRefused), it is applied again, not raised again.
-        let applied = rt
-            .deployment()
-            .await?
-            .as_ref()
-            .and_then(resources::deployed_restart);
+        let applied = deployed.as_ref().and_then(resources::deployed_restart);
         if applied.is_none_or(|n| n >= status.restarts) {
             status.restarts += 1;
             write_status(&ctx, &job, &status).await?;

@@ -410,16 +410,11 @@ pub fn deployed_restart(deployment: &Deployment) -> Option<u32> {
 }
 
 fn template_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a str> {
-    deployment
-        .spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
+    annotation(deployment.spec.as_ref()?.template.metadata.as_ref()?, key)
+}
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
 /// Whether a Deployment's engine runs without `--auth-token-file` (deployed by an operator
@@ -575,12 +570,7 @@ pub const JOB_FINGERPRINT_ANNOTATION: &str = "streamscale.dev/job-fingerprint";
 /// The fingerprint of the job a Deployment's engine runs ([`JOB_FINGERPRINT_ANNOTATION`]),
 /// `None` for one an operator deployed before it was kept.
 pub fn deployed_fingerprint(deployment: &Deployment) -> Option<&str> {
-    deployment
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(JOB_FINGERPRINT_ANNOTATION)
-        .map(String::as_str)
+    annotation(&deployment.metadata, JOB_FINGERPRINT_ANNOTATION)
 }
 
 /// The engine Service (REST and metrics).

@@ -90,9 +90,8 @@ pub(super) async fn write_status(
     let api: Api<StreamJob> = Api::namespaced(ctx.client.clone(), &ns);
     // What was cleared since the status was read is written as null (a merge patch keeps what
     // it leaves out).
-    let new = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
-    let read = serde_json::to_value(&job.status).unwrap_or_default();
-    let patch = serde_json::json!({ "status": crate::status_patch::merge_patch(&read, &new) });
+    let patch = crate::status_patch::status_write(job.status.as_ref(), status)
+        .map_err(kube::Error::SerdeError)?;
     api.patch_status(
         &job.name_any(),
         &PatchParams::default(),

@@ -182,10 +182,8 @@ impl Scope<'_> {
             &self.scaler.name_any(),
             &PatchParams::default(),
             &Patch::Merge(
-                &serde_json::json!({ "status": crate::status_patch::merge_patch(
-                &serde_json::to_value(&self.scaler.status).unwrap_or_default(),
-                &serde_json::to_value(status).map_err(kube::Error::SerdeError)?,
-            ) }),
+                &crate::status_patch::status_write(self.scaler.status.as_ref(), status)
+                    .map_err(kube::Error::SerdeError)?,
             ),
         )
         .await?;

@@ -122,11 +122,12 @@ impl RescaleBackend for PodRescale<'_> {
                 .observe(obs.step_age_s);
         }
         status.rescale = t.rescale.clone();
+        // The backoff is about the autoscaler's rescales, not a redeploy at the same
+        // parallelism (an edited job, a token migration).
+        let autoscaled = r.from != r.to;
         // A rescale that starts rolling back failed at its target: the backoff remembers it
         // (the roll back's own state targets the old parallelism).
-        // Not for a redeploy at the same parallelism (an edited job, a token migration): the
-        // backoff is about the autoscaler's rescales.
-        if t.rescale.as_ref().is_some_and(|n| n.rolling_back) && !r.rolling_back && r.from != r.to {
+        if t.rescale.as_ref().is_some_and(|n| n.rolling_back) && !r.rolling_back && autoscaled {
             record_failure(status, &r.to);
         }
         if let Some(next) = &t.rescale {
@@ -165,7 +166,7 @@ impl RescaleBackend for PodRescale<'_> {
                 status.current_parallelism = parallelism.clone();
                 status.restored_from = Some(savepoint.clone());
                 status.rescales += 1;
-                if r.from != r.to {
+                if autoscaled {
                     status.backoff = None;
                 }
                 status.phase = Phase::Running;
@@ -183,7 +184,7 @@ impl RescaleBackend for PodRescale<'_> {
             Some(Outcome::SavepointFailed { reason }) => {
                 warning = true;
                 status.phase = Phase::Running;
-                if r.from != r.to {
+                if autoscaled {
                     record_failure(status, &r.to);
                 }
                 let reason = format!("{reason}{}", hold(status));
