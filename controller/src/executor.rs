@@ -303,6 +303,12 @@ mod tests {
         /// Status requests made.
         status_calls: Mutex<u32>,
         next: Mutex<u64>,
+        /// Engines recover on their own ([`EngineRuntime::recovers_on_its_own`], Flink).
+        recovers: bool,
+        /// Every engine reports `starting` (restarting after a failover) once set.
+        restarting: std::sync::atomic::AtomicBool,
+        /// Kills made.
+        kills: Mutex<u32>,
     }
 
     fn p(enrich: u32) -> BTreeMap<String, u32> {
@@ -370,6 +376,8 @@ mod tests {
                 })
             } else if self.broken_parallelism.contains(&enrich) {
                 Ok(job("failed"))
+            } else if self.restarting.load(std::sync::atomic::Ordering::Relaxed) {
+                Ok(job("starting"))
             } else {
                 Ok(job("running"))
             }
@@ -380,7 +388,12 @@ mod tests {
         }
 
         async fn kill(&self, _handle: &EngineHandle) -> Result<(), RuntimeError> {
+            *self.kills.lock().expect("lock") += 1;
             Ok(())
+        }
+
+        fn recovers_on_its_own(&self) -> bool {
+            self.recovers
         }
 
         async fn exited(&self, _handle: &EngineHandle) -> Option<RuntimeError> {
@@ -451,6 +464,51 @@ mod tests {
         assert_eq!(kept, engine);
         assert!(error.contains("disk full"), "{error}");
         assert_eq!(mock.starts.lock().expect("lock").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_savepoint_leaves_a_restarting_job_to_recover_on_its_own() {
+        // Flink failed the job over during its stop: it restarts by its restart strategy. Not
+        // cancelled (the bundled engine's case below), not started again.
+        let mock = Mock {
+            savepoint_fails: true,
+            recovers: true,
+            ..Mock::default()
+        };
+        let ex = Executor::new(&mock, Path::new("job.yaml"));
+        let engine = first_engine(&ex).await;
+        mock.restarting
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let out = ex.rescale(engine.clone(), &p(4)).await.expect("recovers");
+        let RescaleOutcome::SavepointFailed { engine: kept, .. } = out else {
+            panic!("expected SavepointFailed, got {out:?}");
+        };
+        assert_eq!(kept, engine);
+        assert_eq!(*mock.kills.lock().expect("lock"), 0);
+        assert_eq!(mock.starts.lock().expect("lock").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_ended_job_that_recovers_on_its_own_is_never_started_from_an_older_restore_point() {
+        let mock = Mock {
+            savepoint_fails: true,
+            recovers: true,
+            engines_die: true,
+            ..Mock::default()
+        };
+        let ex = Executor::new(&mock, Path::new("job.yaml"));
+        let old = Savepoint {
+            path: "/sp/older".into(),
+        };
+        let engine = ex.launch(&p(2), Some(&old)).await.expect("starts").0;
+        let _ = ex.rescale(engine, &p(4)).await;
+        let starts = mock.starts.lock().expect("lock").clone();
+        assert!(
+            starts[1..]
+                .iter()
+                .all(|(_, from)| from.as_deref() != Some("/sp/older")),
+            "{starts:?}"
+        );
     }
 
     #[tokio::test]

@@ -327,6 +327,54 @@ struct AsyncOperation {
     operation: Option<serde_json::Value>,
 }
 
+/// How long a stop-with-savepoint still in progress at its timeout is waited for before it
+/// counts as timed out (Flink does not abort it; its checkpoint timeout fails it, 10 min by
+/// default).
+pub const STOP_IN_PROGRESS_WAIT: Duration = Duration::from_secs(600);
+
+/// The parts of `GET /jobs/:jid/checkpoints` read here.
+#[derive(Debug, Default, Deserialize)]
+struct CheckpointingStatistics {
+    #[serde(default)]
+    latest: LatestCheckpoints,
+    #[serde(default)]
+    history: Vec<CheckpointStatistics>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct LatestCheckpoints {
+    #[serde(default)]
+    savepoint: Option<CheckpointStatistics>,
+}
+
+/// One checkpoint or savepoint of the statistics.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct CheckpointStatistics {
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    is_savepoint: bool,
+    #[serde(default)]
+    trigger_timestamp: i64,
+    #[serde(default)]
+    external_path: Option<String>,
+}
+
+impl CheckpointingStatistics {
+    fn savepoint_since(&self, since_ms: i64) -> Option<String> {
+        let fits = |c: &&CheckpointStatistics| {
+            c.status == "COMPLETED" && c.trigger_timestamp >= since_ms && c.external_path.is_some()
+        };
+        self.latest
+            .savepoint
+            .iter()
+            .chain(self.history.iter().filter(|c| c.is_savepoint))
+            .filter(fits)
+            .max_by_key(|c| c.trigger_timestamp)
+            .and_then(|c| c.external_path.clone())
+    }
+}
+
 #[derive(Deserialize)]
 struct JarRunResponse {
     jobid: String,
@@ -589,17 +637,39 @@ impl FlinkRest {
 
     /// Stop-with-savepoint into `target_dir` (the cluster's
     /// `execution.checkpointing.savepoint-dir` when `None`): `POST /jobs/:jid/stop`, then polls
-    /// the trigger every 200 ms up to `timeout`. Returns the savepoint's location.
+    /// the trigger every 200 ms. Returns the savepoint's location.
+    ///
+    /// Flink does not abort a stop it has accepted, so `timeout` does not end the wait on its
+    /// own: a failed poll is retried until `timeout`; at `timeout` the job is read, and a job
+    /// that has `FINISHED` stopped with its savepoint (found in `GET /jobs/:jid/checkpoints`,
+    /// triggered after the request), one that `FAILED` or was `CANCELED` ends the wait, and a
+    /// stop still in progress is waited for up to [`STOP_IN_PROGRESS_WAIT`] more (Flink's own
+    /// checkpoint timeout fails a savepoint that cannot complete, 10 min by default).
     ///
     /// # Errors
-    /// [`FlinkError::SavepointFailed`] with Flink's cause (the job keeps running);
-    /// [`FlinkError::Timeout`]; request errors.
+    /// [`FlinkError::SavepointFailed`] with Flink's cause (the job keeps running, or it ended
+    /// without a savepoint); [`FlinkError::Timeout`] when the stop neither completed nor failed
+    /// in time (the job was still running then); request errors.
     pub async fn stop_with_savepoint(
         &self,
         jid: &str,
         target_dir: Option<&str>,
         timeout: Duration,
     ) -> Result<String, FlinkError> {
+        self.stop_with_savepoint_within(jid, target_dir, timeout, STOP_IN_PROGRESS_WAIT)
+            .await
+    }
+
+    async fn stop_with_savepoint_within(
+        &self,
+        jid: &str,
+        target_dir: Option<&str>,
+        timeout: Duration,
+        in_progress_wait: Duration,
+    ) -> Result<String, FlinkError> {
+        // The JobManager's clock at the request: a savepoint found in the job's history
+        // afterwards must have been triggered after it.
+        let asked_ms = self.job(jid).await?.now;
         let mut body = serde_json::json!({ "drain": false });
         if let Some(dir) = target_dir {
             body["targetDirectory"] = serde_json::Value::String(dir.to_string());
@@ -608,26 +678,83 @@ impl FlinkRest {
             .send("POST", &format!("/jobs/{jid}/stop"), Some(&body), Some(jid))
             .await?;
         let started = std::time::Instant::now();
+        let mut said_late = false;
         loop {
-            let op: AsyncOperation = self
+            let polled: Result<AsyncOperation, FlinkError> = self
                 .send(
                     "GET",
                     &format!("/jobs/{jid}/savepoints/{}", trigger.request_id),
                     None,
                     Some(jid),
                 )
-                .await?;
-            if op.status.id == "COMPLETED" {
-                return savepoint_location(jid, op.operation);
-            }
+                .await;
+            let last_error = match polled {
+                Ok(op) if op.status.id == "COMPLETED" => {
+                    return savepoint_location(jid, op.operation);
+                }
+                Ok(_) => None,
+                Err(e) => Some(e),
+            };
             if started.elapsed() >= timeout {
-                return Err(FlinkError::Timeout {
-                    what: format!("stop-with-savepoint of job {jid}"),
-                    seconds: timeout.as_secs_f64(),
-                });
+                let job = self.job(jid).await?;
+                match job.state.as_str() {
+                    // Stopped: the savepoint completed, its answer lost or late.
+                    "FINISHED" => {
+                        return self.savepoint_since(jid, asked_ms).await?.ok_or_else(|| {
+                            FlinkError::SavepointFailed {
+                                job: jid.to_string(),
+                                reason: "the job finished, but its checkpoint history holds no savepoint triggered since the stop request".into(),
+                            }
+                        });
+                    }
+                    "FAILED" | "CANCELED" => {
+                        return Err(FlinkError::SavepointFailed {
+                            job: jid.to_string(),
+                            reason: format!("the job ended {} during the stop", job.state),
+                        });
+                    }
+                    _ => {}
+                }
+                if let Some(e) = last_error {
+                    return Err(e);
+                }
+                if started.elapsed() >= timeout + in_progress_wait {
+                    return Err(FlinkError::Timeout {
+                        what: format!(
+                            "stop-with-savepoint of job {jid} (trigger {}, still in progress; the job is {})",
+                            trigger.request_id, job.state
+                        ),
+                        seconds: started.elapsed().as_secs_f64(),
+                    });
+                }
+                if !said_late {
+                    said_late = true;
+                    tracing::warn!(
+                        "stop-with-savepoint of job {jid} still in progress after {:.0} s; waiting for Flink to complete or fail it (up to {:.0} s more)",
+                        timeout.as_secs_f64(),
+                        in_progress_wait.as_secs_f64()
+                    );
+                }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The external path of the newest completed savepoint of `jid` triggered at or after
+    /// `since_ms` (JobManager time, ms since the Unix epoch), from `GET /jobs/:jid/checkpoints`
+    /// (`latest.savepoint`, else the history); `None` when there is none.
+    ///
+    /// # Errors
+    /// [`FlinkError`].
+    pub async fn savepoint_since(
+        &self,
+        jid: &str,
+        since_ms: i64,
+    ) -> Result<Option<String>, FlinkError> {
+        let stats: CheckpointingStatistics = self
+            .send("GET", &format!("/jobs/{jid}/checkpoints"), None, Some(jid))
+            .await?;
+        Ok(stats.savepoint_since(since_ms))
     }
 
     /// Runs an uploaded jar (`POST /jars/:jarid/run`) with Flink configuration entries (e.g.
@@ -722,6 +849,9 @@ fn savepoint_location(
         reason: cause,
     })
 }
+
+#[cfg(test)]
+mod stop_mock_tests;
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,7 @@
 //! another parallelism (a submission route that ignores the overrides, FLINK-38770) is
 //! cancelled and the start fails, so the executor rolls back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +26,9 @@ use super::topology::FlinkTopology;
 pub const OVERRIDES_KEY: &str = "pipeline.jobvertex-parallelism-overrides";
 /// The configuration key that restores a submission from a savepoint.
 pub const RECOVERY_KEY: &str = "execution.state-recovery.path";
+
+/// How long a failed submission is watched for a job it started all the same.
+const SUBMITTED_ANYWAY_WAIT: Duration = Duration::from_secs(5);
 
 /// How a stopped job is submitted again from its savepoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,13 +136,41 @@ impl FlinkRuntime {
                 let command = template
                     .replace("{savepoint}", savepoint)
                     .replace("{overrides}", overrides);
-                let out = tokio::process::Command::new("sh")
+                // Its own process group, so that a command that does not return (a `flink run`
+                // without `-d` waits for the job to end) is stopped with what it started.
+                let child = tokio::process::Command::new("sh")
                     .arg("-c")
                     .arg(&command)
                     .stdin(std::process::Stdio::null())
-                    .output()
-                    .await
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .process_group(0)
+                    .kill_on_drop(true)
+                    .spawn()
                     .map_err(|e| RuntimeError::Submit(format!("cannot run `{command}`: {e}")))?;
+                let pid = child.id();
+                let out = match tokio::time::timeout(
+                    self.timeouts.running,
+                    child.wait_with_output(),
+                )
+                .await
+                {
+                    Ok(out) => out.map_err(|e| {
+                        RuntimeError::Submit(format!("cannot run `{command}`: {e}"))
+                    })?,
+                    Err(_) => {
+                        if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+                            let _ = nix::sys::signal::killpg(
+                                nix::unistd::Pid::from_raw(pid),
+                                nix::sys::signal::Signal::SIGKILL,
+                            );
+                        }
+                        return Err(RuntimeError::Submit(format!(
+                            "resubmit command `{command}` did not return within {:.0} s (stopped; a `flink run` must be detached, `-d`)",
+                            self.timeouts.running.as_secs_f64()
+                        )));
+                    }
+                };
                 let text = format!(
                     "{}\n{}",
                     String::from_utf8_lossy(&out.stdout),
@@ -158,6 +189,40 @@ impl FlinkRuntime {
                     ))),
                 }
             }
+        }
+    }
+
+    /// The job's name and the ids of every job the cluster knows now (`None` when it cannot
+    /// be asked).
+    async fn jobs_named(&self) -> (String, Option<HashSet<String>>) {
+        let name = self.topology.lock().await.job_name.clone();
+        let ids = self
+            .rest
+            .jobs()
+            .await
+            .ok()
+            .map(|jobs| jobs.into_iter().map(|j| j.jid).collect());
+        (name, ids)
+    }
+
+    /// A job named `name`, not ended and not among `before`, that shows on the cluster within
+    /// [`SUBMITTED_ANYWAY_WAIT`] after a failed submission.
+    async fn submitted_anyway(&self, name: &str, before: &HashSet<String>) -> Option<String> {
+        let started = std::time::Instant::now();
+        loop {
+            if let Ok(jobs) = self.rest.jobs().await
+                && let Some(job) = jobs.into_iter().find(|j| {
+                    j.name == name
+                        && !before.contains(&j.jid)
+                        && !matches!(j.state.as_str(), "FAILED" | "CANCELED" | "FINISHED")
+                })
+            {
+                return Some(job.jid);
+            }
+            if started.elapsed() >= SUBMITTED_ANYWAY_WAIT {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
@@ -280,7 +345,25 @@ impl EngineRuntime for FlinkRuntime {
             let t = self.topology.lock().await;
             (t.overrides(parallelism), t.by_id(parallelism))
         };
-        let jid = self.submit(&savepoint.path, &overrides).await?;
+        let (name, before) = self.jobs_named().await;
+        let jid = match self.submit(&savepoint.path, &overrides).await {
+            Ok(jid) => jid,
+            // A submission whose answer failed may have started the job all the same (a client
+            // or proxy timeout while `main()` ran, a command that printed its JobID and exited
+            // non-zero): submitting again would run two copies from one savepoint.
+            Err(e) => match match &before {
+                Some(before) => self.submitted_anyway(&name, before).await,
+                None => None,
+            } {
+                Some(jid) => {
+                    tracing::warn!(
+                        "the submission failed ({e}), but job {jid} named `{name}` started on the cluster meanwhile: taking it as the resubmitted job"
+                    );
+                    jid
+                }
+                None => return Err(e),
+            },
+        };
         self.wait_at(&jid, &wanted).await?;
         let mut handle = self.adopt(&jid, parallelism.clone()).await;
         handle.restored_from = Some(savepoint.clone());
@@ -328,6 +411,10 @@ impl EngineRuntime for FlinkRuntime {
         Ok(())
     }
 
+    fn recovers_on_its_own(&self) -> bool {
+        true
+    }
+
     async fn exited(&self, handle: &EngineHandle) -> Option<RuntimeError> {
         let jid = self.job_id(handle).await.ok()?;
         match self.rest.job(&jid).await {
@@ -341,6 +428,9 @@ impl EngineRuntime for FlinkRuntime {
         }
     }
 }
+
+#[cfg(test)]
+mod submit_mock_tests;
 
 #[cfg(test)]
 mod tests {

@@ -188,10 +188,18 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
     }
 
     /// Records a failed stop-with-savepoint: the old engine keeps running when it reports
-    /// `running` within a grace period; otherwise it is killed and its restore point found.
+    /// `running` within a grace period (or, for a runtime whose engines recover on their own,
+    /// while it has not ended); otherwise it is killed and its restore point found.
     async fn savepoint_failed(&mut self, error: String) {
         self.savepoint_error = Some(error);
         let alive = self.runtime.exited(&self.old).await.is_none();
+        let recovers = self.runtime.recovers_on_its_own();
+        if alive && recovers {
+            // Flink restarts it (its restart strategy, from its latest checkpoint): a cancel
+            // here would end a job that is recovering.
+            self.old_alive = Some(true);
+            return;
+        }
         if alive
             && let Ok(job) = wait_running(self.runtime, &self.old, SAVEPOINT_FAILED_GRACE).await
             && job.state == "running"
@@ -204,7 +212,11 @@ impl<'a, R: EngineRuntime> RuntimeBackend<'a, R> {
         }
         self.old_alive = Some(false);
         self.engine = None;
-        self.fallback = self.restore_point(self.old.restored_from.clone()).await;
+        self.fallback = if recovers {
+            None
+        } else {
+            self.restore_point(self.old.restored_from.clone()).await
+        };
     }
 
     /// Records that the engine deployed last did not run (`error`; it is dead by now) and

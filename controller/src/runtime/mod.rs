@@ -155,6 +155,16 @@ pub trait EngineRuntime: Send + Sync {
         None
     }
 
+    /// Whether an engine whose stop-with-savepoint failed recovers on its own (Flink restarts a
+    /// job that failed over during its stop by its restart strategy) and is left to do so while
+    /// it has not ended, never killed; and whether, once it has ended, it is never started again
+    /// from what it was restored from (an older restore point: its exactly-once sinks committed
+    /// output after it). `false` (the default): a stopped engine that is not `running` within a
+    /// few seconds is killed and the job redeployed from its restore point.
+    fn recovers_on_its_own(&self) -> bool {
+        false
+    }
+
     /// `Some(description)` when the engine has exited (with its status and last error line),
     /// `None` while it is alive.
     fn exited(&self, handle: &EngineHandle) -> impl Future<Output = Option<RuntimeError>> + Send;

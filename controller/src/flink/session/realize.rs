@@ -44,14 +44,44 @@ impl JobSession {
                     self.handle.parallelism.clone_from(to);
                     return record;
                 }
-                Ok(InPlaceOutcome::TimedOut { seen, seconds }) => {
+                Ok(InPlaceOutcome::TimedOut {
+                    seen,
+                    seconds,
+                    last_error,
+                    put_back_error,
+                }) => {
                     record.outcome = "timedOut".into();
                     record.downtime_seconds = Some(seconds);
-                    record.error = Some(format!(
+                    let mut error = format!(
                         "not at the new parallelism within {seconds:.0} s (seen {})",
                         describe_map(&topo.by_name(&seen))
-                    ));
+                    );
+                    if let Some(e) = last_error {
+                        error.push_str(&format!("; the job could not be read: {e}"));
+                    }
+                    match put_back_error {
+                        Some(e) => error.push_str(&format!(
+                            "; the previous requirements could not be put back ({e}): the job may still move to the new parallelism"
+                        )),
+                        None => error.push_str("; the previous requirements were put back"),
+                    }
+                    record.error = Some(error);
                     return record;
+                }
+                Ok(InPlaceOutcome::JobEnded { state, seconds }) => {
+                    record.outcome = "jobEnded".into();
+                    record.downtime_seconds = Some(seconds);
+                    record.error = Some(format!("the job ended ({state}) during the rescale"));
+                    return record;
+                }
+                // Refused before anything changed: `auto` goes on by savepoint when it can.
+                Err(e) if opts.rescale == RescalePath::Auto && opts.resubmit.is_some() => {
+                    tracing::warn!(
+                        "in-place rescale of job {jid} refused ({e}); rescaling by savepoint + resubmit"
+                    );
+                    record.reason.push_str(&format!(
+                        "; in place refused ({e}), by savepoint + resubmit"
+                    ));
                 }
                 Err(e) => {
                     record.outcome = "refused".into();

@@ -15,7 +15,8 @@ pub struct RescaleRecord {
     pub to: BTreeMap<String, u32>,
     /// `inPlace` or `savepoint`.
     pub path: String,
-    /// `rescaled`, `timedOut`, `savepointFailed`, `restoreFailed`, `failed` or `recommended`.
+    /// `rescaled`, `timedOut`, `refused`, `notApplied`, `jobEnded`, `savepointFailed`,
+    /// `restoreFailed`, `failed` or `recommended`.
     pub outcome: String,
     /// Seconds from the request until every vertex ran at the new parallelism.
     pub downtime_seconds: Option<f64>,

@@ -214,6 +214,20 @@ impl JobSession {
                         ));
                         self.report.final_parallelism.clone_from(&to);
                     }
+                    "jobEnded" => {
+                        print(&format!(
+                            "{}: RESCALE jobEnded: {}",
+                            short(&jid),
+                            record.error.clone().unwrap_or_default()
+                        ));
+                        self.end(
+                            record
+                                .error
+                                .clone()
+                                .unwrap_or_else(|| "the job ended during the rescale".into()),
+                            print,
+                        );
+                    }
                     "failed" => {
                         print(&format!(
                             "{}: RESCALE FAILED and the job is not running: {}",

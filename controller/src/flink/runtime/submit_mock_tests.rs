@@ -1,0 +1,198 @@
+//! [`FlinkRuntime::start`] against a mock of the JobManager's REST API (loopback, the recorded
+//! demo job's graph): a submission whose answer fails but whose job starts is taken as the
+//! submitted job, never submitted a second time; one that started nothing fails.
+
+use std::sync::Mutex as StdMutex;
+
+use axum::Json;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::flink::rest::JobDetails;
+
+const OLD: &str = "0000000000000000000000000000000a";
+const NEW: &str = "0000000000000000000000000000000b";
+
+/// The recorded demo job (`tests/data/flink/job.json`) as job `jid` in `state`, every vertex
+/// at `p`.
+fn job_json(jid: &str, state: &str, p: u32) -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/flink/job.json");
+    let text = std::fs::read_to_string(path).expect("recorded job");
+    let mut job: Value = serde_json::from_str(&text).expect("json");
+    job["jid"] = json!(jid);
+    job["state"] = json!(state);
+    for v in job["vertices"].as_array_mut().expect("vertices") {
+        v["parallelism"] = json!(p);
+        v["status"] = json!(state);
+    }
+    job
+}
+
+/// The mock's cluster: its jobs (id, state) and the submissions it was sent.
+struct Cluster {
+    jobs: Vec<(String, String)>,
+    submissions: usize,
+    /// Whether a submission starts job `NEW` (its answer fails either way).
+    starts_anyway: bool,
+}
+
+type Shared = Arc<StdMutex<Cluster>>;
+
+async fn overview(State(c): State<Shared>) -> Json<Value> {
+    let c = c.lock().expect("cluster");
+    let jobs: Vec<Value> = c
+        .jobs
+        .iter()
+        .map(|(jid, state)| json!({"jid": jid, "name": "trace-job", "state": state}))
+        .collect();
+    Json(json!({ "jobs": jobs }))
+}
+
+async fn job(
+    State(c): State<Shared>,
+    UrlPath(jid): UrlPath<String>,
+) -> Result<Json<Value>, StatusCode> {
+    let c = c.lock().expect("cluster");
+    let (_, state) = c
+        .jobs
+        .iter()
+        .find(|(j, _)| *j == jid)
+        .ok_or(StatusCode::NOT_FOUND)?;
+    Ok(Json(job_json(&jid, state, 2)))
+}
+
+async fn run(State(c): State<Shared>) -> StatusCode {
+    let mut c = c.lock().expect("cluster");
+    c.submissions += 1;
+    if c.starts_anyway {
+        c.jobs.push((NEW.into(), "RUNNING".into()));
+    }
+    // A proxy's timeout in front of the JobManager, the job started or not.
+    StatusCode::GATEWAY_TIMEOUT
+}
+
+async fn runtime_on(cluster: Cluster, resubmit: Resubmit) -> (FlinkRuntime, Shared) {
+    let shared = Arc::new(StdMutex::new(cluster));
+    let app = axum::Router::new()
+        .route("/jobs/overview", get(overview))
+        .route("/jobs/{jid}", get(job))
+        .route("/jars/{jar}/run", post(run))
+        .with_state(Arc::clone(&shared));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("port").port();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let rest = FlinkRest::new(reqwest::Client::new(), &format!("http://127.0.0.1:{port}"));
+    let details: JobDetails = serde_json::from_value(job_json(OLD, "RUNNING", 1)).expect("job");
+    let topology = FlinkTopology::from_job(&details, &Default::default(), &Default::default())
+        .expect("topology");
+    let runtime = FlinkRuntime::new(
+        rest,
+        Arc::new(Mutex::new(topology)),
+        Some(resubmit),
+        None,
+        FlinkTimeouts {
+            savepoint: Duration::from_secs(5),
+            running: Duration::from_secs(2),
+        },
+    );
+    (runtime, shared)
+}
+
+fn jar() -> Resubmit {
+    Resubmit::Jar(JarSubmission {
+        jar_id: "demo.jar".into(),
+        entry_class: None,
+        args: Vec::new(),
+    })
+}
+
+fn at(p: u32) -> BTreeMap<String, u32> {
+    [
+        ("Source: trace".to_string(), p),
+        ("count -> discard: Writer".to_string(), p),
+    ]
+    .into_iter()
+    .collect()
+}
+
+#[tokio::test]
+async fn a_submission_whose_answer_failed_but_whose_job_started_is_not_submitted_again() {
+    let (runtime, cluster) = runtime_on(
+        Cluster {
+            jobs: vec![(OLD.into(), "FINISHED".into())],
+            submissions: 0,
+            starts_anyway: true,
+        },
+        jar(),
+    )
+    .await;
+    let sp = Savepoint {
+        path: "file:/sp/1".into(),
+    };
+    let handle = runtime
+        .start(Path::new("job"), &at(2), Some(&sp))
+        .await
+        .expect("the started job is taken");
+    assert_eq!(runtime.job_id(&handle).await.expect("id"), NEW);
+    assert_eq!(cluster.lock().expect("cluster").submissions, 1);
+}
+
+#[tokio::test]
+async fn a_submission_that_failed_and_started_nothing_fails() {
+    let (runtime, cluster) = runtime_on(
+        Cluster {
+            jobs: vec![(OLD.into(), "FINISHED".into())],
+            submissions: 0,
+            starts_anyway: false,
+        },
+        jar(),
+    )
+    .await;
+    let sp = Savepoint {
+        path: "file:/sp/1".into(),
+    };
+    let err = runtime
+        .start(Path::new("job"), &at(2), Some(&sp))
+        .await
+        .expect_err("nothing started");
+    assert!(err.to_string().contains("504"), "{err}");
+    assert_eq!(cluster.lock().expect("cluster").submissions, 1);
+}
+
+#[tokio::test]
+async fn a_resubmit_command_that_does_not_return_is_stopped() {
+    // A `flink run` without `-d` waits for the job to end.
+    let (runtime, _) = runtime_on(
+        Cluster {
+            jobs: vec![(OLD.into(), "FINISHED".into())],
+            submissions: 0,
+            starts_anyway: false,
+        },
+        Resubmit::Command("sleep 60".into()),
+    )
+    .await;
+    let sp = Savepoint {
+        path: "file:/sp/1".into(),
+    };
+    let started = std::time::Instant::now();
+    let err = runtime
+        .start(Path::new("job"), &at(2), Some(&sp))
+        .await
+        .expect_err("stopped");
+    assert!(
+        err.to_string().contains("did not return within 2 s"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
