@@ -30,6 +30,20 @@ pub struct JobObs {
     pub all_running: bool,
     /// The job state is terminal (`FAILED`, `CANCELED`, `FINISHED`).
     pub ended: Option<String>,
+    /// The job's id.
+    pub job_id: String,
+}
+
+/// Whether the end of `job` fails rescale `r`. The job that ran when the rescale started
+/// ([`FlinkRescaleStatus::job_id`]) stops in an upgrade (`FINISHED` after its savepoint,
+/// `CANCELED` for `last-state`) before the Flink operator starts the new one, and while rolling
+/// back it is the job that failed: its end is left to the timeout. A job failing in place
+/// (`FAILED`, the same id, not rolling back) and the end of any later job fail it.
+fn ended_fails(r: &FlinkRescaleStatus, job: &JobObs, state: &str) -> bool {
+    if r.job_id.as_deref() != Some(job.job_id.as_str()) {
+        return true;
+    }
+    state == "FAILED" && !r.rolling_back
 }
 
 /// What to do next.
@@ -80,7 +94,9 @@ pub fn advance(
     if held && r.step == FlinkRescaleStep::Observed && at_target {
         return Next::Done { seconds: elapsed_s };
     }
-    let failure = if let Some(state) = job.and_then(|j| j.ended.clone()) {
+    let failure = if let Some(state) =
+        job.and_then(|j| j.ended.clone().filter(|state| ended_fails(r, j, state)))
+    {
         Some(format!("the job ended ({state})"))
     } else if elapsed_s > timeout_s {
         Some(format!(
@@ -132,6 +148,7 @@ mod tests {
             rolling_back,
             started_at: "2026-12-04T10:00:00Z".into(),
             step_started_at: "2026-12-04T10:00:00Z".into(),
+            job_id: Some("j0".into()),
         }
     }
 
@@ -148,6 +165,7 @@ mod tests {
             parallelism_by_id: [("va".to_string(), p)].into(),
             all_running: running,
             ended: None,
+            job_id: "j0".into(),
         }
     }
 
@@ -252,6 +270,52 @@ mod tests {
                 60.0
             ),
             Next::GiveUp { .. }
+        ));
+    }
+
+    #[test]
+    fn an_upgrade_stopping_the_old_job_is_not_a_failure_but_the_new_job_failing_is() {
+        // The Flink operator's upgrade: the job of the rescale's start stops (savepoint or
+        // last-state) while the target's jobId still names it.
+        let obs = rescale(FlinkRescaleStep::Observed, false);
+        for state in ["FINISHED", "CANCELED"] {
+            let mut old = job(1, false);
+            old.ended = Some(state.into());
+            assert_eq!(
+                advance(&obs, &target("va:2", 5), Some(&old), &to(), 2.0, 60.0),
+                Next::Wait,
+                "{state}"
+            );
+        }
+        // ... but not for ever.
+        let mut old = job(1, false);
+        old.ended = Some("FINISHED".into());
+        assert!(matches!(
+            advance(&obs, &target("va:2", 5), Some(&old), &to(), 61.0, 60.0),
+            Next::RollBack { .. }
+        ));
+        // The job started at the new parallelism ended: the rescale failed.
+        let mut new = job(2, false);
+        new.job_id = "j1".into();
+        new.ended = Some("CANCELED".into());
+        assert!(matches!(
+            advance(&obs, &target("va:2", 5), Some(&new), &to(), 2.0, 60.0),
+            Next::RollBack { why } if why.contains("CANCELED")
+        ));
+        // Rolling back from a job that failed: its FAILED state is what is rolled back from.
+        let back = rescale(FlinkRescaleStep::Requested, true);
+        let mut failed = job(2, false);
+        failed.ended = Some("FAILED".into());
+        assert_eq!(
+            advance(&back, &target("va:1", 5), Some(&failed), &to(), 2.0, 60.0),
+            Next::Write
+        );
+        // A status written before jobId was recorded: any end fails it, as before.
+        let mut unknown = rescale(FlinkRescaleStep::Observed, false);
+        unknown.job_id = None;
+        assert!(matches!(
+            advance(&unknown, &target("va:2", 5), Some(&old), &to(), 2.0, 60.0),
+            Next::RollBack { .. }
         ));
     }
 }

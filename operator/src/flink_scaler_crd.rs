@@ -173,6 +173,12 @@ pub struct FlinkRescaleStatus {
     pub started_at: String,
     /// When the current step was entered (RFC 3339).
     pub step_started_at: String,
+    /// The Flink job id when the rescale (or its rollback) started: an upgrade by the Flink
+    /// operator stops that job (`FINISHED` after a savepoint, `CANCELED` for `last-state`)
+    /// before the job at the new parallelism starts under another id, so its end is not the
+    /// rescale's failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
 }
 
 /// How the last rescale ended.

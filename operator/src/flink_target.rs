@@ -100,6 +100,33 @@ impl TargetView {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Why writing overrides on this target would drop its job's state, when it would: the
+    /// job's `spec.job.upgradeMode` is `stateless` (the Flink operator's default when unset)
+    /// and its cluster (`cluster`: this target, or a FlinkSessionJob's FlinkDeployment) does
+    /// not run the adaptive scheduler, so the Flink operator applies new overrides by a
+    /// stateless upgrade (a fresh start) rather than in place. `job_adaptive` is the job's own
+    /// answer (`schedulerType` of `GET /jobs/:jid`), which wins over the configuration.
+    pub fn stateless_upgrade(
+        &self,
+        cluster: &TargetView,
+        job_adaptive: Option<bool>,
+    ) -> Option<String> {
+        let mode = self.upgrade_mode.as_deref().unwrap_or("stateless");
+        if !mode.eq_ignore_ascii_case("stateless") {
+            return None;
+        }
+        let adaptive = job_adaptive.unwrap_or_else(|| {
+            config_value(&cluster.flink_configuration, "jobmanager.scheduler")
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("adaptive"))
+        });
+        (!adaptive).then(|| {
+            format!(
+                "spec.job.upgradeMode is {} and the job does not run the adaptive scheduler, so the Flink operator would apply new parallelism by a stateless upgrade, which drops the job's state: set upgradeMode to savepoint or last-state, or jobmanager.scheduler: adaptive (in place), or use mode recommend",
+                self.upgrade_mode.as_deref().unwrap_or("stateless (the default)")
+            )
+        })
+    }
+
     /// Whether Flink's own autoscaler is on (`job.autoscaler.enabled: "true"`).
     pub fn flink_autoscaler_enabled(&self) -> bool {
         config_value(&self.flink_configuration, FLINK_AUTOSCALER_KEY)
@@ -182,6 +209,7 @@ mod tests {
         assert!(t.flink_autoscaler_enabled());
         assert_eq!(t.job_id.as_deref(), Some("j1"));
         assert_eq!(t.upgrade_mode.as_deref(), Some("savepoint"));
+        assert_eq!(t.stateless_upgrade(&t, Some(false)), None);
         let nested = target(json!({"job": {"autoscaler": {"enabled": true}}}), json!({}));
         assert!(nested.flink_autoscaler_enabled());
         assert_eq!(nested.overrides(), None);
@@ -250,5 +278,38 @@ mod tests {
             Some(1)
         );
         assert_eq!(p["spec"].as_object().map(|o| o.len()), Some(1));
+    }
+
+    #[test]
+    fn overrides_on_a_stateless_target_without_the_adaptive_scheduler_would_drop_its_state() {
+        let target = |upgrade: Option<&str>, scheduler: Option<&str>| {
+            let mut spec = json!({"flinkConfiguration": {}, "job": {}});
+            if let Some(u) = upgrade {
+                spec["job"]["upgradeMode"] = json!(u);
+            }
+            if let Some(s) = scheduler {
+                spec["flinkConfiguration"]["jobmanager.scheduler"] = json!(s);
+            }
+            TargetView::from_json(&json!({ "spec": spec }))
+        };
+        // Unset is the Flink operator's default, stateless.
+        let unset = target(None, None);
+        let note = unset.stateless_upgrade(&unset, None).expect("held");
+        assert!(note.contains("stateless (the default)"), "{note}");
+        assert!(
+            target(Some("stateless"), None)
+                .stateless_upgrade(&unset, Some(false))
+                .is_some()
+        );
+        // In place with the adaptive scheduler: by the cluster's configuration or the job's word.
+        let adaptive = target(Some("stateless"), Some("adaptive"));
+        assert_eq!(adaptive.stateless_upgrade(&adaptive, None), None);
+        assert_eq!(unset.stateless_upgrade(&unset, Some(true)), None);
+        // The job's word wins over the configuration.
+        assert!(adaptive.stateless_upgrade(&adaptive, Some(false)).is_some());
+        for mode in ["savepoint", "last-state"] {
+            let t = target(Some(mode), None);
+            assert_eq!(t.stateless_upgrade(&t, None), None, "{mode}");
+        }
     }
 }

@@ -411,7 +411,23 @@ async fn reconcile_with(
         "JobRunning",
         &format!("job {} runs", job.jid),
     );
-    clear_degraded(&scope, &mut status);
+    let cluster = autoscale::cluster_view(&scope, &view).await;
+    match view
+        .stateless_upgrade(&cluster, job.adaptive_scheduler())
+        .filter(|_| a.mode == AutoscalerMode::Auto)
+    {
+        // Rescales are held (autoscale_flink); said once.
+        Some(note) => {
+            let said = before.conditions.iter().any(|c| {
+                c.type_ == "Degraded" && c.status == "True" && c.reason == "StatelessUpgrade"
+            });
+            scope.set(&mut status, "Degraded", true, "StatelessUpgrade", &note);
+            if !said {
+                scope.event(true, "StatelessUpgrade", note).await;
+            }
+        }
+        None => clear_degraded(&scope, &mut status),
+    }
     // Held until this reconcile's status is written (see `Context::quota_locks`).
     let quota_lock = ctx.quota_lock_of(scaler, a.quota.as_deref());
     let _quota_guard = match &quota_lock {
@@ -419,7 +435,7 @@ async fn reconcile_with(
         None => None,
     };
     if a.mode != AutoscalerMode::Off {
-        autoscale_flink(&scope, memory, &rest, &job, &view, &mut status).await?;
+        autoscale_flink(&scope, memory, &rest, &job, &view, &cluster, &mut status).await?;
     }
     if status != before {
         scope.write_status(&status).await?;

@@ -10,6 +10,7 @@ pub(super) async fn autoscale_flink(
     rest: &FlinkRest,
     job: &JobDetails,
     view: &TargetView,
+    cluster: &TargetView,
     status: &mut FlinkScalerStatus,
 ) -> Result<(), Error> {
     let scaler = scope.scaler;
@@ -62,7 +63,6 @@ pub(super) async fn autoscale_flink(
     // The slots the plan may use: the cluster's free slots plus those the job holds, and its
     // share of a StreamQuota; the tightest caps every vertex.
     let mut caps: Vec<(u32, String)> = Vec::new();
-    let cluster = cluster_view(scope, view).await;
     match rest.overview().await {
         Ok(o) => {
             let held = slots::held(&current);
@@ -243,6 +243,21 @@ pub(super) async fn autoscale_flink(
         record_hold(scope.ctx, scaler, &mut status.last_decision, d).await;
         return Ok(());
     }
+    if auto && let Some(note) = view.stateless_upgrade(cluster, job.adaptive_scheduler()) {
+        let why = format!(
+            "rescale to {} held: {note}",
+            rescale::fmt_p(&decision.parallelism)
+        );
+        let d = last_decision::of_decision(
+            &decision,
+            &current,
+            DecisionAction::Hold,
+            why,
+            now_rfc3339(),
+        );
+        record_hold(scope.ctx, scaler, &mut status.last_decision, d).await;
+        return Ok(());
+    }
     let d = last_decision::of_decision(
         &decision,
         &current,
@@ -298,6 +313,7 @@ pub(super) async fn autoscale_flink(
         rolling_back: false,
         started_at: now.clone(),
         step_started_at: now,
+        job_id: Some(job.jid.clone()),
     });
     status.phase = FlinkScalerPhase::Rescaling;
     scope.set(
@@ -330,7 +346,7 @@ pub(super) async fn autoscale_flink(
 /// The FlinkDeployment that runs the job's cluster: the target itself, or a FlinkSessionJob's
 /// session cluster (`spec.deploymentName`; the FlinkSessionJob when it cannot be read, so its
 /// slots are taken as started on demand).
-async fn cluster_view(scope: &Scope<'_>, view: &TargetView) -> TargetView {
+pub(super) async fn cluster_view(scope: &Scope<'_>, view: &TargetView) -> TargetView {
     use crate::flink_scaler_crd::TargetKind;
     if scope.scaler.spec.target_ref.kind != TargetKind::FlinkSessionJob {
         return view.clone();

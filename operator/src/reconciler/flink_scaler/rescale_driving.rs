@@ -27,6 +27,7 @@ pub(super) async fn drive(
         all_running: j.all_running(),
         ended: matches!(j.state.as_str(), "FAILED" | "CANCELED" | "FINISHED")
             .then(|| j.state.clone()),
+        job_id: j.jid.clone(),
     });
     let to_by_id = parse_overrides(&r.overrides);
     let elapsed = age_s(&r.started_at);
@@ -135,6 +136,7 @@ pub(super) async fn drive(
                 rolling_back: true,
                 started_at: now.clone(),
                 step_started_at: now,
+                job_id: job.map(|j| j.jid.clone()),
             });
             scope.set(status, "Scaling", true, "RollingBack", &message);
             scope.event(true, "RescaleFailed", message).await;
