@@ -387,6 +387,21 @@ fn streamscale_autoscales_a_real_flink_job() {
     assert_eq!((state.as_str(), &p3), ("RUNNING", &p2));
     assert_eq!(flink.running_jobs(), vec![new_jid.clone()]);
 
+    // 3b. A jar the cluster does not have: refused at the start (exit 2), the job untouched.
+    let (code, _, err) = autoscale(
+        &flink.rest,
+        &new_jid,
+        "10s",
+        &["--rescale", "savepoint", "--resubmit-jar", "no-such.jar"],
+        &tmp.path().join("no-jar"),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--resubmit-jar no-such.jar: no such jar on the cluster"),
+        "{err}"
+    );
+    assert_eq!(flink.running_jobs(), vec![new_jid.clone()]);
+
     // 4. A resubmission that cannot reach the new parallelism (more subtasks than the 4 slots):
     // cancelled and rolled back to the old parallelism from the same savepoint.
     bound(6, 6);

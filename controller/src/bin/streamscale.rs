@@ -269,6 +269,11 @@ fn flink_options(
             "name the jobs to autoscale (--job ID, repeatable) or pass --all".into(),
         ));
     }
+    if resubmit.is_some() && (a.all || a.jobs.len() > 1) {
+        return Err(RunError::Option(
+            "--resubmit-jar/--resubmit-command submit one program: name its job with one --job (with --all or several jobs, every job rescaled by savepoint would come back as that program)".into(),
+        ));
+    }
     run::check_http_url("--rest-url", &a.rest_url, "http://127.0.0.1:8081")?;
     let auth = streamscale_controller::flink::rest_auth::RestAuth::from_files(
         a.rest_token_file.as_deref(),
@@ -707,22 +712,30 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 &mut |line: &str| console.line(line),
             )
             .await?;
-            let rescales: usize = summary
-                .jobs
-                .iter()
-                .map(|j| {
-                    j.rescales
-                        .iter()
-                        .filter(|r| r.outcome == "rescaled")
-                        .count()
-                })
-                .sum();
+            let count = |outcome: &str| -> usize {
+                summary
+                    .jobs
+                    .iter()
+                    .map(|j| j.rescales.iter().filter(|r| r.outcome == outcome).count())
+                    .sum()
+            };
+            let (rescales, down) = (count("rescaled"), count("failed"));
             console.line(&format!(
-                "done in {:.0} s: {} job(s), {rescales} rescale(s)",
+                "done in {:.0} s: {} job(s), {rescales} rescale(s){}",
                 summary.duration_seconds,
-                summary.jobs.len()
+                summary.jobs.len(),
+                if down > 0 {
+                    format!(", {down} that left its job not running (see above and summary.json)")
+                } else {
+                    String::new()
+                }
             ));
-            Ok(ExitCode::SUCCESS)
+            // A rescale that left a job stopped is the session's failure.
+            Ok(if down > 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
         }
     }
 }
@@ -779,6 +792,29 @@ mod tests {
             "-1",
         ];
         assert_eq!(duration(&load).as_deref(), Some("-1"));
+    }
+
+    /// One resubmit setting is one program: with --all or several jobs, a job rescaled by
+    /// savepoint would come back as another job's program.
+    #[test]
+    fn a_resubmission_is_for_one_named_job() {
+        let options = |jobs: &[&str]| {
+            let mut args = vec!["streamscale", "flink", "--resubmit-jar", "x.jar"];
+            args.extend_from_slice(jobs);
+            match Cli::try_parse_from(args).map(|c| c.command) {
+                Ok(Command::Flink(a)) => flink_options(*a).map(|_| ()),
+                Ok(_) => panic!("another command"),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let one = "0123456789abcdef0123456789abcdef";
+        let two = "fedcba9876543210fedcba9876543210";
+        assert!(options(&["--job", one]).is_ok());
+        for jobs in [vec!["--all"], vec!["--job", one, "--job", two]] {
+            let err = options(&jobs).expect_err("refused");
+            assert!(err.to_string().contains("submit one program"), "{err}");
+            assert_eq!(exit_code(&err), 2);
+        }
     }
 
     /// `streamscale load`'s bad options and traces exit 2 as `run`'s do (they exited 1, while

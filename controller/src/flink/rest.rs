@@ -376,6 +376,17 @@ impl CheckpointingStatistics {
 }
 
 #[derive(Deserialize)]
+struct JarList {
+    #[serde(default)]
+    files: Vec<JarFile>,
+}
+
+#[derive(Deserialize)]
+struct JarFile {
+    id: String,
+}
+
+#[derive(Deserialize)]
 struct JarRunResponse {
     jobid: String,
 }
@@ -417,15 +428,40 @@ struct ErrorBody {
 
 /// The first line of Flink's first error (its answers carry whole Java stack traces).
 fn first_error_line(body: &str) -> String {
-    let text = serde_json::from_str::<ErrorBody>(body)
-        .ok()
-        .and_then(|b| b.errors.into_iter().find(|e| !e.trim().is_empty()))
-        .unwrap_or_else(|| body.to_string());
-    let line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with("<Exception on server side"));
-    let line = line.unwrap_or("(empty answer)");
+    let errors = serde_json::from_str::<ErrorBody>(body)
+        .map(|b| b.errors)
+        .unwrap_or_else(|_| vec![body.to_string()]);
+    let lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("<Exception on server side"))
+            .map(str::to_string)
+            .collect()
+    };
+    let first = errors
+        .iter()
+        .flat_map(|e| lines(e))
+        .next()
+        .unwrap_or_else(|| "(empty answer)".to_string());
+    // Flink answers a handler's exception as `["Internal server error.", "<Exception on server
+    // side:\n...stack...>"]`: the stack's innermost cause says what went wrong.
+    let cause = (first == "Internal server error.")
+        .then(|| {
+            errors
+                .iter()
+                .skip(1)
+                .flat_map(|e| lines(e))
+                .rfind(|l| {
+                    !l.starts_with("at ")
+                        && !l.starts_with("...")
+                        && (l.contains("Exception") || l.contains("Error"))
+                })
+        })
+        .flatten();
+    let line = match cause {
+        Some(c) => format!("{first} ({c})"),
+        None => first,
+    };
     line.chars().take(300).collect()
 }
 
@@ -524,6 +560,15 @@ impl FlinkRest {
     /// [`FlinkError`] on a failed request or an unexpected answer.
     pub async fn overview(&self) -> Result<ClusterOverview, FlinkError> {
         self.send("GET", "/overview", None, None).await
+    }
+
+    /// `GET /jars`: the ids of the jars uploaded to the cluster.
+    ///
+    /// # Errors
+    /// [`FlinkError`].
+    pub async fn jar_ids(&self) -> Result<Vec<String>, FlinkError> {
+        let j: JarList = self.send("GET", "/jars", None, None).await?;
+        Ok(j.files.into_iter().map(|f| f.id).collect())
     }
 
     /// `GET /jobs/overview`: every job the cluster knows, finished ones included.
@@ -876,6 +921,11 @@ mod tests {
             "org.apache.flink.runtime.rest.handler.RestHandlerException: Job x not found"
         );
         assert_eq!(first_error_line("oops"), "oops");
+        let generic = r#"{"errors":["Internal server error.","<Exception on server side:\norg.apache.flink.runtime.rest.handler.RestHandlerException: Could not execute application.\n\tat a.b(C.java:1)\nCaused by: java.lang.IllegalArgumentException: Jar file /tmp/x.jar does not exist\n\tat d.e(F.java:2)\n\nEnd of exception on server side>"]}"#;
+        assert_eq!(
+            first_error_line(generic),
+            "Internal server error. (Caused by: java.lang.IllegalArgumentException: Jar file /tmp/x.jar does not exist)"
+        );
     }
 
     #[test]

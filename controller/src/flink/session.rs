@@ -142,11 +142,31 @@ async fn job_with_plan(
     }
 }
 
+/// Creates `dir` and checks that a file can be written in it.
+///
+/// # Errors
+/// [`SessionError::Option`] naming `flag` and the directory.
+fn writable_dir(flag: &str, dir: &Path) -> Result<(), SessionError> {
+    let probe = dir.join(".streamscale-write-check");
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&probe, b""))
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            let why = if dir.is_file() {
+                "is a file, not a directory".to_string()
+            } else {
+                format!("cannot be written: {e}")
+            };
+            SessionError::Option(format!("{flag}: {} {why}", dir.display()))
+        })
+}
+
 /// Runs `streamscale flink` until `duration_s` or until `stop` resolves; writes the report.
 ///
 /// # Errors
 /// [`SessionError`] when the cluster cannot be reached at the start, a named job is not
-/// running, or the report cannot be written.
+/// running, `--resubmit-jar` names no jar of the cluster, or the report or state directory
+/// cannot be written.
 pub async fn run(
     opts: &FlinkOptions,
     client: reqwest::Client,
@@ -177,6 +197,20 @@ pub async fn run(
         opts.mode,
         opts.rescale
     ));
+    if let Some(Resubmit::Jar(jar)) = &opts.resubmit {
+        let ids = rest.jar_ids().await?;
+        if !ids.contains(&jar.jar_id) {
+            return Err(SessionError::Option(format!(
+                "--resubmit-jar {}: no such jar on the cluster (GET /jars lists {})",
+                jar.jar_id,
+                if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                }
+            )));
+        }
+    }
     let mut stop = std::pin::pin!(stop);
     // The session's clock: seconds since `started`, which is Unix time `unix0`.
     let (started, unix0) = (Instant::now(), unix_now_s());
@@ -211,16 +245,10 @@ pub async fn run(
         }
         named.push(job);
     }
-    std::fs::create_dir_all(&opts.report_dir).map_err(|source| SessionError::Report {
-        path: opts.report_dir.display().to_string(),
-        source,
-    })?;
-    std::fs::create_dir_all(opts.state_dir()).map_err(|e| {
-        SessionError::Option(format!(
-            "--state-dir: cannot create {}: {e}",
-            opts.state_dir().display()
-        ))
-    })?;
+    // Both written at the end (the report) and after decisions (the state): found unwritable
+    // now, not after the session.
+    writable_dir("--report", &opts.report_dir)?;
+    writable_dir("--state-dir", opts.state_dir())?;
     let mut sessions: Vec<JobSession> = Vec::new();
     for job in &named {
         sessions.push(JobSession::new(&rest, job, opts, unix0, print).await?);
@@ -283,8 +311,9 @@ pub async fn run(
                 }
             }
         }
-        let free = rest.overview().await.ok().map(|o| o.slots_available);
         for s in sessions.iter_mut().filter(|s| !s.done) {
+            // Read before each job's turn: a job rescaled just before holds slots now.
+            let free = rest.overview().await.ok().map(|o| o.slots_available);
             s.tick(&rest, opts, started.elapsed().as_secs_f64(), free, print)
                 .await;
         }

@@ -77,6 +77,14 @@ impl JobSession {
             Ok(None) => {}
             Err(e) => print(&format!("{}: warning: {e}", short(&job.jid))),
         }
+        if opts.mode == Mode::Auto
+            && let Some(why) = tick::cannot_apply(opts, job)
+        {
+            print(&format!(
+                "{}: warning: {why}: its decisions are recommendations",
+                short(&job.jid)
+            ));
+        }
         Ok(JobSession {
             topology,
             runtime,

@@ -99,6 +99,18 @@ impl JobSession {
             ));
             return record;
         }
+        // An uploaded jar a restarted JobManager forgot: the job is not stopped for it.
+        if let Some(Resubmit::Jar(jar)) = &opts.resubmit
+            && let Ok(ids) = rest.jar_ids().await
+            && !ids.contains(&jar.jar_id)
+        {
+            record.outcome = "notApplied".into();
+            record.error = Some(format!(
+                "jar {} is no longer on the cluster (a restarted JobManager forgets uploaded jars unless web.upload.dir keeps them); the job was not stopped",
+                jar.jar_id
+            ));
+            return record;
+        }
         let executor = Executor::new(&self.runtime, Path::new(""))
             .with_running_timeout(Duration::from_secs(5));
         match executor.rescale(self.handle.clone(), to).await {

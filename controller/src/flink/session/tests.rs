@@ -103,3 +103,39 @@ fn csv_fields_with_commas_are_quoted() {
     assert_eq!(csv_field("a, b"), "\"a, b\"");
     assert_eq!(csv_field("Source: x"), "Source: x");
 }
+
+#[test]
+fn a_job_that_cannot_be_rescaled_gets_recommendations_not_attempts() {
+    let mut job = recorded_job();
+    let opts = FlinkOptions::default();
+    // The adaptive scheduler (the recorded job's): in place.
+    assert_eq!(tick::cannot_apply(&opts, &job), None);
+    job.scheduler_type = Some("Default".into());
+    let why = tick::cannot_apply(&opts, &job).expect("no way to apply");
+    assert!(why.contains("the Default scheduler"), "{why}");
+    // A resubmission, or in place forced: attempted.
+    let resubmit = FlinkOptions {
+        resubmit: Some(Resubmit::Command("true".into())),
+        ..FlinkOptions::default()
+    };
+    assert_eq!(tick::cannot_apply(&resubmit, &job), None);
+    let forced = FlinkOptions {
+        rescale: RescalePath::InPlace,
+        ..FlinkOptions::default()
+    };
+    assert_eq!(tick::cannot_apply(&forced, &job), None);
+}
+
+#[test]
+fn an_unwritable_report_directory_is_refused_before_the_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "x").expect("file");
+    let err = writable_dir("--report", &file).expect_err("a file");
+    assert!(
+        err.to_string().contains("is a file, not a directory"),
+        "{err}"
+    );
+    writable_dir("--report", &dir.path().join("new")).expect("created");
+    assert!(!dir.path().join("new/.streamscale-write-check").exists());
+}

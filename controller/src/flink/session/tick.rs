@@ -3,6 +3,18 @@
 use super::*;
 
 impl JobSession {
+    /// Ends the time the job could not be read, if it could not (a line says how long).
+    fn readable_again(&mut self, now_s: f64, jid: &str, print: &mut dyn FnMut(&str)) {
+        if let Some(since) = self.unreadable_since.take() {
+            self.report.unreadable_seconds += now_s - since;
+            print(&format!(
+                "{}: the cluster answers again, after {:.0} s",
+                short(jid),
+                now_s - since
+            ));
+        }
+    }
+
     /// One interval: collect, decide, apply.
     pub(super) async fn tick(
         &mut self,
@@ -16,6 +28,8 @@ impl JobSession {
         let job = match rest.job(&jid).await {
             Ok(job) => job,
             Err(FlinkError::JobNotFound { .. }) => {
+                // The cluster answers (it does not know the job): not unreadable any more.
+                self.readable_again(now_s, &jid, print);
                 self.end(format!("job {jid} is gone from the cluster"), print);
                 return;
             }
@@ -32,14 +46,7 @@ impl JobSession {
                 return;
             }
         };
-        if let Some(since) = self.unreadable_since.take() {
-            self.report.unreadable_seconds += now_s - since;
-            print(&format!(
-                "{}: the job can be read again, after {:.0} s",
-                short(&jid),
-                now_s - since
-            ));
-        }
+        self.readable_again(now_s, &jid, print);
         if matches!(job.state.as_str(), "FINISHED" | "CANCELED" | "FAILED") {
             self.end(format!("job {jid} ended ({})", job.state), print);
             return;
@@ -174,8 +181,16 @@ impl JobSession {
                     return;
                 }
                 let changes = describe(&from, &to);
-                if opts.mode == Mode::Recommend {
-                    print(&format!("{}: RECOMMEND {changes} ({reason})", short(&jid)));
+                let cannot = cannot_apply(opts, &job);
+                if opts.mode == Mode::Recommend || cannot.is_some() {
+                    print(&format!(
+                        "{}: RECOMMEND {changes} ({reason}){}",
+                        short(&jid),
+                        cannot
+                            .as_deref()
+                            .map(|c| format!("; not applied: {c}"))
+                            .unwrap_or_default()
+                    ));
                     self.report.rescales.push(RescaleRecord {
                         at_seconds: now_s,
                         from,
@@ -185,7 +200,7 @@ impl JobSession {
                         downtime_seconds: None,
                         reason,
                         savepoint: None,
-                        error: None,
+                        error: cannot,
                     });
                     // Recommend mode never changes the job: forget the plan's pending state.
                     self.session.autoscaler_mut().restarted(now_s);
@@ -260,4 +275,19 @@ impl JobSession {
             }
         }
     }
+}
+
+/// Why a decision for `job` cannot be applied in mode `auto`, when it cannot: the job runs a
+/// scheduler that cannot rescale in place and nothing says how to resubmit it from a savepoint.
+/// Its decisions are then recommendations (no attempt, no backoff).
+pub(super) fn cannot_apply(opts: &FlinkOptions, job: &JobDetails) -> Option<String> {
+    (opts.resubmit.is_none()
+        && opts.rescale == RescalePath::Auto
+        && job.adaptive_scheduler() == Some(false))
+    .then(|| {
+        format!(
+            "the job runs the {} scheduler, which cannot rescale in place, and no --resubmit-jar/--resubmit-command says how to resubmit it from a savepoint",
+            job.scheduler_type.as_deref().unwrap_or("unknown")
+        )
+    })
 }
