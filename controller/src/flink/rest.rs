@@ -447,15 +447,11 @@ fn first_error_line(body: &str) -> String {
     // side:\n...stack...>"]`: the stack's innermost cause says what went wrong.
     let cause = (first == "Internal server error.")
         .then(|| {
-            errors
-                .iter()
-                .skip(1)
-                .flat_map(|e| lines(e))
-                .rfind(|l| {
-                    !l.starts_with("at ")
-                        && !l.starts_with("...")
-                        && (l.contains("Exception") || l.contains("Error"))
-                })
+            errors.iter().skip(1).flat_map(|e| lines(e)).rfind(|l| {
+                !l.starts_with("at ")
+                    && !l.starts_with("...")
+                    && (l.contains("Exception") || l.contains("Error"))
+            })
         })
         .flatten();
     let line = match cause {

@@ -60,6 +60,9 @@ struct JobSession {
     last_notes: Vec<String>,
     /// Since when (session seconds) the job could not be read, while it cannot.
     unreadable_since: Option<f64>,
+    /// Since when (session seconds) the job has not had every vertex `RUNNING` (a failover, a
+    /// restart): its first complete sample after counts as a restart.
+    not_running_since: Option<f64>,
     report: JobReport,
     timeline: Vec<TimelineRow>,
     done: bool,

@@ -53,6 +53,9 @@ pub(crate) struct ScalerMemory {
     session: AutoscaleSession<ConfigMapStateStore>,
     collector: Collector,
     topology: Option<FlinkTopology>,
+    /// The job has not had every vertex `RUNNING` since the last complete sample (a failover,
+    /// a restart): the next complete sample counts as a restart.
+    not_running: bool,
 }
 
 /// Runs the FlinkScaler controller in `namespace` (all when `None`) until shutdown. When
@@ -139,6 +142,7 @@ pub async fn reconcile_scaler(
                 ),
                 collector: Collector::new(),
                 topology: None,
+                not_running: false,
             }
         }
     };
@@ -394,6 +398,7 @@ async fn reconcile_with(
                 Ok(job) => format!("job {} is {}", job.jid, job.state),
                 Err(e) => e,
             };
+            memory.not_running = true;
             status.phase = FlinkScalerPhase::Pending;
             scope.set(&mut status, "Ready", false, "JobNotRunning", &message);
             clear_degraded(&scope, &mut status);

@@ -95,6 +95,7 @@ impl JobSession {
             last_hold: crate::progress::HoldSaid::default(),
             last_notes: Vec::new(),
             unreadable_since: None,
+            not_running_since: None,
             report,
             timeline: Vec::new(),
             done: false,

@@ -88,6 +88,7 @@ impl JobSession {
                     short(&jid),
                     job.state
                 ));
+                self.not_running_since.get_or_insert(now_s);
                 return;
             }
             Err(e) => {
@@ -109,6 +110,16 @@ impl JobSession {
                 .iter()
                 .any(|(n, s)| sample.sample.operators.get(n).map(Vec::len) != Some(s.len()))
         });
+        if let Some(since) = self.not_running_since.take() {
+            // A failover (or any restart) replays from the latest checkpoint: its first windows
+            // are catch-up, not the job's load. Decided from after the stabilization period.
+            print(&format!(
+                "{}: every vertex RUNNING again after {:.0} s: a restart; measuring again",
+                short(&jid),
+                now_s - since
+            ));
+            self.session.restarted(now_s);
+        }
         // What the job runs now (a change made outside streamscale included): a savepoint
         // rescale's rollback goes back to it.
         self.handle.parallelism = topo.by_name(&job.parallelism_by_id());

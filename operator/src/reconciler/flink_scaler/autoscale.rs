@@ -35,7 +35,10 @@ pub(super) async fn autoscale_flink(
     };
     let sample = match source.collect(&|| now_s).await {
         Ok(Some(s)) => s,
-        Ok(None) => return Ok(()),
+        Ok(None) => {
+            m.not_running = true;
+            return Ok(());
+        }
         Err(e) => {
             tracing::warn!(scaler = %key(scaler), "cannot read the job's metrics: {e}");
             return Ok(());
@@ -49,12 +52,14 @@ pub(super) async fn autoscale_flink(
         // Flink has not refreshed its metrics since the last scrape.
         return Ok(());
     }
-    if m.session
-        .window()
-        .back()
-        .is_some_and(|last| last_parallelism(last) != last_parallelism(&sample.sample))
+    if std::mem::take(&mut m.not_running)
+        || m.session
+            .window()
+            .back()
+            .is_some_and(|last| last_parallelism(last) != last_parallelism(&sample.sample))
     {
-        // Rescaled from outside (the user, the Flink operator): a new deployment.
+        // Restarted (a failover replays from its latest checkpoint: catch-up, not the job's
+        // load), or rescaled from outside (the user, the Flink operator): a new deployment.
         m.session.restarted(now_s);
     }
     ctx_metrics_read(scope);
