@@ -703,8 +703,23 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         .timeout(std::time::Duration::from_secs(90)),
                 )
                 .map_err(|e| RunError::Option(e.to_string()))?;
-            // Caught before the session starts: SIGINT or SIGTERM ends it with its report.
-            let stop = interrupted();
+            // Caught before the session starts: SIGINT or SIGTERM ends it with its report. Said
+            // at once: the session ends only after what it is doing (a rescale completes or is
+            // rolled back first, which can take minutes).
+            let signal = interrupted();
+            let (said, heard) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(async move {
+                signal.await;
+                eprintln!(
+                    "streamscale flink: interrupted: ending after what is in progress (a rescale completes or is rolled back first), then writing the report"
+                );
+                let _ = said.send(());
+            });
+            let stop = async move {
+                if heard.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
             let summary = streamscale_controller::flink::session::run(
                 &opts,
                 client,

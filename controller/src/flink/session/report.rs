@@ -171,21 +171,44 @@ pub(super) fn write_report(
     }
     write("timeline.csv", csv)?;
     // One chart per job: `timeline.png` for a session of one job, else `timeline-JOB.png`
-    // (the job's first id, 8 digits).
-    for s in sessions.iter().filter(|s| !s.timeline.is_empty()) {
-        let name = if sessions.len() == 1 {
-            "timeline.png".to_string()
-        } else {
-            format!("timeline-{}.png", short(&s.report.first_job_id))
-        };
+    // (the job's first id, 8 digits). Charts an earlier session left in the directory go: a
+    // reader would take them for this session's.
+    let names: Vec<String> = sessions
+        .iter()
+        .map(|s| {
+            if sessions.len() == 1 {
+                "timeline.png".to_string()
+            } else {
+                format!("timeline-{}.png", short(&s.report.first_job_id))
+            }
+        })
+        .collect();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let chart =
+                name == "timeline.png" || (name.starts_with("timeline-") && name.ends_with(".png"));
+            let written = sessions
+                .iter()
+                .zip(&names)
+                .any(|(s, n)| *n == name && !s.timeline.is_empty());
+            if chart && !written {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    for (s, name) in sessions.iter().zip(&names) {
+        if s.timeline.is_empty() {
+            continue;
+        }
         crate::flink::plot::plot_job_timeline(
-            &dir.join(&name),
+            &dir.join(name),
             &s.report.name,
             &s.timeline,
             target_utilization,
         )
         .map_err(|e| SessionError::Report {
-            path: dir.join(&name).display().to_string(),
+            path: dir.join(name).display().to_string(),
             source: std::io::Error::other(e.to_string()),
         })?;
     }

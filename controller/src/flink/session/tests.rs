@@ -139,3 +139,36 @@ fn an_unwritable_report_directory_is_refused_before_the_session() {
     writable_dir("--report", &dir.path().join("new")).expect("created");
     assert!(!dir.path().join("new/.streamscale-write-check").exists());
 }
+
+#[test]
+fn charts_an_earlier_session_left_in_the_report_directory_go() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = FlinkOptions {
+        report_dir: dir.path().to_path_buf(),
+        ..FlinkOptions::default()
+    };
+    let rest = FlinkRest::new(reqwest::Client::new(), "http://127.0.0.1:9");
+    for stale in ["timeline.png", "timeline-0badf00d.png"] {
+        std::fs::write(dir.path().join(stale), "old").expect("stale chart");
+    }
+    std::fs::write(dir.path().join("notes.png"), "mine").expect("another file");
+    let session = block(JobSession::new(
+        &rest,
+        &recorded_job(),
+        &opts,
+        1.0e9,
+        &mut |_| {},
+    ))
+    .expect("session");
+    let summary = FlinkSummary {
+        rest_url: opts.rest_url.clone(),
+        mode: opts.mode,
+        duration_seconds: 1.0,
+        jobs: vec![session.report.clone()],
+    };
+    write_report(dir.path(), &summary, &[session], 0.7).expect("report");
+    assert!(!dir.path().join("timeline.png").exists());
+    assert!(!dir.path().join("timeline-0badf00d.png").exists());
+    assert!(dir.path().join("notes.png").exists());
+    assert!(dir.path().join("summary.json").exists());
+}
