@@ -289,3 +289,98 @@ fn a_kafka_sources_partitions_are_read_and_size_it() {
     let decision = plan(&blind);
     assert_eq!(decision.parallelism["Source: kafka"], 2, "{decision:?}");
 }
+
+/// A mock of the JobManager's REST API serving the recorded demo job's vertices: the source's
+/// task answer is the earlier fetch at the first read and the later one after, while its
+/// operator counts are the later fetch's (Flink fetched new metrics between the two answers).
+mod same_fetch_mock {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::Json;
+    use axum::extract::{Path, Query, State};
+    use serde_json::Value;
+    use streamscale_controller::flink::FlinkRest;
+    use streamscale_controller::flink::collect::Collector;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Reads {
+        source_details: AtomicUsize,
+    }
+
+    fn prefixed(name: &str) -> Value {
+        let mut v: Value = serde_json::from_str(&data(name)).expect("json");
+        for m in v.as_array_mut().expect("list") {
+            let id = m["id"].as_str().expect("id").to_string();
+            m["id"] = Value::String(format!("0.{id}"));
+        }
+        v
+    }
+
+    async fn vertex(
+        State(reads): State<Arc<Reads>>,
+        Path((_jid, vid)): Path<(String, String)>,
+    ) -> Json<Value> {
+        let job: JobDetails = parse("job.json");
+        let source = job
+            .vertices
+            .iter()
+            .any(|v| v.id == vid && v.name.starts_with("Source"));
+        let file = if !source {
+            "vertex-keyed-later.json"
+        } else if reads.source_details.fetch_add(1, Ordering::SeqCst) == 0 {
+            "vertex-source.json"
+        } else {
+            "vertex-source-later.json"
+        };
+        Json(serde_json::from_str(&data(file)).expect("json"))
+    }
+
+    async fn vertex_metrics(Query(q): Query<BTreeMap<String, String>>) -> Json<Value> {
+        Json(if q.contains_key("get") {
+            prefixed("source-subtask0-metric-values-later.json")
+        } else {
+            prefixed("source-subtask0-metric-ids.json")
+        })
+    }
+
+    #[tokio::test]
+    async fn a_sources_counts_and_times_are_read_from_one_fetch() {
+        let reads = Arc::new(Reads::default());
+        let app = axum::Router::new()
+            .route("/jobs/{jid}/vertices/{vid}", axum::routing::get(vertex))
+            .route(
+                "/jobs/{jid}/vertices/{vid}/metrics",
+                axum::routing::get(vertex_metrics),
+            )
+            .with_state(Arc::clone(&reads));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("port").port();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let rest = FlinkRest::new(reqwest::Client::new(), &format!("http://127.0.0.1:{port}"));
+        let job: JobDetails = parse("job.json");
+        let topo = FlinkTopology::from_job(&job, &Default::default(), &Default::default())
+            .expect("topology");
+        let got = Collector::new()
+            .collect(&rest, &job, &topo, 100.0, None)
+            .await
+            .expect("collected")
+            .expect("every vertex running");
+        // The source's task read again after its counts: the later fetch's times date them.
+        assert!(reads.source_details.load(Ordering::SeqCst) >= 2);
+        let expected = metrics::sample(
+            &topo,
+            &scrapes(&topo, "-later", "source-subtask0-metric-values-later.json"),
+            100.0,
+            None,
+        );
+        assert_eq!(got.sample, expected.sample);
+        assert_eq!(got.age_seconds, expected.age_seconds);
+    }
+}

@@ -79,8 +79,21 @@ impl Collector {
                 };
                 let wanted = ids.all();
                 if !wanted.is_empty() {
-                    let values = rest.vertex_metrics(&job.jid, &v.id, &wanted).await?;
-                    scrape.source_values = metrics::metric_values(&values);
+                    // The source operator's counts and the task's times come in two answers:
+                    // when Flink fetched new metrics between them, the counts are newer than
+                    // the times that date the sample (a burst, then a sample of nothing). The
+                    // task's answer read again after the counts tells: unchanged, both are of
+                    // one fetch.
+                    for attempt in 0..SAME_FETCH_TRIES {
+                        let values = rest.vertex_metrics(&job.jid, &v.id, &wanted).await?;
+                        scrape.source_values = metrics::metric_values(&values);
+                        let again = rest.vertex(&job.jid, &v.id).await?;
+                        let same = metrics::same_fetch(&scrape.details, &again);
+                        scrape.details = again;
+                        if same || attempt + 1 == SAME_FETCH_TRIES {
+                            break;
+                        }
+                    }
                 }
                 scrape.source_ids = ids;
             }
@@ -89,6 +102,9 @@ impl Collector {
         Ok(Some(metrics::sample(topo, &scrapes, at_s, previous)))
     }
 }
+
+/// Reads of a source vertex until its counts and times are of one fetch of Flink's metrics.
+const SAME_FETCH_TRIES: usize = 3;
 
 impl crate::collect::Reading for FlinkSample {
     fn sample(&self) -> &MetricSample {

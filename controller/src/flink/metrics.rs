@@ -134,6 +134,29 @@ pub fn metric_values(values: &[MetricValue]) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// Whether two answers about one vertex carry the counters of the same fetch of Flink's
+/// metrics: every subtask's counters equal (`NaN` equal to `NaN`: a source task's busy time).
+pub fn same_fetch(a: &VertexDetails, b: &VertexDetails) -> bool {
+    let key = |d: &VertexDetails| -> Vec<(u32, Option<[u64; 5]>)> {
+        d.subtasks
+            .iter()
+            .map(|s| {
+                let c = s.metrics.as_ref().map(|c| {
+                    [
+                        c.read_records.to_bits(),
+                        c.write_records.to_bits(),
+                        c.busy_ms.to_bits(),
+                        c.idle_ms.to_bits(),
+                        c.backpressured_ms.to_bits(),
+                    ]
+                });
+                (s.subtask, c)
+            })
+            .collect()
+    };
+    key(a) == key(b)
+}
+
 /// A scrape turned into a sample.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlinkSample {
