@@ -269,6 +269,12 @@ fn flink_options(
             "name the jobs to autoscale (--job ID, repeatable) or pass --all".into(),
         ));
     }
+    if a.all && !a.jobs.is_empty() {
+        return Err(RunError::Option(
+            "give --job (the jobs named) or --all (every running job, also later ones), not both"
+                .into(),
+        ));
+    }
     if resubmit.is_some() && (a.all || a.jobs.len() > 1) {
         return Err(RunError::Option(
             "--resubmit-jar/--resubmit-command submit one program: name its job with one --job (with --all or several jobs, every job rescaled by savepoint would come back as that program)".into(),
@@ -830,6 +836,23 @@ mod tests {
             assert!(err.to_string().contains("submit one program"), "{err}");
             assert_eq!(exit_code(&err), 2);
         }
+    }
+
+    #[test]
+    fn named_jobs_and_all_are_not_both_given() {
+        let args = [
+            "streamscale",
+            "flink",
+            "--all",
+            "--job",
+            "0123456789abcdef0123456789abcdef",
+        ];
+        let Ok(Command::Flink(a)) = Cli::try_parse_from(args).map(|c| c.command) else {
+            panic!("parsed");
+        };
+        let err = flink_options(*a).expect_err("refused");
+        assert!(err.to_string().contains("not both"), "{err}");
+        assert_eq!(exit_code(&err), 2);
     }
 
     /// `streamscale load`'s bad options and traces exit 2 as `run`'s do (they exited 1, while

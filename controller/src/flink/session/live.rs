@@ -108,10 +108,13 @@ impl JobSession {
             } else {
                 format!("in {:.0}/s", r.records_in)
             };
+            // A share over 1 (up to MAX_BUSY_SHARE passes) is the fetches' dating, not work:
+            // shown and kept as 100 %.
+            let busy = r.busy.clamp(0.0, 1.0);
             parts.push(format!(
                 "{} p={p} busy {:.0}% {rate}{lag}",
                 v.name,
-                100.0 * r.busy.clamp(0.0, 9.99)
+                100.0 * busy
             ));
             self.timeline.push(TimelineRow {
                 t_s: at_s,
@@ -120,7 +123,7 @@ impl JobSession {
                 vertex_id: v.id.clone(),
                 role: v.role,
                 parallelism: p,
-                busy: r.busy,
+                busy,
                 records_in: r.records_in,
                 records_out: r.records_out,
                 backlog: r.backlog,

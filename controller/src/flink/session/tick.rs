@@ -227,8 +227,9 @@ impl JobSession {
                         if let Some(d) = record.downtime_seconds {
                             self.session.autoscaler_mut().observe_rescale_downtime(d);
                         }
+                        let now_id = self.topology.lock().await.job_id.clone();
                         print(&format!(
-                            "{}: rescaled by {} in {:.1} s{}",
+                            "{}: rescaled by {} in {:.1} s{}{}",
                             short(&jid),
                             record.path,
                             record.downtime_seconds.unwrap_or(0.0),
@@ -236,7 +237,12 @@ impl JobSession {
                                 .savepoint
                                 .as_ref()
                                 .map(|s| format!(" (savepoint {s})"))
-                                .unwrap_or_default()
+                                .unwrap_or_default(),
+                            if now_id == jid {
+                                String::new()
+                            } else {
+                                format!("; the job is now {now_id}")
+                            }
                         ));
                         self.report.final_parallelism.clone_from(&to);
                     }
