@@ -16,6 +16,8 @@
 pub mod collect;
 pub mod in_place;
 pub mod metrics;
+#[cfg(test)]
+mod mock_rest;
 pub mod plot;
 pub mod rest;
 pub mod rest_auth;

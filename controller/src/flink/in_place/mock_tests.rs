@@ -48,23 +48,19 @@ async fn put(State(s): State<Shared>, Json(body): Json<Value>) -> Result<Json<Va
     Ok(Json(json!({})))
 }
 
-async fn mock_flink(script: Script) -> (FlinkRest, Shared) {
-    let shared = Arc::new(Mutex::new(script));
+/// Serves `reads` (see [`Script`]), refusing the put-back when `refuse_put_back`.
+async fn mock_flink(reads: Vec<Option<Value>>, refuse_put_back: bool) -> (FlinkRest, Shared) {
+    let shared = Arc::new(Mutex::new(Script {
+        reads,
+        read: 0,
+        puts: Vec::new(),
+        refuse_put_back,
+    }));
     let app = axum::Router::new()
         .route("/jobs/j", get(read))
         .route("/jobs/j/resource-requirements", axum::routing::put(put))
         .with_state(Arc::clone(&shared));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("port").port();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (
-        FlinkRest::new(reqwest::Client::new(), &format!("http://127.0.0.1:{port}")),
-        shared,
-    )
+    (crate::flink::mock_rest::serve(app).await, shared)
 }
 
 fn p(n: u32) -> BTreeMap<String, u32> {
@@ -73,13 +69,7 @@ fn p(n: u32) -> BTreeMap<String, u32> {
 
 #[tokio::test]
 async fn reads_that_fail_while_waiting_are_tried_again() {
-    let (rest, _) = mock_flink(Script {
-        reads: vec![None, None, job("RUNNING", 2)],
-        read: 0,
-        puts: Vec::new(),
-        refuse_put_back: false,
-    })
-    .await;
+    let (rest, _) = mock_flink(vec![None, None, job("RUNNING", 2)], false).await;
     let out = rescale(&rest, "j", &p(2), &p(1), Duration::from_secs(20)).await;
     assert!(
         matches!(out, Ok(InPlaceOutcome::Rescaled { .. })),
@@ -89,13 +79,7 @@ async fn reads_that_fail_while_waiting_are_tried_again() {
 
 #[tokio::test]
 async fn a_job_that_ends_during_the_rescale_is_said_as_such() {
-    let (rest, _) = mock_flink(Script {
-        reads: vec![job("CANCELED", 1)],
-        read: 0,
-        puts: Vec::new(),
-        refuse_put_back: false,
-    })
-    .await;
+    let (rest, _) = mock_flink(vec![job("CANCELED", 1)], false).await;
     let out = rescale(&rest, "j", &p(2), &p(1), Duration::from_secs(20)).await;
     assert!(
         matches!(&out, Ok(InPlaceOutcome::JobEnded { state, .. }) if state == "CANCELED"),
@@ -105,13 +89,7 @@ async fn a_job_that_ends_during_the_rescale_is_said_as_such() {
 
 #[tokio::test]
 async fn a_put_back_that_fails_is_said() {
-    let (rest, shared) = mock_flink(Script {
-        reads: vec![job("RUNNING", 1)],
-        read: 0,
-        puts: Vec::new(),
-        refuse_put_back: true,
-    })
-    .await;
+    let (rest, shared) = mock_flink(vec![job("RUNNING", 1)], true).await;
     let out = rescale(&rest, "j", &p(2), &p(1), Duration::from_millis(600)).await;
     assert!(
         matches!(&out, Ok(InPlaceOutcome::TimedOut { put_back_error: Some(e), .. }) if e.contains("503")),

@@ -63,17 +63,7 @@ async fn mock_flink(script: Script) -> (FlinkRest, Shared) {
         .route("/jobs/j/savepoints/t1", get(poll))
         .route("/jobs/j/checkpoints", get(checkpoints))
         .with_state(Arc::clone(&shared));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("port").port();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (
-        FlinkRest::new(reqwest::Client::new(), &format!("http://127.0.0.1:{port}")),
-        shared,
-    )
+    (crate::flink::mock_rest::serve(app).await, shared)
 }
 
 fn savepoint(at_ms: i64, path: &str) -> Value {

@@ -81,14 +81,7 @@ async fn runtime_on(cluster: Cluster, resubmit: Resubmit) -> (FlinkRuntime, Shar
         .route("/jobs/{jid}", get(job))
         .route("/jars/{jar}/run", post(run))
         .with_state(Arc::clone(&shared));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("port").port();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    let rest = FlinkRest::new(reqwest::Client::new(), &format!("http://127.0.0.1:{port}"));
+    let rest = crate::flink::mock_rest::serve(app).await;
     let details: JobDetails = serde_json::from_value(job_json(OLD, "RUNNING", 1)).expect("job");
     let topology = FlinkTopology::from_job(&details, &Default::default(), &Default::default())
         .expect("topology");

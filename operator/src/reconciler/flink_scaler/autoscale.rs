@@ -227,32 +227,28 @@ pub(super) async fn autoscale_flink(
         return Ok(());
     }
     let auto = a.mode == AutoscalerMode::Auto;
-    if auto
-        && let Some(b) = &status.backoff
-        && b.holds_at(Timestamp::now())
+    // Why a rescale the guards let through is held in mode auto: a backoff after failed
+    // rescales, or a target whose upgrade would drop the job's state.
+    let held_by = if !auto {
+        None
+    } else if let Some(b) = status
+        .backoff
+        .as_ref()
+        .filter(|b| b.holds_at(Timestamp::now()))
     {
+        Some(format!(
+            "backing off until {} after {} failed rescale(s)",
+            b.retry_after, b.failures
+        ))
+    } else {
+        view.stateless_upgrade(cluster, job.adaptive_scheduler())
+    };
+    if let Some(held_by) = held_by {
         let why = format!(
-            "rescale to {} held: backing off until {} after {} failed rescale(s)",
-            rescale::fmt_p(&decision.parallelism),
-            b.retry_after,
-            b.failures
-        );
-        tracing::info!(scaler = %key(scaler), "{why}");
-        let d = last_decision::of_decision(
-            &decision,
-            &current,
-            DecisionAction::Hold,
-            why,
-            now_rfc3339(),
-        );
-        record_hold(scope.ctx, scaler, &mut status.last_decision, d).await;
-        return Ok(());
-    }
-    if auto && let Some(note) = view.stateless_upgrade(cluster, job.adaptive_scheduler()) {
-        let why = format!(
-            "rescale to {} held: {note}",
+            "rescale to {} held: {held_by}",
             rescale::fmt_p(&decision.parallelism)
         );
+        tracing::info!(scaler = %key(scaler), "{why}");
         let d = last_decision::of_decision(
             &decision,
             &current,
