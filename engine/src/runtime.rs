@@ -33,7 +33,7 @@ use crossbeam_channel::{
 };
 
 use crate::chain::{self, CHAIN_BATCH};
-use crate::checkpoint::barrier::{Aligner, Barrier, BarrierKind, Event, Message};
+use crate::checkpoint::barrier::{Aligner, Alignment, Barrier, BarrierKind, Event, Message};
 use crate::checkpoint::coordinator::{
     Ack, AckOf, Coordinator, Failed, JobContext, Outcome, Target,
 };

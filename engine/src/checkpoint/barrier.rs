@@ -58,16 +58,39 @@ pub struct Message {
     pub event: Event,
 }
 
+/// What a barrier did to the alignment ([`Aligner::on_barrier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alignment {
+    /// Waiting for more channels (or the barrier was older than the one being aligned, or than
+    /// the last one aligned, and was dropped).
+    Pending,
+    /// Every live channel delivered this barrier; every channel is unblocked.
+    Aligned(Barrier),
+    /// A newer barrier came before the one being aligned (`abandoned`) completed: some
+    /// upstream subtask skipped `abandoned` (its checkpoint timed out while the subtask could
+    /// not inject it). That checkpoint is given up here, every channel was unblocked (the
+    /// caller processes what it held back, in order, now) and the newer barrier's alignment
+    /// started with its channel.
+    Superseded {
+        /// The barrier whose alignment was given up.
+        abandoned: Barrier,
+    },
+}
+
 /// Barrier alignment at one subtask with `channels` input channels.
 ///
 /// After a channel delivers barrier `n` it is blocked: its later messages must be held back
 /// (the caller stashes them) until every channel that has not ended delivered `n`. Ended
-/// channels count as aligned.
+/// channels count as aligned. Barriers are matched by id: a newer one supersedes the alignment
+/// in progress (Flink's aligner does the same), an older one is dropped, so that one skipped
+/// barrier cannot leave a channel one checkpoint behind the others for good.
 #[derive(Debug)]
 pub struct Aligner {
     blocked: Vec<bool>,
     ended: Vec<bool>,
     current: Option<Barrier>,
+    /// The id of the last barrier aligned or given up: anything up to it is stale.
+    last_id: Option<u64>,
 }
 
 impl Aligner {
@@ -77,6 +100,7 @@ impl Aligner {
             blocked: vec![false; channels],
             ended: vec![false; channels],
             current: None,
+            last_id: None,
         }
     }
 
@@ -86,14 +110,31 @@ impl Aligner {
         self.blocked.get(channel as usize).copied().unwrap_or(false)
     }
 
-    /// Records barrier `b` from `channel`; returns the barrier when the subtask is aligned
-    /// (every live channel delivered it), after which all channels are unblocked.
-    pub fn on_barrier(&mut self, channel: u32, b: Barrier) -> Option<Barrier> {
+    /// Records barrier `b` from `channel` (see [`Alignment`]).
+    pub fn on_barrier(&mut self, channel: u32, b: Barrier) -> Alignment {
+        if self.last_id.is_some_and(|last| b.id <= last) {
+            return Alignment::Pending;
+        }
+        let mut superseded = None;
+        match self.current {
+            Some(c) if b.id < c.id => return Alignment::Pending,
+            Some(c) if b.id > c.id => {
+                self.blocked.iter_mut().for_each(|x| *x = false);
+                self.last_id = Some(c.id);
+                self.current = Some(b);
+                superseded = Some(c);
+            }
+            Some(_) => {}
+            None => self.current = Some(b),
+        }
         if let Some(slot) = self.blocked.get_mut(channel as usize) {
             *slot = true;
         }
-        let current = *self.current.get_or_insert(b);
-        self.complete(current)
+        match (self.complete(b), superseded) {
+            (Some(aligned), _) => Alignment::Aligned(aligned),
+            (None, Some(abandoned)) => Alignment::Superseded { abandoned },
+            (None, None) => Alignment::Pending,
+        }
     }
 
     /// Records the end of `channel`; returns a barrier whose alignment this completes.
@@ -117,6 +158,7 @@ impl Aligner {
         }
         self.blocked.iter_mut().for_each(|b| *b = false);
         self.current = None;
+        self.last_id = Some(b.id);
         Some(b)
     }
 }
@@ -135,19 +177,41 @@ mod tests {
     #[test]
     fn aligns_when_every_live_channel_delivered_the_barrier() {
         let mut a = Aligner::new(3);
-        assert_eq!(a.on_barrier(0, b(1)), None);
+        assert_eq!(a.on_barrier(0, b(1)), Alignment::Pending);
         assert!(a.is_blocked(0) && !a.is_blocked(1));
-        assert_eq!(a.on_barrier(2, b(1)), None);
-        assert_eq!(a.on_barrier(1, b(1)), Some(b(1)));
+        assert_eq!(a.on_barrier(2, b(1)), Alignment::Pending);
+        assert_eq!(a.on_barrier(1, b(1)), Alignment::Aligned(b(1)));
         assert!(!a.is_blocked(0) && !a.is_blocked(1) && !a.is_blocked(2));
         // An ended channel counts as aligned, also when it ends mid-alignment.
-        assert_eq!(a.on_barrier(1, b(2)), None);
+        assert_eq!(a.on_barrier(1, b(2)), Alignment::Pending);
         assert_eq!(a.on_end(0), None);
-        assert_eq!(a.on_barrier(2, b(2)), Some(b(2)));
-        assert_eq!(a.on_barrier(1, b(3)), None);
+        assert_eq!(a.on_barrier(2, b(2)), Alignment::Aligned(b(2)));
+        assert_eq!(a.on_barrier(1, b(3)), Alignment::Pending);
         assert_eq!(a.on_end(2), Some(b(3)));
         assert!(!a.all_ended());
         assert_eq!(a.on_end(1), None);
         assert!(a.all_ended());
+    }
+
+    #[test]
+    fn a_skipped_barrier_does_not_leave_a_channel_behind_for_good() {
+        // Channel 0 delivers 5; channel 1's sender skipped 5 (its checkpoint timed out while
+        // it could not inject it) and delivers 6.
+        let mut a = Aligner::new(2);
+        assert_eq!(a.on_barrier(0, b(5)), Alignment::Pending);
+        assert_eq!(
+            a.on_barrier(1, b(6)),
+            Alignment::Superseded { abandoned: b(5) }
+        );
+        // Channel 0 is released (what it held back is processed), channel 1 waits for 6.
+        assert!(!a.is_blocked(0) && a.is_blocked(1));
+        assert_eq!(a.on_barrier(0, b(6)), Alignment::Aligned(b(6)));
+        // Both in step again: 7 aligns as usual; a late 5 or 6 is dropped.
+        assert_eq!(a.on_barrier(1, b(5)), Alignment::Pending);
+        assert!(!a.is_blocked(1));
+        assert_eq!(a.on_barrier(0, b(7)), Alignment::Pending);
+        assert_eq!(a.on_barrier(1, b(6)), Alignment::Pending);
+        assert!(!a.is_blocked(1));
+        assert_eq!(a.on_barrier(1, b(7)), Alignment::Aligned(b(7)));
     }
 }

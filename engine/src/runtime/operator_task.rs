@@ -103,6 +103,14 @@ pub(super) fn state_failure(operator: &str, index: u32, e: &StateError) -> ! {
     panic!("{operator}-{index}: keyed state backend failed: {e}")
 }
 
+/// Fails the subtask when the at-least-once file sink cannot write its file: a line dropped
+/// while a checkpoint moves the sources past it would be lost for good; the job restarts from
+/// its latest completed checkpoint (when a restart strategy allows) and writes it again.
+#[cold]
+pub(super) fn file_sink_failure(operator: &str, index: u32, e: &std::io::Error) -> ! {
+    panic!("{operator}-{index}: cannot write the sink's file: {e}")
+}
+
 /// Fails the subtask when a transactional sink cannot write or pre-commit: nothing may be
 /// dropped, so the job restarts from its latest completed checkpoint (when a restart strategy
 /// allows) and the sink recovers what it lists.
@@ -269,7 +277,24 @@ impl OperatorTask {
                     }
                     None
                 }
-                Event::Barrier(b) => self.aligner.on_barrier(msg.channel, b),
+                Event::Barrier(b) => match self.aligner.on_barrier(msg.channel, b) {
+                    Alignment::Aligned(b) => Some(b),
+                    Alignment::Pending => None,
+                    Alignment::Superseded { abandoned } => {
+                        // Checkpoint `abandoned` is given up here (it timed out upstream):
+                        // the channels it held back go on, in order, before the queue.
+                        tracing::warn!(
+                            "{}-{}: barrier {} superseded by {} before it aligned (an upstream subtask skipped it); its checkpoint is not taken here",
+                            ctx.operator,
+                            ctx.index,
+                            abandoned.id,
+                            b.id
+                        );
+                        stash.append(&mut replay);
+                        std::mem::swap(&mut stash, &mut replay);
+                        None
+                    }
+                },
                 Event::End => {
                     // Nothing follows on the channel: its watermark is +∞ from now on.
                     if !self.op.end_input(msg.channel, &mut ctx) {
@@ -370,10 +395,13 @@ impl Operator {
 
     /// Flushes the sink's output file, if any.
     pub(super) fn flush_sink(&self) -> std::io::Result<()> {
-        if let Behaviour::Sink { file: Some(f), .. } = &self.behaviour
-            && let Ok(mut w) = f.lock()
-        {
+        if let Behaviour::Sink { file: Some(f), .. } = &self.behaviour {
+            let mut w = f
+                .lock()
+                .map_err(|_| std::io::Error::other("another subtask failed while writing it"))?;
             w.flush()?;
+            // On disk before the checkpoint moves the sources past these lines.
+            w.get_ref().sync_data()?;
         }
         Ok(())
     }
@@ -402,8 +430,10 @@ impl Operator {
         if !self.fire_due_windows(ctx, drain) {
             return false;
         }
+        // The checkpoint moves the sources past what was written: lines not on disk would be
+        // lost, so the subtask (and the checkpoint) fails instead.
         if let Err(e) = self.flush_sink() {
-            tracing::warn!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot flush sink output at a barrier");
+            file_sink_failure(&ctx.operator, ctx.index, &e);
         }
         if let Behaviour::Sink {
             writer: Some(w), ..
@@ -424,9 +454,13 @@ impl Operator {
                     .snapshot()
                     .unwrap_or_else(|e| state_failure(&ctx.operator, ctx.index, &e)),
             ),
+            // As a window's: an acknowledgement without this subtask's state must not complete
+            // the checkpoint (a restore from it would start the stage empty).
             Behaviour::EventTime { stage, .. } => stage.snapshot().unwrap_or_else(|e| {
-                tracing::error!(operator = %ctx.operator, subtask = ctx.index, error = %e, "cannot snapshot event-time state");
-                None
+                panic!(
+                    "{}-{}: cannot snapshot event-time state: {e}",
+                    ctx.operator, ctx.index
+                )
             }),
             _ => None,
         };
@@ -528,10 +562,16 @@ impl Operator {
                 if let Some(w) = writer {
                     w.write(&rec)
                         .unwrap_or_else(|e| sink_failure(&ctx.operator, ctx.index, &e));
-                } else if let Some(f) = file
-                    && let Ok(mut w) = f.lock()
-                {
-                    let _ = crate::sink::file::write_line(&mut *w, &rec);
+                } else if let Some(f) = file {
+                    let written = match f.lock() {
+                        Ok(mut w) => crate::sink::file::write_line(&mut *w, &rec),
+                        Err(_) => Err(std::io::Error::other(
+                            "another subtask failed while writing it",
+                        )),
+                    };
+                    if let Err(e) = written {
+                        file_sink_failure(&ctx.operator, ctx.index, &e);
+                    }
                 }
                 true
             }
