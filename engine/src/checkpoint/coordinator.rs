@@ -615,7 +615,26 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut U
             None => Err("no checkpoint storage configured".into()),
         },
     };
+    // A savepoint of a running job commits nothing (as Flink's since 1.15): recovery restarts
+    // from the checkpoints, not from it, and would publish again what it had committed. Its
+    // pre-commits go on to the next checkpoint, which commits them; a restore from the
+    // savepoint itself commits them too.
+    let intermediate =
+        matches!(p.target, Target::Savepoint(_)) && !matches!(p.kind, BarrierKind::Stop { .. });
     match written {
+        Ok((location, metadata)) if intermediate => {
+            *uncommitted = covered;
+            let secs = p.started.elapsed().as_secs_f64();
+            ctx.metrics.checkpoints_completed.inc();
+            tracing::info!(checkpoint = p.id, kind = ?p.kind, %location, seconds = secs, "savepoint completed (its sinks' transactions are committed by the next checkpoint)");
+            if let Some(r) = p.reply {
+                let _ = r.send(Ok(Completed {
+                    id: p.id,
+                    location,
+                    metadata,
+                }));
+            }
+        }
         Ok((location, metadata)) => {
             *uncommitted = commit(ctx, p.id, &covered);
             let secs = p.started.elapsed().as_secs_f64();
@@ -915,6 +934,79 @@ edges:
         assert_eq!(
             done.metadata.sinks.get("k"),
             Some(&vec![serde_json::json!({"transactionalId": "p-0-0"})])
+        );
+    }
+
+    /// A two-phase sink that records what it commits.
+    #[derive(Debug, Default)]
+    struct MockRecordingSink {
+        committed: Mutex<Vec<Committable>>,
+    }
+
+    impl TwoPhaseCommitSink for MockRecordingSink {
+        fn create_writer(
+            &self,
+            _: u32,
+            _: u32,
+            _: &str,
+        ) -> Result<Box<dyn crate::sink::TransactionalWriter>, crate::sink::SinkError> {
+            unreachable!("the coordinator creates no writer")
+        }
+        fn commit(&self, c: &[Committable]) -> Result<(), crate::sink::SinkError> {
+            self.committed.lock().unwrap().extend_from_slice(c);
+            Ok(())
+        }
+        fn recover(&self, _: &[Committable]) -> Result<(), crate::sink::SinkError> {
+            Ok(())
+        }
+    }
+
+    /// A savepoint of a running job commits nothing (recovery restarts from checkpoints, which
+    /// would publish its results again); the next snapshot that commits (here a
+    /// stop-with-savepoint) covers its pre-commits and commits them.
+    #[test]
+    fn a_savepoint_of_a_running_job_commits_nothing_and_the_next_snapshot_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = Arc::new(MockRecordingSink::default());
+        let (s, t) = (Arc::new(SourceGate::new(0)), finished_gate(10));
+        let ctx = JobContext {
+            sinks: BTreeMap::from([("k".to_string(), sink.clone() as Arc<dyn TwoPhaseCommitSink>)]),
+            ..context(s.clone(), t)
+        };
+        let (acks, rx) = crossbeam_channel::unbounded();
+        let c = Coordinator::start(ctx, rx).unwrap();
+        acks.send(ack(AckOf::End, "t", 0, 10)).unwrap();
+        let snapshot = |id: u64, kind: BarrierKind, tx: &str| {
+            let out = c.trigger(kind, Target::Savepoint(dir.path().join(format!("sp-{id}"))));
+            let b = Barrier { id, kind };
+            let until = Instant::now() + Duration::from_secs(10);
+            while s.claim(id - 1, 0, 100, 64) != Claim::Inject(b) {
+                assert!(Instant::now() < until, "no barrier {id}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for op in ["s", "m"] {
+                acks.send(ack(AckOf::Barrier(id), op, 0, 0)).unwrap();
+            }
+            let mut k = ack(AckOf::Barrier(id), "k", 0, 0);
+            k.committables = vec![serde_json::json!({ "transactionalId": tx })];
+            acks.send(k).unwrap();
+            out.recv_timeout(Duration::from_secs(10)).unwrap().unwrap()
+        };
+        let first = snapshot(1, BarrierKind::Savepoint, "p-0-1");
+        assert_eq!(
+            first.metadata.sinks.get("k"),
+            Some(&vec![serde_json::json!({"transactionalId": "p-0-1"})]),
+            "restoring the savepoint itself commits its pre-commits"
+        );
+        assert!(sink.committed.lock().unwrap().is_empty());
+        let _ = snapshot(2, BarrierKind::Stop { drain: false }, "p-0-2");
+        let committed = sink.committed.lock().unwrap().clone();
+        assert_eq!(
+            committed,
+            vec![
+                serde_json::json!({"transactionalId": "p-0-1"}),
+                serde_json::json!({"transactionalId": "p-0-2"})
+            ]
         );
     }
 
