@@ -232,3 +232,72 @@ fn a_manifest_with_one_bit_flipped_is_refused_naming_the_file() {
         "{stderr}"
     );
 }
+
+/// A stop-with-savepoint whose savepoint cannot be written (its directory replaced by a file):
+/// the job resumes from the stop's snapshot, which lists the sink's pre-commits and which
+/// resuming commits, only once it is written as a checkpoint, so that a later restart starts
+/// after those results (not from the checkpoint before, publishing them again). The job then
+/// finishes with every result published once.
+#[test]
+fn a_failed_stop_resumes_only_from_its_snapshot_made_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let chk = dir.path().join("chk");
+    std::fs::create_dir_all(&chk).unwrap();
+    let sps = dir.path().join("savepoints");
+    let job = job(dir.path(), &out, &chk);
+    let log = dir.path().join("engine.log");
+    let engine = EngineProcess::start_with_stderr(
+        &job,
+        &sps,
+        &[],
+        std::fs::File::create(&log).unwrap().into(),
+    );
+    wait_for_a_checkpoint(&chk);
+    let storage = CheckpointStorage::new(&chk, 3);
+    std::fs::remove_dir_all(&sps).ok();
+    std::fs::write(&sps, "not a directory").unwrap();
+    let client = reqwest::blocking::Client::new();
+    let resp = client
+        .post(format!("{}/v1/savepoints", engine.base))
+        .json(&serde_json::json!({"stop": true, "drain": true}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let id = resp.json::<serde_json::Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The newest checkpoint before the stop's snapshot could be one.
+    let before = storage.completed_ids().unwrap().into_iter().max();
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let st: serde_json::Value = client
+            .get(format!("{}/v1/savepoints/{id}", engine.base))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if st["status"] != "pending" {
+            break st;
+        }
+        assert!(Instant::now() < until, "the stop never ended: {st}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(status["status"], "failed", "{status}");
+    // Said failed only once the job resumed: from the snapshot written as a checkpoint.
+    let after = storage.completed_ids().unwrap().into_iter().max();
+    assert!(
+        after > before,
+        "checkpoints {before:?} then {after:?}; {status}; {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let view = engine.wait_state("finished", Duration::from_secs(120));
+    assert_eq!(view["recordsAccounted"], COUNT, "{view}");
+    let totals = published_totals(&out);
+    assert_eq!(
+        totals.values().map(|t| t.0).sum::<u64>(),
+        COUNT,
+        "each result once"
+    );
+}

@@ -298,22 +298,46 @@ impl Coordinator {
             Err(f) => {
                 tracing::error!(savepoint = id, reason = %f.reason, "stop-with-savepoint failed");
                 let resumed = match (&f.snapshot, errors.is_empty()) {
-                    (Some(snapshot), true) => {
-                        let spec = self.lock().spec.clone();
-                        let options = self
-                            .restart
-                            .as_ref()
-                            .map(|r| r.options.clone())
-                            .unwrap_or_default();
-                        match Job::start(spec, Some(snapshot), self.metrics.clone(), options) {
-                            Ok(job) => Some(job),
-                            Err(e) => {
-                                errors
-                                    .push(format!("cannot resume after the failed savepoint: {e}"));
-                                None
+                    (Some(snapshot), true) => match self.durable(snapshot) {
+                        Ok(()) => {
+                            let spec = self.lock().spec.clone();
+                            let options = self
+                                .restart
+                                .as_ref()
+                                .map(|r| r.options.clone())
+                                .unwrap_or_default();
+                            match Job::start(spec, Some(snapshot), self.metrics.clone(), options) {
+                                Ok(job) => Some(job),
+                                Err(e) => {
+                                    errors.push(format!(
+                                        "cannot resume after the failed savepoint: {e}"
+                                    ));
+                                    None
+                                }
                             }
                         }
-                    }
+                        // Resuming from it would commit its sinks' transactions, which a later
+                        // restart from the last checkpoint publishes again: restarted from that
+                        // checkpoint now instead (the stop's transactions are aborted, their
+                        // records come again from the sources).
+                        Err(why) => {
+                            tracing::warn!("{why}; restarting from the latest checkpoint");
+                            match self.restart.as_ref().map(|p| self.restart_job(p)) {
+                                Some(Ok((job, from))) => {
+                                    self.lock().restored_from = from;
+                                    Some(job)
+                                }
+                                Some(Err(e)) => {
+                                    errors.push(format!("{why}; restart failed: {e}"));
+                                    None
+                                }
+                                None => {
+                                    errors.push(format!("{why}; no restart strategy to restart from the latest checkpoint"));
+                                    None
+                                }
+                            }
+                        }
+                    },
                     _ => None,
                 };
                 let mut inner = self.lock();
@@ -422,6 +446,35 @@ impl Coordinator {
         inner.counters = finished.savepoint.metadata.counters.clone();
         inner.state = JobState::Failed;
         inner.errors.extend(finished.errors);
+    }
+
+    /// Makes the snapshot of a failed stop-with-savepoint durable before the job resumes from
+    /// it, when it lists sink transactions (resuming commits them): written as a checkpoint, so
+    /// that a later restart from the latest checkpoint starts after them.
+    ///
+    /// # Errors
+    /// Why it could not be written (no checkpoint storage, or the write failed).
+    fn durable(&self, snapshot: &Savepoint) -> Result<(), String> {
+        if snapshot.metadata.sinks.values().all(Vec::is_empty) {
+            return Ok(());
+        }
+        let storage = self
+            .restart
+            .as_ref()
+            .map(|r| r.storage.clone())
+            .ok_or("the snapshot of the failed stop-with-savepoint lists sink transactions and there is no checkpoint storage to write it to")?;
+        let id = snapshot
+            .metadata
+            .checkpoint_id
+            .ok_or("the snapshot of the failed stop-with-savepoint has no checkpoint id")?;
+        storage
+            .write_checkpoint(id, snapshot)
+            .map(|_| ())
+            .map_err(|e| {
+                format!(
+                    "the snapshot of the failed stop-with-savepoint lists sink transactions and cannot be written as checkpoint {id}: {e}"
+                )
+            })
     }
 
     /// Starts the job again from the latest usable checkpoint it completed (falling back to
