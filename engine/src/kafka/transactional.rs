@@ -35,6 +35,7 @@
 //! `read_committed` readers of its partitions wait until then.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -93,12 +94,29 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The marker of a transaction pre-committed now: µs since the Unix epoch, so that later
-/// transactions under the same id have larger markers.
+/// The largest marker this process has made or seen (see [`new_marker`]).
+static LAST_MARKER: AtomicI64 = AtomicI64::new(0);
+
+/// The marker of a transaction pre-committed now: µs since the Unix epoch, and larger than any
+/// marker this process made or saw before ([`saw_marker`]), so that later transactions under
+/// the same id have larger markers also when the wall clock steps back (a transaction with a
+/// smaller marker than its id's last committed one would be taken as committed on recovery,
+/// and its records lost).
 pub(super) fn new_marker() -> i64 {
-    SystemTime::now()
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
+        .map_or(0, |d| d.as_micros() as i64);
+    let step = |last: i64| Some(now.max(last.saturating_add(1)));
+    let last = LAST_MARKER
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, step)
+        .unwrap_or(0);
+    now.max(last.saturating_add(1))
+}
+
+/// Records a marker read from a restored snapshot or committed on the brokers: later markers
+/// of this process are larger.
+pub(super) fn saw_marker(marker: i64) {
+    LAST_MARKER.fetch_max(marker, Ordering::SeqCst);
 }
 
 /// `b` as lowercase hexadecimal, two digits per byte.
@@ -356,8 +374,11 @@ impl TransactionalSink {
         };
         // Initialising the id first fences the previous producer of the id and aborts its open
         // transaction, so that the marker's offset is stable to read.
+        saw_marker(marker);
         let p = self.producer(tid)?;
-        if self.committed_marker(tid)? >= marker {
+        let committed = self.committed_marker(tid)?;
+        saw_marker(committed);
+        if committed >= marker {
             return Ok(p);
         }
         p.begin_transaction()
@@ -390,5 +411,16 @@ mod tests {
         assert_eq!(hex(b"\x00\x0f\xa5\xff"), "000fa5ff");
         assert_eq!(unhex("zz"), None);
         assert_eq!(unhex("abc"), None);
+    }
+
+    #[test]
+    fn markers_only_grow_also_after_one_from_a_clock_ahead() {
+        let a = new_marker();
+        let b = new_marker();
+        assert!(b > a);
+        // A committed marker from a node whose clock was an hour ahead.
+        let ahead = b + 3_600_000_000;
+        saw_marker(ahead);
+        assert!(new_marker() > ahead);
     }
 }
