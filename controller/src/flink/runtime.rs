@@ -8,7 +8,7 @@
 //! another parallelism (a submission route that ignores the overrides, FLINK-38770) is
 //! cancelled and the start fails, so the executor rolls back.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -178,7 +178,17 @@ impl FlinkRuntime {
                 );
                 match job_id_in(&text) {
                     Some(jid) if out.status.success() => Ok(jid),
-                    _ => Err(RuntimeError::Submit(format!(
+                    // It said it submitted the job: that job is the one to wait for (it is
+                    // checked to run at the asked parallelism); submitting again would start a
+                    // second copy from the same savepoint.
+                    Some(jid) => {
+                        tracing::warn!(
+                            "resubmit command `{command}` exited with {} after printing JobID {jid}: taking that job",
+                            out.status
+                        );
+                        Ok(jid)
+                    }
+                    None => Err(RuntimeError::Submit(format!(
                         "resubmit command `{command}` ({}) printed no `JobID <id>`; its last line: {}",
                         out.status,
                         text.lines()
@@ -209,15 +219,39 @@ impl FlinkRuntime {
     /// [`SUBMITTED_ANYWAY_WAIT`] after a failed submission.
     async fn submitted_anyway(&self, name: &str, before: &HashSet<String>) -> Option<String> {
         let started = std::time::Instant::now();
+        let vertex_ids: BTreeSet<String> = {
+            let t = self.topology.lock().await;
+            t.vertices.iter().map(|v| v.id.clone()).collect()
+        };
         loop {
-            if let Ok(jobs) = self.rest.jobs().await
-                && let Some(job) = jobs.into_iter().find(|j| {
-                    j.name == name
-                        && !before.contains(&j.jid)
+            let new: Vec<_> = self
+                .rest
+                .jobs()
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|j| {
+                    !before.contains(&j.jid)
                         && !matches!(j.state.as_str(), "FAILED" | "CANCELED" | "FINISHED")
                 })
-            {
-                return Some(job.jid);
+                .collect();
+            // The same name, or the same program under another name (its vertex ids, hashes
+            // of the job graph, are the job's).
+            for j in new {
+                if j.name == name {
+                    return Some(j.jid);
+                }
+                if let Ok(details) = self.rest.job(&j.jid).await
+                    && !vertex_ids.is_empty()
+                    && details
+                        .vertices
+                        .iter()
+                        .map(|v| v.id.clone())
+                        .collect::<BTreeSet<_>>()
+                        == vertex_ids
+                {
+                    return Some(j.jid);
+                }
             }
             if started.elapsed() >= SUBMITTED_ANYWAY_WAIT {
                 return None;

@@ -25,7 +25,7 @@ use kube::api::DynamicObject;
 use streamscale_controller::collect::MetricsSource;
 use streamscale_controller::flink::FlinkRest;
 use streamscale_controller::flink::collect::{Collector, FlinkRestSource};
-use streamscale_controller::flink::metrics::same_counters;
+use streamscale_controller::flink::metrics::no_new_measurement;
 use streamscale_controller::flink::rest::JobDetails;
 use streamscale_controller::flink::slots;
 use streamscale_controller::flink::topology::{FlinkTopology, VertexBounds};

@@ -34,6 +34,8 @@ fn job_json(jid: &str, state: &str, p: u32) -> Value {
 /// The mock's cluster: its jobs (id, state) and the submissions it was sent.
 struct Cluster {
     jobs: Vec<(String, String)>,
+    /// The name the job a submission starts gets (`trace-job`: the submitted job's own).
+    started_name: &'static str,
     submissions: usize,
     /// Whether a submission starts job `NEW` (its answer fails either way).
     starts_anyway: bool,
@@ -46,7 +48,14 @@ async fn overview(State(c): State<Shared>) -> Json<Value> {
     let jobs: Vec<Value> = c
         .jobs
         .iter()
-        .map(|(jid, state)| json!({"jid": jid, "name": "trace-job", "state": state}))
+        .map(|(jid, state)| {
+            let name = if jid == NEW {
+                c.started_name
+            } else {
+                "trace-job"
+            };
+            json!({"jid": jid, "name": name, "state": state})
+        })
         .collect();
     Json(json!({ "jobs": jobs }))
 }
@@ -122,6 +131,7 @@ async fn a_submission_whose_answer_failed_but_whose_job_started_is_not_submitted
             jobs: vec![(OLD.into(), "FINISHED".into())],
             submissions: 0,
             starts_anyway: true,
+            started_name: "trace-job",
         },
         jar(),
     )
@@ -144,6 +154,7 @@ async fn a_submission_that_failed_and_started_nothing_fails() {
             jobs: vec![(OLD.into(), "FINISHED".into())],
             submissions: 0,
             starts_anyway: false,
+            started_name: "trace-job",
         },
         jar(),
     )
@@ -167,6 +178,7 @@ async fn a_resubmit_command_that_does_not_return_is_stopped() {
             jobs: vec![(OLD.into(), "FINISHED".into())],
             submissions: 0,
             starts_anyway: false,
+            started_name: "trace-job",
         },
         Resubmit::Command("sleep 60".into()),
     )
@@ -188,4 +200,55 @@ async fn a_resubmit_command_that_does_not_return_is_stopped() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test]
+async fn a_job_started_under_another_name_is_known_by_its_vertices() {
+    // A wrapper that names each submission anew (`--name job-$(date +%s)`).
+    let (runtime, cluster) = runtime_on(
+        Cluster {
+            jobs: vec![(OLD.into(), "FINISHED".into())],
+            submissions: 0,
+            starts_anyway: true,
+            started_name: "trace-job-1796544095",
+        },
+        jar(),
+    )
+    .await;
+    let sp = Savepoint {
+        path: "file:/sp/1".into(),
+    };
+    let handle = runtime
+        .start(Path::new("job"), &at(2), Some(&sp))
+        .await
+        .expect("the started job is taken");
+    assert_eq!(runtime.job_id(&handle).await.expect("id"), NEW);
+    assert_eq!(cluster.lock().expect("cluster").submissions, 1);
+}
+
+#[tokio::test]
+async fn a_command_that_printed_its_job_id_and_failed_is_taken_at_its_word() {
+    let (runtime, _) = runtime_on(
+        Cluster {
+            jobs: vec![
+                (OLD.into(), "FINISHED".into()),
+                (NEW.into(), "RUNNING".into()),
+            ],
+            submissions: 0,
+            starts_anyway: false,
+            started_name: "trace-job",
+        },
+        Resubmit::Command(format!(
+            "echo 'Job has been submitted with JobID {NEW}'; exit 1"
+        )),
+    )
+    .await;
+    let sp = Savepoint {
+        path: "file:/sp/1".into(),
+    };
+    let handle = runtime
+        .start(Path::new("job"), &at(2), Some(&sp))
+        .await
+        .expect("the printed job is taken");
+    assert_eq!(runtime.job_id(&handle).await.expect("id"), NEW);
 }

@@ -83,12 +83,15 @@ impl JobSession {
         let sample = match source.collect(&|| now_s).await {
             Ok(Some(s)) => s,
             Ok(None) => {
-                print(&format!(
-                    "{}: job {} (not every vertex RUNNING): waiting",
-                    short(&jid),
-                    job.state
-                ));
-                self.not_running_since.get_or_insert(now_s);
+                // Said once; a line says when every vertex runs again.
+                if self.not_running_since.is_none() {
+                    print(&format!(
+                        "{}: job {} (not every vertex RUNNING): waiting",
+                        short(&jid),
+                        job.state
+                    ));
+                    self.not_running_since = Some(now_s);
+                }
                 return;
             }
             Err(e) => {
@@ -100,9 +103,10 @@ impl JobSession {
             .session
             .window()
             .back()
-            .is_some_and(|last| metrics::same_counters(last, &sample.sample))
+            .is_some_and(|last| metrics::no_new_measurement(last, &sample.sample))
         {
-            // Flink has not refreshed its metrics since the last scrape.
+            // Flink has not refreshed its metrics since the last scrape, or the sample is dated
+            // on top of the last one (no time to take rates over).
             return;
         }
         let parallelism_changed = self.session.window().back().is_some_and(|last| {
@@ -271,7 +275,7 @@ impl JobSession {
                     other => {
                         let wait = self.backoff.failed(now_s, &to);
                         print(&format!(
-                            "{}: RESCALE {other}: {}; the job runs at the old parallelism; BACKOFF {wait:.0} s",
+                            "{}: RESCALE {other}: {}; the job stays at the old parallelism; BACKOFF {wait:.0} s",
                             short(&jid),
                             record.error.clone().unwrap_or_default()
                         ));

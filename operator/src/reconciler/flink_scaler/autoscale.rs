@@ -47,9 +47,10 @@ pub(super) async fn autoscale_flink(
     if m.session
         .window()
         .back()
-        .is_some_and(|last| same_counters(last, &sample.sample))
+        .is_some_and(|last| no_new_measurement(last, &sample.sample))
     {
-        // Flink has not refreshed its metrics since the last scrape.
+        // Flink has not refreshed its metrics since the last scrape, or the sample is dated
+        // on top of the last one (no time to take rates over).
         return Ok(());
     }
     if std::mem::take(&mut m.not_running)
