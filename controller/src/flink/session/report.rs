@@ -186,8 +186,13 @@ pub(super) fn write_report(
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            let chart =
-                name == "timeline.png" || (name.starts_with("timeline-") && name.ends_with(".png"));
+            // `timeline.png` and `timeline-JOB.png` (8 hex digits): a chart this command
+            // writes; a user's own `timeline-notes.png` stays.
+            let chart = name == "timeline.png"
+                || name
+                    .strip_prefix("timeline-")
+                    .and_then(|n| n.strip_suffix(".png"))
+                    .is_some_and(|id| id.len() == 8 && id.bytes().all(|b| b.is_ascii_hexdigit()));
             let written = sessions
                 .iter()
                 .zip(&names)

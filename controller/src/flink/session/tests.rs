@@ -151,7 +151,9 @@ fn charts_an_earlier_session_left_in_the_report_directory_go() {
     for stale in ["timeline.png", "timeline-0badf00d.png"] {
         std::fs::write(dir.path().join(stale), "old").expect("stale chart");
     }
-    std::fs::write(dir.path().join("notes.png"), "mine").expect("another file");
+    for mine in ["notes.png", "timeline-notes.png"] {
+        std::fs::write(dir.path().join(mine), "mine").expect("another file");
+    }
     let session = block(JobSession::new(
         &rest,
         &recorded_job(),
@@ -170,5 +172,6 @@ fn charts_an_earlier_session_left_in_the_report_directory_go() {
     assert!(!dir.path().join("timeline.png").exists());
     assert!(!dir.path().join("timeline-0badf00d.png").exists());
     assert!(dir.path().join("notes.png").exists());
+    assert!(dir.path().join("timeline-notes.png").exists());
     assert!(dir.path().join("summary.json").exists());
 }
