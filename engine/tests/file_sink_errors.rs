@@ -54,3 +54,39 @@ edges:
         done.errors
     );
 }
+
+/// A sink writing a file that cannot be synced and need not be (`/dev/null`) runs through its
+/// checkpoints and finishes.
+#[test]
+fn a_file_sink_into_dev_null_goes_through_its_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = JobSpec::from_yaml(&format!(
+        r#"name: discard
+operators:
+  - {{ name: src, kind: source, keys: 10, count: 3000, rate: {{ constant: 3000 }} }}
+  - {{ name: sink, kind: sink, output: /dev/null, delivery: at-least-once }}
+edges:
+  - {{ from: src, to: sink }}
+checkpoint: {{ intervalSeconds: 0.2, dir: "{}" }}
+"#,
+        dir.path().display()
+    ))
+    .unwrap();
+    spec.validate().unwrap();
+    let storage = std::sync::Arc::new(
+        streamscale_engine::checkpoint::storage::CheckpointStorage::new(dir.path(), 3),
+    );
+    let options = streamscale_engine::runtime::RuntimeOptions {
+        checkpoint_storage: Some(storage.clone()),
+        ..common::fast_flush_options()
+    };
+    let job = Job::start(spec, None, EngineMetrics::new().unwrap(), options).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !job.is_finished() {
+        assert!(Instant::now() < until, "never finished");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = job.join();
+    assert!(done.errors.is_empty(), "{:?}", done.errors);
+    assert!(!storage.completed_ids().unwrap().is_empty());
+}

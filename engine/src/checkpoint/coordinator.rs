@@ -594,7 +594,8 @@ fn assemble(
 
 /// Writes the snapshot of `p`, then commits the sinks' pre-commits it covers (those of
 /// `uncommitted` and of the acknowledgements), then answers. When it cannot be written, its
-/// pre-commits stay in `uncommitted`.
+/// pre-commits stay in `uncommitted`; so they do for a savepoint of a running job that cannot
+/// also be written as a checkpoint (see the body).
 fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut Uncommitted) {
     tracing::debug!(
         acked_s = p.started.elapsed().as_secs_f64(),
@@ -615,14 +616,29 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut U
             None => Err("no checkpoint storage configured".into()),
         },
     };
-    // A savepoint of a running job commits nothing (as Flink's since 1.15): recovery restarts
-    // from the checkpoints, not from it, and would publish again what it had committed. Its
-    // pre-commits go on to the next checkpoint, which commits them; a restore from the
-    // savepoint itself commits them too.
+    // A savepoint of a running job is also written as a checkpoint before its transactions are
+    // committed: recovery restarts from the checkpoints, and one from the checkpoint before it
+    // would publish again what it committed. Without checkpoint storage (or when that write
+    // fails) it commits nothing: its pre-commits go on to the next snapshot written, which
+    // commits them (a restore from the savepoint itself commits them too). Flink (since 1.15)
+    // never commits on such a savepoint; here that would hold a sink subtask's producers
+    // until the next checkpoint, and a few savepoints in a row would exhaust them.
     let intermediate =
         matches!(p.target, Target::Savepoint(_)) && !matches!(p.kind, BarrierKind::Stop { .. });
+    let unrecoverable = intermediate
+        && !covered.values().all(Vec::is_empty)
+        && match &ctx.storage {
+            Some(storage) => match storage.write_checkpoint(p.id, &snapshot) {
+                Ok(_) => false,
+                Err(e) => {
+                    tracing::warn!(checkpoint = p.id, error = %e, "the savepoint could not be written as a checkpoint too: its sinks' transactions wait for the next checkpoint");
+                    true
+                }
+            },
+            None => true,
+        };
     match written {
-        Ok((location, metadata)) if intermediate => {
+        Ok((location, metadata)) if unrecoverable => {
             *uncommitted = covered;
             let secs = p.started.elapsed().as_secs_f64();
             ctx.metrics.checkpoints_completed.inc();
@@ -1007,6 +1023,50 @@ edges:
                 serde_json::json!({"transactionalId": "p-0-1"}),
                 serde_json::json!({"transactionalId": "p-0-2"})
             ]
+        );
+    }
+
+    /// With checkpoint storage, a savepoint of a running job is also written as a checkpoint,
+    /// then commits: a restart from the checkpoints starts after it.
+    #[test]
+    fn a_savepoint_written_as_a_checkpoint_too_commits_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let chk = dir.path().join("chk");
+        let sink = Arc::new(MockRecordingSink::default());
+        let (s, t) = (Arc::new(SourceGate::new(0)), finished_gate(10));
+        let storage = Arc::new(CheckpointStorage::new(&chk, 3));
+        let ctx = JobContext {
+            sinks: BTreeMap::from([("k".to_string(), sink.clone() as Arc<dyn TwoPhaseCommitSink>)]),
+            storage: Some(storage.clone()),
+            ..context(s.clone(), t)
+        };
+        let (acks, rx) = crossbeam_channel::unbounded();
+        let c = Coordinator::start(ctx, rx).unwrap();
+        acks.send(ack(AckOf::End, "t", 0, 10)).unwrap();
+        let out = c.trigger(
+            BarrierKind::Savepoint,
+            Target::Savepoint(dir.path().join("sp-1")),
+        );
+        let b = Barrier {
+            id: 1,
+            kind: BarrierKind::Savepoint,
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while s.claim(0, 0, 100, 64) != Claim::Inject(b) {
+            assert!(Instant::now() < until, "no barrier");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for op in ["s", "m"] {
+            acks.send(ack(AckOf::Barrier(1), op, 0, 0)).unwrap();
+        }
+        let mut k = ack(AckOf::Barrier(1), "k", 0, 0);
+        k.committables = vec![serde_json::json!({ "transactionalId": "p-0-1" })];
+        acks.send(k).unwrap();
+        out.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(storage.completed_ids().unwrap(), vec![1]);
+        assert_eq!(
+            sink.committed.lock().unwrap().clone(),
+            vec![serde_json::json!({"transactionalId": "p-0-1"})]
         );
     }
 

@@ -400,8 +400,12 @@ impl Operator {
                 .lock()
                 .map_err(|_| std::io::Error::other("another subtask failed while writing it"))?;
             w.flush()?;
-            // On disk before the checkpoint moves the sources past these lines.
-            w.get_ref().sync_data()?;
+            // On disk before the checkpoint moves the sources past these lines (a regular file:
+            // /dev/null, /dev/stdout or a pipe cannot be synced, and need not be).
+            let file = w.get_ref();
+            if file.metadata()?.is_file() {
+                file.sync_data()?;
+            }
         }
         Ok(())
     }

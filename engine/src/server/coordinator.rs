@@ -297,6 +297,9 @@ impl Coordinator {
             }
             Err(f) => {
                 tracing::error!(savepoint = id, reason = %f.reason, "stop-with-savepoint failed");
+                // Whether the job restarted from its latest checkpoint rather than resumed from
+                // the stop's snapshot.
+                let mut restarted = false;
                 let resumed = match (&f.snapshot, errors.is_empty()) {
                     (Some(snapshot), true) => match self.durable(snapshot) {
                         Ok(()) => {
@@ -321,10 +324,20 @@ impl Coordinator {
                         // checkpoint now instead (the stop's transactions are aborted, their
                         // records come again from the sources).
                         Err(why) => {
-                            tracing::warn!("{why}; restarting from the latest checkpoint");
-                            match self.restart.as_ref().map(|p| self.restart_job(p)) {
+                            let restarts = self.lock().restarts;
+                            match self
+                                .restart
+                                .as_ref()
+                                .filter(|p| restarts < p.attempts)
+                                .map(|p| self.restart_job(p))
+                            {
                                 Some(Ok((job, from))) => {
-                                    self.lock().restored_from = from;
+                                    tracing::warn!(from = ?from, "{why}; restarted from the latest checkpoint");
+                                    self.metrics.restarts.inc();
+                                    let mut inner = self.lock();
+                                    inner.restarts += 1;
+                                    inner.restored_from = from;
+                                    restarted = true;
                                     Some(job)
                                 }
                                 Some(Err(e)) => {
@@ -332,7 +345,9 @@ impl Coordinator {
                                     None
                                 }
                                 None => {
-                                    errors.push(format!("{why}; no restart strategy to restart from the latest checkpoint"));
+                                    errors.push(format!(
+                                        "{why}; no restart left to restart from the latest checkpoint"
+                                    ));
                                     None
                                 }
                             }
@@ -345,9 +360,11 @@ impl Coordinator {
                     .savepoints
                     .insert(id.into(), failed(id, f.reason.clone()));
                 if let Some(job) = resumed {
-                    tracing::warn!(
-                        "the job resumes from the snapshot of the failed stop-with-savepoint"
-                    );
+                    if !restarted {
+                        tracing::warn!(
+                            "the job resumes from the snapshot of the failed stop-with-savepoint"
+                        );
+                    }
                     inner.job = Some(job);
                     inner.state = JobState::Running;
                 } else {

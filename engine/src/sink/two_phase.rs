@@ -17,7 +17,8 @@
 //!    leaves when the pre-commit finished, so a manifest lists only durable transactions and
 //!    the checkpoint completes only after them. A background pre-commit that fails fails the
 //!    subtask, as one at the barrier does.
-//! 3. **Commit when the checkpoint completes.** Once checkpoint (or savepoint) `n` is written,
+//! 3. **Commit when the checkpoint completes.** Once checkpoint (or stop-with-savepoint, or a
+//!    savepoint also written as a checkpoint) `n` is written,
 //!    the checkpoint coordinator calls [`TwoPhaseCommitSink::commit`] with every committable
 //!    the manifest lists, on its own thread (the notification of Flink's
 //!    `notifyCheckpointComplete`). Committables of a checkpoint that failed are carried into
