@@ -102,10 +102,11 @@ impl TargetView {
 
     /// Why writing overrides on this target would drop its job's state, when it would: the
     /// job's `spec.job.upgradeMode` is `stateless` (the Flink operator's default when unset)
-    /// and its cluster (`cluster`: this target, or a FlinkSessionJob's FlinkDeployment) does
-    /// not run the adaptive scheduler, so the Flink operator applies new overrides by a
-    /// stateless upgrade (a fresh start) rather than in place. `job_adaptive` is the job's own
-    /// answer (`schedulerType` of `GET /jobs/:jid`), which wins over the configuration.
+    /// and the Flink operator would not apply the overrides in place, so it applies them by a
+    /// stateless upgrade (a fresh start). It applies them in place when the configuration of
+    /// the cluster (`cluster`: this target, or a FlinkSessionJob's FlinkDeployment) sets
+    /// `jobmanager.scheduler: adaptive`; `job_adaptive` (the job's `schedulerType` from
+    /// `GET /jobs/:jid`) saying otherwise holds too.
     pub fn stateless_upgrade(
         &self,
         cluster: &TargetView,
@@ -115,10 +116,9 @@ impl TargetView {
         if !mode.eq_ignore_ascii_case("stateless") {
             return None;
         }
-        let adaptive = job_adaptive.unwrap_or_else(|| {
-            config_value(&cluster.flink_configuration, "jobmanager.scheduler")
-                .is_some_and(|v| v.trim().eq_ignore_ascii_case("adaptive"))
-        });
+        let adaptive = job_adaptive != Some(false)
+            && config_value(&cluster.flink_configuration, "jobmanager.scheduler")
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("adaptive"));
         (!adaptive).then(|| {
             format!(
                 "spec.job.upgradeMode is {} and the job does not run the adaptive scheduler, so the Flink operator would apply new parallelism by a stateless upgrade, which drops the job's state: set upgradeMode to savepoint or last-state, or jobmanager.scheduler: adaptive (in place), or use mode recommend",
@@ -301,11 +301,13 @@ mod tests {
                 .stateless_upgrade(&unset, Some(false))
                 .is_some()
         );
-        // In place with the adaptive scheduler: by the cluster's configuration or the job's word.
+        // In place with the adaptive scheduler, which the Flink operator reads from the
+        // cluster's configuration: a job reporting it without the setting is held.
         let adaptive = target(Some("stateless"), Some("adaptive"));
         assert_eq!(adaptive.stateless_upgrade(&adaptive, None), None);
-        assert_eq!(unset.stateless_upgrade(&unset, Some(true)), None);
-        // The job's word wins over the configuration.
+        assert_eq!(adaptive.stateless_upgrade(&adaptive, Some(true)), None);
+        assert!(unset.stateless_upgrade(&unset, Some(true)).is_some());
+        // A job saying it runs another scheduler is held whatever the configuration.
         assert!(adaptive.stateless_upgrade(&adaptive, Some(false)).is_some());
         for mode in ["savepoint", "last-state"] {
             let t = target(Some(mode), None);

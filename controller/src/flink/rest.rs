@@ -345,6 +345,15 @@ struct CheckpointingStatistics {
 struct LatestCheckpoints {
     #[serde(default)]
     savepoint: Option<CheckpointStatistics>,
+    #[serde(default)]
+    restored: Option<RestoredCheckpoint>,
+}
+
+/// `latest.restored`: what the job was restored from.
+#[derive(Debug, Default, Deserialize)]
+struct RestoredCheckpoint {
+    #[serde(default)]
+    external_path: Option<String>,
 }
 
 /// One checkpoint or savepoint of the statistics.
@@ -720,6 +729,7 @@ impl FlinkRest {
             .await?;
         let started = std::time::Instant::now();
         let mut said_late = false;
+        let mut finished_without_savepoint = 0u32;
         loop {
             let polled: Result<AsyncOperation, FlinkError> = self
                 .send(
@@ -734,39 +744,52 @@ impl FlinkRest {
                     return savepoint_location(jid, op.operation);
                 }
                 Ok(_) => None,
-                Err(e) => Some(e),
+                Err(e) => Some(e.to_string()),
             };
             if started.elapsed() >= timeout {
-                let job = self.job(jid).await?;
-                match job.state.as_str() {
+                // Past the timeout every answer counts, and a failed request is tried again
+                // until the end of the extra wait: giving up while Flink goes on with the stop
+                // leaves a stopped job nobody resubmits.
+                let hard = started.elapsed() >= timeout + in_progress_wait;
+                let state = match self.job(jid).await {
+                    Ok(job) => job.state,
+                    Err(e) => format!("unreadable ({e})"),
+                };
+                match state.as_str() {
                     // Stopped: the savepoint completed, its answer lost or late.
-                    "FINISHED" => {
-                        return self.savepoint_since(jid, asked_ms).await?.ok_or_else(|| {
-                            FlinkError::SavepointFailed {
-                                job: jid.to_string(),
-                                reason: "the job finished, but its checkpoint history holds no savepoint triggered since the stop request".into(),
+                    "FINISHED" => match self.savepoint_since(jid, asked_ms).await {
+                        Ok(Some(path)) => return Ok(path),
+                        Ok(None) => {
+                            finished_without_savepoint += 1;
+                            if hard || finished_without_savepoint >= 5 {
+                                return Err(FlinkError::SavepointFailed {
+                                    job: jid.to_string(),
+                                    reason: "the job finished, but its checkpoint history holds no savepoint triggered since the stop request".into(),
+                                });
                             }
-                        });
-                    }
+                        }
+                        Err(e) if hard => return Err(e),
+                        Err(_) => {}
+                    },
                     "FAILED" | "CANCELED" => {
                         return Err(FlinkError::SavepointFailed {
                             job: jid.to_string(),
-                            reason: format!("the job ended {} during the stop", job.state),
+                            reason: format!("the job ended {state} during the stop"),
+                        });
+                    }
+                    _ if hard => {
+                        return Err(FlinkError::Timeout {
+                            what: format!(
+                                "stop-with-savepoint of job {jid} (trigger {}, still in progress; the job is {state}{})",
+                                trigger.request_id,
+                                last_error
+                                    .map(|e| format!("; last poll: {e}"))
+                                    .unwrap_or_default()
+                            ),
+                            seconds: started.elapsed().as_secs_f64(),
                         });
                     }
                     _ => {}
-                }
-                if let Some(e) = last_error {
-                    return Err(e);
-                }
-                if started.elapsed() >= timeout + in_progress_wait {
-                    return Err(FlinkError::Timeout {
-                        what: format!(
-                            "stop-with-savepoint of job {jid} (trigger {}, still in progress; the job is {})",
-                            trigger.request_id, job.state
-                        ),
-                        seconds: started.elapsed().as_secs_f64(),
-                    });
                 }
                 if !said_late {
                     said_late = true;
@@ -779,6 +802,18 @@ impl FlinkRest {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// What job `jid` was restored from (`latest.restored.external_path` of
+    /// `GET /jobs/:jid/checkpoints`); `None` when it says nothing (yet).
+    ///
+    /// # Errors
+    /// [`FlinkError`].
+    pub async fn restored_from(&self, jid: &str) -> Result<Option<String>, FlinkError> {
+        let stats: CheckpointingStatistics = self
+            .send("GET", &format!("/jobs/{jid}/checkpoints"), None, Some(jid))
+            .await?;
+        Ok(stats.latest.restored.and_then(|r| r.external_path))
     }
 
     /// The external path of the newest completed savepoint of `jid` triggered at or after

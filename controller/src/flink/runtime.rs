@@ -215,9 +215,16 @@ impl FlinkRuntime {
         (name, ids)
     }
 
-    /// A job named `name`, not ended and not among `before`, that shows on the cluster within
-    /// [`SUBMITTED_ANYWAY_WAIT`] after a failed submission.
-    async fn submitted_anyway(&self, name: &str, before: &HashSet<String>) -> Option<String> {
+    /// A job of this program (named `name`, or with the job's vertex ids), not ended, not
+    /// among `before` and not restored from another savepoint than `savepoint` (when Flink says
+    /// already), that shows on the cluster within [`SUBMITTED_ANYWAY_WAIT`] after a failed
+    /// submission.
+    async fn submitted_anyway(
+        &self,
+        name: &str,
+        before: &HashSet<String>,
+        savepoint: &str,
+    ) -> Option<String> {
         let started = std::time::Instant::now();
         let vertex_ids: BTreeSet<String> = {
             let t = self.topology.lock().await;
@@ -236,20 +243,23 @@ impl FlinkRuntime {
                 })
                 .collect();
             // The same name, or the same program under another name (its vertex ids, hashes
-            // of the job graph, are the job's).
+            // of the job graph, are the job's); not a copy restored from elsewhere.
             for j in new {
-                if j.name == name {
-                    return Some(j.jid);
-                }
-                if let Ok(details) = self.rest.job(&j.jid).await
-                    && !vertex_ids.is_empty()
-                    && details
-                        .vertices
-                        .iter()
-                        .map(|v| v.id.clone())
-                        .collect::<BTreeSet<_>>()
-                        == vertex_ids
-                {
+                let ours = j.name == name
+                    || self.rest.job(&j.jid).await.is_ok_and(|details| {
+                        !vertex_ids.is_empty()
+                            && details
+                                .vertices
+                                .iter()
+                                .map(|v| v.id.clone())
+                                .collect::<BTreeSet<_>>()
+                                == vertex_ids
+                    });
+                let elsewhere = matches!(
+                    self.rest.restored_from(&j.jid).await,
+                    Ok(Some(from)) if same_location(&from, savepoint) == Some(false)
+                );
+                if ours && !elsewhere {
                     return Some(j.jid);
                 }
             }
@@ -314,6 +324,17 @@ impl FlinkRuntime {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+}
+
+/// Whether two savepoint locations name the same directory (`file:/a`, `file:///a` and `/a`
+/// alike; a trailing `/` ignored); `None` when either is empty.
+fn same_location(a: &str, b: &str) -> Option<bool> {
+    let norm = |s: &str| {
+        let s = s.strip_prefix("file:").unwrap_or(s);
+        s.trim_start_matches('/').trim_end_matches('/').to_string()
+    };
+    let (a, b) = (norm(a), norm(b));
+    (!a.is_empty() && !b.is_empty()).then_some(a == b)
 }
 
 /// The first `JobID <32 hex digits>` (or `JobID: <id>`) of a submission's output.
@@ -386,7 +407,7 @@ impl EngineRuntime for FlinkRuntime {
             // or proxy timeout while `main()` ran, a command that printed its JobID and exited
             // non-zero): submitting again would run two copies from one savepoint.
             Err(e) => match match &before {
-                Some(before) => self.submitted_anyway(&name, before).await,
+                Some(before) => self.submitted_anyway(&name, before, &savepoint.path).await,
                 None => None,
             } {
                 Some(jid) => {
@@ -469,6 +490,20 @@ mod submit_mock_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn savepoint_locations_compare_across_their_spellings() {
+        assert_eq!(
+            same_location("file:/tmp/sp/1", "file:///tmp/sp/1/"),
+            Some(true)
+        );
+        assert_eq!(same_location("/tmp/sp/1", "file:/tmp/sp/1"), Some(true));
+        assert_eq!(
+            same_location("file:/tmp/sp/1", "file:/tmp/sp/2"),
+            Some(false)
+        );
+        assert_eq!(same_location("", "file:/tmp/sp/2"), None);
+    }
 
     #[test]
     fn the_job_id_is_read_from_flink_run_and_pyflink_output() {

@@ -43,7 +43,7 @@ mod conditions;
 mod rescale_driving;
 use crate::flink_target::{self, TargetView};
 use autoscale::autoscale_flink;
-use conditions::{clear_degraded, target_missing};
+use conditions::{clear_degraded, degraded_by, target_missing};
 use rescale_driving::drive;
 
 /// What the autoscaler remembers about one FlinkScaler between reconciles (the window is not
@@ -401,7 +401,8 @@ async fn reconcile_with(
             memory.not_running = true;
             status.phase = FlinkScalerPhase::Pending;
             scope.set(&mut status, "Ready", false, "JobNotRunning", &message);
-            clear_degraded(&scope, &mut status);
+            // A stateless-upgrade hold is judged again once the job runs (said once).
+            clear_degraded(&scope, &mut status, &["StatelessUpgrade"]);
             if status != before {
                 scope.write_status(&status).await?;
             }
@@ -423,15 +424,16 @@ async fn reconcile_with(
     {
         // Rescales are held (autoscale_flink); said once.
         Some(note) => {
-            let said = before.conditions.iter().any(|c| {
-                c.type_ == "Degraded" && c.status == "True" && c.reason == "StatelessUpgrade"
-            });
-            scope.set(&mut status, "Degraded", true, "StatelessUpgrade", &note);
-            if !said {
+            let said = degraded_by(&before, "StatelessUpgrade");
+            // A failed rollback's Degraded stays until a rescale completes (none can now).
+            if !degraded_by(&status, "RollbackFailed") {
+                scope.set(&mut status, "Degraded", true, "StatelessUpgrade", &note);
+            }
+            if !said && !degraded_by(&status, "RollbackFailed") {
                 scope.event(true, "StatelessUpgrade", note).await;
             }
         }
-        None => clear_degraded(&scope, &mut status),
+        None => clear_degraded(&scope, &mut status, &[]),
     }
     // Held until this reconcile's status is written (see `Context::quota_locks`).
     let quota_lock = ctx.quota_lock_of(scaler, a.quota.as_deref());

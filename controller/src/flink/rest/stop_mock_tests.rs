@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::*;
 
 /// What the mock answers.
+#[derive(Default)]
 struct Script {
     /// `GET /jobs/j`'s state.
     job_state: String,
@@ -21,6 +22,9 @@ struct Script {
     polled: usize,
     /// `GET /jobs/j/checkpoints`.
     checkpoints: Value,
+    /// Reads of `GET /jobs/j` after the first that fail (HTTP 502, a proxy's).
+    failing_job_reads: usize,
+    job_reads: usize,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -29,12 +33,16 @@ fn in_progress() -> Option<Value> {
     Some(json!({"status": {"id": "IN_PROGRESS"}}))
 }
 
-async fn job(State(s): State<Shared>) -> Json<Value> {
-    let state = s.lock().map(|s| s.job_state.clone()).unwrap_or_default();
-    Json(
-        json!({"jid": "j", "name": "job", "state": state, "now": 1000,
+async fn job(State(s): State<Shared>) -> Result<Json<Value>, StatusCode> {
+    let mut s = s.lock().map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    s.job_reads += 1;
+    if s.job_reads > 1 && s.job_reads <= 1 + s.failing_job_reads {
+        return Err(StatusCode::BAD_GATEWAY);
+    }
+    Ok(Json(
+        json!({"jid": "j", "name": "job", "state": s.job_state, "now": 1000,
         "vertices": [], "plan": {"nodes": []}}),
-    )
+    ))
 }
 
 async fn poll(State(s): State<Shared>) -> Result<Json<Value>, StatusCode> {
@@ -81,6 +89,7 @@ async fn polls_that_fail_for_a_while_are_retried() {
         polls: vec![None, None, Some(done)],
         polled: 0,
         checkpoints: json!({}),
+        ..Script::default()
     })
     .await;
     let got = rest
@@ -100,6 +109,7 @@ async fn a_job_that_stopped_without_an_answer_gives_its_savepoint_and_never_an_o
         polled: 0,
         checkpoints: json!({"latest": {"savepoint": savepoint(1200, "file:/sp/new")},
             "history": [savepoint(400, "file:/sp/old")]}),
+        ..Script::default()
     })
     .await;
     let got = rest
@@ -113,6 +123,7 @@ async fn a_job_that_stopped_without_an_answer_gives_its_savepoint_and_never_an_o
         polls: vec![None],
         polled: 0,
         checkpoints: json!({"latest": {"savepoint": savepoint(400, "file:/sp/old")}}),
+        ..Script::default()
     })
     .await;
     let got = rest
@@ -135,6 +146,7 @@ async fn a_stop_still_in_progress_at_its_timeout_is_waited_for() {
         polls,
         polled: 0,
         checkpoints: json!({}),
+        ..Script::default()
     })
     .await;
     let got = rest
@@ -153,6 +165,7 @@ async fn a_stop_still_in_progress_at_its_timeout_is_waited_for() {
         polls: vec![in_progress()],
         polled: 0,
         checkpoints: json!({}),
+        ..Script::default()
     })
     .await;
     let started = std::time::Instant::now();
@@ -171,6 +184,7 @@ async fn a_stop_still_in_progress_at_its_timeout_is_waited_for() {
         polls: vec![in_progress()],
         polled: 0,
         checkpoints: json!({}),
+        ..Script::default()
     })
     .await;
     let got = rest
@@ -180,4 +194,22 @@ async fn a_stop_still_in_progress_at_its_timeout_is_waited_for() {
         matches!(&got, Err(FlinkError::SavepointFailed { reason, .. }) if reason.contains("ended FAILED")),
         "{got:?}"
     );
+}
+
+#[tokio::test]
+async fn requests_that_fail_past_the_timeout_are_tried_again() {
+    // The stop's answer lost, and the job's state unreadable for a while (a proxy's 502s):
+    // the stopped job's savepoint is found once it can be read.
+    let (rest, _) = mock_flink(Script {
+        job_state: "FINISHED".into(),
+        polls: vec![None],
+        checkpoints: json!({"latest": {"savepoint": savepoint(1200, "file:/sp/new")}}),
+        failing_job_reads: 3,
+        ..Script::default()
+    })
+    .await;
+    let got = rest
+        .stop_with_savepoint_within("j", None, SHORT, Duration::from_secs(30))
+        .await;
+    assert_eq!(got.expect("the late savepoint"), "file:/sp/new");
 }

@@ -36,6 +36,8 @@ struct Cluster {
     jobs: Vec<(String, String)>,
     /// The name the job a submission starts gets (`trace-job`: the submitted job's own).
     started_name: &'static str,
+    /// What the started job says it was restored from (`GET /jobs/NEW/checkpoints`).
+    restored_from: Option<&'static str>,
     submissions: usize,
     /// Whether a submission starts job `NEW` (its answer fails either way).
     starts_anyway: bool,
@@ -73,6 +75,19 @@ async fn job(
     Ok(Json(job_json(&jid, state, 2)))
 }
 
+async fn checkpoints(
+    State(c): State<Shared>,
+    UrlPath(jid): UrlPath<String>,
+) -> Result<Json<Value>, StatusCode> {
+    let c = c.lock().expect("cluster");
+    match c.restored_from {
+        Some(path) if jid == NEW => Ok(Json(
+            json!({"latest": {"restored": {"external_path": path}}}),
+        )),
+        _ => Err(StatusCode::NOT_FOUND),
+    }
+}
+
 async fn run(State(c): State<Shared>) -> StatusCode {
     let mut c = c.lock().expect("cluster");
     c.submissions += 1;
@@ -88,6 +103,7 @@ async fn runtime_on(cluster: Cluster, resubmit: Resubmit) -> (FlinkRuntime, Shar
     let app = axum::Router::new()
         .route("/jobs/overview", get(overview))
         .route("/jobs/{jid}", get(job))
+        .route("/jobs/{jid}/checkpoints", get(checkpoints))
         .route("/jars/{jar}/run", post(run))
         .with_state(Arc::clone(&shared));
     let rest = crate::flink::mock_rest::serve(app).await;
@@ -132,6 +148,7 @@ async fn a_submission_whose_answer_failed_but_whose_job_started_is_not_submitted
             submissions: 0,
             starts_anyway: true,
             started_name: "trace-job",
+            restored_from: None,
         },
         jar(),
     )
@@ -155,6 +172,7 @@ async fn a_submission_that_failed_and_started_nothing_fails() {
             submissions: 0,
             starts_anyway: false,
             started_name: "trace-job",
+            restored_from: None,
         },
         jar(),
     )
@@ -179,6 +197,7 @@ async fn a_resubmit_command_that_does_not_return_is_stopped() {
             submissions: 0,
             starts_anyway: false,
             started_name: "trace-job",
+            restored_from: None,
         },
         Resubmit::Command("sleep 60".into()),
     )
@@ -211,6 +230,7 @@ async fn a_job_started_under_another_name_is_known_by_its_vertices() {
             submissions: 0,
             starts_anyway: true,
             started_name: "trace-job-1796544095",
+            restored_from: None,
         },
         jar(),
     )
@@ -237,6 +257,7 @@ async fn a_command_that_printed_its_job_id_and_failed_is_taken_at_its_word() {
             submissions: 0,
             starts_anyway: false,
             started_name: "trace-job",
+            restored_from: None,
         },
         Resubmit::Command(format!(
             "echo 'Job has been submitted with JobID {NEW}'; exit 1"
@@ -251,4 +272,28 @@ async fn a_command_that_printed_its_job_id_and_failed_is_taken_at_its_word() {
         .await
         .expect("the printed job is taken");
     assert_eq!(runtime.job_id(&handle).await.expect("id"), NEW);
+}
+
+#[tokio::test]
+async fn a_job_of_the_same_program_restored_from_elsewhere_is_not_taken() {
+    // Someone else's copy of the program, started meanwhile from another savepoint.
+    let (runtime, _) = runtime_on(
+        Cluster {
+            jobs: vec![(OLD.into(), "FINISHED".into())],
+            submissions: 0,
+            starts_anyway: true,
+            started_name: "trace-job",
+            restored_from: Some("file:/elsewhere/sp-9"),
+        },
+        jar(),
+    )
+    .await;
+    let sp = Savepoint {
+        path: "file:/sp/1".into(),
+    };
+    let err = runtime
+        .start(Path::new("job"), &at(2), Some(&sp))
+        .await
+        .expect_err("not ours");
+    assert!(err.to_string().contains("504"), "{err}");
 }

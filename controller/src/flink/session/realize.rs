@@ -74,8 +74,19 @@ impl JobSession {
                     record.error = Some(format!("the job ended ({state}) during the rescale"));
                     return record;
                 }
-                // Refused before anything changed: `auto` goes on by savepoint when it can.
-                Err(e) if opts.rescale == RescalePath::Auto && opts.resubmit.is_some() => {
+                // Refused (an answer 4xx: nothing changed): `auto` goes on by savepoint when it
+                // can. Not on a timeout or a 5xx, after which the request may have been applied.
+                Err(e)
+                    if opts.rescale == RescalePath::Auto
+                        && opts.resubmit.is_some()
+                        && matches!(
+                            e,
+                            FlinkError::Status {
+                                status: 400..=499,
+                                ..
+                            }
+                        ) =>
+                {
                     tracing::warn!(
                         "in-place rescale of job {jid} refused ({e}); rescaling by savepoint + resubmit"
                     );

@@ -2,14 +2,19 @@
 
 use super::*;
 
-/// `Degraded=False`, unless a rollback failed (that stays until a rescale completes): a target
-/// that is back, or no longer refused, is no longer degraded.
-pub(super) fn clear_degraded(scope: &Scope<'_>, status: &mut FlinkScalerStatus) {
-    let rollback_failed = status
+/// Whether `Degraded=True` has reason `reason` now.
+pub(super) fn degraded_by(status: &FlinkScalerStatus, reason: &str) -> bool {
+    status
         .conditions
         .iter()
-        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "RollbackFailed");
-    if !rollback_failed {
+        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == reason)
+}
+
+/// `Degraded=False`, unless a rollback failed (that stays until a rescale completes) or the
+/// reason is in `keep` (judged again once the job runs): a target that is back, or no longer
+/// refused, is no longer degraded.
+pub(super) fn clear_degraded(scope: &Scope<'_>, status: &mut FlinkScalerStatus, keep: &[&str]) {
+    if !degraded_by(status, "RollbackFailed") && !keep.iter().any(|r| degraded_by(status, r)) {
         scope.set(status, "Degraded", false, "AsExpected", "");
     }
 }
