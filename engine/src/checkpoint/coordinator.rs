@@ -977,48 +977,81 @@ edges:
         }
     }
 
-    /// A savepoint of a running job commits nothing (recovery restarts from checkpoints, which
-    /// would publish its results again); the next snapshot that commits (here a
-    /// stop-with-savepoint) covers its pre-commits and commits them.
-    #[test]
-    fn a_savepoint_of_a_running_job_commits_nothing_and_the_next_snapshot_does() {
-        let dir = tempfile::tempdir().unwrap();
-        let sink = Arc::new(MockRecordingSink::default());
-        let (s, t) = (Arc::new(SourceGate::new(0)), finished_gate(10));
-        let ctx = JobContext {
-            sinks: BTreeMap::from([("k".to_string(), sink.clone() as Arc<dyn TwoPhaseCommitSink>)]),
-            ..context(s.clone(), t)
-        };
-        let (acks, rx) = crossbeam_channel::unbounded();
-        let c = Coordinator::start(ctx, rx).unwrap();
-        acks.send(ack(AckOf::End, "t", 0, 10)).unwrap();
-        let snapshot = |id: u64, kind: BarrierKind, tx: &str| {
-            let out = c.trigger(kind, Target::Savepoint(dir.path().join(format!("sp-{id}"))));
+    /// A coordinator of [`context`] with a running source `s`, a finished `t` (acknowledged),
+    /// sink `k` recording its commits, and checkpoint storage `storage`.
+    struct SinkJob {
+        c: Coordinator,
+        s: Arc<SourceGate>,
+        acks: Sender<Ack>,
+        sink: Arc<MockRecordingSink>,
+        dir: tempfile::TempDir,
+    }
+
+    impl SinkJob {
+        fn start(storage: Option<Arc<CheckpointStorage>>) -> SinkJob {
+            let sink = Arc::new(MockRecordingSink::default());
+            let (s, t) = (Arc::new(SourceGate::new(0)), finished_gate(10));
+            let ctx = JobContext {
+                sinks: BTreeMap::from([(
+                    "k".to_string(),
+                    sink.clone() as Arc<dyn TwoPhaseCommitSink>,
+                )]),
+                storage,
+                ..context(s.clone(), t)
+            };
+            let (acks, rx) = crossbeam_channel::unbounded();
+            let c = Coordinator::start(ctx, rx).unwrap();
+            acks.send(ack(AckOf::End, "t", 0, 10)).unwrap();
+            SinkJob {
+                c,
+                s,
+                acks,
+                sink,
+                dir: tempfile::tempdir().unwrap(),
+            }
+        }
+
+        /// Snapshot `id` of `kind` into `sp-ID`, acknowledged by every subtask, the sink's
+        /// with a pre-commit of transaction `tx`.
+        fn snapshot(&self, id: u64, kind: BarrierKind, tx: &str) -> Completed {
+            let target = Target::Savepoint(self.dir.path().join(format!("sp-{id}")));
+            let out = self.c.trigger(kind, target);
             let b = Barrier { id, kind };
             let until = Instant::now() + Duration::from_secs(10);
-            while s.claim(id - 1, 0, 100, 64) != Claim::Inject(b) {
+            while self.s.claim(id - 1, 0, 100, 64) != Claim::Inject(b) {
                 assert!(Instant::now() < until, "no barrier {id}");
                 std::thread::sleep(Duration::from_millis(5));
             }
             for op in ["s", "m"] {
-                acks.send(ack(AckOf::Barrier(id), op, 0, 0)).unwrap();
+                self.acks.send(ack(AckOf::Barrier(id), op, 0, 0)).unwrap();
             }
             let mut k = ack(AckOf::Barrier(id), "k", 0, 0);
             k.committables = vec![serde_json::json!({ "transactionalId": tx })];
-            acks.send(k).unwrap();
+            self.acks.send(k).unwrap();
             out.recv_timeout(Duration::from_secs(10)).unwrap().unwrap()
-        };
-        let first = snapshot(1, BarrierKind::Savepoint, "p-0-1");
+        }
+
+        fn committed(&self) -> Vec<Committable> {
+            self.sink.committed.lock().unwrap().clone()
+        }
+    }
+
+    /// Without checkpoint storage a savepoint of a running job commits nothing (recovery would
+    /// publish its results again); the next snapshot that commits (here a stop-with-savepoint)
+    /// covers its pre-commits and commits them.
+    #[test]
+    fn a_savepoint_of_a_running_job_commits_nothing_and_the_next_snapshot_does() {
+        let job = SinkJob::start(None);
+        let first = job.snapshot(1, BarrierKind::Savepoint, "p-0-1");
         assert_eq!(
             first.metadata.sinks.get("k"),
             Some(&vec![serde_json::json!({"transactionalId": "p-0-1"})]),
             "restoring the savepoint itself commits its pre-commits"
         );
-        assert!(sink.committed.lock().unwrap().is_empty());
-        let _ = snapshot(2, BarrierKind::Stop { drain: false }, "p-0-2");
-        let committed = sink.committed.lock().unwrap().clone();
+        assert!(job.committed().is_empty());
+        let _ = job.snapshot(2, BarrierKind::Stop { drain: false }, "p-0-2");
         assert_eq!(
-            committed,
+            job.committed(),
             vec![
                 serde_json::json!({"transactionalId": "p-0-1"}),
                 serde_json::json!({"transactionalId": "p-0-2"})
@@ -1030,42 +1063,13 @@ edges:
     /// then commits: a restart from the checkpoints starts after it.
     #[test]
     fn a_savepoint_written_as_a_checkpoint_too_commits_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let chk = dir.path().join("chk");
-        let sink = Arc::new(MockRecordingSink::default());
-        let (s, t) = (Arc::new(SourceGate::new(0)), finished_gate(10));
-        let storage = Arc::new(CheckpointStorage::new(&chk, 3));
-        let ctx = JobContext {
-            sinks: BTreeMap::from([("k".to_string(), sink.clone() as Arc<dyn TwoPhaseCommitSink>)]),
-            storage: Some(storage.clone()),
-            ..context(s.clone(), t)
-        };
-        let (acks, rx) = crossbeam_channel::unbounded();
-        let c = Coordinator::start(ctx, rx).unwrap();
-        acks.send(ack(AckOf::End, "t", 0, 10)).unwrap();
-        let out = c.trigger(
-            BarrierKind::Savepoint,
-            Target::Savepoint(dir.path().join("sp-1")),
-        );
-        let b = Barrier {
-            id: 1,
-            kind: BarrierKind::Savepoint,
-        };
-        let until = Instant::now() + Duration::from_secs(10);
-        while s.claim(0, 0, 100, 64) != Claim::Inject(b) {
-            assert!(Instant::now() < until, "no barrier");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        for op in ["s", "m"] {
-            acks.send(ack(AckOf::Barrier(1), op, 0, 0)).unwrap();
-        }
-        let mut k = ack(AckOf::Barrier(1), "k", 0, 0);
-        k.committables = vec![serde_json::json!({ "transactionalId": "p-0-1" })];
-        acks.send(k).unwrap();
-        out.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        let chk = tempfile::tempdir().unwrap();
+        let storage = Arc::new(CheckpointStorage::new(chk.path(), 3));
+        let job = SinkJob::start(Some(storage.clone()));
+        let _ = job.snapshot(1, BarrierKind::Savepoint, "p-0-1");
         assert_eq!(storage.completed_ids().unwrap(), vec![1]);
         assert_eq!(
-            sink.committed.lock().unwrap().clone(),
+            job.committed(),
             vec![serde_json::json!({"transactionalId": "p-0-1"})]
         );
     }

@@ -140,160 +140,96 @@ fn at(p: u32) -> BTreeMap<String, u32> {
     .collect()
 }
 
-#[tokio::test]
-async fn a_submission_whose_answer_failed_but_whose_job_started_is_not_submitted_again() {
-    let (runtime, cluster) = runtime_on(
-        Cluster {
-            jobs: vec![(OLD.into(), "FINISHED".into())],
-            submissions: 0,
-            starts_anyway: true,
-            started_name: "trace-job",
-            restored_from: None,
-        },
-        jar(),
-    )
-    .await;
+/// The cluster after the job (`OLD`) stopped with its savepoint: a submission starts job
+/// `NEW` named `started_name` when `starts_anyway`, restored from `restored_from`.
+fn stopped(
+    starts_anyway: bool,
+    started_name: &'static str,
+    restored_from: Option<&'static str>,
+) -> Cluster {
+    Cluster {
+        jobs: vec![(OLD.into(), "FINISHED".into())],
+        submissions: 0,
+        starts_anyway,
+        started_name,
+        restored_from,
+    }
+}
+
+/// Starts the job at parallelism 2 from savepoint `file:/sp/1` on `cluster` by `resubmit`:
+/// the id of the job taken as started, or the error; and the submissions the cluster got.
+async fn start_on(cluster: Cluster, resubmit: Resubmit) -> (Result<String, String>, usize) {
+    let (runtime, shared) = runtime_on(cluster, resubmit).await;
     let sp = Savepoint {
         path: "file:/sp/1".into(),
     };
-    let handle = runtime
-        .start(Path::new("job"), &at(2), Some(&sp))
-        .await
-        .expect("the started job is taken");
-    assert_eq!(runtime.job_id(&handle).await.expect("id"), NEW);
-    assert_eq!(cluster.lock().expect("cluster").submissions, 1);
+    let started = match runtime.start(Path::new("job"), &at(2), Some(&sp)).await {
+        Ok(handle) => runtime.job_id(&handle).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let submissions = shared.lock().expect("cluster").submissions;
+    (started, submissions)
+}
+
+#[tokio::test]
+async fn a_submission_whose_answer_failed_but_whose_job_started_is_not_submitted_again() {
+    let (started, submissions) = start_on(stopped(true, "trace-job", None), jar()).await;
+    assert_eq!(started.expect("the started job is taken"), NEW);
+    assert_eq!(submissions, 1);
 }
 
 #[tokio::test]
 async fn a_submission_that_failed_and_started_nothing_fails() {
-    let (runtime, cluster) = runtime_on(
-        Cluster {
-            jobs: vec![(OLD.into(), "FINISHED".into())],
-            submissions: 0,
-            starts_anyway: false,
-            started_name: "trace-job",
-            restored_from: None,
-        },
-        jar(),
-    )
-    .await;
-    let sp = Savepoint {
-        path: "file:/sp/1".into(),
-    };
-    let err = runtime
-        .start(Path::new("job"), &at(2), Some(&sp))
-        .await
-        .expect_err("nothing started");
-    assert!(err.to_string().contains("504"), "{err}");
-    assert_eq!(cluster.lock().expect("cluster").submissions, 1);
+    let (started, submissions) = start_on(stopped(false, "trace-job", None), jar()).await;
+    let err = started.expect_err("nothing started");
+    assert!(err.contains("504"), "{err}");
+    assert_eq!(submissions, 1);
 }
 
 #[tokio::test]
 async fn a_resubmit_command_that_does_not_return_is_stopped() {
     // A `flink run` without `-d` waits for the job to end.
-    let (runtime, _) = runtime_on(
-        Cluster {
-            jobs: vec![(OLD.into(), "FINISHED".into())],
-            submissions: 0,
-            starts_anyway: false,
-            started_name: "trace-job",
-            restored_from: None,
-        },
+    let t = std::time::Instant::now();
+    let (started, _) = start_on(
+        stopped(false, "trace-job", None),
         Resubmit::Command("sleep 60".into()),
     )
     .await;
-    let sp = Savepoint {
-        path: "file:/sp/1".into(),
-    };
-    let started = std::time::Instant::now();
-    let err = runtime
-        .start(Path::new("job"), &at(2), Some(&sp))
-        .await
-        .expect_err("stopped");
-    assert!(
-        err.to_string().contains("did not return within 2 s"),
-        "{err}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        started.elapsed()
-    );
+    let err = started.expect_err("stopped");
+    assert!(err.contains("did not return within 2 s"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
 }
 
 #[tokio::test]
 async fn a_job_started_under_another_name_is_known_by_its_vertices() {
     // A wrapper that names each submission anew (`--name job-$(date +%s)`).
-    let (runtime, cluster) = runtime_on(
-        Cluster {
-            jobs: vec![(OLD.into(), "FINISHED".into())],
-            submissions: 0,
-            starts_anyway: true,
-            started_name: "trace-job-1796544095",
-            restored_from: None,
-        },
-        jar(),
-    )
-    .await;
-    let sp = Savepoint {
-        path: "file:/sp/1".into(),
-    };
-    let handle = runtime
-        .start(Path::new("job"), &at(2), Some(&sp))
-        .await
-        .expect("the started job is taken");
-    assert_eq!(runtime.job_id(&handle).await.expect("id"), NEW);
-    assert_eq!(cluster.lock().expect("cluster").submissions, 1);
+    let (started, submissions) = start_on(stopped(true, "trace-job-1796544095", None), jar()).await;
+    assert_eq!(started.expect("the started job is taken"), NEW);
+    assert_eq!(submissions, 1);
 }
 
 #[tokio::test]
 async fn a_command_that_printed_its_job_id_and_failed_is_taken_at_its_word() {
-    let (runtime, _) = runtime_on(
-        Cluster {
-            jobs: vec![
-                (OLD.into(), "FINISHED".into()),
-                (NEW.into(), "RUNNING".into()),
-            ],
-            submissions: 0,
-            starts_anyway: false,
-            started_name: "trace-job",
-            restored_from: None,
-        },
+    let mut cluster = stopped(false, "trace-job", None);
+    cluster.jobs.push((NEW.into(), "RUNNING".into()));
+    let (started, _) = start_on(
+        cluster,
         Resubmit::Command(format!(
             "echo 'Job has been submitted with JobID {NEW}'; exit 1"
         )),
     )
     .await;
-    let sp = Savepoint {
-        path: "file:/sp/1".into(),
-    };
-    let handle = runtime
-        .start(Path::new("job"), &at(2), Some(&sp))
-        .await
-        .expect("the printed job is taken");
-    assert_eq!(runtime.job_id(&handle).await.expect("id"), NEW);
+    assert_eq!(started.expect("the printed job is taken"), NEW);
 }
 
 #[tokio::test]
 async fn a_job_of_the_same_program_restored_from_elsewhere_is_not_taken() {
     // Someone else's copy of the program, started meanwhile from another savepoint.
-    let (runtime, _) = runtime_on(
-        Cluster {
-            jobs: vec![(OLD.into(), "FINISHED".into())],
-            submissions: 0,
-            starts_anyway: true,
-            started_name: "trace-job",
-            restored_from: Some("file:/elsewhere/sp-9"),
-        },
+    let (started, _) = start_on(
+        stopped(true, "trace-job", Some("file:/elsewhere/sp-9")),
         jar(),
     )
     .await;
-    let sp = Savepoint {
-        path: "file:/sp/1".into(),
-    };
-    let err = runtime
-        .start(Path::new("job"), &at(2), Some(&sp))
-        .await
-        .expect_err("not ours");
-    assert!(err.to_string().contains("504"), "{err}");
+    let err = started.expect_err("not ours");
+    assert!(err.contains("504"), "{err}");
 }
