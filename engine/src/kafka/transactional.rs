@@ -268,6 +268,15 @@ impl TransactionalSink {
         for k in 0..POOL {
             let tid = format!("{}-{subtask}-{k}", self.prefix);
             let p = self.producer(&tid)?;
+            // The id's last committed marker, perhaps made on a node whose clock ran ahead of
+            // this one's: this run's markers come after it (see `new_marker`). Best effort: a
+            // marker that cannot be read leaves the clock to order them.
+            match self.committed_marker(&tid) {
+                Ok(m) => saw_marker(m),
+                Err(e) => {
+                    tracing::warn!(sink = %self.name, transaction = %tid, error = %e, "cannot read the last committed marker")
+                }
+            }
             lock(&self.shared.free).insert(tid.clone(), p);
             tids.push(tid);
         }
