@@ -255,11 +255,13 @@ impl FlinkRuntime {
                                 .collect::<BTreeSet<_>>()
                                 == vertex_ids
                     });
-                let elsewhere = matches!(
-                    self.rest.restored_from(&j.jid).await,
-                    Ok(Some(from)) if same_location(&from, savepoint) == Some(false)
-                );
-                if ours && !elsewhere {
+                // Asked only of a job of this program.
+                if ours
+                    && !matches!(
+                        self.rest.restored_from(&j.jid).await,
+                        Ok(Some(from)) if same_location(&from, savepoint) == Some(false)
+                    )
+                {
                     return Some(j.jid);
                 }
             }

@@ -145,23 +145,20 @@ async fn job_with_plan(
     }
 }
 
-/// Creates `dir` and checks that a file can be written in it.
+/// Checks that `dir` can be used ([`streamscale_engine::writable_dir::check_usable_dir`], as
+/// `streamscale run` does) and creates it.
 ///
 /// # Errors
 /// [`SessionError::Option`] naming `flag` and the directory.
 fn writable_dir(flag: &str, dir: &Path) -> Result<(), SessionError> {
-    let probe = dir.join(".streamscale-write-check");
-    std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&probe, b""))
-        .and_then(|()| std::fs::remove_file(&probe))
-        .map_err(|e| {
-            let why = if dir.is_file() {
-                "is a file, not a directory".to_string()
-            } else {
-                format!("cannot be written: {e}")
-            };
-            SessionError::Option(format!("{flag}: {} {why}", dir.display()))
+    use streamscale_engine::writable_dir::{DirError, check_usable_dir};
+    check_usable_dir(dir)
+        .map_err(|e| match e {
+            DirError::NotADirectory { .. } => "is a file, not a directory".to_string(),
+            e => format!("cannot be written: {e}"),
         })
+        .and_then(|()| std::fs::create_dir_all(dir).map_err(|e| format!("cannot be created: {e}")))
+        .map_err(|why| SessionError::Option(format!("{flag}: {} {why}", dir.display())))
 }
 
 /// Runs `streamscale flink` until `duration_s` or until `stop` resolves; writes the report.
