@@ -18,10 +18,12 @@
 # (lib/, opt/, plugins/, ~330 MB) and apache-flink (bin/*.sh, conf/). Everything is cached in
 # $STREAMSCALE_CACHE/flink (default ~/.cache/streamscale/flink); a second `install` is a no-op, and
 # the job jar is rebuilt only when a source under flink-jobs/trace-job is newer than it.
-# Cluster files (config, logs, pids, tmp, checkpoints, savepoints) live in $CACHE/run (its conf/ is
-# the FLINK_CONF_DIR; FLINK_HOME/conf is left as shipped); every socket binds 127.0.0.1.
-# Ports: REST $FLINK_REST_PORT (default 8081); the others are fixed and checked free: JM RPC 6123,
-# TM RPC 6122, data 6121, blob 6124, metric query services 6125 (JM) and 6126-6130 (TMs).
+# Cluster files (config, logs, pids, tmp, checkpoints, savepoints) live in $FLINK_RUN_DIR (default
+# $CACHE/run; its conf/ is the FLINK_CONF_DIR; FLINK_HOME/conf is left as shipped); every socket
+# binds 127.0.0.1.
+# Ports: REST $FLINK_REST_PORT (default 8081); ten more from $FLINK_PORT_BASE (default 6121), checked
+# free: data B, TM RPC B+1, JM RPC B+2, blob B+3, metric query services B+4 (JM) and B+5..B+9 (TMs).
+# A second cluster beside the first: another FLINK_REST_PORT, FLINK_PORT_BASE and FLINK_RUN_DIR.
 # Cluster: 1 JobManager (1024m), 1 TaskManager (1280m, 4 slots), adaptive scheduler (or default)
 # with 5 s stabilization and cooldown, hashmap state, checkpoints every 5 s, unlimited restarts
 # (fixed delay 1 s). FLINK_EXTRA_CONFIG="key: value" lines are appended to the config (and win),
@@ -62,13 +64,18 @@ FLINK_VERSION=2.3.0
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE="${STREAMSCALE_CACHE:-$HOME/.cache/streamscale}/flink"
 FH="$CACHE/flink-$FLINK_VERSION"
-RUN="$CACHE/run"
+RUN="${FLINK_RUN_DIR:-$CACHE/run}"
 REST_PORT="${FLINK_REST_PORT:-8081}"
 JOB_SRC="$ROOT/flink-jobs/trace-job/src/main/java"
 JOB_BUILD="$CACHE/trace-job"
 JAR="$JOB_BUILD/trace-job.jar"
 ENTRY=streamscale.tracejob.TraceJob
-FIXED_PORTS=(6121 6122 6123 6124 6125 6126 6127 6128 6129 6130)
+PB="${FLINK_PORT_BASE:-6121}"
+[[ "$PB" =~ ^[0-9]+$ ]] && ((PB >= 1024 && PB <= 65526)) || {
+  echo "flink-testenv: error: FLINK_PORT_BASE must be a port number from 1024 to 65526, not '$PB'" >&2
+  exit 2
+}
+FIXED_PORTS=($(seq "$PB" $((PB + 9))))
 
 log() { echo "flink-testenv: $*" >&2; }
 die() {
@@ -250,7 +257,7 @@ blob.storage.directory: $RUN/tmp
 
 jobmanager.bind-host: 127.0.0.1
 jobmanager.rpc.address: 127.0.0.1
-jobmanager.rpc.port: 6123
+jobmanager.rpc.port: $((PB + 2))
 jobmanager.memory.process.size: 1024m
 jobmanager.execution.failover-strategy: region
 jobmanager.scheduler: $scheduler
@@ -261,8 +268,8 @@ jobmanager.adaptive-scheduler.executing.cooldown-after-rescaling: 5s
 
 taskmanager.bind-host: 127.0.0.1
 taskmanager.host: 127.0.0.1
-taskmanager.rpc.port: 6122
-taskmanager.data.port: 6121
+taskmanager.rpc.port: $((PB + 1))
+taskmanager.data.port: $PB
 taskmanager.numberOfTaskSlots: 4
 taskmanager.memory.process.size: 1280m
 taskmanager.memory.managed.size: 64m
@@ -272,10 +279,10 @@ taskmanager.memory.network.max: 64m
 rest.address: 127.0.0.1
 rest.bind-address: 127.0.0.1
 rest.port: $REST_PORT
-blob.server.port: 6124
-# TaskManagers' metric query services; the JobManager's gets 6125 on its command line, so that
+blob.server.port: $((PB + 3))
+# TaskManagers' metric query services; the JobManager's gets $((PB + 4)) on its command line, so that
 # the TaskManager does not first try (and fail) to bind the JobManager's port.
-metrics.internal.query-service.port: 6126-6130
+metrics.internal.query-service.port: $((PB + 5))-$((PB + 9))
 
 parallelism.default: 1
 restart-strategy.type: fixed-delay
@@ -334,7 +341,7 @@ cmd_start() {
   write_config "$scheduler"
   local t0=$SECONDS
   export FLINK_CONF_DIR="$RUN/conf" FLINK_LOG_DIR="$RUN/log" FLINK_PID_DIR="$RUN/pid"
-  "$FH/bin/jobmanager.sh" start -D metrics.internal.query-service.port=6125 >"$RUN/log/start-jobmanager.out" 2>&1 ||
+  "$FH/bin/jobmanager.sh" start -D metrics.internal.query-service.port=$((PB + 4)) >"$RUN/log/start-jobmanager.out" 2>&1 ||
     die "jobmanager.sh start failed; see $RUN/log/start-jobmanager.out"
   "$FH/bin/taskmanager.sh" start >"$RUN/log/start-taskmanager.out" 2>&1 ||
     die "taskmanager.sh start failed; see $RUN/log/start-taskmanager.out"

@@ -11,6 +11,12 @@
 #                    (default /work/shared/recipes/flink-autoscaler-standalone)
 #   BENCH_WORK       work dir (default ~/.cache/streamscale/bench-flink-autoscaler)
 #   KEEP_RESULTS=1   keep results/*.json of earlier invocations (the table lists all of them)
+#   STAGGER          unset: the two runs of a mode one after the other; S: Flink's autoscaler's run
+#                    starts S seconds after streamscale's, both at once on two clusters (for runs
+#                    longer than the traffic's busy part; keep S past the busy part, or both
+#                    clusters share the CPU while it matters)
+# Each autoscaler's run has a cluster of its own: REST 8091 / 8092, FLINK_PORT_BASE 7121 / 7131,
+# FLINK_RUN_DIR $BENCH_WORK/cluster-<autoscaler>.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/bench/flink-autoscaler"
@@ -25,7 +31,6 @@ COST_US=${COST_US:-300}
 AS=${AUTOSCALER_DIR:-/work/shared/recipes/flink-autoscaler-standalone}
 W=${BENCH_WORK:-$HOME/.cache/streamscale/bench-flink-autoscaler}
 BIN=$ROOT/target/release/streamscale
-REST=http://127.0.0.1:8081
 INTERVAL=10 # streamscale's scrape interval = the Flink autoscaler's control-loop interval (10 s)
 
 log() { echo "bench-flink-autoscaler: $*" >&2; }
@@ -43,10 +48,20 @@ mkdir -p "$W/results"
 [[ "${KEEP_RESULTS:-0}" == 1 ]] || rm -f "$W"/results/*.json
 
 EXTRA=$'metrics.fetcher.update-interval: 2000\nrest.cache.execution-graph.timeout: 0s'
-AS_PID="" SS_PID="" SAMPLER_PID=""
+
+side_env() { # WHO: this autoscaler's cluster (exported for flink-testenv.sh) and REST
+  case "$1" in
+    streamscale) export FLINK_REST_PORT=8091 FLINK_PORT_BASE=7121 ;;
+    flink) export FLINK_REST_PORT=8092 FLINK_PORT_BASE=7131 ;;
+  esac
+  export FLINK_RUN_DIR="$W/cluster-$1"
+  REST=http://127.0.0.1:$FLINK_REST_PORT
+}
+RUNS=""
 cleanup() {
-  for p in $SAMPLER_PID $SS_PID $AS_PID; do kill "$p" 2>/dev/null || true; done
-  ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true
+  local p who
+  for p in $RUNS; do kill "$p" 2>/dev/null || true; done
+  for who in streamscale flink; do (side_env "$who" && ./scripts/flink-testenv.sh stop >/dev/null 2>&1) || true; done
 }
 trap cleanup EXIT
 
@@ -73,8 +88,11 @@ fa_flags() {
   esac
 }
 
-run_one() { # MODE WHO
+run_one() { # MODE WHO; run in a subshell (its own cluster, processes and EXIT trap)
   local mode=$1 who=$2 d="$W/$1-$2" epoch jid
+  AS_PID="" SS_PID="" SAMPLER_PID=""
+  side_env "$who"
+  trap 'for p in $SAMPLER_PID $SS_PID $AS_PID; do kill "$p" 2>/dev/null || true; done; ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true' EXIT
   rm -rf "$d"
   mkdir -p "$d"
   ./scripts/flink-testenv.sh stop >/dev/null 2>&1 || true
@@ -84,7 +102,8 @@ run_one() { # MODE WHO
   if [[ $who == flink ]]; then
     # shellcheck disable=SC2046
     FLINK_CONF_DIR="$AS/conf" java -Xmx512m -Dlog4j.configurationFile="$AS/conf/log4j2.properties" \
-      -Dautoscaler.log.file="$d/autoscaler.log" -jar "$AS_JAR" $(fa_flags "$mode") >"$d/autoscaler.stdout" 2>&1 &
+      -Dautoscaler.log.file="$d/autoscaler.log" -jar "$AS_JAR" $(fa_flags "$mode") \
+      --autoscaler.standalone.fetcher.flink-cluster.port "$FLINK_REST_PORT" >"$d/autoscaler.stdout" 2>&1 &
     AS_PID=$!
     for _ in $(seq 1 60); do
       grep -q "standalone autoscaler is started" "$d/autoscaler.log" 2>/dev/null && break
@@ -130,10 +149,21 @@ run_one() { # MODE WHO
   log "$mode/$who: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in ("slot_seconds","rescales","downtimes","lag_growing_s","backlog_over_5s_s","max_backlog")})' "$W/results/$mode-$who.json")"
 }
 
+[[ -z "${STAGGER:-}" || "${STAGGER:-}" =~ ^[0-9]+$ ]] || die "STAGGER must be a number of seconds, not '$STAGGER'"
 for mode in $MODES; do
   [[ $mode == same || $mode == defaults ]] || die "unknown mode $mode (same | defaults)"
-  run_one "$mode" streamscale
-  run_one "$mode" flink
+  if [[ -z "${STAGGER:-}" ]]; then
+    (run_one "$mode" streamscale)
+    (run_one "$mode" flink)
+  else
+    (run_one "$mode" streamscale) &
+    RUNS="$!"
+    sleep "$STAGGER"
+    (run_one "$mode" flink) &
+    RUNS="$RUNS $!"
+    for p in $RUNS; do wait "$p" || die "a run of mode $mode failed"; done
+    RUNS=""
+  fi
 done
 
 python3 "$HERE/sample.py" table "$W"/results/*.json | tee "$W/table.md"
