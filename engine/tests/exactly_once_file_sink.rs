@@ -301,3 +301,58 @@ fn a_failed_stop_resumes_only_from_its_snapshot_made_a_checkpoint() {
         "each result once"
     );
 }
+
+/// An engine restarted with `--recover` after a completed stop-with-savepoint (a supervisor
+/// rerunning the exited engine before it is replaced) goes on from the stop, which was also
+/// written as a checkpoint, not from the checkpoint before it: the results the stop published
+/// are not published again, and the job finishes with every result published once.
+#[test]
+fn an_engine_rerun_with_recover_after_a_stop_goes_on_from_the_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let chk = dir.path().join("chk");
+    let sps = dir.path().join("savepoints");
+    // Windows firing 20 times per checkpoint interval: the stop publishes results that no
+    // checkpoint before it lists.
+    let job = job(dir.path(), &out, &chk);
+    let text = std::fs::read_to_string(&job).unwrap();
+    std::fs::write(
+        &job,
+        text.replace("sizeMs: 200", "sizeMs: 50")
+            .replace("intervalSeconds: 0.2", "intervalSeconds: 1"),
+    )
+    .unwrap();
+    let args = ["--parallelism", "counts=2", "--recover"];
+    let mut engine = EngineProcess::start(&job, &sps, &args);
+    wait_for_a_checkpoint(&chk);
+    engine.wait_source_records_above(COUNT / 3);
+    let (savepoint, _) = engine.stop_with_savepoint(false);
+    let spec = JobSpec::from_file(&job).unwrap();
+    let stopped = Savepoint::read(&savepoint, &spec).unwrap().metadata;
+    assert!(
+        stopped.sinks.values().any(|c| !c.is_empty()),
+        "the stop publishes results: {:?}",
+        stopped.sinks
+    );
+    let stop_id = stopped.checkpoint_id.unwrap();
+    let storage = CheckpointStorage::new(&chk, 3);
+    assert_eq!(
+        storage.completed_ids().unwrap().into_iter().max(),
+        Some(stop_id),
+        "the stop is the newest checkpoint"
+    );
+    let again = EngineProcess::start(&job, &sps, &args);
+    let view = again.wait_state("finished", Duration::from_secs(120));
+    assert!(
+        view["restoredFrom"]
+            .as_str()
+            .is_some_and(|p| p.ends_with(&format!("chk-{stop_id}"))),
+        "{view}"
+    );
+    let totals = published_totals(&out);
+    assert_eq!(
+        totals.values().map(|t| t.0).sum::<u64>(),
+        COUNT,
+        "each result once"
+    );
+}

@@ -604,7 +604,28 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut U
     );
     let snapshot = assemble(ctx, &mut p, ended, uncommitted);
     let covered = snapshot.metadata.sinks.clone();
-    let written = match &p.target {
+    let transactions = !covered.values().all(Vec::is_empty);
+    let stop = matches!(p.kind, BarrierKind::Stop { .. });
+    // A stop-with-savepoint with sink transactions is first written as a checkpoint: it commits
+    // them, and a process restarted with `--recover` after the stop (a supervisor restarting
+    // the exited engine) would otherwise go on from the checkpoint before it and publish again
+    // what the stop committed. When that write fails the stop fails, before its savepoint
+    // exists, and commits nothing.
+    let stop_checkpoint = match &ctx.storage {
+        Some(storage) if stop && transactions && matches!(p.target, Target::Savepoint(_)) => {
+            storage
+                .write_checkpoint(p.id, &snapshot)
+                .map(|_| ())
+                .map_err(|e| {
+                    format!(
+                        "the stop's snapshot could not be written as checkpoint {} first: {e}",
+                        p.id
+                    )
+                })
+        }
+        _ => Ok(()),
+    };
+    let written = stop_checkpoint.and_then(|()| match &p.target {
         Target::Savepoint(dir) => snapshot
             .write(dir)
             .map(|m| (dir.display().to_string(), m))
@@ -615,7 +636,7 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut U
                 .map_err(|e| e.to_string()),
             None => Err("no checkpoint storage configured".into()),
         },
-    };
+    });
     // A savepoint of a running job is also written as a checkpoint before its transactions are
     // committed: recovery restarts from the checkpoints, and one from the checkpoint before it
     // would publish again what it committed. Without checkpoint storage (or when that write
@@ -623,10 +644,9 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut U
     // commits them (a restore from the savepoint itself commits them too). Flink (since 1.15)
     // never commits on such a savepoint; here that would hold a sink subtask's producers
     // until the next checkpoint, and a few savepoints in a row would exhaust them.
-    let intermediate =
-        matches!(p.target, Target::Savepoint(_)) && !matches!(p.kind, BarrierKind::Stop { .. });
+    let intermediate = matches!(p.target, Target::Savepoint(_)) && !stop;
     let unrecoverable = intermediate
-        && !covered.values().all(Vec::is_empty)
+        && transactions
         && match &ctx.storage {
             Some(storage) => match storage.write_checkpoint(p.id, &snapshot) {
                 Ok(_) => false,
@@ -1014,6 +1034,11 @@ edges:
         /// Snapshot `id` of `kind` into `sp-ID`, acknowledged by every subtask, the sink's
         /// with a pre-commit of transaction `tx`.
         fn snapshot(&self, id: u64, kind: BarrierKind, tx: &str) -> Completed {
+            self.try_snapshot(id, kind, tx).unwrap()
+        }
+
+        /// [`SinkJob::snapshot`]'s outcome, which may be a failure.
+        fn try_snapshot(&self, id: u64, kind: BarrierKind, tx: &str) -> Outcome {
             let target = Target::Savepoint(self.dir.path().join(format!("sp-{id}")));
             let out = self.c.trigger(kind, target);
             let b = Barrier { id, kind };
@@ -1028,7 +1053,7 @@ edges:
             let mut k = ack(AckOf::Barrier(id), "k", 0, 0);
             k.committables = vec![serde_json::json!({ "transactionalId": tx })];
             self.acks.send(k).unwrap();
-            out.recv_timeout(Duration::from_secs(10)).unwrap().unwrap()
+            out.recv_timeout(Duration::from_secs(10)).unwrap()
         }
 
         fn committed(&self) -> Vec<Committable> {
@@ -1072,6 +1097,46 @@ edges:
             job.committed(),
             vec![serde_json::json!({"transactionalId": "p-0-1"})]
         );
+    }
+
+    /// A stop-with-savepoint is written as a checkpoint before it commits: an engine restarted
+    /// with `--recover` after the stop goes on from it, not from the checkpoint before, whose
+    /// later results the stop committed.
+    #[test]
+    fn a_stop_with_savepoint_is_written_as_a_checkpoint_before_it_commits() {
+        let chk = tempfile::tempdir().unwrap();
+        let storage = Arc::new(CheckpointStorage::new(chk.path(), 3));
+        let job = SinkJob::start(Some(storage.clone()));
+        let done = job.snapshot(1, BarrierKind::Stop { drain: false }, "p-0-1");
+        assert_eq!(storage.completed_ids().unwrap(), vec![1]);
+        assert_eq!(
+            job.committed(),
+            vec![serde_json::json!({"transactionalId": "p-0-1"})]
+        );
+        assert!(
+            std::path::Path::new(&done.location).exists(),
+            "{}",
+            done.location
+        );
+    }
+
+    /// A stop whose snapshot cannot be written as a checkpoint fails before its savepoint is
+    /// written and commits nothing (its records come again after the job resumes).
+    #[test]
+    fn a_stop_that_cannot_be_written_as_a_checkpoint_fails_and_commits_nothing() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let storage = Arc::new(CheckpointStorage::new(file.path().join("chk"), 3));
+        let job = SinkJob::start(Some(storage));
+        let failed = job
+            .try_snapshot(1, BarrierKind::Stop { drain: false }, "p-0-1")
+            .unwrap_err();
+        assert!(
+            failed.reason.contains("written as checkpoint 1 first"),
+            "{}",
+            failed.reason
+        );
+        assert!(job.committed().is_empty());
+        assert!(!job.dir.path().join("sp-1").exists());
     }
 
     #[test]

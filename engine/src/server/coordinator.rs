@@ -11,7 +11,7 @@ use super::validate_savepoint_id;
 use super::{EdgeInfo, JobInfo, JobState, OperatorInfo, RecordBalance, SavepointStatus};
 use crate::checkpoint::BarrierKind;
 use crate::checkpoint::coordinator::{Outcome, Target};
-use crate::checkpoint::storage::CheckpointStorage;
+use crate::checkpoint::storage::{CheckpointStorage, StorageError};
 use crate::metrics::EngineMetrics;
 use crate::runtime::{Finished, Job, RuntimeOptions, StopKind};
 use crate::savepoint::disposal::{self, DisposeError};
@@ -484,10 +484,12 @@ impl Coordinator {
             .metadata
             .checkpoint_id
             .ok_or("the snapshot of the failed stop-with-savepoint has no checkpoint id")?;
-        storage
-            .write_checkpoint(id, snapshot)
-            .map(|_| ())
-            .map_err(|e| {
+        match storage.write_checkpoint(id, snapshot) {
+            // The stop wrote it as a checkpoint before its savepoint failed.
+            Ok(_) | Err(StorageError::Exists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| {
                 format!(
                     "the snapshot of the failed stop-with-savepoint lists sink transactions and cannot be written as checkpoint {id}: {e}"
                 )
