@@ -15,8 +15,10 @@
 #                    starts S seconds after streamscale's, both at once on two clusters (for runs
 #                    longer than the traffic's busy part; keep S past the busy part, or both
 #                    clusters share the CPU while it matters)
-# Each autoscaler's run has a cluster of its own: REST 8091 / 8092, FLINK_PORT_BASE 7121 / 7131,
-# FLINK_RUN_DIR $BENCH_WORK/cluster-<autoscaler>.
+#   WHO              "streamscale flink" (default): which autoscalers' runs
+# Each autoscaler's run has a cluster of its own: REST SS_REST_PORT / FA_REST_PORT (8091 / 8092),
+# FLINK_PORT_BASE SS_PORT_BASE / FA_PORT_BASE (7121 / 7131), FLINK_RUN_DIR
+# $BENCH_WORK/cluster-<autoscaler>.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/bench/flink-autoscaler"
@@ -51,8 +53,8 @@ EXTRA=$'metrics.fetcher.update-interval: 2000\nrest.cache.execution-graph.timeou
 
 side_env() { # WHO: this autoscaler's cluster (exported for flink-testenv.sh) and REST
   case "$1" in
-    streamscale) export FLINK_REST_PORT=8091 FLINK_PORT_BASE=7121 ;;
-    flink) export FLINK_REST_PORT=8092 FLINK_PORT_BASE=7131 ;;
+    streamscale) export FLINK_REST_PORT=${SS_REST_PORT:-8091} FLINK_PORT_BASE=${SS_PORT_BASE:-7121} ;;
+    flink) export FLINK_REST_PORT=${FA_REST_PORT:-8092} FLINK_PORT_BASE=${FA_PORT_BASE:-7131} ;;
   esac
   export FLINK_RUN_DIR="$W/cluster-$1"
   REST=http://127.0.0.1:$FLINK_REST_PORT
@@ -150,11 +152,12 @@ run_one() { # MODE WHO; run in a subshell (its own cluster, processes and EXIT t
 }
 
 [[ -z "${STAGGER:-}" || "${STAGGER:-}" =~ ^[0-9]+$ ]] || die "STAGGER must be a number of seconds, not '$STAGGER'"
+WHO=${WHO:-streamscale flink}
+for who in $WHO; do [[ $who == streamscale || $who == flink ]] || die "unknown autoscaler $who in WHO (streamscale | flink)"; done
 for mode in $MODES; do
   [[ $mode == same || $mode == defaults ]] || die "unknown mode $mode (same | defaults)"
-  if [[ -z "${STAGGER:-}" ]]; then
-    (run_one "$mode" streamscale)
-    (run_one "$mode" flink)
+  if [[ -z "${STAGGER:-}" || "$WHO" != "streamscale flink" ]]; then
+    for who in $WHO; do (run_one "$mode" "$who"); done
   else
     (run_one "$mode" streamscale) &
     RUNS="$!"
