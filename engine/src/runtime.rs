@@ -150,6 +150,10 @@ pub struct RuntimeOptions {
     /// Chain forward-connected operators of equal parallelism into one thread per subtask
     /// ([`crate::chain`]); `false` runs every subtask in its own thread.
     pub chaining: bool,
+    /// Kafka sinks without a `transactionalIdPrefix` name their transactional ids
+    /// `streamscale-SCOPE-<job>-<operator>-…` with `Some(SCOPE)`, else
+    /// `streamscale-<job>-<operator>-…`.
+    pub transactional_id_scope: Option<String>,
 }
 
 /// A one-time injected panic (for recovery tests).
@@ -171,6 +175,7 @@ impl Default for RuntimeOptions {
             checkpoint_storage: None,
             panic_at: None,
             chaining: true,
+            transactional_id_scope: None,
         }
     }
 }

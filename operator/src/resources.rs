@@ -278,6 +278,47 @@ fn lineage(job: &StreamJob, restore: Option<&str>, uid: Option<&str>) -> String 
         .collect()
 }
 
+/// `<namespace>.<name>` of `job` when one of its Kafka sinks takes the engine's default
+/// transactional ids (exactly-once, no `transactionalIdPrefix`), for the engine's
+/// `--transactional-id-scope`: two StreamJobs whose job graphs share a name (one job file
+/// deployed in two namespaces) never share ids on one Kafka cluster, where the producers of
+/// one would fence the other's. `None` otherwise (the arguments, hence the pod template,
+/// of every other job are left as they were).
+pub fn transactional_id_scope(job: &StreamJob) -> Option<String> {
+    use streamscale_engine::spec::{OperatorKind, SinkDelivery};
+    let takes_default = job.spec.job.operators.iter().any(|o| {
+        matches!(&o.kind, OperatorKind::Sink {
+            kafka: Some(k),
+            delivery: SinkDelivery::ExactlyOnce,
+            ..
+        } if k.transactional_id_prefix.is_none())
+    });
+    takes_default.then(|| {
+        format!(
+            "{}.{}",
+            job.metadata.namespace.as_deref().unwrap_or("default"),
+            job.name_any()
+        )
+    })
+}
+
+/// The `--transactional-id-scope` of the engine deployed from `restore` in place of `previous`
+/// (the Deployment there now): [`transactional_id_scope`], except that an engine an older
+/// operator deployed from the same savepoint without one keeps its ids until the next
+/// rescale, so that an operator upgrade does not replace its pod.
+pub fn deployed_transactional_id_scope(
+    job: &StreamJob,
+    restore: Option<&str>,
+    previous: Option<&Deployment>,
+) -> Option<String> {
+    let scope = transactional_id_scope(job)?;
+    let kept = previous.filter(|d| workload_of(d).is_some_and(|w| w.restore.as_deref() == restore));
+    match kept {
+        Some(d) if arg_value(d, "--transactional-id-scope").is_none() => None,
+        _ => Some(scope),
+    }
+}
+
 /// The engine's command-line arguments (savepoints under `savepoint_dir`; with
 /// `checkpoint_dir`, checkpoints there and `--recover` from the latest of them on every start,
 /// so that a restarted container goes on from its last completed checkpoint rather than from
@@ -288,6 +329,7 @@ pub fn engine_args(
     restore: Option<&str>,
     checkpoint_dir: Option<&str>,
     retire: &[String],
+    transactional_id_scope: Option<&str>,
 ) -> Vec<String> {
     let mut args = vec![
         "--job".to_string(),
@@ -314,6 +356,10 @@ pub fn engine_args(
             args.push("--retire-checkpoints".to_string());
             args.push(dir.clone());
         }
+    }
+    if let Some(scope) = transactional_id_scope {
+        args.push("--transactional-id-scope".to_string());
+        args.push(scope.to_string());
     }
     args
 }
@@ -452,6 +498,7 @@ pub fn deployment(
 ) -> Result<Deployment, ResourceError> {
     let retire = superseded_checkpoints(job, restore, previous);
     let checkpoints = deployed_checkpoint_dir(job, restore, previous);
+    let scope = deployed_transactional_id_scope(job, restore, previous);
     let total: u32 = parallelism.values().sum::<u32>().max(1);
     let cpu = format!(
         "{}m",
@@ -505,6 +552,7 @@ pub fn deployment(
                             restore,
                             checkpoints.as_deref(),
                             &retire,
+                            scope.as_deref(),
                         ),
                         "ports": [{"name": "http", "containerPort": ENGINE_PORT}],
                         "resources": {
@@ -872,6 +920,73 @@ spec:
         assert_eq!(
             arg_value(&theirs, "--checkpoint-dir"),
             checkpoint_dir(&other, Some("/sp/sp-1"))
+        );
+    }
+
+    /// An exactly-once Kafka sink taking the engine's default transactional ids gets the
+    /// StreamJob's `<namespace>.<name>` as their scope; a sink naming its prefix, an
+    /// at-least-once one, or a job without Kafka sinks leaves the arguments as they were.
+    #[test]
+    fn a_kafka_sink_with_default_transactional_ids_gets_the_streamjobs_scope() {
+        let scope_of = |sink: &str| {
+            let mut j = job_with_checkpoints();
+            j.spec.job.operators[2] = serde_saphyr::from_str(sink).expect("sink");
+            let d = deployment(&j, &j.spec.job.parallelism(), None, 0, None).expect("deployment");
+            let args = deployment_args(&d).unwrap_or_default();
+            args.iter()
+                .position(|a| a == "--transactional-id-scope")
+                .map(|i| args[i + 1].clone())
+        };
+        let kafka = r#"{name: sink, kind: sink, kafka: {topic: out, bootstrapServers: "k:9092"}"#;
+        assert_eq!(scope_of(&format!("{kafka}}}")).as_deref(), Some("ns.demo"));
+        assert_eq!(
+            scope_of(
+                r#"{name: sink, kind: sink, kafka: {topic: out, bootstrapServers: "k:9092", transactionalIdPrefix: mine}}"#
+            ),
+            None
+        );
+        assert_eq!(
+            scope_of(&format!("{kafka}, delivery: at-least-once}}")),
+            None
+        );
+        assert_eq!(scope_of("{name: sink, kind: sink}"), None);
+    }
+
+    /// An engine an older operator deployed without a scope keeps its transactional ids (and
+    /// its pod) until the next rescale, which deploys the scoped ones.
+    #[test]
+    fn an_engine_deployed_without_a_scope_keeps_its_ids_until_a_rescale() {
+        let mut j = job_with_checkpoints();
+        j.spec.job.operators[2] = serde_saphyr::from_str(
+            r#"{name: sink, kind: sink, kafka: {topic: out, bootstrapServers: "k:9092"}}"#,
+        )
+        .expect("sink");
+        let p = j.spec.job.parallelism();
+        let mut older = deployment(&j, &p, Some("/sp/sp-1"), 0, None).expect("deployment");
+        let args = older
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .and_then(|s| s.containers[0].args.as_mut())
+            .expect("args");
+        let at = args
+            .iter()
+            .position(|a| a == "--transactional-id-scope")
+            .expect("scoped");
+        args.drain(at..at + 2);
+        assert_eq!(
+            deployed_transactional_id_scope(&j, Some("/sp/sp-1"), Some(&older)),
+            None
+        );
+        let again = deployment(&j, &p, Some("/sp/sp-1"), 0, Some(&older)).expect("deployment");
+        assert_eq!(
+            serde_json::to_value(&again.spec.as_ref().expect("spec").template).expect("json"),
+            serde_json::to_value(&older.spec.as_ref().expect("spec").template).expect("json"),
+            "the same pod template"
+        );
+        assert_eq!(
+            deployed_transactional_id_scope(&j, Some("/sp/sp-2"), Some(&older)).as_deref(),
+            Some("ns.demo")
         );
     }
 

@@ -92,6 +92,11 @@ struct Args {
     /// checkpoints of its own, elsewhere.
     #[arg(long)]
     retire_checkpoints: Vec<String>,
+    /// Kafka sinks without a `transactionalIdPrefix` use `streamscale-SCOPE-<job>-<operator>`
+    /// instead of `streamscale-<job>-<operator>`: for a deployer that runs several jobs of one
+    /// name against one Kafka cluster (the Kubernetes operator passes `<namespace>.<name>`).
+    #[arg(long)]
+    transactional_id_scope: Option<String>,
     /// Fault injection for recovery tests: `operator:seq` panics that operator's subtask once
     /// on the record with sequence number `seq`.
     #[arg(long, hide = true)]
@@ -433,6 +438,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         metrics_enabled: !args.no_metrics,
         checkpoint_storage: storage.clone(),
         panic_at,
+        transactional_id_scope: args.transactional_id_scope.clone(),
         ..RuntimeOptions::default()
     };
     let restart = match (&spec.checkpoint, &storage) {

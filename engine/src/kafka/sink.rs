@@ -75,6 +75,28 @@ impl KafkaSink {
                 .then(|| TransactionalSink::new(job, operator, spec)),
         }
     }
+
+    /// The prefix of its transactional ids; `None` for an at-least-once sink.
+    pub fn transactional_id_prefix(&self) -> Option<&str> {
+        self.transactions.as_ref().map(TransactionalSink::prefix)
+    }
+
+    /// With `Some(scope)`, an exactly-once sink without a `transactionalIdPrefix` names its
+    /// transactional ids `streamscale-SCOPE-<job>-<operator>-…`
+    /// ([`TransactionalSink::default_prefix`]).
+    #[must_use]
+    pub fn with_transactional_id_scope(mut self, scope: Option<&str>) -> KafkaSink {
+        if let (Some(scope), Some(t)) = (scope, self.transactions.as_mut())
+            && self.spec.transactional_id_prefix.is_none()
+        {
+            t.set_prefix(TransactionalSink::default_prefix(
+                Some(scope),
+                &self.job,
+                &self.operator,
+            ));
+        }
+        self
+    }
 }
 
 impl TwoPhaseCommitSink for KafkaSink {
@@ -391,6 +413,37 @@ pub(crate) mod tests {
             transaction_timeout_ms: None,
             security: None,
         }
+    }
+
+    /// A scope goes into the default transactional id prefix (two jobs of one name under two
+    /// scopes never share ids); an explicit `transactionalIdPrefix` is kept as written; an
+    /// at-least-once sink has none.
+    #[test]
+    fn a_transactional_id_scope_names_the_default_prefix_only() {
+        let exactly = |spec: &KafkaSinkSpec, scope: Option<&str>| {
+            KafkaSink::new("job", "out", spec, SinkDelivery::ExactlyOnce)
+                .with_transactional_id_scope(scope)
+                .transactional_id_prefix()
+                .map(str::to_string)
+        };
+        let plain = spec("127.0.0.1:1");
+        assert_eq!(
+            exactly(&plain, None).as_deref(),
+            Some("streamscale-job-out")
+        );
+        assert_eq!(
+            exactly(&plain, Some("team-a.orders")).as_deref(),
+            Some("streamscale-team-a.orders-job-out")
+        );
+        assert_ne!(exactly(&plain, Some("a.x")), exactly(&plain, Some("b.x")));
+        let named = KafkaSinkSpec {
+            transactional_id_prefix: Some("mine".into()),
+            ..plain.clone()
+        };
+        assert_eq!(exactly(&named, Some("a.x")).as_deref(), Some("mine"));
+        let at_least_once = KafkaSink::new("job", "out", &plain, SinkDelivery::AtLeastOnce)
+            .with_transactional_id_scope(Some("a.x"));
+        assert_eq!(at_least_once.transactional_id_prefix(), None);
     }
 
     /// librdkafka's mock cluster (in-process mock brokers) refusing produce requests: the

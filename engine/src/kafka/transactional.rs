@@ -156,9 +156,28 @@ impl TransactionalSink {
             prefix: spec
                 .transactional_id_prefix
                 .clone()
-                .unwrap_or_else(|| format!("streamscale-{job}-{operator}")),
+                .unwrap_or_else(|| Self::default_prefix(None, job, operator)),
             shared: Arc::new(Transactions::default()),
         }
+    }
+
+    /// The transactional id prefix of a sink without `transactionalIdPrefix`:
+    /// `streamscale-<job>-<operator>`, or `streamscale-<scope>-<job>-<operator>`.
+    pub fn default_prefix(scope: Option<&str>, job: &str, operator: &str) -> String {
+        match scope {
+            Some(scope) => format!("streamscale-{scope}-{job}-{operator}"),
+            None => format!("streamscale-{job}-{operator}"),
+        }
+    }
+
+    /// The prefix of its transactional ids (`<prefix>-<subtask>-<k>`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Replaces the transactional id prefix (before any writer exists).
+    pub(super) fn set_prefix(&mut self, prefix: String) {
+        self.prefix = prefix;
     }
 
     pub(super) fn err(&self, action: &'static str, reason: impl std::fmt::Display) -> SinkError {

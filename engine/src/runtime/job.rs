@@ -71,7 +71,8 @@ impl Job {
                         &k.topic,
                     )?;
                     let sink: Arc<dyn TwoPhaseCommitSink> = Arc::new(
-                        crate::kafka::sink::KafkaSink::new(&spec.name, &op.name, k, *delivery),
+                        crate::kafka::sink::KafkaSink::new(&spec.name, &op.name, k, *delivery)
+                            .with_transactional_id_scope(options.transactional_id_scope.as_deref()),
                     );
                     install_two_phase(&mut two_phase, restore, &op.name, sink)?;
                 }
