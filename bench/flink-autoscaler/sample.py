@@ -92,6 +92,8 @@ def cmd_summarise(a):
         par = [int(x) for x in r["parallelism"].split("|")]
         st = r["statuses"].split("|")
         pend = float(r["pending"]) if r["pending"] else None
+        if a.until is not None and float(r["wall"]) - epoch > a.until:
+            break
         S.append(dict(t=float(r["wall"]) - epoch, par=tuple(par), up=(r["job_state"] == "RUNNING" and all(s == "RUNNING" for s in st)),
                       pending=pend))
     slot_s = grow_s = over5_s = 0.0
@@ -182,6 +184,8 @@ def main():
     s.add_argument("--scale", type=float, required=True)
     s.add_argument("--epoch-ms", type=float, required=True)
     s.add_argument("--label", default="run")
+    s.add_argument("--until", type=float, default=None,
+                   help="only the samples of the first UNTIL seconds after the epoch (runs of different lengths)")
     s = sp.add_parser("table")
     s.add_argument("results", nargs="+")
     a = p.parse_args()
