@@ -18,7 +18,8 @@
 //! With a bearer token ([`crate::auth`]) every request but `GET`/`HEAD` needs it.
 //!
 //! After a stop-with-savepoint reaches a terminal status and a client has read it, the engine
-//! asks its process to exit ([`Coordinator::exit_requested`]). If a stop-with-savepoint's
+//! asks its process to exit ([`Coordinator::exit_requested`]; later under a supervisor,
+//! [`Coordinator::supervised`]). If a stop-with-savepoint's
 //! snapshot was taken but cannot be written, the job resumes from that snapshot in memory
 //! (nothing is lost) and the savepoint is reported failed.
 //!

@@ -302,10 +302,11 @@ fn a_failed_stop_resumes_only_from_its_snapshot_made_a_checkpoint() {
     );
 }
 
-/// An engine restarted with `--recover` after a completed stop-with-savepoint (a supervisor
-/// rerunning the exited engine before it is replaced) goes on from the stop, which was also
-/// written as a checkpoint, not from the checkpoint before it: the results the stop published
-/// are not published again, and the job finishes with every result published once.
+/// An engine run with `--recover` (by a supervisor that reruns it) stays up for
+/// `EXIT_GRACE_UNREAD` after the read of its completed stop, so that the deployer replaces it
+/// before it is rerun; rerun all the same, it goes on from the stop, which was also written as
+/// a checkpoint, not from the checkpoint before it: the results the stop published are not
+/// published again, and the job finishes with every result published once.
 #[test]
 fn an_engine_rerun_with_recover_after_a_stop_goes_on_from_the_stop() {
     let dir = tempfile::tempdir().unwrap();
@@ -326,7 +327,13 @@ fn an_engine_rerun_with_recover_after_a_stop_goes_on_from_the_stop() {
     let mut engine = EngineProcess::start(&job, &sps, &args);
     wait_for_a_checkpoint(&chk);
     engine.wait_source_records_above(COUNT / 3);
+    let asked = Instant::now();
     let (savepoint, _) = engine.stop_with_savepoint(false);
+    assert!(
+        asked.elapsed() >= streamscale_engine::server::EXIT_GRACE_UNREAD,
+        "exited {:?} after the stop was asked for",
+        asked.elapsed()
+    );
     let spec = JobSpec::from_file(&job).unwrap();
     let stopped = Savepoint::read(&savepoint, &spec).unwrap().metadata;
     assert!(

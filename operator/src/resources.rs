@@ -304,8 +304,8 @@ pub fn transactional_id_scope(job: &StreamJob) -> Option<String> {
 
 /// The `--transactional-id-scope` of the engine deployed from `restore` in place of `previous`
 /// (the Deployment there now): [`transactional_id_scope`], except that an engine an older
-/// operator deployed from the same savepoint without one keeps its ids until the next
-/// rescale, so that an operator upgrade does not replace its pod.
+/// operator deployed from the same savepoint (no [`TRANSACTIONAL_ID_SCOPE_ANNOTATION`]) keeps
+/// its ids until the next rescale, so that an operator upgrade does not replace its pod.
 pub fn deployed_transactional_id_scope(
     job: &StreamJob,
     restore: Option<&str>,
@@ -314,10 +314,19 @@ pub fn deployed_transactional_id_scope(
     let scope = transactional_id_scope(job)?;
     let kept = previous.filter(|d| workload_of(d).is_some_and(|w| w.restore.as_deref() == restore));
     match kept {
-        Some(d) if arg_value(d, "--transactional-id-scope").is_none() => None,
+        Some(d)
+            if annotation(&d.metadata, TRANSACTIONAL_ID_SCOPE_ANNOTATION).is_none()
+                && arg_value(d, "--transactional-id-scope").is_none() =>
+        {
+            None
+        }
         _ => Some(scope),
     }
 }
+
+/// The Deployment annotation with the engine's `--transactional-id-scope` (empty without one):
+/// it tells a Deployment of this operator from one of an operator that never passed a scope.
+pub const TRANSACTIONAL_ID_SCOPE_ANNOTATION: &str = "streamscale.dev/transactional-id-scope";
 
 /// The engine's command-line arguments (savepoints under `savepoint_dir`; with
 /// `checkpoint_dir`, checkpoints there and `--recover` from the latest of them on every start,
@@ -604,9 +613,14 @@ pub fn deployment(
         })?;
     d.metadata = meta(job, engine_name(job))?;
     // On the Deployment, not its pod template: an operator upgrade that adds it replaces no pod.
-    d.metadata.annotations.get_or_insert_default().insert(
+    let annotations = d.metadata.annotations.get_or_insert_default();
+    annotations.insert(
         JOB_FINGERPRINT_ANNOTATION.to_string(),
         job.spec.job.fingerprint(),
+    );
+    annotations.insert(
+        TRANSACTIONAL_ID_SCOPE_ANNOTATION.to_string(),
+        scope.unwrap_or_default(),
     );
     Ok(d)
 }
@@ -974,6 +988,12 @@ spec:
             .position(|a| a == "--transactional-id-scope")
             .expect("scoped");
         args.drain(at..at + 2);
+        older
+            .metadata
+            .annotations
+            .as_mut()
+            .expect("annotations")
+            .remove(TRANSACTIONAL_ID_SCOPE_ANNOTATION);
         assert_eq!(
             deployed_transactional_id_scope(&j, Some("/sp/sp-1"), Some(&older)),
             None
@@ -986,6 +1006,19 @@ spec:
         );
         assert_eq!(
             deployed_transactional_id_scope(&j, Some("/sp/sp-2"), Some(&older)).as_deref(),
+            Some("ns.demo")
+        );
+        // This operator's own Deployment without a scope (the sink named its prefix, since
+        // removed while the engine was stopped) gets one at once.
+        let mut named = j.clone();
+        named.spec.job.operators[2] = serde_saphyr::from_str(
+            r#"{name: sink, kind: sink, kafka: {topic: out, bootstrapServers: "k:9092", transactionalIdPrefix: mine}}"#,
+        )
+        .expect("sink");
+        let own = deployment(&named, &p, Some("/sp/sp-1"), 0, None).expect("deployment");
+        assert_eq!(arg_value(&own, "--transactional-id-scope"), None);
+        assert_eq!(
+            deployed_transactional_id_scope(&j, Some("/sp/sp-1"), Some(&own)).as_deref(),
             Some("ns.demo")
         );
     }

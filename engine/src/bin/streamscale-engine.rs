@@ -491,6 +491,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     if let Some(policy) = restart {
         coordinator = coordinator.with_restart(policy);
     }
+    if args.recover {
+        coordinator = coordinator.supervised();
+    }
     tracing::info!(%address, restored_from = ?restored_from, "job started");
     let mut listening = serde_json::json!({"event": "listening", "address": address.to_string()});
     if tls.is_some() {

@@ -67,6 +67,8 @@ pub struct Coordinator {
     pub(super) metrics: EngineMetrics,
     savepoint_dir: PathBuf,
     restart: Option<RestartPolicy>,
+    /// Run by a supervisor that reruns it when it exits ([`Coordinator::supervised`]).
+    supervised: bool,
 }
 
 impl Coordinator {
@@ -96,7 +98,17 @@ impl Coordinator {
             metrics,
             savepoint_dir,
             restart: None,
+            supervised: false,
         }
+    }
+
+    /// Run by a supervisor that reruns the process when it exits (`--recover`): after a stop
+    /// whose terminal status was read, the process waits [`EXIT_GRACE_UNREAD`] rather than
+    /// [`EXIT_GRACE_AFTER_READ`] before it exits, so that the deployer that read it replaces it
+    /// first; a rerun meanwhile would run the job on from the stop beside its successor.
+    pub fn supervised(mut self) -> Coordinator {
+        self.supervised = true;
+        self
     }
 
     /// Restarts the job after a subtask failure according to `policy`.
@@ -529,10 +541,15 @@ impl Coordinator {
     /// being read (a controller that died mid-request must not keep a stopped engine alive:
     /// a supervisor restarts the process only once it exits).
     pub fn exit_requested(&self) -> bool {
+        let after_read = if self.supervised {
+            EXIT_GRACE_UNREAD
+        } else {
+            EXIT_GRACE_AFTER_READ
+        };
         let inner = self.lock();
         inner
             .terminal_read_at
-            .is_some_and(|t| t.elapsed() > EXIT_GRACE_AFTER_READ)
+            .is_some_and(|t| t.elapsed() > after_read)
             || inner
                 .terminal_at
                 .is_some_and(|t| t.elapsed() > EXIT_GRACE_UNREAD)
