@@ -219,11 +219,20 @@ pub fn deployed_checkpoint_dir(
 ) -> Option<String> {
     let own = checkpoint_dir(job, restore)?;
     let before = checkpoint_dir_before_namespaces(job, restore);
-    let kept = previous.filter(|d| workload_of(d).is_some_and(|w| w.restore.as_deref() == restore));
+    let kept = deployed_from(previous, restore);
     match (kept.and_then(|d| arg_value(d, "--checkpoint-dir")), before) {
         (Some(dir), Some(before)) if dir == before => Some(dir),
         _ => Some(own),
     }
+}
+
+/// `previous` when it runs an engine deployed from `restore` (the same savepoint: a pod the
+/// operator would keep rather than a rescale's new one).
+fn deployed_from<'a>(
+    previous: Option<&'a Deployment>,
+    restore: Option<&str>,
+) -> Option<&'a Deployment> {
+    previous.filter(|d| workload_of(d).is_some_and(|w| w.restore.as_deref() == restore))
 }
 
 /// The prefix every checkpoint directory of this StreamJob under a shared `checkpoint.dir`
@@ -312,8 +321,7 @@ pub fn deployed_transactional_id_scope(
     previous: Option<&Deployment>,
 ) -> Option<String> {
     let scope = transactional_id_scope(job)?;
-    let kept = previous.filter(|d| workload_of(d).is_some_and(|w| w.restore.as_deref() == restore));
-    match kept {
+    match deployed_from(previous, restore) {
         Some(d)
             if annotation(&d.metadata, TRANSACTIONAL_ID_SCOPE_ANNOTATION).is_none()
                 && arg_value(d, "--transactional-id-scope").is_none() =>

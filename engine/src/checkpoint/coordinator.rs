@@ -606,56 +606,52 @@ fn complete(ctx: &JobContext, mut p: Pending, ended: &Ended, uncommitted: &mut U
     let covered = snapshot.metadata.sinks.clone();
     let transactions = !covered.values().all(Vec::is_empty);
     let stop = matches!(p.kind, BarrierKind::Stop { .. });
-    // A stop-with-savepoint with sink transactions is first written as a checkpoint: it commits
-    // them, and a process restarted with `--recover` after the stop (a supervisor restarting
-    // the exited engine) would otherwise go on from the checkpoint before it and publish again
-    // what the stop committed. When that write fails the stop fails, before its savepoint
-    // exists, and commits nothing.
-    let stop_checkpoint = match &ctx.storage {
-        Some(storage) if stop && transactions && matches!(p.target, Target::Savepoint(_)) => {
-            storage
-                .write_checkpoint(p.id, &snapshot)
-                .map(|_| ())
-                .map_err(|e| {
-                    format!(
-                        "the stop's snapshot could not be written as checkpoint {} first: {e}",
-                        p.id
-                    )
-                })
-        }
-        _ => Ok(()),
-    };
-    let written = stop_checkpoint.and_then(|()| match &p.target {
-        Target::Savepoint(dir) => snapshot
-            .write(dir)
-            .map(|m| (dir.display().to_string(), m))
-            .map_err(|e| e.to_string()),
-        Target::Checkpoint => match &ctx.storage {
+    // A savepoint with sink transactions is also written as a checkpoint before they are
+    // committed: recovery restarts from the checkpoints, and one from the checkpoint before it
+    // would publish again what it committed (for a stop: a process rerun with `--recover`
+    // after it, as a supervisor reruns the exited engine). `None`: nothing to write.
+    let as_checkpoint =
+        (matches!(p.target, Target::Savepoint(_)) && transactions).then(|| match &ctx.storage {
             Some(storage) => storage
                 .write_checkpoint(p.id, &snapshot)
+                .map(|_| ())
                 .map_err(|e| e.to_string()),
-            None => Err("no checkpoint storage configured".into()),
-        },
-    });
-    // A savepoint of a running job is also written as a checkpoint before its transactions are
-    // committed: recovery restarts from the checkpoints, and one from the checkpoint before it
-    // would publish again what it committed. Without checkpoint storage (or when that write
-    // fails) it commits nothing: its pre-commits go on to the next snapshot written, which
-    // commits them (a restore from the savepoint itself commits them too). Flink (since 1.15)
-    // never commits on such a savepoint; here that would hold a sink subtask's producers
-    // until the next checkpoint, and a few savepoints in a row would exhaust them.
-    let intermediate = matches!(p.target, Target::Savepoint(_)) && !stop;
-    let unrecoverable = intermediate
-        && transactions
-        && match &ctx.storage {
-            Some(storage) => match storage.write_checkpoint(p.id, &snapshot) {
-                Ok(_) => false,
-                Err(e) => {
-                    tracing::warn!(checkpoint = p.id, error = %e, "the savepoint could not be written as a checkpoint too: its sinks' transactions wait for the next checkpoint");
-                    true
-                }
+            None => Err("no checkpoint storage configured".to_string()),
+        });
+    let written = match (&as_checkpoint, &ctx.storage) {
+        // A stop whose checkpoint cannot be written fails before its savepoint exists, and
+        // commits nothing.
+        (Some(Err(e)), Some(_)) if stop => Err(format!(
+            "the stop's snapshot could not be written as checkpoint {} first: {e}",
+            p.id
+        )),
+        _ => match &p.target {
+            Target::Savepoint(dir) => snapshot
+                .write(dir)
+                .map(|m| (dir.display().to_string(), m))
+                .map_err(|e| e.to_string()),
+            Target::Checkpoint => match &ctx.storage {
+                Some(storage) => storage
+                    .write_checkpoint(p.id, &snapshot)
+                    .map_err(|e| e.to_string()),
+                None => Err("no checkpoint storage configured".into()),
             },
-            None => true,
+        },
+    };
+    // A savepoint of a running job that could not be written as a checkpoint (or without
+    // checkpoint storage) commits nothing: its pre-commits go on to the next snapshot written,
+    // which commits them (a restore from the savepoint itself commits them too). Flink (since
+    // 1.15) never commits on such a savepoint; here that would hold a sink subtask's producers
+    // until the next checkpoint, and a few savepoints in a row would exhaust them.
+    let unrecoverable = !stop
+        && match &as_checkpoint {
+            Some(Err(e)) => {
+                if ctx.storage.is_some() {
+                    tracing::warn!(checkpoint = p.id, error = %e, "the savepoint could not be written as a checkpoint too: its sinks' transactions wait for the next checkpoint");
+                }
+                true
+            }
+            _ => false,
         };
     match written {
         Ok((location, metadata)) if unrecoverable => {

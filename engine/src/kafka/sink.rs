@@ -72,7 +72,7 @@ impl KafkaSink {
             job: job.to_string(),
             operator: operator.to_string(),
             transactions: (delivery == SinkDelivery::ExactlyOnce)
-                .then(|| TransactionalSink::new(job, operator, spec)),
+                .then(|| TransactionalSink::new(job, operator, spec, None)),
         }
     }
 
@@ -82,17 +82,15 @@ impl KafkaSink {
     }
 
     /// With `Some(scope)`, an exactly-once sink without a `transactionalIdPrefix` names its
-    /// transactional ids `streamscale-SCOPE-<job>-<operator>-…`
-    /// ([`TransactionalSink::default_prefix`]).
+    /// transactional ids `streamscale-SCOPE-<job>-<operator>-…` ([`TransactionalSink::new`]).
     #[must_use]
     pub fn with_transactional_id_scope(mut self, scope: Option<&str>) -> KafkaSink {
-        if let (Some(scope), Some(t)) = (scope, self.transactions.as_mut())
-            && self.spec.transactional_id_prefix.is_none()
-        {
-            t.set_prefix(TransactionalSink::default_prefix(
-                Some(scope),
+        if self.transactions.is_some() {
+            self.transactions = Some(TransactionalSink::new(
                 &self.job,
                 &self.operator,
+                &self.spec,
+                scope,
             ));
         }
         self

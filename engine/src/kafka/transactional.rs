@@ -148,36 +148,31 @@ pub struct TransactionalSink {
 }
 
 impl TransactionalSink {
-    /// The sink of operator `operator` in job `job`.
-    pub fn new(job: &str, operator: &str, spec: &KafkaSinkSpec) -> TransactionalSink {
+    /// The sink of operator `operator` in job `job`. Without a `transactionalIdPrefix` its
+    /// transactional ids start `streamscale-<job>-<operator>`, or with `Some(scope)`
+    /// `streamscale-<scope>-<job>-<operator>`.
+    pub fn new(
+        job: &str,
+        operator: &str,
+        spec: &KafkaSinkSpec,
+        scope: Option<&str>,
+    ) -> TransactionalSink {
+        let prefix = match (&spec.transactional_id_prefix, scope) {
+            (Some(prefix), _) => prefix.clone(),
+            (None, Some(scope)) => format!("streamscale-{scope}-{job}-{operator}"),
+            (None, None) => format!("streamscale-{job}-{operator}"),
+        };
         TransactionalSink {
             spec: spec.clone(),
             name: format!("{operator} (kafka topic {})", spec.topic),
-            prefix: spec
-                .transactional_id_prefix
-                .clone()
-                .unwrap_or_else(|| Self::default_prefix(None, job, operator)),
+            prefix,
             shared: Arc::new(Transactions::default()),
-        }
-    }
-
-    /// The transactional id prefix of a sink without `transactionalIdPrefix`:
-    /// `streamscale-<job>-<operator>`, or `streamscale-<scope>-<job>-<operator>`.
-    pub fn default_prefix(scope: Option<&str>, job: &str, operator: &str) -> String {
-        match scope {
-            Some(scope) => format!("streamscale-{scope}-{job}-{operator}"),
-            None => format!("streamscale-{job}-{operator}"),
         }
     }
 
     /// The prefix of its transactional ids (`<prefix>-<subtask>-<k>`).
     pub fn prefix(&self) -> &str {
         &self.prefix
-    }
-
-    /// Replaces the transactional id prefix (before any writer exists).
-    pub(super) fn set_prefix(&mut self, prefix: String) {
-        self.prefix = prefix;
     }
 
     pub(super) fn err(&self, action: &'static str, reason: impl std::fmt::Display) -> SinkError {

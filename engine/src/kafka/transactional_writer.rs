@@ -146,7 +146,7 @@ mod tests {
             transactional_id_prefix: Some("mock".into()),
             ..spec(&mock.bootstrap_servers())
         };
-        let sink = TransactionalSink::new("job", "sink", &spec);
+        let sink = TransactionalSink::new("job", "sink", &spec, None);
         let mut w = sink.writer(0).unwrap();
         w.write(&rec(1)).unwrap();
         let (done_tx, done) = crossbeam_channel::bounded(1);
